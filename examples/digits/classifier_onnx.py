@@ -1,0 +1,31 @@
+"""The same digits model served through ONNX Runtime: `ember push examples/digits/classifier_onnx.py`."""
+
+from pathlib import Path
+
+import ember
+from schema import Image, Prediction
+
+app = ember.App("digits-onnx")
+MODEL = Path(__file__).resolve().parent / "digits.onnx"
+
+
+@app.model(min_replicas=1, timeout_s=30)
+class Classifier:
+    @ember.setup
+    def load(self) -> None:
+        import numpy as np
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.np = np
+        self.session = ort.InferenceSession(str(MODEL), options, providers=["CPUExecutionProvider"])
+
+    @ember.method(batch=ember.Batch(max_size=32, window_ms=5))
+    def predict(self, images: list[Image]) -> list[Prediction]:
+        np = self.np
+        x = np.asarray([image.pixels for image in images], dtype=np.float32)
+        logits = self.session.run(["logits"], {"pixels": x})[0]
+        exp = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs = exp / exp.sum(axis=1, keepdims=True)
+        return [Prediction(label=int(p.argmax()), confidence=round(float(p.max()), 4)) for p in probs]

@@ -1,0 +1,44 @@
+"""The starlette application: routes, error handlers, and a lifespan that owns the NATS connection."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from ember._errors import EmberError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.routing import Route
+
+from ember_platform import _routes as r
+from ember_platform._config import Settings
+from ember_platform._errors import ember_error_handler, http_error_handler
+from ember_platform._state import Platform
+
+
+def create_app(settings: Settings | None = None) -> Starlette:
+    """The control plane's ASGI app; it connects to NATS on startup and drains on shutdown."""
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        platform = await Platform.start(settings)
+        app.state.platform = platform
+        try:
+            yield
+        finally:
+            await platform.stop()
+
+    routes = [
+        Route("/healthz", r.healthz, methods=["GET"]),
+        Route("/readyz", r.readyz, methods=["GET"]),
+        Route("/v1/bundles/{sha256}", r.put_bundle, methods=["PUT"]),
+        Route("/v1/apps", r.list_apps, methods=["GET"]),
+        Route("/v1/apps/{app}", r.get_app, methods=["GET"]),
+        Route("/v1/apps/{app}", r.delete_app, methods=["DELETE"]),
+        Route("/v1/apps/{app}/deployments", r.deploy, methods=["POST"]),
+        Route("/v1/apps/{app}/logs", r.app_logs, methods=["GET"]),
+        Route("/v1/{app}/{name}", r.invoke, methods=["POST"]),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={EmberError: ember_error_handler, HTTPException: http_error_handler})

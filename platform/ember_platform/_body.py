@@ -1,0 +1,72 @@
+"""Reading and validating request bodies before any work starts."""
+
+from __future__ import annotations
+
+import msgspec
+from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
+from ember._wire import FunctionSpec
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+from starlette.requests import Request
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 as soon as it is known to exceed ``limit`` (before reading it all)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequestError("Content-Length is not a number")
+        if int(declared) > limit:
+            raise PayloadTooLargeError(f"body of {declared} bytes is over the {limit}-byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLargeError(f"body is over the {limit}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+class InputValidator:
+    """Checks a call's JSON body against a function's input schema, naming the field at fault."""
+
+    def __init__(self, spec: FunctionSpec) -> None:
+        self.mode = spec.input_mode
+        self._schema = Draft202012Validator(spec.input_schema) if spec.input_schema else None
+
+    def check(self, body: bytes) -> bytes:
+        """Return the body to forward (``{}`` for a function without inputs) or raise a 400/422 error."""
+        if self.mode == "none" and not body.strip():
+            return b"{}"
+        try:
+            value = msgspec.json.decode(body)
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise BadRequestError(f"malformed JSON body: {exc}") from exc
+        if self.mode == "none":
+            if value not in ({}, None):
+                raise InvalidInputError("this function takes no inputs; send an empty body or {}", field="$")
+            return b"{}"
+        if self._schema is not None:
+            error = best_match(self._schema.iter_errors(value))
+            if error is not None:
+                raise InvalidInputError(_message(error), field=_field(error))
+        return body
+
+
+def _field(error: ValidationError) -> str:
+    path = "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        if missing:
+            return f"{path}.{missing[0]}"
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        allowed = set(error.schema.get("properties", {}))
+        extra = sorted(k for k in error.instance if k not in allowed)
+        if extra:
+            return f"{path}.{extra[0]}"
+    return path
+
+
+def _message(error: ValidationError) -> str:
+    message = error.message
+    return message if len(message) <= 300 else message[:300] + "..."

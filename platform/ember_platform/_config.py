@@ -1,0 +1,18 @@
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+def _env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The control plane's settings; every one can be set from the environment."""
+
+    nats_url: str = field(default_factory=lambda: os.environ.get("EMBER_NATS_URL", "nats://127.0.0.1:4222"))
+    max_body_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BODY_BYTES", 4 * 1024 * 1024))
+    max_bundle_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_BYTES", 256 * 1024 * 1024))
+    log_lines_kept: int = 2000

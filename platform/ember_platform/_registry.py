@@ -1,0 +1,174 @@
+"""The deployment registry: deployments and replicas from JetStream KV, bundles in the object store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import defaultdict, deque
+from typing import Any
+
+import msgspec
+from ember import _subjects as subjects
+from ember._errors import InvalidInputError, NotFoundError
+from ember._nats import REPLICA_TTL_S, KVMirror, ensure_buckets
+from ember._wire import (
+    AppView,
+    Deployment,
+    DeployRequest,
+    FunctionSpec,
+    LogLine,
+    ReplicaStatus,
+    ServiceSpec,
+    ServiceView,
+    deployment_decoder,
+    encoder,
+    log_decoder,
+    replica_decoder,
+)
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
+from nats.js.errors import NotFoundError as JsNotFound
+
+from ember_platform._body import InputValidator
+
+
+class Registry:
+    """What is deployed and which replicas serve it, mirrored from NATS into memory."""
+
+    def __init__(self, nc: Client, log_lines_kept: int) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self._stores: dict[str, Any] = {}
+        self.deployments: KVMirror[Deployment]  # set by start()
+        self.replicas: KVMirror[ReplicaStatus]
+        self._validators: dict[tuple[str, int, str], InputValidator] = {}
+        self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
+        self._log_sub: Any = None
+        self._deploy_lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        self._stores = await ensure_buckets(self.js)
+        self.deployments = KVMirror(self._stores["deployments"], deployment_decoder.decode)
+        self.replicas = KVMirror(self._stores["replicas"], replica_decoder.decode)
+        await self.deployments.start()
+        await self.replicas.start()
+        self._log_sub = await self.nc.subscribe(subjects.LOGS_ALL, cb=self._on_log)
+
+    async def stop(self) -> None:
+        if self._log_sub is not None:
+            await self._log_sub.unsubscribe()
+        await self.deployments.stop()
+        await self.replicas.stop()
+
+    # -- functions ---------------------------------------------------------------------------------
+
+    def resolve(self, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:
+        """The current deployment of ``app.name`` and its validator; ``NotFoundError`` otherwise."""
+        dep = self.deployments.items.get(app)
+        if dep is None:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        for svc in dep.manifest.services:
+            for fn in svc.functions:
+                if fn.name == name:
+                    key = (app, dep.version, name)
+                    if key not in self._validators:
+                        self._validators[key] = InputValidator(fn)
+                    return dep, svc, fn, self._validators[key]
+        known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
+        raise NotFoundError(f"app {app!r} has no function {name!r} (it has: {known})")
+
+    def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
+        fresh_after = time.time() - REPLICA_TTL_S
+        return sorted((r for r in self.replicas.items.values()
+                       if r.app == app and (service is None or r.service == service) and r.updated_at > fresh_after),
+                      key=lambda r: (r.service, r.version, r.replica_id))
+
+    def ready_count(self, app: str, service: str, version: int) -> int:
+        return sum(r.state == "ready" and r.version == version for r in self.live_replicas(app, service))
+
+    # -- deployments -------------------------------------------------------------------------------
+
+    async def put_bundle(self, sha256: str, data: bytes) -> bool:
+        """Store a bundle under its sha256 (verified); False when it was already there."""
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
+        if await self.has_bundle(sha256):
+            return False
+        await self._stores["bundles"].put(sha256, data)
+        return True
+
+    async def has_bundle(self, sha256: str) -> bool:
+        try:
+            info = await self._stores["bundles"].get_info(sha256)
+        except (ObjectNotFoundError, JsNotFound):
+            return False
+        return not info.deleted
+
+    async def deploy(self, app: str, request: DeployRequest) -> Deployment:
+        """Record a new version of ``app`` (or return the current one when nothing changed)."""
+        if request.manifest.app != app:
+            raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
+                                    field="$.manifest.app")
+        if not request.manifest.services:
+            raise InvalidInputError("the app serves no functions", field="$.manifest.services")
+        if not await self.has_bundle(request.bundle_sha256):
+            raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
+                                    field="$.bundle_sha256")
+        kv = self._stores["deployments"]
+        async with self._deploy_lock:
+            for _ in range(10):
+                try:
+                    entry = await kv.get(app)
+                    current, revision = deployment_decoder.decode(entry.value), entry.revision
+                except JsNotFound:
+                    current, revision = None, None
+                if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest:
+                    return current
+                dep = Deployment(app=app, version=(current.version + 1) if current else 1,
+                                 bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time())
+                try:
+                    if revision is None:
+                        await kv.create(app, encoder.encode(dep))
+                    else:
+                        await kv.update(app, encoder.encode(dep), last=revision)
+                except KeyWrongLastSequenceError:
+                    continue
+                return dep
+        raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
+
+    async def delete(self, app: str) -> None:
+        if app not in self.deployments.items:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        await self._stores["deployments"].delete(app)
+
+    def view(self, app: str) -> AppView:
+        dep = self.deployments.items.get(app)
+        if dep is None:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        services = [ServiceView(name=s.name, min_replicas=s.min_replicas, max_replicas=s.max_replicas,
+                                functions=[f.name for f in s.functions],
+                                replicas=self.live_replicas(app, s.name))
+                    for s in dep.manifest.services]
+        return AppView(app=app, version=dep.version, bundle_sha256=dep.bundle_sha256, created_at=dep.created_at,
+                       services=services)
+
+    # -- logs --------------------------------------------------------------------------------------
+
+    async def _on_log(self, msg: Msg) -> None:
+        parts = msg.subject.split(".")
+        if len(parts) != 4:
+            return
+        try:
+            line = log_decoder.decode(msg.data)
+        except msgspec.MsgspecError:
+            return
+        self._logs[(parts[2], parts[3])].append(line)
+
+    def logs(self, app: str, service: str | None, since: float, limit: int) -> list[LogLine]:
+        lines = [line for (a, s), buf in self._logs.items() if a == app and service in (None, s) for line in buf
+                 if line.ts > since]
+        lines.sort(key=lambda line: line.ts)
+        return lines[-limit:]

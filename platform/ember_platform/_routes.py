@@ -1,0 +1,124 @@
+"""HTTP routes: invocation, deployment API and health."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import msgspec
+from ember._errors import BadRequestError, InvalidInputError
+from ember._wire import (
+    HTTP_BATCH_SIZE_HEADER,
+    HTTP_CALL_ID_HEADER,
+    HTTP_TIMEOUT_HEADER,
+    DeployRequest,
+    encoder,
+)
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ember_platform._body import read_body
+from ember_platform._errors import error_response
+from ember_platform._state import Platform
+
+_deploy_decoder = msgspec.json.Decoder(DeployRequest)
+
+
+def _platform(request: Request) -> Platform:
+    platform: Platform = request.app.state.platform
+    return platform
+
+
+def _json(value: object, status: int = 200) -> Response:
+    return Response(encoder.encode(value), status_code=status, media_type="application/json")
+
+
+async def invoke(request: Request) -> Response:
+    """``POST /v1/<app>/<name>``: validate, route to a replica, answer with its JSON result."""
+    platform = _platform(request)
+    app, name = request.path_params["app"], request.path_params["name"]
+    dep, svc, fn, validator = platform.registry.resolve(app, name)
+    timeout_s = _timeout(request, svc.timeout_s)
+    body = validator.check(await read_body(request, platform.settings.max_body_bytes))
+    call_id = uuid.uuid4().hex
+    reply = await platform.router.call(app, fn.name, dep.version, body, call_id=call_id,
+                                       deadline=time.time() + timeout_s)
+    if reply.error is not None:
+        return error_response(msgspec.structs.replace(reply.error, call_id=call_id))
+    headers = {HTTP_CALL_ID_HEADER: call_id, HTTP_BATCH_SIZE_HEADER: str(reply.batch_size)}
+    return Response(bytes(reply.output), media_type="application/json", headers=headers)
+
+
+def _timeout(request: Request, limit: float) -> float:
+    raw = request.headers.get(HTTP_TIMEOUT_HEADER)
+    if raw is None:
+        return limit
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        raise BadRequestError(f"{HTTP_TIMEOUT_HEADER} must be a positive number of seconds", field=HTTP_TIMEOUT_HEADER)
+    return min(value, limit)
+
+
+async def put_bundle(request: Request) -> Response:
+    platform = _platform(request)
+    sha = request.path_params["sha256"]
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise InvalidInputError("a bundle is addressed by its lowercase hex sha256", field="sha256")
+    data = await read_body(request, platform.settings.max_bundle_bytes)
+    created = await platform.registry.put_bundle(sha, data)
+    return _json({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
+
+
+async def deploy(request: Request) -> Response:
+    platform = _platform(request)
+    body = await read_body(request, platform.settings.max_bundle_bytes)
+    try:
+        req = _deploy_decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        message, _, path = str(exc).partition(" - at ")
+        raise InvalidInputError(message, field=path or "$") from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from exc
+    dep = await platform.registry.deploy(request.path_params["app"], req)
+    return _json(dep, 201)
+
+
+async def list_apps(request: Request) -> Response:
+    registry = _platform(request).registry
+    return _json([registry.view(app) for app in sorted(registry.deployments.items)])
+
+
+async def get_app(request: Request) -> Response:
+    return _json(_platform(request).registry.view(request.path_params["app"]))
+
+
+async def delete_app(request: Request) -> Response:
+    await _platform(request).registry.delete(request.path_params["app"])
+    return Response(status_code=204)
+
+
+async def app_logs(request: Request) -> Response:
+    registry = _platform(request).registry
+    app = request.path_params["app"]
+    registry.view(app)  # 404 for an unknown app
+    q = request.query_params
+    try:
+        since, limit = float(q.get("since", 0)), int(q.get("limit", 200))
+    except ValueError as exc:
+        raise BadRequestError("since is a timestamp and limit an integer") from exc
+    service = q.get("service") or None
+    return _json(registry.logs(app, service, since, max(1, min(limit, 5000))))
+
+
+async def healthz(_request: Request) -> Response:
+    return _json({"status": "ok"})
+
+
+async def readyz(request: Request) -> Response:
+    platform = _platform(request)
+    if platform.ready():
+        return _json({"status": "ready"})
+    return _json({"status": "not ready", "nats_connected": platform.nc.is_connected}, 503)

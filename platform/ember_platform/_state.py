@@ -1,0 +1,36 @@
+"""The control plane's process state: one NATS connection, the registry and the router."""
+
+from __future__ import annotations
+
+from ember._nats import connect
+from nats.aio.client import Client
+
+from ember_platform._config import Settings
+from ember_platform._registry import Registry
+from ember_platform._router import Router
+
+
+class Platform:
+    def __init__(self, settings: Settings, nc: Client, registry: Registry) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.registry = registry
+        self.router = Router(nc)
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Platform:
+        nc = await connect(settings.nats_url, "ember-platform")
+        registry = Registry(nc, settings.log_lines_kept)
+        try:
+            await registry.start()
+        except BaseException:
+            await nc.close()
+            raise
+        return cls(settings, nc, registry)
+
+    async def stop(self) -> None:
+        await self.registry.stop()
+        await self.nc.drain()
+
+    def ready(self) -> bool:
+        return self.nc.is_connected

@@ -1,0 +1,35 @@
+"""``python -m ember_runtime``: run a node agent until SIGTERM or SIGINT, then drain its replicas."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+
+from ember_runtime._agent import NodeAgent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="ember_runtime", description="Ember node agent")
+    parser.add_argument("--nats", default=os.environ.get("EMBER_NATS_URL", "nats://127.0.0.1:4222"))
+    parser.add_argument("--state-dir", type=Path, default=Path(os.environ.get("EMBER_STATE_DIR", ".ember/node")))
+    parser.add_argument("--node-id", default=None)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    agent = NodeAgent(args.nats, args.state_dir, args.node_id)
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await agent.run(stop)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""An endpoint: one served function of a replica, its typed decoding and how a batch runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ember._app import method_def, run_setup
+from ember._handles import Function
+from ember._types import CallIO
+from ember._wire import FunctionSpec, ServiceSpec
+
+
+class Endpoint:
+    """Decodes one call's body and runs a batch of decoded calls (a batch of one when unbatched)."""
+
+    def __init__(self, spec: FunctionSpec, fn: Callable[..., Any], io: CallIO) -> None:
+        self.spec = spec
+        self._fn = fn
+        self._io = io
+        self.batched = spec.batch is not None
+
+    def decode(self, body: bytes) -> Any:
+        return self._io.decode_item(body) if self.batched else self._io.decode_input(body)
+
+    def run(self, values: list[Any]) -> list[Any]:
+        if self.batched:
+            return self._fn(values)
+        return [self._fn(*args, **kwargs) for args, kwargs in values]
+
+
+def build_endpoints(service: ServiceSpec, target: Any) -> list[Endpoint]:
+    """Instantiate the service (running its setup, for a class) and return one endpoint per function.
+
+    Blocking: run it off the event loop.
+    """
+    if service.kind == "function":
+        assert isinstance(target, Function)
+        assert target._io is not None
+        return [Endpoint(service.functions[0], target.raw, target._io)]
+    instance = target()
+    run_setup(instance)
+    endpoints = []
+    for spec in service.functions:
+        definition = method_def(target, spec.attr)
+        endpoints.append(Endpoint(spec, definition.raw.__get__(instance), definition.io))
+    return endpoints

@@ -1,0 +1,132 @@
+"""A replica slot: keeps one replica process of a service version running, restarting it with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ember import _subjects as subjects
+from ember._procs import die_with_parent
+from ember._wire import LogLine, ReplicaStatus, encoder
+
+log = logging.getLogger("ember.agent")
+
+BACKOFF_START_S = 0.25
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
+STOP_GRACE_S = 25.0
+
+
+@dataclass(frozen=True)
+class SlotKey:
+    app: str
+    service: str
+    version: int
+    index: int
+
+
+class ReplicaSlot:
+    """Owns one replica process at a time and the task that supervises it."""
+
+    def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
+                 module: str) -> None:
+        self.key = key
+        self.replica_id = f"{key.app}-{key.service}-v{key.version}-{key.index}-{node_id}"
+        self._nc = nc
+        self._kv = replicas_kv
+        self._nats_url = nats_url
+        self._node_id = node_id
+        self._bundle = bundle
+        self._module = module
+        self._proc: asyncio.subprocess.Process | None = None
+        self._stopping = asyncio.Event()
+        self._stderr_tail: deque[str] = deque(maxlen=20)
+        self.restarts = 0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name=f"slot-{self.replica_id}")
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the replica (it drains), SIGKILL it after ``grace_s``; then forget it."""
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._kv.delete(self.replica_id)
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            code = await self._run_once()
+            if self._stopping.is_set():
+                return
+            failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
+            self.restarts += 1
+            reason = self._exit_reason(code)
+            log.warning("replica %s exited (%s); restart %d", self.replica_id, reason, self.restarts)
+            await self._report_crash(reason)
+            delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (failures - 1))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+
+    async def _run_once(self) -> int:
+        k = self.key
+        cmd = [sys.executable, "-m", "ember_runtime.replica", "--nats", self._nats_url, "--bundle", str(self._bundle),
+               "--module", self._module, "--app", k.app, "--service", k.service, "--version", str(k.version),
+               "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts)]
+        self._proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=self._bundle, start_new_session=True,
+            preexec_fn=die_with_parent)
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
+                 asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
+        try:
+            return await self._proc.wait()
+        finally:
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
+        subject = subjects.logs(self.key.app, self.key.service)
+        async for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if name == "stderr" and line.strip():
+                self._stderr_tail.append(line)
+            with contextlib.suppress(Exception):
+                await self._nc.publish(subject, encoder.encode(
+                    LogLine(replica_id=self.replica_id, stream=name, line=line, ts=time.time())))  # type: ignore[arg-type]
+
+    def _exit_reason(self, code: int) -> str:
+        what = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        last = self._stderr_tail[-1] if self._stderr_tail and code > 0 else ""
+        return f"{what}: {last}" if last else what
+
+    async def _report_crash(self, reason: str) -> None:
+        now = time.time()
+        status = ReplicaStatus(replica_id=self.replica_id, node_id=self._node_id, app=self.key.app,
+                               service=self.key.service, version=self.key.version, state="crashed",
+                               pid=self._proc.pid if self._proc else 0, started_at=now, updated_at=now,
+                               restarts=self.restarts, message=reason[:500])
+        with contextlib.suppress(Exception):
+            await self._kv.put(self.replica_id, encoder.encode(status))

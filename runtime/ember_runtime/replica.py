@@ -1,0 +1,185 @@
+"""A replica process: ``python -m ember_runtime.replica ...``, started by the node agent.
+
+It imports the app from its unpacked bundle, runs setup once, reports ready, and serves each of its
+functions' invoke subjects through a micro-batcher until SIGTERM, when it drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+from ember import _subjects as subjects
+from ember._errors import EmberError, RemoteError
+from ember._loader import find_app, import_app_module
+from ember._nats import connect, ensure_buckets
+from ember._wire import CALL_ID_HEADER, DEADLINE_HEADER, CallReply, ErrorInfo, ReplicaStatus, encoder
+from nats.aio.msg import Msg
+
+from ember_runtime._batcher import Batcher, Call
+from ember_runtime._endpoint import Endpoint, build_endpoints
+
+log = logging.getLogger("ember.replica")
+HEARTBEAT_S = 2.0
+DRAIN_GRACE_S = 20.0
+
+
+class Replica:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
+                                    service=args.service, version=args.version, state="starting", pid=os.getpid(),
+                                    started_at=time.time(), updated_at=time.time(), restarts=args.restarts)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
+        self.batchers: list[Batcher] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> int:
+        nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
+        self.kv = (await ensure_buckets(nc.jetstream()))["replicas"]
+        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        try:
+            try:
+                endpoints = await self._load()
+            except Exception as exc:
+                log.exception("setup failed")
+                await self._report("failed", f"setup failed: {type(exc).__name__}: {exc}")
+                return 3
+            subs, loops = await self._serve(nc, endpoints)
+            await self._report("ready")
+            await self.stop.wait()
+            await self._drain(subs, loops)
+            return 0
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+            await nc.drain()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _load(self) -> list[Endpoint]:
+        module = import_app_module(self.args.bundle, self.args.module)
+        app = find_app(module, self.args.app)
+        service = app.services[self.args.service]
+        return await asyncio.get_running_loop().run_in_executor(
+            self.executor, build_endpoints, service, app.target(self.args.service))
+
+    async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
+        subs, loops = [], []
+        group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
+        for endpoint in endpoints:
+            batch = endpoint.spec.batch
+            batcher = Batcher(endpoint.run, max_size=batch.max_size if batch else 1,
+                              window_s=batch.window_ms / 1000 if batch else 0.0, executor=self.executor,
+                              name=endpoint.spec.name)
+            self.batchers.append(batcher)
+            loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
+            subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
+            subs.append(await nc.subscribe(subject, queue=group, cb=self._handler(nc, endpoint, batcher),
+                                           pending_msgs_limit=65536))
+        await nc.flush()
+        return subs, loops
+
+    def _handler(self, nc: Any, endpoint: Endpoint, batcher: Batcher) -> Any:
+        async def on_call(msg: Msg) -> None:
+            headers = msg.headers or {}
+            call_id = headers.get(CALL_ID_HEADER, "")
+            deadline = _float(headers.get(DEADLINE_HEADER), math.inf)
+
+            async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
+                await nc.publish(msg.reply, _encode_reply(output, error, batch_size, call_id))
+
+            try:
+                batcher.submit(Call(endpoint.decode(msg.data), deadline, answer, call_id))
+            except EmberError as exc:
+                await answer(None, exc, 0)
+
+        return on_call
+
+    async def _drain(self, subs: list[Any], loops: list[asyncio.Task[None]]) -> None:
+        await self._report("stopping")
+        for sub in subs:
+            await sub.unsubscribe()
+        for batcher in self.batchers:
+            batcher.close()
+        _, pending = await asyncio.wait(loops, timeout=DRAIN_GRACE_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        await self.kv.delete(self.args.replica_id)
+
+    async def _report(self, state: str, message: str = "") -> None:
+        self.status = msgspec.structs.replace(self.status, state=state, message=message)  # type: ignore[arg-type]
+        await self._put()
+
+    async def _put(self) -> None:
+        calls = sum(b.calls for b in self.batchers)
+        batches = sum(b.batches for b in self.batchers)
+        self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=calls, batches=batches)
+        await self.kv.put(self.args.replica_id, encoder.encode(self.status))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self._put()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+
+def _encode_reply(output: Any, error: EmberError | None, batch_size: int, call_id: str) -> bytes:
+    if error is None:
+        try:
+            return encoder.encode(CallReply(output=msgspec.Raw(encoder.encode(output)), batch_size=batch_size))
+        except (TypeError, ValueError) as exc:
+            error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
+    info = ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
+                     retry_after_s=error.retry_after_s, call_id=call_id or None)
+    return encoder.encode(CallReply(error=info, batch_size=batch_size))
+
+
+def _float(raw: str | None, default: float) -> float:
+    try:
+        return float(raw) if raw is not None else default
+    except ValueError:
+        return default
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ember_runtime.replica")
+    p.add_argument("--nats", required=True)
+    p.add_argument("--bundle", required=True, help="unpacked bundle folder")
+    p.add_argument("--module", required=True)
+    p.add_argument("--app", required=True)
+    p.add_argument("--service", required=True)
+    p.add_argument("--version", type=int, required=True)
+    p.add_argument("--replica-id", required=True)
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--restarts", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    replica = Replica(args)
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, replica.stop.set)
+        return await replica.run()
+
+    return asyncio.run(run())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

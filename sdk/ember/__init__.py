@@ -1,0 +1,54 @@
+"""Ember: serverless functions for ML models on GPUs.
+
+Example:
+    >>> import ember
+    >>> app = ember.App("hello")
+    >>> @app.function()
+    ... def greet(name: str) -> str:
+    ...     return f"Hello, {name}!"
+
+Deploy with ``ember push hello.py`` and call ``greet.remote("Ada")`` or ``POST /v1/hello/greet``.
+"""
+
+from ember._app import App, method, setup
+from ember._deploy import deploy
+from ember._errors import (
+    BadRequestError,
+    ConnectionError,
+    DeadlineExceededError,
+    EmberError,
+    InvalidInputError,
+    InvalidSpecError,
+    NotFoundError,
+    OverloadedError,
+    PayloadTooLargeError,
+    RemoteError,
+    UnavailableError,
+)
+from ember._handles import Function, FunctionHandle, MethodHandle, lookup
+from ember._version import __version__
+from ember._wire import Batch
+
+__all__ = [
+    "App",
+    "BadRequestError",
+    "Batch",
+    "ConnectionError",
+    "DeadlineExceededError",
+    "EmberError",
+    "Function",
+    "FunctionHandle",
+    "InvalidInputError",
+    "InvalidSpecError",
+    "MethodHandle",
+    "NotFoundError",
+    "OverloadedError",
+    "PayloadTooLargeError",
+    "RemoteError",
+    "UnavailableError",
+    "__version__",
+    "deploy",
+    "lookup",
+    "method",
+    "setup",
+]

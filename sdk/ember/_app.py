@@ -1,0 +1,273 @@
+"""``App`` and the decorators that declare what Ember serves."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar, overload
+
+from ember._errors import InvalidSpecError
+from ember._handles import Function, MethodHandle
+from ember._types import CallIO
+from ember._version import __version__
+from ember._wire import Batch, FunctionSpec, Manifest, ServiceSpec
+
+P = ParamSpec("P")
+R = TypeVar("R")
+C = TypeVar("C", bound=type)
+
+_APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_RESERVED_APP_NAMES = {"apps", "bundles", "calls", "healthz", "readyz"}
+_SETUP_MARK = "__ember_setup__"
+
+
+@dataclass
+class _Service:
+    spec: ServiceSpec
+    target: Any  # the Function handle, or the class
+
+
+class App:
+    """A named group of functions and class models that are deployed together.
+
+    Example:
+        >>> app = ember.App("hello")
+        >>> @app.function()
+        ... def greet(name: str) -> str:
+        ...     return f"Hello, {name}!"
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not _APP_NAME.match(name) or name in _RESERVED_APP_NAMES:
+            raise InvalidSpecError(
+                f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
+                f"letter or digit, and not one of {sorted(_RESERVED_APP_NAMES)}")
+        self.name = name
+        self._services: dict[str, _Service] = {}
+
+    def __repr__(self) -> str:
+        return f"<ember.App {self.name!r}: {', '.join(self._services) or 'empty'}>"
+
+    @overload
+    def function(self, fn: Callable[P, R], /) -> Function[P, R]: ...
+    @overload
+    def function(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
+                 batch: Batch | None = None, timeout_s: float = 60.0
+                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+
+    def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
+                 max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0) -> Any:
+        """Serve a function. Its annotations type the call; the platform validates inputs against them.
+
+        Args:
+            gpu: ``None`` (CPU), a GPU count, a GPU type (``"A10G"``, ``"H100:2"``) or a list of types.
+            min_replicas: replicas kept warm at all times.
+            max_replicas: upper bound on replicas (defaults to ``min_replicas``).
+            batch: ``ember.Batch(...)`` to receive calls in batches (the function then takes a list).
+            timeout_s: deadline of one call.
+        """
+        if fn is not None:
+            return self.function()(fn)
+        resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s)
+        _check_batch("@app.function", batch)
+
+        def decorate(raw: Callable[P, R]) -> Function[P, R]:
+            if not inspect.isfunction(raw):
+                raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
+            io = CallIO.of(raw, batched=batch is not None, is_method=False)
+            handle = Function(self.name, raw.__name__, raw, io)
+            spec = ServiceSpec(name=raw.__name__, kind="function",
+                               functions=[_function_spec(raw.__name__, raw.__name__, io, batch)], **resources)
+            self._register(spec, handle)
+            return handle
+
+        return decorate
+
+    def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
+              timeout_s: float = 60.0) -> Callable[[C], C]:
+        """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
+
+        Example:
+            >>> @app.model(gpu=1)
+            ... class Classifier:
+            ...     @ember.setup
+            ...     def load(self): self.net = load_weights()
+            ...     @ember.method(batch=ember.Batch(max_size=32))
+            ...     def predict(self, images: list[Image]) -> list[Label]: ...
+        """
+        resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s)
+
+        def decorate(cls: C) -> C:
+            if not inspect.isclass(cls):
+                raise InvalidSpecError(f"@app.model() decorates a class, not {cls!r}")
+            _check_constructor(cls)
+            methods = {name: m for name, m in _members(cls) if isinstance(m, _MethodDef)}
+            if not methods:
+                raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")
+            functions = [_function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch) for name, m in methods.items()]
+            spec = ServiceSpec(name=cls.__name__, kind="class", functions=functions, **resources)
+            cls.__ember_app__ = self.name  # type: ignore[attr-defined]
+            self._register(spec, cls)
+            return cls
+
+        return decorate
+
+    def _register(self, spec: ServiceSpec, target: Any) -> None:
+        if spec.name in self._services:
+            raise InvalidSpecError(f"App {self.name!r} already serves {spec.name!r}; give each function a unique name")
+        self._services[spec.name] = _Service(spec, target)
+
+    @property
+    def services(self) -> dict[str, ServiceSpec]:
+        return {name: s.spec for name, s in self._services.items()}
+
+    def target(self, service: str) -> Any:
+        """The served object behind ``service``: a :class:`Function` handle or a class."""
+        return self._services[service].target
+
+    def manifest(self, module: str) -> Manifest:
+        """The app's specs, as deployed; ``module`` is the app file's import name in its bundle."""
+        return Manifest(app=self.name, module=module, services=[s.spec for s in self._services.values()],
+                        sdk_version=__version__, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+class _MethodDef:
+    """What ``@ember.method`` leaves in a class body; a descriptor that hands out method handles."""
+
+    def __init__(self, raw: Callable[..., Any], batch: Batch | None) -> None:
+        self.raw = raw
+        self.batch = batch
+        self.io = CallIO.of(raw, batched=batch is not None, is_method=True)
+        self.attr = raw.__name__
+        self.__doc__ = raw.__doc__
+        self.__wrapped__ = raw
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = name
+
+    def __get__(self, instance: Any, owner: type) -> MethodHandle:
+        app = getattr(owner, "__ember_app__", "")
+        return MethodHandle(app, f"{owner.__name__}.{self.attr}", self.raw, self.io, owner, instance)
+
+
+@overload
+def method(fn: Callable[..., Any], /) -> Any: ...
+@overload
+def method(*, batch: Batch | None = None) -> Callable[[Callable[..., Any]], Any]: ...
+
+
+def method(fn: Any = None, /, *, batch: Batch | None = None) -> Any:
+    """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs."""
+    _check_batch("@ember.method", batch)
+
+    def decorate(raw: Callable[..., Any]) -> _MethodDef:
+        if not inspect.isfunction(raw):
+            raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
+        return _MethodDef(raw, batch)
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def setup(fn: Any = None, /) -> Any:
+    """Mark a method of an ``@app.model`` class to run once per replica, before it serves calls."""
+    def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
+        if not inspect.isfunction(raw):
+            raise InvalidSpecError(f"@ember.setup decorates a method, not {raw!r}")
+        if len(inspect.signature(raw).parameters) != 1:
+            raise InvalidSpecError(f"@ember.setup {raw.__qualname__}() takes only `self`")
+        setattr(raw, _SETUP_MARK, True)
+        return raw
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def run_setup(instance: Any) -> None:
+    """Run an instance's ``@ember.setup`` methods, base classes first."""
+    for _, member in _members(type(instance)):
+        if getattr(member, _SETUP_MARK, False):
+            member(instance)
+
+
+def method_def(cls: type, attr: str) -> _MethodDef:
+    """The ``@ember.method`` behind ``cls.attr`` (used by the runtime to call the raw function)."""
+    for klass in cls.__mro__:
+        member = klass.__dict__.get(attr)
+        if isinstance(member, _MethodDef):
+            return member
+    raise KeyError(f"{cls.__name__}.{attr} is not an @ember.method")
+
+
+def _members(cls: type) -> list[tuple[str, Any]]:
+    seen: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__):
+        seen.update(vars(klass))
+    return list(seen.items())
+
+
+def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> FunctionSpec:
+    try:
+        return FunctionSpec(name=name, attr=attr, input_mode=io.mode, params=io.params,
+                            input_schema=io.input_schema(), output_schema=io.output_schema(), batch=batch)
+    except TypeError as exc:
+        raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
+
+
+def _check_batch(where: str, batch: Any) -> None:
+    if batch is not None and not isinstance(batch, Batch):
+        raise InvalidSpecError(
+            f"{where}(batch={batch!r}): pass ember.Batch(max_size=..., window_ms=...), "
+            f"e.g. batch=ember.Batch(max_size={batch if isinstance(batch, int) else 32})")
+
+
+def _check_constructor(cls: type) -> None:
+    try:
+        required = [p for p in list(inspect.signature(cls).parameters.values())
+                    if p.default is inspect.Parameter.empty
+                    and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+    except (TypeError, ValueError):
+        return
+    if required:
+        raise InvalidSpecError(
+            f"@app.model(): {cls.__name__}() must be constructible without arguments; load state in an "
+            f"@ember.setup method instead of __init__({', '.join(p.name for p in required)})")
+
+
+def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeout_s: Any) -> dict[str, Any]:
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+        raise InvalidSpecError(f"{where}(min_replicas={min_replicas!r}): min_replicas is an int >= 0")
+    if max_replicas is None:
+        max_replicas = max(min_replicas, 1)
+    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < max(min_replicas, 1):
+        raise InvalidSpecError(
+            f"{where}(max_replicas={max_replicas!r}): max_replicas is an int >= 1 and >= min_replicas "
+            f"({min_replicas})")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 24 * 3600:
+        raise InvalidSpecError(f"{where}(timeout_s={timeout_s!r}): timeout_s is a number of seconds in (0, 86400]")
+    count, types = _parse_gpu(where, gpu)
+    return {"gpu_count": count, "gpu_types": types, "min_replicas": min_replicas,
+            "max_replicas": max_replicas, "timeout_s": float(timeout_s)}
+
+
+_GPU_TYPE = re.compile(r"^([A-Za-z0-9_-]+)(?::([1-8]))?$")
+
+
+def _parse_gpu(where: str, gpu: Any) -> tuple[int, list[str]]:
+    hint = 'gpu=None (CPU), gpu=1, gpu="A10G", gpu="H100:2" or gpu=["H100", "A100"]'
+    if gpu is None or (gpu == 0 and not isinstance(gpu, bool)):
+        return 0, []
+    if isinstance(gpu, int) and not isinstance(gpu, bool):
+        if 1 <= gpu <= 8:
+            return gpu, []
+        raise InvalidSpecError(f"{where}(gpu={gpu!r}): a GPU count is from 1 to 8; use {hint}")
+    if isinstance(gpu, str):
+        m = _GPU_TYPE.match(gpu)
+        if not m:
+            raise InvalidSpecError(f"{where}(gpu={gpu!r}): not a GPU type; use {hint}")
+        count = int(m.group(2) or 1)
+        return count, [] if m.group(1).lower() == "any" else [m.group(1)]
+    if isinstance(gpu, list | tuple) and gpu and all(isinstance(g, str) and _GPU_TYPE.match(g) for g in gpu):
+        return 1, list(gpu)
+    raise InvalidSpecError(f"{where}(gpu={gpu!r}): use {hint}")

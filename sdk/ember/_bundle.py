@@ -1,0 +1,104 @@
+"""Bundles: a deterministic, content-addressed archive of an app's source folder."""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from ember._errors import InvalidSpecError
+
+MAX_BUNDLE_BYTES = 256 * 1024 * 1024
+_SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+              "node_modules", ".ember", ".ipynb_checkpoints"}
+_SKIP_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp")
+
+
+class Bundle:
+    """An archive's bytes and their sha256 (the bundle's address)."""
+
+    def __init__(self, data: bytes, files: list[str]) -> None:
+        self.data = data
+        self.files = files
+        self.sha256 = hashlib.sha256(data).hexdigest()
+
+    def __repr__(self) -> str:
+        return f"<Bundle {self.sha256[:12]} {len(self.files)} files, {len(self.data)} bytes>"
+
+
+def build_bundle(root: str | os.PathLike[str]) -> Bundle:
+    """Pack ``root`` into a gzip'd tar whose bytes depend only on the files' paths, contents and modes."""
+    root = Path(root).resolve()
+    files = list_files(root)
+    raw = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in files:
+            path = root / rel
+            info = tarfile.TarInfo(rel)
+            info.size = path.stat().st_size
+            info.mode = 0o755 if os.access(path, os.X_OK) else 0o644
+            info.mtime = 0
+            with path.open("rb") as fh:
+                tar.addfile(info, fh)
+    data = raw.getvalue()
+    if len(data) > MAX_BUNDLE_BYTES:
+        raise InvalidSpecError(
+            f"the bundle of {root} is {len(data) >> 20} MiB, over the {MAX_BUNDLE_BYTES >> 20} MiB limit; "
+            "list large files in .gitignore and load them at setup from storage")
+    return Bundle(data, files)
+
+
+def list_files(root: Path) -> list[str]:
+    """Files under ``root`` to bundle, as sorted POSIX paths: no caches, nothing ``.gitignore``d."""
+    ignore = _gitignore(root)
+    out: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames
+                             if d not in _SKIP_DIRS and not _ignored((rel_dir / d).as_posix(), True, ignore))
+        for name in filenames:
+            rel = (rel_dir / name).as_posix()
+            if any(fnmatch.fnmatch(name, p) for p in _SKIP_FILES) or _ignored(rel, False, ignore):
+                continue
+            if (Path(dirpath) / name).is_file():
+                out.append(rel)
+    return sorted(out)
+
+
+def _gitignore(root: Path) -> list[tuple[str, bool, bool]]:
+    path = root / ".gitignore"
+    if not path.is_file():
+        return []
+    rules = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        line = line.lstrip("!")
+        dir_only = line.endswith("/")
+        rules.append((line.strip("/"), dir_only, negate))
+    return rules
+
+
+def _ignored(rel: str, is_dir: bool, rules: list[tuple[str, bool, bool]]) -> bool:
+    ignored = False
+    name = rel.rsplit("/", 1)[-1]
+    for pattern, dir_only, negate in rules:
+        if dir_only and not is_dir:
+            continue
+        target = rel if "/" in pattern else name
+        if fnmatch.fnmatch(target, pattern):
+            ignored = not negate
+    return ignored
+
+
+def unpack_bundle(data: bytes, dest: str | os.PathLike[str]) -> None:
+    """Extract a bundle safely (no absolute paths, links or escapes out of ``dest``)."""
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        tar.extractall(dest, filter="data")

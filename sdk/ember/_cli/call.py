@@ -1,0 +1,27 @@
+"""``ember call APP.FN --data '{...}'``: call a function over HTTP and print its JSON result."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+
+from ember._cli._fmt import split_target
+from ember._client import default_transport
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("call", help="call a deployed function and print its result")
+    p.add_argument("target", metavar="APP.FUNCTION")
+    p.add_argument("--data", "-d", default=None, help="the input as JSON ('-' reads stdin); default: no input")
+    p.add_argument("--timeout", type=float, default=None, help="seconds (capped by the function's timeout_s)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    app, fn = split_target(args.target)
+    body = sys.stdin.buffer.read() if args.data == "-" else (args.data or "").encode()
+    raw = default_transport().invoke(app, fn, body, timeout_s=args.timeout)
+    print(msgspec.json.format(raw, indent=2).decode())
+    return 0

@@ -1,0 +1,95 @@
+"""``ember.deploy``: inspect, bundle, upload and roll out an app, then wait for its replicas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+
+from ember._bundle import build_bundle
+from ember._client import Transport, default_transport
+from ember._errors import InvalidSpecError, NotFoundError, UnavailableError
+from ember._wire import AppView, Deployment, DeployRequest, Manifest, encoder
+
+Progress = Callable[[str, AppView | None], None]
+
+
+def inspect_app(path: str | Path, app_name: str | None = None) -> Manifest:
+    """Import the app file in a fresh interpreter and return its manifest."""
+    cmd = [sys.executable, "-m", "ember._inspect", str(path), *([app_name] if app_name else [])]
+    proc = subprocess.run(cmd, capture_output=True, timeout=300, check=False)
+    if proc.returncode != 0:
+        raise InvalidSpecError(f"importing {path} failed:\n{proc.stderr.decode(errors='replace').strip()}")
+    return msgspec.json.decode(proc.stdout, type=Manifest)
+
+
+def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
+           transport: Transport | None = None, progress: Progress | None = None) -> AppView:
+    """Deploy the app defined in ``path`` and (by default) wait until its minimum replicas are ready.
+
+    The app's folder is the bundle: every file in it but caches and ``.gitignore``d ones.
+
+    Example:
+        >>> ember.deploy("examples/hello/hello.py")
+    """
+    say = progress or (lambda _msg, _view: None)
+    transport = transport or default_transport()
+    path = Path(path).resolve()
+    say(f"inspecting {path.name}", None)
+    manifest = inspect_app(path, app_name)
+    bundle = build_bundle(path.parent)
+    say(f"bundle {bundle.sha256[:12]}: {len(bundle.files)} files, {len(bundle.data) / 1024:.1f} KiB", None)
+    transport.request("PUT", f"/v1/bundles/{bundle.sha256}", content=bundle.data,
+                      headers={"content-type": "application/gzip"})
+    body = encoder.encode(DeployRequest(bundle_sha256=bundle.sha256, manifest=manifest))
+    dep = msgspec.json.decode(
+        transport.request("POST", f"/v1/apps/{manifest.app}/deployments", content=body,
+                          headers={"content-type": "application/json"}).content, type=Deployment)
+    say(f"deployed {dep.app} version {dep.version}", None)
+    view = app_view(transport, dep.app)
+    if wait:
+        view = wait_ready(transport, dep.app, dep.version, timeout_s=timeout_s, progress=say)
+    return view
+
+
+def app_view(transport: Transport, app: str) -> AppView:
+    return msgspec.json.decode(transport.request("GET", f"/v1/apps/{app}").content, type=AppView)
+
+
+def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float, progress: Progress) -> AppView:
+    """Poll until every service of ``version`` has its minimum ready replicas."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while True:
+        try:
+            view = app_view(transport, app)
+        except NotFoundError:
+            raise UnavailableError(f"app {app!r} was deleted while waiting for it") from None
+        if view.version != version:
+            raise UnavailableError(f"app {app!r} moved to version {view.version} while waiting for {version}")
+        summary, ready = _readiness(view)
+        if summary != last:
+            progress(summary, view)
+            last = summary
+        if ready:
+            return view
+        if time.monotonic() > deadline:
+            raise UnavailableError(f"{app} v{version} not ready after {timeout_s:.0f}s: {summary}",
+                                   retry_after_s=5.0)
+        time.sleep(0.2)
+
+
+def _readiness(view: AppView) -> tuple[str, bool]:
+    parts, ready = [], True
+    for svc in view.services:
+        current = [r for r in svc.replicas if r.version == view.version]
+        n_ready = sum(r.state == "ready" for r in current)
+        ready &= n_ready >= svc.min_replicas
+        problems = {r.message for r in current if r.state in ("crashed", "failed") and r.message}
+        note = f" ({'; '.join(sorted(problems))})" if problems else ""
+        parts.append(f"{svc.name} {n_ready}/{svc.min_replicas} ready{note}")
+    return ", ".join(parts), ready

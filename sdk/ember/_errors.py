@@ -1,0 +1,113 @@
+"""Ember's exception hierarchy.
+
+Every error a user sees from the SDK is an :class:`EmberError`. Errors that cross the wire carry a
+``code``; :func:`error_from_info` maps a wire error back to its class, so that a call that fails in
+a replica raises the same type in the caller as it would over HTTP.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class EmberError(Exception):
+    """Base class of every error raised by Ember."""
+
+    code: ClassVar[str] = "internal"
+    http_status: ClassVar[int] = 500
+
+    def __init__(self, message: str, *, field: str | None = None, retry_after_s: float | None = None,
+                 remote_type: str | None = None, call_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        self.retry_after_s = retry_after_s
+        self.remote_type = remote_type
+        self.call_id = call_id
+
+    def __str__(self) -> str:
+        where = f" (at {self.field})" if self.field else ""
+        return f"{self.message}{where}"
+
+
+class InvalidSpecError(EmberError, ValueError):
+    """A decorator or app definition was given arguments it cannot accept."""
+
+    code = "invalid_spec"
+    http_status = 400
+
+
+class BadRequestError(EmberError):
+    """The request could not be parsed (malformed JSON, bad header)."""
+
+    code = "bad_request"
+    http_status = 400
+
+
+class NotFoundError(EmberError):
+    """The app, function or call does not exist."""
+
+    code = "not_found"
+    http_status = 404
+
+
+class InvalidInputError(EmberError):
+    """The input does not match the function's declared type; ``field`` names the culprit."""
+
+    code = "invalid_input"
+    http_status = 422
+
+
+class PayloadTooLargeError(EmberError):
+    """The request body is larger than the platform accepts."""
+
+    code = "payload_too_large"
+    http_status = 413
+
+
+class OverloadedError(EmberError):
+    """The function's queue is full; retry after ``retry_after_s``."""
+
+    code = "overloaded"
+    http_status = 429
+
+
+class UnavailableError(EmberError):
+    """No replica became ready within the call's deadline; retry after ``retry_after_s``."""
+
+    code = "unavailable"
+    http_status = 503
+
+
+class DeadlineExceededError(EmberError, TimeoutError):
+    """The call did not finish before its deadline."""
+
+    code = "deadline_exceeded"
+    http_status = 504
+
+
+class RemoteError(EmberError):
+    """User code raised; ``remote_type`` is the name of the exception's class."""
+
+    code = "user_error"
+    http_status = 500
+
+
+class ConnectionError(EmberError):
+    """The platform could not be reached."""
+
+    code = "connection"
+    http_status = 502
+
+
+_BY_CODE: dict[str, type[EmberError]] = {
+    cls.code: cls
+    for cls in (EmberError, InvalidSpecError, BadRequestError, NotFoundError, InvalidInputError,
+                PayloadTooLargeError, OverloadedError, UnavailableError, DeadlineExceededError,
+                RemoteError, ConnectionError)
+}
+
+
+def error_class(code: str) -> type[EmberError]:
+    """The error class for a wire ``code`` (``EmberError`` for codes this SDK does not know)."""
+    return _BY_CODE.get(code, EmberError)

@@ -1,0 +1,32 @@
+"""``python -m ember._inspect app.py``: import an app and print its manifest as JSON.
+
+``ember push`` runs this in a subprocess so that importing user code (and its heavy imports) never
+happens in the CLI's own process.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from ember._errors import EmberError
+from ember._loader import find_app, import_app_file
+from ember._wire import encoder
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) not in (1, 2):
+        print("usage: python -m ember._inspect APP_FILE [APP_NAME]", file=sys.stderr)
+        return 2
+    try:
+        module, name = import_app_file(argv[0])
+        app = find_app(module, argv[1] if len(argv) == 2 else None)
+        manifest = app.manifest(name)
+    except EmberError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.buffer.write(encoder.encode(manifest) + b"\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

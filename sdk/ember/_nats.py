@@ -1,0 +1,117 @@
+"""NATS plumbing shared by the platform and the runtime (never imported by ``import ember``).
+
+One place connects, creates the JetStream buckets, and mirrors a KV bucket into a local dict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+
+from ember import _subjects as subjects
+
+T = TypeVar("T")
+log = logging.getLogger("ember.nats")
+
+REPLICA_TTL_S = 15.0  # a replica or node that stops heartbeating disappears from KV after this
+NODE_TTL_S = 15.0
+
+
+async def connect(url: str, name: str) -> Client:
+    """Connect with reconnects forever: a platform or agent outlives a NATS restart."""
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats: %s", exc)
+
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                              error_cb=on_error, connect_timeout=5)
+
+
+async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
+    """Create (or open) Ember's KV buckets and object store; idempotent."""
+    async def kv(bucket: str, **config: Any) -> KeyValue:
+        try:
+            return await js.key_value(bucket)
+        except BucketNotFoundError:
+            return await js.create_key_value(bucket=bucket, **config)
+
+    try:
+        bundles = await js.object_store(subjects.BUNDLES_STORE)
+    except BucketNotFoundError:
+        bundles = await js.create_object_store(subjects.BUNDLES_STORE)
+    return {
+        "deployments": await kv(subjects.DEPLOYMENTS_BUCKET, history=5),
+        "replicas": await kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
+        "nodes": await kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
+        "bundles": bundles,
+    }
+
+
+class KVMirror(Generic[T]):
+    """A local, always-current copy of a KV bucket, kept by a watcher task that this object owns."""
+
+    def __init__(self, kv: KeyValue, decode: Callable[[bytes], T],
+                 on_change: Callable[[str, T | None], None] | None = None) -> None:
+        self._kv = kv
+        self._decode = decode
+        self._on_change = on_change
+        self.items: dict[str, T] = {}
+        self.changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._synced = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"kv-mirror-{self._kv._name}")
+        await self._synced.wait()
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def _run(self) -> None:
+        while True:
+            watcher = None
+            try:
+                watcher = await self._kv.watchall()
+                async for entry in watcher:
+                    if entry is None:
+                        self._synced.set()
+                        continue
+                    self._apply(entry)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("KV watch on %s failed; restarting it", self._kv._name)
+                await asyncio.sleep(0.5)
+            finally:
+                if watcher is not None:
+                    await asyncio.shield(_quiet_stop(watcher))
+
+    def _apply(self, entry: KeyValue.Entry) -> None:
+        value: T | None = None
+        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+            self.items.pop(entry.key, None)
+        else:
+            try:
+                value = self._decode(entry.value)
+            except Exception:
+                log.warning("ignoring undecodable %s/%s", self._kv._name, entry.key)
+                return
+            self.items[entry.key] = value
+        if self._on_change:
+            self._on_change(entry.key, value)
+        self.changed.set()
+
+
+async def _quiet_stop(watcher: Any) -> None:
+    with contextlib.suppress(Exception):
+        await watcher.stop()

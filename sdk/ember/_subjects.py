@@ -1,0 +1,63 @@
+"""Every NATS subject, KV bucket and object-store name Ember uses, built in one place.
+
+Nothing else formats a subject string. Tokens are validated so that a name can never add or remove
+a subject level.
+"""
+
+from __future__ import annotations
+
+import re
+
+DEFAULT_TENANT = "default"
+
+# JetStream buckets.
+DEPLOYMENTS_BUCKET = "ember_deployments"  # key: <app>          value: wire.Deployment
+REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.ReplicaStatus
+NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
+BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _token(value: str, what: str) -> str:
+    if not _TOKEN.match(value):
+        raise ValueError(f"{what} {value!r} may hold only letters, digits, '-' and '_'")
+    return value
+
+
+def _fn_token(name: str) -> str:
+    # "Classifier.predict" -> "Classifier:predict" would be illegal; use a reversible "__".
+    return "__".join(_token(part, "function name") for part in name.split("."))
+
+
+def invoke(app: str, function: str, version: int, tenant: str = DEFAULT_TENANT) -> str:
+    """Synchronous calls to one version of a function, load-balanced over its replicas."""
+    return f"ember.invoke.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}.v{version}"
+
+
+def replica_invoke(replica_id: str) -> str:
+    """Calls routed to one replica."""
+    return f"ember.replica.{_token(replica_id, 'replica id')}.invoke"
+
+
+def replica_group(app: str, service: str, version: int) -> str:
+    """Queue group shared by the replicas of one service version."""
+    return f"{_token(app, 'app')}.{_token(service, 'service')}.v{version}"
+
+
+def logs(app: str, service: str) -> str:
+    """Log lines of the replicas of one service."""
+    return f"ember.logs.{_token(app, 'app')}.{_token(service, 'service')}"
+
+
+LOGS_ALL = "ember.logs.>"
+
+
+def calls(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
+    """JetStream work queue of one function's asynchronous calls."""
+    return f"ember.calls.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}"
+
+
+def stats(app: str, function: str) -> str:
+    """Load reports of one function's replicas."""
+    return f"ember.stats.{_token(app, 'app')}.{_fn_token(function)}"

@@ -1,0 +1,195 @@
+"""Wire types: every message that crosses a process boundary, as msgspec Structs.
+
+Schemas only grow: new fields get defaults and go last; a field's type never changes. Encoders and
+decoders are built once, here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ember._errors import InvalidSpecError
+
+# NATS headers carried by every synchronous call.
+CALL_ID_HEADER = "Ember-Call-Id"
+DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
+PRIORITY_HEADER = "Ember-Priority"  # "interactive" | "batch"
+
+# HTTP headers.
+HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
+HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
+HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
+
+
+class _Wire(msgspec.Struct, frozen=True, kw_only=True):
+    pass
+
+
+class Batch(_Wire):
+    """Micro-batching of a function's calls inside each replica.
+
+    A batched function takes one argument, a ``list`` of inputs, and returns a list of outputs of
+    the same length. Callers still send one input per call; the replica groups calls that arrive
+    within ``window_ms`` of the first, up to ``max_size``.
+
+    Example:
+        ``@app.function(batch=ember.Batch(max_size=32, window_ms=5))``
+    """
+
+    max_size: int = 32
+    window_ms: float = 5.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or not 1 <= self.max_size <= 4096:
+            raise InvalidSpecError(f"Batch(max_size={self.max_size!r}): max_size must be an int from 1 to 4096")
+        if isinstance(self.window_ms, bool) or not isinstance(self.window_ms, int | float) \
+                or not 0 <= self.window_ms <= 10_000:
+            raise InvalidSpecError(
+                f"Batch(window_ms={self.window_ms!r}): window_ms must be a number of milliseconds from 0 to 10000")
+
+
+InputMode = Literal["none", "single", "kwargs"]
+
+
+class FunctionSpec(_Wire):
+    """One callable entry point: a function, or one method of a class model."""
+
+    name: str  # "embed" or "Classifier.predict": the URL path segment
+    attr: str  # Python attribute: the function's or the method's name
+    input_mode: InputMode
+    params: list[str] = []
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] = {}
+    batch: Batch | None = None
+
+
+class ServiceSpec(_Wire):
+    """What runs in one replica: a function, or a class model with all its methods."""
+
+    name: str
+    kind: Literal["function", "class"]
+    functions: list[FunctionSpec]
+    gpu_count: int = 0
+    gpu_types: list[str] = []
+    min_replicas: int = 1
+    max_replicas: int = 1
+    timeout_s: float = 60.0
+
+
+class Manifest(_Wire):
+    """The specs of an app, read by importing it."""
+
+    app: str
+    module: str  # import name of the app's file inside its bundle
+    services: list[ServiceSpec]
+    sdk_version: str = ""
+    python: str = ""
+
+
+class Deployment(_Wire):
+    """The current version of an app, stored in the deployments KV under the app's name."""
+
+    app: str
+    version: int
+    bundle_sha256: str
+    manifest: Manifest
+    created_at: float
+
+
+class Device(_Wire):
+    kind: Literal["cpu", "gpu"]
+    index: int
+    name: str
+    memory_total_mb: int = 0
+    uuid: str = ""
+
+
+class NodeInfo(_Wire):
+    node_id: str
+    hostname: str
+    devices: list[Device]
+    updated_at: float
+
+
+ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
+
+
+class ReplicaStatus(_Wire):
+    """A replica's state, reported by the replica itself and by its node agent."""
+
+    replica_id: str
+    node_id: str
+    app: str
+    service: str
+    version: int
+    state: ReplicaState
+    pid: int
+    started_at: float
+    updated_at: float
+    restarts: int = 0
+    message: str = ""
+    calls: int = 0
+    batches: int = 0
+
+
+class ErrorInfo(_Wire):
+    """The one shape of every error, over HTTP (inside ``{"error": ...}``) and over NATS."""
+
+    code: str
+    message: str
+    field: str | None = None
+    type: str | None = None
+    retry_after_s: float | None = None
+    call_id: str | None = None
+
+
+class ErrorBody(_Wire):
+    error: ErrorInfo
+
+
+class CallReply(_Wire):
+    """A replica's answer to one call: the output as raw JSON, or an error."""
+
+    output: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorInfo | None = None
+    batch_size: int = 0
+
+
+class LogLine(_Wire):
+    replica_id: str
+    stream: Literal["stdout", "stderr", "agent"]
+    line: str
+    ts: float
+
+
+class DeployRequest(_Wire):
+    bundle_sha256: str
+    manifest: Manifest
+
+
+class ServiceView(_Wire):
+    """One service of an app as ``GET /v1/apps/<app>`` shows it."""
+
+    name: str
+    min_replicas: int
+    max_replicas: int
+    functions: list[str]
+    replicas: list[ReplicaStatus]
+
+
+class AppView(_Wire):
+    app: str
+    version: int
+    bundle_sha256: str
+    created_at: float
+    services: list[ServiceView]
+
+
+encoder = msgspec.json.Encoder()
+reply_decoder = msgspec.json.Decoder(CallReply)
+deployment_decoder = msgspec.json.Decoder(Deployment)
+replica_decoder = msgspec.json.Decoder(ReplicaStatus)
+node_decoder = msgspec.json.Decoder(NodeInfo)
+log_decoder = msgspec.json.Decoder(LogLine)
