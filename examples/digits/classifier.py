@@ -17,7 +17,6 @@ class Classifier:
     @ember.setup
     def load(self) -> None:
         import torch
-
         from model import load
 
         torch.set_num_threads(1)

@@ -1,8 +1,7 @@
 """Plain-Python functions: `ember push examples/hello/hello.py`, then `ember call hello.greet --data '"Ada"'`."""
 
-import msgspec
-
 import ember
+import msgspec
 
 app = ember.App("hello")
 

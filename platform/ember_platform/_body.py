@@ -47,8 +47,10 @@ class InputValidator:
                 raise InvalidInputError("this function takes no inputs; send an empty body or {}", field="$")
             return b"{}"
         if self._schema is not None:
-            error = best_match(self._schema.iter_errors(value))
-            if error is not None:
+            # The first error in document order (best_match descends into anyOf/oneOf alternatives).
+            first = next(self._schema.iter_errors(value), None)
+            if first is not None:
+                error = best_match([first])
                 raise InvalidInputError(_message(error), field=_field(error))
         return body
 

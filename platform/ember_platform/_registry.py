@@ -85,8 +85,11 @@ class Registry:
                        if r.app == app and (service is None or r.service == service) and r.updated_at > fresh_after),
                       key=lambda r: (r.service, r.version, r.replica_id))
 
-    def ready_count(self, app: str, service: str, version: int) -> int:
-        return sum(r.state == "ready" and r.version == version for r in self.live_replicas(app, service))
+    def replica_alive(self, replica_id: str) -> bool:
+        """False once a replica crashed, stopped reporting, or was removed."""
+        status = self.replicas.items.get(replica_id)
+        return (status is not None and status.state not in ("crashed", "failed")
+                and status.updated_at > time.time() - REPLICA_TTL_S)
 
     # -- deployments -------------------------------------------------------------------------------
 

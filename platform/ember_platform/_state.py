@@ -15,7 +15,7 @@ class Platform:
         self.settings = settings
         self.nc = nc
         self.registry = registry
-        self.router = Router(nc)
+        self.router = Router(nc, registry.replica_alive)
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -23,12 +23,15 @@ class Platform:
         registry = Registry(nc, settings.log_lines_kept)
         try:
             await registry.start()
+            platform = cls(settings, nc, registry)
+            await platform.router.start()
         except BaseException:
             await nc.close()
             raise
-        return cls(settings, nc, registry)
+        return platform
 
     async def stop(self) -> None:
+        await self.router.stop()
         await self.registry.stop()
         await self.nc.drain()
 

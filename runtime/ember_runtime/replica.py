@@ -22,7 +22,7 @@ from ember import _subjects as subjects
 from ember._errors import EmberError, RemoteError
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
-from ember._wire import CALL_ID_HEADER, DEADLINE_HEADER, CallReply, ErrorInfo, ReplicaStatus, encoder
+from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, CallReply, ErrorInfo, ReplicaStatus, encoder
 from nats.aio.msg import Msg
 
 from ember_runtime._batcher import Batcher, Call
@@ -31,6 +31,7 @@ from ember_runtime._endpoint import Endpoint, build_endpoints
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 DRAIN_GRACE_S = 20.0
+EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
 
 class Replica:
@@ -48,8 +49,17 @@ class Replica:
         self.kv = (await ensure_buckets(nc.jetstream()))["replicas"]
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
+            load = asyncio.create_task(self._load(), name="setup")
+            stopped = asyncio.create_task(self.stop.wait())
+            await asyncio.wait([load, stopped], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not load.done():
+                # Setup code cannot be interrupted; leave without waiting for it (see main()).
+                log.info("stopped during setup")
+                await self.kv.delete(self.args.replica_id)
+                return EXIT_ABANDONED_SETUP
             try:
-                endpoints = await self._load()
+                endpoints = load.result()
             except Exception as exc:
                 log.exception("setup failed")
                 await self._report("failed", f"setup failed: {type(exc).__name__}: {exc}")
@@ -97,6 +107,7 @@ class Replica:
             async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
                 await nc.publish(msg.reply, _encode_reply(output, error, batch_size, call_id))
 
+            await nc.publish(msg.reply, b"", headers={ACK_HEADER: self.args.replica_id})
             try:
                 batcher.submit(Call(endpoint.decode(msg.data), deadline, answer, call_id))
             except EmberError as exc:
@@ -178,7 +189,12 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, replica.stop.set)
         return await replica.run()
 
-    return asyncio.run(run())
+    code = asyncio.run(run())
+    if code == EXIT_ABANDONED_SETUP:
+        # The setup thread is still running user code; do not wait for it at interpreter exit.
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

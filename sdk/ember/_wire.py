@@ -16,6 +16,7 @@ from ember._errors import InvalidSpecError
 CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 PRIORITY_HEADER = "Ember-Priority"  # "interactive" | "batch"
+ACK_HEADER = "Ember-Ack"  # on a replica's receipt of a call: the replica's id
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s

@@ -1,0 +1,51 @@
+"""A test subject: functions that expose the platform's behaviour (batching, errors, deadlines, setup)."""
+
+import os
+import time
+
+import ember
+import msgspec
+
+app = ember.App("probe")
+
+
+class Item(msgspec.Struct):
+    n: int
+
+
+@app.function(batch=ember.Batch(max_size=16, window_ms=50))
+def sizes(items: list[Item]) -> list[int]:
+    """Answers each call with the size of the batch it ran in."""
+    return [len(items)] * len(items)
+
+
+@app.function()
+def pid() -> int:
+    return os.getpid()
+
+
+@app.function()
+def slow(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@app.function()
+def boom(message: str) -> str:
+    raise ValueError(message)
+
+
+@app.function(batch=ember.Batch(max_size=8, window_ms=1))
+def wrong_length(items: list[int]) -> list[int]:
+    return items[:-1]
+
+
+@app.model(timeout_s=5)
+class Counter:
+    @ember.setup
+    def start(self) -> None:
+        self.setups = getattr(self, "setups", 0) + 1
+
+    @ember.method()
+    def setups_run(self) -> int:
+        return self.setups

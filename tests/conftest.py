@@ -1,0 +1,17 @@
+"""Shared fixtures. Integration tests run against a real embedded platform (nats-server, control plane,
+node agent, replica processes) started once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+TEST_APPS = Path(__file__).resolve().parent / "apps"
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO

@@ -1,0 +1,69 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from ember._client import Transport
+from ember._deploy import deploy
+from ember._embedded import EmbeddedPlatform
+from ember._wire import AppView
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPlatform]:
+    """Ember on this machine: a real nats-server with JetStream, the control plane and one node agent."""
+    state = tmp_path_factory.mktemp("ember")
+    with EmbeddedPlatform(state) as running:
+        yield running
+
+
+@pytest.fixture(scope="session")
+def transport(platform: EmbeddedPlatform) -> Iterator[Transport]:
+    t = Transport(platform.url)
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def ember_url(platform: EmbeddedPlatform, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Points the SDK's default transport (EMBER_URL) at the session platform."""
+    monkeypatch.setenv("EMBER_URL", platform.url)
+    return platform.url
+
+
+@pytest.fixture(scope="session")
+def http(platform: EmbeddedPlatform) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        yield client
+
+
+class Deployer:
+    def __init__(self, transport: Transport) -> None:
+        self.transport = transport
+        self.cache: dict[tuple[str, str | None], AppView] = {}
+
+    def __call__(self, path: Path, app_name: str | None = None) -> AppView:
+        key = (str(path), app_name)
+        if key not in self.cache:
+            self.cache[key] = deploy(path, app_name=app_name, transport=self.transport, timeout_s=120)
+        return self.cache[key]
+
+
+@pytest.fixture(scope="session")
+def deployed(transport: Transport) -> Deployer:
+    """Deploys an app once per session (and waits for its replicas)."""
+    return Deployer(transport)
+
+
+@pytest.fixture(scope="session")
+def hello(deployed: Deployer) -> AppView:
+    return deployed(REPO / "examples" / "hello" / "hello.py")
+
+
+@pytest.fixture(scope="session")
+def probe(deployed: Deployer) -> AppView:
+    return deployed(REPO / "tests" / "apps" / "probe" / "probe.py")

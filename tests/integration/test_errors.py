@@ -1,0 +1,107 @@
+"""Every error status of the invocation API, with one JSON shape, and the SDK's typed exceptions."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import ember
+import httpx
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+ERROR_KEYS = {"code", "message", "field", "type", "retry_after_s", "call_id"}
+
+
+def error_of(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS
+    assert body["error"]["code"] == code
+    return body["error"]
+
+
+def test_unknown_app_and_function_are_404(hello, http):
+    error_of(http.post("/v1/nosuchapp/greet", json="x"), 404, "not_found")
+    err = error_of(http.post("/v1/hello/nosuchfn", json="x"), 404, "not_found")
+    assert "greet" in err["message"]  # says what exists
+
+
+def test_wrong_input_type_is_422_naming_the_field(probe, hello, http):
+    assert error_of(http.post("/v1/hello/greet", json=5), 422, "invalid_input")["field"] == "$"
+    assert error_of(http.post("/v1/hello/norm", json={"x": 1, "y": "2"}), 422, "invalid_input")["field"] == "$.y"
+    assert error_of(http.post("/v1/hello/add", json={"b": 1}), 422, "invalid_input")["field"] == "$.a"
+    assert error_of(http.post("/v1/hello/add", json={"a": 1, "z": 1}), 422, "invalid_input")["field"] == "$.z"
+
+
+def test_digits_rejects_a_short_image(deployed, http):
+    deployed(REPO / "examples" / "digits" / "classifier.py")
+    err = error_of(http.post("/v1/digits/Classifier.predict", json={"pixels": [1.0] * 10}), 422, "invalid_input")
+    assert err["field"] == "$.pixels"
+    err = error_of(http.post("/v1/digits/Classifier.predict", json={"pixels": [99.0] * 64}), 422, "invalid_input")
+    assert err["field"] == "$.pixels[0]"
+
+
+def test_malformed_json_is_400(hello, http):
+    error_of(http.post("/v1/hello/greet", content=b"{not json"), 400, "bad_request")
+    deep = b"[" * 100_000 + b"]" * 100_000
+    error_of(http.post("/v1/hello/greet", content=deep), 400, "bad_request")
+
+
+def test_body_over_the_limit_is_413_before_reading_it(hello, http):
+    big = b'"' + b"x" * (5 * 1024 * 1024) + b'"'
+    error_of(http.post("/v1/hello/greet", content=big), 413, "payload_too_large")
+
+    def chunks():  # no Content-Length: the limit is enforced while streaming
+        for _ in range(6):
+            yield b"x" * (1024 * 1024)
+
+    error_of(http.post("/v1/hello/greet", content=chunks()), 413, "payload_too_large")
+
+
+def test_user_exception_is_500_with_its_type_and_message(probe, http, ember_url):
+    err = error_of(http.post("/v1/probe/boom", json="kaput"), 500, "user_error")
+    assert err["type"] == "ValueError" and err["message"] == "kaput" and err["call_id"]
+    with pytest.raises(ember.RemoteError) as info:
+        ember.lookup("probe", "boom").remote("again")
+    assert info.value.remote_type == "ValueError" and info.value.message == "again"
+
+
+def test_wrong_batch_output_length_is_a_clear_error(probe, http):
+    err = error_of(http.post("/v1/probe/wrong_length", json=1), 500, "user_error")
+    assert "1 inputs" in err["message"]
+
+
+def test_deadline_passed_is_504(probe, http, ember_url):
+    started = time.monotonic()
+    error_of(http.post("/v1/probe/slow", json=3.0, headers={"X-Ember-Timeout": "0.5"}), 504, "deadline_exceeded")
+    assert time.monotonic() - started < 3.0
+    with pytest.raises(ember.DeadlineExceededError):
+        ember._client.default_transport().invoke("probe", "slow", b"3.0", timeout_s=0.5)
+
+
+def test_bad_timeout_header_is_400(hello, http):
+    err = error_of(http.post("/v1/hello/greet", json="x", headers={"X-Ember-Timeout": "soon"}), 400, "bad_request")
+    assert err["field"] == "X-Ember-Timeout"
+
+
+def test_no_ready_replica_is_503_with_retry_after(deployed, transport, http):
+    ember.deploy(REPO / "tests" / "apps" / "probe" / "slowstart.py", transport=transport, wait=False)
+    try:
+        response = http.post("/v1/slowstart/Sleeper.ping", headers={"X-Ember-Timeout": "1"})
+        error_of(response, 503, "unavailable")
+        assert int(response.headers["retry-after"]) >= 1
+    finally:
+        transport.request("DELETE", "/v1/apps/slowstart")
+
+
+def test_sdk_raises_embers_own_errors(hello, ember_url, monkeypatch):
+    with pytest.raises(ember.NotFoundError):
+        ember.lookup("hello", "nosuchfn").remote(1)
+    with pytest.raises(ember.InvalidInputError) as info:
+        ember.lookup("hello", "norm").remote({"x": 1})
+    assert info.value.field == "$.y"
+    monkeypatch.setenv("EMBER_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(ember.ConnectionError):
+        ember.lookup("hello", "greet").remote("x")

@@ -1,0 +1,99 @@
+"""Replica lifecycle: crash recovery, new versions, deletion, logs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import ember
+import pytest
+from ember._deploy import app_view
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def ready_pids(transport, app: str, service: str) -> set[int]:
+    view = app_view(transport, app)
+    svc = next(s for s in view.services if s.name == service)
+    return {r.pid for r in svc.replicas if r.state == "ready" and r.version == view.version}
+
+
+def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_sigkilled_replica_is_restarted_and_serves_again(probe, transport, http):
+    (old_pid,) = ready_pids(transport, "probe", "pid")
+    assert http.post("/v1/probe/pid").json() == old_pid
+    os.kill(old_pid, signal.SIGKILL)
+    # A call made while the replica is down waits for its replacement instead of failing.
+    response = http.post("/v1/probe/pid", headers={"X-Ember-Timeout": "30"})
+    assert response.status_code == 200, response.text
+    new_pid = response.json()
+    assert new_pid != old_pid
+    wait_for(lambda: ready_pids(transport, "probe", "pid") == {new_pid}, what="the new replica to be ready")
+    view = app_view(transport, "probe")
+    replica = next(r for s in view.services if s.name == "pid" for r in s.replicas)
+    assert replica.restarts >= 1
+
+
+def test_a_new_version_replaces_the_old_one(tmp_path, transport, http):
+    app_file = tmp_path / "versioned.py"
+    source = 'import ember\napp = ember.App("versioned")\n@app.function()\ndef which() -> str:\n    return "{}"\n'
+    app_file.write_text(source.format("one"))
+    first = ember.deploy(app_file, transport=transport, timeout_s=60)
+    assert http.post("/v1/versioned/which").json() == "one"
+    again = ember.deploy(app_file, transport=transport, timeout_s=60)
+    assert again.version == first.version  # same bundle, same manifest: nothing to roll out
+    app_file.write_text(source.format("two"))
+    second = ember.deploy(app_file, transport=transport, timeout_s=60)
+    assert second.version == first.version + 1
+    assert http.post("/v1/versioned/which").json() == "two"
+    wait_for(lambda: all(r.version == second.version for s in app_view(transport, "versioned").services
+                         for r in s.replicas), what="the old version's replicas to stop")
+    transport.request("DELETE", "/v1/apps/versioned")
+
+
+def test_deleting_an_app_stops_its_replicas(tmp_path, transport, http):
+    app_file = tmp_path / "doomed.py"
+    app_file.write_text('import ember, os\napp = ember.App("doomed")\n'
+                        "@app.function()\ndef pid() -> int:\n    return os.getpid()\n")
+    ember.deploy(app_file, transport=transport, timeout_s=60)
+    pid = http.post("/v1/doomed/pid").json()
+    transport.request("DELETE", "/v1/apps/doomed")
+    assert http.post("/v1/doomed/pid").status_code == 404
+    wait_for(lambda: not _alive(pid), what=f"replica {pid} to exit")
+
+
+def test_replica_output_reaches_the_logs(hello, http, transport):
+    http.post("/v1/hello/greet", json="Logan")
+    lines = wait_for(lambda: [line for line in transport.json("GET", "/v1/apps/hello/logs?service=greet")
+                              if "greeting Logan" in line["line"]], what="the log line")
+    assert lines[0]["replica_id"].startswith("hello-greet-")
+
+
+def test_a_setup_failure_is_reported_by_push(tmp_path, transport):
+    app_file = tmp_path / "broken.py"
+    app_file.write_text('import ember\napp = ember.App("broken")\n@app.model()\nclass M:\n'
+                        "    @ember.setup\n    def load(self):\n        raise RuntimeError('no weights here')\n"
+                        "    @ember.method()\n    def f(self) -> int:\n        return 1\n")
+    with pytest.raises(ember.UnavailableError, match="no weights here"):
+        ember.deploy(app_file, transport=transport, timeout_s=5)
+    transport.request("DELETE", "/v1/apps/broken")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
