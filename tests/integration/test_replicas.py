@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import time
 from pathlib import Path
 
 import ember
+import httpx
 import pytest
 from ember._deploy import app_view
 
@@ -97,3 +99,17 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_a_call_held_by_a_replica_that_dies_is_sent_again(probe, transport, platform):
+    (victim,) = ready_pids(transport, "probe", "slow")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(base_url=platform.url, timeout=60) as client:
+        future = pool.submit(client.post, "/v1/probe/slow", json=1.75, headers={"X-Ember-Timeout": "45"})
+        wait_for(lambda: any("slow(1.75) started" in line["line"]
+                             for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")),
+                 timeout_s=20, what="the replica to start the call")
+        os.kill(victim, signal.SIGKILL)
+        response = future.result()
+    assert response.status_code == 200, response.text
+    assert response.json() == 1.75
+    assert victim not in ready_pids(transport, "probe", "slow")

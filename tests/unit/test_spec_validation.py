@@ -203,11 +203,6 @@ def test_batch_window_rejected(window_ms: object) -> None:
         ember.Batch(window_ms=window_ms)  # type: ignore[arg-type]
 
 
-def test_batch_is_keyword_only() -> None:
-    with pytest.raises(TypeError):
-        ember.Batch(32)  # type: ignore[misc]
-
-
 def _typed_lists(xs: list[int]) -> list[str]:
     return [str(x) for x in xs]
 

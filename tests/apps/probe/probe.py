@@ -26,6 +26,7 @@ def pid() -> int:
 
 @app.function()
 def slow(seconds: float) -> float:
+    print(f"slow({seconds}) started", flush=True)
     time.sleep(seconds)
     return seconds
 

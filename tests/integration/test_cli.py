@@ -1,0 +1,94 @@
+"""The `ember` CLI, end to end: `ember dev` with an app, push/ls/call/logs/delete, and a clean stop."""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+EMBER = [sys.executable, "-m", "ember._cli"]
+
+
+def ember(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*EMBER, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EMBER_URL": url})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def processes_mentioning(needle: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if needle in cmdline or needle in cwd:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def test_push_ls_call_logs_delete(platform, tmp_path):
+    app = tmp_path / "clitest.py"
+    app.write_text('import ember\napp = ember.App("clitest")\n'
+                   "@app.function()\ndef shout(text: str) -> str:\n    print('shouting', text)\n"
+                   "    return text.upper()\n")
+    pushed = ember("push", str(app), url=platform.url)
+    assert f"POST {platform.url}/v1/clitest/shout" in pushed.stdout
+    assert "ready" in pushed.stderr  # the progress display
+    assert "clitest.shout" in ember("ls", url=platform.url).stdout
+    assert ember("call", "clitest.shout", "--data", '"hey"', url=platform.url).stdout.strip() == '"HEY"'
+    deadline = time.monotonic() + 20
+    while "shouting hey" not in ember("logs", "clitest.shout", url=platform.url).stdout:
+        assert time.monotonic() < deadline, "the replica's output never reached `ember logs`"
+        time.sleep(0.2)
+    bad = ember("call", "clitest.shout", "--data", "5", url=platform.url, check=False)
+    assert bad.returncode == 1 and "InvalidInputError" in bad.stderr
+    ember("delete", "clitest", url=platform.url)
+    assert "clitest" not in ember("ls", url=platform.url).stdout
+
+
+def test_cli_reports_an_unreachable_platform_clearly():
+    proc = ember("ls", url="http://127.0.0.1:9", check=False)
+    assert proc.returncode == 1
+    assert "cannot reach the Ember platform" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path):
+    state = tmp_path / "dev-state"
+    cmd = [*EMBER, "dev", str(REPO / "examples" / "hello" / "hello.py"), "--port", "0", "--state-dir", str(state)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as dev:
+        lines: queue.Queue[str] = queue.Queue()
+        reader = threading.Thread(target=lambda: [lines.put(line) for line in dev.stdout], daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        try:
+            url = ""
+            deadline = time.monotonic() + 120
+            while not url:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                if line.startswith("export EMBER_URL="):
+                    url = line.split("=", 1)[1].split()[0]
+            assert ember("call", "hello.greet", "--data", '"dev"', url=url).stdout.strip() == '"Hello, dev!"'
+            assert processes_mentioning(str(state)), "expected nats-server, platform, agent and replicas running"
+        finally:
+            dev.send_signal(signal.SIGINT)
+            code = dev.wait(timeout=90)
+            reader.join(timeout=10)
+    assert code == 0
+    deadline = time.monotonic() + 10
+    while (left := processes_mentioning(str(state))) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes left behind: {left}"
