@@ -5,8 +5,9 @@ Weights are produced offline by `train.py` (scikit-learn's bundled digits data) 
 
 from pathlib import Path
 
-import ember
 from schema import Image, Prediction
+
+import ember
 
 app = ember.App("digits")
 WEIGHTS = Path(__file__).resolve().parent / "weights.pt"

@@ -2,8 +2,9 @@
 
 from pathlib import Path
 
-import ember
 from schema import Image, Prediction
+
+import ember
 
 app = ember.App("digits-onnx")
 MODEL = Path(__file__).resolve().parent / "digits.onnx"

@@ -1,7 +1,8 @@
 """Plain-Python functions: `ember push examples/hello/hello.py`, then `ember call hello.greet --data '"Ada"'`."""
 
-import ember
 import msgspec
+
+import ember
 
 app = ember.App("hello")
 

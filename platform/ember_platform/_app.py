@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from ember._errors import EmberError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.routing import Route
 
+from ember._errors import EmberError
 from ember_platform import _routes as r
 from ember_platform._config import Settings
 from ember_platform._errors import ember_error_handler, http_error_handler

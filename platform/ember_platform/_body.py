@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import msgspec
-from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
-from ember._wire import FunctionSpec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import Request
+
+from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
+from ember._wire import FunctionSpec
 
 
 async def read_body(request: Request, limit: int) -> bytes:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 
-from ember._errors import EmberError, error_class
-from ember._wire import ErrorBody, ErrorInfo, encoder
 from starlette.requests import Request
 from starlette.responses import Response
+
+from ember._errors import EmberError, error_class
+from ember._wire import ErrorBody, ErrorInfo, encoder
 
 
 def error_response(info: ErrorInfo, status: int | None = None) -> Response:

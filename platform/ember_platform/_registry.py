@@ -9,6 +9,11 @@ from collections import defaultdict, deque
 from typing import Any
 
 import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
+from nats.js.errors import NotFoundError as JsNotFound
+
 from ember import _subjects as subjects
 from ember._errors import InvalidInputError, NotFoundError
 from ember._nats import REPLICA_TTL_S, KVMirror, ensure_buckets
@@ -26,11 +31,6 @@ from ember._wire import (
     log_decoder,
     replica_decoder,
 )
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
-from nats.js.errors import NotFoundError as JsNotFound
-
 from ember_platform._body import InputValidator
 
 

@@ -18,11 +18,12 @@ import logging
 import time
 from collections.abc import Callable
 
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
 from ember import _subjects as subjects
 from ember._errors import DeadlineExceededError, UnavailableError
 from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, PRIORITY_HEADER, CallReply, reply_decoder
-from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 log = logging.getLogger("ember.router")
 

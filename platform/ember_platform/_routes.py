@@ -6,6 +6,9 @@ import time
 import uuid
 
 import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+
 from ember._errors import BadRequestError, InvalidInputError
 from ember._wire import (
     HTTP_BATCH_SIZE_HEADER,
@@ -14,9 +17,6 @@ from ember._wire import (
     DeployRequest,
     encoder,
 )
-from starlette.requests import Request
-from starlette.responses import Response
-
 from ember_platform._body import read_body
 from ember_platform._errors import error_response
 from ember_platform._state import Platform

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from ember._nats import connect
 from nats.aio.client import Client
 
+from ember._nats import connect
 from ember_platform._config import Settings
 from ember_platform._registry import Registry
 from ember_platform._router import Router

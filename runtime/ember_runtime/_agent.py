@@ -13,7 +13,6 @@ from typing import Any
 
 from ember._nats import KVMirror, connect, ensure_buckets
 from ember._wire import Deployment, NodeInfo, ReplicaStatus, deployment_decoder, encoder, replica_decoder
-
 from ember_runtime._bundles import BundleCache
 from ember_runtime._devices import discover
 from ember_runtime._slot import ReplicaSlot, SlotKey

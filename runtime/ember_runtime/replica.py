@@ -18,13 +18,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import msgspec
+from nats.aio.msg import Msg
+
 from ember import _subjects as subjects
 from ember._errors import EmberError, RemoteError
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
 from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, CallReply, ErrorInfo, ReplicaStatus, encoder
-from nats.aio.msg import Msg
-
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
 

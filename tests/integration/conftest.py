@@ -5,6 +5,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from ember._client import Transport
 from ember._deploy import deploy
 from ember._embedded import EmbeddedPlatform

@@ -7,9 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-import ember
 import httpx
 import pytest
+
+import ember
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import ember
 import httpx
 import pytest
+
+import ember
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

@@ -8,9 +8,10 @@ import signal
 import time
 from pathlib import Path
 
-import ember
 import httpx
 import pytest
+
+import ember
 from ember._deploy import app_view
 
 pytestmark = pytest.mark.integration

@@ -167,7 +167,7 @@ def test_method_def_of_an_unserved_attribute() -> None:
         def helper(self) -> None:
             pass
 
-    with pytest.raises(KeyError, match="is not an @ember.method"):
+    with pytest.raises(KeyError, match=r"is not an @ember\.method"):
         method_def(Plain, "helper")
 
 

@@ -324,9 +324,9 @@ def test_model_decorates_only_classes() -> None:
 
 
 def test_method_and_setup_decorate_only_functions() -> None:
-    with pytest.raises(ember.InvalidSpecError, match="@ember.method decorates a method"):
+    with pytest.raises(ember.InvalidSpecError, match=r"@ember\.method decorates a method"):
         ember.method(staticmethod(lambda x: x))
-    with pytest.raises(ember.InvalidSpecError, match="@ember.setup decorates a method"):
+    with pytest.raises(ember.InvalidSpecError, match=r"@ember\.setup decorates a method"):
         ember.setup(42)
 
 
@@ -407,7 +407,7 @@ def test_function_names_must_be_subject_tokens(fn: object) -> None:
 
 def test_model_without_methods() -> None:
     app = ember.App("models")
-    with pytest.raises(ember.InvalidSpecError, match="class Empty has no @ember.method to serve"):
+    with pytest.raises(ember.InvalidSpecError, match=r"class Empty has no @ember\.method to serve"):
         @app.model()
         class Empty:
             def predict(self, x: int) -> int:
@@ -493,7 +493,7 @@ def test_function_and_class_with_the_same_name() -> None:
     app = ember.App("dupes")
 
     @app.function()
-    def Model() -> int:  # noqa: N802
+    def Model() -> int:
         return 1
 
     with pytest.raises(ember.InvalidSpecError, match="already serves 'Model'"):

@@ -3,8 +3,9 @@
 import os
 import time
 
-import ember
 import msgspec
+
+import ember
 
 app = ember.App("probe")
 
