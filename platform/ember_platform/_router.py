@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from ember import _subjects as subjects
 from ember._errors import DeadlineExceededError, UnavailableError
@@ -49,7 +50,7 @@ class Router:
         self._alive = replica_alive
         self._inbox = ""
         self._waiting: dict[str, asyncio.Queue[Msg]] = {}
-        self._sub = None
+        self._sub: Subscription | None = None
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()

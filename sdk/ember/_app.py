@@ -54,7 +54,7 @@ class App:
     @overload
     def function(self, fn: Callable[P, R], /) -> Function[P, R]: ...
     @overload
-    def function(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
+    def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
                  batch: Batch | None = None, timeout_s: float = 60.0
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
@@ -78,7 +78,7 @@ class App:
             if not inspect.isfunction(raw):
                 raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
             io = CallIO.of(raw, batched=batch is not None, is_method=False)
-            handle = Function(self.name, raw.__name__, raw, io)
+            handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             spec = ServiceSpec(name=raw.__name__, kind="function",
                                functions=[_function_spec(raw.__name__, raw.__name__, io, batch)], **resources)
             self._register(spec, handle)

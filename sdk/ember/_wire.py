@@ -24,11 +24,7 @@ HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
 
 
-class _Wire(msgspec.Struct, frozen=True, kw_only=True):
-    pass
-
-
-class Batch(_Wire):
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """Micro-batching of a function's calls inside each replica.
 
     A batched function takes one argument, a ``list`` of inputs, and returns a list of outputs of
@@ -54,7 +50,7 @@ class Batch(_Wire):
 InputMode = Literal["none", "single", "kwargs"]
 
 
-class FunctionSpec(_Wire):
+class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One callable entry point: a function, or one method of a class model."""
 
     name: str  # "embed" or "Classifier.predict": the URL path segment
@@ -66,7 +62,7 @@ class FunctionSpec(_Wire):
     batch: Batch | None = None
 
 
-class ServiceSpec(_Wire):
+class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What runs in one replica: a function, or a class model with all its methods."""
 
     name: str
@@ -79,7 +75,7 @@ class ServiceSpec(_Wire):
     timeout_s: float = 60.0
 
 
-class Manifest(_Wire):
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     """The specs of an app, read by importing it."""
 
     app: str
@@ -89,7 +85,7 @@ class Manifest(_Wire):
     python: str = ""
 
 
-class Deployment(_Wire):
+class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     """The current version of an app, stored in the deployments KV under the app's name."""
 
     app: str
@@ -99,7 +95,7 @@ class Deployment(_Wire):
     created_at: float
 
 
-class Device(_Wire):
+class Device(msgspec.Struct, frozen=True, kw_only=True):
     kind: Literal["cpu", "gpu"]
     index: int
     name: str
@@ -107,7 +103,7 @@ class Device(_Wire):
     uuid: str = ""
 
 
-class NodeInfo(_Wire):
+class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     hostname: str
     devices: list[Device]
@@ -117,7 +113,7 @@ class NodeInfo(_Wire):
 ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
 
 
-class ReplicaStatus(_Wire):
+class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
     """A replica's state, reported by the replica itself and by its node agent."""
 
     replica_id: str
@@ -135,7 +131,7 @@ class ReplicaStatus(_Wire):
     batches: int = 0
 
 
-class ErrorInfo(_Wire):
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
     """The one shape of every error, over HTTP (inside ``{"error": ...}``) and over NATS."""
 
     code: str
@@ -146,11 +142,11 @@ class ErrorInfo(_Wire):
     call_id: str | None = None
 
 
-class ErrorBody(_Wire):
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorInfo
 
 
-class CallReply(_Wire):
+class CallReply(msgspec.Struct, frozen=True, kw_only=True):
     """A replica's answer to one call: the output as raw JSON, or an error."""
 
     output: msgspec.Raw = msgspec.Raw(b"null")
@@ -158,19 +154,19 @@ class CallReply(_Wire):
     batch_size: int = 0
 
 
-class LogLine(_Wire):
+class LogLine(msgspec.Struct, frozen=True, kw_only=True):
     replica_id: str
     stream: Literal["stdout", "stderr", "agent"]
     line: str
     ts: float
 
 
-class DeployRequest(_Wire):
+class DeployRequest(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str
     manifest: Manifest
 
 
-class ServiceView(_Wire):
+class ServiceView(msgspec.Struct, frozen=True, kw_only=True):
     """One service of an app as ``GET /v1/apps/<app>`` shows it."""
 
     name: str
@@ -180,7 +176,7 @@ class ServiceView(_Wire):
     replicas: list[ReplicaStatus]
 
 
-class AppView(_Wire):
+class AppView(msgspec.Struct, frozen=True, kw_only=True):
     app: str
     version: int
     bundle_sha256: str
