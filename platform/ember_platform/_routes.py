@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._errors import BadRequestError, InvalidInputError
+from ember._types import invalid_input
 from ember._wire import (
     HTTP_BATCH_SIZE_HEADER,
     HTTP_CALL_ID_HEADER,
@@ -78,8 +79,7 @@ async def deploy(request: Request) -> Response:
     try:
         req = _deploy_decoder.decode(body)
     except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at ")
-        raise InvalidInputError(message, field=path or "$") from exc
+        raise invalid_input(exc) from exc
     except (msgspec.DecodeError, RecursionError) as exc:
         raise BadRequestError(f"malformed JSON body: {exc}") from exc
     dep = await platform.registry.deploy(request.path_params["app"], req)

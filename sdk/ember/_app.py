@@ -19,7 +19,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 C = TypeVar("C", bound=type)
 
-_APP_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+_PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED_APP_NAMES = {"apps", "bundles", "calls", "healthz", "readyz"}
 _SETUP_MARK = "__ember_setup__"
 
@@ -41,7 +42,7 @@ class App:
     """
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not _APP_NAME.match(name) or name in _RESERVED_APP_NAMES:
+        if not isinstance(name, str) or not _APP_NAME.fullmatch(name) or name in _RESERVED_APP_NAMES:
             raise InvalidSpecError(
                 f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
                 f"letter or digit, and not one of {sorted(_RESERVED_APP_NAMES)}")
@@ -77,6 +78,7 @@ class App:
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
                 raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
+            _check_name("@app.function()", raw.__name__)
             io = CallIO.of(raw, batched=batch is not None, is_method=False)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             spec = ServiceSpec(name=raw.__name__, kind="function",
@@ -103,6 +105,7 @@ class App:
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
                 raise InvalidSpecError(f"@app.model() decorates a class, not {cls!r}")
+            _check_name("@app.model()", cls.__name__)
             _check_constructor(cls)
             methods = {name: m for name, m in _members(cls) if isinstance(m, _MethodDef)}
             if not methods:
@@ -166,6 +169,7 @@ def method(fn: Any = None, /, *, batch: Batch | None = None) -> Any:
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
+        _check_name("@ember.method", raw.__name__)
         return _MethodDef(raw, batch)
 
     return decorate(fn) if fn is not None else decorate
@@ -215,6 +219,13 @@ def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> Fun
         raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
 
 
+def _check_name(where: str, name: str) -> None:
+    if not _PY_NAME.fullmatch(name):
+        raise InvalidSpecError(
+            f"{where}: {name!r} cannot name an endpoint; use an ASCII Python name (letters, digits, '_'), "
+            "defined with `def` or `class`")
+
+
 def _check_batch(where: str, batch: Any) -> None:
     if batch is not None and not isinstance(batch, Batch):
         raise InvalidSpecError(
@@ -251,7 +262,7 @@ def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeo
             "max_replicas": max_replicas, "timeout_s": float(timeout_s)}
 
 
-_GPU_TYPE = re.compile(r"^([A-Za-z0-9_-]+)(?::([1-8]))?$")
+_GPU_TYPE = re.compile(r"([A-Za-z0-9_-]+)(?::([1-8]))?")
 
 
 def _parse_gpu(where: str, gpu: Any) -> tuple[int, list[str]]:
@@ -263,11 +274,14 @@ def _parse_gpu(where: str, gpu: Any) -> tuple[int, list[str]]:
             return gpu, []
         raise InvalidSpecError(f"{where}(gpu={gpu!r}): a GPU count is from 1 to 8; use {hint}")
     if isinstance(gpu, str):
-        m = _GPU_TYPE.match(gpu)
+        m = _GPU_TYPE.fullmatch(gpu)
         if not m:
             raise InvalidSpecError(f"{where}(gpu={gpu!r}): not a GPU type; use {hint}")
         count = int(m.group(2) or 1)
         return count, [] if m.group(1).lower() == "any" else [m.group(1)]
-    if isinstance(gpu, list | tuple) and gpu and all(isinstance(g, str) and _GPU_TYPE.match(g) for g in gpu):
+    if isinstance(gpu, list | tuple) and gpu and all(isinstance(g, str) and _GPU_TYPE.fullmatch(g) for g in gpu):
+        if any(":" in g for g in gpu):
+            raise InvalidSpecError(f"{where}(gpu={gpu!r}): list GPU types without counts, e.g. gpu=['H100', 'A100']; "
+                                   "for several GPUs of one type write gpu='H100:2'")
         return 1, list(gpu)
     raise InvalidSpecError(f"{where}(gpu={gpu!r}): use {hint}")

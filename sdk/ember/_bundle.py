@@ -7,6 +7,7 @@ import gzip
 import hashlib
 import io
 import os
+import re
 import tarfile
 from pathlib import Path
 
@@ -70,30 +71,58 @@ def list_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def _gitignore(root: Path) -> list[tuple[str, bool, bool]]:
+_Rule = tuple[re.Pattern[str], bool, bool]  # (regex over the relative path, directories only, negated)
+
+
+def _gitignore(root: Path) -> list[_Rule]:
+    """The root ``.gitignore``'s rules, with git's meaning of ``/``, ``*``, ``?`` and ``**``."""
     path = root / ".gitignore"
     if not path.is_file():
         return []
     rules = []
     for line in path.read_text().splitlines():
-        line = line.strip()
+        line = line.rstrip()
         if not line or line.startswith("#"):
             continue
         negate = line.startswith("!")
-        line = line.lstrip("!")
-        dir_only = line.endswith("/")
-        rules.append((line.strip("/"), dir_only, negate))
+        pattern = line[1:] if negate else line
+        dir_only = pattern.endswith("/")
+        pattern = pattern.rstrip("/")
+        anchored = "/" in pattern  # a slash at the start or in the middle anchors it to the root
+        rules.append((re.compile(("" if anchored else "(?:.*/)?") + _glob_regex(pattern.lstrip("/"))), dir_only,
+                      negate))
     return rules
 
 
-def _ignored(rel: str, is_dir: bool, rules: list[tuple[str, bool, bool]]) -> bool:
+def _glob_regex(pattern: str) -> str:
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1:]:
+            close = pattern.index("]", i + 1)
+            out.append("[" + pattern[i + 1:close].replace("!", "^", 1) + "]")
+            i = close + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+def _ignored(rel: str, is_dir: bool, rules: list[_Rule]) -> bool:
     ignored = False
-    name = rel.rsplit("/", 1)[-1]
-    for pattern, dir_only, negate in rules:
-        if dir_only and not is_dir:
-            continue
-        target = rel if "/" in pattern else name
-        if fnmatch.fnmatch(target, pattern):
+    for regex, dir_only, negate in rules:
+        if (is_dir or not dir_only) and regex.fullmatch(rel):
             ignored = not negate
     return ignored
 

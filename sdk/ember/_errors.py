@@ -1,7 +1,7 @@
 """Ember's exception hierarchy.
 
 Every error a user sees from the SDK is an :class:`EmberError`. Errors that cross the wire carry a
-``code``; :func:`error_from_info` maps a wire error back to its class, so that a call that fails in
+``code``; :func:`error_class` maps a wire error back to its class, so that a call that fails in
 a replica raises the same type in the caller as it would over HTTP.
 """
 

@@ -86,6 +86,11 @@ class Function(FunctionHandle, Generic[P, R]):
         """Run the function in this process, as plain Python."""
         return self.raw(*args, **kwargs)
 
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        """Refused: say where the call runs, with ``.remote()`` or ``.local()``."""
+        raise TypeError(f"{self.__name__}(...) is ambiguous: call {self.__name__}.remote(...) to run it on Ember, "
+                        f"or {self.__name__}.local(...) to run it in this process")
+
 
 class MethodHandle(FunctionHandle):
     """A method of a class model: ``Classifier.predict.remote(x)``, or ``.local(x)`` in-process."""

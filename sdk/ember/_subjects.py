@@ -16,18 +16,19 @@ REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.Repli
 NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _token(value: str, what: str) -> str:
-    if not _TOKEN.match(value):
+    if not _TOKEN.fullmatch(value):
         raise ValueError(f"{what} {value!r} may hold only letters, digits, '-' and '_'")
     return value
 
 
 def _fn_token(name: str) -> str:
-    # "Classifier.predict" -> "Classifier:predict" would be illegal; use a reversible "__".
-    return "__".join(_token(part, "function name") for part in name.split("."))
+    # "Classifier.predict" -> "Classifier-predict": '.' separates subject levels, and Python names
+    # never contain '-', so the mapping is one-to-one.
+    return "-".join(_token(part, "function name") for part in name.split("."))
 
 
 def invoke(app: str, function: str, version: int, tenant: str = DEFAULT_TENANT) -> str:

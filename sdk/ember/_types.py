@@ -29,6 +29,10 @@ class CallIO:
         self.output_type = output_type
         self.params = params
         self.signature = signature
+        # Pass a single input positionally unless it is keyword-only; several by keyword unless positional-only.
+        kinds = {name: p.kind for name, p in signature.parameters.items()}
+        self._positional = {name for name, kind in kinds.items()
+                            if (kind in _POSITIONAL if mode == "single" else kind is inspect.Parameter.POSITIONAL_ONLY)}
         self._decoder = msgspec.json.Decoder(input_type) if mode != "none" else None
 
     @classmethod
@@ -97,9 +101,10 @@ class CallIO:
             return (), {}
         assert self._decoder is not None
         value = _decode(self._decoder, body)
-        if self.mode == "single":
-            return (value,), {}
-        return (), {name: getattr(value, name) for name in self.params}
+        values = [value] if self.mode == "single" else [getattr(value, name) for name in self.params]
+        args = tuple(v for name, v in zip(self.params, values, strict=True) if name in self._positional)
+        kwargs = {name: v for name, v in zip(self.params, values, strict=True) if name not in self._positional}
+        return args, kwargs
 
     def decode_item(self, body: bytes) -> Any:
         """One input of a batched function."""
@@ -114,10 +119,15 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
     try:
         return decoder.decode(body or b"null")
     except msgspec.ValidationError as exc:
-        message, _, path = str(exc).partition(" - at ")
-        raise InvalidInputError(message, field=path or "$") from exc
+        raise invalid_input(exc) from exc
     except (msgspec.DecodeError, RecursionError) as exc:
         raise InvalidInputError(f"malformed JSON: {exc}") from exc
+
+
+def invalid_input(exc: msgspec.ValidationError) -> InvalidInputError:
+    """msgspec's "Expected `int`, got `str` - at `$.a[0]`" as an error whose ``field`` is ``$.a[0]``."""
+    message, _, path = str(exc).partition(" - at ")
+    return InvalidInputError(message, field=path.strip("`") or "$")
 
 
 def _list_item(tp: Any) -> Any | None:

@@ -27,9 +27,6 @@ def test_function_keeps_name_doc_module_and_wrapped(greet: ember.Function) -> No
     assert greet.raw is _greet
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="bug: Function has no __call__ (by design), so inspect.signature() refuses it as "
-                          "'not a callable object' instead of following __wrapped__ to the user's signature")
 def test_function_keeps_signature(greet: ember.Function) -> None:
     assert inspect.signature(greet) == inspect.signature(_greet)
 
@@ -56,9 +53,19 @@ def test_function_handle_names(greet: ember.Function) -> None:
     assert repr(greet) == "<Function hello._greet>"
 
 
-def test_function_is_not_callable(greet: ember.Function) -> None:
-    # Explicit verbs only: calling the handle itself would hide whether it runs locally or remotely.
-    assert not callable(greet)
+def test_calling_the_handle_does_not_run_the_function() -> None:
+    # Explicit verbs only: a bare call would hide whether the function runs locally or remotely.
+    calls: list[int] = []
+    app = ember.App("verbs")
+
+    @app.function()
+    def record(x: int) -> int:
+        calls.append(x)
+        return x
+
+    with pytest.raises(TypeError):
+        record(1)  # type: ignore[operator]
+    assert calls == []
 
 
 def test_app_target_is_the_handle() -> None:

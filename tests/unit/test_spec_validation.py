@@ -38,8 +38,6 @@ def test_app_rejects_reserved_names(name: str) -> None:
         ember.App(name)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: `$` in the name regex matches before a trailing newline, so "
-                                       "App('hello\\n') is accepted and the newline ends up in NATS subjects")
 def test_app_rejects_trailing_newline() -> None:
     with pytest.raises(ember.InvalidSpecError):
         ember.App("hello\n")
@@ -84,8 +82,6 @@ def test_gpu_forms_rejected_with_a_hint(gpu: object) -> None:
         app.function(gpu=gpu)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: list entries accept a ':N' count suffix that is then kept verbatim "
-                                       "in gpu_types (['H100:2']) and its count ignored")
 def test_gpu_list_entries_are_bare_types() -> None:
     app = ember.App("gpus")
     try:
@@ -393,8 +389,6 @@ def grüße() -> str:
     return "hallo"
 
 
-@pytest.mark.xfail(strict=True, reason="bug: function names are not checked at decoration, so names that cannot "
-                                       "become a NATS subject token ('<lambda>', non-ASCII) fail only at call time")
 @pytest.mark.parametrize("fn", [_lambda_fn(), grüße], ids=["lambda", "non-ascii"])
 def test_function_names_must_be_subject_tokens(fn: object) -> None:
     app = ember.App("names")

@@ -184,9 +184,6 @@ def test_decode_output_checks_the_type() -> None:
         io.decode_output(b'{"x":1}')
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="bug: a single keyword-only parameter is decoded as a positional argument, so the "
-                          "replica's fn(*args, **kwargs) fails with TypeError")
 def test_single_keyword_only_parameter_roundtrip() -> None:
     def greet(*, name: str) -> str:
         return f"Hello, {name}"
@@ -195,9 +192,6 @@ def test_single_keyword_only_parameter_roundtrip() -> None:
     assert greet(*args, **kwargs) == "Hello, Ada"
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="bug: positional-only parameters are decoded as keyword arguments, so the replica's "
-                          "fn(*args, **kwargs) fails with TypeError")
 def test_positional_only_parameters_roundtrip() -> None:
     def add(a: int, b: int, /) -> int:
         return a + b
@@ -237,8 +231,6 @@ def test_decode_errors_name_the_field(fn: Callable[..., Any], body: bytes, messa
     assert isinstance(err.__cause__, msgspec.ValidationError)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the field keeps msgspec's backticks ('`$.pixels[3]`') while the "
-                                       "platform's validator and root-level errors give a bare '$.pixels[3]'")
 def test_decode_error_field_is_a_bare_path() -> None:
     with pytest.raises(ember.InvalidInputError) as info:
         _io(_classify).decode_input(b'{"pixels": [0.0, 1.0, 2.0, "x"]}')

@@ -1,0 +1,179 @@
+"""Every wire message survives encoding, and decoders tolerate older and newer peers."""
+
+import msgspec
+import pytest
+
+from ember import _wire as wire
+
+_FUNCTION = wire.FunctionSpec(
+    name="Classifier.predict", attr="predict", input_mode="single", params=["image"],
+    input_schema={"$ref": "#/$defs/Image", "$defs": {"Image": {"type": "object"}}},
+    output_schema={"type": "integer"}, batch=wire.Batch(max_size=16, window_ms=2.5))
+_SERVICE = wire.ServiceSpec(name="Classifier", kind="class", functions=[_FUNCTION], gpu_count=2,
+                            gpu_types=["H100", "A100"], min_replicas=0, max_replicas=4, timeout_s=30.0)
+_PLAIN = wire.ServiceSpec(name="greet", kind="function",
+                          functions=[wire.FunctionSpec(name="greet", attr="greet", input_mode="none")])
+_MANIFEST = wire.Manifest(app="digits", module="classifier", services=[_SERVICE, _PLAIN], sdk_version="0.1.0",
+                          python="3.11")
+_REPLICA = wire.ReplicaStatus(replica_id="r-1", node_id="n-1", app="digits", service="Classifier", version=3,
+                              state="ready", pid=4242, started_at=1.5, updated_at=2.5, restarts=1,
+                              message="ok", calls=10, batches=4)
+_ERROR = wire.ErrorInfo(code="invalid_input", message="Expected `int`", field="$.a", type="ValueError",
+                        retry_after_s=1.5, call_id="c-1")
+_DEPLOYMENT = wire.Deployment(app="digits", version=3, bundle_sha256="ab" * 32, manifest=_MANIFEST, created_at=1.25)
+_NODE = wire.NodeInfo(node_id="n-1", hostname="host", devices=[wire.Device(kind="cpu", index=0, name="cpu")],
+                      updated_at=3.0)
+_REPLY = wire.CallReply(output=msgspec.Raw(b'{"label":7,"scores":[0.25,0.75]}'), batch_size=4)
+_LOG = wire.LogLine(replica_id="r-1", stream="stderr", line="Traceback…", ts=4.0)
+
+SAMPLES: list[msgspec.Struct] = [
+    wire.Batch(max_size=8, window_ms=0.0),
+    _FUNCTION,
+    _SERVICE,
+    _PLAIN,
+    _MANIFEST,
+    wire.Manifest(app="empty", module="m", services=[]),
+    _DEPLOYMENT,
+    wire.Device(kind="gpu", index=0, name="NVIDIA H100", memory_total_mb=81_559, uuid="GPU-1"),
+    _NODE,
+    _REPLICA,
+    _ERROR,
+    wire.ErrorInfo(code="internal", message="boom"),
+    wire.ErrorBody(error=_ERROR),
+    _REPLY,
+    wire.CallReply(),
+    wire.CallReply(error=_ERROR),
+    _LOG,
+    wire.DeployRequest(bundle_sha256="cd" * 32, manifest=_MANIFEST),
+    wire.ServiceView(name="Classifier", min_replicas=0, max_replicas=4, functions=["Classifier.predict"],
+                     replicas=[_REPLICA]),
+    wire.AppView(app="digits", version=3, bundle_sha256="ab" * 32, created_at=1.0,
+                 services=[wire.ServiceView(name="greet", min_replicas=1, max_replicas=1, functions=["greet"],
+                                            replicas=[])]),
+]
+
+
+def _wire_types() -> set[type[msgspec.Struct]]:
+    return {v for v in vars(wire).values()
+            if isinstance(v, type) and issubclass(v, msgspec.Struct) and v.__module__ == wire.__name__}
+
+
+def test_every_wire_type_has_a_sample() -> None:
+    missing = _wire_types() - {type(s) for s in SAMPLES}
+    assert not missing, f"add a sample of {sorted(t.__name__ for t in missing)} to SAMPLES"
+
+
+@pytest.mark.parametrize("value", SAMPLES, ids=lambda v: type(v).__name__)
+def test_json_roundtrip(value: msgspec.Struct) -> None:
+    data = wire.encoder.encode(value)
+    assert msgspec.json.decode(data, type=type(value)) == value
+
+
+@pytest.mark.parametrize(("decoder", "value"), [
+    (wire.reply_decoder, _REPLY),
+    (wire.reply_decoder, wire.CallReply(error=_ERROR)),
+    (wire.deployment_decoder, _DEPLOYMENT),
+    (wire.replica_decoder, _REPLICA),
+    (wire.node_decoder, _NODE),
+    (wire.log_decoder, _LOG),
+])
+def test_module_decoders(decoder: msgspec.json.Decoder, value: msgspec.Struct) -> None:
+    assert decoder.decode(wire.encoder.encode(value)) == value
+
+
+def test_call_reply_carries_raw_output_verbatim() -> None:
+    output = b'{"label": 7, "note": "spaces kept"}'
+    data = wire.encoder.encode(wire.CallReply(output=msgspec.Raw(output)))
+    assert data.startswith(b'{"output":' + output)
+    assert bytes(wire.reply_decoder.decode(data).output) == output
+
+
+def test_call_reply_defaults() -> None:
+    reply = wire.reply_decoder.decode(b"{}")
+    assert bytes(reply.output) == b"null"
+    assert (reply.error, reply.batch_size) == (None, 0)
+
+
+def test_wire_types_are_frozen() -> None:
+    with pytest.raises(AttributeError):
+        _REPLICA.state = "crashed"  # type: ignore[misc]
+    updated = msgspec.structs.replace(_REPLICA, state="crashed")
+    assert (updated.state, _REPLICA.state) == ("crashed", "ready")
+
+
+@pytest.mark.parametrize("cls", sorted(_wire_types(), key=lambda t: t.__name__), ids=lambda t: t.__name__)
+def test_wire_types_do_not_forbid_unknown_fields(cls: type[msgspec.Struct]) -> None:
+    assert cls.__struct_config__.frozen
+    assert not cls.__struct_config__.forbid_unknown_fields
+
+
+def test_wire_types_are_keyword_only() -> None:
+    # kw_only is not inherited by msgspec subclasses: each wire type must declare it itself.
+    positional = []
+    for cls in _wire_types():
+        fields = msgspec.structs.fields(cls)
+        try:
+            cls(*[object()] * len(fields))
+        except TypeError:
+            continue
+        except Exception:  # __post_init__ validation (Batch) means the positional call was accepted
+            pass
+        positional.append(cls.__name__)
+    assert positional == []
+
+
+# --- schema evolution --------------------------------------------------------------------------
+
+
+def test_decoder_ignores_unknown_fields() -> None:
+    data = msgspec.json.encode({
+        **msgspec.structs.asdict(_REPLICA), "gpu_util": 0.5, "future": {"nested": [1, 2]},
+    })
+    assert wire.replica_decoder.decode(data) == _REPLICA
+
+
+def test_decoder_fills_defaults_for_missing_new_fields() -> None:
+    old = {"replica_id": "r-1", "node_id": "n-1", "app": "digits", "service": "Classifier", "version": 3,
+           "state": "starting", "pid": 1, "started_at": 1.0, "updated_at": 1.0}
+    status = wire.replica_decoder.decode(msgspec.json.encode(old))
+    assert (status.restarts, status.message, status.calls, status.batches) == (0, "", 0, 0)
+
+
+def test_nested_decoders_tolerate_older_and_newer_peers() -> None:
+    manifest = {
+        "app": "digits", "module": "classifier", "added_later": True,
+        "services": [{"name": "greet", "kind": "function", "region": "eu",
+                      "functions": [{"name": "greet", "attr": "greet", "input_mode": "single", "v2": 1}]}],
+    }
+    data = msgspec.json.encode({"app": "digits", "version": 1, "bundle_sha256": "ab", "manifest": manifest,
+                                "created_at": 1.0, "labels": {"team": "ml"}})
+    deployment = wire.deployment_decoder.decode(data)
+    (service,) = deployment.manifest.services
+    assert (service.gpu_count, service.gpu_types, service.min_replicas, service.max_replicas) == (0, [], 1, 1)
+    assert service.functions[0] == wire.FunctionSpec(name="greet", attr="greet", input_mode="single")
+    assert deployment.manifest.sdk_version == ""
+
+
+def test_an_older_peer_decodes_a_newer_message() -> None:
+    class OldReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
+        replica_id: str
+        node_id: str
+        app: str
+        service: str
+        version: int
+        state: str
+        pid: int
+        started_at: float
+        updated_at: float
+        restarts: int = 0
+        message: str = ""
+
+    old = msgspec.json.decode(wire.encoder.encode(_REPLICA), type=OldReplicaStatus)
+    assert (old.replica_id, old.state, old.restarts) == ("r-1", "ready", 1)
+
+
+def test_decoding_checks_types_and_literals() -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.state"):
+        wire.replica_decoder.decode(wire.encoder.encode(_REPLICA).replace(b'"ready"', b'"sleeping"'))
+    with pytest.raises(msgspec.ValidationError, match="max_size must be an int from 1 to 4096"):
+        msgspec.json.decode(b'{"max_size": 0}', type=wire.Batch)
