@@ -3,9 +3,9 @@
 What is measured
     Three targets, each at concurrency 1, 8 and 64:
 
-    * ``bare echo``       a Starlette app served by uvicorn (same server stack and settings as Ember's
-                          gateway) whose ``POST /echo`` returns the body: the floor for "Python HTTP on
-                          this machine";
+    * ``bare echo``       a Starlette app served by uvicorn with the settings of Ember's gateway,
+                          whose ``POST /echo`` returns the body: the floor for "Python HTTP on this
+                          machine";
     * ``hello.echo``      Ember's batched echo function (examples/hello/hello.py);
     * ``digits.predict``  Ember's batched torch classifier (examples/digits/classifier.py) on real
                           inputs from examples/digits/samples.json.
@@ -22,7 +22,7 @@ How
     generator spends as little as possible of this machine's CPU (which the servers share).
 
     Each cell has a short warm-up (discarded), then a measured window bounded both by time and by a
-    request cap. Reported: requests/s, p50/p95/p99 latency, errors (non-2xx answers), Ember's req/s and
+    request cap. Reported: requests/s, p50/p95/p99 latency, errors (answers with status >= 300), Ember's req/s and
     p50 relative to the bare endpoint at the same concurrency, and the mean of the ``X-Ember-Batch-Size``
     header (how many calls the replica's batcher ran together).
 
@@ -126,7 +126,7 @@ def serve_echo() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)
-    # Otherwise the same uvicorn settings as Ember's gateway (ember_platform.__main__).
+    # The same uvicorn settings as Ember's gateway (ember_platform.__main__).
     config = uvicorn.Config(Starlette(routes=[Route("/echo", echo, methods=["POST"])]),
                             log_level="warning", access_log=False, timeout_graceful_shutdown=10)
     uvicorn.Server(config).run(sockets=[sock])
@@ -167,6 +167,8 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 # -- the load generator ----------------------------------------------------------------------------
@@ -319,12 +321,13 @@ def say(message: str) -> None:
 
 
 def run(plan: Plan) -> None:
+    """Start everything, measure every cell, print the table; stop everything whatever happens."""
     from ember._embedded import EmbeddedPlatform
 
     state_dir = Path(tempfile.mkdtemp(prefix="ember-bench-"))
     platform = EmbeddedPlatform(state_dir, http_port=0)
     echo_proc = None
-    ok = False
+    keep_logs = False
     try:
         say(f"starting the platform in {state_dir}")
         platform.start()
@@ -332,16 +335,18 @@ def run(plan: Plan) -> None:
         echo_proc, bare_url = start_echo_server()
         cells = asyncio.run(measure_all(make_targets(bare_url, platform.url), plan))
         print(render_table(cells))
-        ok = True
+    except Exception:
+        keep_logs = True
+        raise
     finally:
         say("stopping")
         if echo_proc is not None:
             stop_process(echo_proc)
         platform.stop()
-        if ok:
-            shutil.rmtree(state_dir, ignore_errors=True)
-        else:
+        if keep_logs:
             say(f"logs kept in {platform.log_dir}")
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -134,18 +134,21 @@ class Registry:
                                  bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time())
                 try:
                     if revision is None:
-                        await kv.create(app, encoder.encode(dep))
+                        written = await kv.create(app, encoder.encode(dep))
                     else:
-                        await kv.update(app, encoder.encode(dep), last=revision)
+                        written = await kv.update(app, encoder.encode(dep), last=revision)
                 except KeyWrongLastSequenceError:
                     continue
+                self.deployments.record(app, dep, written)  # read-your-writes
                 return dep
         raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
 
     async def delete(self, app: str) -> None:
         if app not in self.deployments.items:
             raise NotFoundError(f"no app named {app!r} is deployed")
+        entry = await self._stores["deployments"].get(app)
         await self._stores["deployments"].delete(app)
+        self.deployments.record(app, None, entry.revision + 1)
 
     def view(self, app: str) -> AppView:
         dep = self.deployments.items.get(app)

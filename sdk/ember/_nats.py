@@ -64,6 +64,7 @@ class KVMirror(Generic[T]):
         self._decode = decode
         self._on_change = on_change
         self.items: dict[str, T] = {}
+        self._revisions: dict[str, int] = {}
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._synced = asyncio.Event()
@@ -96,17 +97,29 @@ class KVMirror(Generic[T]):
                 if watcher is not None:
                     await asyncio.shield(_quiet_stop(watcher))
 
+    def record(self, key: str, value: T | None, revision: int) -> None:
+        """Apply this process's own write at once (read-your-writes); older watch updates are then skipped."""
+        if revision < self._revisions.get(key, 0):
+            return
+        self._revisions[key] = revision
+        if value is None:
+            self.items.pop(key, None)
+        else:
+            self.items[key] = value
+
     def _apply(self, entry: KeyValue.Entry) -> None:
         value: T | None = None
+        if entry.revision is not None and entry.revision < self._revisions.get(entry.key, 0):
+            return
         if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
-            self.items.pop(entry.key, None)
+            self.record(entry.key, None, entry.revision or 0)
         else:
             try:
                 value = self._decode(entry.value)
             except Exception:
                 log.warning("ignoring undecodable %s/%s", self._kv._name, entry.key)
                 return
-            self.items[entry.key] = value
+            self.record(entry.key, value, entry.revision or 0)
         if self._on_change:
             self._on_change(entry.key, value)
         self.changed.set()

@@ -114,3 +114,15 @@ def test_a_call_held_by_a_replica_that_dies_is_sent_again(probe, transport, plat
     assert response.status_code == 200, response.text
     assert response.json() == 1.75
     assert victim not in ready_pids(transport, "probe", "slow")
+
+
+def test_a_new_version_is_visible_as_soon_as_deploy_returns(tmp_path, transport):
+    app_file = tmp_path / "fresh.py"
+    for n in range(5):
+        app_file.write_text(f'import ember\napp = ember.App("fresh")\n@app.function(min_replicas=0)\n'
+                            f"def f() -> int:\n    return {n}\n")
+        view = ember.deploy(app_file, transport=transport, wait=False)
+        assert app_view(transport, "fresh").version == view.version
+    transport.request("DELETE", "/v1/apps/fresh")
+    with pytest.raises(ember.NotFoundError):
+        app_view(transport, "fresh")
