@@ -17,6 +17,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -67,51 +68,79 @@ class Router:
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float) -> CallReply:
+        """Send the call and wait for its reply; if this is cancelled (the caller went away), the replica
+        holding the call is told to drop it."""
         subject = subjects.invoke(app, function, version)
         headers = {CALL_ID_HEADER: call_id, DEADLINE_HEADER: repr(deadline), PRIORITY_HEADER: "interactive"}
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-        self._waiting[call_id] = queue
+        pending = _Pending(f"{app}.{function}", call_id, deadline)
+        self._waiting[call_id] = pending.replies
         try:
             attempts = 0
             while True:
                 await self._nc.publish(subject, body, reply=f"{self._inbox}.{call_id}", headers=headers)
                 attempts += 1
                 try:
-                    return await self._attempt(queue, f"{app}.{function}", call_id, deadline)
+                    reply = await self._attempt(pending)
+                    pending.answered = True
+                    return reply
                 except _Retry as retry:
                     if not retry.counts:
                         attempts -= 1
                         continue
                     if attempts >= MAX_ATTEMPTS:
-                        raise UnavailableError(f"{app}.{function}: {retry} (after {attempts} attempts)",
+                        raise UnavailableError(f"{pending.what}: {retry} (after {attempts} attempts)",
                                                retry_after_s=1.0, call_id=call_id) from None
                     log.warning("call %s: %s; sending it again", call_id, retry)
+                    pending.holder = ""
         finally:
             del self._waiting[call_id]
+            if pending.holder and not pending.answered:
+                await asyncio.shield(self._cancel(pending.holder, call_id))
 
-    async def _attempt(self, queue: asyncio.Queue[Msg], what: str, call_id: str, deadline: float) -> CallReply:
-        holder = ""
+    async def _cancel(self, replica_id: str, call_id: str) -> None:
+        try:
+            await self._nc.publish(subjects.replica_cancel(replica_id), call_id.encode())
+        except Exception as exc:  # the call is abandoned either way; the replica drops it at its deadline
+            log.warning("could not cancel call %s on %s: %s", call_id, replica_id, exc)
+
+    async def _attempt(self, pending: _Pending) -> CallReply:
         while True:
-            remaining = deadline - time.time()
+            remaining = pending.deadline - time.time()
             if remaining <= 0:
-                if holder:
-                    raise DeadlineExceededError(f"{what} did not answer within its deadline", call_id=call_id)
-                raise UnavailableError(f"no replica of {what} became ready before the deadline",
-                                       retry_after_s=1.0, call_id=call_id)
-            wait = min(remaining, LIVENESS_CHECK_S if holder else ACK_TIMEOUT_S)
+                if pending.holder:
+                    raise DeadlineExceededError(f"{pending.what} did not answer within its deadline",
+                                                call_id=pending.call_id)
+                raise UnavailableError(f"no replica of {pending.what} became ready before the deadline",
+                                       retry_after_s=1.0, call_id=pending.call_id)
+            wait = min(remaining, LIVENESS_CHECK_S if pending.holder else ACK_TIMEOUT_S)
             try:
-                msg = await asyncio.wait_for(queue.get(), wait)
+                msg = await asyncio.wait_for(pending.replies.get(), wait)
             except TimeoutError:
-                if not holder and remaining > wait:
+                if not pending.holder and remaining > wait:
                     raise _Retry("no replica acknowledged the call") from None
-                if holder and not self._alive(holder):
-                    raise _Retry(f"replica {holder} died while holding the call") from None
+                if pending.holder and not self._alive(pending.holder):
+                    raise _Retry(f"replica {pending.holder} died while holding the call") from None
                 continue
             headers = msg.headers or {}
             if headers.get("Status") == "503":  # no responders: no replica is subscribed yet
                 await asyncio.sleep(min(NO_REPLICA_POLL_S, max(remaining, 0)))
                 raise _Retry("no responders", counts=False)
             if ACK_HEADER in headers:
-                holder = headers[ACK_HEADER]
+                pending.holder = headers[ACK_HEADER]
                 continue
-            return reply_decoder.decode(msg.data)
+            reply = reply_decoder.decode(msg.data)
+            if reply.error is not None and reply.error.code == UnavailableError.code:
+                raise _Retry(f"replica {pending.holder or '?'} is shutting down")  # it never ran the call
+            return reply
+
+
+@dataclass
+class _Pending:
+    """One call in flight: where its replies arrive and which replica holds it."""
+
+    what: str
+    call_id: str
+    deadline: float
+    replies: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
+    holder: str = ""
+    answered: bool = False

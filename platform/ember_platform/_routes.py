@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -23,6 +26,7 @@ from ember_platform._errors import error_response
 from ember_platform._state import Platform
 
 _deploy_decoder = msgspec.json.Decoder(DeployRequest)
+T = TypeVar("T")
 
 
 def _platform(request: Request) -> Platform:
@@ -42,12 +46,33 @@ async def invoke(request: Request) -> Response:
     timeout_s = _timeout(request, svc.timeout_s)
     body = validator.check(await read_body(request, platform.settings.max_body_bytes))
     call_id = uuid.uuid4().hex
-    reply = await platform.router.call(app, fn.name, dep.version, body, call_id=call_id,
-                                       deadline=time.time() + timeout_s)
+    call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id, deadline=time.time() + timeout_s)
+    reply = await _unless_disconnected(request, call)
+    if reply is None:
+        return Response(status_code=499)  # the client is gone; nobody reads this
     if reply.error is not None:
         return error_response(msgspec.structs.replace(reply.error, call_id=call_id))
     headers = {HTTP_CALL_ID_HEADER: call_id, HTTP_BATCH_SIZE_HEADER: str(reply.batch_size)}
     return Response(bytes(reply.output), media_type="application/json", headers=headers)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Await ``work``; cancel it (so that the replica drops the call) if the client disconnects first."""
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return None
+    return task.result()
 
 
 def _timeout(request: Request, limit: float) -> float:

@@ -1,142 +1,232 @@
-"""The micro-batcher: groups calls that arrive within a window and runs them off the event loop.
+"""The micro-batcher: deadline- and priority-aware, adaptive, failure-isolating.
 
-The first call blocks; the rest fill the batch until it is full or ``window_s`` has passed since the
-first arrived. Calls whose deadline passed are answered with a deadline error and never run. A
-failing batch fails its calls, never the loop; the output length is checked against the input's.
+Calls wait in a bounded priority queue (``interactive`` before ``batch``, earliest deadline first within
+a class). When the executor is free the batcher dispatches at once unless waiting pays (see
+``_policy``); a batch is bounded by count, by total cost and by the largest size that did not run out of
+memory. Model code runs on the executor thread, so the event loop keeps receiving and decoding the next
+calls while a batch runs. Expired calls are answered with a deadline error and never run; cancelled
+calls are dropped; a failing batch is bisected so that only the inputs at fault get the error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
+import heapq
+import itertools
+import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember._errors import DeadlineExceededError, EmberError, OverloadedError, RemoteError, UnavailableError
+from ember._errors import DeadlineExceededError, EmberError, OverloadedError, UnavailableError
+from ember_runtime._costmodel import CostModel
+from ember_runtime._isolation import BatchReport, BatchRunner
+from ember_runtime._metrics import BatcherMetrics
+from ember_runtime._policy import Limits, QueueView, hold_for
 
-log = logging.getLogger("ember.batcher")
-
+PRIORITY_RANK = {"interactive": 0, "batch": 1}
+Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
+_GAP_SMOOTHING = 0.2
 
 
 @dataclass(eq=False)
 class Call:
-    """One queued call: its decoded input, deadline, and how to answer it (once)."""
+    """One queued call: its decoded input, deadline (epoch seconds), priority and how to answer it."""
 
     value: Any
     deadline: float
-    answer: Callable[[Any, EmberError | None, int], Awaitable[None]]
+    answer: Answer
     call_id: str = ""
+    priority: str = "interactive"
+    cost: float = 1.0
     enqueued_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+
+    def deadline_mono(self) -> float:
+        return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
 
 
 class Batcher:
-    """Batches calls to ``run(values) -> outputs`` (same length) on ``executor``."""
+    """Batches calls to ``run(values) -> outputs`` (same length), one batch at a time on ``executor``."""
 
     def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_size: int, window_s: float,
-                 executor: Executor, max_queue: int = 1024, name: str = "batcher") -> None:
-        self._run = run
-        self.max_size = max_size
-        self.window_s = window_s
-        self._executor = executor
-        self._queue: asyncio.Queue[Call] = asyncio.Queue(maxsize=max_queue)
-        self._closed = False
+                 executor: Executor, max_queue: int = 1024, max_cost: float | None = None,
+                 latency_budget_s: float | None = None, cost_model: CostModel | None = None,
+                 name: str = "batcher") -> None:
         self.name = name
-        self.calls = 0
-        self.batches = 0
+        self.limits = Limits(max_size=max_size, window_s=window_s, max_cost=max_cost,
+                             latency_budget_s=latency_budget_s)
+        self.max_queue = max_queue
+        self.model = cost_model or CostModel()
+        self.metrics = BatcherMetrics()
+        self.oom_limit: int | None = None
+        self._runner = BatchRunner(run, name)
+        self._executor = executor
+        self._heap: list[tuple[int, float, int, Call]] = []
+        self._by_id: dict[str, Call] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._mean_gap = math.inf
+        self._last_arrival: float | None = None
+        self._busy_until: float | None = None
+
+    # -- intake ------------------------------------------------------------------------------------
 
     def submit(self, call: Call) -> None:
-        """Queue a call; raises ``OverloadedError`` (with the numbers) when the queue is full."""
+        """Queue a call, or raise: ``UnavailableError`` when closing, ``OverloadedError`` when the queue is
+        full or the call is predicted to miss its deadline (both carry the numbers and a retry delay)."""
         if self._closed:
             raise UnavailableError("this replica is shutting down", retry_after_s=1.0)
-        try:
-            self._queue.put_nowait(call)
-        except asyncio.QueueFull:
-            raise OverloadedError(
-                f"{self.name}: queue is full ({self._queue.qsize()}/{self._queue.maxsize} calls waiting)",
-                retry_after_s=1.0) from None
+        if len(self._heap) >= self.max_queue:
+            self.metrics.rejected += 1
+            raise OverloadedError(f"{self.name}: queue is full ({len(self._heap)}/{self.max_queue} calls waiting)",
+                                  retry_after_s=max(1.0, self._drain_estimate()))
+        self._admit_deadline(call)
+        self._note_arrival(call.enqueued_at)
+        rank = PRIORITY_RANK.get(call.priority, 0)
+        heapq.heappush(self._heap, (rank, call.deadline, next(self._seq), call))
+        if call.call_id:
+            self._by_id[call.call_id] = call
+        self._wake.set()
+
+    def cancel(self, call_id: str) -> bool:
+        """Drop a queued call whose caller went away; False when it is not (or no longer) queued."""
+        call = self._by_id.pop(call_id, None)
+        if call is None:
+            return False
+        call.cancelled = True
+        self.metrics.cancelled += 1
+        return True
 
     def close(self) -> None:
         """Stop intake; :meth:`run_forever` returns once the queued calls are answered."""
         self._closed = True
-        if self._queue.empty():
-            self._queue.put_nowait(_STOP)
+        self._wake.set()
+
+    async def fail_pending(self, error: EmberError) -> int:
+        """Answer every queued call with ``error`` (a replica that must stop now); returns how many."""
+        failed = 0
+        while self._heap:
+            call = heapq.heappop(self._heap)[3]
+            self._by_id.pop(call.call_id, None)
+            if not call.cancelled:
+                await call.answer(None, error, 0)
+                failed += 1
+        return failed
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        return len(self._heap)
+
+    def _note_arrival(self, now: float) -> None:
+        if self._last_arrival is not None:
+            gap = max(now - self._last_arrival, 0.0)
+            self._mean_gap = gap if math.isinf(self._mean_gap) else \
+                _GAP_SMOOTHING * gap + (1 - _GAP_SMOOTHING) * self._mean_gap
+        self._last_arrival = now
+
+    def _admit_deadline(self, call: Call) -> None:
+        if not self.model.fitted or not math.isfinite(call.deadline):
+            return
+        now = time.monotonic()
+        key = (PRIORITY_RANK.get(call.priority, 0), call.deadline)
+        ahead = sum(1 for rank, deadline, _, c in self._heap if (rank, deadline) <= key and not c.cancelled)
+        cap = self.capacity
+        start = now + self._busy_left(now) + (ahead // cap) * self.model.predict(cap)
+        finish = start + self.model.predict(min(cap, ahead % cap + 1))
+        left = call.deadline_mono() - now
+        if finish - now > left:
+            self.metrics.rejected += 1
+            raise OverloadedError(
+                f"{self.name}: predicted to finish in {finish - now:.3f}s with {ahead} calls ahead, "
+                f"after its deadline in {left:.3f}s", retry_after_s=max(1.0, finish - now))
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """The largest batch to form now: ``max_size``, lowered after an out-of-memory split."""
+        return min(self.limits.max_size, self.oom_limit or self.limits.max_size)
 
     async def run_forever(self) -> None:
         while True:
-            batch = await self._collect()
-            live = await self._drop_expired([c for c in batch if c is not _STOP])
-            if live:
-                await self._execute(live)
-            if any(c is _STOP for c in batch) or (self._closed and self._queue.empty()):
-                return
-
-    async def _collect(self) -> list[Call]:
-        batch = [await self._queue.get()]
-        if batch[0] is _STOP:
-            return batch
-        close_at = time.monotonic() + self.window_s
-        while len(batch) < self.max_size:
-            try:
-                batch.append(self._queue.get_nowait())
+            if not self._heap:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
                 continue
-            except asyncio.QueueEmpty:
-                pass
-            remaining = close_at - time.monotonic()
-            if remaining <= 0 or self._closed:
-                break
-            try:
-                batch.append(await asyncio.wait_for(self._queue.get(), remaining))
-            except TimeoutError:
-                break
-        return batch
+            wait = 0.0 if self._closed else self._hold_for(time.monotonic())
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            batch = await self._take()
+            if batch:
+                await self._execute(batch)
 
-    async def _drop_expired(self, batch: list[Call]) -> list[Call]:
+    def _hold_for(self, now: float) -> float:
+        live = [c for *_, c in self._heap if not c.cancelled]
+        if not live:
+            return 0.0
+        view = QueueView(count=len(live), total_cost=sum(c.cost for c in live),
+                         oldest_arrival=min(c.enqueued_at for c in live),
+                         earliest_deadline=min(c.deadline_mono() for c in live))
+        limits = Limits(self.capacity, self.limits.window_s, self.limits.max_cost, self.limits.latency_budget_s)
+        return hold_for(view, limits, self.model, self._mean_gap, now)
+
+    async def _take(self) -> list[Call]:
+        batch: list[Call] = []
+        cost = 0.0
         now = time.time()
-        live = []
-        for call in batch:
+        while self._heap and len(batch) < self.capacity:
+            call = self._heap[0][3]
+            if call.cancelled:
+                heapq.heappop(self._heap)
+                continue
             if call.deadline <= now:
+                heapq.heappop(self._heap)
+                self._by_id.pop(call.call_id, None)
+                self.metrics.expired += 1
                 await call.answer(None, DeadlineExceededError("the call's deadline passed while it was queued",
                                                               call_id=call.call_id), 0)
-            else:
-                live.append(call)
-        return live
+                continue
+            if batch and self.limits.max_cost is not None and cost + call.cost > self.limits.max_cost:
+                break
+            heapq.heappop(self._heap)
+            self._by_id.pop(call.call_id, None)
+            batch.append(call)
+            cost += call.cost
+        return batch
 
     async def _execute(self, batch: list[Call]) -> None:
         loop = asyncio.get_running_loop()
-        size = len(batch)
-        self.batches += 1
-        self.calls += size
+        started = time.monotonic()
+        self._busy_until = started + self.model.predict(len(batch))
         try:
-            outputs = await loop.run_in_executor(self._executor, self._run, [c.value for c in batch])
-            if not isinstance(outputs, list | tuple) or len(outputs) != size:
-                got = len(outputs) if isinstance(outputs, list | tuple) else type(outputs).__name__
-                raise RemoteError(f"the batched function returned {got} outputs for {size} inputs; "
-                                  "return a list with one output per input", remote_type="BatchSizeMismatch")
-        except EmberError as exc:
-            await _answer_all(batch, exc)
-            return
-        except Exception as exc:
-            log.exception("%s: batch of %d failed", self.name, size)
-            await _answer_all(batch, RemoteError(str(exc) or type(exc).__name__, remote_type=type(exc).__name__))
-            return
-        for call, output in zip(batch, outputs, strict=True):
-            await call.answer(output, None, size)
+            report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
+        finally:
+            self._busy_until = None
+        elapsed = time.monotonic() - started
+        if report.clean:
+            self.model.observe(len(batch), elapsed)
+        if report.oom_limit is not None:
+            self.oom_limit = min(self.oom_limit or report.oom_limit, report.oom_limit)
+        self.metrics.observe_batch(len(batch), self.limits.max_size, elapsed,
+                                   [started - c.enqueued_at for c in batch])
+        for call, outcome in zip(batch, report.outcomes, strict=True):
+            if not outcome.ok:
+                self.metrics.failed += 1
+            await call.answer(outcome.value, outcome.error, len(batch))
 
+    def _busy_left(self, now: float) -> float:
+        return max(0.0, self._busy_until - now) if self._busy_until is not None else 0.0
 
-async def _answer_all(batch: list[Call], error: EmberError) -> None:
-    for call in batch:
-        await call.answer(None, error, len(batch))
-
-
-async def _never(*_: Any) -> None:
-    raise AssertionError("the stop marker is never answered")
-
-
-_STOP = Call(value=None, deadline=float("inf"), answer=_never, call_id="<stop>")
+    def _drain_estimate(self) -> float:
+        cap = self.capacity
+        return self._busy_left(time.monotonic()) + math.ceil(len(self._heap) / cap) * self.model.predict(cap)

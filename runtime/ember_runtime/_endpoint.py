@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ember._app import method_def, run_setup
+from ember._errors import RemoteError
 from ember._handles import Function
 from ember._types import CallIO
 from ember._wire import FunctionSpec, ServiceSpec
@@ -14,11 +15,22 @@ from ember._wire import FunctionSpec, ServiceSpec
 class Endpoint:
     """Decodes one call's body and runs a batch of decoded calls (a batch of one when unbatched)."""
 
-    def __init__(self, spec: FunctionSpec, fn: Callable[..., Any], io: CallIO) -> None:
+    def __init__(self, spec: FunctionSpec, fn: Callable[..., Any], io: CallIO,
+                 cost: Callable[[Any], float] | None = None) -> None:
         self.spec = spec
         self._fn = fn
         self._io = io
+        self._cost = cost
         self.batched = spec.batch is not None
+
+    def cost_of(self, value: Any) -> float:
+        """The user's cost of one decoded input (1 without a cost function)."""
+        if self._cost is None:
+            return 1.0
+        try:
+            return float(self._cost(value))
+        except Exception as exc:
+            raise RemoteError(f"the cost function failed: {exc}", remote_type=type(exc).__name__) from exc
 
     def decode(self, body: bytes) -> Any:
         return self._io.decode_item(body) if self.batched else self._io.decode_input(body)
@@ -37,11 +49,11 @@ def build_endpoints(service: ServiceSpec, target: Any) -> list[Endpoint]:
     if service.kind == "function":
         assert isinstance(target, Function)
         assert target._io is not None
-        return [Endpoint(service.functions[0], target.raw, target._io)]
+        return [Endpoint(service.functions[0], target.raw, target._io, target.cost)]
     instance = target()
     run_setup(instance)
     endpoints = []
     for spec in service.functions:
         definition = method_def(target, spec.attr)
-        endpoints.append(Endpoint(spec, definition.raw.__get__(instance), definition.io))
+        endpoints.append(Endpoint(spec, definition.raw.__get__(instance), definition.io, definition.cost))
     return endpoints

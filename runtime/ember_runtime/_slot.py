@@ -98,7 +98,8 @@ class ReplicaSlot:
                "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts)]
         self._proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=self._bundle, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "EMBER_DEVICE": os.environ.get("EMBER_DEVICE", "cpu")},
             start_new_session=True,
             preexec_fn=die_with_parent)
         assert self._proc.stdout is not None and self._proc.stderr is not None

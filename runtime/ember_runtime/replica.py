@@ -21,10 +21,19 @@ import msgspec
 from nats.aio.msg import Msg
 
 from ember import _subjects as subjects
-from ember._errors import EmberError, RemoteError
+from ember._errors import EmberError, RemoteError, UnavailableError
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
-from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, CallReply, ErrorInfo, ReplicaStatus, encoder
+from ember._wire import (
+    ACK_HEADER,
+    CALL_ID_HEADER,
+    DEADLINE_HEADER,
+    PRIORITY_HEADER,
+    CallReply,
+    ErrorInfo,
+    ReplicaStatus,
+    encoder,
+)
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
 
@@ -86,30 +95,36 @@ class Replica:
         subs, loops = [], []
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
         for endpoint in endpoints:
-            batch = endpoint.spec.batch
-            batcher = Batcher(endpoint.run, max_size=batch.max_size if batch else 1,
-                              window_s=batch.window_ms / 1000 if batch else 0.0, executor=self.executor,
-                              name=endpoint.spec.name)
+            batcher = _batcher_for(endpoint, self.executor)
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
             subs.append(await nc.subscribe(subject, queue=group, cb=self._handler(nc, endpoint, batcher),
                                            pending_msgs_limit=65536))
+        subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         await nc.flush()
         return subs, loops
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        call_id = msg.data.decode(errors="replace")
+        for batcher in self.batchers:
+            if batcher.cancel(call_id):
+                return
 
     def _handler(self, nc: Any, endpoint: Endpoint, batcher: Batcher) -> Any:
         async def on_call(msg: Msg) -> None:
             headers = msg.headers or {}
             call_id = headers.get(CALL_ID_HEADER, "")
             deadline = _float(headers.get(DEADLINE_HEADER), math.inf)
+            priority = headers.get(PRIORITY_HEADER, "interactive")
 
             async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
                 await nc.publish(msg.reply, _encode_reply(output, error, batch_size, call_id))
 
             await nc.publish(msg.reply, b"", headers={ACK_HEADER: self.args.replica_id})
             try:
-                batcher.submit(Call(endpoint.decode(msg.data), deadline, answer, call_id))
+                value = endpoint.decode(msg.data)
+                batcher.submit(Call(value, deadline, answer, call_id, priority, endpoint.cost_of(value)))
             except EmberError as exc:
                 await answer(None, exc, 0)
 
@@ -125,6 +140,9 @@ class Replica:
         for task in pending:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
+        for batcher in self.batchers:  # past the grace period: callers retry elsewhere at once
+            await batcher.fail_pending(UnavailableError("the replica stopped before running the call",
+                                                        retry_after_s=0.1))
         await self.kv.delete(self.args.replica_id)
 
     async def _report(self, state: str, message: str = "") -> None:
@@ -132,9 +150,9 @@ class Replica:
         await self._put()
 
     async def _put(self) -> None:
-        calls = sum(b.calls for b in self.batchers)
-        batches = sum(b.batches for b in self.batchers)
-        self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=calls, batches=batches)
+        stats = [b.metrics.snapshot(b.name, b.queued) for b in self.batchers]
+        self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=sum(s.calls for s in stats),
+                                              batches=sum(s.batches for s in stats), functions=stats)
         await self.kv.put(self.args.replica_id, encoder.encode(self.status))
 
     async def _heartbeat(self) -> None:
@@ -144,6 +162,15 @@ class Replica:
                 await self._put()
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+
+def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
+    batch = endpoint.spec.batch
+    if batch is None:
+        return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name)
+    budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
+    return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
+                   max_cost=batch.max_cost, latency_budget_s=budget, name=endpoint.spec.name)
 
 
 def _encode_reply(output: Any, error: EmberError | None, batch_size: int, call_id: str) -> bytes:

@@ -56,11 +56,12 @@ class App:
     def function(self, fn: Callable[P, R], /) -> Function[P, R]: ...
     @overload
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
-                 batch: Batch | None = None, timeout_s: float = 60.0
+                 batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
-                 max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0) -> Any:
+                 max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
+                 cost: Callable[[Any], float] | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -69,11 +70,13 @@ class App:
             max_replicas: upper bound on replicas (defaults to ``min_replicas``).
             batch: ``ember.Batch(...)`` to receive calls in batches (the function then takes a list).
             timeout_s: deadline of one call.
+            cost: for a batched function, the cost of one input (tokens, pixels...); batches stay under
+                ``batch.max_cost``.
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s)
-        _check_batch("@app.function", batch)
+        _check_batch("@app.function", batch, cost)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
@@ -81,6 +84,7 @@ class App:
             _check_name("@app.function()", raw.__name__)
             io = CallIO.of(raw, batched=batch is not None, is_method=False)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
+            handle.cost = cost
             spec = ServiceSpec(name=raw.__name__, kind="function",
                                functions=[_function_spec(raw.__name__, raw.__name__, io, batch)], **resources)
             self._register(spec, handle)
@@ -140,9 +144,10 @@ class App:
 class _MethodDef:
     """What ``@ember.method`` leaves in a class body; a descriptor that hands out method handles."""
 
-    def __init__(self, raw: Callable[..., Any], batch: Batch | None) -> None:
+    def __init__(self, raw: Callable[..., Any], batch: Batch | None, cost: Callable[[Any], float] | None) -> None:
         self.raw = raw
         self.batch = batch
+        self.cost = cost
         self.io = CallIO.of(raw, batched=batch is not None, is_method=True)
         self.attr = raw.__name__
         self.__doc__ = raw.__doc__
@@ -159,18 +164,22 @@ class _MethodDef:
 @overload
 def method(fn: Callable[..., Any], /) -> Any: ...
 @overload
-def method(*, batch: Batch | None = None) -> Callable[[Callable[..., Any]], Any]: ...
+def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None
+           ) -> Callable[[Callable[..., Any]], Any]: ...
 
 
-def method(fn: Any = None, /, *, batch: Batch | None = None) -> Any:
-    """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs."""
-    _check_batch("@ember.method", batch)
+def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any], float] | None = None) -> Any:
+    """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs.
+
+    ``cost=`` gives the cost of one input of a batched method (batches stay under ``batch.max_cost``).
+    """
+    _check_batch("@ember.method", batch, cost)
 
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
         _check_name("@ember.method", raw.__name__)
-        return _MethodDef(raw, batch)
+        return _MethodDef(raw, batch, cost)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -226,11 +235,19 @@ def _check_name(where: str, name: str) -> None:
             "defined with `def` or `class`")
 
 
-def _check_batch(where: str, batch: Any) -> None:
+def _check_batch(where: str, batch: Any, cost: Any = None) -> None:
     if batch is not None and not isinstance(batch, Batch):
         raise InvalidSpecError(
             f"{where}(batch={batch!r}): pass ember.Batch(max_size=..., window_ms=...), "
             f"e.g. batch=ember.Batch(max_size={batch if isinstance(batch, int) else 32})")
+    if cost is not None and not callable(cost):
+        raise InvalidSpecError(f"{where}(cost={cost!r}): cost is a function of one input returning a number")
+    if cost is not None and (batch is None or batch.max_cost is None):
+        raise InvalidSpecError(f"{where}(cost=...): a cost function bounds batches by batch.max_cost; "
+                               "pass batch=ember.Batch(max_size=..., max_cost=...) too")
+    if batch is not None and batch.max_cost is not None and cost is None:
+        raise InvalidSpecError(f"{where}(batch=Batch(max_cost={batch.max_cost})): give cost=, the cost of one "
+                               "input, e.g. cost=lambda text: len(text)")
 
 
 def _check_constructor(cls: type) -> None:

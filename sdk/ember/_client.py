@@ -5,6 +5,7 @@ Transport exceptions never leave this module: they become Ember's own errors, ``
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -77,6 +78,14 @@ def _error_from(response: httpx.Response) -> EmberError:
 
 _transports: dict[str, Transport] = {}
 _lock = threading.Lock()
+
+
+@atexit.register
+def _close_transports() -> None:
+    with _lock:
+        for transport in _transports.values():
+            transport.close()
+        _transports.clear()
 
 
 def default_transport() -> Transport:

@@ -76,6 +76,7 @@ class Function(FunctionHandle, Generic[P, R]):
     def __init__(self, app: str, name: str, raw: Callable[P, R], io: CallIO) -> None:
         super().__init__(app, name, io)
         self.raw = raw
+        self.cost: Callable[[Any], float] | None = None
         self.__wrapped__ = raw
         self.__name__ = raw.__name__
         self.__qualname__ = raw.__qualname__

@@ -41,6 +41,11 @@ def replica_invoke(replica_id: str) -> str:
     return f"ember.replica.{_token(replica_id, 'replica id')}.invoke"
 
 
+def replica_cancel(replica_id: str) -> str:
+    """Call ids whose callers went away, for the replica holding them."""
+    return f"ember.replica.{_token(replica_id, 'replica id')}.cancel"
+
+
 def replica_group(app: str, service: str, version: int) -> str:
     """Queue group shared by the replicas of one service version."""
     return f"{_token(app, 'app')}.{_token(service, 'service')}.v{version}"

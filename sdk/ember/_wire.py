@@ -31,12 +31,19 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     the same length. Callers still send one input per call; the replica groups calls that arrive
     within ``window_ms`` of the first, up to ``max_size``.
 
+    The replica dispatches at once when waiting would not pay (an idle replica at low load never waits
+    for the window); ``latency_budget_ms`` caps how long the oldest call may wait plus the batch's
+    predicted run time; ``max_cost`` bounds a batch by the summed cost of its inputs, given by the
+    ``cost=`` function of the decorator (tokens, pixels, sequence length...).
+
     Example:
         ``@app.function(batch=ember.Batch(max_size=32, window_ms=5))``
     """
 
     max_size: int = 32
     window_ms: float = 5.0
+    latency_budget_ms: float | None = None
+    max_cost: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or not 1 <= self.max_size <= 4096:
@@ -45,6 +52,10 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
                 or not 0 <= self.window_ms <= 10_000:
             raise InvalidSpecError(
                 f"Batch(window_ms={self.window_ms!r}): window_ms must be a number of milliseconds from 0 to 10000")
+        for knob in ("latency_budget_ms", "max_cost"):
+            value = getattr(self, knob)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                raise InvalidSpecError(f"Batch({knob}={value!r}): {knob} is a positive number, or None")
 
 
 InputMode = Literal["none", "single", "kwargs"]
@@ -101,6 +112,13 @@ class Device(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     memory_total_mb: int = 0
     uuid: str = ""
+    memory_free_mb: int | None = None  # None: not reported
+    utilization: float = 0.0  # compute busy share, 0..1, as last sampled
+    mig_enabled: bool = False  # a GPU in MIG mode: replicas run only on its slices
+    mig_profile: str = ""  # a MIG slice ("1g.10gb"); index is then its GPU's index
+    parent_uuid: str = ""  # a MIG slice: the uuid of its GPU
+    nvlink_peers: list[int] = []  # indices of this node's GPUs reached over an active NVLink
+    numa_node: int = -1  # -1: unknown
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,9 +126,38 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     hostname: str
     devices: list[Device]
     updated_at: float
+    cpu_cores: int = 0  # 0: not reported
+    memory_mb: int = 0  # host memory; 0: not reported
+    bundles: list[str] = []  # bundle / snapshot keys cached on the node
 
 
 ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
+
+
+class Histogram(msgspec.Struct, frozen=True, kw_only=True):
+    """Cumulative-ready histogram: ``counts[i]`` observations <= ``bounds[i]``, the last one above all."""
+
+    bounds: list[float]
+    counts: list[int]
+    sum: float
+    count: int
+
+
+class FunctionStats(msgspec.Struct, frozen=True, kw_only=True):
+    """One function's batching counters in one replica, since the replica started."""
+
+    function: str
+    calls: int
+    batches: int
+    expired: int
+    rejected: int
+    cancelled: int
+    failed: int
+    queue_depth: int
+    fill_ratio: float
+    batch_size: Histogram
+    queue_wait_s: Histogram
+    run_s: Histogram
 
 
 class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -129,6 +176,7 @@ class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
     message: str = ""
     calls: int = 0
     batches: int = 0
+    functions: list[FunctionStats] = []
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):

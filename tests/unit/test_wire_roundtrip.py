@@ -15,9 +15,12 @@ _PLAIN = wire.ServiceSpec(name="greet", kind="function",
                           functions=[wire.FunctionSpec(name="greet", attr="greet", input_mode="none")])
 _MANIFEST = wire.Manifest(app="digits", module="classifier", services=[_SERVICE, _PLAIN], sdk_version="0.1.0",
                           python="3.11")
+_HIST = wire.Histogram(bounds=[1.0, 2.0, 4.0], counts=[3, 1, 0, 2], sum=19.0, count=6)
+_STATS = wire.FunctionStats(function="Classifier.predict", calls=10, batches=4, expired=1, rejected=2, cancelled=0,
+                            failed=1, queue_depth=3, fill_ratio=0.5, batch_size=_HIST, queue_wait_s=_HIST, run_s=_HIST)
 _REPLICA = wire.ReplicaStatus(replica_id="r-1", node_id="n-1", app="digits", service="Classifier", version=3,
                               state="ready", pid=4242, started_at=1.5, updated_at=2.5, restarts=1,
-                              message="ok", calls=10, batches=4)
+                              message="ok", calls=10, batches=4, functions=[_STATS])
 _ERROR = wire.ErrorInfo(code="invalid_input", message="Expected `int`", field="$.a", type="ValueError",
                         retry_after_s=1.5, call_id="c-1")
 _DEPLOYMENT = wire.Deployment(app="digits", version=3, bundle_sha256="ab" * 32, manifest=_MANIFEST, created_at=1.25)
@@ -28,6 +31,9 @@ _LOG = wire.LogLine(replica_id="r-1", stream="stderr", line="Traceback…", ts=4
 
 SAMPLES: list[msgspec.Struct] = [
     wire.Batch(max_size=8, window_ms=0.0),
+    wire.Batch(max_size=8, window_ms=1.0, latency_budget_ms=20.0, max_cost=4096.0),
+    _HIST,
+    _STATS,
     _FUNCTION,
     _SERVICE,
     _PLAIN,

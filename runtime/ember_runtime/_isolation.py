@@ -1,0 +1,84 @@
+"""Running a batch so that one bad input fails only its own call.
+
+Runs on the executor thread. A batch that raises is split in halves and each half retried, down to the
+single inputs at fault; an out-of-memory failure is split the same way, and the largest size that ran is
+remembered so that later batches stay under it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ember._errors import EmberError, RemoteError
+
+log = logging.getLogger("ember.batcher")
+
+_OOM_TYPES = {"OutOfMemoryError", "MemoryError"}
+_OOM_TEXT = ("out of memory", "failed to allocate memory", "outofmemory", "cudaerrormemoryallocation")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA (torch), ONNX Runtime or TensorRT allocation failures, recognised without importing them."""
+    if type(exc).__name__ in _OOM_TYPES:
+        return True
+    text = str(exc).lower()
+    return any(marker in text for marker in _OOM_TEXT)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    value: Any = None
+    error: EmberError | None = None
+
+
+@dataclass
+class BatchReport:
+    outcomes: list[Outcome]
+    clean: bool  # ran as one batch, first time: its timing is a fair cost sample
+    oom_limit: int | None = None  # the largest size known to fit, after an out-of-memory split
+
+
+class BatchRunner:
+    """Calls ``run(values) -> outputs`` and isolates failures."""
+
+    def __init__(self, run: Callable[[list[Any]], list[Any]], name: str) -> None:
+        self._run = run
+        self._name = name
+
+    def __call__(self, values: list[Any]) -> BatchReport:
+        report = BatchReport(outcomes=[], clean=True)
+        report.outcomes = self._isolate(values, report)
+        return report
+
+    def _isolate(self, values: list[Any], report: BatchReport) -> list[Outcome]:
+        try:
+            outputs = self._run(values)
+        except EmberError as exc:
+            report.clean = False
+            return [Outcome(False, error=exc) for _ in values]
+        except Exception as exc:
+            report.clean = False
+            oom = is_out_of_memory(exc)
+            if len(values) == 1:
+                log.error("%s: input failed: %s: %s", self._name, type(exc).__name__, exc, exc_info=not oom)
+                return [Outcome(False, error=_remote(exc))]
+            if oom:
+                half = len(values) // 2
+                report.oom_limit = min(report.oom_limit or half, half)
+            mid = len(values) // 2
+            return self._isolate(values[:mid], report) + self._isolate(values[mid:], report)
+        if not isinstance(outputs, list | tuple) or len(outputs) != len(values):
+            got = len(outputs) if isinstance(outputs, list | tuple) else type(outputs).__name__
+            error = RemoteError(f"the batched function returned {got} outputs for {len(values)} inputs; "
+                                "return a list with one output per input", remote_type="BatchSizeMismatch")
+            report.clean = False
+            return [Outcome(False, error=error) for _ in values]
+        return [Outcome(True, value=v) for v in outputs]
+
+
+def _remote(exc: BaseException) -> RemoteError:
+    return RemoteError(str(exc) or type(exc).__name__, remote_type=type(exc).__name__)
