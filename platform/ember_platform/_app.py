@@ -32,6 +32,7 @@ def create_app(settings: Settings | None = None) -> Starlette:
     routes = [
         Route("/healthz", r.healthz, methods=["GET"]),
         Route("/readyz", r.readyz, methods=["GET"]),
+        Route("/metrics", r.metrics, methods=["GET"]),
         Route("/v1/bundles/{sha256}", r.put_bundle, methods=["PUT"]),
         Route("/v1/apps", r.list_apps, methods=["GET"]),
         Route("/v1/apps/{app}", r.get_app, methods=["GET"]),

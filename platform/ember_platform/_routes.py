@@ -23,6 +23,7 @@ from ember._wire import (
 )
 from ember_platform._body import read_body
 from ember_platform._errors import error_response
+from ember_platform._metrics import render as render_metrics
 from ember_platform._state import Platform
 
 _deploy_decoder = msgspec.json.Decoder(DeployRequest)
@@ -136,6 +137,12 @@ async def app_logs(request: Request) -> Response:
         raise BadRequestError("since is a timestamp and limit an integer") from exc
     service = q.get("service") or None
     return _json(registry.logs(app, service, since, max(1, min(limit, 5000))))
+
+
+async def metrics(request: Request) -> Response:
+    registry = _platform(request).registry
+    replicas = [r for app in sorted(registry.deployments.items) for r in registry.live_replicas(app)]
+    return Response(render_metrics(replicas), media_type="text/plain; version=0.0.4")
 
 
 async def healthz(_request: Request) -> Response:

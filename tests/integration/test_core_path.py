@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -96,3 +97,23 @@ def test_concurrent_calls_are_batched(probe, platform):
 
 def test_setup_runs_once_per_replica(probe, http):
     assert [http.post("/v1/probe/Counter.setups_run").json() for _ in range(3)] == [1, 1, 1]
+
+
+def test_metrics_publish_each_functions_batching(probe, http):
+    for n in range(3):
+        assert http.post("/v1/probe/sizes", json={"n": n}).status_code == 200
+
+    def calls_counted() -> float:
+        text = http.get("/metrics").text
+        prefix = 'ember_calls_total{app="probe",function="sizes"'
+        lines = [line for line in text.splitlines() if line.startswith(prefix)]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines)
+
+    deadline = time.monotonic() + 20  # counters arrive with the replica's next heartbeat
+    while calls_counted() < 3:
+        assert time.monotonic() < deadline, "the calls never reached /metrics"
+        time.sleep(0.2)
+    text = http.get("/metrics").text
+    assert "# TYPE ember_batch_size histogram" in text
+    assert 'ember_batch_size_bucket{app="probe",function="sizes"' in text
+    assert "ember_queue_wait_seconds_count" in text

@@ -126,3 +126,28 @@ def test_a_new_version_is_visible_as_soon_as_deploy_returns(tmp_path, transport)
     transport.request("DELETE", "/v1/apps/fresh")
     with pytest.raises(ember.NotFoundError):
         app_view(transport, "fresh")
+
+
+def test_a_call_whose_client_went_away_is_dropped_from_the_queue(probe, transport, platform):
+    with httpx.Client(base_url=platform.url, timeout=60) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(client.post, "/v1/probe/slow", json=2.5)  # occupies the serial replica
+        wait_for(lambda: any("slow(2.5) started" in line["line"]
+                             for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")),
+                 timeout_s=20, what="the first call to start")
+        with httpx.Client(base_url=platform.url, timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
+            impatient.post("/v1/probe/slow", json=0.25)  # queued behind it; the client gives up
+        assert busy.result().status_code == 200
+
+    def cancelled() -> int:
+        view = app_view(transport, "probe")
+        return sum(f.cancelled for s in view.services if s.name == "slow" for r in s.replicas for f in r.functions)
+
+    wait_for(lambda: cancelled() >= 1, timeout_s=20, what="the replica to report the cancelled call")
+    # A later call runs after anything still queued: once it has run, the dropped one would have too.
+    assert httpx.post(f"{platform.url}/v1/probe/slow", json=0.01, timeout=30).status_code == 200
+
+    def log_with_the_later_call() -> list[str] | None:
+        lines = [line["line"] for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")]
+        return lines if any("slow(0.01) started" in line for line in lines) else None
+
+    assert not any("slow(0.25) started" in line for line in wait_for(log_with_the_later_call))

@@ -16,7 +16,8 @@ class Item(msgspec.Struct):
 
 @app.function(batch=ember.Batch(max_size=16, window_ms=50))
 def sizes(items: list[Item]) -> list[int]:
-    """Answers each call with the size of the batch it ran in."""
+    """Answers each call with the size of the batch it ran in; slow enough that concurrent calls queue."""
+    time.sleep(0.05)
     return [len(items)] * len(items)
 
 
