@@ -1,6 +1,8 @@
 """A torch digits classifier served with batching: `ember push examples/digits/classifier.py`.
 
 Weights are produced offline by `train.py` (scikit-learn's bundled digits data) and loaded from a file.
+`ember.backends.torch` places the model on the replica's device (`EMBER_DEVICE`: the CPU, or the GPU the
+node gave it), stacks each batch onto that device and warms up at the batch sizes the replica will see.
 """
 
 from pathlib import Path
@@ -8,9 +10,11 @@ from pathlib import Path
 from schema import Image, Prediction
 
 import ember
+from ember.backends import torch as et
 
 app = ember.App("digits")
 WEIGHTS = Path(__file__).resolve().parent / "weights.pt"
+BATCH = ember.Batch(max_size=32, window_ms=5)
 
 
 @app.model(min_replicas=1, timeout_s=30)
@@ -18,18 +22,20 @@ class Classifier:
     @ember.setup
     def load(self) -> None:
         import torch
-        from model import load
+        from model import DigitsNet
 
         torch.set_num_threads(1)
-        self.torch = torch
-        self.net = load(WEIGHTS)
+        self.net = et.load_module(DigitsNet, WEIGHTS)
+        et.warm_up(self._classify, Image(pixels=[0.0] * 64), sizes=(1, BATCH.max_size))
 
-    @ember.method(batch=ember.Batch(max_size=32, window_ms=5))
+    @ember.method(batch=BATCH)
     def predict(self, images: list[Image]) -> list[Prediction]:
-        torch = self.torch
-        with torch.inference_mode():
-            x = torch.tensor([image.pixels for image in images], dtype=torch.float32)
-            probs = torch.softmax(self.net(x), dim=1)
-            confidence, label = probs.max(dim=1)
+        return self._classify(images)
+
+    def _classify(self, images: list[Image]) -> list[Prediction]:
+        with et.inference():
+            x, n = et.stack([image.pixels for image in images], dtype="float32")
+            confidence, label = self.net(x).softmax(dim=1).max(dim=1)
         return [Prediction(label=int(lbl), confidence=round(float(c), 4))
-                for lbl, c in zip(label.tolist(), confidence.tolist(), strict=True)]
+                for lbl, c in zip(et.unstack(label, n, tolist=True), et.unstack(confidence, n, tolist=True),
+                                  strict=True)]

@@ -39,6 +39,11 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/apps/{app}", r.delete_app, methods=["DELETE"]),
         Route("/v1/apps/{app}/deployments", r.deploy, methods=["POST"]),
         Route("/v1/apps/{app}/logs", r.app_logs, methods=["GET"]),
+        Route("/v1/apps/{app}/dead", r.dead_letters, methods=["GET"]),
+        Route("/v1/apps/{app}/dead/replay", r.replay_dead, methods=["POST"]),
+        Route("/v1/calls/{call_id}", r.get_call, methods=["GET"]),
+        Route("/v1/calls/{call_id}", r.cancel_call, methods=["DELETE"]),
+        Route("/v1/{app}/{name}/spawn", r.spawn, methods=["POST"]),
         Route("/v1/{app}/{name}", r.invoke, methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan,

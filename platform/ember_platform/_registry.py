@@ -32,12 +32,13 @@ from ember._wire import (
     replica_decoder,
 )
 from ember_platform._body import InputValidator
+from ember_platform._calls import Calls
 
 
 class Registry:
     """What is deployed and which replicas serve it, mirrored from NATS into memory."""
 
-    def __init__(self, nc: Client, log_lines_kept: int) -> None:
+    def __init__(self, nc: Client, log_lines_kept: int, ack_wait_s: float) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self._stores: dict[str, Any] = {}
@@ -47,9 +48,12 @@ class Registry:
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
         self._log_sub: Any = None
         self._deploy_lock = asyncio.Lock()
+        self._ack_wait_s = ack_wait_s
+        self.calls: Calls  # set by start()
 
     async def start(self) -> None:
         self._stores = await ensure_buckets(self.js)
+        self.calls = Calls(self.nc, self._stores, self._ack_wait_s)
         self.deployments = KVMirror(self._stores["deployments"], deployment_decoder.decode)
         self.replicas = KVMirror(self._stores["replicas"], replica_decoder.decode)
         await self.deployments.start()
@@ -121,6 +125,7 @@ class Registry:
             raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
                                     field="$.bundle_sha256")
         kv = self._stores["deployments"]
+        await self.calls.ensure_consumers(request.manifest)
         async with self._deploy_lock:
             for _ in range(10):
                 try:
@@ -148,6 +153,7 @@ class Registry:
             raise NotFoundError(f"no app named {app!r} is deployed")
         entry = await self._stores["deployments"].get(app)
         await self._stores["deployments"].delete(app)
+        await self.calls.remove(deployment_decoder.decode(entry.value).manifest)
         self.deployments.record(app, None, entry.revision + 1)
 
     def view(self, app: str) -> AppView:

@@ -19,6 +19,7 @@ from ember._wire import (
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
     DeployRequest,
+    ReplayReply,
     encoder,
 )
 from ember_platform._body import read_body
@@ -74,6 +75,65 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None
         await asyncio.gather(task, return_exceptions=True)
         return None
     return task.result()
+
+
+async def spawn(request: Request) -> Response:
+    """``POST /v1/<app>/<name>/spawn``: validate, queue durably, answer 202 with the call id."""
+    platform = _platform(request)
+    app, name = request.path_params["app"], request.path_params["name"]
+    _, _, fn, validator = platform.registry.resolve(app, name)
+    raw_timeout = request.headers.get(HTTP_TIMEOUT_HEADER)
+    deadline = time.time() + _timeout(request, float("inf")) if raw_timeout is not None else float("inf")
+    body = validator.check(await read_body(request, platform.settings.max_body_bytes))
+    key = request.headers.get("idempotency-key")
+    if key is not None and not 0 < len(key) <= 256:
+        raise BadRequestError("Idempotency-Key is 1 to 256 characters", field="Idempotency-Key")
+    reply = await platform.calls.submit(app, fn.name, body, key=key, deadline=deadline)
+    return _json(reply, 202)
+
+
+async def get_call(request: Request) -> Response:
+    platform = _platform(request)
+    try:
+        wait = float(request.query_params.get("wait", 0))
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= 300:
+        raise BadRequestError("wait is a number of seconds from 0 to 300", field="wait")
+    return _json(await platform.calls.get(request.path_params["call_id"], wait))
+
+
+async def cancel_call(request: Request) -> Response:
+    return _json(await _platform(request).calls.cancel(request.path_params["call_id"]))
+
+
+async def dead_letters(request: Request) -> Response:
+    platform = _platform(request)
+    app = request.path_params["app"]
+    platform.registry.view(app)  # 404 for an unknown app
+    function = request.query_params.get("function") or None
+    return _json([letter for _, letter in await platform.calls.dead_letters(app, function)])
+
+
+async def replay_dead(request: Request) -> Response:
+    platform = _platform(request)
+    app = request.path_params["app"]
+    try:
+        req = _replay_decoder.decode(await read_body(request, platform.settings.max_body_bytes))
+    except msgspec.ValidationError as exc:
+        raise invalid_input(exc) from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from exc
+    platform.registry.resolve(app, req.function)  # 404 for an unknown function
+    return _json(ReplayReply(replayed=await platform.calls.replay(app, req.function, req.call_ids)))
+
+
+class _ReplayRequest(msgspec.Struct, forbid_unknown_fields=True):
+    function: str
+    call_ids: list[str] | None = None
+
+
+_replay_decoder = msgspec.json.Decoder(_ReplayRequest)
 
 
 def _timeout(request: Request, limit: float) -> float:

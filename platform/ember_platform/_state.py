@@ -16,11 +16,12 @@ class Platform:
         self.nc = nc
         self.registry = registry
         self.router = Router(nc, registry.replica_alive)
+        self.calls = registry.calls
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
         nc = await connect(settings.nats_url, "ember-platform")
-        registry = Registry(nc, settings.log_lines_kept)
+        registry = Registry(nc, settings.log_lines_kept, settings.ack_wait_s)
         try:
             await registry.start()
             platform = cls(settings, nc, registry)

@@ -13,20 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember._errors import EmberError, RemoteError
+from ember.backends import is_out_of_memory
 
 log = logging.getLogger("ember.batcher")
-
-_OOM_TYPES = {"OutOfMemoryError", "MemoryError"}
-_OOM_TEXT = ("out of memory", "failed to allocate memory", "outofmemory", "cudaerrormemoryallocation")
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA (torch), ONNX Runtime or TensorRT allocation failures, recognised without importing them."""
-    if type(exc).__name__ in _OOM_TYPES:
-        return True
-    text = str(exc).lower()
-    return any(marker in text for marker in _OOM_TEXT)
-
 
 @dataclass
 class Outcome:

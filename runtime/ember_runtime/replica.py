@@ -21,6 +21,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from ember import _subjects as subjects
+from ember._callstore import CallStore
 from ember._errors import EmberError, RemoteError, UnavailableError
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
@@ -36,6 +37,7 @@ from ember._wire import (
 )
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
+from ember_runtime._queue import QueueWorker
 
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
@@ -51,11 +53,15 @@ class Replica:
                                     started_at=time.time(), updated_at=time.time(), restarts=args.restarts)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
         self.batchers: list[Batcher] = []
+        self.workers: list[QueueWorker] = []
+        self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
 
     async def run(self) -> int:
         nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
-        self.kv = (await ensure_buckets(nc.jetstream()))["replicas"]
+        stores = await ensure_buckets(nc.jetstream())
+        self.kv = stores["replicas"]
+        self.calls = CallStore(nc.jetstream(), stores)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
             load = asyncio.create_task(self._load(), name="setup")
@@ -87,9 +93,9 @@ class Replica:
     async def _load(self) -> list[Endpoint]:
         module = import_app_module(self.args.bundle, self.args.module)
         app = find_app(module, self.args.app)
-        service = app.services[self.args.service]
+        self.service = app.services[self.args.service]
         return await asyncio.get_running_loop().run_in_executor(
-            self.executor, build_endpoints, service, app.target(self.args.service))
+            self.executor, build_endpoints, self.service, app.target(self.args.service))
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
@@ -98,6 +104,9 @@ class Replica:
             batcher = _batcher_for(endpoint, self.executor)
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
+            worker = QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher, self.service.retries)
+            self.workers.append(worker)
+            self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
             subs.append(await nc.subscribe(subject, queue=group, cb=self._handler(nc, endpoint, batcher),
                                            pending_msgs_limit=65536))
@@ -131,9 +140,14 @@ class Replica:
         return on_call
 
     async def _drain(self, subs: list[Any], loops: list[asyncio.Task[None]]) -> None:
+        """Stop intake (HTTP subjects and queue pulls), finish what is held within the grace period,
+        then hand back the rest: sync callers are told to retry, queued calls are nak'ed for redelivery."""
         await self._report("stopping")
         for sub in subs:
             await sub.unsubscribe()
+        for worker in self.workers:
+            worker.stop.set()
+        await asyncio.gather(*self.pullers, return_exceptions=True)
         for batcher in self.batchers:
             batcher.close()
         _, pending = await asyncio.wait(loops, timeout=DRAIN_GRACE_S)
@@ -143,6 +157,8 @@ class Replica:
         for batcher in self.batchers:  # past the grace period: callers retry elsewhere at once
             await batcher.fail_pending(UnavailableError("the replica stopped before running the call",
                                                         retry_after_s=0.1))
+        for worker in self.workers:
+            await worker.finish()
         await self.kv.delete(self.args.replica_id)
 
     async def _report(self, state: str, message: str = "") -> None:

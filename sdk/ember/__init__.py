@@ -7,13 +7,16 @@ Example:
     ... def greet(name: str) -> str:
     ...     return f"Hello, {name}!"
 
-Deploy with ``ember push hello.py`` and call ``greet.remote("Ada")`` or ``POST /v1/hello/greet``.
+Deploy with ``ember push hello.py`` and call ``greet.remote("Ada")`` or ``POST /v1/hello/greet``;
+queue a call with ``call = greet.spawn("Ada")`` and fetch its result with ``call.get()``.
 """
 
 from ember._app import App, method, setup
+from ember._calls import FunctionCall
 from ember._deploy import deploy
 from ember._errors import (
     BadRequestError,
+    ConflictError,
     ConnectionError,
     DeadlineExceededError,
     EmberError,
@@ -27,16 +30,18 @@ from ember._errors import (
 )
 from ember._handles import Function, FunctionHandle, MethodHandle, lookup
 from ember._version import __version__
-from ember._wire import Batch
+from ember._wire import Batch, Retries
 
 __all__ = [
     "App",
     "BadRequestError",
     "Batch",
+    "ConflictError",
     "ConnectionError",
     "DeadlineExceededError",
     "EmberError",
     "Function",
+    "FunctionCall",
     "FunctionHandle",
     "InvalidInputError",
     "InvalidSpecError",
@@ -45,6 +50,7 @@ __all__ = [
     "OverloadedError",
     "PayloadTooLargeError",
     "RemoteError",
+    "Retries",
     "UnavailableError",
     "__version__",
     "deploy",

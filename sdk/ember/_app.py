@@ -13,7 +13,7 @@ from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
 from ember._types import CallIO
 from ember._version import __version__
-from ember._wire import Batch, FunctionSpec, Manifest, ServiceSpec
+from ember._wire import Batch, FunctionSpec, Manifest, Retries, ServiceSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -56,12 +56,12 @@ class App:
     def function(self, fn: Callable[P, R], /) -> Function[P, R]: ...
     @overload
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
-                 batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None
-                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
+                 retries: int | Retries = 0) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
-                 cost: Callable[[Any], float] | None = None) -> Any:
+                 cost: Callable[[Any], float] | None = None, retries: int | Retries = 0) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -72,10 +72,11 @@ class App:
             timeout_s: deadline of one call.
             cost: for a batched function, the cost of one input (tokens, pixels...); batches stay under
                 ``batch.max_cost``.
+            retries: retries of a queued call that fails in user code: a count, or ``ember.Retries(...)``.
         """
         if fn is not None:
             return self.function()(fn)
-        resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s)
+        resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
         _check_batch("@app.function", batch, cost)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
@@ -93,7 +94,7 @@ class App:
         return decorate
 
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
-              timeout_s: float = 60.0) -> Callable[[C], C]:
+              timeout_s: float = 60.0, retries: int | Retries = 0) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -104,7 +105,7 @@ class App:
             ...     @ember.method(batch=ember.Batch(max_size=32))
             ...     def predict(self, images: list[Image]) -> list[Label]: ...
         """
-        resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s)
+        resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -263,7 +264,8 @@ def _check_constructor(cls: type) -> None:
             f"@ember.setup method instead of __init__({', '.join(p.name for p in required)})")
 
 
-def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeout_s: Any) -> dict[str, Any]:
+def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeout_s: Any,
+               retries: Any = 0) -> dict[str, Any]:
     if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
         raise InvalidSpecError(f"{where}(min_replicas={min_replicas!r}): min_replicas is an int >= 0")
     if max_replicas is None:
@@ -276,7 +278,16 @@ def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeo
         raise InvalidSpecError(f"{where}(timeout_s={timeout_s!r}): timeout_s is a number of seconds in (0, 86400]")
     count, types = _parse_gpu(where, gpu)
     return {"gpu_count": count, "gpu_types": types, "min_replicas": min_replicas,
-            "max_replicas": max_replicas, "timeout_s": float(timeout_s)}
+            "max_replicas": max_replicas, "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
+
+
+def _retries(where: str, retries: Any) -> Retries:
+    if isinstance(retries, Retries):
+        return retries
+    if isinstance(retries, int) and not isinstance(retries, bool) and 0 <= retries <= 100:
+        return Retries(max_retries=retries)
+    raise InvalidSpecError(f"{where}(retries={retries!r}): a count from 0 to 100, or ember.Retries(max_retries=..., "
+                           "initial_delay_s=..., backoff_coefficient=...)")
 
 
 _GPU_TYPE = re.compile(r"([A-Za-z0-9_-]+)(?::([1-8]))?")

@@ -1,30 +1,121 @@
 """The one transport seam between the SDK and the platform: HTTP at ``EMBER_URL``.
 
-Transport exceptions never leave this module: they become Ember's own errors, ``raise ... from``.
+Handles build typed requests (:class:`Op`) and send them through a :class:`Transport` (blocking) or an
+:class:`AsyncTransport` (async code). Transport exceptions never leave this module: they become
+Ember's own errors, ``raise ... from``.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import os
 import threading
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from urllib.parse import quote
 
 import msgspec
 
 from ember._errors import ConnectionError, DeadlineExceededError, EmberError, error_class
-from ember._wire import HTTP_TIMEOUT_HEADER, ErrorBody
+from ember._wire import (
+    HTTP_TIMEOUT_HEADER,
+    CallRecord,
+    DeadLetter,
+    ErrorBody,
+    ErrorInfo,
+    ReplayReply,
+    SpawnReply,
+    encoder,
+)
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
 DEFAULT_URL = "http://127.0.0.1:8700"
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_LONG_POLL_MARGIN_S = 30.0  # a long poll's HTTP read timeout exceeds its wait by this much
 _error_decoder = msgspec.json.Decoder(ErrorBody)
+_spawn_decoder = msgspec.json.Decoder(SpawnReply)
+_record_decoder = msgspec.json.Decoder(CallRecord)
+_dead_decoder = msgspec.json.Decoder(list[DeadLetter])
+_replay_decoder = msgspec.json.Decoder(ReplayReply)
+T = TypeVar("T")
 
 
 def platform_url() -> str:
     """The platform's base URL: ``EMBER_URL``, or the local development platform."""
     return os.environ.get("EMBER_URL", DEFAULT_URL).rstrip("/")
+
+
+@dataclass(frozen=True)
+class Op(Generic[T]):
+    """One request to the platform and how to read its answer; either transport sends it."""
+
+    method: str
+    path: str
+    decode: Callable[[bytes], T]
+    content: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    read_timeout_s: float | None = None  # None: the transport's default
+
+
+def invoke_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None) -> Op[bytes]:
+    """``POST /v1/<app>/<name>``: a synchronous call; answers the result as raw JSON."""
+    return Op("POST", f"/v1/{app}/{name}", bytes, content=body, headers=_call_headers(timeout_s))
+
+
+def spawn_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None,
+             idempotency_key: str | None = None) -> Op[SpawnReply]:
+    """``POST /v1/<app>/<name>/spawn``: queue a call; answers its id."""
+    headers = _call_headers(timeout_s)
+    if idempotency_key is not None:
+        headers[IDEMPOTENCY_HEADER] = idempotency_key
+    return Op("POST", f"/v1/{app}/{name}/spawn", _spawn_decoder.decode, content=body, headers=headers)
+
+
+def record_op(call_id: str, *, wait_s: float = 0.0) -> Op[CallRecord]:
+    """``GET /v1/calls/<id>``, long-polling up to ``wait_s`` seconds for a final status."""
+    if wait_s <= 0:
+        return Op("GET", _call_path(call_id), _record_decoder.decode)
+    return Op("GET", _call_path(call_id), _record_decoder.decode, params={"wait": f"{wait_s:.3f}"},
+              read_timeout_s=wait_s + _LONG_POLL_MARGIN_S)
+
+
+def cancel_op(call_id: str) -> Op[CallRecord]:
+    """``DELETE /v1/calls/<id>``: cancel a queued call (``ConflictError`` once it started)."""
+    return Op("DELETE", _call_path(call_id), _record_decoder.decode)
+
+
+def dead_letters_op(app: str, name: str) -> Op[list[DeadLetter]]:
+    """``GET /v1/apps/<app>/dead?function=<name>``."""
+    return Op("GET", f"/v1/apps/{app}/dead", _dead_decoder.decode, params={"function": name})
+
+
+def replay_op(app: str, name: str, call_ids: list[str] | None = None) -> Op[ReplayReply]:
+    """``POST /v1/apps/<app>/dead/replay``: resubmit dead letters (all of the function's when no ids)."""
+    body: dict[str, Any] = {"function": name}
+    if call_ids is not None:
+        body["call_ids"] = call_ids
+    return Op("POST", f"/v1/apps/{app}/dead/replay", _replay_decoder.decode, content=encoder.encode(body),
+              headers={"content-type": "application/json"})
+
+
+def _call_headers(timeout_s: float | None) -> dict[str, str]:
+    headers = {"content-type": "application/json"}
+    if timeout_s is not None:
+        headers[HTTP_TIMEOUT_HEADER] = str(timeout_s)
+    return headers
+
+
+def _call_path(call_id: str) -> str:
+    return f"/v1/calls/{quote(call_id, safe='')}"
 
 
 class Transport:
@@ -42,29 +133,95 @@ class Transport:
 
     def invoke(self, app: str, name: str, body: bytes, *, timeout_s: float | None = None) -> bytes:
         """Call ``app.name`` with a JSON body; returns the result as raw JSON."""
-        headers = {"content-type": "application/json"}
-        if timeout_s is not None:
-            headers[HTTP_TIMEOUT_HEADER] = str(timeout_s)
-        return self.request("POST", f"/v1/{app}/{name}", content=body, headers=headers).content
+        return self.send(invoke_op(app, name, body, timeout_s=timeout_s))
+
+    def send(self, op: Op[T]) -> T:
+        """Send one typed request; a non-2xx answer raises the matching EmberError."""
+        return op.decode(self.request(op.method, op.path, **_request_kwargs(op)).content)
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """An HTTP request to the platform; a non-2xx answer raises the matching EmberError."""
-        import httpx
-
-        try:
+        with _mapped_errors(self.url, method, path):
             response = self._client.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise DeadlineExceededError(f"{method} {self.url}{path} timed out") from exc
-        except httpx.TransportError as exc:
-            raise ConnectionError(
-                f"cannot reach the Ember platform at {self.url} ({exc}); is `ember dev` running, "
-                "or EMBER_URL set?") from exc
-        if response.status_code >= 400:
-            raise _error_from(response)
-        return response
+        return _checked(response)
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return msgspec.json.decode(self.request(method, path, **kwargs).content)
+
+
+class AsyncTransport:
+    """The async twin of :class:`Transport`, owned by one operation: ``async with AsyncTransport() as t``.
+
+    An ``httpx.AsyncClient`` belongs to the event loop it first runs on, so each async operation (one
+    ``.remote.aio`` call, one whole ``.map.aio`` stream) opens its own and closes it when done.
+    """
+
+    def __init__(self, url: str | None = None, *, timeout_s: float = 300.0) -> None:
+        import httpx
+
+        self.url = (url or platform_url()).rstrip("/")
+        self._client = httpx.AsyncClient(
+            base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), verify=_ssl_context(),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    async def __aenter__(self) -> AsyncTransport:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def send(self, op: Op[T]) -> T:
+        """Send one typed request; a non-2xx answer raises the matching EmberError."""
+        return op.decode((await self.request(op.method, op.path, **_request_kwargs(op))).content)
+
+    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """An HTTP request to the platform; a non-2xx answer raises the matching EmberError."""
+        with _mapped_errors(self.url, method, path):
+            response = await self._client.request(method, path, **kwargs)
+        return _checked(response)
+
+
+@functools.cache
+def _ssl_context() -> ssl.SSLContext:
+    # Building a context reads the CA bundle (~90 ms); every AsyncTransport shares this one.
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
+def _request_kwargs(op: Op[Any]) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"headers": op.headers, "params": op.params}
+    if op.content is not None:
+        kwargs["content"] = op.content
+    if op.read_timeout_s is not None:
+        import httpx
+
+        kwargs["timeout"] = httpx.Timeout(op.read_timeout_s, connect=5.0)
+    return kwargs
+
+
+@contextlib.contextmanager
+def _mapped_errors(url: str, method: str, path: str) -> Iterator[None]:
+    import httpx
+
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise DeadlineExceededError(f"{method} {url}{path} timed out") from exc
+    except httpx.TransportError as exc:
+        raise ConnectionError(
+            f"cannot reach the Ember platform at {url} ({exc}); is `ember dev` running, "
+            "or EMBER_URL set?") from exc
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code >= 400:
+        raise _error_from(response)
+    return response
 
 
 def _error_from(response: httpx.Response) -> EmberError:
@@ -72,6 +229,11 @@ def _error_from(response: httpx.Response) -> EmberError:
         info = _error_decoder.decode(response.content).error
     except msgspec.MsgspecError:
         return EmberError(f"HTTP {response.status_code}: {response.text[:500]}")
+    return error_from_info(info)
+
+
+def error_from_info(info: ErrorInfo) -> EmberError:
+    """The EmberError subclass a wire error stands for, with its details."""
     return error_class(info.code)(info.message, field=info.field, retry_after_s=info.retry_after_s,
                                   remote_type=info.type, call_id=info.call_id)
 

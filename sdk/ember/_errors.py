@@ -51,6 +51,21 @@ class NotFoundError(EmberError):
     http_status = 404
 
 
+class ConflictError(EmberError):
+    """The request conflicts with the resource's state (e.g. cancelling a call that already runs).
+
+    The SDK's ``FunctionCall.cancel()`` answers ``False`` instead of raising it; the HTTP API answers 409.
+
+    Example:
+        >>> call = ember.FunctionCall.from_id(call_id)
+        >>> call.cancel()  # the platform answered 409 "conflict": the call already runs
+        False
+    """
+
+    code = "conflict"
+    http_status = 409
+
+
 class InvalidInputError(EmberError):
     """The input does not match the function's declared type; ``field`` names the culprit."""
 
@@ -102,7 +117,7 @@ class ConnectionError(EmberError):
 
 _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
-    for cls in (EmberError, InvalidSpecError, BadRequestError, NotFoundError, InvalidInputError,
+    for cls in (EmberError, InvalidSpecError, BadRequestError, NotFoundError, ConflictError, InvalidInputError,
                 PayloadTooLargeError, OverloadedError, UnavailableError, DeadlineExceededError,
                 RemoteError, ConnectionError)
 }

@@ -1,26 +1,49 @@
-"""Handles: the verbs a user calls on a deployed function (``.remote``, ``.map``, ``.local``)."""
+"""Handles: the verbs a user calls on a deployed function (``.remote``, ``.spawn``, ``.map``, ``.local``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Generic, ParamSpec, TypeVar
+import copy
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Generic, ParamSpec, Self, TypeVar
 
 import msgspec
 
-from ember._client import Transport, default_transport
+from ember._calls import FunctionCall, astream, decode_output, stream, verb
+from ember._client import (
+    AsyncTransport,
+    Op,
+    Transport,
+    dead_letters_op,
+    default_transport,
+    invoke_op,
+    replay_op,
+    spawn_op,
+)
 from ember._types import CallIO
+from ember._wire import DeadLetter, SpawnReply
 
 P = ParamSpec("P")
 R = TypeVar("R")
 
 
+@dataclass(frozen=True)
+class _Options:
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+
+
 class FunctionHandle:
     """A deployed function or method, called through the platform at ``EMBER_URL``.
+
+    Every verb that calls the platform also has an async form: ``await greet.remote.aio("Ada")``.
 
     Example:
         >>> greet = ember.lookup("hello", "greet")
         >>> greet.remote("Ada")
+        'Hello, Ada!'
+        >>> greet.spawn("Ada").get(timeout=60)
         'Hello, Ada!'
     """
 
@@ -29,34 +52,139 @@ class FunctionHandle:
         self.function_name = name
         self._io = io
         self._transport = transport
+        self._options = _Options()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.app_name}.{self.function_name}>"
 
+    def with_options(self, *, timeout_s: float | None = None, idempotency_key: str | None = None) -> Self:
+        """A copy of this handle whose calls carry these options (options left ``None`` are kept).
+
+        Options are set here, not as keyword arguments of the verbs, so that they never collide with
+        the function's own parameters.
+
+        Args:
+            timeout_s: the call's deadline in seconds, capped by the function's ``timeout_s``. For
+                ``.spawn()`` it counts from the submit, time in the queue included: a call still
+                queued then never runs and ends ``expired``.
+            idempotency_key: ``.spawn()`` only: submits with the same key return the same call id
+                and the call runs once (retry a submit safely). ``.remote()`` and ``.map()`` refuse it.
+
+        Example:
+            >>> resize.with_options(idempotency_key=f"order-{order_id}", timeout_s=600).spawn(image)
+            >>> greet.with_options(timeout_s=2).remote("Ada")
+        """
+        if timeout_s is not None and (isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float)
+                                      or not 0 < timeout_s < float("inf")):
+            raise ValueError(f"timeout_s={timeout_s!r}: give a positive number of seconds")
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key):
+            raise ValueError(f"idempotency_key={idempotency_key!r}: give a non-empty string")
+        clone = copy.copy(self)
+        old = self._options
+        clone._options = _Options(timeout_s=old.timeout_s if timeout_s is None else timeout_s,
+                                  idempotency_key=old.idempotency_key if idempotency_key is None else idempotency_key)
+        return clone
+
+    async def _remote_aio(self, *args: Any, **kwargs: Any) -> Any:
+        op = self._invoke_op(self._encode(args, kwargs))
+        async with self._async_transport() as transport:
+            return decode_output(self._io, await transport.send(op))
+
+    @verb(_remote_aio)
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function on a replica and return its result (typed when the handle knows the type).
 
         Raises:
             ember.EmberError: a subclass naming what went wrong (invalid input, unavailable, ...).
-        """
-        raw = self._call(self._encode(args, kwargs))
-        return self._io.decode_output(raw) if self._io else msgspec.json.decode(raw)
 
-    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 32) -> Iterator[Any]:
-        """Call the function once per input, concurrently, yielding results in input order.
+        Example:
+            >>> greet.remote("Ada")
+            'Hello, Ada!'
+            >>> await greet.remote.aio("Ada")   # in async code
+        """
+        op = self._invoke_op(self._encode(args, kwargs))
+        return decode_output(self._io, self._sync_transport().send(op))
+
+    async def _spawn_aio(self, *args: Any, **kwargs: Any) -> FunctionCall:
+        op = self._spawn_op(self._encode(args, kwargs))
+        async with self._async_transport() as transport:
+            return self._spawned(await transport.send(op))
+
+    @verb(_spawn_aio)
+    def spawn(self, *args: Any, **kwargs: Any) -> FunctionCall:
+        """Queue a call durably and return at once with a :class:`FunctionCall` on it.
+
+        The platform validates the input first (an invalid one raises here, like ``.remote()``);
+        the call then runs at least once, from the function's queue, even if this process exits.
+        Set a deadline or an idempotency key with :meth:`with_options`.
+
+        Example:
+            >>> call = greet.spawn("Ada")
+            >>> call.get(timeout=60)
+            'Hello, Ada!'
+            >>> call = await greet.spawn.aio("Ada")   # in async code
+        """
+        return self._spawned(self._sync_transport().send(self._spawn_op(self._encode(args, kwargs))))
+
+    async def _map_aio(self, inputs: Iterable[Any], *, max_concurrency: int = 32,
+                       order: bool = True) -> AsyncIterator[Any]:
+        self._invoke_op(b"")  # refuses an idempotency key before any call
+        async with self._async_transport() as transport:
+            async def one(x: Any) -> Any:
+                return decode_output(self._io, await transport.send(self._invoke_op(self._map_body(x))))
+
+            async with aclosing(astream(one, inputs, max_concurrency=max_concurrency, order=order)) as results:
+                async for result in results:
+                    yield result
+
+    @verb(_map_aio)
+    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 32, order: bool = True) -> Iterator[Any]:
+        """Call the function once per input, concurrently, streaming the results.
 
         Each input is the function's single argument (or a dict of keyword arguments when it takes
-        several). The first failing call raises its error when its turn comes.
-        """
-        with ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="ember-map") as pool:
-            futures = [pool.submit(self._call_one, x) for x in inputs]
-            for future in futures:
-                yield future.result()
+        several). Inputs are read lazily and at most ``max_concurrency`` calls are in flight (taken
+        but not yet yielded), so a long or endless iterable is fine. ``order=True`` yields results in
+        input order; ``order=False`` as they finish. The first failing call raises its error when its
+        result would be yielded; leaving the loop early waits for the calls in flight.
 
-    def _call_one(self, x: Any) -> Any:
+        Example:
+            >>> list(add.map([{"a": 1, "b": 2}, {"a": 3}]))
+            [3, 3]
+            >>> for label in predict.map(images, max_concurrency=8, order=False): ...
+            >>> async for label in predict.map.aio(images): ...   # in async code
+        """
+        self._invoke_op(b"")  # refuses an idempotency key before any call
+        transport = self._sync_transport()
+
+        def one(x: Any) -> Any:
+            return decode_output(self._io, transport.send(self._invoke_op(self._map_body(x))))
+
+        return stream(one, inputs, max_concurrency=max_concurrency, order=order)
+
+    def dead_letters(self) -> list[DeadLetter]:
+        """Spawned calls of this function that failed their last attempt, with their errors and inputs.
+
+        Example:
+            >>> for letter in ember.lookup("hello", "greet").dead_letters():
+            ...     print(letter.call_id, letter.attempts, letter.error.message)
+        """
+        return self._sync_transport().send(dead_letters_op(self.app_name, self.function_name))
+
+    def replay(self, call_ids: Iterable[str] | None = None) -> list[FunctionCall]:
+        """Resubmit dead letters (all of this function's when ``call_ids`` is ``None``) as new calls.
+
+        Example:
+            >>> calls = greet.replay()
+            >>> [c.get(timeout=60) for c in calls]
+        """
+        ids = None if call_ids is None else list(call_ids)
+        reply = self._sync_transport().send(replay_op(self.app_name, self.function_name, ids))
+        return [FunctionCall(call_id, io=self._io, transport=self._transport) for call_id in reply.replayed]
+
+    def _map_body(self, x: Any) -> bytes:
         if self._io is not None and self._io.mode == "kwargs":
-            return self.remote(**x)
-        return self.remote(x)
+            return self._encode((), x)
+        return self._encode((x,), {})
 
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         if self._io is not None:
@@ -65,9 +193,24 @@ class FunctionHandle:
             raise TypeError("pass one positional input, or keyword arguments")
         return msgspec.json.encode(args[0] if args else kwargs)
 
-    def _call(self, body: bytes) -> bytes:
-        transport = self._transport or default_transport()
-        return transport.invoke(self.app_name, self.function_name, body)
+    def _invoke_op(self, body: bytes) -> Op[bytes]:
+        if self._options.idempotency_key is not None:
+            raise TypeError(f"{self!r} has an idempotency_key, which only .spawn() takes; "
+                            "call .remote() or .map() on a handle without one")
+        return invoke_op(self.app_name, self.function_name, body, timeout_s=self._options.timeout_s)
+
+    def _spawn_op(self, body: bytes) -> Op[SpawnReply]:
+        return spawn_op(self.app_name, self.function_name, body, timeout_s=self._options.timeout_s,
+                        idempotency_key=self._options.idempotency_key)
+
+    def _spawned(self, reply: SpawnReply) -> FunctionCall:
+        return FunctionCall(reply.call_id, io=self._io, transport=self._transport)
+
+    def _sync_transport(self) -> Transport:
+        return self._transport or default_transport()
+
+    def _async_transport(self) -> AsyncTransport:
+        return AsyncTransport(self._transport.url if self._transport else None)
 
 
 class Function(FunctionHandle, Generic[P, R]):

@@ -14,8 +14,11 @@ from typing import Any, Generic, TypeVar
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import BucketNotFoundError
+from nats.js.errors import NotFoundError as JsNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.object_store import ObjectStore
 
 from ember import _subjects as subjects
 
@@ -24,6 +27,9 @@ log = logging.getLogger("ember.nats")
 
 REPLICA_TTL_S = 15.0  # a replica or node that stops heartbeating disappears from KV after this
 NODE_TTL_S = 15.0
+CALL_TTL_S = 24 * 3600.0  # how long an asynchronous call's status and result are kept
+DEAD_LETTER_TTL_S = 7 * 24 * 3600.0
+DUPLICATE_WINDOW_S = 120.0  # a resubmitted call id within this window is stored once
 
 
 async def connect(url: str, name: str) -> Client:
@@ -36,23 +42,40 @@ async def connect(url: str, name: str) -> Client:
 
 
 async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
-    """Create (or open) Ember's KV buckets and object store; idempotent."""
+    """Create (or open) Ember's streams, KV buckets and object stores; idempotent."""
     async def kv(bucket: str, **config: Any) -> KeyValue:
         try:
             return await js.key_value(bucket)
         except BucketNotFoundError:
             return await js.create_key_value(bucket=bucket, **config)
 
-    try:
-        bundles = await js.object_store(subjects.BUNDLES_STORE)
-    except BucketNotFoundError:
-        bundles = await js.create_object_store(subjects.BUNDLES_STORE)
+    async def objects(bucket: str) -> ObjectStore:
+        try:
+            return await js.object_store(bucket)
+        except BucketNotFoundError:
+            return await js.create_object_store(bucket)
+
+    await _ensure_stream(js, StreamConfig(
+        name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
+        storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S))
+    await _ensure_stream(js, StreamConfig(
+        name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S))
     return {
         "deployments": await kv(subjects.DEPLOYMENTS_BUCKET, history=5),
         "replicas": await kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
         "nodes": await kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
-        "bundles": bundles,
+        "calls": await kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
+        "bundles": await objects(subjects.BUNDLES_STORE),
+        "results": await objects(subjects.RESULTS_STORE),
     }
+
+
+async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+    try:
+        await js.stream_info(config.name or "")
+    except JsNotFoundError:
+        await js.add_stream(config)
 
 
 class KVMirror(Generic[T]):

@@ -10,10 +10,18 @@ import re
 
 DEFAULT_TENANT = "default"
 
+# JetStream streams: asynchronous calls (a work queue) and the calls that failed their last attempt.
+CALLS_STREAM = "EMBER_CALLS"
+CALLS_ALL = "ember.calls.>"
+DEAD_STREAM = "EMBER_DEAD"
+DEAD_ALL = "ember.dead.>"
+
 # JetStream buckets.
 DEPLOYMENTS_BUCKET = "ember_deployments"  # key: <app>          value: wire.Deployment
 REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.ReplicaStatus
 NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
+CALLS_BUCKET = "ember_calls"  # keys: s.<call id> (status), r.<call id> (result, first writer wins)
+RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result too large for KV
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
@@ -62,6 +70,21 @@ LOGS_ALL = "ember.logs.>"
 def calls(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
     """JetStream work queue of one function's asynchronous calls."""
     return f"ember.calls.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}"
+
+
+def calls_consumer(app: str, function: str) -> str:
+    """The durable pull consumer of one function's queued calls."""
+    return f"{_token(app, 'app')}--{_fn_token(function)}"
+
+
+def dead(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
+    """Dead letters of one function."""
+    return f"ember.dead.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}"
+
+
+def dead_of_app(app: str, tenant: str = DEFAULT_TENANT) -> str:
+    """Dead letters of every function of an app."""
+    return f"ember.dead.{_token(tenant, 'tenant')}.{_token(app, 'app')}.*"
 
 
 def stats(app: str, function: str) -> str:

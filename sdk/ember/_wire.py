@@ -58,6 +58,37 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
                 raise InvalidSpecError(f"Batch({knob}={value!r}): {knob} is a positive number, or None")
 
 
+class Retries(msgspec.Struct, frozen=True, kw_only=True):
+    """How a queued (spawned or event) call that fails in user code is retried.
+
+    Attempt ``k`` (1-based) is retried after ``min(initial_delay_s * backoff_coefficient**(k-1), max_delay_s)``;
+    after ``max_retries`` retries the call fails and goes to the dead letters.
+
+    Example:
+        ``@app.function(retries=ember.Retries(max_retries=3, initial_delay_s=0.5))`` or ``retries=3``
+    """
+
+    max_retries: int = 0
+    initial_delay_s: float = 1.0
+    backoff_coefficient: float = 2.0
+    max_delay_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
+                or not 0 <= self.max_retries <= 100:
+            raise InvalidSpecError(f"Retries(max_retries={self.max_retries!r}): an int from 0 to 100")
+        for knob in ("initial_delay_s", "backoff_coefficient", "max_delay_s"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidSpecError(f"Retries({knob}={value!r}): a number >= 0")
+        if self.backoff_coefficient < 1:
+            raise InvalidSpecError(f"Retries(backoff_coefficient={self.backoff_coefficient!r}): at least 1")
+
+    def delay_s(self, attempt: int) -> float:
+        """The delay before retrying after failed attempt ``attempt`` (1-based)."""
+        return min(self.initial_delay_s * self.backoff_coefficient ** max(attempt - 1, 0), self.max_delay_s)
+
+
 InputMode = Literal["none", "single", "kwargs"]
 
 
@@ -84,6 +115,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     min_replicas: int = 1
     max_replicas: int = 1
     timeout_s: float = 60.0
+    retries: Retries = Retries()
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +232,48 @@ class CallReply(msgspec.Struct, frozen=True, kw_only=True):
     output: msgspec.Raw = msgspec.Raw(b"null")
     error: ErrorInfo | None = None
     batch_size: int = 0
+
+
+CallStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+FINAL_STATUSES = ("succeeded", "failed", "cancelled", "expired")
+
+
+class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An asynchronous call, as ``GET /v1/calls/<id>`` shows it; ``output`` once it succeeded."""
+
+    call_id: str
+    app: str
+    function: str
+    status: CallStatus
+    created_at: float
+    updated_at: float
+    attempts: int = 0
+    output: msgspec.Raw = msgspec.Raw(b"null")  # the result, once succeeded
+    error: ErrorInfo | None = None
+
+
+class SpawnReply(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/<app>/<fn>/spawn`` -> 202."""
+
+    call_id: str
+    status: CallStatus
+    created: bool = True  # False when an Idempotency-Key matched an earlier submit
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    """A call that failed its last attempt, kept with its input for inspection and replay."""
+
+    call_id: str
+    app: str
+    function: str
+    error: ErrorInfo
+    attempts: int
+    dead_at: float
+    input: msgspec.Raw
+
+
+class ReplayReply(msgspec.Struct, frozen=True, kw_only=True):
+    replayed: list[str]  # the new call ids, in the order of the dead letters
 
 
 class LogLine(msgspec.Struct, frozen=True, kw_only=True):

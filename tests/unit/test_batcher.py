@@ -293,9 +293,10 @@ def test_out_of_memory_splits_the_batch_and_remembers_a_safe_size(pool):
 def test_onnx_runtime_allocation_failures_count_as_out_of_memory():
     from onnxruntime.capi.onnxruntime_pybind11_state import RuntimeException
 
-    from ember_runtime._isolation import is_out_of_memory
+    from ember.backends import is_out_of_memory
 
     assert is_out_of_memory(RuntimeException("Failed to allocate memory for requested buffer of size 1073741824"))
+    assert is_out_of_memory(RuntimeException("Available memory of 0 is smaller than requested bytes of 4096"))
     assert is_out_of_memory(torch.OutOfMemoryError("CUDA out of memory."))
     assert not is_out_of_memory(ValueError("bad pixel"))
 

@@ -15,6 +15,7 @@ TABLE = [
     ("invalid_spec", ember.InvalidSpecError, 400),
     ("bad_request", ember.BadRequestError, 400),
     ("not_found", ember.NotFoundError, 404),
+    ("conflict", ember.ConflictError, 409),
     ("invalid_input", ember.InvalidInputError, 422),
     ("payload_too_large", ember.PayloadTooLargeError, 413),
     ("overloaded", ember.OverloadedError, 429),
