@@ -73,6 +73,7 @@ class Batcher:
         self._mean_gap = math.inf
         self._last_arrival: float | None = None
         self._busy_until: float | None = None
+        self.in_flight = 0  # calls in the batch that runs now
 
     # -- intake ------------------------------------------------------------------------------------
 
@@ -208,10 +209,12 @@ class Batcher:
         loop = asyncio.get_running_loop()
         started = time.monotonic()
         self._busy_until = started + self.model.predict(len(batch))
+        self.in_flight = len(batch)
         try:
             report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
         finally:
             self._busy_until = None
+            self.in_flight = 0
         elapsed = time.monotonic() - started
         if report.clean:
             self.model.observe(len(batch), elapsed)

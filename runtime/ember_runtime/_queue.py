@@ -58,7 +58,16 @@ class QueueWorker:
         return self._endpoint.spec.name
 
     async def run(self) -> None:
-        """Pull until :attr:`stop` is set; then wait for the answers already under way."""
+        """Pull until :attr:`stop` is set, rebinding after any failure (a NATS restart, say)."""
+        while not self.stop.is_set():
+            try:
+                await self._pull()
+            except Exception:
+                log.exception("queue worker of %s failed; restarting it", self.function)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), 1.0)
+
+    async def _pull(self) -> None:
         sub = await self._bind()
         if sub is None:
             return
@@ -66,7 +75,8 @@ class QueueWorker:
         keepalive = asyncio.create_task(self._keep_alive(ack_wait / 3), name=f"in-progress-{self.function}")
         try:
             while not self.stop.is_set():
-                room = self._batcher.capacity - self._batcher.queued
+                # Only what the batcher can start now: the rest stays in JetStream, queued and cancellable.
+                room = self._batcher.capacity - self._batcher.queued - self._batcher.in_flight
                 if room <= 0:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self.stop.wait(), 0.005)
@@ -75,8 +85,15 @@ class QueueWorker:
                     msgs = await sub.fetch(room, timeout=FETCH_WAIT_S)
                 except NatsTimeoutError:
                     continue
+                except Exception as exc:  # a disconnect, say: pull again once it is back
+                    log.warning("pulling %s failed: %s", self.function, exc)
+                    await asyncio.sleep(0.5)
+                    continue
                 for msg in msgs:
-                    await self._take(msg)
+                    try:
+                        await self._take(msg)
+                    except Exception:
+                        log.exception("could not take call from %s; it will be redelivered", self.function)
         finally:
             keepalive.cancel()
             with contextlib.suppress(Exception):

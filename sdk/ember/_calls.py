@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
@@ -262,18 +262,19 @@ class _Poll:
         return self._pause if self.deadline is None else min(self._pause, self.deadline - now)
 
 
-def stream(run: Callable[[X], R], inputs: Iterable[X], *, max_concurrency: int, order: bool) -> Iterator[R]:
+def stream(run: Callable[[X], R], inputs: Iterable[X], *, max_concurrency: int,
+           order: bool) -> Generator[R, None, None]:
     """``run`` over ``inputs`` in threads, with at most ``max_concurrency`` inputs taken and not yet yielded.
 
     Inputs are read lazily (an endless generator is fine). With ``order`` results come in input
     order, else as they finish; the first failure raises when it would be yielded. Closing the
     stream early cancels what has not started and waits for what runs.
     """
-    _check_concurrency(max_concurrency)
+    check_concurrency(max_concurrency)
     return _stream(run, inputs, max_concurrency, order)
 
 
-def _stream(run: Callable[[X], R], inputs: Iterable[X], limit: int, order: bool) -> Iterator[R]:
+def _stream(run: Callable[[X], R], inputs: Iterable[X], limit: int, order: bool) -> Generator[R, None, None]:
     source = iter(inputs)
     pending: deque[Future[R]] = deque()
     pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="ember-map")
@@ -290,10 +291,15 @@ def _stream(run: Callable[[X], R], inputs: Iterable[X], limit: int, order: bool)
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-async def astream(run: Callable[[X], Coroutine[Any, Any, R]], inputs: Iterable[X], *, max_concurrency: int,
-                  order: bool) -> AsyncGenerator[R, None]:
+def astream(run: Callable[[X], Coroutine[Any, Any, R]], inputs: Iterable[X], *, max_concurrency: int,
+            order: bool) -> AsyncGenerator[R, None]:
     """The async :func:`stream`: ``run`` as tasks of this event loop, which it cancels when closed early."""
-    _check_concurrency(max_concurrency)
+    check_concurrency(max_concurrency)
+    return _astream(run, inputs, max_concurrency, order)
+
+
+async def _astream(run: Callable[[X], Coroutine[Any, Any, R]], inputs: Iterable[X], max_concurrency: int,
+                   order: bool) -> AsyncGenerator[R, None]:
     source = iter(inputs)
     pending: deque[asyncio.Task[R]] = deque()
     try:
@@ -319,7 +325,8 @@ def _take(pending: deque[Any], order: bool) -> Any:
     return done
 
 
-def _check_concurrency(max_concurrency: int) -> None:
+def check_concurrency(max_concurrency: int) -> None:
+    """Refuse a ``max_concurrency`` that is not a positive int."""
     if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int) or max_concurrency < 1:
         raise ValueError(f"max_concurrency={max_concurrency!r}: give a positive int")
 

@@ -74,15 +74,23 @@ class EmbeddedPlatform:
         self._procs[name] = proc
         return proc
 
-    def _start_nats(self, timeout_s: float) -> None:
+    def _start_nats(self, timeout_s: float, port: int = -1) -> None:
         conf = self.state_dir / "nats.conf"
         conf.write_text(NATS_CONFIG)
         log = self.log_dir / "nats.log"
         offset = log.stat().st_size if log.exists() else 0
-        proc = self._spawn("nats", [nats_server_binary(), "-a", self.host, "-p", "-1", "-js",
+        proc = self._spawn("nats", [nats_server_binary(), "-a", self.host, "-p", str(port), "-js",
                                     "-sd", str(self.state_dir / "nats"), "-c", str(conf)])
         port = self._await(lambda: _port_from_log(log, offset), proc, "nats-server", timeout_s)
         self.nats_url = f"nats://{self.host}:{port}"
+
+    def restart_nats(self, timeout_s: float = 30.0) -> None:
+        """Stop nats-server and start it again on the same port and store (JetStream state survives)."""
+        port = int(self.nats_url.rsplit(":", 1)[1])
+        proc = self._procs.pop("nats")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout_s)
+        self._start_nats(timeout_s, port)
 
     def _start_platform(self, timeout_s: float) -> None:
         url_file = self.state_dir / "platform.url"

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Generator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, Self, TypeVar
 
 import msgspec
 
-from ember._calls import FunctionCall, astream, decode_output, stream, verb
+from ember._calls import FunctionCall, astream, check_concurrency, decode_output, stream, verb
 from ember._client import (
     AsyncTransport,
     Op,
@@ -126,9 +126,13 @@ class FunctionHandle:
         """
         return self._spawned(self._sync_transport().send(self._spawn_op(self._encode(args, kwargs))))
 
-    async def _map_aio(self, inputs: Iterable[Any], *, max_concurrency: int = 32,
-                       order: bool = True) -> AsyncIterator[Any]:
+    def _map_aio(self, inputs: Iterable[Any], *, max_concurrency: int = 32,
+                 order: bool = True) -> AsyncGenerator[Any, None]:
         self._invoke_op(b"")  # refuses an idempotency key before any call
+        check_concurrency(max_concurrency)
+        return self._amap(inputs, max_concurrency, order)
+
+    async def _amap(self, inputs: Iterable[Any], max_concurrency: int, order: bool) -> AsyncGenerator[Any, None]:
         async with self._async_transport() as transport:
             async def one(x: Any) -> Any:
                 return decode_output(self._io, await transport.send(self._invoke_op(self._map_body(x))))
@@ -138,14 +142,17 @@ class FunctionHandle:
                     yield result
 
     @verb(_map_aio)
-    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 32, order: bool = True) -> Iterator[Any]:
+    def map(self, inputs: Iterable[Any], *, max_concurrency: int = 32,
+            order: bool = True) -> Generator[Any, None, None]:
         """Call the function once per input, concurrently, streaming the results.
 
         Each input is the function's single argument (or a dict of keyword arguments when it takes
         several). Inputs are read lazily and at most ``max_concurrency`` calls are in flight (taken
         but not yet yielded), so a long or endless iterable is fine. ``order=True`` yields results in
         input order; ``order=False`` as they finish. The first failing call raises its error when its
-        result would be yielded; leaving the loop early waits for the calls in flight.
+        result would be yielded. Leaving the loop early cancels the calls not yet sent; the blocking
+        form waits for those in flight, the async one cancels them (``contextlib.aclosing`` closes
+        the stream at once).
 
         Example:
             >>> list(add.map([{"a": 1, "b": 2}, {"a": 3}]))

@@ -18,8 +18,10 @@ REPO = Path(__file__).resolve().parents[2]
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPlatform]:
     """Ember on this machine: a real nats-server with JetStream, the control plane and one node agent."""
     state = tmp_path_factory.mktemp("ember")
-    with EmbeddedPlatform(state) as running:
-        yield running
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
+        with EmbeddedPlatform(state) as running:
+            yield running
 
 
 @pytest.fixture(scope="session")

@@ -52,3 +52,21 @@ class Counter:
     @ember.method()
     def setups_run(self) -> int:
         return self.setups
+
+
+@app.function(retries=ember.Retries(max_retries=2, initial_delay_s=0.1))
+def flaky(tag: str) -> str:
+    """Fails every time for a tag starting with "poison"."""
+    print(f"flaky({tag}) ran", flush=True)
+    if tag.startswith("poison"):
+        raise RuntimeError(f"poisoned {tag}")
+    return tag
+
+
+@app.function(batch=ember.Batch(max_size=8, window_ms=20))
+def work(items: list[Item]) -> list[int]:
+    """A batched job slow enough to be interrupted; logs each input it runs."""
+    for item in items:
+        print(f"work({item.n}) ran", flush=True)
+    time.sleep(0.4)
+    return [item.n * 2 for item in items]
