@@ -14,12 +14,14 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
 from ember import _subjects as subjects
 from ember._callstore import CallStore, final
-from ember._errors import ConflictError, NotFoundError
+from ember._errors import ConflictError, InvalidInputError, NotFoundError
+from ember._nats import DUPLICATE_WINDOW_S
 from ember._wire import (
     CALL_ID_HEADER,
     DEADLINE_HEADER,
@@ -45,19 +47,42 @@ class Calls:
     # -- deployment ----------------------------------------------------------------------------------
 
     async def ensure_consumers(self, manifest: Manifest) -> None:
-        """One durable pull consumer per function, filtered on its subject (filters never overlap)."""
+        """One durable pull consumer per function, filtered on its subject (filters never overlap), and
+        for a function bound to events, a work-queue stream of its subjects with a consumer too."""
         for svc in manifest.services:
             for fn in svc.functions:
-                config = ConsumerConfig(durable_name=subjects.calls_consumer(manifest.app, fn.name),
-                                        filter_subject=subjects.calls(manifest.app, fn.name),
-                                        ack_policy=AckPolicy.EXPLICIT, ack_wait=self._ack_wait_s, max_deliver=-1,
-                                        max_ack_pending=20_000)
-                await self._js.add_consumer(subjects.CALLS_STREAM, config)
+                await self._js.add_consumer(subjects.CALLS_STREAM, self._consumer(
+                    manifest.app, fn.name, subjects.calls(manifest.app, fn.name)))
+                if fn.on:
+                    await self._ensure_events(manifest.app, fn.name, fn.on)
+
+    def _consumer(self, app: str, function: str, filter_subject: str | None) -> ConsumerConfig:
+        return ConsumerConfig(durable_name=subjects.calls_consumer(app, function), filter_subject=filter_subject,
+                              ack_policy=AckPolicy.EXPLICIT, ack_wait=self._ack_wait_s, max_deliver=-1,
+                              max_ack_pending=20_000)
+
+    async def _ensure_events(self, app: str, function: str, on: list[str]) -> None:
+        name = subjects.events_stream(app, function)
+        config = StreamConfig(name=name, subjects=on, retention=RetentionPolicy.WORK_QUEUE,
+                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)
+        try:
+            try:
+                await self._js.stream_info(name)
+                await self._js.update_stream(config)
+            except JsNotFound:
+                await self._js.add_stream(config)
+        except JsAPIError as exc:
+            raise InvalidInputError(f"{app}.{function} cannot bind to {on}: {exc.description}",
+                                    field="$.manifest.services[].functions[].on") from exc
+        await self._js.add_consumer(name, self._consumer(app, function, None))
 
     async def remove(self, manifest: Manifest) -> None:
-        """Drop an app's queued calls and consumers (its calls' records expire with the bucket's TTL)."""
+        """Drop an app's queued calls, event streams and consumers (records expire with the bucket's TTL)."""
         for svc in manifest.services:
             for fn in svc.functions:
+                if fn.on:
+                    with contextlib.suppress(JsNotFound):
+                        await self._js.delete_stream(subjects.events_stream(manifest.app, fn.name))
                 with contextlib.suppress(JsNotFound):
                     await self._js.delete_consumer(subjects.CALLS_STREAM,
                                                    subjects.calls_consumer(manifest.app, fn.name))

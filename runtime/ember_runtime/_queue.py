@@ -30,7 +30,16 @@ from ember._errors import (
     RemoteError,
     UnavailableError,
 )
-from ember._wire import CALL_ID_HEADER, DEADLINE_HEADER, CallRecord, ErrorInfo, Retries, encoder
+from ember._wire import (
+    CALL_ID_HEADER,
+    DEADLINE_HEADER,
+    EVENT_REPLY_TO_HEADER,
+    EVENT_STATUS_HEADER,
+    CallRecord,
+    ErrorInfo,
+    Retries,
+    encoder,
+)
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint
 
@@ -42,7 +51,9 @@ _RETRYABLE = (UnavailableError.code, OverloadedError.code)
 
 class QueueWorker:
     def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
-                 retries: Retries) -> None:
+                 retries: Retries, *, events: bool = False) -> None:
+        self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
+        self._events = events
         self._js = js
         self._store = store
         self._app = app
@@ -111,7 +122,7 @@ class QueueWorker:
         durable = subjects.calls_consumer(self._app, self.function)
         while not self.stop.is_set():
             try:
-                return await self._js.pull_subscribe_bind(durable=durable, stream=subjects.CALLS_STREAM)
+                return await self._js.pull_subscribe_bind(durable=durable, stream=self._stream)
             except Exception as exc:
                 log.warning("queue %s not available yet (%s); retrying", durable, exc)
                 with contextlib.suppress(TimeoutError):
@@ -127,7 +138,8 @@ class QueueWorker:
 
     async def _take(self, msg: Msg) -> None:
         headers = msg.headers or {}
-        call_id = headers.get(CALL_ID_HEADER) or headers.get("Nats-Msg-Id") or f"seq-{msg.metadata.sequence.stream}"
+        seq = msg.metadata.sequence.stream
+        call_id = headers.get(CALL_ID_HEADER) or headers.get("Nats-Msg-Id") or f"{self._stream.lower()}-{seq}"
         attempt = msg.metadata.num_delivered or 1
         if await self._store.has_result(call_id):  # finished, cancelled, or a late duplicate
             await msg.ack()
@@ -204,7 +216,16 @@ class QueueWorker:
             await self._store.set_status(done)
             if dead and info is not None:
                 await self._store.dead_letter(done, info, msg.data)
+            if self._events:
+                await self._publish_result(msg, done, output, info)
         await msg.ack()
+
+    async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:
+        target = (msg.headers or {}).get(EVENT_REPLY_TO_HEADER) or self._endpoint.spec.result_subject
+        if target:
+            body = output if info is None else encoder.encode(info)
+            await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
+                                                              EVENT_STATUS_HEADER: done.status})
 
 
 def _info(error: EmberError) -> ErrorInfo:

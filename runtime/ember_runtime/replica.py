@@ -104,9 +104,12 @@ class Replica:
             batcher = _batcher_for(endpoint, self.executor)
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
-            worker = QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher, self.service.retries)
-            self.workers.append(worker)
-            self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
+            kinds = [False, True] if endpoint.spec.on else [False]
+            for events in kinds:
+                worker = QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,
+                                     self.service.retries, events=events)
+                self.workers.append(worker)
+                self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
             subs.append(await nc.subscribe(subject, queue=group, cb=self._handler(nc, endpoint, batcher),
                                            pending_msgs_limit=65536))

@@ -9,6 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar, overload
 
+import msgspec
+
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
 from ember._types import CallIO
@@ -57,11 +59,13 @@ class App:
     @overload
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
-                 retries: int | Retries = 0) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None
+                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
-                 cost: Callable[[Any], float] | None = None, retries: int | Retries = 0) -> Any:
+                 cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
+                 on: str | list[str] | None = None, result_subject: str | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -73,11 +77,16 @@ class App:
             cost: for a batched function, the cost of one input (tokens, pixels...); batches stay under
                 ``batch.max_cost``.
             retries: retries of a queued call that fails in user code: a count, or ``ember.Retries(...)``.
+            on: NATS subject(s) (wildcards allowed) whose messages invoke the function: the payload is
+                its input as JSON, exactly as an HTTP body.
+            result_subject: where each event's result is published (a message's ``Ember-Reply-To``
+                header overrides it).
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
         _check_batch("@app.function", batch, cost)
+        triggers = _check_events("@app.function", on, result_subject)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
@@ -86,8 +95,9 @@ class App:
             io = CallIO.of(raw, batched=batch is not None, is_method=False)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
-            spec = ServiceSpec(name=raw.__name__, kind="function",
-                               functions=[_function_spec(raw.__name__, raw.__name__, io, batch)], **resources)
+            function = _function_spec(raw.__name__, raw.__name__, io, batch)
+            function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject)
+            spec = ServiceSpec(name=raw.__name__, kind="function", functions=[function], **resources)
             self._register(spec, handle)
             return handle
 
@@ -227,6 +237,26 @@ def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> Fun
                             input_schema=io.input_schema(), output_schema=io.output_schema(), batch=batch)
     except TypeError as exc:
         raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
+
+
+_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+|\*")
+
+
+def _check_events(where: str, on: Any, result_subject: Any) -> list[str]:
+    subjects = [on] if isinstance(on, str) else list(on or [])
+    for subject in [*subjects, *([result_subject] if result_subject is not None else [])]:
+        tokens = subject.split(".") if isinstance(subject, str) else []
+        wildcard_ok = subject is not result_subject
+        valid = bool(tokens) and all(_SUBJECT_TOKEN.fullmatch(t) or (wildcard_ok and t == ">" and i == len(tokens) - 1)
+                                     for i, t in enumerate(tokens))
+        if not valid or tokens[0] in ("ember", "$JS", "_INBOX") or (not wildcard_ok and "*" in tokens):
+            raise InvalidSpecError(
+                f"{where}(on={on!r}, result_subject={result_subject!r}): {subject!r} is not a usable NATS subject; "
+                "use dot-separated tokens of letters, digits, '-' and '_' (wildcards '*' and a final '>' "
+                "only in on=), outside the reserved 'ember.', '$JS.' and '_INBOX.' namespaces")
+    if result_subject is not None and not subjects:
+        raise InvalidSpecError(f"{where}(result_subject=...): only events have result subjects; add on=...")
+    return subjects
 
 
 def _check_name(where: str, name: str) -> None:

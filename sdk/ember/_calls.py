@@ -82,7 +82,8 @@ def verb(aio: Callable[Concatenate[S, P], A]) -> Callable[[Callable[Concatenate[
         ...     async def _ping_aio(self) -> str: ...
         ...     @verb(_ping_aio)
         ...     def ping(self) -> str: ...
-        >>> Handle().ping(); await Handle().ping.aio()
+        >>> Handle().ping()               # blocks
+        >>> await Handle().ping.aio()     # in async code
     """
     def pair(sync: Callable[Concatenate[S, P], R]) -> Verb[S, P, R, A]:
         return Verb(sync, aio)

@@ -82,6 +82,11 @@ def dead(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
     return f"ember.dead.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}"
 
 
+def events_stream(app: str, function: str) -> str:
+    """The work-queue stream that captures the subjects a function is bound to (``on=``)."""
+    return f"EMBER_EV_{_token(app, 'app')}_{_fn_token(function)}"
+
+
 def dead_of_app(app: str, tenant: str = DEFAULT_TENANT) -> str:
     """Dead letters of every function of an app."""
     return f"ember.dead.{_token(tenant, 'tenant')}.{_token(app, 'app')}.*"

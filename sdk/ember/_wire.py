@@ -23,6 +23,10 @@ HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_
 HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
 
+# Events: headers a publisher may set, and those of the result message.
+EVENT_REPLY_TO_HEADER = "Ember-Reply-To"  # publish the result here (overrides the function's result_subject)
+EVENT_STATUS_HEADER = "Ember-Status"  # on a result: "succeeded" (body: the output) or "failed" (body: ErrorInfo)
+
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """Micro-batching of a function's calls inside each replica.
@@ -102,6 +106,8 @@ class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     input_schema: dict[str, Any] = {}
     output_schema: dict[str, Any] = {}
     batch: Batch | None = None
+    on: list[str] = []  # NATS subjects whose messages are invocations (events)
+    result_subject: str | None = None  # where an event's result is published, unless the message names one
 
 
 class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):

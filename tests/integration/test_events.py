@@ -1,0 +1,61 @@
+"""Functions bound to NATS subjects: a plain publish (no Ember SDK) is an invocation; its result is
+published to the message's Ember-Reply-To subject or the function's result_subject."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import nats
+import pytest
+
+import ember
+
+pytestmark = pytest.mark.integration
+
+APP = '''import ember
+app = ember.App("eventful")
+
+@app.function(on="demo.images.>", result_subject="demo.results", retries=0)
+def measure(image: dict) -> int:
+    if image.get("poison"):
+        raise ValueError("unreadable image")
+    return len(image["pixels"])
+'''
+
+
+def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport):
+    app_file = tmp_path / "eventful.py"
+    app_file.write_text(APP)
+    ember.deploy(app_file, transport=transport, timeout_s=120)
+
+    async def exchange() -> tuple[list, list]:
+        nc = await nats.connect(platform.nats_url)
+        results: asyncio.Queue = asyncio.Queue()
+        mine: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe("demo.results", cb=results.put)
+        await nc.subscribe("demo.mine", cb=mine.put)
+        await nc.flush()
+        js = nc.jetstream()
+        first = await js.publish("demo.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
+                                 headers={"Nats-Msg-Id": "img-1"})
+        retried = await js.publish("demo.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
+                                   headers={"Nats-Msg-Id": "img-1"})
+        assert not first.duplicate and retried.duplicate  # a retried publish is stored, and runs, once
+        await nc.publish("demo.images.dogs", json.dumps({"pixels": [9] * 5}).encode(),
+                         headers={"Ember-Reply-To": "demo.mine"})  # core NATS publish, captured too
+        await js.publish("demo.images.bad", json.dumps({"poison": True}).encode(), headers={"Nats-Msg-Id": "img-3"})
+        got = [await asyncio.wait_for(results.get(), 60) for _ in range(2)]
+        own = [await asyncio.wait_for(mine.get(), 60)]
+        await nc.close()
+        return got, own
+
+    got, own = asyncio.run(exchange())
+    by_id = {m.headers["Ember-Call-Id"]: m for m in got}
+    assert json.loads(by_id["img-1"].data) == 3 and by_id["img-1"].headers["Ember-Status"] == "succeeded"
+    failed = by_id["img-3"]
+    assert failed.headers["Ember-Status"] == "failed" and json.loads(failed.data)["type"] == "ValueError"
+    assert json.loads(own[0].data) == 5
+    record = transport.json("GET", "/v1/calls/img-1")
+    assert record["status"] == "succeeded" and record["output"] == 3
+    transport.request("DELETE", "/v1/apps/eventful")
