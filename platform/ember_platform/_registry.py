@@ -41,7 +41,7 @@ class Registry:
     def __init__(self, nc: Client, log_lines_kept: int, ack_wait_s: float) -> None:
         self.nc = nc
         self.js = nc.jetstream()
-        self._stores: dict[str, Any] = {}
+        self.stores: dict[str, Any] = {}
         self.deployments: KVMirror[Deployment]  # set by start()
         self.replicas: KVMirror[ReplicaStatus]
         self._validators: dict[tuple[str, int, str], InputValidator] = {}
@@ -52,10 +52,10 @@ class Registry:
         self.calls: Calls  # set by start()
 
     async def start(self) -> None:
-        self._stores = await ensure_buckets(self.js)
-        self.calls = Calls(self.nc, self._stores, self._ack_wait_s)
-        self.deployments = KVMirror(self._stores["deployments"], deployment_decoder.decode)
-        self.replicas = KVMirror(self._stores["replicas"], replica_decoder.decode)
+        self.stores = await ensure_buckets(self.js)
+        self.calls = Calls(self.nc, self.stores, self._ack_wait_s)
+        self.deployments = KVMirror(self.stores["deployments"], deployment_decoder.decode)
+        self.replicas = KVMirror(self.stores["replicas"], replica_decoder.decode)
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self.nc.subscribe(subjects.LOGS_ALL, cb=self._on_log)
@@ -104,12 +104,12 @@ class Registry:
             raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
         if await self.has_bundle(sha256):
             return False
-        await self._stores["bundles"].put(sha256, data)
+        await self.stores["bundles"].put(sha256, data)
         return True
 
     async def has_bundle(self, sha256: str) -> bool:
         try:
-            info = await self._stores["bundles"].get_info(sha256)
+            info = await self.stores["bundles"].get_info(sha256)
         except (ObjectNotFoundError, JsNotFound):
             return False
         return not info.deleted
@@ -124,7 +124,7 @@ class Registry:
         if not await self.has_bundle(request.bundle_sha256):
             raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
                                     field="$.bundle_sha256")
-        kv = self._stores["deployments"]
+        kv = self.stores["deployments"]
         await self.calls.ensure_consumers(request.manifest)
         async with self._deploy_lock:
             for _ in range(10):
@@ -151,8 +151,8 @@ class Registry:
     async def delete(self, app: str) -> None:
         if app not in self.deployments.items:
             raise NotFoundError(f"no app named {app!r} is deployed")
-        entry = await self._stores["deployments"].get(app)
-        await self._stores["deployments"].delete(app)
+        entry = await self.stores["deployments"].get(app)
+        await self.stores["deployments"].delete(app)
         await self.calls.remove(deployment_decoder.decode(entry.value).manifest)
         self.deployments.record(app, None, entry.revision + 1)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ class Router:
         self._alive = replica_alive
         self._inbox = ""
         self._waiting: dict[str, asyncio.Queue[Msg]] = {}
+        self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
@@ -74,6 +76,8 @@ class Router:
         headers = {CALL_ID_HEADER: call_id, DEADLINE_HEADER: repr(deadline), PRIORITY_HEADER: "interactive"}
         pending = _Pending(f"{app}.{function}", call_id, deadline)
         self._waiting[call_id] = pending.replies
+        load_key = (app, function.split(".")[0])
+        self.in_flight[load_key] += 1
         try:
             attempts = 0
             while True:
@@ -94,6 +98,9 @@ class Router:
                     pending.holder = ""
         finally:
             del self._waiting[call_id]
+            self.in_flight[load_key] -= 1
+            if not self.in_flight[load_key]:
+                del self.in_flight[load_key]
             if pending.holder and not pending.answered:
                 await asyncio.shield(self._cancel(pending.holder, call_id))
 

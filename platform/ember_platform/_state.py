@@ -6,6 +6,7 @@ from nats.aio.client import Client
 
 from ember._nats import connect
 from ember_platform._config import Settings
+from ember_platform._control import ControlLoop
 from ember_platform._registry import Registry
 from ember_platform._router import Router
 
@@ -17,6 +18,8 @@ class Platform:
         self.registry = registry
         self.router = Router(nc, registry.replica_alive)
         self.calls = registry.calls
+        self.control = ControlLoop(registry, registry.stores, lambda app, svc: self.router.in_flight[(app, svc)],
+                                   nc.jetstream())
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -26,12 +29,14 @@ class Platform:
             await registry.start()
             platform = cls(settings, nc, registry)
             await platform.router.start()
+            await platform.control.start()
         except BaseException:
             await nc.close()
             raise
         return platform
 
     async def stop(self) -> None:
+        await self.control.stop()
         await self.router.stop()
         await self.registry.stop()
         await self.nc.drain()

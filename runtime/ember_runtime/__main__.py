@@ -17,9 +17,11 @@ def main() -> None:
     parser.add_argument("--nats", default=os.environ.get("EMBER_NATS_URL", "nats://127.0.0.1:4222"))
     parser.add_argument("--state-dir", type=Path, default=Path(os.environ.get("EMBER_STATE_DIR", ".ember/node")))
     parser.add_argument("--node-id", default=None)
+    parser.add_argument("--inventory", type=Path, default=os.environ.get("EMBER_INVENTORY") or None,
+                        help="a declared (virtual) inventory file instead of this machine's GPUs")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
-    agent = NodeAgent(args.nats, args.state_dir, args.node_id)
+    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -9,12 +9,11 @@ import socket
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from ember._nats import KVMirror, connect, ensure_buckets
-from ember._wire import Deployment, NodeInfo, ReplicaStatus, deployment_decoder, encoder, replica_decoder
+from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, assignment_decoder, encoder
+from ember_runtime import _inventory as inventory_source
 from ember_runtime._bundles import BundleCache
-from ember_runtime._devices import discover
 from ember_runtime._slot import ReplicaSlot, SlotKey
 
 log = logging.getLogger("ember.agent")
@@ -23,16 +22,20 @@ RECONCILE_EVERY_S = 2.0
 
 
 class NodeAgent:
-    """Reconciles the replicas running on this node with the deployments in KV.
+    """Runs, on this node, the replicas the scheduler assigned to it, and reports the node's devices.
 
-    Until the scheduler assigns replicas to nodes, every agent runs ``max(min_replicas, 1)`` replicas of
-    each deployed service. On a new version, the old version's replicas stop once the new ones are ready.
+    With ``inventory`` (a declared virtual inventory file) the node reports those devices instead of
+    NVML's, through the same code path; its replicas then still run on the CPU.
     """
 
-    def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None) -> None:
+    def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
+                 inventory: Path | None = None) -> None:
         self.nats_url = nats_url
         self.state_dir = state_dir
         self.node_id = node_id or f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        self.inventory = inventory
+        self.devices = inventory_source.load(inventory)
+        self.host = inventory_source.load_host(inventory)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
         self._wake = asyncio.Event()
 
@@ -42,12 +45,9 @@ class NodeAgent:
         stores = await ensure_buckets(nc.jetstream())
         self._nc, self._stores = nc, stores
         self.bundles = BundleCache(self.state_dir / "bundles", stores["bundles"])
-        self.deployments: KVMirror[Deployment] = KVMirror(stores["deployments"], deployment_decoder.decode,
-                                                          on_change=lambda *_: self._wake.set())
-        self.replicas: KVMirror[ReplicaStatus] = KVMirror(stores["replicas"], replica_decoder.decode,
-                                                          on_change=lambda *_: self._wake.set())
-        await self.deployments.start()
-        await self.replicas.start()
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(stores["assignments"], assignment_decoder.decode,
+                                                              on_change=lambda *_: self._wake.set())
+        await self.assignments.start()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
         try:
@@ -65,20 +65,14 @@ class NodeAgent:
             await asyncio.gather(heartbeat, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await stores["nodes"].delete(self.node_id)
-            await self.deployments.stop()
-            await self.replicas.stop()
+            await self.assignments.stop()
             await nc.drain()
-
-    @property
-    def devices(self) -> list[Any]:
-        if not hasattr(self, "_devices"):
-            self._devices = discover()
-        return self._devices
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
-                            updated_at=time.time())
+                            updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
+                            bundles=self.bundles.cached())
             try:
                 await self._stores["nodes"].put(self.node_id, encoder.encode(info))
             except Exception as exc:
@@ -86,40 +80,39 @@ class NodeAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_S)
 
-    def desired(self) -> dict[SlotKey, Deployment]:
-        want = {}
-        for dep in self.deployments.items.values():
-            for svc in dep.manifest.services:
-                for i in range(max(svc.min_replicas, 1)):
-                    want[SlotKey(dep.app, svc.name, dep.version, i)] = dep
-        return want
+    def desired(self) -> dict[SlotKey, SlotAssignment]:
+        assignment = self.assignments.items.get(self.node_id)
+        if assignment is None:
+            return {}
+        return {SlotKey(s.app, s.service, s.version, s.index, s.replica_id): s for s in assignment.slots}
 
     async def _reconcile(self) -> None:
         want = self.desired()
-        for key, dep in want.items():
-            if key not in self.slots:
-                await self._start(key, dep)
-        for key in [k for k in self.slots if k not in want and not self._keep_for_rollout(k)]:
+        for key in [k for k in self.slots if k not in want]:
             slot = self.slots.pop(key)
             log.info("stopping %s", slot.replica_id)
             await slot.stop()
+        for key, assigned in want.items():
+            if key not in self.slots:
+                await self._start(key, assigned)
 
-    def _keep_for_rollout(self, key: SlotKey) -> bool:
-        """Keep an old version serving until the current version of its service has a ready replica."""
-        dep = self.deployments.items.get(key.app)
-        if dep is None or dep.version < key.version:
-            return False
-        return not any(r.state == "ready" and r.app == key.app and r.service == key.service
-                       and r.version == dep.version for r in self.replicas.items.values())
+    def _env(self, slot: SlotAssignment) -> dict[str, str]:
+        """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
+        env = {"EMBER_DEVICE": "cpu"}
+        if slot.gpu_uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids)
+            if self.inventory is None:
+                env["EMBER_DEVICE"] = "cuda:0"
+        return env
 
-    async def _start(self, key: SlotKey, dep: Deployment) -> None:
+    async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         try:
-            bundle = await self.bundles.get(dep.bundle_sha256)
+            bundle = await self.bundles.get(slot.bundle_sha256)
         except Exception:
-            log.exception("cannot fetch bundle %s of %s", dep.bundle_sha256[:12], dep.app)
+            log.exception("cannot fetch bundle %s of %s", slot.bundle_sha256[:12], slot.app)
             return
-        slot = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
-                           node_id=self.node_id, bundle=bundle, module=dep.manifest.module)
-        self.slots[key] = slot
-        log.info("starting %s", slot.replica_id)
-        slot.start()
+        replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
+                              node_id=self.node_id, bundle=bundle, module=slot.module, env=self._env(slot))
+        self.slots[key] = replica
+        log.info("starting %s", replica.replica_id)
+        replica.start()

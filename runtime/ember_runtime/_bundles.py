@@ -19,6 +19,10 @@ class BundleCache:
         self._store = store
         self._locks: dict[str, asyncio.Lock] = {}
 
+    def cached(self) -> list[str]:
+        """The bundles unpacked here (placement prefers nodes that hold a function's bundle)."""
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
     async def get(self, sha256: str) -> Path:
         """The unpacked folder of bundle ``sha256``, fetching and verifying it on first use."""
         dest = self.root / sha256

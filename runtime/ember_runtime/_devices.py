@@ -1,4 +1,4 @@
-"""Device discovery: GPUs through NVML where a driver exists, otherwise the CPU as one device."""
+"""The CPU as a device, for nodes without a GPU (GPUs come from ``_inventory``: NVML or a declared file)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,6 @@ import platform
 from ember._wire import Device
 
 log = logging.getLogger("ember.devices")
-
-
-def discover() -> list[Device]:
-    """The node's devices; never noisy on a machine without a GPU or without nvidia-ml-py."""
-    gpus = _nvml_gpus()
-    return gpus if gpus else [cpu_device()]
 
 
 def cpu_device() -> Device:
@@ -32,33 +26,3 @@ def _cpu_name() -> str:
     except OSError:
         pass
     return f"{platform.machine() or 'cpu'} ({os.cpu_count()} cores)"
-
-
-def _nvml_gpus() -> list[Device]:
-    try:
-        import pynvml
-    except ImportError:
-        return []
-    try:
-        pynvml.nvmlInit()
-    except pynvml.NVMLError:
-        return []
-    try:
-        devices = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append(Device(kind="gpu", index=i, name=name if isinstance(name, str) else name.decode(),
-                                  memory_total_mb=int(memory.total) // (1024 * 1024),
-                                  uuid=_text(pynvml.nvmlDeviceGetUUID(handle))))
-        return devices
-    except pynvml.NVMLError as exc:
-        log.warning("NVML found a driver but failed to list GPUs: %s", exc)
-        return []
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _text(value: str | bytes) -> str:
-    return value if isinstance(value, str) else value.decode()

@@ -32,15 +32,17 @@ class SlotKey:
     service: str
     version: int
     index: int
+    replica_id: str
 
 
 class ReplicaSlot:
     """Owns one replica process at a time and the task that supervises it."""
 
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
-                 module: str) -> None:
+                 module: str, env: dict[str, str]) -> None:
         self.key = key
-        self.replica_id = f"{key.app}-{key.service}-v{key.version}-{key.index}-{node_id}"
+        self.replica_id = key.replica_id
+        self._env = env
         self._nc = nc
         self._kv = replicas_kv
         self._nats_url = nats_url
@@ -99,7 +101,7 @@ class ReplicaSlot:
         self._proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "EMBER_DEVICE": os.environ.get("EMBER_DEVICE", "cpu")},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
             start_new_session=True,
             preexec_fn=die_with_parent)
         assert self._proc.stdout is not None and self._proc.stderr is not None

@@ -169,7 +169,7 @@ class Replica:
         await self._put()
 
     async def _put(self) -> None:
-        stats = [b.metrics.snapshot(b.name, b.queued) for b in self.batchers]
+        stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight) for b in self.batchers]
         self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=sum(s.calls for s in stats),
                                               batches=sum(s.batches for s in stats), functions=stats)
         await self.kv.put(self.args.replica_id, encoder.encode(self.status))

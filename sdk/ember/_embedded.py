@@ -92,6 +92,12 @@ class EmbeddedPlatform:
         proc.wait(timeout_s)
         self._start_nats(timeout_s, port)
 
+    def add_agent(self, node_id: str, inventory: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start one more node agent here (a declared ``inventory`` simulates that node's GPUs)."""
+        cmd = [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url, "--node-id", node_id,
+               "--state-dir", str(self.state_dir / f"node-{node_id}")]
+        return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
+
     def _start_platform(self, timeout_s: float) -> None:
         url_file = self.state_dir / "platform.url"
         url_file.unlink(missing_ok=True)
@@ -121,8 +127,9 @@ class EmbeddedPlatform:
         raise UnavailableError(f"{what} did not start within {timeout_s:.0f}s; see {self.log_dir}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Stop the agent first (its replicas drain), then the control plane, then NATS."""
-        for name in ("agent", "platform", "nats"):
+        """Stop the agents first (their replicas drain), then the control plane, then NATS."""
+        agents = [name for name in self._procs if name.startswith("agent")]
+        for name in (*agents, "platform", "nats"):
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue

@@ -65,6 +65,7 @@ async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
         "deployments": await kv(subjects.DEPLOYMENTS_BUCKET, history=5),
         "replicas": await kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
         "nodes": await kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
+        "assignments": await kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
         "calls": await kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
         "bundles": await objects(subjects.BUNDLES_STORE),
         "results": await objects(subjects.RESULTS_STORE),

@@ -19,6 +19,7 @@ DEAD_ALL = "ember.dead.>"
 # JetStream buckets.
 DEPLOYMENTS_BUCKET = "ember_deployments"  # key: <app>          value: wire.Deployment
 REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.ReplicaStatus
+ASSIGNMENTS_BUCKET = "ember_assignments"  # key: <node id>    value: wire.NodeAssignment
 NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
 CALLS_BUCKET = "ember_calls"  # keys: s.<call id> (status), r.<call id> (result, first writer wins)
 RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result too large for KV

@@ -122,6 +122,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_replicas: int = 1
     timeout_s: float = 60.0
     retries: Retries = Retries()
+    scaledown_window_s: float = 60.0
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,6 +135,13 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     python: str = ""
 
 
+class ScaleBounds(msgspec.Struct, frozen=True, kw_only=True):
+    """Replica bounds of one service set at run time (``ember scale``), overriding its decorator's."""
+
+    min_replicas: int
+    max_replicas: int
+
+
 class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     """The current version of an app, stored in the deployments KV under the app's name."""
 
@@ -142,6 +150,7 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str
     manifest: Manifest
     created_at: float
+    scale: dict[str, ScaleBounds] = {}  # service name -> bounds set at run time
 
 
 class Device(msgspec.Struct, frozen=True, kw_only=True):
@@ -167,6 +176,29 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     cpu_cores: int = 0  # 0: not reported
     memory_mb: int = 0  # host memory; 0: not reported
     bundles: list[str] = []  # bundle / snapshot keys cached on the node
+
+
+class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
+    """One replica the scheduler wants on a node, and the devices it may see."""
+
+    replica_id: str
+    app: str
+    service: str
+    version: int
+    index: int
+    gpu_uuids: list[str] = []  # CUDA_VISIBLE_DEVICES (a MIG slice by its uuid)
+    gpu_indices: list[int] = []
+    numa_node: int = -1
+    bundle_sha256: str = ""
+    module: str = ""  # the app's module in its bundle
+
+
+class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything one node should run, written by the scheduler in the assignments KV under the node's id."""
+
+    node_id: str
+    slots: list[SlotAssignment]
+    updated_at: float
 
 
 ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
@@ -196,6 +228,7 @@ class FunctionStats(msgspec.Struct, frozen=True, kw_only=True):
     batch_size: Histogram
     queue_wait_s: Histogram
     run_s: Histogram
+    in_flight: int = 0
 
 
 class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
@@ -318,3 +351,4 @@ deployment_decoder = msgspec.json.Decoder(Deployment)
 replica_decoder = msgspec.json.Decoder(ReplicaStatus)
 node_decoder = msgspec.json.Decoder(NodeInfo)
 log_decoder = msgspec.json.Decoder(LogLine)
+assignment_decoder = msgspec.json.Decoder(NodeAssignment)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import json
 import subprocess
@@ -15,7 +14,6 @@ import pytest
 import ember
 import ember.backends
 from ember.backends import BackendError, BackendUnavailableError, DeviceFallbackError, device, warm_up
-from ember_runtime._slot import ReplicaSlot, SlotKey
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,27 +82,21 @@ def test_a_bad_ember_device_names_the_variable(monkeypatch: pytest.MonkeyPatch, 
         device()
 
 
-def _replica_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    seen: dict[str, Any] = {}
+def test_replicas_see_only_their_devices(tmp_path: Path) -> None:
+    from ember._wire import SlotAssignment
+    from ember_runtime._agent import NodeAgent
 
-    async def spawn(*cmd: str, **kwargs: Any) -> Any:
-        seen.update(kwargs)
-        raise RuntimeError("not starting a replica in a unit test")
-
-    monkeypatch.setattr(asyncio, "create_subprocess_exec", spawn)
-    slot = ReplicaSlot(SlotKey("app", "svc", 1, 0), nc=None, replicas_kv=None, nats_url="nats://x", node_id="n",
-                       bundle=tmp_path, module="app")
-    with pytest.raises(RuntimeError, match="not starting"):
-        asyncio.run(slot._run_once())
-    env: dict[str, str] = seen["env"]
-    return env
-
-
-def test_replica_processes_are_given_a_device(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.delenv("EMBER_DEVICE", raising=False)
-    assert _replica_env(monkeypatch, tmp_path)["EMBER_DEVICE"] == "cpu"
-    monkeypatch.setenv("EMBER_DEVICE", "cuda:1")
-    assert _replica_env(monkeypatch, tmp_path)["EMBER_DEVICE"] == "cuda:1"
+    cpu_slot = SlotAssignment(replica_id="r-0", app="a", service="s", version=1, index=0)
+    gpu_slot = SlotAssignment(replica_id="r-1", app="a", service="s", version=1, index=1,
+                              gpu_uuids=["GPU-aaaa", "GPU-bbbb"], gpu_indices=[2, 3])
+    real = NodeAgent("nats://127.0.0.1:1", tmp_path)
+    assert real._env(cpu_slot) == {"EMBER_DEVICE": "cpu"}
+    assert real._env(gpu_slot) == {"EMBER_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
+    declared = tmp_path / "inventory.toml"
+    declared.write_text('[[gpu]]\nmodel = "H100-80GB"\ncount = 4\n')
+    virtual = NodeAgent("nats://127.0.0.1:1", tmp_path, inventory=declared)
+    # A declared inventory has no real GPUs: its replicas run on the CPU, still seeing only their devices.
+    assert virtual._env(gpu_slot) == {"EMBER_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
 
 
 def test_warm_up_runs_each_size_largest_first_and_times_it() -> None:

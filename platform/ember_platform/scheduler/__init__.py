@@ -1,0 +1,47 @@
+"""Ember's scheduler policies: pure functions of an immutable snapshot, returning decisions.
+
+The control loop does the I/O: it builds a ``Snapshot`` from the nodes' inventory and the replicas
+that exist, asks ``desired_replicas`` how many replicas each function needs and ``place`` where new
+ones go, enacts the decisions, and carries the snapshot forward with ``apply_decisions``.
+
+Example:
+    >>> cluster = Cluster.from_nodes(node_infos)
+    >>> snap = build_snapshot(cluster, reservations)
+    >>> decisions = place(snap, [PlacementRequest(replica_id="r-1", function="app.fn", gpu=parse_gpu("24GB"))])
+"""
+
+from ember_platform.scheduler._autoscale import (
+    AutoscaleConfig,
+    AutoscaleState,
+    Signals,
+    desired_replicas,
+    initial_state,
+)
+from ember_platform.scheduler._decision import Binding, Decision, Unschedulable
+from ember_platform.scheduler._placement import apply_decisions, describe, place
+from ember_platform.scheduler._request import GpuRequest, PlacementRequest, Priority, parse_gpu, request_from_spec
+from ember_platform.scheduler._snapshot import Cluster, Reservation, Snapshot
+from ember_platform.scheduler._usage import build_snapshot
+
+__all__ = [
+    "AutoscaleConfig",
+    "AutoscaleState",
+    "Binding",
+    "Cluster",
+    "Decision",
+    "GpuRequest",
+    "PlacementRequest",
+    "Priority",
+    "Reservation",
+    "Signals",
+    "Snapshot",
+    "Unschedulable",
+    "apply_decisions",
+    "build_snapshot",
+    "describe",
+    "desired_replicas",
+    "initial_state",
+    "parse_gpu",
+    "place",
+    "request_from_spec",
+]

@@ -1,0 +1,127 @@
+"""``desired_replicas``: how many replicas a function should have, from one tick of its signals.
+
+The need is the largest of three estimates, in replicas:
+
+- concurrency: calls running over ``target_in_flight`` per replica (Little's law); while no
+  throughput has been measured, queued and durable pending calls count as running ones;
+- rate: the arrival rate, projected ``startup_s`` ahead along its rising trend (a replica started
+  now serves only then), over the measured per-replica throughput at ``target_utilization``, plus
+  what drains the backlog (queued and durable pending calls) within ``startup_s + drain_s``;
+- latency: one more replica than now while p95 exceeds its target, calls are queueing and no
+  replica is starting (a replica on its way is the remedy already under way).
+
+Hysteresis: a higher count is taken at once; a lower one only after the need has stayed below the
+current count for ``scaledown_window_s``, and then to the highest need seen in that window.
+``buffer_replicas`` idle spares are kept while there is load; the count stays within
+``[min_replicas, max_replicas]`` and never drops below the replicas still starting.
+"""
+
+from __future__ import annotations
+
+import math
+
+import msgspec
+
+from ember._errors import InvalidSpecError
+
+_SMOOTHING_S = 10.0  # time constant of the rate and trend averages
+_LATENCY_SLACK = 1.05
+
+
+class Signals(msgspec.Struct, frozen=True, kw_only=True):
+    """One function's load at one tick, as the control loop measured it."""
+
+    now: float  # seconds on the loop's clock
+    ready: int = 0
+    starting: int = 0  # replicas not ready yet: never removed for scaling down
+    queue_depth: int = 0  # calls waiting in replicas and at the gateway
+    durable_pending: int = 0  # calls pending in the function's durable work queue
+    in_flight: int = 0  # calls running now, all replicas together
+    arrival_rate: float = 0.0  # calls per second over the last tick
+    throughput_per_replica: float | None = None  # calls per second one busy replica serves; None: not measured
+    p95_ms: float | None = None
+    startup_s: float = 0.0  # how long a new replica takes to become ready, as measured
+
+
+class AutoscaleConfig(msgspec.Struct, frozen=True, kw_only=True):
+    min_replicas: int = 0
+    max_replicas: int = 1
+    buffer_replicas: int = 0
+    target_in_flight: float = 2.0  # calls per replica (Ray Serve's default target_ongoing_requests)
+    target_utilization: float = 0.8  # of the measured throughput
+    target_p95_ms: float | None = None
+    scaledown_window_s: float = 60.0
+    drain_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (not 0 <= self.min_replicas <= self.max_replicas, "need 0 <= min_replicas <= max_replicas"),
+            (self.max_replicas < 1, "max_replicas must be >= 1"),
+            (self.buffer_replicas < 0, "buffer_replicas must be >= 0"),
+            (self.target_in_flight <= 0, "target_in_flight must be > 0"),
+            (not 0 < self.target_utilization <= 1, "target_utilization is a share in (0, 1]"),
+            (self.scaledown_window_s < 0 or self.drain_s <= 0, "scaledown_window_s >= 0 and drain_s > 0"),
+        ]
+        problem = next((message for failed, message in checks if failed), None)
+        if problem:
+            raise InvalidSpecError(f"{self!r}: {problem}")
+
+
+class AutoscaleState(msgspec.Struct, frozen=True, kw_only=True):
+    desired: int
+    below_since: float | None = None  # when the need fell below ``desired``
+    window_peak: int = 0  # the highest need since then
+    rate: float = 0.0  # smoothed arrival rate
+    trend: float = 0.0  # smoothed change of the rate, calls/s per s
+    at: float | None = None  # the last tick's time
+
+
+def initial_state(config: AutoscaleConfig) -> AutoscaleState:
+    return AutoscaleState(desired=config.min_replicas)
+
+
+def desired_replicas(signals: Signals, config: AutoscaleConfig,
+                     state: AutoscaleState) -> tuple[int, AutoscaleState]:
+    """The replica count to run now, and the state to pass to the next tick."""
+    rate, trend = _smooth(signals, state)
+    need = _need(signals, config, state.desired, trend)
+    wanted = min(max(need + config.buffer_replicas if need > 0 else 0, config.min_replicas), config.max_replicas)
+    count, below_since, peak = _hysteresis(wanted, signals.now, config, state)
+    count = min(max(count, signals.starting, config.min_replicas), config.max_replicas)
+    return count, AutoscaleState(desired=count, below_since=below_since, window_peak=peak, rate=rate, trend=trend,
+                                 at=signals.now)
+
+
+def _need(s: Signals, config: AutoscaleConfig, current: int, trend: float) -> int:
+    if s.throughput_per_replica:  # queued calls are drained over time, not given a replica each
+        capacity = s.throughput_per_replica * config.target_utilization
+        projected = s.arrival_rate + max(trend, 0.0) * s.startup_s
+        backlog = (s.queue_depth + s.durable_pending) / (s.throughput_per_replica * (s.startup_s + config.drain_s))
+        need = max(s.in_flight / config.target_in_flight, projected / capacity + backlog)
+    else:
+        need = (s.in_flight + s.queue_depth + s.durable_pending) / config.target_in_flight
+    slow = bool(config.target_p95_ms and s.p95_ms and s.p95_ms > config.target_p95_ms * _LATENCY_SLACK)
+    if slow and s.queue_depth and not s.starting:  # one more at a time, once the last one is up
+        need = max(need, current + 1)
+    return math.ceil(need - 1e-9)
+
+
+def _hysteresis(wanted: int, now: float, config: AutoscaleConfig,
+                state: AutoscaleState) -> tuple[int, float | None, int]:
+    if wanted >= state.desired:
+        return wanted, None, 0
+    if state.below_since is None:
+        return (wanted, None, 0) if config.scaledown_window_s == 0 else (state.desired, now, wanted)
+    peak = max(state.window_peak, wanted)
+    if now - state.below_since >= config.scaledown_window_s:
+        return peak, None, 0
+    return state.desired, state.below_since, peak
+
+
+def _smooth(s: Signals, state: AutoscaleState) -> tuple[float, float]:
+    if state.at is None:
+        return s.arrival_rate, 0.0
+    dt = max(s.now - state.at, 1e-6)
+    alpha = 1.0 - math.exp(-dt / _SMOOTHING_S)
+    rate = state.rate + alpha * (s.arrival_rate - state.rate)
+    return rate, state.trend + alpha * ((rate - state.rate) / dt - state.trend)

@@ -1,0 +1,76 @@
+"""The scheduler across several node agents on this machine, each with a declared (virtual) GPU inventory:
+GPU-aware placement, devices each replica sees, and minimum replicas restored after a node is lost."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+
+import ember
+from ember._client import Transport
+from ember._deploy import app_view
+from ember._embedded import EmbeddedPlatform
+
+pytestmark = pytest.mark.integration
+
+APP = '''import os
+import ember
+app = ember.App("gpus")
+
+@app.function(gpu="H100", min_replicas=1)
+def big() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+@app.function(gpu=1, min_replicas=2)
+def anywhere() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+'''
+
+
+def ready(transport: Transport, service: str) -> dict[str, str]:
+    """replica id -> node id of the ready replicas of ``service``."""
+    view = app_view(transport, "gpus")
+    return {r.replica_id: r.node_id for s in view.services if s.name == service for r in s.replicas
+            if r.state == "ready"}
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):
+    (tmp_path / "a.toml").write_text('nvlink = [[0, 1]]\n[host]\nname = "a"\n[[gpu]]\nmodel = "H100-80GB"\ncount = 2\n')
+    (tmp_path / "b.toml").write_text('[host]\nname = "b"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
+    app_file = tmp_path / "gpus.py"
+    app_file.write_text(APP)
+    with EmbeddedPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+        node_a = platform.add_agent("node-a", tmp_path / "a.toml")
+        platform.add_agent("node-b", tmp_path / "b.toml")
+        transport = Transport(platform.url)
+        try:
+            ember.deploy(app_file, transport=transport, timeout_s=120)
+            assert set(ready(transport, "big").values()) == {"node-a"}  # only node-a has an H100
+            spread = wait_for(lambda: len(set(ready(transport, "anywhere").values())) == 2
+                              and ready(transport, "anywhere"), 60, "anywhere's replicas on both GPU nodes")
+            assert set(spread.values()) == {"node-a", "node-b"}  # spread, and never on the CPU node
+            assert http.post("/v1/gpus/big").json().startswith("GPU-a-")  # it sees only its own GPU
+
+            lost_at = time.monotonic()
+            node_a.send_signal(signal.SIGKILL)  # its replicas die with it
+            wait_for(lambda: set(ready(transport, "anywhere").values()) == {"node-b"}
+                     and len(ready(transport, "anywhere")) == 2, 90, "min_replicas restored on node-b")
+            restored_s = time.monotonic() - lost_at
+            print(f"min_replicas restored {restored_s:.1f}s after the node was lost")
+            devices = {http.post("/v1/gpus/anywhere").json() for _ in range(6)}
+            assert devices <= {"GPU-b-0", "GPU-b-1"}
+        finally:
+            transport.close()

@@ -1,0 +1,147 @@
+"""The autoscaler on generated traces: no flapping, steps reached quickly, bounds always respected."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ember
+from ember_platform.scheduler import AutoscaleConfig, AutoscaleState, Signals, desired_replicas, initial_state
+
+TICK_S = 1.0
+THROUGHPUT = 10.0  # calls/s one replica serves
+
+
+def run(config: AutoscaleConfig, rates: list[float], *, startup_s: float = 5.0,
+        extra: Callable[[int], dict[str, Any]] | None = None) -> list[int]:
+    """Feeds a trace of arrival rates tick by tick; the signals follow the count decided."""
+    state = initial_state(config)
+    counts = []
+    for tick, rate in enumerate(rates):
+        current = state.desired
+        in_flight = min(rate / THROUGHPUT, current) * 1.0
+        signals = Signals(now=tick * TICK_S, ready=current, arrival_rate=rate, in_flight=round(in_flight),
+                          throughput_per_replica=THROUGHPUT, startup_s=startup_s, **(extra(tick) if extra else {}))
+        count, state = desired_replicas(signals, config, state)
+        counts.append(count)
+    return counts
+
+
+def noisy(level: float, ticks: int, noise: float, seed: int = 7) -> list[float]:
+    rng = random.Random(seed)
+    return [max(0.0, level * (1 + rng.uniform(-noise, noise))) for _ in range(ticks)]
+
+
+def changes(counts: list[int]) -> Iterator[int]:
+    return (b - a for a, b in itertools.pairwise(counts) if b != a)
+
+
+def test_a_noisy_steady_load_does_not_flap() -> None:
+    counts = run(AutoscaleConfig(max_replicas=100, scaledown_window_s=60), noisy(100.0, 1200, 0.25))
+    settled = counts[60:]
+    assert len(list(changes(settled))) <= 2, sorted(set(settled))
+    assert min(settled) >= 100 / (THROUGHPUT * 0.8)  # enough replicas for the mean load
+
+
+def test_a_load_step_up_is_reached_within_two_ticks() -> None:
+    counts = run(AutoscaleConfig(max_replicas=100), [10.0] * 30 + [200.0] * 30)
+    needed = 200 / (THROUGHPUT * 0.8)
+    assert next(i for i, c in enumerate(counts) if c >= needed) - 30 <= 1
+
+
+def test_a_step_down_waits_for_the_window_then_follows() -> None:
+    counts = run(AutoscaleConfig(max_replicas=100, scaledown_window_s=30), [200.0] * 30 + [20.0] * 100)
+    assert counts[29] == counts[58] == 25  # still holding inside the window
+    assert counts[-1] == 3
+    assert len(list(changes(counts[30:]))) == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 5), st.integers(0, 20), st.integers(0, 3),
+       st.lists(st.floats(0, 1000, allow_nan=False), min_size=1, max_size=80))
+def test_min_and_max_are_respected_on_any_trace(low: int, span: int, buffer: int, rates: list[float]) -> None:
+    config = AutoscaleConfig(min_replicas=low, max_replicas=max(low + span, 1), buffer_replicas=buffer,
+                             scaledown_window_s=5)
+    assert all(config.min_replicas <= c <= config.max_replicas for c in run(config, rates))
+
+
+def test_never_below_the_replicas_still_starting() -> None:
+    config = AutoscaleConfig(max_replicas=10, scaledown_window_s=0)
+    state = AutoscaleState(desired=6)
+    count, _ = desired_replicas(Signals(now=1.0, ready=2, starting=4), config, state)
+    assert count == 4
+
+
+def test_scale_from_zero_on_the_first_call_and_back_to_zero_when_idle() -> None:
+    config = AutoscaleConfig(min_replicas=0, max_replicas=4, scaledown_window_s=10)
+    count, state = desired_replicas(Signals(now=0.0, queue_depth=1), config, initial_state(config))
+    assert count == 1
+    for t in range(1, 12):
+        count, state = desired_replicas(Signals(now=float(t), ready=1), config, state)
+    assert count == 0
+
+
+def test_min_replicas_are_kept_without_load() -> None:
+    counts = run(AutoscaleConfig(min_replicas=2, max_replicas=10, scaledown_window_s=0), [0.0] * 20)
+    assert counts == [2] * 20
+
+
+def test_buffer_replicas_are_kept_under_load_only() -> None:
+    config = AutoscaleConfig(max_replicas=20, buffer_replicas=2, scaledown_window_s=0)
+    assert run(config, [40.0] * 3)[-1] == 5 + 2
+    assert run(config, [0.0] * 3)[-1] == 0
+
+
+def test_the_durable_backlog_is_drained_in_time() -> None:
+    config = AutoscaleConfig(max_replicas=50, drain_s=30)
+    count, _ = desired_replicas(Signals(now=0.0, durable_pending=3000, throughput_per_replica=THROUGHPUT,
+                                        startup_s=10.0), config, initial_state(config))
+    assert count == 8  # 3000 calls / (10 calls/s x (10 s start-up + 30 s)) = 7.5
+
+
+def test_a_rising_load_is_met_ahead_by_the_startup_time() -> None:
+    ramp = [10.0 + 5 * t for t in range(40)]
+    slow = run(AutoscaleConfig(max_replicas=100), ramp, startup_s=30.0)
+    fast = run(AutoscaleConfig(max_replicas=100), ramp, startup_s=0.0)
+    assert slow[-1] > fast[-1]
+
+
+def test_p95_over_target_adds_a_replica_per_tick_while_calls_queue() -> None:
+    config = AutoscaleConfig(max_replicas=10, target_p95_ms=100)
+    state = AutoscaleState(desired=2)
+    for expected in (3, 4, 5):
+        count, state = desired_replicas(Signals(now=float(expected), ready=2, p95_ms=400, queue_depth=1), config,
+                                        state)
+        assert count == expected
+    count, _ = desired_replicas(Signals(now=9.0, ready=5, p95_ms=400, queue_depth=0), config, state)
+    assert count == 5
+
+
+def test_without_a_throughput_measurement_concurrency_decides() -> None:
+    config = AutoscaleConfig(max_replicas=10, target_in_flight=2)
+    count, _ = desired_replicas(Signals(now=0.0, in_flight=6, queue_depth=3), config, initial_state(config))
+    assert count == 5
+
+
+def test_lowering_max_takes_effect_at_once() -> None:
+    count, _ = desired_replicas(Signals(now=0.0, ready=8, in_flight=16), AutoscaleConfig(max_replicas=3),
+                                AutoscaleState(desired=8))
+    assert count == 3
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"min_replicas": 3, "max_replicas": 2}, "need 0 <= min_replicas <= max_replicas"),
+    ({"max_replicas": 0}, "max_replicas must be >= 1"),
+    ({"buffer_replicas": -1}, "buffer_replicas must be >= 0"),
+    ({"target_utilization": 0}, "target_utilization is a share"),
+    ({"target_in_flight": 0}, "target_in_flight must be > 0"),
+])
+def test_bad_configs_are_refused(fields: dict[str, float], message: str) -> None:
+    with pytest.raises(ember.InvalidSpecError, match=message):
+        AutoscaleConfig(**fields)  # type: ignore[arg-type]
