@@ -8,7 +8,9 @@ from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import Request
 
 from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
+from ember._types import invalid_input
 from ember._wire import FunctionSpec
+from ember_platform._schema import decoder_for
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -33,13 +35,22 @@ class InputValidator:
 
     def __init__(self, spec: FunctionSpec) -> None:
         self.mode = spec.input_mode
-        self._schema = Draft202012Validator(spec.input_schema) if spec.input_schema else None
+        needs_check = bool(spec.input_schema) and self.mode != "none"
+        self._fast = decoder_for(spec.input_schema) if needs_check else None
+        self._schema = Draft202012Validator(spec.input_schema) if needs_check and self._fast is None else None
 
     def check(self, body: bytes) -> bytes:
         """Return the body to forward (``{}`` for a function without inputs) or raise a 400/422 error."""
         if self.mode == "none" and not body.strip():
             return b"{}"
         try:
+            if self._fast is not None:
+                try:
+                    self._fast.decode(body)
+                    return body
+                except msgspec.ValidationError as exc:
+                    msgspec.json.decode(body)  # a typed decoder may stop before it sees malformed JSON
+                    raise invalid_input(exc) from exc
             value = msgspec.json.decode(body)
         except (msgspec.DecodeError, RecursionError) as exc:
             raise BadRequestError(f"malformed JSON body: {exc}") from exc

@@ -7,6 +7,7 @@ platform validates requests against, and decodes the request in the replica.
 from __future__ import annotations
 
 import inspect
+import re
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -124,10 +125,16 @@ def _decode(decoder: msgspec.json.Decoder, body: bytes) -> Any:
         raise InvalidInputError(f"malformed JSON: {exc}") from exc
 
 
+_FIELD_MESSAGE = re.compile(r"Object (?:missing required|contains unknown) field `(.+)`")
+
+
 def invalid_input(exc: msgspec.ValidationError) -> InvalidInputError:
-    """msgspec's "Expected `int`, got `str` - at `$.a[0]`" as an error whose ``field`` is ``$.a[0]``."""
+    """msgspec's "Expected `int`, got `str` - at `$.a[0]`" as an error whose ``field`` is ``$.a[0]``
+    (for a missing or unknown key, the key itself: ``$.a``)."""
     message, _, path = str(exc).partition(" - at ")
-    return InvalidInputError(message, field=path.strip("`") or "$")
+    field = path.strip("`") or "$"
+    named = _FIELD_MESSAGE.match(message)
+    return InvalidInputError(message, field=f"{field}.{named.group(1)}" if named else field)
 
 
 def _list_item(tp: Any) -> Any | None:

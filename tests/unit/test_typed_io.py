@@ -214,11 +214,11 @@ def _add(a: int, b: int = 0) -> int:
 @pytest.mark.parametrize(("fn", "body", "message", "field"), [
     (_classify, b'{"pixels": [0.0, 1.0, 2.0, "x"]}', "Expected `float`, got `str`", "$.pixels[3]"),
     (_classify, b'{"pixels": [], "label": 7}', "Expected `str | null`, got `int`", "$.label"),
-    (_classify, b'{"label": "a"}', "Object missing required field `pixels`", "$"),
+    (_classify, b'{"label": "a"}', "Object missing required field `pixels`", "$.pixels"),
     (_classify, b"[1, 2]", "Expected `object`, got `array`", "$"),
     (_add, b'{"a": "one"}', "Expected `int`, got `str`", "$.a"),
-    (_add, b'{"a": 1, "c": 2}', "Object contains unknown field `c`", "$"),
-    (_add, b'{"b": 1}', "Object missing required field `a`", "$"),
+    (_add, b'{"a": 1, "c": 2}', "Object contains unknown field `c`", "$.c"),
+    (_add, b'{"b": 1}', "Object missing required field `a`", "$.a"),
     (_add, b"", "Expected `object`, got `null`", "$"),
 ])
 def test_decode_errors_name_the_field(fn: Callable[..., Any], body: bytes, message: str, field: str) -> None:
