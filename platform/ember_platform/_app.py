@@ -11,6 +11,7 @@ from starlette.routing import Route
 
 from ember._errors import EmberError
 from ember_platform import _routes as r
+from ember_platform import _status
 from ember_platform._config import Settings
 from ember_platform._errors import ember_error_handler, http_error_handler
 from ember_platform._state import Platform
@@ -41,6 +42,8 @@ def create_app(settings: Settings | None = None) -> Starlette:
         Route("/v1/apps/{app}/logs", r.app_logs, methods=["GET"]),
         Route("/v1/apps/{app}/dead", r.dead_letters, methods=["GET"]),
         Route("/v1/apps/{app}/dead/replay", r.replay_dead, methods=["POST"]),
+        Route("/v1/status", _status.get_status, methods=["GET"]),
+        Route("/v1/apps/{app}/scale", _status.scale, methods=["POST"]),
         Route("/v1/calls/{call_id}", r.get_call, methods=["GET"]),
         Route("/v1/calls/{call_id}", r.cancel_call, methods=["DELETE"]),
         Route("/v1/{app}/{name}/spawn", r.spawn, methods=["POST"]),

@@ -24,6 +24,7 @@ from ember._wire import (
     FunctionSpec,
     LogLine,
     ReplicaStatus,
+    ScaleBounds,
     ServiceSpec,
     ServiceView,
     deployment_decoder,
@@ -136,7 +137,8 @@ class Registry:
                 if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest:
                     return current
                 dep = Deployment(app=app, version=(current.version + 1) if current else 1,
-                                 bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time())
+                                 bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time(),
+                                 scale=current.scale if current else {})
                 try:
                     if revision is None:
                         written = await kv.create(app, encoder.encode(dep))
@@ -184,3 +186,37 @@ class Registry:
                  if line.ts > since]
         lines.sort(key=lambda line: line.ts)
         return lines[-limit:]
+
+    # -- scale -------------------------------------------------------------------------------------
+
+    async def set_scale(self, app: str, service: str, min_replicas: int, max_replicas: int) -> Deployment:
+        """Override ``service``'s replica bounds at run time (``ember scale``); the control loop follows.
+
+        The bounds are kept in the app's ``Deployment.scale``, written with compare-and-set.
+        """
+        if min_replicas < 0:
+            raise InvalidInputError(f"min_replicas={min_replicas}: must be >= 0", field="$.min_replicas")
+        if max_replicas < max(min_replicas, 1):
+            raise InvalidInputError(f"max_replicas={max_replicas}: must be >= 1 and >= min_replicas "
+                                    f"({min_replicas})", field="$.max_replicas")
+        kv = self.stores["deployments"]
+        async with self._deploy_lock:
+            for _ in range(10):
+                try:
+                    entry = await kv.get(app)
+                except JsNotFound:
+                    raise NotFoundError(f"no app named {app!r} is deployed") from None
+                current = deployment_decoder.decode(entry.value)
+                names = [s.name for s in current.manifest.services]
+                if service not in names:
+                    raise InvalidInputError(f"app {app!r} has no service {service!r} (it has: {', '.join(names)})",
+                                            field="$.service")
+                bounds = ScaleBounds(min_replicas=min_replicas, max_replicas=max_replicas)
+                dep = msgspec.structs.replace(current, scale={**current.scale, service: bounds})
+                try:
+                    written = await kv.update(app, encoder.encode(dep), last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    continue
+                self.deployments.record(app, dep, written)
+                return dep
+        raise RuntimeError(f"could not scale {app}.{service}: concurrent writers")

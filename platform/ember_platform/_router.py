@@ -1,7 +1,11 @@
 """Sends a synchronous call to a replica over NATS and waits for its reply within the deadline.
 
-Protocol: the gateway publishes the call to ``ember.invoke.<tenant>.<app>.<fn>.<version>`` (a queue group
-of the version's replicas) with a reply inbox of its own. The replica that takes the call acks at once
+Routing: replicas publish load reports (queued and running calls, cost per call) ten times a second.
+The gateway picks two fresh reports at random and sends the call to the replica with the lower estimated
+wait (power of two choices), counting the calls it sent there since; without fresh reports it publishes
+to ``ember.invoke.<tenant>.<app>.<fn>.<version>``, the queue group of the version's replicas.
+
+Protocol: the call carries a reply inbox of the gateway's own. The replica that takes the call acks at once
 (an empty message with ``Ember-Ack: <replica id>``) and later sends the ``CallReply``. So the gateway knows
 which replica holds each call and does not lose a call to a replica that dies:
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -26,11 +31,22 @@ from nats.aio.subscription import Subscription
 
 from ember import _subjects as subjects
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, PRIORITY_HEADER, CallReply, reply_decoder
+from ember._wire import (
+    ACK_HEADER,
+    CALL_ID_HEADER,
+    DEADLINE_HEADER,
+    FUNCTION_HEADER,
+    PRIORITY_HEADER,
+    CallReply,
+    LoadReport,
+    load_decoder,
+    reply_decoder,
+)
 
 log = logging.getLogger("ember.router")
 
 NO_REPLICA_POLL_S = 0.05
+REPORT_FRESH_S = 1.0
 ACK_TIMEOUT_S = 2.0
 LIVENESS_CHECK_S = 0.25
 MAX_ATTEMPTS = 3
@@ -53,15 +69,39 @@ class Router:
         self._inbox = ""
         self._waiting: dict[str, asyncio.Queue[Msg]] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
-        self._sub: Subscription | None = None
+        self._reports: dict[tuple[str, str, int], dict[str, tuple[float, LoadReport]]] = {}
+        self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
+        self._subs: list[Subscription] = []
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
-        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply)
+        self._subs = [await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_reply),
+                      await self._nc.subscribe(subjects.STATS_ALL, cb=self._on_report)]
 
     async def stop(self) -> None:
-        if self._sub is not None:
-            await self._sub.unsubscribe()
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def _on_report(self, msg: Msg) -> None:
+        try:
+            report = load_decoder.decode(msg.data)
+        except Exception:
+            return
+        key = (report.app, report.function, report.version)
+        self._reports.setdefault(key, {})[report.replica_id] = (time.monotonic(), report)
+
+    def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
+        """The replica to send a call to (power of two choices on fresh reports), or None: use the queue group."""
+        now = time.monotonic()
+        fresh = [r for at, r in self._reports.get((app, function, version), {}).values()
+                 if now - at < REPORT_FRESH_S and r.replica_id not in exclude and self._alive(r.replica_id)]
+        if not fresh:
+            return None
+        return min(random.sample(fresh, min(2, len(fresh))), key=self._estimated_wait).replica_id
+
+    def _estimated_wait(self, report: LoadReport) -> float:
+        waiting = report.queued + report.in_flight + self._sent[report.replica_id] + 1
+        return waiting * report.per_call_s if report.per_call_s > 0 else float(waiting)
 
     async def _on_reply(self, msg: Msg) -> None:
         queue = self._waiting.get(msg.subject.rpartition(".")[2])
@@ -72,8 +112,10 @@ class Router:
                    deadline: float) -> CallReply:
         """Send the call and wait for its reply; if this is cancelled (the caller went away), the replica
         holding the call is told to drop it."""
-        subject = subjects.invoke(app, function, version)
-        headers = {CALL_ID_HEADER: call_id, DEADLINE_HEADER: repr(deadline), PRIORITY_HEADER: "interactive"}
+        group_subject = subjects.invoke(app, function, version)
+        headers = {CALL_ID_HEADER: call_id, DEADLINE_HEADER: repr(deadline), PRIORITY_HEADER: "interactive",
+                   FUNCTION_HEADER: function}
+        tried: set[str] = set()
         pending = _Pending(f"{app}.{function}", call_id, deadline)
         self._waiting[call_id] = pending.replies
         load_key = (app, function.split(".")[0])
@@ -81,13 +123,19 @@ class Router:
         try:
             attempts = 0
             while True:
+                target = self.choose(app, function, version, tried)
+                subject = subjects.replica_invoke(target) if target else group_subject
                 await self._nc.publish(subject, body, reply=f"{self._inbox}.{call_id}", headers=headers)
                 attempts += 1
+                if target:
+                    self._sent[target] += 1
                 try:
                     reply = await self._attempt(pending)
                     pending.answered = True
                     return reply
                 except _Retry as retry:
+                    if target:
+                        tried.add(target)  # the next attempt goes elsewhere
                     if not retry.counts:
                         attempts -= 1
                         continue
@@ -96,6 +144,11 @@ class Router:
                                                retry_after_s=1.0, call_id=call_id) from None
                     log.warning("call %s: %s; sending it again", call_id, retry)
                     pending.holder = ""
+                finally:
+                    if target:
+                        self._sent[target] -= 1
+                        if self._sent[target] <= 0:
+                            del self._sent[target]
         finally:
             del self._waiting[call_id]
             self.in_flight[load_key] -= 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -22,16 +23,18 @@ from nats.aio.msg import Msg
 
 from ember import _subjects as subjects
 from ember._callstore import CallStore
-from ember._errors import EmberError, RemoteError, UnavailableError
+from ember._errors import EmberError, NotFoundError, RemoteError, UnavailableError
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
 from ember._wire import (
     ACK_HEADER,
     CALL_ID_HEADER,
     DEADLINE_HEADER,
+    FUNCTION_HEADER,
     PRIORITY_HEADER,
     CallReply,
     ErrorInfo,
+    LoadReport,
     ReplicaStatus,
     encoder,
 )
@@ -41,6 +44,7 @@ from ember_runtime._queue import QueueWorker
 
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
+LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
 EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
@@ -100,6 +104,7 @@ class Replica:
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
+        direct: dict[str, Any] = {}
         for endpoint in endpoints:
             batcher = _batcher_for(endpoint, self.executor)
             self.batchers.append(batcher)
@@ -111,11 +116,40 @@ class Replica:
                 self.workers.append(worker)
                 self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
-            subs.append(await nc.subscribe(subject, queue=group, cb=self._handler(nc, endpoint, batcher),
-                                           pending_msgs_limit=65536))
+            handler = direct[endpoint.spec.name] = self._handler(nc, endpoint, batcher)
+            subs.append(await nc.subscribe(subject, queue=group, cb=handler, pending_msgs_limit=65536))
+        subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id),
+                                       cb=self._direct(nc, direct), pending_msgs_limit=65536))
+        loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         await nc.flush()
         return subs, loops
+
+    def _direct(self, nc: Any, handlers: dict[str, Any]) -> Any:
+        """Calls the gateway routed to this replica by its load reports; the header names the function."""
+        async def on_call(msg: Msg) -> None:
+            name = (msg.headers or {}).get(FUNCTION_HEADER, "")
+            handler = handlers.get(name)
+            if handler is not None:
+                await handler(msg)
+            else:
+                error = NotFoundError(f"replica {self.args.replica_id} serves no function {name!r}")
+                await nc.publish(msg.reply, _encode_reply(None, error, 0, ""))
+
+        return on_call
+
+    async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
+        """Publish each function's queue and in-flight counts a few times a second, until draining."""
+        while not self.stop.is_set():
+            for endpoint, batcher in zip(endpoints, self.batchers, strict=True):
+                cap = batcher.capacity
+                report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,
+                                    version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
+                                    per_call_s=batcher.model.predict(cap) / cap)
+                with contextlib.suppress(Exception):
+                    await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), LOAD_REPORT_S)
 
     async def _on_cancel(self, msg: Msg) -> None:
         call_id = msg.data.decode(errors="replace")

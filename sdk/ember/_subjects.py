@@ -93,6 +93,9 @@ def dead_of_app(app: str, tenant: str = DEFAULT_TENANT) -> str:
     return f"ember.dead.{_token(tenant, 'tenant')}.{_token(app, 'app')}.*"
 
 
+STATS_ALL = "ember.stats.>"
+
+
 def stats(app: str, function: str) -> str:
     """Load reports of one function's replicas."""
     return f"ember.stats.{_token(app, 'app')}.{_fn_token(function)}"

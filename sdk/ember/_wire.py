@@ -17,6 +17,7 @@ CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 PRIORITY_HEADER = "Ember-Priority"  # "interactive" | "batch"
 ACK_HEADER = "Ember-Ack"  # on a replica's receipt of a call: the replica's id
+FUNCTION_HEADER = "Ember-Function"  # on a call routed to one replica: which of its functions
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
@@ -315,6 +316,18 @@ class ReplayReply(msgspec.Struct, frozen=True, kw_only=True):
     replayed: list[str]  # the new call ids, in the order of the dead letters
 
 
+class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica's load for one function, published a few times a second; the gateway routes by it."""
+
+    replica_id: str
+    app: str
+    function: str
+    version: int
+    queued: int
+    in_flight: int
+    per_call_s: float  # the replica's estimate of one call's share of a full batch; 0 until measured
+
+
 class LogLine(msgspec.Struct, frozen=True, kw_only=True):
     replica_id: str
     stream: Literal["stdout", "stderr", "agent"]
@@ -352,3 +365,70 @@ replica_decoder = msgspec.json.Decoder(ReplicaStatus)
 node_decoder = msgspec.json.Decoder(NodeInfo)
 log_decoder = msgspec.json.Decoder(LogLine)
 assignment_decoder = msgspec.json.Decoder(NodeAssignment)
+load_decoder = msgspec.json.Decoder(LoadReport)
+
+
+# --- ``GET /v1/status`` (``ember status``) and ``POST /v1/apps/<app>/scale`` (``ember scale``) ---------
+
+
+class DeviceView(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a node, with what the replicas assigned to it reserve."""
+
+    kind: Literal["cpu", "gpu"]
+    index: int
+    name: str
+    uuid: str = ""
+    memory_total_mb: int = 0
+    memory_free_mb: int | None = None  # None: not reported
+    memory_reserved_mb: int = 0  # held by assigned replicas (a whole GPU for an exclusive one)
+    utilization: float = 0.0
+    mig_profile: str = ""  # a MIG slice; its GPU has ``mig_enabled``
+    mig_enabled: bool = False
+    replicas: list[str] = []  # ids of the replicas assigned to this device
+
+
+class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica on a node: assigned by the scheduler, reported by the replica, or both."""
+
+    replica_id: str
+    app: str
+    service: str
+    version: int
+    state: str  # a ReplicaState, or "assigned" while the replica has not reported yet
+    gpu_uuids: list[str] = []  # empty: CPU only, or no longer assigned (stopping)
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One live node, its devices and its replicas."""
+
+    node_id: str
+    hostname: str
+    updated_at: float
+    devices: list[DeviceView]
+    replicas: list[NodeReplicaView] = []
+
+
+class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One service's replicas against its bounds and what the autoscaler wants."""
+
+    app: str
+    service: str
+    version: int
+    functions: list[str]
+    min_replicas: int  # effective: an ``ember scale`` override, else the decorator's
+    max_replicas: int
+    scaled: bool = False  # the bounds come from ``ember scale``
+    desired: int = 0  # the control loop's last decision
+    ready: int = 0  # replicas of the current version
+    starting: int = 0
+    crashed: int = 0  # crashed or failed
+    queue_depth: int = 0  # calls waiting in the replicas' batchers
+    pending: int = 0  # calls waiting in the functions' durable queues
+    unschedulable: str = ""  # why the last placement failed; empty when it did not
+
+
+class StatusView(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /v1/status``: the cluster's nodes and every deployed service."""
+
+    nodes: list[NodeView]
+    services: list[ServiceStatus]

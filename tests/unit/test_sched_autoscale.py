@@ -87,6 +87,20 @@ def test_scale_from_zero_on_the_first_call_and_back_to_zero_when_idle() -> None:
     assert count == 0
 
 
+def test_an_idle_function_at_rest_keeps_its_state() -> None:
+    config = AutoscaleConfig(min_replicas=1, max_replicas=4, scaledown_window_s=5)
+    count, state = desired_replicas(Signals(now=0.0, arrival_rate=50.0, throughput_per_replica=10), config,
+                                    initial_state(config))
+    for t in range(1, 400):
+        count, state = desired_replicas(Signals(now=float(t), ready=count), config, state)
+    assert (count, state.rate, state.trend, state.below_since) == (1, 0.0, 0.0, None)
+    again, same = desired_replicas(Signals(now=500.0, ready=1), config, state)
+    assert (again, same) == (1, state)
+    woken, _ = desired_replicas(Signals(now=501.0, ready=1, arrival_rate=35.0, throughput_per_replica=10), config,
+                                state)
+    assert woken == config.max_replicas  # 35 calls/s at 8 per replica: 5 wanted, capped at 4
+
+
 def test_min_replicas_are_kept_without_load() -> None:
     counts = run(AutoscaleConfig(min_replicas=2, max_replicas=10, scaledown_window_s=0), [0.0] * 20)
     assert counts == [2] * 20

@@ -263,6 +263,14 @@ def test_a_replica_already_placed_is_not_placed_twice() -> None:
     assert d.reason == "replica 'r' is already placed"
 
 
+def test_gpu_uuids_need_only_be_unique_per_node() -> None:
+    twins = [NodeInfo(node_id=n, hostname=n, devices=parse(A10G), updated_at=0.0) for n in "ab"]
+    assert twins[0].devices == twins[1].devices  # both "GPU-virtual-0"
+    s = build_snapshot(Cluster.from_nodes(twins), [held("b", "GPU-virtual-0", 20480)])
+    assert s.used_mb == (0, 20480)
+    assert bound(place(s, [req("r", "10GB")])[0]).node_id == "a"
+
+
 def test_reservations_on_vanished_nodes_are_orphans() -> None:
     gone = held("z", "GPU-z-0", 1024)
     s = snap(node("a", A10G), reservations=(gone, held("a", "GPU-a-9", 1024)))

@@ -86,9 +86,9 @@ def scenarios(draw: st.DrawFn) -> tuple[Cluster, list[PlacementRequest], list[Pl
 def assert_not_overcommitted(s: Snapshot) -> None:
     """Recomputed from the reservations alone, not from the snapshot's own counters."""
     cluster = s.cluster
-    by_uuid = {slot.uuid: slot for slot in cluster.slots}
-    used: dict[str, int] = defaultdict(int)
-    holders: dict[str, list[int]] = defaultdict(list)
+    by_uuid = {(cluster.nodes[slot.nid].node_id, slot.uuid): slot for slot in cluster.slots}
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    holders: dict[tuple[str, str], list[int]] = defaultdict(list)
     cpu: dict[str, int] = defaultdict(int)
     memory: dict[str, int] = defaultdict(int)
     for r in s.reservations.values():
@@ -96,20 +96,19 @@ def assert_not_overcommitted(s: Snapshot) -> None:
         memory[r.node_id] += r.host_memory_mb
         assert len(set(r.gpu_uuids)) == len(r.gpu_uuids)
         for uuid in r.gpu_uuids:
-            slot = by_uuid[uuid]
-            assert cluster.nodes[slot.nid].node_id == r.node_id
-            used[uuid] += r.memory_mb or slot.total_mb
-            holders[uuid].append(r.memory_mb)
-    for uuid, mb in used.items():
-        assert mb <= by_uuid[uuid].total_mb, (uuid, mb)
-        assert 0 not in holders[uuid] or len(holders[uuid]) == 1, "a whole GPU or MIG slice is shared"
-        assert not by_uuid[uuid].mig_profile or holders[uuid] == [0], "a MIG slice is shared by memory"
+            slot = by_uuid[r.node_id, uuid]
+            used[r.node_id, uuid] += r.memory_mb or slot.total_mb
+            holders[r.node_id, uuid].append(r.memory_mb)
+    for key, mb in used.items():
+        assert mb <= by_uuid[key].total_mb, (key, mb)
+        assert 0 not in holders[key] or len(holders[key]) == 1, "a whole GPU or MIG slice is shared"
+        assert not by_uuid[key].mig_profile or holders[key] == [0], "a MIG slice is shared by memory"
     for n in cluster.nodes:
         assert cpu[n.node_id] <= n.cpu_millis and memory[n.node_id] <= n.memory_mb
 
 
 def assert_binding_matches(cluster: Cluster, item: PlacementRequest, b: Binding, batch: set[str]) -> None:
-    slots = [cluster.slots[cluster.slot_index[u]] for u in b.gpu_uuids]
+    slots = [cluster.slots[cluster.slot_index[b.node_id, u]] for u in b.gpu_uuids]
     assert len(slots) == item.gpu.count
     assert all(s.mig_profile == item.gpu.mig_profile for s in slots)
     assert not item.gpu.types or all(any(t in s.name for t in item.gpu.types) for s in slots)

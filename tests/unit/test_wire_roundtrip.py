@@ -29,6 +29,14 @@ _NODE = wire.NodeInfo(node_id="n-1", hostname="host", devices=[wire.Device(kind=
 _REPLY = wire.CallReply(output=msgspec.Raw(b'{"label":7,"scores":[0.25,0.75]}'), batch_size=4)
 _LOG = wire.LogLine(replica_id="r-1", stream="stderr", line="Traceback…", ts=4.0)
 
+_NODE_VIEW = wire.NodeView(node_id="n-1", hostname="host", updated_at=3.0,
+                           devices=[wire.DeviceView(kind="cpu", index=0, name="cpu")],
+                           replicas=[wire.NodeReplicaView(replica_id="r-2", app="a", service="s", version=1,
+                                                          state="ready")])
+_SERVICE_STATUS = wire.ServiceStatus(app="digits", service="Classifier", version=3, functions=["Classifier.predict"],
+                                     min_replicas=0, max_replicas=4, scaled=True, desired=2, ready=1, starting=1,
+                                     queue_depth=3, pending=7, unschedulable="no GPU fits")
+
 SAMPLES: list[msgspec.Struct] = [
     wire.Batch(max_size=8, window_ms=0.0),
     wire.Batch(max_size=8, window_ms=1.0, latency_budget_ms=20.0, max_cost=4096.0),
@@ -49,6 +57,15 @@ SAMPLES: list[msgspec.Struct] = [
     wire.NodeAssignment(node_id="n-1", slots=[wire.SlotAssignment(replica_id="r-2", app="a", service="s", version=1,
                                                                   index=1)], updated_at=5.0),
     wire.ScaleBounds(min_replicas=2, max_replicas=5),
+    wire.LoadReport(replica_id="r-1", app="digits", function="Classifier.predict", version=3, queued=4, in_flight=8,
+                    per_call_s=0.0005),
+    wire.DeviceView(kind="gpu", index=0, name="A10G", uuid="GPU-1", memory_total_mb=24_576, memory_free_mb=23_552,
+                    memory_reserved_mb=24_576, replicas=["r-1"]),
+    wire.NodeReplicaView(replica_id="r-1", app="digits", service="Classifier", version=3, state="assigned",
+                         gpu_uuids=["GPU-1"]),
+    _NODE_VIEW,
+    _SERVICE_STATUS,
+    wire.StatusView(nodes=[_NODE_VIEW], services=[_SERVICE_STATUS]),
     _FUNCTION,
     _SERVICE,
     _PLAIN,

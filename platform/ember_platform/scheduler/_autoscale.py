@@ -26,6 +26,7 @@ from ember._errors import InvalidSpecError
 
 _SMOOTHING_S = 10.0  # time constant of the rate and trend averages
 _LATENCY_SLACK = 1.05
+_NEGLIGIBLE = 1e-6  # calls/s: a rate this small has decayed to nothing
 
 
 class Signals(msgspec.Struct, frozen=True, kw_only=True):
@@ -83,21 +84,36 @@ def initial_state(config: AutoscaleConfig) -> AutoscaleState:
 def desired_replicas(signals: Signals, config: AutoscaleConfig,
                      state: AutoscaleState) -> tuple[int, AutoscaleState]:
     """The replica count to run now, and the state to pass to the next tick."""
+    if _at_rest(signals, config, state):  # most functions, most of the time: nothing to compute
+        return state.desired, state
     rate, trend = _smooth(signals, state)
     need = _need(signals, config, state.desired, trend)
-    wanted = min(max(need + config.buffer_replicas if need > 0 else 0, config.min_replicas), config.max_replicas)
+    wanted = _clamp(need + config.buffer_replicas if need > 0 else 0, config)
     count, below_since, peak = _hysteresis(wanted, signals.now, config, state)
-    count = min(max(count, signals.starting, config.min_replicas), config.max_replicas)
+    count = _clamp(count if count > signals.starting else signals.starting, config)
     return count, AutoscaleState(desired=count, below_since=below_since, window_peak=peak, rate=rate, trend=trend,
                                  at=signals.now)
 
 
+def _clamp(count: int, config: AutoscaleConfig) -> int:
+    low, high = config.min_replicas, config.max_replicas
+    return low if count < low else high if count > high else count
+
+
+def _at_rest(s: Signals, config: AutoscaleConfig, state: AutoscaleState) -> bool:
+    idle = not (s.arrival_rate or s.queue_depth or s.durable_pending or s.in_flight or s.starting)
+    return (idle and state.desired == config.min_replicas and state.below_since is None and state.rate == 0.0
+            and state.trend == 0.0)
+
+
 def _need(s: Signals, config: AutoscaleConfig, current: int, trend: float) -> int:
-    if s.throughput_per_replica:  # queued calls are drained over time, not given a replica each
-        capacity = s.throughput_per_replica * config.target_utilization
-        projected = s.arrival_rate + max(trend, 0.0) * s.startup_s
-        backlog = (s.queue_depth + s.durable_pending) / (s.throughput_per_replica * (s.startup_s + config.drain_s))
-        need = max(s.in_flight / config.target_in_flight, projected / capacity + backlog)
+    throughput = s.throughput_per_replica
+    if throughput:  # queued calls are drained over time, not given a replica each
+        projected = s.arrival_rate + trend * s.startup_s if trend > 0 else s.arrival_rate
+        backlog = (s.queue_depth + s.durable_pending) / (throughput * (s.startup_s + config.drain_s))
+        need = projected / (throughput * config.target_utilization) + backlog
+        busy = s.in_flight / config.target_in_flight
+        need = busy if busy > need else need
     else:
         need = (s.in_flight + s.queue_depth + s.durable_pending) / config.target_in_flight
     slow = bool(config.target_p95_ms and s.p95_ms and s.p95_ms > config.target_p95_ms * _LATENCY_SLACK)
@@ -124,4 +140,5 @@ def _smooth(s: Signals, state: AutoscaleState) -> tuple[float, float]:
     dt = max(s.now - state.at, 1e-6)
     alpha = 1.0 - math.exp(-dt / _SMOOTHING_S)
     rate = state.rate + alpha * (s.arrival_rate - state.rate)
-    return rate, state.trend + alpha * ((rate - state.rate) / dt - state.trend)
+    trend = state.trend + alpha * ((rate - state.rate) / dt - state.trend)
+    return (rate if rate > _NEGLIGIBLE else 0.0), (trend if abs(trend) > _NEGLIGIBLE else 0.0)

@@ -10,7 +10,8 @@ Costs are in GB-equivalents, lower is better, ties broken by node then slot id:
   need many GPUs);
 - ``NUMA_SPLIT`` for a multi-GPU replica whose GPUs sit on different NUMA nodes.
 
-Acceptable GPU types are tiers: a later type is used only when no earlier one fits.
+Acceptable GPU types are tiers: a later type is used only when no earlier one fits. The GPUs of a
+multi-GPU replica are of one kind (same name and memory) and on one node.
 """
 
 from __future__ import annotations
@@ -120,7 +121,7 @@ def _fit_group_on_node(usage: Usage, item: PlacementRequest, nid: int, group: Gr
 
 
 def choose_slots(cluster: Cluster, ranked: list[tuple[float, int]], count: int,
-            nvlink: bool) -> tuple[float, tuple[int, ...]] | None:
+                 nvlink: bool) -> tuple[float, tuple[int, ...]] | None:
     """The cheapest ``count`` slots of one node: an NVLink clique if asked, one NUMA node if possible."""
     if len(ranked) < count:
         return None

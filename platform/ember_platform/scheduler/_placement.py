@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from ember_platform.scheduler._decision import Binding, Decision, Unschedulable
 from ember_platform.scheduler._fit import Choice, choose_slots, fit
-from ember_platform.scheduler._preempt import preempt
+from ember_platform.scheduler._preempt import BatchWork, batch_work, forget, preempt
 from ember_platform.scheduler._request import GpuRequest, PlacementRequest
 from ember_platform.scheduler._snapshot import Cluster, Snapshot
 from ember_platform.scheduler._usage import Usage, apply
@@ -25,13 +25,14 @@ def place(snapshot: Snapshot, requests: Sequence[PlacementRequest]) -> list[Deci
     order = sorted(range(len(requests)), key=lambda i: (requests[i].priority != "interactive", i))
     decided: dict[int, Decision] = {}
     failed: dict[tuple[object, ...], str] = {}  # what did not fit cannot fit later in the pass: room only shrinks
+    batch: list[BatchWork] = []  # built when first needed, kept up to date through preemptions
     for i in order:
         item = requests[i]
         shape = (item.gpu, item.cpu_millis, item.host_memory_mb, item.priority)
         if shape in failed:
             decided[i] = Unschedulable(replica_id=item.replica_id, function=item.function, reason=failed[shape])
             continue
-        decision = decided[i] = _place_one(usage, item)
+        decision = decided[i] = _place_one(usage, item, batch)
         if isinstance(decision, Unschedulable) and item.replica_id not in usage.reservations:
             failed[shape] = decision.reason
     return [decided[i] for i in range(len(requests))]
@@ -44,16 +45,19 @@ def apply_decisions(snapshot: Snapshot, decisions: Iterable[Decision], removed: 
     return apply(snapshot, [b.reservation() for b in bindings], gone)
 
 
-def _place_one(usage: Usage, item: PlacementRequest) -> Decision:
+def _place_one(usage: Usage, item: PlacementRequest, batch: list[BatchWork]) -> Decision:
     if item.replica_id in usage.reservations:
         return Unschedulable(replica_id=item.replica_id, function=item.function,
                              reason=f"replica {item.replica_id!r} is already placed")
     choice = fit(usage, item)
     preempts: tuple[str, ...] = ()
     if choice is None and item.priority == "interactive":
-        plan = preempt(usage, item)
+        if not batch:
+            batch.append(batch_work(usage))
+        plan = preempt(usage, item, batch[0])
         if plan is not None:
             choice, preempts = plan.choice, plan.preempts
+            forget(batch[0], usage, preempts)
     if choice is None:
         return Unschedulable(replica_id=item.replica_id, function=item.function, reason=_reason(usage.cluster, item))
     for replica_id in preempts:

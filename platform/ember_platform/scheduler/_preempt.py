@@ -1,8 +1,9 @@
 """Room for an interactive replica by stopping batch-class replicas, as few and as small as possible.
 
 Only nodes where the replica could fit with every batch replica gone are tried (a check that changes
-nothing); on those, the batch replicas are taken away, the best choice made, and then put back one
-by one, smallest first, as long as the choice still fits: those that cannot go back are the victims.
+nothing), those with the fewest batch replicas first, and at most ``_PLANS`` of them that work. On
+each, its batch replicas are taken away, the best choice made, and then put back one by one,
+smallest first, as long as the choice still fits: those that cannot go back are the victims.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from ember_platform.scheduler._request import PlacementRequest
 from ember_platform.scheduler._snapshot import Reservation
 from ember_platform.scheduler._usage import Usage
 
+_PLANS = 8  # nodes planned that work, among those with the fewest batch replicas
+
 
 class Plan(NamedTuple):
     victims: int
@@ -24,40 +27,62 @@ class Plan(NamedTuple):
     preempts: tuple[str, ...]
 
 
-class _Batch(NamedTuple):
+class BatchWork(NamedTuple):
+    """Where batch-class replicas are: it changes only when one is preempted (batch replicas are placed last)."""
+
     by_node: dict[int, list[Reservation]]
     slot_mb: dict[int, int]  # slot id -> MB held by batch replicas
     cpu: dict[int, int]  # node id -> millicores held by batch replicas
     memory: dict[int, int]  # node id -> host MB held by batch replicas
 
 
-def preempt(usage: Usage, item: PlacementRequest) -> Plan | None:
+def preempt(usage: Usage, item: PlacementRequest, batch: BatchWork) -> Plan | None:
     """The cheapest node on which stopping batch replicas lets ``item`` fit; ``usage`` is left as it was."""
-    batch = _batch(usage)
+    candidates = sorted((len(work), nid) for nid, work in batch.by_node.items() if _could_fit(usage, item, nid, batch))
+    plans: list[Plan] = []
     index, usage.index = usage.index, None  # every change below is undone: the index stays valid
     try:
-        plans = [_plan(usage, item, nid, batch.by_node[nid]) for nid in sorted(batch.by_node)
-                 if _could_fit(usage, item, nid, batch)]
+        for _, nid in candidates:
+            plan = _plan(usage, item, nid, batch.by_node[nid])
+            if plan is not None:
+                plans.append(plan)
+            if len(plans) >= _PLANS:
+                break
     finally:
         usage.index = index
-    return min((p for p in plans if p is not None), default=None)
+    return min(plans, default=None)
 
 
-def _batch(usage: Usage) -> _Batch:
-    out = _Batch({}, {}, {}, {})
+def batch_work(usage: Usage) -> BatchWork:
+    out = BatchWork({}, {}, {}, {})
     for r in usage.reservations.values():
-        if r.priority != "batch":
-            continue
-        nid = usage.cluster.node_index[r.node_id]
-        out.by_node.setdefault(nid, []).append(r)
-        out.cpu[nid] = out.cpu.get(nid, 0) + r.cpu_millis
-        out.memory[nid] = out.memory.get(nid, 0) + r.host_memory_mb
-        for sid in usage.sids(r):
-            out.slot_mb[sid] = out.slot_mb.get(sid, 0) + (r.memory_mb or usage.cluster.slots[sid].total_mb)
+        if r.priority == "batch":
+            _count(out, usage, r, 1)
     return out
 
 
-def _could_fit(usage: Usage, item: PlacementRequest, nid: int, batch: _Batch) -> bool:
+def forget(batch: BatchWork, usage: Usage, replica_ids: tuple[str, ...]) -> None:
+    """Drop preempted replicas from ``batch`` (call before they leave ``usage``)."""
+    for replica_id in replica_ids:
+        r = usage.reservations[replica_id]
+        _count(batch, usage, r, -1)
+        nid = usage.cluster.node_index[r.node_id]
+        batch.by_node[nid] = [b for b in batch.by_node[nid] if b.replica_id != replica_id]
+        if not batch.by_node[nid]:
+            del batch.by_node[nid]
+
+
+def _count(batch: BatchWork, usage: Usage, r: Reservation, sign: int) -> None:
+    nid = usage.cluster.node_index[r.node_id]
+    if sign > 0:
+        batch.by_node.setdefault(nid, []).append(r)
+    batch.cpu[nid] = batch.cpu.get(nid, 0) + sign * r.cpu_millis
+    batch.memory[nid] = batch.memory.get(nid, 0) + sign * r.host_memory_mb
+    for sid in usage.sids(r):
+        batch.slot_mb[sid] = batch.slot_mb.get(sid, 0) + sign * (r.memory_mb or usage.cluster.slots[sid].total_mb)
+
+
+def _could_fit(usage: Usage, item: PlacementRequest, nid: int, batch: BatchWork) -> bool:
     node = usage.cluster.nodes[nid]
     if (usage.used_cpu[nid] - batch.cpu.get(nid, 0) + item.cpu_millis > node.cpu_millis
             or usage.used_memory[nid] - batch.memory.get(nid, 0) + item.host_memory_mb > node.memory_mb):

@@ -35,8 +35,6 @@ _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*GB", re.IGNORECASE)
 _MIG = re.compile(r"(?:\d+c\.)?\d+g\.\d+gb(?:\+[a-z0-9]+)?")
 _HINT = ('gpu=None, gpu=2, gpu="A10G", gpu="H100:2", gpu=["H100", "A100"], gpu="24GB", gpu="1g.10gb", '
          'gpu="H100:4:nvlink" or gpu={"count": 2, "memory_gb": 40, "types": ["H100"], "topology": "nvlink"}')
-
-
 _LABELS = {"count": "count", "memory_mb": "memory", "mig_profile": "MIG profile", "topology": "topology",
            "types": "GPU type"}
 

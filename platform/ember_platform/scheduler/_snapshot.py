@@ -33,10 +33,7 @@ class Slot(NamedTuple):
     mig_profile: str
     nvlink: frozenset[int]  # indices of GPUs on the node joined to this one over NVLink
     numa_node: int
-
-    @property
-    def group(self) -> GroupKey:
-        return (self.name, self.mig_profile, self.total_mb)
+    group: GroupKey  # (name, MIG profile, memory): slots that are interchangeable
 
 
 class Node(NamedTuple):
@@ -68,12 +65,13 @@ def tokens(name: str) -> frozenset[str]:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Nodes and slots, numbered in the order the nodes were given (node ids sorted by the caller or not)."""
+    """Nodes and their slots, numbered in the order given. Ties go to the lower number: give the nodes in a
+    stable order (sorted by node id, say) for decisions that do not depend on how they were listed."""
 
     nodes: tuple[Node, ...]
     slots: tuple[Slot, ...]
     node_index: Mapping[str, int]
-    slot_index: Mapping[str, int]
+    slot_index: Mapping[tuple[str, str], int]  # (node id, GPU uuid): uuids need only be unique per node
     groups: Mapping[GroupKey, tuple[int, ...]]  # slot ids per group, ascending
     group_nodes: Mapping[GroupKey, Mapping[int, tuple[int, ...]]]  # per group: node id -> its slot ids
     bundle_nodes: Mapping[str, tuple[int, ...]]
@@ -97,7 +95,8 @@ class Cluster:
         for node in nodes:
             for key in sorted(node.bundles):
                 bundles.setdefault(key, []).append(node.nid)
-        return cls(tuple(nodes), tuple(slots), {n.node_id: n.nid for n in nodes}, {s.uuid: s.sid for s in slots},
+        return cls(tuple(nodes), tuple(slots), {n.node_id: n.nid for n in nodes},
+                   {(nodes[s.nid].node_id, s.uuid): s.sid for s in slots},
                    {k: tuple(v) for k, v in groups.items()}, _by_node(slots, groups),
                    {k: tuple(v) for k, v in bundles.items()})
 
@@ -136,8 +135,8 @@ def _schedulable(devices: Iterable[Device]) -> list[Device]:
 
 
 def _slot(sid: int, nid: int, d: Device) -> Slot:
-    return Slot(sid, nid, d.index, d.uuid or f"{nid}:{d.index}:{sid}", d.name, d.memory_total_mb, d.mig_profile,
-                frozenset(d.nvlink_peers), d.numa_node)
+    return Slot(sid, nid, d.index, d.uuid or f"gpu-{d.index}-{sid}", d.name, d.memory_total_mb, d.mig_profile,
+                frozenset(d.nvlink_peers), d.numa_node, (d.name, d.mig_profile, d.memory_total_mb))
 
 
 def _cpu_memory(info: NodeInfo) -> int:

@@ -23,9 +23,11 @@ class Usage:
         self.used_cpu = list(snapshot.used_cpu)
         self.used_memory = list(snapshot.used_memory)
         self.node_replicas = list(snapshot.node_replicas)
+        # The inner dicts are the snapshot's until ``_own`` replaces them by copies, before any change.
         self.on_node: dict[str, dict[int, int]] = dict(snapshot.on_node)  # type: ignore[arg-type]
         self.on_slot: dict[str, dict[int, int]] = dict(snapshot.on_slot)  # type: ignore[arg-type]
         self._owned: tuple[set[str], set[str]] = (set(), set())
+        self._sids: dict[tuple[str, tuple[str, ...]], list[int]] = {}
 
     @classmethod
     def empty(cls, cluster: Cluster) -> Usage:
@@ -45,7 +47,7 @@ class Usage:
     def known(self, r: Reservation) -> bool:
         """Whether the node and every GPU of ``r`` exist in the cluster."""
         slots = self.cluster.slot_index
-        return r.node_id in self.cluster.node_index and all(u in slots for u in r.gpu_uuids)
+        return r.node_id in self.cluster.node_index and all((r.node_id, u) in slots for u in r.gpu_uuids)
 
     def add(self, r: Reservation) -> None:
         self.remove(r.replica_id)
@@ -59,7 +61,11 @@ class Usage:
         return r
 
     def sids(self, r: Reservation) -> list[int]:
-        return [self.cluster.slot_index[u] for u in r.gpu_uuids]
+        key = (r.node_id, r.gpu_uuids)
+        sids = self._sids.get(key)
+        if sids is None:
+            sids = self._sids[key] = [self.cluster.slot_index[r.node_id, u] for u in r.gpu_uuids]
+        return sids
 
     def _account(self, r: Reservation, sign: int) -> None:
         nid = self.cluster.node_index[r.node_id]

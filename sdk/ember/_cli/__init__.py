@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ember._cli import apps, call, calls, dev, logs, push
+from ember._cli import apps, call, calls, dev, logs, push, scale, status
 from ember._errors import EmberError
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, push, apps, call, calls, logs):
+    for module in (dev, push, apps, call, calls, logs, status, scale):
         module.register(sub)
     return parser
 

@@ -1,0 +1,156 @@
+"""`ember status` and `ember scale` against a real platform and one node agent with a declared GPU inventory:
+the node's GPUs and what replicas reserve on them, bounds changed at run time, and their validation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import httpx
+import msgspec
+import pytest
+
+from ember._bundle import build_bundle
+from ember._client import Transport
+from ember._deploy import inspect_app, wait_ready
+from ember._embedded import EmbeddedPlatform
+from ember._wire import DeployRequest, ServiceStatus, StatusView, encoder
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+EMBER = [sys.executable, "-m", "ember._cli"]
+T = TypeVar("T")
+
+APP = '''import os
+import ember
+app = ember.App("statusapp")
+
+@app.function(gpu=1, min_replicas=1, max_replicas=2)
+def where() -> str:
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+'''
+INVENTORY = '[host]\nname = "g"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\nmemory_used_gb = 1\n'
+GPU_MB = 24 * 1024
+
+
+def ember(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([*EMBER, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EMBER_URL": url})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def wait_for(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status(http: httpx.Client) -> StatusView:
+    response = http.get("/v1/status")
+    assert response.status_code == 200, response.text
+    return msgspec.json.decode(response.content, type=StatusView)
+
+
+def service(http: httpx.Client) -> ServiceStatus:
+    (found,) = [s for s in status(http).services if (s.app, s.service) == ("statusapp", "where")]
+    return found
+
+
+def gpu_reserved(http: httpx.Client) -> list[int]:
+    """Memory reserved on each GPU of node-g, in MB."""
+    nodes = {n.node_id: n for n in status(http).nodes}
+    return [d.memory_reserved_mb for d in nodes["node-g"].devices if d.kind == "gpu"] if "node-g" in nodes else []
+
+
+def deploy_with_short_scaledown(app_file: Path, transport: Transport) -> None:
+    """Deploy like ``ember push``, but with a 1 s scale-down window (not a decorator argument yet)."""
+    manifest = inspect_app(app_file)
+    services = [msgspec.structs.replace(s, scaledown_window_s=1.0) for s in manifest.services]
+    manifest = msgspec.structs.replace(manifest, services=services)
+    bundle = build_bundle(app_file.parent)
+    transport.request("PUT", f"/v1/bundles/{bundle.sha256}", content=bundle.data)
+    body = encoder.encode(DeployRequest(bundle_sha256=bundle.sha256, manifest=manifest))
+    transport.request("POST", "/v1/apps/statusapp/deployments", content=body,
+                      headers={"content-type": "application/json"})
+    wait_ready(transport, "statusapp", 1, timeout_s=120, progress=lambda _msg, _view: None)
+
+
+def test_status_shows_gpus_and_scale_changes_replicas(tmp_path: Path) -> None:
+    (tmp_path / "g.toml").write_text(INVENTORY)
+    app_dir = tmp_path / "app"
+    app_dir.mkdir()
+    (app_dir / "statusapp.py").write_text(APP)
+    with EmbeddedPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+        platform.add_agent("node-g", tmp_path / "g.toml")
+        transport = Transport(platform.url)
+        try:
+            deploy_with_short_scaledown(app_dir / "statusapp.py", transport)
+
+            view = status(http)
+            (node,) = [n for n in view.nodes if n.node_id == "node-g"]
+            gpus = [d for d in node.devices if d.kind == "gpu"]
+            assert [(d.name, d.memory_total_mb, d.memory_free_mb) for d in gpus] == [("A10G-24GB", GPU_MB,
+                                                                                     GPU_MB - 1024)] * 2
+            (held,) = [d for d in gpus if d.replicas]  # gpu=1 takes one GPU whole
+            assert held.memory_reserved_mb == GPU_MB
+            (replica,) = node.replicas
+            assert (replica.replica_id, replica.state, replica.gpu_uuids) == (held.replicas[0], "ready", [held.uuid])
+            svc = service(http)
+            assert (svc.version, svc.min_replicas, svc.max_replicas, svc.scaled) == (1, 1, 2, False)
+            assert (svc.ready, svc.desired, svc.unschedulable) == (1, 1, "")
+
+            shown = ember("status", "statusapp", url=platform.url).stdout
+            assert "node-g" in shown and "1.0/24.0/24.0 GiB" in shown and "statusapp.where" in shown
+
+            scaled = ember("scale", "statusapp.where", "--min", "2", "--max", "2", url=platform.url)
+            assert "min 2, max 2" in scaled.stdout
+            wait_for(lambda: service(http).ready == 2, 90, "two ready replicas")
+            assert gpu_reserved(http) == [GPU_MB, GPU_MB]
+            svc = service(http)
+            assert (svc.min_replicas, svc.max_replicas, svc.scaled, svc.desired) == (2, 2, True, 2)
+
+            ember("scale", "statusapp.where", "--min", "0", "--max", "1", url=platform.url)
+            wait_for(lambda: sorted(gpu_reserved(http)) == [0, GPU_MB], 60, "down to one replica (max 1)")
+            # With no load and min 0, the 1 s scale-down window takes it to zero.
+            wait_for(lambda: gpu_reserved(http) == [0, 0] and service(http).ready == 0, 60, "down to zero")
+            assert service(http).desired == 0
+        finally:
+            transport.close()
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"service": "nope", "min_replicas": 1, "max_replicas": 1}, "$.service"),
+    ({"service": "greet", "min_replicas": -1, "max_replicas": 1}, "$.min_replicas"),
+    ({"service": "greet", "min_replicas": 3, "max_replicas": 2}, "$.max_replicas"),
+    ({"service": "greet", "min_replicas": 0, "max_replicas": 0}, "$.max_replicas"),
+    ({"service": "greet", "min_replicas": 1}, "$.max_replicas"),
+    ({"service": "greet", "min_replicas": "1", "max_replicas": 1}, "$.min_replicas"),
+])
+def test_scale_validation_is_422_naming_the_field(http: httpx.Client, hello: object, body: dict[str, object],
+                                                 field: str) -> None:
+    response = http.post("/v1/apps/hello/scale", json=body)  # all invalid: the shared app is left as it is
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+def test_scale_and_status_of_unknown_app(http: httpx.Client, platform: EmbeddedPlatform) -> None:
+    response = http.post("/v1/apps/nosuchapp/scale", json={"service": "f", "min_replicas": 1, "max_replicas": 1})
+    assert response.status_code == 404
+    assert http.get("/v1/status", params={"app": "nosuchapp"}).status_code == 404
+    bad = ember("scale", "nosuchapp.f", "--min", "1", "--max", "1", url=platform.url, check=False)
+    assert bad.returncode == 1 and "NotFoundError" in bad.stderr
+
+
+def test_cli_scale_reports_invalid_bounds(platform: EmbeddedPlatform, hello: object) -> None:
+    bad = ember("scale", "hello.greet", "--min", "2", "--max", "1", url=platform.url, check=False)
+    assert bad.returncode == 1 and "InvalidInputError" in bad.stderr and "max_replicas" in bad.stderr
