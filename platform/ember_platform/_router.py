@@ -97,11 +97,12 @@ class Router:
                  if now - at < REPORT_FRESH_S and r.replica_id not in exclude and self._alive(r.replica_id)]
         if not fresh:
             return None
-        return min(random.sample(fresh, min(2, len(fresh))), key=self._estimated_wait).replica_id
+        pair = random.sample(fresh, min(2, len(fresh)))
+        timed = all(r.per_call_s > 0 for r in pair)  # compare seconds only when both replicas measured them
+        return min(pair, key=lambda r: self._waiting_calls(r) * (r.per_call_s if timed else 1.0)).replica_id
 
-    def _estimated_wait(self, report: LoadReport) -> float:
-        waiting = report.queued + report.in_flight + self._sent[report.replica_id] + 1
-        return waiting * report.per_call_s if report.per_call_s > 0 else float(waiting)
+    def _waiting_calls(self, report: LoadReport) -> int:
+        return report.queued + report.in_flight + self._sent[report.replica_id] + 1
 
     async def _on_reply(self, msg: Msg) -> None:
         queue = self._waiting.get(msg.subject.rpartition(".")[2])

@@ -117,3 +117,15 @@ def test_metrics_publish_each_functions_batching(probe, http):
     assert "# TYPE ember_batch_size histogram" in text
     assert 'ember_batch_size_bucket{app="probe",function="sizes"' in text
     assert "ember_queue_wait_seconds_count" in text
+
+
+def test_calls_are_spread_over_the_replicas(probe, platform):
+    def call(_: int) -> int:
+        with httpx.Client(base_url=platform.url, timeout=60) as client:
+            return client.post("/v1/probe/whoami").json()
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        pids = list(pool.map(call, range(64)))
+    counts = sorted(pids.count(pid) for pid in set(pids))
+    assert len(counts) == 2, f"one replica served everything: {counts}"
+    assert counts[0] >= 8  # neither replica starved

@@ -70,3 +70,10 @@ def work(items: list[Item]) -> list[int]:
         print(f"work({item.n}) ran", flush=True)
     time.sleep(0.4)
     return [item.n * 2 for item in items]
+
+
+@app.function(min_replicas=2)
+def whoami() -> int:
+    """Which replica answered (its pid); two replicas share the load."""
+    time.sleep(0.02)
+    return os.getpid()

@@ -1,0 +1,49 @@
+"""Least-loaded routing: power of two choices over fresh load reports (the policy part of the router)."""
+
+from __future__ import annotations
+
+import time
+
+from ember._wire import LoadReport
+from ember_platform._router import Router
+
+
+def router(alive: set[str], *reports: LoadReport, age_s: float = 0.0) -> Router:
+    r = Router(nc=None, replica_alive=lambda rid: rid in alive)  # type: ignore[arg-type]
+    for report in reports:
+        r._reports.setdefault((report.app, report.function, report.version), {})[report.replica_id] = (
+            time.monotonic() - age_s, report)
+    return r
+
+
+def load(replica: str, queued: int, in_flight: int = 0, per_call_s: float = 0.0) -> LoadReport:
+    return LoadReport(replica_id=replica, app="a", function="f", version=1, queued=queued, in_flight=in_flight,
+                      per_call_s=per_call_s)
+
+
+def test_the_less_loaded_of_two_replicas_is_chosen():
+    r = router({"busy", "idle"}, load("busy", 9, 8), load("idle", 0))
+    assert {r.choose("a", "f", 1, set()) for _ in range(20)} == {"idle"}
+
+
+def test_calls_sent_since_the_report_count_as_load():
+    r = router({"x", "y"}, load("x", 0), load("y", 0))
+    r._sent["x"] = 5
+    assert {r.choose("a", "f", 1, set()) for _ in range(20)} == {"y"}
+
+
+def test_estimated_wait_uses_the_cost_per_call_when_known():
+    r = router({"slow", "fast"}, load("slow", 1, per_call_s=0.100), load("fast", 5, per_call_s=0.001))
+    assert r.choose("a", "f", 1, set()) == "fast"
+
+
+def test_stale_dead_or_excluded_replicas_are_not_chosen():
+    assert router({"x"}, load("x", 0), age_s=5.0).choose("a", "f", 1, set()) is None  # stale: use the queue group
+    assert router(set(), load("x", 0)).choose("a", "f", 1, set()) is None  # not alive
+    assert router({"x", "y"}, load("x", 0), load("y", 7)).choose("a", "f", 1, {"x"}) == "y"
+    assert router({"x"}, load("x", 0)).choose("a", "f", 2, set()) is None  # another version
+
+
+def test_a_replica_without_a_cost_estimate_is_compared_by_counts():
+    r = router({"new", "old"}, load("new", 0), load("old", 6, per_call_s=0.001))
+    assert r.choose("a", "f", 1, set()) == "new"
