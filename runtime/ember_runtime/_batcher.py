@@ -74,6 +74,7 @@ class Batcher:
         self._last_arrival: float | None = None
         self._busy_until: float | None = None
         self.in_flight = 0  # calls in the batch that runs now
+        self.room = asyncio.Event()  # set whenever calls leave the queue or a batch ends
 
     # -- intake ------------------------------------------------------------------------------------
 
@@ -210,11 +211,13 @@ class Batcher:
         started = time.monotonic()
         self._busy_until = started + self.model.predict(len(batch))
         self.in_flight = len(batch)
+        self.room.set()
         try:
             report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
         finally:
             self._busy_until = None
             self.in_flight = 0
+            self.room.set()
         elapsed = time.monotonic() - started
         if report.clean:
             self.model.observe(len(batch), elapsed)

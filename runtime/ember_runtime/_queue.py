@@ -89,8 +89,9 @@ class QueueWorker:
                 # Only what the batcher can start now: the rest stays in JetStream, queued and cancellable.
                 room = self._batcher.capacity - self._batcher.queued - self._batcher.in_flight
                 if room <= 0:
+                    self._batcher.room.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.stop.wait(), 0.005)
+                        await asyncio.wait_for(self._batcher.room.wait(), FETCH_WAIT_S)
                     continue
                 try:
                     msgs = await sub.fetch(room, timeout=FETCH_WAIT_S)
@@ -100,11 +101,8 @@ class QueueWorker:
                     log.warning("pulling %s failed: %s", self.function, exc)
                     await asyncio.sleep(0.5)
                     continue
-                for msg in msgs:
-                    try:
-                        await self._take(msg)
-                    except Exception:
-                        log.exception("could not take call from %s; it will be redelivered", self.function)
+                # Taken together, so that the batcher sees them at once and can batch them.
+                await asyncio.gather(*(self._take_safely(msg) for msg in msgs))
         finally:
             keepalive.cancel()
             with contextlib.suppress(Exception):
@@ -136,15 +134,18 @@ class QueueWorker:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
+    async def _take_safely(self, msg: Msg) -> None:
+        try:
+            await self._take(msg)
+        except Exception:
+            log.exception("could not take a call from %s; it will be redelivered", self.function)
+
     async def _take(self, msg: Msg) -> None:
         headers = msg.headers or {}
         seq = msg.metadata.sequence.stream
         call_id = headers.get(CALL_ID_HEADER) or headers.get("Nats-Msg-Id") or f"{self._stream.lower()}-{seq}"
         attempt = msg.metadata.num_delivered or 1
-        if await self._store.has_result(call_id):  # finished, cancelled, or a late duplicate
-            await msg.ack()
-            return
-        record = await self._store.get(call_id) or _new_record(call_id, self._app, self.function)
+        record = await self._store.status(call_id) or _new_record(call_id, self._app, self.function)
         record = msgspec.structs.replace(record, attempts=attempt)
         deadline = float(headers.get(DEADLINE_HEADER, math.inf))
         if deadline <= time.time():
@@ -164,7 +165,9 @@ class QueueWorker:
             return
         running = msgspec.structs.replace(record, status="running", updated_at=time.time())
         await self._store.set_status(running)
-        if await self._store.has_result(call_id):  # cancelled between the two reads
+        # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
+        # seen here or refused; a finished call (a late duplicate) is acked without running again.
+        if await self._store.has_result(call_id):
             await msg.ack()
             return
         self._held[call_id] = msg
@@ -212,8 +215,7 @@ class QueueWorker:
         """Store the final record (first writer wins), dead-letter it if asked, then ack the message."""
         info = _info(error) if error is not None else None
         done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
-        if await self._store.finish(done):
-            await self._store.set_status(done)
+        if await self._store.finish(done):  # readers look for the final record first: no status update
             if dead and info is not None:
                 await self._store.dead_letter(done, info, msg.data)
             if self._events:

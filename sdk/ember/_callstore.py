@@ -63,6 +63,10 @@ class CallStore:
         """The call's final record if it has one, else its status; None for an unknown id."""
         return await self.result(call_id) or await self._read(f"s.{call_id}")
 
+    async def status(self, call_id: str) -> CallRecord | None:
+        """The call's status record alone (one read; the final record may exist beside it)."""
+        return await self._read(f"s.{call_id}")
+
     async def has_result(self, call_id: str) -> bool:
         return await self._read(f"r.{call_id}") is not None
 
