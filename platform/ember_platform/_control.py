@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember import _subjects as subjects
-from ember._nats import NODE_TTL_S, KVMirror
+from ember._nats import NODE_LOST_S, KVMirror
 from ember._wire import (
     Deployment,
     NodeAssignment,
@@ -94,7 +94,7 @@ class ControlLoop:
             await asyncio.sleep(TICK_S)
 
     def live_nodes(self) -> dict[str, NodeInfo]:
-        fresh_after = time.time() - NODE_TTL_S
+        fresh_after = time.time() - NODE_LOST_S
         return {nid: n for nid, n in sorted(self.nodes.items.items()) if n.updated_at > fresh_after}
 
     async def tick(self) -> None:
@@ -217,7 +217,8 @@ def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:
     override = dep.scale.get(svc.name)
     if override is not None:
         low, high = override.min_replicas, override.max_replicas
-    return AutoscaleConfig(min_replicas=low, max_replicas=max(high, low, 1), scaledown_window_s=svc.scaledown_window_s)
+    return AutoscaleConfig(min_replicas=low, max_replicas=max(high, low, 1), scaledown_window_s=svc.scaledown_window_s,
+                           buffer_replicas=svc.buffer_replicas)
 
 
 def _slots(plan: Plan, app: str, service: str, version_ok: Callable[[int], bool]) -> list[SlotAssignment]:

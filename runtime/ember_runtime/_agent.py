@@ -10,14 +10,13 @@ import time
 import uuid
 from pathlib import Path
 
-from ember._nats import KVMirror, connect, ensure_buckets
+from ember._nats import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
 from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, assignment_decoder, encoder
 from ember_runtime import _inventory as inventory_source
 from ember_runtime._bundles import BundleCache
 from ember_runtime._slot import ReplicaSlot, SlotKey
 
 log = logging.getLogger("ember.agent")
-NODE_HEARTBEAT_S = 3.0
 RECONCILE_EVERY_S = 2.0
 
 

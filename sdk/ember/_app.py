@@ -59,13 +59,15 @@ class App:
     @overload
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
-                 retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None
+                 retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
+                 buffer_replicas: int = 0, scaledown_window_s: float = 60.0
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
-                 on: str | list[str] | None = None, result_subject: str | None = None) -> Any:
+                 on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
+                 scaledown_window_s: float = 60.0) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -81,10 +83,13 @@ class App:
                 its input as JSON, exactly as an HTTP body.
             result_subject: where each event's result is published (a message's ``Ember-Reply-To``
                 header overrides it).
+            buffer_replicas: idle replicas kept beyond the need while there is load.
+            scaledown_window_s: how long the need must stay lower before replicas are removed.
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
+        resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s)
         _check_batch("@app.function", batch, cost)
         triggers = _check_events("@app.function", on, result_subject)
 
@@ -104,7 +109,8 @@ class App:
         return decorate
 
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
-              timeout_s: float = 60.0, retries: int | Retries = 0) -> Callable[[C], C]:
+              timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
+              scaledown_window_s: float = 60.0) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -116,6 +122,7 @@ class App:
             ...     def predict(self, images: list[Image]) -> list[Label]: ...
         """
         resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
+        resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -309,6 +316,15 @@ def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeo
     count, types = _parse_gpu(where, gpu)
     return {"gpu_count": count, "gpu_types": types, "min_replicas": min_replicas,
             "max_replicas": max_replicas, "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
+
+
+def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any) -> dict[str, Any]:
+    if isinstance(buffer_replicas, bool) or not isinstance(buffer_replicas, int) or not 0 <= buffer_replicas <= 100:
+        raise InvalidSpecError(f"{where}(buffer_replicas={buffer_replicas!r}): an int from 0 to 100")
+    if isinstance(scaledown_window_s, bool) or not isinstance(scaledown_window_s, int | float) \
+            or not 0 <= scaledown_window_s <= 24 * 3600:
+        raise InvalidSpecError(f"{where}(scaledown_window_s={scaledown_window_s!r}): seconds from 0 to 86400")
+    return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s)}
 
 
 def _retries(where: str, retries: Any) -> Retries:

@@ -27,6 +27,8 @@ log = logging.getLogger("ember.nats")
 
 REPLICA_TTL_S = 15.0  # a replica or node that stops heartbeating disappears from KV after this
 NODE_TTL_S = 15.0
+NODE_HEARTBEAT_S = 3.0  # how often a node agent reports; the scheduler counts a node lost after 3 missed reports
+NODE_LOST_S = 3 * NODE_HEARTBEAT_S
 CALL_TTL_S = 24 * 3600.0  # how long an asynchronous call's status and result are kept
 DEAD_LETTER_TTL_S = 7 * 24 * 3600.0
 DUPLICATE_WINDOW_S = 120.0  # a resubmitted call id within this window is stored once

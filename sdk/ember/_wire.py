@@ -124,6 +124,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float = 60.0
     retries: Retries = Retries()
     scaledown_window_s: float = 60.0
+    buffer_replicas: int = 0
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
