@@ -142,3 +142,18 @@ def test_nothing_queued_is_lost_when_nats_restarts(tmp_path: Path):
         platform.restart_nats()
         outputs = {n: result(http, call_id, timeout_s=120) for n, call_id in ids.items()}
     assert {n: r["output"] for n, r in outputs.items()} == {n: 2 * n for n in range(40)}
+
+
+def test_a_large_result_is_stored_whole(probe, http):
+    record = result(http, spawn(http, "big", 600))
+    assert record["status"] == "succeeded" and record["output"] == "x" * (600 * 1024)
+
+
+def test_a_replica_that_is_stopped_hands_its_calls_back(probe, http, transport):
+    ids = {n: spawn(http, "work", {"n": 5000 + n}) for n in range(24)}
+    wait_for(lambda: log_count(transport, "work", "work(50"), what="a batch to start")
+    (replica,) = [r for s in app_view(transport, "probe").services if s.name == "work"
+                  for r in s.replicas if r.state == "ready"]
+    os.kill(replica.pid, signal.SIGTERM)  # drains: finishes what runs, naks what it holds
+    records = {n: result(http, call_id, timeout_s=90) for n, call_id in ids.items()}
+    assert {n: r["output"] for n, r in records.items()} == {n: 2 * (5000 + n) for n in range(24)}

@@ -77,3 +77,9 @@ def whoami() -> int:
     """Which replica answered (its pid); two replicas share the load."""
     time.sleep(0.02)
     return os.getpid()
+
+
+@app.function()
+def big(kib: int) -> str:
+    """A result larger than a KV entry holds: it is stored in the object store."""
+    return "x" * (kib * 1024)
