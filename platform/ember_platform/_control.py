@@ -213,10 +213,7 @@ _NONE: Any = _Absent()
 
 
 def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:
-    low, high = svc.min_replicas, svc.max_replicas
-    override = dep.scale.get(svc.name)
-    if override is not None:
-        low, high = override.min_replicas, override.max_replicas
+    low, high = dep.bounds(svc)
     return AutoscaleConfig(min_replicas=low, max_replicas=max(high, low, 1), scaledown_window_s=svc.scaledown_window_s,
                            buffer_replicas=svc.buffer_replicas)
 

@@ -162,7 +162,7 @@ class Registry:
         dep = self.deployments.items.get(app)
         if dep is None:
             raise NotFoundError(f"no app named {app!r} is deployed")
-        services = [ServiceView(name=s.name, min_replicas=s.min_replicas, max_replicas=s.max_replicas,
+        services = [ServiceView(name=s.name, min_replicas=dep.bounds(s)[0], max_replicas=dep.bounds(s)[1],
                                 functions=[f.name for f in s.functions],
                                 replicas=self.live_replicas(app, s.name))
                     for s in dep.manifest.services]

@@ -155,9 +155,8 @@ def _with_slices_summed(devices: list[DeviceView]) -> list[DeviceView]:
 
 def effective_bounds(dep: Deployment, svc: ServiceSpec) -> ScaleBounds:
     """The bounds the control loop uses: an ``ember scale`` override, else the decorator's."""
-    bounds = dep.scale.get(svc.name) or ScaleBounds(min_replicas=svc.min_replicas, max_replicas=svc.max_replicas)
-    return ScaleBounds(min_replicas=bounds.min_replicas,
-                       max_replicas=max(bounds.max_replicas, bounds.min_replicas, 1))
+    low, high = dep.bounds(svc)
+    return ScaleBounds(min_replicas=low, max_replicas=max(high, low, 1))
 
 
 def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[ReplicaStatus], state: ServiceState | None,

@@ -154,6 +154,13 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     scale: dict[str, ScaleBounds] = {}  # service name -> bounds set at run time
 
+    def bounds(self, service: ServiceSpec) -> tuple[int, int]:
+        """The service's (min, max) replicas: set at run time, else from its decorator."""
+        override = self.scale.get(service.name)
+        if override is not None:
+            return override.min_replicas, override.max_replicas
+        return service.min_replicas, service.max_replicas
+
 
 class Device(msgspec.Struct, frozen=True, kw_only=True):
     kind: Literal["cpu", "gpu"]
