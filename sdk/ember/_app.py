@@ -13,6 +13,7 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
+from ember._resources import GpuRequest, parse_gpu
 from ember._types import CallIO
 from ember._version import __version__
 from ember._wire import Batch, FunctionSpec, Manifest, Retries, ServiceSpec
@@ -313,9 +314,8 @@ def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeo
             f"({min_replicas})")
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 24 * 3600:
         raise InvalidSpecError(f"{where}(timeout_s={timeout_s!r}): timeout_s is a number of seconds in (0, 86400]")
-    count, types = _parse_gpu(where, gpu)
-    return {"gpu_count": count, "gpu_types": types, "min_replicas": min_replicas,
-            "max_replicas": max_replicas, "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
+    return {**_parse_gpu(where, gpu), "min_replicas": min_replicas, "max_replicas": max_replicas,
+            "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
 
 
 def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any) -> dict[str, Any]:
@@ -336,26 +336,9 @@ def _retries(where: str, retries: Any) -> Retries:
                            "initial_delay_s=..., backoff_coefficient=...)")
 
 
-_GPU_TYPE = re.compile(r"([A-Za-z0-9_-]+)(?::([1-8]))?")
-
-
-def _parse_gpu(where: str, gpu: Any) -> tuple[int, list[str]]:
-    hint = 'gpu=None (CPU), gpu=1, gpu="A10G", gpu="H100:2" or gpu=["H100", "A100"]'
-    if gpu is None or (gpu == 0 and not isinstance(gpu, bool)):
-        return 0, []
-    if isinstance(gpu, int) and not isinstance(gpu, bool):
-        if 1 <= gpu <= 8:
-            return gpu, []
-        raise InvalidSpecError(f"{where}(gpu={gpu!r}): a GPU count is from 1 to 8; use {hint}")
-    if isinstance(gpu, str):
-        m = _GPU_TYPE.fullmatch(gpu)
-        if not m:
-            raise InvalidSpecError(f"{where}(gpu={gpu!r}): not a GPU type; use {hint}")
-        count = int(m.group(2) or 1)
-        return count, [] if m.group(1).lower() == "any" else [m.group(1)]
-    if isinstance(gpu, list | tuple) and gpu and all(isinstance(g, str) and _GPU_TYPE.fullmatch(g) for g in gpu):
-        if any(":" in g for g in gpu):
-            raise InvalidSpecError(f"{where}(gpu={gpu!r}): list GPU types without counts, e.g. gpu=['H100', 'A100']; "
-                                   "for several GPUs of one type write gpu='H100:2'")
-        return 1, list(gpu)
-    raise InvalidSpecError(f"{where}(gpu={gpu!r}): use {hint}")
+def _parse_gpu(where: str, gpu: Any) -> dict[str, Any]:
+    """The ``gpu=`` argument as the manifest carries it: a full request, and the count and types."""
+    request = parse_gpu(gpu, where=where)
+    if request == GpuRequest():
+        return {"gpu_count": 0, "gpu_types": [], "gpu": None}
+    return {"gpu_count": max(request.count, 1), "gpu_types": list(request.types), "gpu": request}

@@ -11,6 +11,7 @@ from typing import Any, Literal
 import msgspec
 
 from ember._errors import InvalidSpecError
+from ember._resources import GpuRequest
 
 # NATS headers carried by every synchronous call.
 CALL_ID_HEADER = "Ember-Call-Id"
@@ -125,6 +126,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     retries: Retries = Retries()
     scaledown_window_s: float = 60.0
     buffer_replicas: int = 0
+    gpu: GpuRequest | None = None  # the full request (memory share, MIG profile, topology); None: CPU only
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,3 +44,24 @@ def test_retry_delays_back_off_up_to_the_maximum() -> None:
     assert [retries.delay_s(k) for k in range(1, 6)] == [1.0, 2.0, 4.0, 5.0, 5.0]
     with pytest.raises(ember.InvalidSpecError, match="backoff_coefficient"):
         ember.Retries(backoff_coefficient=0.5)
+
+
+@pytest.mark.parametrize(("gpu", "expected"), [
+    ("24GB", {"count": 1, "memory_mb": 24 * 1024}),
+    ("1g.10gb", {"mig_profile": "1g.10gb"}),
+    ("H100:4:nvlink", {"count": 4, "types": ("H100",), "topology": "nvlink"}),
+    ({"count": 2, "memory_gb": 40, "types": ["H100", "A100"]}, {"count": 2, "memory_mb": 40 * 1024,
+                                                                 "types": ("H100", "A100")}),
+])
+def test_the_full_gpu_request_reaches_the_scheduler(gpu: object, expected: dict) -> None:
+    from ember_platform.scheduler import request_from_spec
+
+    app = ember.App("gpus")
+
+    @app.function(gpu=gpu)
+    def f() -> int:
+        return 1
+
+    request = request_from_spec(app.services["f"])
+    assert {key: getattr(request, key) for key in expected} == expected
+    assert app.services["f"].gpu == request  # carried whole in the manifest
