@@ -187,7 +187,8 @@ class ControlLoop:
             plan.setdefault(decision.node_id, []).append(SlotAssignment(
                 replica_id=request.replica_id, app=slot.app, service=slot.service, version=slot.version,
                 index=slot.index, gpu_uuids=list(decision.gpu_uuids), gpu_indices=list(decision.gpu_indices),
-                numa_node=decision.numa_node, bundle_sha256=slot.bundle_sha256, module=slot.module))
+                numa_node=decision.numa_node, bundle_sha256=slot.bundle_sha256, module=slot.module,
+                memory_mb=decision.memory_mb))
 
     async def _write(self, plan: Plan, now: float) -> None:
         for nid in set(plan) | set(self.assignments.items):

@@ -100,6 +100,8 @@ class NodeAgent:
         env = {"EMBER_DEVICE": "cpu"}
         if slot.gpu_uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids)
+            if slot.memory_mb:
+                env["EMBER_GPU_MEMORY_MB"] = str(slot.memory_mb)
             if self.inventory is None:
                 env["EMBER_DEVICE"] = "cuda:0"
         return env

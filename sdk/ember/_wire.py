@@ -202,6 +202,7 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     numa_node: int = -1
     bundle_sha256: str = ""
     module: str = ""  # the app's module in its bundle
+    memory_mb: int = 0  # per GPU, for replicas that share GPUs by memory; 0: each GPU whole
 
 
 class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -97,6 +97,21 @@ def test_replicas_see_only_their_devices(tmp_path: Path) -> None:
     virtual = NodeAgent("nats://127.0.0.1:1", tmp_path, inventory=declared)
     # A declared inventory has no real GPUs: its replicas run on the CPU, still seeing only their devices.
     assert virtual._env(gpu_slot) == {"EMBER_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
+    shared = SlotAssignment(replica_id="r-2", app="a", service="s", version=1, index=2, gpu_uuids=["GPU-aaaa"],
+                            memory_mb=12_288)
+    assert real._env(shared)["EMBER_GPU_MEMORY_MB"] == "12288"  # torch's allocator is capped to it
+
+
+def test_the_memory_budget_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ember.backends._device import memory_budget_mb
+
+    monkeypatch.delenv("EMBER_GPU_MEMORY_MB", raising=False)
+    assert memory_budget_mb() == 0
+    monkeypatch.setenv("EMBER_GPU_MEMORY_MB", "24576")
+    assert memory_budget_mb() == 24576
+    monkeypatch.setenv("EMBER_GPU_MEMORY_MB", "lots")
+    with pytest.raises(ember.InvalidSpecError, match="EMBER_GPU_MEMORY_MB"):
+        memory_budget_mb()
 
 
 def test_warm_up_runs_each_size_largest_first_and_times_it() -> None:

@@ -9,6 +9,7 @@ import re
 from ember._errors import InvalidSpecError
 
 ENV_VAR = "EMBER_DEVICE"
+MEMORY_ENV_VAR = "EMBER_GPU_MEMORY_MB"
 _DEVICE = re.compile(r"cpu|cuda(?::(\d{1,3}))?")
 
 
@@ -22,6 +23,19 @@ def device() -> str:
         'cuda:0'
     """
     return resolve(os.environ.get(ENV_VAR, "").strip() or "cpu", source=ENV_VAR)
+
+
+def memory_budget_mb() -> int:
+    """The GPU memory this replica reserved (MB), when it shares its GPU with others by memory; 0: whole GPU.
+
+    ``ember.backends.torch.load_module`` caps torch's allocator at this share of the GPU.
+    """
+    raw = os.environ.get(MEMORY_ENV_VAR, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise InvalidSpecError(f"{MEMORY_ENV_VAR}={raw!r}: a number of megabytes")
+    return int(raw)
 
 
 def resolve(name: str | None, *, source: str = "device") -> str:

@@ -25,7 +25,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from ember._errors import InvalidSpecError
-from ember.backends._device import cuda_index, resolve
+from ember.backends._device import cuda_index, memory_budget_mb, resolve
 from ember.backends._errors import BackendUnavailableError, require
 from ember.backends._oom import is_torch_oom
 from ember.backends._warmup import warm_up
@@ -65,6 +65,7 @@ def load_module(factory_or_module: torch.nn.Module | Callable[[], torch.nn.Modul
         raise InvalidSpecError("load_module(dtype=float16) on the CPU: half-precision CPU kernels are slow or "
                                "missing; use dtype='bfloat16' or None there, e.g. dtype='float16' if "
                                "ember.backends.device() != 'cpu' else None")
+    _cap_memory(torch, target)
     module = _build(torch, factory_or_module)
     if weights_path is not None:
         module.load_state_dict(torch.load(weights_path, map_location="cpu", weights_only=True), strict=strict)
@@ -73,6 +74,15 @@ def load_module(factory_or_module: torch.nn.Module | Callable[[], torch.nn.Modul
     else:
         module.to(device=target, dtype=cast)  # one parameter at a time: no second copy of the model
     return module.eval()
+
+
+def _cap_memory(torch: Any, target: Any) -> None:
+    """On a GPU shared by memory, keep torch's allocator within the replica's reservation."""
+    budget = memory_budget_mb()
+    if target.type != "cuda" or not budget:
+        return
+    total_mb = torch.cuda.get_device_properties(target).total_memory / (1024 * 1024)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total_mb), target)
 
 
 def inference() -> Any:
