@@ -224,6 +224,6 @@ def test_the_digits_example_predicts_as_before(digits: ModuleType) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU and the CUDA build of torch")
 def test_a_memory_share_caps_torchs_allocator(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMBER_GPU_MEMORY_MB", "512")
-    ember.backends.torch.load_module(torch.nn.Linear(4, 4), device="cuda:0")
+    et.load_module(torch.nn.Linear(4, 4), device="cuda:0")
     with pytest.raises(torch.OutOfMemoryError):
         torch.empty(1024 * 1024 * 1024, dtype=torch.uint8, device="cuda:0")  # 1 GiB > the 512 MB share
