@@ -30,7 +30,8 @@ _HISTOGRAMS = (
 
 
 def render(replicas: Iterable[ReplicaStatus]) -> str:
-    rows = [(r, f) for r in replicas for f in r.functions]
+    replicas_seen = list(replicas)
+    rows = [(r, f) for r in replicas_seen for f in r.functions]
     lines: list[str] = []
     for name, attr, help_text in _COUNTERS:
         _family(lines, name, "counter", help_text, [(_labels(r, f), getattr(f, attr)) for r, f in rows])
@@ -41,7 +42,25 @@ def render(replicas: Iterable[ReplicaStatus]) -> str:
         lines.append(f"# TYPE {name} histogram")
         for r, f in rows:
             _histogram(lines, name, _labels(r, f), getattr(f, attr))
+    _start_phases(lines, list(replicas_seen))
     return "\n".join(lines) + "\n"
+
+
+_PHASES = ("fetch_s", "interpreter_s", "imports_s", "setup_s", "ready_s", "first_call_s")
+
+
+def _start_phases(lines: list[str], replicas: list[ReplicaStatus]) -> None:
+    samples = []
+    for r in replicas:
+        if r.start is None:
+            continue
+        labels = f'app="{r.app}",service="{r.service}",replica="{r.replica_id}",kind="{r.start.kind}"'
+        for phase in _PHASES:
+            value = getattr(r.start, phase)
+            if value is not None:
+                samples.append((f'{labels},phase="{phase.removesuffix("_s")}"', value))
+    _family(lines, "ember_replica_start_seconds", "gauge",
+            "Where each replica's start went, from the decision to start it (phase ready: all together).", samples)
 
 
 def _family(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:

@@ -107,13 +107,16 @@ class NodeAgent:
         return env
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
+        decided = time.time()
+        kind = "artifact" if self.bundles.has(slot.bundle_sha256) else "cold"
         try:
             bundle = await self.bundles.get(slot.bundle_sha256)
         except Exception:
             log.exception("cannot fetch bundle %s of %s", slot.bundle_sha256[:12], slot.app)
             return
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
-                              node_id=self.node_id, bundle=bundle, module=slot.module, env=self._env(slot))
+                              node_id=self.node_id, bundle=bundle, module=slot.module, env=self._env(slot),
+                              first_start=(kind, decided, time.time() - decided))
         self.slots[key] = replica
         log.info("starting %s", replica.replica_id)
         replica.start()

@@ -23,6 +23,9 @@ class BundleCache:
         """The bundles unpacked here (placement prefers nodes that hold a function's bundle)."""
         return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
 
+    def has(self, sha256: str) -> bool:
+        return (self.root / sha256).is_dir()
+
     async def get(self, sha256: str) -> Path:
         """The unpacked folder of bundle ``sha256``, fetching and verifying it on first use."""
         dest = self.root / sha256

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import time
 
 from ember._wire import FunctionStats, Histogram
 
@@ -30,6 +31,7 @@ class BatcherMetrics:
     def __init__(self) -> None:
         self.calls = 0
         self.batches = 0
+        self.first_batch_at: float | None = None
         self.expired = 0
         self.rejected = 0
         self.cancelled = 0
@@ -40,6 +42,8 @@ class BatcherMetrics:
         self.run_time = _Hist(SECONDS_BUCKETS)
 
     def observe_batch(self, size: int, max_size: int, run_s: float, waits: list[float]) -> None:
+        if not self.batches:
+            self.first_batch_at = time.time()
         self.batches += 1
         self.calls += size
         self.fill_sum += size / max_size

@@ -39,8 +39,9 @@ class ReplicaSlot:
     """Owns one replica process at a time and the task that supervises it."""
 
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
-                 module: str, env: dict[str, str]) -> None:
+                 module: str, env: dict[str, str], first_start: tuple[str, float, float]) -> None:
         self.key = key
+        self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
         self._env = env
         self._nc = nc
@@ -95,9 +96,11 @@ class ReplicaSlot:
 
     async def _run_once(self) -> int:
         k = self.key
+        kind, decided, fetch_s = self._first_start if self.restarts == 0 else ("artifact", time.time(), 0.0)
         cmd = [sys.executable, "-m", "ember_runtime.replica", "--nats", self._nats_url, "--bundle", str(self._bundle),
                "--module", self._module, "--app", k.app, "--service", k.service, "--version", str(k.version),
-               "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts)]
+               "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts),
+               "--start-kind", kind, "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
         self._proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=self._bundle,

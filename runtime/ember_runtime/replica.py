@@ -36,6 +36,7 @@ from ember._wire import (
     ErrorInfo,
     LoadReport,
     ReplicaStatus,
+    StartPhases,
     encoder,
 )
 from ember_runtime._batcher import Batcher, Call
@@ -84,6 +85,8 @@ class Replica:
                 await self._report("failed", f"setup failed: {type(exc).__name__}: {exc}")
                 return 3
             subs, loops = await self._serve(nc, endpoints)
+            self.status = msgspec.structs.replace(self.status, start=self._start_phases())
+            self._ready_at = time.time()
             await self._report("ready")
             await self.stop.wait()
             await self._drain(subs, loops)
@@ -95,11 +98,22 @@ class Replica:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     async def _load(self) -> list[Endpoint]:
+        imports_at = time.time()
         module = import_app_module(self.args.bundle, self.args.module)
         app = find_app(module, self.args.app)
         self.service = app.services[self.args.service]
-        return await asyncio.get_running_loop().run_in_executor(
+        setup_at = time.time()
+        endpoints = await asyncio.get_running_loop().run_in_executor(
             self.executor, build_endpoints, self.service, app.target(self.args.service))
+        self._phases = (imports_at, setup_at, time.time())
+        return endpoints
+
+    def _start_phases(self) -> StartPhases:
+        imports_at, setup_at, done_at = self._phases
+        decided = self.args.decided_at or self.args.main_at
+        return StartPhases(kind=self.args.start_kind, fetch_s=self.args.fetch_s,
+                           interpreter_s=max(self.args.main_at - decided - self.args.fetch_s, 0.0),
+                           imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided)
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
@@ -204,6 +218,11 @@ class Replica:
 
     async def _put(self) -> None:
         stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight) for b in self.batchers]
+        first = min((b.metrics.first_batch_at for b in self.batchers if b.metrics.first_batch_at), default=None)
+        start = self.status.start
+        if start is not None and start.first_call_s is None and first is not None:
+            self.status = msgspec.structs.replace(
+                self.status, start=msgspec.structs.replace(start, first_call_s=max(first - self._ready_at, 0.0)))
         self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=sum(s.calls for s in stats),
                                               batches=sum(s.batches for s in stats), functions=stats)
         await self.kv.put(self.args.replica_id, encoder.encode(self.status))
@@ -255,11 +274,16 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--replica-id", required=True)
     p.add_argument("--node-id", required=True)
     p.add_argument("--restarts", type=int, default=0)
+    p.add_argument("--start-kind", choices=["cold", "artifact"], default="cold")
+    p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
+    p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
+    main_at = time.time()  # the interpreter and Ember's modules are loaded by now
     args = _parse(sys.argv[1:] if argv is None else argv)
+    args.main_at = main_at
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     replica = Replica(args)
 

@@ -214,6 +214,19 @@ class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
+StartKind = Literal["cold", "artifact"]  # cold: the bundle was fetched for this start; artifact: it was on disk
+
+
+class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a replica's start went, in seconds, from the agent's decision to start it."""
+
+    kind: StartKind
+    fetch_s: float  # bundle download, verification and unpacking (0 when on disk)
+    interpreter_s: float  # a fresh interpreter and Ember's own imports
+    imports_s: float  # importing the app (torch and the like)
+    setup_s: float  # the class's @ember.setup methods
+    ready_s: float  # decision to ready, all together
+    first_call_s: float | None = None  # ready to the first answered call
 
 
 class Histogram(msgspec.Struct, frozen=True, kw_only=True):
@@ -260,6 +273,7 @@ class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
     calls: int = 0
     batches: int = 0
     functions: list[FunctionStats] = []
+    start: StartPhases | None = None
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):

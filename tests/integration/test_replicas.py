@@ -151,3 +151,30 @@ def test_a_call_whose_client_went_away_is_dropped_from_the_queue(probe, transpor
         return lines if any("slow(0.01) started" in line for line in lines) else None
 
     assert not any("slow(0.25) started" in line for line in wait_for(log_with_the_later_call))
+
+
+def test_a_replica_start_is_measured_phase_by_phase(tmp_path, transport, http):
+    app_file = tmp_path / "phased.py"
+    app_file.write_text('import os\nimport ember\napp = ember.App("phased")\n'
+                        "@app.function()\ndef pid() -> int:\n    return os.getpid()\n")
+    ember.deploy(app_file, transport=transport, timeout_s=60)
+
+    def replica():
+        ready = [r for s in app_view(transport, "phased").services for r in s.replicas if r.state == "ready"]
+        return ready[0] if len(ready) == 1 else None
+
+    first = replica()
+    assert first is not None
+    assert first.start is not None and first.start.kind == "cold" and first.start.fetch_s > 0
+    phases = first.start
+    assert min(phases.interpreter_s, phases.imports_s, phases.setup_s) >= 0
+    assert phases.ready_s >= phases.fetch_s + phases.interpreter_s + phases.imports_s + phases.setup_s - 0.01
+    assert http.post("/v1/phased/pid").json() == first.pid
+    wait_for(lambda: (r := replica()) and r.start.first_call_s is not None, what="the first call to be recorded")
+    os.kill(first.pid, signal.SIGKILL)
+    again = wait_for(lambda: (r := replica()) and r.pid != first.pid and r, what="the restarted replica")
+    assert again.start.kind == "artifact" and again.start.fetch_s == 0  # the bundle was on disk
+    metrics = http.get("/metrics").text
+    assert f'ember_replica_start_seconds{{app="phased",service="pid",replica="{again.replica_id}",kind="artifact",' \
+           'phase="imports"}' in metrics
+    transport.request("DELETE", "/v1/apps/phased")

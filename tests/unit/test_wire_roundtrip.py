@@ -57,6 +57,8 @@ SAMPLES: list[msgspec.Struct] = [
     wire.NodeAssignment(node_id="n-1", slots=[wire.SlotAssignment(replica_id="r-2", app="a", service="s", version=1,
                                                                   index=1)], updated_at=5.0),
     wire.ScaleBounds(min_replicas=2, max_replicas=5),
+    wire.StartPhases(kind="cold", fetch_s=0.1, interpreter_s=0.2, imports_s=1.5, setup_s=0.3, ready_s=2.2,
+                     first_call_s=0.01),
     wire.LoadReport(replica_id="r-1", app="digits", function="Classifier.predict", version=3, queued=4, in_flight=8,
                     per_call_s=0.0005),
     wire.DeviceView(kind="gpu", index=0, name="A10G", uuid="GPU-1", memory_total_mb=24_576, memory_free_mb=23_552,
