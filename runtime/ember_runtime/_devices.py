@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import platform
 
 from ember._wire import Device
-
-log = logging.getLogger("ember.devices")
 
 
 def cpu_device() -> Device:
