@@ -1,6 +1,9 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -70,3 +73,17 @@ def hello(deployed: Deployer) -> AppView:
 @pytest.fixture(scope="session")
 def probe(deployed: Deployer) -> AppView:
     return deployed(REPO / "tests" / "apps" / "probe" / "probe.py")
+
+
+def _run_cli(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([sys.executable, "-m", "ember._cli", *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "EMBER_URL": url})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="session")
+def ember_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs the `ember` CLI in a subprocess against ``url``; asserts success unless ``check=False``."""
+    return _run_cli

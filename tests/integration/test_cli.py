@@ -18,14 +18,6 @@ REPO = Path(__file__).resolve().parents[2]
 EMBER = [sys.executable, "-m", "ember._cli"]
 
 
-def ember(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*EMBER, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "EMBER_URL": url})
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
-
-
 def processes_mentioning(needle: str) -> list[str]:
     found = []
     for entry in Path("/proc").iterdir():
@@ -41,33 +33,33 @@ def processes_mentioning(needle: str) -> list[str]:
     return found
 
 
-def test_push_ls_call_logs_delete(platform, tmp_path):
+def test_push_ls_call_logs_delete(platform, tmp_path, ember_cli):
     app = tmp_path / "clitest.py"
     app.write_text('import ember\napp = ember.App("clitest")\n'
                    "@app.function()\ndef shout(text: str) -> str:\n    print('shouting', text)\n"
                    "    return text.upper()\n")
-    pushed = ember("push", str(app), url=platform.url)
+    pushed = ember_cli("push", str(app), url=platform.url)
     assert f"POST {platform.url}/v1/clitest/shout" in pushed.stdout
     assert "ready" in pushed.stderr  # the progress display
-    assert "clitest.shout" in ember("ls", url=platform.url).stdout
-    assert ember("call", "clitest.shout", "--data", '"hey"', url=platform.url).stdout.strip() == '"HEY"'
+    assert "clitest.shout" in ember_cli("ls", url=platform.url).stdout
+    assert ember_cli("call", "clitest.shout", "--data", '"hey"', url=platform.url).stdout.strip() == '"HEY"'
     deadline = time.monotonic() + 20
-    while "shouting hey" not in ember("logs", "clitest.shout", url=platform.url).stdout:
+    while "shouting hey" not in ember_cli("logs", "clitest.shout", url=platform.url).stdout:
         assert time.monotonic() < deadline, "the replica's output never reached `ember logs`"
         time.sleep(0.2)
-    bad = ember("call", "clitest.shout", "--data", "5", url=platform.url, check=False)
+    bad = ember_cli("call", "clitest.shout", "--data", "5", url=platform.url, check=False)
     assert bad.returncode == 1 and "InvalidInputError" in bad.stderr
-    ember("delete", "clitest", url=platform.url)
-    assert "clitest" not in ember("ls", url=platform.url).stdout
+    ember_cli("delete", "clitest", url=platform.url)
+    assert "clitest" not in ember_cli("ls", url=platform.url).stdout
 
 
-def test_cli_reports_an_unreachable_platform_clearly():
-    proc = ember("ls", url="http://127.0.0.1:9", check=False)
+def test_cli_reports_an_unreachable_platform_clearly(ember_cli):
+    proc = ember_cli("ls", url="http://127.0.0.1:9", check=False)
     assert proc.returncode == 1
     assert "cannot reach the Ember platform" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path):
+def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path, ember_cli):
     state = tmp_path / "dev-state"
     cmd = [*EMBER, "dev", str(REPO / "examples" / "hello" / "hello.py"), "--port", "0", "--state-dir", str(state)]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as dev:
@@ -81,7 +73,7 @@ def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path):
                 line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
                 if line.startswith("export EMBER_URL="):
                     url = line.split("=", 1)[1].split()[0]
-            assert ember("call", "hello.greet", "--data", '"dev"', url=url).stdout.strip() == '"Hello, dev!"'
+            assert ember_cli("call", "hello.greet", "--data", '"dev"', url=url).stdout.strip() == '"Hello, dev!"'
             assert processes_mentioning(str(state)), "expected nats-server, platform, agent and replicas running"
         finally:
             dev.send_signal(signal.SIGINT)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import time
 import uuid
@@ -18,15 +16,6 @@ import ember
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-EMBER = [sys.executable, "-m", "ember._cli"]
-
-
-def ember_cli(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([*EMBER, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "EMBER_URL": url})
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def wait_for_status(call: ember.FunctionCall, status: str, timeout_s: float = 30.0) -> None:
@@ -142,7 +131,7 @@ def test_async_forms(hello_module):
     asyncio.run(main())
 
 
-def test_cli_call_async_calls_get_and_cancel(hello, platform):
+def test_cli_call_async_calls_get_and_cancel(hello, platform, ember_cli):
     call_id = ember_cli("call", "hello.greet", "--data", '"Di"', "--async", url=platform.url).stdout.strip()
     record = json.loads(ember_cli("calls", "get", call_id, "--wait", "60", url=platform.url).stdout)
     assert (record["call_id"], record["status"], record["output"]) == (call_id, "succeeded", "Hello, Di!")
@@ -152,7 +141,7 @@ def test_cli_call_async_calls_get_and_cancel(hello, platform):
     assert missing.returncode == 1 and "NotFoundError" in missing.stderr
 
 
-def test_dead_letters_and_replay_through_the_sdk_and_the_cli(probe, platform, ember_url):
+def test_dead_letters_and_replay_through_the_sdk_and_the_cli(probe, platform, ember_url, ember_cli):
     flaky = ember.lookup("probe", "flaky")
     poison = flaky.spawn(f"poison-sdk-{uuid.uuid4().hex[:8]}")
     with pytest.raises(ember.RemoteError, match="poisoned"):
