@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 
+from ember import _loop as ember_loop
 from ember_platform._app import create_app
 from ember_platform._config import Settings
 
@@ -42,7 +43,7 @@ def main() -> None:
                 tmp.replace(args.url_file)
         await task
 
-    asyncio.run(serve())
+    ember_loop.run(serve())
 
 
 if __name__ == "__main__":

@@ -5,9 +5,10 @@ The gateway picks two fresh reports at random and sends the call to the replica 
 wait (power of two choices), counting the calls it sent there since; without fresh reports it publishes
 to ``ember.invoke.<tenant>.<app>.<fn>.<version>``, the queue group of the version's replicas.
 
-Protocol: the call carries a reply inbox of the gateway's own. The replica that takes the call acks at once
-(an empty message with ``Ember-Ack: <replica id>``) and later sends the ``CallReply``. So the gateway knows
-which replica holds each call and does not lose a call to a replica that dies:
+Protocol: the call carries a reply inbox of the gateway's own. The replica that takes the call and has not
+answered it within a few milliseconds acks it (an empty message with ``Ember-Ack: <replica id>``; a fast
+answer needs no ack, which saves a message each way on the common path) and later sends the ``CallReply``.
+So the gateway knows which replica holds each call and does not lose a call to a replica that dies:
 
 - no replica subscribed ("no responders"): wait for one until the deadline, then 503;
 - no ack in time, or the replica holding the call crashes: send the call again (at most
@@ -21,7 +22,7 @@ import asyncio
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -67,7 +68,7 @@ class Router:
         self._nc = nc
         self._alive = replica_alive
         self._inbox = ""
-        self._waiting: dict[str, asyncio.Queue[Msg]] = {}
+        self._waiting: dict[str, _Pending] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
         self._reports: dict[tuple[str, str, int], dict[str, tuple[float, LoadReport]]] = {}
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
@@ -105,9 +106,9 @@ class Router:
         return report.queued + report.in_flight + self._sent[report.replica_id] + 1
 
     async def _on_reply(self, msg: Msg) -> None:
-        queue = self._waiting.get(msg.subject.rpartition(".")[2])
-        if queue is not None:
-            queue.put_nowait(msg)
+        pending = self._waiting.get(msg.subject.rpartition(".")[2])
+        if pending is not None:
+            pending.deliver(msg)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float) -> CallReply:
@@ -118,7 +119,7 @@ class Router:
                    FUNCTION_HEADER: function}
         tried: set[str] = set()
         pending = _Pending(f"{app}.{function}", call_id, deadline)
-        self._waiting[call_id] = pending.replies
+        self._waiting[call_id] = pending
         load_key = (app, function.split(".")[0])
         self.in_flight[load_key] += 1
         try:
@@ -128,6 +129,7 @@ class Router:
                 subject = subjects.replica_invoke(target) if target else group_subject
                 await self._nc.publish(subject, body, reply=f"{self._inbox}.{call_id}", headers=headers)
                 attempts += 1
+                pending.sent_to = target or ""
                 if target:
                     self._sent[target] += 1
                 try:
@@ -155,8 +157,9 @@ class Router:
             self.in_flight[load_key] -= 1
             if not self.in_flight[load_key]:
                 del self.in_flight[load_key]
-            if pending.holder and not pending.answered:
-                await asyncio.shield(self._cancel(pending.holder, call_id))
+            holder = pending.holder or pending.sent_to  # a call answered fast is never acked
+            if holder and not pending.answered:
+                await asyncio.shield(self._cancel(holder, call_id))
 
     async def _cancel(self, replica_id: str, call_id: str) -> None:
         try:
@@ -175,7 +178,7 @@ class Router:
                                        retry_after_s=1.0, call_id=pending.call_id)
             wait = min(remaining, LIVENESS_CHECK_S if pending.holder else ACK_TIMEOUT_S)
             try:
-                msg = await asyncio.wait_for(pending.replies.get(), wait)
+                msg = await pending.next(wait)
             except TimeoutError:
                 if not pending.holder and remaining > wait:
                     raise _Retry("no replica acknowledged the call") from None
@@ -197,11 +200,41 @@ class Router:
 
 @dataclass
 class _Pending:
-    """One call in flight: where its replies arrive and which replica holds it."""
+    """One call in flight: the messages that arrived for it, which replica holds it (once acked) and which
+    one it was last sent to (empty for the queue group).
+
+    Waiting is a bare future and a timer rather than ``asyncio.Queue`` and ``wait_for``: this runs for every
+    synchronous call, and ``wait_for`` costs a task per wait."""
 
     what: str
     call_id: str
     deadline: float
-    replies: asyncio.Queue[Msg] = field(default_factory=asyncio.Queue)
     holder: str = ""
+    sent_to: str = ""
     answered: bool = False
+    _inbox: deque[Msg] = field(default_factory=deque)
+    _waiter: asyncio.Future[Msg] | None = None
+
+    def deliver(self, msg: Msg) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(msg)
+        else:
+            self._inbox.append(msg)
+
+    async def next(self, timeout: float) -> Msg:
+        """The next message for this call; ``TimeoutError`` after ``timeout`` seconds without one."""
+        if self._inbox:
+            return self._inbox.popleft()
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _expire(waiter: asyncio.Future[Msg]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Awaitable
-from typing import TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import msgspec
 from starlette.requests import Request
@@ -58,23 +58,32 @@ async def invoke(request: Request) -> Response:
     return Response(bytes(reply.output), media_type="application/json", headers=headers)
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
-    """Await ``work``; cancel it (so that the replica drops the call) if the client disconnects first."""
-    async def disconnected() -> None:
+async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
+    """Await ``work``; cancel it (so that the replica drops the call) if the client disconnects first.
+
+    One watcher task cancels this one on disconnect; ``work`` runs in the caller's task (a second task and
+    ``asyncio.wait`` cost more than the call's own bookkeeping on this hot path)."""
+    this = asyncio.current_task()
+    assert this is not None
+    gone = False
+
+    async def watch() -> None:
+        nonlocal gone
         while (await request.receive())["type"] != "http.disconnect":
             pass
+        gone = True
+        this.cancel()
 
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(disconnected())
+    watcher = asyncio.get_running_loop().create_task(watch())
     try:
-        await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+        return await work
+    except asyncio.CancelledError:
+        if not gone:
+            raise
+        this.uncancel()
+        return None
     finally:
         watcher.cancel()
-    if not task.done():
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        return None
-    return task.result()
 
 
 async def spawn(request: Request) -> Response:

@@ -9,6 +9,7 @@ import os
 import signal
 from pathlib import Path
 
+from ember import _loop as ember_loop
 from ember_runtime._agent import NodeAgent
 
 
@@ -30,7 +31,7 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await agent.run(stop)
 
-    asyncio.run(run())
+    ember_loop.run(run())
 
 
 if __name__ == "__main__":

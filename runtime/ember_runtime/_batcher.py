@@ -178,7 +178,8 @@ class Batcher:
             return 0.0
         view = QueueView(count=len(live), total_cost=sum(c.cost for c in live),
                          oldest_arrival=min(c.enqueued_at for c in live),
-                         earliest_deadline=min(c.deadline_mono() for c in live))
+                         earliest_deadline=min(c.deadline_mono() for c in live),
+                         newest_arrival=max(c.enqueued_at for c in live))
         limits = Limits(self.capacity, self.limits.window_s, self.limits.max_cost, self.limits.latency_budget_s)
         return hold_for(view, limits, self.model, self._mean_gap, now)
 

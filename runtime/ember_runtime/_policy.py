@@ -2,9 +2,11 @@
 
 - A full batch (by count or by cost) goes at once.
 - Otherwise wait for more calls only while it pays: the next call is expected (from the recent arrival
-  rate) sooner than a batch's fixed cost, the batching window since the oldest waiting call is still
-  open, the latency budget allows it, and waiting would not make the most urgent call miss its deadline.
-  So an idle replica at low load never pays the window, and a busy one fills its batches.
+  rate) sooner than a batch's fixed cost, a call did arrive within the last fixed cost (arrivals come in
+  bursts: closed-loop clients send their next call only once answered, so once a burst is over the window
+  would be waited out for nothing), the batching window since the oldest waiting call is still open, the
+  latency budget allows it, and waiting would not make the most urgent call miss its deadline. So an idle
+  replica at low load never pays the window, and a busy one fills its batches.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class QueueView:
     total_cost: float
     oldest_arrival: float  # monotonic seconds
     earliest_deadline: float  # monotonic seconds
+    newest_arrival: float | None = None  # monotonic seconds; None: not known
 
 
 @dataclass(frozen=True)
@@ -39,6 +42,8 @@ def hold_for(view: QueueView, limits: Limits, model: CostModel, mean_gap_s: floa
     if not model.fitted or mean_gap_s >= model.fixed_s:
         return 0.0  # the next call is not expected soon enough for waiting to pay
     close_at = view.oldest_arrival + limits.window_s
+    if view.newest_arrival is not None:
+        close_at = min(close_at, view.newest_arrival + model.fixed_s)
     next_cost = model.predict(view.count + 1)
     if limits.latency_budget_s is not None:
         close_at = min(close_at, view.oldest_arrival + limits.latency_budget_s - next_cost)

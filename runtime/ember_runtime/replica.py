@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from ember import _loop as ember_loop
 from ember import _subjects as subjects
 from ember._callstore import CallStore
 from ember._errors import EmberError, NotFoundError, RemoteError, UnavailableError
@@ -46,6 +47,7 @@ from ember_runtime._queue import QueueWorker
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
+ACK_DELAY_S = 0.01  # calls answered sooner are never acked (see _Acks)
 DRAIN_GRACE_S = 20.0
 EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
@@ -117,6 +119,7 @@ class Replica:
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
+        self.acks = _Acks(nc, self.args.replica_id)
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
         direct: dict[str, Any] = {}
         for endpoint in endpoints:
@@ -179,9 +182,10 @@ class Replica:
             priority = headers.get(PRIORITY_HEADER, "interactive")
 
             async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
+                self.acks.answered(msg.reply)
                 await nc.publish(msg.reply, _encode_reply(output, error, batch_size, call_id))
 
-            await nc.publish(msg.reply, b"", headers={ACK_HEADER: self.args.replica_id})
+            self.acks.hold(msg.reply)
             try:
                 value = endpoint.decode(msg.data)
                 batcher.submit(Call(value, deadline, answer, call_id, priority, endpoint.cost_of(value)))
@@ -234,6 +238,40 @@ class Replica:
                 await self._put()
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+
+class _Acks:
+    """Tells the gateway which replica holds a synchronous call, for calls still unanswered at the next sweep
+    (sweeps run ``ACK_DELAY_S`` apart while calls are held).
+
+    The gateway needs the holder only to resend a call whose replica died and to cancel a call whose client
+    went away; a call answered sooner is never acked, which saves a message each way on the common path.
+    """
+
+    def __init__(self, nc: Any, replica_id: str) -> None:
+        self._nc = nc
+        self._headers = {ACK_HEADER: replica_id}
+        self._held: dict[str, None] = {}  # reply subjects of calls not answered yet, oldest first
+        self._timer: asyncio.TimerHandle | None = None
+
+    def hold(self, reply: str) -> None:
+        self._held[reply] = None
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._send)
+
+    def answered(self, reply: str) -> None:
+        self._held.pop(reply, None)
+
+    def _send(self) -> None:
+        self._timer = None
+        replies, self._held = list(self._held), {}
+        if replies:
+            asyncio.get_running_loop().create_task(self._publish(replies))
+
+    async def _publish(self, replies: list[str]) -> None:
+        for reply in replies:
+            with contextlib.suppress(Exception):  # a lost ack only costs the gateway an extra resend
+                await self._nc.publish(reply, b"", headers=self._headers)
 
 
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
@@ -293,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
             loop.add_signal_handler(sig, replica.stop.set)
         return await replica.run()
 
-    code = asyncio.run(run())
+    code = ember_loop.run(run())
     if code == EXIT_ABANDONED_SETUP:
         # The setup thread is still running user code; do not wait for it at interpreter exit.
         sys.stderr.flush()

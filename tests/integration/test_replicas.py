@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import json
 import os
 import signal
 import time
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 
 import ember
@@ -178,3 +181,35 @@ def test_a_replica_start_is_measured_phase_by_phase(tmp_path, transport, http):
     assert f'ember_replica_start_seconds{{app="phased",service="pid",replica="{again.replica_id}",kind="artifact",' \
            'phase="imports"}' in metrics
     transport.request("DELETE", "/v1/apps/phased")
+
+
+def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
+    """The replica acks a synchronous call (naming itself) only when it has not answered it within a few
+    milliseconds: the gateway needs the holder to resend or cancel a long call, not for a fast one."""
+    from ember import _subjects as subjects
+    from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, FUNCTION_HEADER, reply_decoder
+
+    (holder,) = [r.replica_id for s in app_view(transport, "probe").services if s.name == "slow"
+                 for r in s.replicas if r.state == "ready"]
+    version = app_view(transport, "probe").version
+
+    async def exchange(seconds: float) -> list:
+        nc = await nats.connect(platform.nats_url)
+        inbox = nc.new_inbox()
+        got: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe(f"{inbox}.*", cb=got.put)
+        headers = {CALL_ID_HEADER: f"ack-{seconds}", DEADLINE_HEADER: repr(time.time() + 30),
+                   FUNCTION_HEADER: "slow"}
+        await nc.publish(subjects.invoke("probe", "slow", version), json.dumps(seconds).encode(),
+                         reply=f"{inbox}.x", headers=headers)
+        messages = [await asyncio.wait_for(got.get(), 30)]
+        while ACK_HEADER in (messages[-1].headers or {}):
+            messages.append(await asyncio.wait_for(got.get(), 30))
+        await nc.close()
+        return messages
+
+    (fast,) = asyncio.run(exchange(0.0))
+    assert bytes(reply_decoder.decode(fast.data).output) == b"0.0"
+    ack, answer = asyncio.run(exchange(0.5))
+    assert ack.headers[ACK_HEADER] == holder and not ack.data
+    assert bytes(reply_decoder.decode(answer.data).output) == b"0.5"

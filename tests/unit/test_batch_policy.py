@@ -41,6 +41,15 @@ def test_the_window_counts_from_the_oldest_call():
     assert hold_for(view(3, oldest=100.0), LIMITS, EAGER, mean_gap_s=0.001, now=100.020) == 0
 
 
+def test_it_stops_waiting_once_a_burst_of_arrivals_is_over():
+    # 4 ms fixed cost: a call that arrived 1 ms ago keeps the batch open 3 ms more, within the 10 ms window;
+    # with none for 5 ms the burst is over and the batch goes, although the window is still open.
+    burst = QueueView(count=3, total_cost=3.0, oldest_arrival=100.0, earliest_deadline=math.inf,
+                      newest_arrival=100.002)
+    assert hold_for(burst, LIMITS, EAGER, mean_gap_s=0.001, now=100.003) == pytest.approx(0.003)
+    assert hold_for(burst, LIMITS, EAGER, mean_gap_s=0.001, now=100.007) == 0
+
+
 def test_the_latency_budget_includes_the_predicted_run_time():
     limits = Limits(max_size=8, window_s=0.050, latency_budget_s=0.012)
     # budget 12 ms - predicted 4 + 2·1 = 6 ms -> close 6 ms after the oldest call

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from ember._wire import LoadReport
@@ -47,3 +48,21 @@ def test_stale_dead_or_excluded_replicas_are_not_chosen():
 def test_a_replica_without_a_cost_estimate_is_compared_by_counts():
     r = router({"new", "old"}, load("new", 0), load("old", 6, per_call_s=0.001))
     assert r.choose("a", "f", 1, set()) == "new"
+
+
+def test_a_pending_call_gets_its_messages_in_order_or_times_out():
+    from ember_platform._router import _Pending
+
+    async def scenario() -> list[object]:
+        pending = _Pending("a.f", "c1", deadline=time.time() + 10)
+        pending.deliver("early")  # type: ignore[arg-type]  # before anyone waits: kept
+        seen: list[object] = [await pending.next(1.0)]
+        asyncio.get_running_loop().call_soon(pending.deliver, "late")
+        seen.append(await pending.next(1.0))  # delivered while waiting
+        try:
+            await pending.next(0.01)
+        except TimeoutError:
+            seen.append("timeout")
+        return seen
+
+    assert asyncio.run(scenario()) == ["early", "late", "timeout"]
