@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import time
 import uuid
@@ -13,8 +14,11 @@ from pathlib import Path
 from ember._nats import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
 from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, assignment_decoder, encoder
 from ember_runtime import _inventory as inventory_source
+from ember_runtime import _numa as numa
 from ember_runtime._bundles import BundleCache
 from ember_runtime._slot import ReplicaSlot, SlotKey
+from ember_runtime._usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
+from ember_runtime._watch import UsageWatcher
 
 log = logging.getLogger("ember.agent")
 RECONCILE_EVERY_S = 2.0
@@ -24,7 +28,9 @@ class NodeAgent:
     """Runs, on this node, the replicas the scheduler assigned to it, and reports the node's devices.
 
     With ``inventory`` (a declared virtual inventory file) the node reports those devices instead of
-    NVML's, through the same code path; its replicas then still run on the CPU.
+    NVML's, through the same code path; its replicas then still run on the CPU, and the GPU memory they
+    use is what they declare to a virtual driver (see ``_usage``) instead of what NVML measures.
+    Each replica is pinned to the CPUs of its GPU's NUMA node (see ``_numa``).
     """
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
@@ -35,6 +41,8 @@ class NodeAgent:
         self.inventory = inventory
         self.devices = inventory_source.load(inventory)
         self.host = inventory_source.load_host(inventory)
+        self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
+        self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
         self._wake = asyncio.Event()
 
@@ -48,6 +56,9 @@ class NodeAgent:
                                                               on_change=lambda *_: self._wake.set())
         await self.assignments.start()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
+        usage = self._usage_source()
+        watch = asyncio.create_task(UsageWatcher(usage, self.slots.values).run(stop), name="gpu-memory-watch") \
+            if usage is not None else None
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
         try:
             while not stop.is_set():
@@ -60,8 +71,12 @@ class NodeAgent:
         finally:
             await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
             self.slots.clear()
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            for task in (heartbeat, watch):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            if usage is not None:
+                usage.close()
             with contextlib.suppress(Exception):
                 await stores["nodes"].delete(self.node_id)
             await self.assignments.stop()
@@ -71,7 +86,7 @@ class NodeAgent:
         while not stop.is_set():
             info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
-                            bundles=self.bundles.cached())
+                            bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb)
             try:
                 await self._stores["nodes"].put(self.node_id, encoder.encode(info))
             except Exception as exc:
@@ -91,6 +106,7 @@ class NodeAgent:
             slot = self.slots.pop(key)
             log.info("stopping %s", slot.replica_id)
             await slot.stop()
+            self.host_memory.release(slot.replica_id)
         for key, assigned in want.items():
             if key not in self.slots:
                 await self._start(key, assigned)
@@ -114,9 +130,51 @@ class NodeAgent:
         except Exception:
             log.exception("cannot fetch bundle %s of %s", slot.bundle_sha256[:12], slot.app)
             return
+        pin = self._pinning(slot)
+        env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
-                              node_id=self.node_id, bundle=bundle, module=slot.module, env=self._env(slot),
-                              first_start=(kind, decided, time.time() - decided))
+                              node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
+                              first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
+                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus)
         self.slots[key] = replica
-        log.info("starting %s", replica.replica_id)
+        log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
+        self._count_host_memory(slot)
         replica.start()
+
+    def _pinning(self, slot: SlotAssignment) -> numa.Pinning:
+        """The CPUs of the NUMA node of the replica's GPUs, as the scheduler saw it or as this node reports it."""
+        node = slot.numa_node
+        if node < 0:
+            nodes = {d.numa_node for d in self.devices if d.uuid and d.uuid in slot.gpu_uuids}
+            node = nodes.pop() if len(nodes) == 1 else -1
+        return numa.pinning(self.numa, node, numa.allowed_cpus())
+
+    def _count_host_memory(self, slot: SlotAssignment) -> None:
+        memory_mb = slot.host_memory_mb
+        if not self.host_memory.reserve(slot.replica_id, memory_mb):
+            log.warning("%s: over-committed by starting %s", self.host_memory.summary(), slot.replica_id)
+        elif memory_mb:
+            log.info("%s", self.host_memory.summary())
+
+    def _usage_source(self) -> UsageSource | None:
+        """Where the GPU memory watch reads usage: the virtual driver of a declared inventory, else NVML."""
+        gpus = [d.uuid for d in self.devices if d.kind == "gpu" and d.uuid]
+        if not gpus:
+            return None
+        if self.inventory is not None:
+            return DeclaredUsage(self._virtual_table, gpus)
+        try:
+            return NvmlUsage()
+        except Exception as exc:
+            log.warning("GPU memory is not watched: NVML is unavailable: %s", exc)
+            return None
+
+    @property
+    def _virtual_table(self) -> Path:
+        return self.state_dir / "gpu-processes"
+
+    def _virtual_env(self, slot: SlotAssignment) -> dict[str, str]:
+        """On a declared inventory, where a replica declares the GPU memory it "uses" (see ``_usage``)."""
+        if self.inventory is None or not slot.gpu_uuids:
+            return {}
+        return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}

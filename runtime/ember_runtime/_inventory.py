@@ -39,6 +39,13 @@ The declared format (every key but ``model`` is optional; unknown keys are error
     mig = { "1g.10gb" = 7 }   # MIG mode, with these slices (profile = count), in order
     numa_node = 1
 
+    [[numa]]               # the host's NUMA nodes and their CPUs (default: this machine's, from sysfs);
+    node = 0               # replicas are pinned to their GPU's node, where its CPUs exist on this machine
+    cpus = "0-31"
+    [[numa]]
+    node = 1
+    cpus = "32-63"
+
 A MIG slice is a ``Device`` with ``kind="gpu"``, its GPU's ``index``, ``mig_profile`` and
 ``parent_uuid``, and the name NVML gives it (``"<GPU name> MIG <profile>"``); its GPU is reported
 too, with ``mig_enabled=True``.
@@ -59,6 +66,7 @@ import msgspec
 
 from ember._wire import Device
 from ember_runtime._devices import cpu_device
+from ember_runtime._numa import Topology, parse_cpulist
 
 log = logging.getLogger("ember.inventory")
 
@@ -96,10 +104,16 @@ class _Gpu(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     utilization: float = 0.0
 
 
+class _Numa(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    node: int
+    cpus: str  # the kernel's list format: "0-15,32-47"
+
+
 class _File(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     nvlink: list[list[int]] = []
     host: _Host = msgspec.field(default_factory=_Host)
     gpu: list[_Gpu] = []
+    numa: list[_Numa] = []
 
 
 # --- one entry point -----------------------------------------------------------------------------
@@ -118,6 +132,14 @@ def load_host(path: str | Path | None) -> HostInfo:
         host = _decode(Path(path).read_text(), str(path)).host
         return HostInfo(host.cpu_cores, round(host.memory_gb * _MB_PER_GB))
     return HostInfo(os.cpu_count() or 0, cpu_device().memory_total_mb)
+
+
+def load_numa(path: str | Path | None) -> Topology | None:
+    """The NUMA nodes a declared inventory gives in ``[[numa]]``; ``None``: read this machine's."""
+    if path is None:
+        return None
+    spec = _decode(Path(path).read_text(), str(path))
+    return {numa.node: parse_cpulist(numa.cpus) for numa in spec.numa} or None
 
 
 # --- the declared inventory ----------------------------------------------------------------------
@@ -169,7 +191,7 @@ def _line_of(text: str, path: str) -> int | None:
         return None
     table, index, key = m.group(1), int(m.group(2) or 0), m.group(3)
     lines = text.splitlines()
-    header = {"gpu": r"\[\[\s*gpu\s*\]\]", "host": r"\[\s*host\s*\]"}.get(table)
+    header = {"gpu": r"\[\[\s*gpu\s*\]\]", "numa": r"\[\[\s*numa\s*\]\]", "host": r"\[\s*host\s*\]"}.get(table)
     if header is None:  # a top-level key
         return _find_key(lines, 0, table)
     starts = [i for i, line in enumerate(lines) if re.match(rf"\s*{header}", line)]
@@ -194,7 +216,25 @@ def _first_problem(spec: _File) -> tuple[str, str] | None:
             return f"$.gpu[{i}].{problem[0]}", problem[1]
     if spec.host.cpu_cores < 0 or spec.host.memory_gb < 0:
         return "$.host.cpu_cores" if spec.host.cpu_cores < 0 else "$.host.memory_gb", "must be >= 0"
-    return _nvlink_problem(spec.nvlink, sum(g.count for g in spec.gpu))
+    return _nvlink_problem(spec.nvlink, sum(g.count for g in spec.gpu)) or _numa_problem(spec)
+
+
+def _numa_problem(spec: _File) -> tuple[str, str] | None:
+    seen: set[int] = set()
+    for i, numa in enumerate(spec.numa):
+        if numa.node < 0 or numa.node in seen:
+            return f"$.numa[{i}].node", f"a NUMA node is a distinct id >= 0, got {numa.node}"
+        seen.add(numa.node)
+        try:
+            cpus = parse_cpulist(numa.cpus)
+        except ValueError as exc:
+            return f"$.numa[{i}].cpus", str(exc)
+        if not cpus:
+            return f"$.numa[{i}].cpus", "lists no CPU; give them as '0-15,32-47'"
+    for i, gpu in enumerate(spec.gpu):
+        if seen and gpu.numa_node >= 0 and gpu.numa_node not in seen:
+            return f"$.gpu[{i}].numa_node", f"NUMA node {gpu.numa_node} is not declared in [[numa]]"
+    return None
 
 
 def _gpu_problem(gpu: _Gpu) -> tuple[str, str] | None:

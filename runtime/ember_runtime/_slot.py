@@ -10,13 +10,16 @@ import signal
 import sys
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ember import _subjects as subjects
 from ember._procs import die_with_parent
 from ember._wire import LogLine, ReplicaStatus, encoder
+from ember_runtime._watch import Reservation
 
 log = logging.getLogger("ember.agent")
 
@@ -36,10 +39,15 @@ class SlotKey:
 
 
 class ReplicaSlot:
-    """Owns one replica process at a time and the task that supervises it."""
+    """Owns one replica process at a time and the task that supervises it.
+
+    ``gpu_uuids`` and ``gpu_memory_mb`` are the replica's GPU memory reservation (per GPU; 0: whole GPUs),
+    which the agent's usage watch holds it to; ``cpus`` are the CPUs it is pinned to (None: not pinned).
+    """
 
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
-                 module: str, env: dict[str, str], first_start: tuple[str, float, float]) -> None:
+                 module: str, env: dict[str, str], first_start: tuple[str, float, float],
+                 gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None) -> None:
         self.key = key
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
@@ -54,6 +62,12 @@ class ReplicaSlot:
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0
+        self.enforced_restarts = 0  # restarts for using more GPU memory than reserved
+        self._restart_reason = ""  # why the agent killed the running process, when it did
+        self._last_restart_reason = ""  # why the previous process ended, passed on to the next one
+        self._gpu_uuids = tuple(gpu_uuids)
+        self._gpu_memory_mb = gpu_memory_mb
+        self._cpus = cpus
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -78,6 +92,29 @@ class ReplicaSlot:
         with contextlib.suppress(Exception):
             await self._kv.delete(self.replica_id)
 
+    def reservation(self) -> Reservation | None:
+        """The running process and the GPU memory it reserved; None when not running or not sharing GPUs."""
+        proc = self._proc
+        if not (self._gpu_uuids and self._gpu_memory_mb) or proc is None or proc.returncode is not None \
+                or self._stopping.is_set():
+            return None
+        return Reservation(replica_id=self.replica_id, pid=proc.pid, devices=self._gpu_uuids,
+                           memory_mb=self._gpu_memory_mb)
+
+    async def restart(self, reason: str, *, pid: int) -> bool:
+        """Kill process ``pid`` and its process group, if it is still this slot's, and say why everywhere:
+        the agent's log, the replica's log stream, and its status while it restarts."""
+        proc = self._proc
+        if proc is None or proc.pid != pid or proc.returncode is not None or self._stopping.is_set():
+            return False
+        self._restart_reason = reason  # what the supervisor reports when it sees the process exit
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # a replica leads its own session: its workers go too
+        self.enforced_restarts += 1
+        log.error("%s (enforced restart %d)", reason, self.enforced_restarts)
+        await self._publish("agent", reason)
+        return True
+
     async def _supervise(self) -> None:
         failures = 0
         while not self._stopping.is_set():
@@ -87,7 +124,8 @@ class ReplicaSlot:
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
             self.restarts += 1
-            reason = self._exit_reason(code)
+            reason, self._restart_reason = self._restart_reason or self._exit_reason(code), ""
+            self._last_restart_reason = reason
             log.warning("replica %s exited (%s); restart %d", self.replica_id, reason, self.restarts)
             await self._report_crash(reason)
             delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (failures - 1))
@@ -100,13 +138,14 @@ class ReplicaSlot:
         cmd = [sys.executable, "-m", "ember_runtime.replica", "--nats", self._nats_url, "--bundle", str(self._bundle),
                "--module", self._module, "--app", k.app, "--service", k.service, "--version", str(k.version),
                "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts),
+               f"--restart-reason={self._last_restart_reason}",
                "--start-kind", kind, "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
         self._proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
             env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
             start_new_session=True,
-            preexec_fn=die_with_parent)
+            preexec_fn=partial(_prepare_child, self._cpus))
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                  asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
@@ -115,15 +154,18 @@ class ReplicaSlot:
         finally:
             await asyncio.gather(*pumps, return_exceptions=True)
 
-    async def _pump(self, stream: asyncio.StreamReader, name: str) -> None:
-        subject = subjects.logs(self.key.app, self.key.service)
+    async def _pump(self, stream: asyncio.StreamReader, name: Literal["stdout", "stderr"]) -> None:
         async for raw in stream:
             line = raw.decode(errors="replace").rstrip("\n")
             if name == "stderr" and line.strip():
                 self._stderr_tail.append(line)
-            with contextlib.suppress(Exception):
-                await self._nc.publish(subject, encoder.encode(
-                    LogLine(replica_id=self.replica_id, stream=name, line=line, ts=time.time())))  # type: ignore[arg-type]
+            await self._publish(name, line)
+
+    async def _publish(self, stream: Literal["stdout", "stderr", "agent"], line: str) -> None:
+        """One line of the replica's log stream (``agent``: what the agent did to it)."""
+        with contextlib.suppress(Exception):
+            await self._nc.publish(subjects.logs(self.key.app, self.key.service), encoder.encode(
+                LogLine(replica_id=self.replica_id, stream=stream, line=line, ts=time.time())))
 
     def _exit_reason(self, code: int) -> str:
         what = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
@@ -138,3 +180,12 @@ class ReplicaSlot:
                                restarts=self.restarts, message=reason[:500])
         with contextlib.suppress(Exception):
             await self._kv.put(self.replica_id, encoder.encode(status))
+
+
+def _prepare_child(cpus: frozenset[int] | None) -> None:
+    """Runs in the replica between fork and exec: it dies with the agent, and every thread it ever starts
+    inherits the CPUs it is pinned to. The agent checked ``cpus`` exist; a failure must not stop the start."""
+    die_with_parent()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)

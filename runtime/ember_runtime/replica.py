@@ -57,7 +57,8 @@ class Replica:
         self.args = args
         self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
                                     service=args.service, version=args.version, state="starting", pid=os.getpid(),
-                                    started_at=time.time(), updated_at=time.time(), restarts=args.restarts)
+                                    started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
+                                    restart_reason=args.restart_reason)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
         self.batchers: list[Batcher] = []
         self.workers: list[QueueWorker] = []
@@ -312,6 +313,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--replica-id", required=True)
     p.add_argument("--node-id", required=True)
     p.add_argument("--restarts", type=int, default=0)
+    p.add_argument("--restart-reason", default="", help="why the previous process of this replica ended")
     p.add_argument("--start-kind", choices=["cold", "artifact"], default="cold")
     p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
     p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")

@@ -187,6 +187,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     cpu_cores: int = 0  # 0: not reported
     memory_mb: int = 0  # host memory; 0: not reported
     bundles: list[str] = []  # bundle / snapshot keys cached on the node
+    host_memory_reserved_mb: int = 0  # what the node's replicas reserved of memory_mb
+    zygotes: list[ZygoteStatus] = []  # the preloaded zygotes the node holds
 
 
 class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,6 +205,37 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str = ""
     module: str = ""  # the app's module in its bundle
     memory_mb: int = 0  # per GPU, for replicas that share GPUs by memory; 0: each GPU whole
+    host_memory_mb: int = 0  # host memory the replica reserved; 0: not declared
+    cpu_millis: int = 0  # CPU the replica reserved; 0: not declared
+
+
+class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
+    """A function version the scheduler wants preloaded on a node: a zygote process that has imported the
+    app and run its ``@ember.setup(snap=True)`` methods, from which the node's replicas are forked."""
+
+    app: str
+    service: str
+    version: int
+    bundle_sha256: str
+    module: str
+
+
+ZygoteState = Literal["building", "ready", "failed"]
+
+
+class ZygoteStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """A zygote as its node reports it."""
+
+    app: str
+    service: str
+    version: int
+    state: ZygoteState
+    pid: int = 0
+    rss_mb: int = 0  # host memory it holds (resident set)
+    build_s: float = 0.0  # interpreter, imports and snap setup, when it was built
+    forks: int = 0  # replicas started from it
+    failures: int = 0  # builds or forks that failed on this node for this version (each fell back to a fresh start)
+    message: str = ""
 
 
 class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -211,10 +244,12 @@ class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):
     node_id: str
     slots: list[SlotAssignment]
     updated_at: float
+    zygotes: list[ZygoteAssignment] = []
 
 
 ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
-StartKind = Literal["cold", "artifact"]  # cold: the bundle was fetched for this start; artifact: it was on disk
+# cold: the bundle was fetched for this start; artifact: it was on disk; zygote: forked from a preloaded zygote
+StartKind = Literal["cold", "artifact", "zygote"]
 
 
 class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
@@ -222,11 +257,13 @@ class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
 
     kind: StartKind
     fetch_s: float  # bundle download, verification and unpacking (0 when on disk)
-    interpreter_s: float  # a fresh interpreter and Ember's own imports
-    imports_s: float  # importing the app (torch and the like)
-    setup_s: float  # the class's @ember.setup methods
+    interpreter_s: float  # a fresh interpreter and Ember's own imports (0 when forked)
+    imports_s: float  # importing the app (torch and the like; 0 when forked: the zygote did it)
+    setup_s: float  # the class's @ember.setup methods (only the per-replica ones when forked)
     ready_s: float  # decision to ready, all together
     first_call_s: float | None = None  # ready to the first answered call
+    fork_s: float = 0.0  # decision to running in the forked child (zygote starts only)
+    snap_setup_s: float = 0.0  # the @ember.setup(snap=True) methods: paid once, by the zygote, before the decision
 
 
 class Histogram(msgspec.Struct, frozen=True, kw_only=True):
@@ -274,6 +311,7 @@ class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
     batches: int = 0
     functions: list[FunctionStats] = []
     start: StartPhases | None = None
+    restart_reason: str = ""  # why the agent restarted the previous process (e.g. over its GPU memory)
 
 
 class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -148,8 +148,10 @@ class FakePlatform:
             return _error(404, "not_found", f"no call {request.path_params['call_id']}")
         wait = float(request.query_params.get("wait", 0))
         self.waits.append(wait)
-        if call.record().status not in ember._wire.FINAL_STATUSES:
-            await asyncio.sleep(max(0.0, min(wait, self.max_wait_s, call.finishes_in())))
+        until = time.monotonic() + min(wait, self.max_wait_s)
+        # A loop, not one sleep: an event loop's timer may fire a little before the call's finish time.
+        while call.record().status not in ember._wire.FINAL_STATUSES and (left := until - time.monotonic()) > 0:
+            await asyncio.sleep(min(left, max(call.finishes_in(), 0.001)))
         return _json(call.record())
 
     async def cancel_call(self, request: Request) -> Response:

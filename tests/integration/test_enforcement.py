@@ -1,0 +1,145 @@
+"""The node agent holds replicas to what they were given, on a node with a declared (virtual) inventory:
+a replica over its GPU memory reservation is restarted with an event, and its threads run on the CPUs of
+its GPU's NUMA node (a real process, pinned by the real agent; only the GPUs are declared)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+import pytest
+
+import ember
+from ember._client import Transport
+from ember._deploy import app_view
+from ember._embedded import EmbeddedPlatform
+from ember._wire import ReplicaStatus
+
+pytestmark = pytest.mark.integration
+APP = Path(__file__).resolve().parents[1] / "apps" / "enforce" / "enforce.py"
+NODE = "enforcer"
+
+
+def inventory(cpu: int) -> str:
+    """Two NUMA nodes: node 0 is ``cpu`` alone, node 1 has CPUs no machine here has."""
+    return f"""
+[host]
+name = "enf"
+[[numa]]
+node = 0
+cpus = "{cpu}"
+[[numa]]
+node = 1
+cpus = "60000-60001"
+[[gpu]]
+model = "H100-80GB"
+numa_node = 0
+[[gpu]]
+model = "L4-24GB"
+numa_node = 1
+"""
+
+
+class Cluster(NamedTuple):
+    platform: EmbeddedPlatform
+    transport: Transport
+    http: httpx.Client
+    agent: subprocess.Popen[bytes]
+    cpu: int
+
+
+def wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("enforce")
+    cpu = min(os.sched_getaffinity(0))
+    (tmp / "node.toml").write_text(inventory(cpu))
+    with EmbeddedPlatform(tmp / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+        agent = platform.add_agent(NODE, tmp / "node.toml")
+        transport = Transport(platform.url)
+        try:
+            wait_for(lambda: NODE in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
+                     "the node with the declared inventory to report")
+            ember.deploy(APP, transport=transport, timeout_s=120)
+            yield Cluster(platform, transport, http, agent, cpu)
+        finally:
+            transport.close()
+
+
+def replica(cluster: Cluster, service: str) -> ReplicaStatus:
+    (status,) = [r for s in app_view(cluster.transport, "enforce").services if s.name == service for r in s.replicas]
+    return status
+
+
+def proc_status(pid: int, field: str) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name == field:
+            return value.strip()
+    raise AssertionError(f"/proc/{pid}/status has no {field}")
+
+
+def gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie that its new parent has not reaped yet."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def proc_env(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+    return dict(entry.partition("=")[::2] for entry in entries if entry)
+
+
+def test_a_replica_runs_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> None:
+    hog, far = replica(cluster, "hog"), replica(cluster, "far")
+    assert (hog.node_id, hog.state, far.node_id, far.state) == (NODE, "ready", NODE, "ready")
+    assert proc_status(hog.pid, "Cpus_allowed_list") == str(cluster.cpu)
+    if "OMP_NUM_THREADS" not in os.environ:  # the operator's setting wins
+        assert proc_env(hog.pid)["OMP_NUM_THREADS"] == "1"
+    # far's GPU is on a NUMA node whose CPUs this machine lacks: it runs unpinned, as the agent does.
+    assert proc_status(far.pid, "Cpus_allowed_list") == proc_status(cluster.agent.pid, "Cpus_allowed_list")
+    assert "OMP_NUM_THREADS" not in proc_env(far.pid) or "OMP_NUM_THREADS" in os.environ
+    agent_log = (cluster.platform.log_dir / f"agent-{NODE}.log").read_text()
+    assert "the CPUs of NUMA node 1 (60000-60001) do not exist here or are not allowed" in agent_log
+
+
+def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cluster: Cluster) -> None:
+    before = replica(cluster, "hog")
+    assert before.state == "ready"
+    # 5000 MB in the replica and 4318 MB in its worker: each within the 8 GB reservation, together over it.
+    pids = cluster.http.post("/v1/enforce/hog", json={"own_mb": 5000, "worker_mb": 4318}).json()
+    assert pids[0] == before.pid
+
+    def event() -> list[dict[str, object]]:
+        lines = cluster.transport.json("GET", "/v1/apps/enforce/logs", params={"service": "hog", "limit": 5000})
+        return [line for line in lines if line["stream"] == "agent"]
+
+    (line,) = wait_for(event, 60, "the agent's restart event")
+    assert line["replica_id"] == before.replica_id
+    assert line["line"] == (f"replica {before.replica_id} used 9.1 GB of GPU memory on GPU-enf-0, "
+                            "reserved 8.0 GB: restarting")
+    after = wait_for(lambda: (r := replica(cluster, "hog")).state == "ready" and r.pid != before.pid and r, 60,
+                     "the restarted replica to be ready")
+    assert after.restarts == before.restarts + 1 and after.restart_reason == line["line"]
+    wait_for(lambda: all(gone(pid) for pid in pids), 30, "the replica's worker to go with it")
+    assert proc_status(after.pid, "Cpus_allowed_list") == str(cluster.cpu)  # pinned again
+    agent_log = (cluster.platform.log_dir / f"agent-{NODE}.log").read_text()
+    assert f"ERROR {line['line']} (enforced restart 1)" in agent_log
+    # A replica within its reservation stays: far shares nothing, and the new hog declares nothing.
+    assert replica(cluster, "far").restarts == 0
