@@ -27,10 +27,12 @@ from ember._wire import (
     ReplicaStatus,
     ServiceSpec,
     SlotAssignment,
+    ZygoteAssignment,
     assignment_decoder,
     encoder,
     node_decoder,
 )
+from ember_platform._preloading import Preloader
 from ember_platform._registry import Registry
 from ember_platform.scheduler import (
     AutoscaleConfig,
@@ -71,6 +73,7 @@ class ControlLoop:
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
 
     async def start(self) -> None:
+        self.preloader = Preloader(self.registry)
         self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores["nodes"], node_decoder.decode)
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores["assignments"], assignment_decoder.decode)
         await self.nodes.start()
@@ -112,7 +115,7 @@ class ControlLoop:
                 requests += await self._reconcile_service(plan, dep, svc, now)
         if requests:
             self._place(plan, nodes, requests, deployments)
-        await self._write(plan, now)
+        await self._write(plan, self.preloader.zygotes(plan, nodes, deployments, now), now)
 
     async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
@@ -190,18 +193,19 @@ class ControlLoop:
                 numa_node=decision.numa_node, bundle_sha256=slot.bundle_sha256, module=slot.module,
                 memory_mb=decision.memory_mb))
 
-    async def _write(self, plan: Plan, now: float) -> None:
+    async def _write(self, plan: Plan, zygotes: dict[str, list[ZygoteAssignment]], now: float) -> None:
         for nid in set(plan) | set(self.assignments.items):
             slots = sorted(plan.get(nid, []), key=lambda s: s.replica_id)
+            preload = zygotes.get(nid, [])
             old = self.assignments.items.get(nid)
-            if old is not None and old.slots == slots:
+            if old is not None and old.slots == slots and old.zygotes == preload:
                 continue
             if nid not in plan:  # a node that is gone: forget it
                 with contextlib.suppress(Exception):
                     await self.stores["assignments"].delete(nid)
                     self.assignments.record(nid, None, 0)
                 continue
-            assignment = NodeAssignment(node_id=nid, slots=slots, updated_at=now)
+            assignment = NodeAssignment(node_id=nid, slots=slots, updated_at=now, zygotes=preload)
             revision = await self.stores["assignments"].put(nid, encoder.encode(assignment))
             self.assignments.record(nid, assignment, revision)
 

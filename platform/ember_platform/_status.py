@@ -123,7 +123,7 @@ def node_view(node: NodeInfo, slots: Iterable[SlotAssignment], replicas: Sequenc
                                 state=r.state) for r in unassigned]
     devices = [_device_view(d, slots, specs) for d in node.devices]
     return NodeView(node_id=node.node_id, hostname=node.hostname, updated_at=node.updated_at,
-                    devices=_with_slices_summed(devices), replicas=on_node)
+                    devices=_with_slices_summed(devices), replicas=on_node, zygotes=list(node.zygotes))
 
 
 def _device_view(device: Device, slots: list[SlotAssignment], specs: Specs) -> DeviceView:

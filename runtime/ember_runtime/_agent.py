@@ -12,13 +12,14 @@ import uuid
 from pathlib import Path
 
 from ember._nats import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
-from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, assignment_decoder, encoder
+from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, ZygoteAssignment, assignment_decoder, encoder
 from ember_runtime import _inventory as inventory_source
 from ember_runtime import _numa as numa
 from ember_runtime._bundles import BundleCache
 from ember_runtime._slot import ReplicaSlot, SlotKey
 from ember_runtime._usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
 from ember_runtime._watch import UsageWatcher
+from ember_runtime._zygotes import ZygoteKey, ZygotePool
 
 log = logging.getLogger("ember.agent")
 RECONCILE_EVERY_S = 2.0
@@ -44,6 +45,7 @@ class NodeAgent:
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
+        self.zygotes = ZygotePool(state_dir)
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -71,6 +73,7 @@ class NodeAgent:
         finally:
             await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
             self.slots.clear()
+            await self.zygotes.stop()
             for task in (heartbeat, watch):
                 if task is not None:
                     task.cancel()
@@ -86,7 +89,8 @@ class NodeAgent:
         while not stop.is_set():
             info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
-                            bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb)
+                            bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
+                            zygotes=self.zygotes.statuses())
             try:
                 await self._stores["nodes"].put(self.node_id, encoder.encode(info))
             except Exception as exc:
@@ -101,6 +105,7 @@ class NodeAgent:
         return {SlotKey(s.app, s.service, s.version, s.index, s.replica_id): s for s in assignment.slots}
 
     async def _reconcile(self) -> None:
+        await self._reconcile_zygotes()
         want = self.desired()
         for key in [k for k in self.slots if k not in want]:
             slot = self.slots.pop(key)
@@ -110,6 +115,20 @@ class NodeAgent:
         for key, assigned in want.items():
             if key not in self.slots:
                 await self._start(key, assigned)
+
+    async def _reconcile_zygotes(self) -> None:
+        """Hold the zygotes the scheduler assigned to this node (their bundles unpacked and weights read
+        ahead: the artifact cache), and only those."""
+        assignment = self.assignments.items.get(self.node_id)
+        wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]] = {}
+        for z in assignment.zygotes if assignment is not None else []:
+            try:
+                bundle = await self.bundles.get(z.bundle_sha256)
+            except Exception:
+                log.exception("cannot fetch bundle %s of %s for its zygote", z.bundle_sha256[:12], z.app)
+                continue
+            wanted[(z.app, z.service, z.version)] = (z, bundle)
+        await self.zygotes.reconcile(wanted)
 
     def _env(self, slot: SlotAssignment) -> dict[str, str]:
         """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
@@ -135,7 +154,7 @@ class NodeAgent:
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
-                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus)
+                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes)
         self.slots[key] = replica
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)

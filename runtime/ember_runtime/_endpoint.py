@@ -41,8 +41,19 @@ class Endpoint:
         return [self._fn(*args, **kwargs) for args, kwargs in values]
 
 
-def build_endpoints(service: ServiceSpec, target: Any) -> list[Endpoint]:
-    """Instantiate the service (running its setup, for a class) and return one endpoint per function.
+def prepare(service: ServiceSpec, target: Any) -> Any:
+    """What a zygote holds: the class instance with its ``@ember.setup(snap=True)`` methods run (the
+    function itself for a function service). Blocking."""
+    if service.kind == "function":
+        return target
+    instance = target()
+    run_setup(instance, snap=True)
+    return instance
+
+
+def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> list[Endpoint]:
+    """Run the service's per-replica setup and return one endpoint per function. ``prepared`` is what
+    :func:`prepare` returned, in this process or (forked) in a zygote; None: prepare it here.
 
     Blocking: run it off the event loop.
     """
@@ -50,8 +61,8 @@ def build_endpoints(service: ServiceSpec, target: Any) -> list[Endpoint]:
         assert isinstance(target, Function)
         assert target._io is not None
         return [Endpoint(service.functions[0], target.raw, target._io, target.cost)]
-    instance = target()
-    run_setup(instance)
+    instance = prepare(service, target) if prepared is None else prepared
+    run_setup(instance, snap=False)
     endpoints = []
     for spec in service.functions:
         definition = method_def(target, spec.attr)

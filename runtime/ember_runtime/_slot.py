@@ -20,6 +20,7 @@ from ember import _subjects as subjects
 from ember._procs import die_with_parent
 from ember._wire import LogLine, ReplicaStatus, encoder
 from ember_runtime._watch import Reservation
+from ember_runtime._zygotes import ForkedProcess, ZygoteError, ZygotePool
 
 log = logging.getLogger("ember.agent")
 
@@ -27,6 +28,7 @@ BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
 STOP_GRACE_S = 25.0
+ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class ReplicaSlot:
 
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
                  module: str, env: dict[str, str], first_start: tuple[str, float, float],
-                 gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None) -> None:
+                 gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
+                 zygotes: ZygotePool | None = None) -> None:
         self.key = key
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
@@ -58,7 +61,7 @@ class ReplicaSlot:
         self._node_id = node_id
         self._bundle = bundle
         self._module = module
-        self._proc: asyncio.subprocess.Process | None = None
+        self._proc: asyncio.subprocess.Process | ForkedProcess | None = None
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0
@@ -68,6 +71,7 @@ class ReplicaSlot:
         self._gpu_uuids = tuple(gpu_uuids)
         self._gpu_memory_mb = gpu_memory_mb
         self._cpus = cpus
+        self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -133,19 +137,8 @@ class ReplicaSlot:
                 await asyncio.wait_for(self._stopping.wait(), delay)
 
     async def _run_once(self) -> int:
-        k = self.key
         kind, decided, fetch_s = self._first_start if self.restarts == 0 else ("artifact", time.time(), 0.0)
-        cmd = [sys.executable, "-m", "ember_runtime.replica", "--nats", self._nats_url, "--bundle", str(self._bundle),
-               "--module", self._module, "--app", k.app, "--service", k.service, "--version", str(k.version),
-               "--replica-id", self.replica_id, "--node-id", self._node_id, "--restarts", str(self.restarts),
-               f"--restart-reason={self._last_restart_reason}",
-               "--start-kind", kind, "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
-        self._proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
-            start_new_session=True,
-            preexec_fn=partial(_prepare_child, self._cpus))
+        self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                  asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
@@ -153,6 +146,41 @@ class ReplicaSlot:
             return await self._proc.wait()
         finally:
             await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _argv(self, kind: str, decided: float, fetch_s: float) -> list[str]:
+        """``ember_runtime.replica``'s arguments for this start."""
+        k = self.key
+        return ["--nats", self._nats_url, "--bundle", str(self._bundle), "--module", self._module, "--app", k.app,
+                "--service", k.service, "--version", str(k.version), "--replica-id", self.replica_id,
+                "--node-id", self._node_id, "--restarts", str(self.restarts),
+                f"--restart-reason={self._last_restart_reason}", "--start-kind", kind,
+                "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
+
+    async def _spawn(self, kind: str, decided: float, fetch_s: float) -> asyncio.subprocess.Process:
+        """A fresh interpreter: it imports the app and runs all of its setup."""
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ember_runtime.replica", *self._argv(kind, decided, fetch_s),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
+            start_new_session=True,
+            preexec_fn=partial(_prepare_child, self._cpus))
+
+    async def _fork(self, decided: float) -> ForkedProcess | None:
+        """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
+        and when the fork fails (the zygote is discarded, the failure counted, and the replica starts fresh)."""
+        if self._zygotes is None:
+            return None
+        zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S)
+        if zygote is None:
+            return None
+        argv = [*self._argv("zygote", decided, 0.0), "--exit-with", str(os.getpid())]
+        try:
+            return await zygote.fork(argv, {"PYTHONUNBUFFERED": "1", **self._env}, self._cpus)
+        except ZygoteError as exc:
+            await self._publish("agent", f"replica {self.replica_id}: could not fork from the zygote ({exc}); "
+                                         "starting it fresh")
+            return None
 
     async def _pump(self, stream: asyncio.StreamReader, name: Literal["stdout", "stderr"]) -> None:
         async for raw in stream:

@@ -43,6 +43,7 @@ from ember._wire import (
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
 from ember_runtime._queue import QueueWorker
+from ember_runtime.zygote import Preloaded
 
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
@@ -53,8 +54,9 @@ EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
 
 class Replica:
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, preloaded: Preloaded | None = None) -> None:
         self.args = args
+        self.preloaded = preloaded  # forked from a zygote: the app is imported and its snap setup has run
         self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
                                     service=args.service, version=args.version, state="starting", pid=os.getpid(),
                                     started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
@@ -102,20 +104,27 @@ class Replica:
 
     async def _load(self) -> list[Endpoint]:
         imports_at = time.time()
-        module = import_app_module(self.args.bundle, self.args.module)
-        app = find_app(module, self.args.app)
-        self.service = app.services[self.args.service]
+        if self.preloaded is not None:
+            target, prepared = self.preloaded.target, self.preloaded.prepared
+            self.service = self.preloaded.service
+        else:
+            app = find_app(import_app_module(self.args.bundle, self.args.module), self.args.app)
+            self.service, target, prepared = app.services[self.args.service], app.target(self.args.service), None
         setup_at = time.time()
         endpoints = await asyncio.get_running_loop().run_in_executor(
-            self.executor, build_endpoints, self.service, app.target(self.args.service))
+            self.executor, build_endpoints, self.service, target, prepared)
         self._phases = (imports_at, setup_at, time.time())
         return endpoints
 
     def _start_phases(self) -> StartPhases:
         imports_at, setup_at, done_at = self._phases
         decided = self.args.decided_at or self.args.main_at
+        since_decision = max(self.args.main_at - decided - self.args.fetch_s, 0.0)
+        pre = self.preloaded
         return StartPhases(kind=self.args.start_kind, fetch_s=self.args.fetch_s,
-                           interpreter_s=max(self.args.main_at - decided - self.args.fetch_s, 0.0),
+                           interpreter_s=since_decision if pre is None else 0.0,
+                           fork_s=since_decision if pre is not None else 0.0,
+                           snap_setup_s=pre.snap_setup_s if pre is not None else 0.0,
                            imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided)
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
@@ -302,6 +311,17 @@ def _float(raw: str | None, default: float) -> float:
         return default
 
 
+def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
+    """Stop (drain) when process ``pid`` exits. A fresh replica dies with the agent that started it through
+    the kernel's parent-death signal; a forked one's parent is its zygote, so it watches the agent itself."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        log.warning("cannot watch process %d: this replica will not stop with it", pid)
+        return
+    loop.add_reader(fd, stop.set)
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="ember_runtime.replica")
     p.add_argument("--nats", required=True)
@@ -314,23 +334,29 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--node-id", required=True)
     p.add_argument("--restarts", type=int, default=0)
     p.add_argument("--restart-reason", default="", help="why the previous process of this replica ended")
-    p.add_argument("--start-kind", choices=["cold", "artifact"], default="cold")
+    p.add_argument("--start-kind", choices=["cold", "artifact", "zygote"], default="cold")
+    p.add_argument("--exit-with", type=int, default=0, metavar="PID",
+                   help="drain and exit when process PID (the node agent) exits; for replicas forked from a zygote")
     p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
     p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    main_at = time.time()  # the interpreter and Ember's modules are loaded by now
+def main(argv: list[str] | None = None, preloaded: Preloaded | None = None) -> int:
+    """Run a replica; ``preloaded`` when it was forked from a zygote (see ``ember_runtime.zygote``)."""
+    main_at = time.time()  # the interpreter and Ember's modules are loaded by now (or the fork is done)
     args = _parse(sys.argv[1:] if argv is None else argv)
     args.main_at = main_at
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    replica = Replica(args)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    replica = Replica(args, preloaded)
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, replica.stop.set)
+        if args.exit_with:
+            _exit_with(loop, args.exit_with, replica.stop)
         return await replica.run()
 
     code = ember_loop.run(run())

@@ -127,6 +127,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     scaledown_window_s: float = 60.0
     buffer_replicas: int = 0
     gpu: GpuRequest | None = None  # the full request (memory share, MIG profile, topology); None: CPU only
+    snap: bool = False  # it has @ember.setup(snap=True) methods: nodes may keep a zygote of it preloaded
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):
@@ -469,6 +470,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: float
     devices: list[DeviceView]
     replicas: list[NodeReplicaView] = []
+    zygotes: list[ZygoteStatus] = []
 
 
 class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,6 +23,10 @@ def run(args: argparse.Namespace) -> int:
                                type=StatusView)
     shown = {(s.app, s.service) for s in view.services} if params else None
     print(nodes_table(view.nodes, shown) if view.nodes else "no live nodes; is a node agent running?")
+    zygotes = zygotes_table(view.nodes, shown)
+    if zygotes:
+        print()
+        print(zygotes)
     print()
     print(services_table(view.services) if view.services else "no apps deployed")
     return 0
@@ -54,6 +58,15 @@ def nodes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None
         if gpuless:
             rows.append((node.node_id, "-", "-", ", ".join(f"{r.replica_id} ({r.state})" for r in gpuless)))
     return table(["NODE", "DEVICE", "MEMORY USED/RESERVED/TOTAL", "REPLICAS"], rows)
+
+
+def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None) -> str:
+    """One row per preloaded zygote (empty when no node holds one)."""
+    rows = [(node.node_id, f"{z.app}.{z.service} v{z.version}", z.state, f"{z.rss_mb} MB", f"{z.build_s:.1f}s",
+             str(z.forks), str(z.failures), z.message[:60] or "-")
+            for node in nodes for z in node.zygotes if shown is None or (z.app, z.service) in shown]
+    return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "FORKS", "FAILURES", "LAST FAILURE"], rows) \
+        if rows else ""
 
 
 def services_table(services: list[ServiceStatus]) -> str:

@@ -1,0 +1,86 @@
+"""Zygotes against the real platform: a replica forked from its version's preloaded zygote answers as a
+fresh one does; a killed zygote falls back to fresh starts and is rebuilt; scale-up forks; a new version
+replaces the old zygote."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import ember
+from ember._deploy import app_view
+from ember._wire import StatusView, ZygoteStatus
+
+pytestmark = pytest.mark.integration
+SNAPPER = Path(__file__).resolve().parents[1] / "apps" / "snap" / "snapper.py"
+X = [0.5, -1.0, 2.0, 0.25]
+
+
+def wait_for(predicate, timeout_s: float = 90.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def zygote(transport, version: int) -> ZygoteStatus | None:
+    view = msgspec.json.decode(transport.request("GET", "/v1/status", params={"app": "snapper"}).content,
+                               type=StatusView)
+    return next((z for node in view.nodes for z in node.zygotes if z.app == "snapper" and z.version == version), None)
+
+
+def ready(transport, version: int) -> list:
+    return [r for s in app_view(transport, "snapper").services for r in s.replicas
+            if r.state == "ready" and r.version == version]
+
+
+def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_path, transport, http):
+    app_file = tmp_path / "snapper.py"
+    app_file.write_text(SNAPPER.read_text())
+    version = ember.deploy(app_file, transport=transport, timeout_s=180).version
+    built = wait_for(lambda: (z := zygote(transport, version)) and z.state == "ready" and z, what="the zygote")
+    (first,) = wait_for(lambda: ready(transport, version), what="a ready replica")
+    assert first.start is not None and first.start.kind == "zygote"
+    assert first.start.imports_s < 0.5 and first.start.snap_setup_s > 0 and first.start.fork_s >= 0
+    response = http.post("/v1/snapper/Model.predict", json=X)
+    assert response.status_code == 200, response.text
+    forked = response.json()
+    assert forked["built_by"] == built.pid != forked["pid"] == first.pid  # built in the zygote, served by the fork
+    assert forked["env"] == "cpu"  # the replica's own environment, set after the fork
+
+    # Kill the zygote, then the replica: the replica starts fresh (the same answer), and the zygote is rebuilt.
+    os.kill(built.pid, signal.SIGKILL)
+    wait_for(lambda: (z := zygote(transport, version)) and z.failures >= 1 and z, what="the zygote's failure")
+    os.kill(first.pid, signal.SIGKILL)
+    (fresh,) = wait_for(lambda: [r for r in ready(transport, version) if r.pid != first.pid], what="a fresh replica")
+    answer = http.post("/v1/snapper/Model.predict", json=X).json()
+    if fresh.start.kind != "zygote":  # the rebuilt zygote may have won the race; usually it has not
+        assert answer["built_by"] == answer["pid"] == fresh.pid
+    assert answer["y"] == forked["y"]
+    rebuilt = wait_for(lambda: (z := zygote(transport, version)) and z.state == "ready" and z.pid != built.pid and z,
+                       what="the rebuilt zygote")
+
+    # Scale-up forks from the rebuilt zygote.
+    http.post("/v1/apps/snapper/scale", json={"service": "Model", "min_replicas": 2, "max_replicas": 3})
+    new = wait_for(lambda: [r for r in ready(transport, version) if r.pid not in (first.pid, fresh.pid)],
+                   what="the scaled-up replica")
+    assert new[0].start.kind == "zygote"
+    assert wait_for(lambda: zygote(transport, version).forks >= 1, what="the fork count")
+    assert rebuilt.pid == zygote(transport, version).pid
+
+    # A new version gets its own zygote; the old one goes with the old replicas.
+    app_file.write_text(SNAPPER.read_text() + "\n# version 2\n")
+    second = ember.deploy(app_file, transport=transport, timeout_s=180).version
+    wait_for(lambda: (z := zygote(transport, second)) and z.state == "ready", what="the new version's zygote")
+    (newer, *_) = wait_for(lambda: ready(transport, second), what="a replica of the new version")
+    assert newer.start.kind == "zygote"
+    wait_for(lambda: zygote(transport, version) is None, what="the old version's zygote to go")
+    transport.request("DELETE", "/v1/apps/snapper")
