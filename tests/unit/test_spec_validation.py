@@ -340,7 +340,44 @@ def test_setup_with_parentheses() -> None:
         def load(self) -> None:
             self.ready = True
 
-    assert Model.load.__ember_setup__ is True  # type: ignore[attr-defined]
+    assert Model.load.__ember_setup__ == "replica"  # type: ignore[attr-defined]
+
+
+def test_snap_setup_runs_first_and_marks_the_service() -> None:
+    app = ember.App("snappy")
+    order: list[str] = []
+
+    @app.model()
+    class Model:
+        @ember.setup
+        def to_device(self) -> None:
+            order.append("replica")
+
+        @ember.setup(snap=True)
+        def load(self) -> None:
+            order.append("snap")
+
+        @ember.method
+        def f(self, x: int) -> int:
+            return x
+
+    @app.model()
+    class Plain:
+        @ember.setup
+        def load(self) -> None:
+            pass
+
+        @ember.method
+        def g(self, x: int) -> int:
+            return x
+
+    assert app.services["Model"].snap and not app.services["Plain"].snap
+    from ember._app import run_setup
+
+    run_setup(Model(), snap=True)
+    run_setup(Model(), snap=False)
+    run_setup(Model())
+    assert order == ["snap", "replica", "snap", "replica"]
 
 
 def test_star_args_are_refused() -> None:
