@@ -1,8 +1,10 @@
 """A torch digits classifier served with batching: `ember push examples/digits/classifier.py`.
 
 Weights are produced offline by `train.py` (scikit-learn's bundled digits data) and loaded from a file.
-`ember.backends.torch` places the model on the replica's device (`EMBER_DEVICE`: the CPU, or the GPU the
-node gave it), stacks each batch onto that device and warms up at the batch sizes the replica will see.
+The weights are loaded once per node, in a zygote (`@ember.setup(snap=True)`); each replica forked from it
+moves them to its own device. `ember.backends.torch` places the model on the replica's device
+(`EMBER_DEVICE`: the CPU, or the GPU the node gave it), stacks each batch onto that device and warms up
+at the batch sizes the replica will see.
 """
 
 from pathlib import Path
@@ -19,13 +21,25 @@ BATCH = ember.Batch(max_size=32, window_ms=5)
 
 @app.model(min_replicas=1, timeout_s=30)
 class Classifier:
-    @ember.setup
+    @ember.setup(snap=True)
     def load(self) -> None:
+        """Once per node, in the zygote that replicas fork from: imports and weights, in host memory (and
+        warmed up there: a replica on the CPU inherits it warm)."""
         import torch
         from model import DigitsNet
 
         torch.set_num_threads(1)
-        self.net = et.load_module(DigitsNet, WEIGHTS)
+        self.net = et.load_module(DigitsNet, WEIGHTS, device="cpu")
+        self._warm_up()
+
+    @ember.setup
+    def to_device(self) -> None:
+        """In each replica: onto the device it was given, warmed up there if that is a GPU."""
+        if ember.backends.device() != "cpu":
+            self.net = et.load_module(self.net)
+            self._warm_up()
+
+    def _warm_up(self) -> None:
         et.warm_up(self._classify, Image(pixels=[0.0] * 64), sizes=(1, BATCH.max_size))
 
     @ember.method(batch=BATCH)

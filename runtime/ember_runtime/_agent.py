@@ -45,7 +45,7 @@ class NodeAgent:
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
-        self.zygotes = ZygotePool(state_dir)
+        self.zygotes = ZygotePool(state_dir, nats_url)
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:

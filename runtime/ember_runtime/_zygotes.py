@@ -102,8 +102,9 @@ class ForkedProcess:
 class Zygote:
     """One zygote process: built from an unpacked bundle, then forking replicas on request."""
 
-    def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path) -> None:
+    def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str) -> None:
         self.assignment = assignment
+        self._nats_url = nats_url
         self.key: ZygoteKey = (assignment.app, assignment.service, assignment.version)
         self._bundle = bundle
         self._socket = socket_path
@@ -134,7 +135,7 @@ class Zygote:
         started = time.time()
         cmd = [sys.executable, "-m", "ember_runtime.zygote", "--bundle", str(self._bundle),
                "--module", self.assignment.module, "--app", self.assignment.app,
-               "--service", self.assignment.service, "--socket", str(self._socket)]
+               "--service", self.assignment.service, "--socket", str(self._socket), "--nats", self._nats_url]
         self._proc = await asyncio.create_subprocess_exec(
             *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
             cwd=self._bundle, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
@@ -252,8 +253,9 @@ async def _reader(fd: int) -> asyncio.StreamReader:
 class ZygotePool:
     """The zygotes this node holds: those in its assignment, built and rebuilt as needed."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path, nats_url: str) -> None:
         self._dir = state_dir / "zygotes"
+        self._nats_url = nats_url
         self._zygotes: dict[ZygoteKey, Zygote] = {}
         self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
         self._retry_at: dict[ZygoteKey, float] = {}
@@ -289,7 +291,7 @@ class ZygotePool:
                     continue
             self._retry_at.pop(key, None)
             self._dir.mkdir(parents=True, exist_ok=True)
-            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock")
+            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url)
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()

@@ -67,14 +67,17 @@ class Replica:
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
 
-    async def run(self) -> int:
-        nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
-        stores = await ensure_buckets(nc.jetstream())
+    async def run(self, nc: Any = None, stores: dict[str, Any] | None = None) -> int:
+        """Set up, serve until stopped, drain. ``nc`` and ``stores``: a connection made before the replica
+        knew its identity (a zygote's spare connects while it waits for a request)."""
+        load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
+        if nc is None or stores is None:
+            nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
+            stores = await ensure_buckets(nc.jetstream())
         self.kv = stores["replicas"]
         self.calls = CallStore(nc.jetstream(), stores)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
-            load = asyncio.create_task(self._load(), name="setup")
             stopped = asyncio.create_task(self.stop.wait())
             await asyncio.wait([load, stopped], return_when=asyncio.FIRST_COMPLETED)
             stopped.cancel()
@@ -311,6 +314,30 @@ def _float(raw: str | None, default: float) -> float:
         return default
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The replica's arguments, with ``main_at``: when it began (the interpreter and Ember's modules are
+    loaded by then, or the fork is done); and its logging set up."""
+    main_at = time.time()
+    args = _parse(argv)
+    args.main_at = main_at
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    return args
+
+
+async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None, nc: Any = None,
+                stores: dict[str, Any] | None = None) -> int:
+    """Run a replica on the running loop until SIGTERM; ``preloaded`` (and maybe a connection) when it was
+    forked from a zygote (see ``ember_runtime.zygote``)."""
+    replica = Replica(args, preloaded)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, replica.stop.set)
+    if args.exit_with:
+        _exit_with(loop, args.exit_with, replica.stop)
+    return await replica.run(nc, stores)
+
+
 def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
     """Stop (drain) when process ``pid`` exits. A fresh replica dies with the agent that started it through
     the kernel's parent-death signal; a forked one's parent is its zygote, so it watches the agent itself."""
@@ -342,24 +369,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None, preloaded: Preloaded | None = None) -> int:
-    """Run a replica; ``preloaded`` when it was forked from a zygote (see ``ember_runtime.zygote``)."""
-    main_at = time.time()  # the interpreter and Ember's modules are loaded by now (or the fork is done)
-    args = _parse(sys.argv[1:] if argv is None else argv)
-    args.main_at = main_at
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s",
-                        force=True)
-    replica = Replica(args, preloaded)
-
-    async def run() -> int:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, replica.stop.set)
-        if args.exit_with:
-            _exit_with(loop, args.exit_with, replica.stop)
-        return await replica.run()
-
-    code = ember_loop.run(run())
+def main(argv: list[str] | None = None) -> int:
+    """Run a replica in a fresh interpreter, started by the node agent."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    code = ember_loop.run(serve(args))
     if code == EXIT_ABANDONED_SETUP:
         # The setup thread is still running user code; do not wait for it at interpreter exit.
         sys.stderr.flush()

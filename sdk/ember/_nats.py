@@ -57,21 +57,23 @@ async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
         except BucketNotFoundError:
             return await js.create_object_store(bucket)
 
-    await _ensure_stream(js, StreamConfig(
-        name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
-        storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S))
-    await _ensure_stream(js, StreamConfig(
-        name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
-        storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S))
-    return {
-        "deployments": await kv(subjects.DEPLOYMENTS_BUCKET, history=5),
-        "replicas": await kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
-        "nodes": await kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
-        "assignments": await kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
-        "calls": await kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
-        "bundles": await objects(subjects.BUNDLES_STORE),
-        "results": await objects(subjects.RESULTS_STORE),
-    }
+    # All at once: each is a JetStream API round trip, and a replica waits for them before it serves.
+    opened = await asyncio.gather(
+        kv(subjects.DEPLOYMENTS_BUCKET, history=5),
+        kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
+        kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
+        kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
+        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
+        objects(subjects.BUNDLES_STORE),
+        objects(subjects.RESULTS_STORE),
+        _ensure_stream(js, StreamConfig(
+            name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)),
+        _ensure_stream(js, StreamConfig(
+            name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S)))
+    names = ("deployments", "replicas", "nodes", "assignments", "calls", "bundles", "results")
+    return dict(zip(names, opened, strict=False))
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:

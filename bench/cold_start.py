@@ -1,0 +1,241 @@
+"""Replica starts, cold vs artifact cache vs preloaded zygote, for the digits classifier, in one run.
+
+What is measured
+    The time from the node agent's decision to start a replica to the first call that replica answers,
+    with the phases the replica records (``StartPhases``: bundle fetch, interpreter, imports, snap setup,
+    fork, per-replica setup, ready, first call). Three kinds of start of the same model
+    (examples/digits/classifier.py, copied into a temporary folder):
+
+    * ``cold``      a new version (a bundle the node has never seen): fetch, unpack, a fresh interpreter,
+                    imports, all of the setup. The app is a copy whose ``@ember.setup(snap=True)`` is a
+                    plain ``@ember.setup``, so no zygote is involved;
+    * ``artifact``  scale-ups of the same app by one replica (``POST .../scale``): the bundle is on disk;
+    * ``zygote``    scale-ups of the example itself (snap setup), each replica forked from the zygote the
+                    control plane asked the node to preload.
+
+    A closed-loop caller keeps calling each app throughout, so a new replica gets a call as soon as it
+    subscribes (the gateway holds calls while no replica is up). The decision time is the agent's
+    (``ready_s`` counts from it); the table also shows the time from the deploy or scale request to the
+    first served call, which adds the control loop's tick and, for a new version, the upload.
+
+Usage
+    python bench/cold_start.py [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = ROOT / "examples" / "digits"
+IMAGE = {"pixels": [0.0] * 64}
+TARGET_RATIO = 30.0  # a zygote start at least this many times faster than a cold one
+TARGET_ZYGOTE_MS = 50.0  # and under this, decision to first served call
+
+
+def say(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Start:
+    kind: str
+    how: str  # "new version", "restart", "scale-up"
+    phases: dict[str, Any]
+    trigger_to_first_call_s: float
+
+    @property
+    def decision_to_first_call_s(self) -> float:
+        return self.phases["ready_s"] + (self.phases["first_call_s"] or 0.0)
+
+
+class Caller(threading.Thread):
+    """Calls an app's predict in a loop, one call at a time, until stopped."""
+
+    def __init__(self, url: str, app: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.app = url, app
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=120) as client:
+            while not self.stop.is_set():
+                try:
+                    client.post(f"/v1/{self.app}/Classifier.predict", json=IMAGE)
+                except httpx.HTTPError:
+                    time.sleep(0.01)
+
+
+def replicas(url: str, app: str) -> list[dict[str, Any]]:
+    view = httpx.get(f"{url}/v1/apps/{app}", timeout=10).json()
+    return [r for s in view["services"] for r in s["replicas"] if r["version"] == view["version"]]
+
+
+def wait_for(predicate: Any, timeout_s: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def new_start(url: str, app: str, old_pids: set[int], trigger_at: float, how: str) -> Start:
+    """Wait for a replica that is not one of ``old_pids`` to have answered a call; return its phases."""
+    def started() -> dict[str, Any] | None:
+        for r in replicas(url, app):
+            if r["pid"] not in old_pids and r["state"] == "ready" and r.get("start") and \
+                    r["start"].get("first_call_s") is not None:
+                return r
+        return None
+
+    replica = wait_for(started, 180, f"a new replica of {app} to answer")
+    start = replica["start"]
+    first_call_at = _decided_at(replica) + start["ready_s"] + start["first_call_s"]
+    return Start(start["kind"], how, start, first_call_at - trigger_at)
+
+
+def _decided_at(replica: dict[str, Any]) -> float:
+    """When the agent decided to start it: its process began (``started_at``, after the exec or the fork)
+    that long after the decision, as its phases say."""
+    s = replica["start"]
+    return replica["started_at"] - s["fetch_s"] - s["interpreter_s"] - s["fork_s"]
+
+
+def deploy(url: str, app_file: Path, app: str) -> int:
+    from ember._client import Transport
+    from ember._deploy import deploy as ember_deploy
+
+    transport = Transport(url)
+    try:
+        return ember_deploy(app_file, app_name=app, transport=transport, timeout_s=180, wait=False).version
+    finally:
+        transport.close()
+
+
+def write_apps(folder: Path) -> tuple[Path, Path]:
+    for name in ("model.py", "schema.py", "weights.pt"):
+        shutil.copy(DIGITS / name, folder / name)
+    source = (DIGITS / "classifier.py").read_text()
+    snap = folder / "classifier.py"
+    snap.write_text(source.replace('ember.App("digits")', 'ember.App("cs-snap")'))
+    plain_dir = folder / "plain"
+    plain_dir.mkdir()
+    for name in ("model.py", "schema.py", "weights.pt"):
+        shutil.copy(DIGITS / name, plain_dir / name)
+    plain = plain_dir / "classifier.py"
+    plain.write_text(source.replace('ember.App("digits")', 'ember.App("cs-plain")')
+                     .replace("@ember.setup(snap=True)", "@ember.setup"))
+    return plain, snap
+
+
+def run(repeats: int) -> None:
+    from ember._embedded import EmbeddedPlatform
+
+    work = Path(tempfile.mkdtemp(prefix="ember-coldstart-"))
+    platform = EmbeddedPlatform(work / "state")
+    callers: list[Caller] = []
+    starts: list[Start] = []
+    try:
+        plain, snap = write_apps(work)
+        platform.start()
+        url = platform.url
+        say(f"platform at {url}")
+        for app in ("cs-plain", "cs-snap"):
+            callers.append(Caller(url, app))
+
+        say("cold: new versions of the plain app (a bundle the node has not seen)")
+        for i in range(repeats):
+            old = {r["pid"] for r in replicas(url, "cs-plain")} if i else set()
+            plain.write_text(plain.read_text() + f"\n# cold start {i}\n")
+            at = time.time()
+            deploy(url, plain, "cs-plain")
+            if i == 0:
+                callers[0].start()
+            starts.append(new_start(url, "cs-plain", old, at, "new version"))
+            wait_for(lambda old=old: not any(r["pid"] in old for r in replicas(url, "cs-plain")), 60,
+                     "the old version to go")
+
+        say("artifact: scale-ups of the plain app (its bundle is on disk)")
+        starts += scale_ups(url, "cs-plain", repeats)
+
+        say("zygote: scale-ups of the snap app, forked from the zygote the node preloaded")
+        deploy(url, snap, "cs-snap")
+        callers[1].start()
+        wait_for(lambda: zygote_ready(url, "cs-snap"), 180, "the zygote")
+        wait_for(lambda: [r for r in replicas(url, "cs-snap") if r["state"] == "ready"], 180, "a ready replica")
+        starts += scale_ups(url, "cs-snap", repeats)
+        print(render(starts))
+    finally:
+        for caller in callers:
+            caller.stop.set()
+        platform.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def zygote_ready(url: str, app: str) -> bool:
+    view = httpx.get(f"{url}/v1/status", params={"app": app}, timeout=10).json()
+    return any(z["state"] == "ready" for n in view["nodes"] for z in n.get("zygotes", []) if z["app"] == app)
+
+
+def scale_ups(url: str, app: str, repeats: int) -> list[Start]:
+    """Raise the app's replica count by one, ``repeats`` times; each new replica is one start."""
+    out = []
+    for _ in range(repeats):
+        old = {r["pid"] for r in replicas(url, app)}
+        at = time.time()
+        bounds = {"service": "Classifier", "min_replicas": len(old) + 1, "max_replicas": len(old) + 1}
+        httpx.post(f"{url}/v1/apps/{app}/scale", json=bounds, timeout=10).raise_for_status()
+        out.append(new_start(url, app, old, at, "scale-up"))
+    return out
+
+
+def render(starts: list[Start]) -> str:
+    ms = lambda s: f"{s * 1000:,.1f}"  # noqa: E731
+    lines = ["| kind | how | decision → first served call ms | fetch | interpreter | imports | snap setup "
+             "(in the zygote, before) | fork | setup | ready | first call | trigger → first served call ms |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for s in starts:
+        p = s.phases
+        lines.append(f"| {s.kind} | {s.how} | {ms(s.decision_to_first_call_s)} | {ms(p['fetch_s'])} | "
+                     f"{ms(p['interpreter_s'])} | {ms(p['imports_s'])} | {ms(p['snap_setup_s'])} | {ms(p['fork_s'])} | "
+                     f"{ms(p['setup_s'])} | {ms(p['ready_s'])} | {ms(p['first_call_s'] or 0.0)} | "
+                     f"{ms(s.trigger_to_first_call_s)} |")
+    medians = {kind: statistics.median(s.decision_to_first_call_s for s in starts if s.kind == kind)
+               for kind in ("cold", "artifact", "zygote") if any(s.kind == kind for s in starts)}
+    lines += ["", "| kind | starts | median decision → first served call ms | cold / this |",
+              "|---|---:|---:|---:|"]
+    for kind, median in medians.items():
+        lines.append(f"| {kind} | {sum(s.kind == kind for s in starts)} | {ms(median)} | "
+                     f"{medians.get('cold', float('nan')) / median:.1f}x |")
+    if "cold" in medians and "zygote" in medians:
+        ratio, zygote_ms = medians["cold"] / medians["zygote"], medians["zygote"] * 1000
+        lines += ["", f"Targets: zygote ≥ {TARGET_RATIO:g}x faster than cold: {ratio:.1f}x "
+                      f"({'met' if ratio >= TARGET_RATIO else 'missed'}); zygote < {TARGET_ZYGOTE_MS:g} ms: "
+                      f"{zygote_ms:.1f} ms ({'met' if zygote_ms < TARGET_ZYGOTE_MS else 'missed'})."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3, help="starts of each kind (default 3)")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    run(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
