@@ -11,8 +11,17 @@ import time
 import uuid
 from pathlib import Path
 
+from ember import _subjects as subjects
 from ember._nats import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
-from ember._wire import NodeAssignment, NodeInfo, SlotAssignment, ZygoteAssignment, assignment_decoder, encoder
+from ember._wire import (
+    LogLine,
+    NodeAssignment,
+    NodeInfo,
+    SlotAssignment,
+    ZygoteAssignment,
+    assignment_decoder,
+    encoder,
+)
 from ember_runtime import _inventory as inventory_source
 from ember_runtime import _numa as numa
 from ember_runtime._bundles import BundleCache
@@ -45,7 +54,8 @@ class NodeAgent:
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
-        self.zygotes = ZygotePool(state_dir, nats_url)
+        self._background: set[asyncio.Task[None]] = set()
+        self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event)
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -115,6 +125,14 @@ class NodeAgent:
         for key, assigned in want.items():
             if key not in self.slots:
                 await self._start(key, assigned)
+
+    def _zygote_event(self, app: str, service: str, line: str) -> None:
+        """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
+        event = LogLine(replica_id=f"zygote@{self.node_id}", stream="agent", line=line, ts=time.time())
+        publish = self._nc.publish(subjects.logs(app, service), encoder.encode(event))
+        task = asyncio.get_running_loop().create_task(publish)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _reconcile_zygotes(self) -> None:
         """Hold the zygotes the scheduler assigned to this node (their bundles unpacked and weights read

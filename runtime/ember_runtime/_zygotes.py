@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -27,6 +27,7 @@ from ember_runtime.zygote import MAX_MESSAGE, ExitReport, ForkReply, ForkRequest
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
+Event = Callable[[str, str, str], None]  # (app, service, line): a zygote's failure, for the app's log stream
 BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
 RETRY_MAX_S = 60.0
@@ -102,9 +103,11 @@ class ForkedProcess:
 class Zygote:
     """One zygote process: built from an unpacked bundle, then forking replicas on request."""
 
-    def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str) -> None:
+    def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
+                 on_event: Event | None = None) -> None:
         self.assignment = assignment
         self._nats_url = nats_url
+        self._on_event = on_event
         self.key: ZygoteKey = (assignment.app, assignment.service, assignment.version)
         self._bundle = bundle
         self._socket = socket_path
@@ -179,6 +182,8 @@ class Zygote:
         self.settled.set()
         self.failures += 1
         log.warning("%s; replicas of it start fresh", message)
+        if self._on_event is not None:
+            self._on_event(self.assignment.app, self.assignment.service, f"{message}; replicas of it start fresh")
 
     @property
     def _name(self) -> str:
@@ -253,9 +258,10 @@ async def _reader(fd: int) -> asyncio.StreamReader:
 class ZygotePool:
     """The zygotes this node holds: those in its assignment, built and rebuilt as needed."""
 
-    def __init__(self, state_dir: Path, nats_url: str) -> None:
+    def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None) -> None:
         self._dir = state_dir / "zygotes"
         self._nats_url = nats_url
+        self._on_event = on_event
         self._zygotes: dict[ZygoteKey, Zygote] = {}
         self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
         self._retry_at: dict[ZygoteKey, float] = {}
@@ -291,7 +297,8 @@ class ZygotePool:
                     continue
             self._retry_at.pop(key, None)
             self._dir.mkdir(parents=True, exist_ok=True)
-            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url)
+            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url,
+                                 self._on_event)
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()

@@ -59,6 +59,9 @@ def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_pa
     # Kill the zygote, then the replica: the replica starts fresh (the same answer), and the zygote is rebuilt.
     os.kill(built.pid, signal.SIGKILL)
     wait_for(lambda: (z := zygote(transport, version)) and z.failures >= 1 and z, what="the zygote's failure")
+    events = transport.json("GET", "/v1/apps/snapper/logs", params={"service": "Model", "limit": 5000})
+    assert any(e["stream"] == "agent" and f"zygote snapper.Model v{version} was killed by SIGKILL" in e["line"]
+               for e in events)
     os.kill(first.pid, signal.SIGKILL)
     (fresh,) = wait_for(lambda: [r for r in ready(transport, version) if r.pid != first.pid], what="a fresh replica")
     answer = http.post("/v1/snapper/Model.predict", json=X).json()
