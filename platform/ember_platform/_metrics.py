@@ -46,7 +46,7 @@ def render(replicas: Iterable[ReplicaStatus]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_PHASES = ("fetch_s", "interpreter_s", "imports_s", "setup_s", "ready_s", "first_call_s")
+_PHASES = ("fetch_s", "interpreter_s", "imports_s", "snap_setup_s", "fork_s", "setup_s", "ready_s", "first_call_s")
 
 
 def _start_phases(lines: list[str], replicas: list[ReplicaStatus]) -> None:

@@ -115,12 +115,14 @@ def node_view(node: NodeInfo, slots: Iterable[SlotAssignment], replicas: Sequenc
     """One node: each device with the memory its assigned replicas reserve, and every replica on it."""
     slots = sorted(slots, key=lambda s: s.replica_id)
     states = {r.replica_id: r.state for r in replicas if r.node_id == node.node_id}
+    starts = {r.replica_id: r.start for r in replicas if r.node_id == node.node_id}
     on_node = [NodeReplicaView(replica_id=s.replica_id, app=s.app, service=s.service, version=s.version,
-                               state=states.pop(s.replica_id, "assigned"), gpu_uuids=list(s.gpu_uuids))
+                               state=states.pop(s.replica_id, "assigned"), gpu_uuids=list(s.gpu_uuids),
+                               start=starts.get(s.replica_id))
                for s in slots]
     unassigned = sorted((r for r in replicas if r.replica_id in states), key=lambda r: r.replica_id)
     on_node += [NodeReplicaView(replica_id=r.replica_id, app=r.app, service=r.service, version=r.version,
-                                state=r.state) for r in unassigned]
+                                state=r.state, start=r.start) for r in unassigned]
     devices = [_device_view(d, slots, specs) for d in node.devices]
     return NodeView(node_id=node.node_id, hostname=node.hostname, updated_at=node.updated_at,
                     devices=_with_slices_summed(devices), replicas=on_node, zygotes=list(node.zygotes))

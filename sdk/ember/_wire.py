@@ -460,6 +460,7 @@ class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     state: str  # a ReplicaState, or "assigned" while the replica has not reported yet
     gpu_uuids: list[str] = []  # empty: CPU only, or no longer assigned (stopping)
+    start: StartPhases | None = None  # how its (last) start went, once it reported one
 
 
 class NodeView(msgspec.Struct, frozen=True, kw_only=True):

@@ -42,7 +42,8 @@ def ready(transport, version: int) -> list:
             if r.state == "ready" and r.version == version]
 
 
-def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_path, transport, http):
+def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_path, transport, http, platform,
+                                                                          ember_cli):
     app_file = tmp_path / "snapper.py"
     app_file.write_text(SNAPPER.read_text())
     version = ember.deploy(app_file, transport=transport, timeout_s=180).version
@@ -55,6 +56,10 @@ def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_pa
     forked = response.json()
     assert forked["built_by"] == built.pid != forked["pid"] == first.pid  # built in the zygote, served by the fork
     assert forked["env"] == "cpu"  # the replica's own environment, set after the fork
+    metrics = http.get("/metrics").text
+    assert f'replica="{first.replica_id}",kind="zygote",phase="fork"}}' in metrics
+    status = ember_cli("status", "snapper.Model", url=platform.url).stdout
+    assert "ZYGOTE" in status and "ready" in status and f"{first.replica_id}  zygote" in status
 
     # Kill the zygote, then the replica: the replica starts fresh (the same answer), and the zygote is rebuilt.
     os.kill(built.pid, signal.SIGKILL)

@@ -27,6 +27,9 @@ def run(args: argparse.Namespace) -> int:
     if zygotes:
         print()
         print(zygotes)
+    if shown is not None and any(r.start for n in view.nodes for r in n.replicas):
+        print()
+        print(starts_table(view.nodes, shown))
     print()
     print(services_table(view.services) if view.services else "no apps deployed")
     return 0
@@ -67,6 +70,22 @@ def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = No
             for node in nodes for z in node.zygotes if shown is None or (z.app, z.service) in shown]
     return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "FORKS", "FAILURES", "LAST FAILURE"], rows) \
         if rows else ""
+
+
+def starts_table(nodes: list[NodeView], shown: set[tuple[str, str]]) -> str:
+    """One row per replica of the shown services: the kind of its start and where the time went (ms)."""
+    rows = []
+    for node in nodes:
+        for r in node.replicas:
+            p = r.start
+            if p is None or (r.app, r.service) not in shown:
+                continue
+            ms = [f"{v * 1000:.0f}" for v in (p.fetch_s, p.interpreter_s, p.imports_s, p.snap_setup_s, p.fork_s,
+                                              p.setup_s, p.ready_s)]
+            first = "-" if p.first_call_s is None else f"{p.first_call_s * 1000:.0f}"
+            rows.append((r.replica_id, p.kind, *ms, first))
+    return table(["REPLICA", "START", "FETCH MS", "INTERPRETER", "IMPORTS", "SNAP SETUP", "FORK", "SETUP",
+                  "READY", "FIRST CALL"], rows)
 
 
 def services_table(services: list[ServiceStatus]) -> str:
