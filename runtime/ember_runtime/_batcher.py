@@ -44,6 +44,7 @@ class Call:
     cost: float = 1.0
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
+    seq: int = 0  # arrival order, the last tie-breaker of the queue's order
 
     def deadline_mono(self) -> float:
         return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
@@ -55,11 +56,12 @@ class Batcher:
     def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_size: int, window_s: float,
                  executor: Executor, max_queue: int = 1024, max_cost: float | None = None,
                  latency_budget_s: float | None = None, cost_model: CostModel | None = None,
-                 name: str = "batcher") -> None:
+                 group_by_cost: bool = False, name: str = "batcher") -> None:
         self.name = name
         self.limits = Limits(max_size=max_size, window_s=window_s, max_cost=max_cost,
                              latency_budget_s=latency_budget_s)
         self.max_queue = max_queue
+        self.group_by_cost = group_by_cost
         self.model = cost_model or CostModel()
         self.metrics = BatcherMetrics()
         self.oom_limit: int | None = None
@@ -89,11 +91,14 @@ class Batcher:
                                   retry_after_s=max(1.0, self._drain_estimate()))
         self._admit_deadline(call)
         self._note_arrival(call.enqueued_at)
-        rank = PRIORITY_RANK.get(call.priority, 0)
-        heapq.heappush(self._heap, (rank, call.deadline, next(self._seq), call))
+        call.seq = next(self._seq)
+        self._push(call)
+        self._wake.set()
+
+    def _push(self, call: Call) -> None:
+        heapq.heappush(self._heap, (PRIORITY_RANK.get(call.priority, 0), call.deadline, call.seq, call))
         if call.call_id:
             self._by_id[call.call_id] = call
-        self._wake.set()
 
     def cancel(self, call_id: str) -> bool:
         """Drop a queued call whose caller went away; False when it is not (or no longer) queued."""
@@ -184,6 +189,37 @@ class Batcher:
         return hold_for(view, limits, self.model, self._mean_gap, now)
 
     async def _take(self) -> list[Call]:
+        batch = await self._take_in_order()
+        if self.group_by_cost and batch:
+            batch = self._regroup(batch)
+        return batch
+
+    def _regroup(self, batch: list[Call]) -> list[Call]:
+        """Keep the batch's most urgent call, and fill the rest with the calls closest to it in cost from it
+        and the next ``capacity`` calls waiting in the same class; calls due before the next batch could
+        finish stay in whatever their cost. What is left over goes back to the queue."""
+        head, rank = batch[0], PRIORITY_RANK.get(batch[0].priority, 0)
+        pool = batch[1:]
+        now = time.time()
+        while self._heap and len(pool) < 2 * self.capacity and self._heap[0][0] == rank:
+            if self._heap[0][3].deadline <= now:
+                break  # expired: answered by the next take, never run
+            call = heapq.heappop(self._heap)[3]
+            if not call.cancelled:
+                pool.append(call)
+        soon = time.time() + 2 * self.model.predict(self.capacity)
+        pool.sort(key=lambda c: (c.deadline > soon, abs(math.log(max(c.cost, 1e-9) / max(head.cost, 1e-9)))))
+        chosen, cost = [head], head.cost
+        for call in pool:
+            fits = self.limits.max_cost is None or cost + call.cost <= self.limits.max_cost
+            if len(chosen) < self.capacity and fits:
+                chosen.append(call)
+                cost += call.cost
+            else:
+                self._push(call)  # back in the queue, where it was
+        return chosen
+
+    async def _take_in_order(self) -> list[Call]:
         batch: list[Call] = []
         cost = 0.0
         now = time.time()

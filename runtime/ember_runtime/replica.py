@@ -293,7 +293,8 @@ def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
         return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name)
     budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
     return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
-                   max_cost=batch.max_cost, latency_budget_s=budget, name=endpoint.spec.name)
+                   max_cost=batch.max_cost, latency_budget_s=budget, group_by_cost=batch.group_by_cost,
+                   name=endpoint.spec.name)
 
 
 def _encode_reply(output: Any, error: EmberError | None, batch_size: int, call_id: str) -> bytes:

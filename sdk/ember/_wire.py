@@ -40,7 +40,10 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     The replica dispatches at once when waiting would not pay (an idle replica at low load never waits
     for the window); ``latency_budget_ms`` caps how long the oldest call may wait plus the batch's
     predicted run time; ``max_cost`` bounds a batch by the summed cost of its inputs, given by the
-    ``cost=`` function of the decorator (tokens, pixels, sequence length...).
+    ``cost=`` function of the decorator (tokens, pixels, sequence length...). With ``group_by_cost`` a
+    batch is filled with the waiting calls whose cost is closest to that of the most urgent one (which
+    always goes first, so that no call waits forever), so that short and long inputs do not share a
+    batch padded to the longest.
 
     Example:
         ``@app.function(batch=ember.Batch(max_size=32, window_ms=5))``
@@ -50,6 +53,7 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     window_ms: float = 5.0
     latency_budget_ms: float | None = None
     max_cost: float | None = None
+    group_by_cost: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or not 1 <= self.max_size <= 4096:
@@ -62,6 +66,11 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
             value = getattr(self, knob)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
                 raise InvalidSpecError(f"Batch({knob}={value!r}): {knob} is a positive number, or None")
+        if not isinstance(self.group_by_cost, bool):
+            raise InvalidSpecError(f"Batch(group_by_cost={self.group_by_cost!r}): group_by_cost is True or False")
+        if self.group_by_cost and self.max_cost is None:
+            raise InvalidSpecError("Batch(group_by_cost=True): grouping uses the inputs' costs; give max_cost "
+                                   "(and cost= on the decorator) too")
 
 
 class Retries(msgspec.Struct, frozen=True, kw_only=True):

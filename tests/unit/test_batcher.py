@@ -319,6 +319,26 @@ def test_batches_are_bounded_by_cost(pool):
     assert gate.batches[1:] == [["a", "b"], ["c", "d"], ["e"]]
 
 
+def test_grouped_by_cost_a_batch_takes_the_calls_closest_in_cost_to_the_most_urgent(pool):
+    gate = Gate()
+    b = batcher(gate, pool, max_size=3, max_cost=2000.0, group_by_cost=True)
+    rec = Recorder()
+    costs = {"s1": 10, "L1": 400, "s2": 12, "L2": 380, "s3": 9, "L3": 420, "s4": 11}
+
+    async def body():
+        b.submit(rec.call("first"))
+        await asyncio.to_thread(gate.started.wait)
+        for key, cost in costs.items():
+            b.submit(rec.call(key, cost=cost))
+        gate.release.set()
+        await rec.wait_for(8)
+
+    run(lambda: serve(b, body))
+    # In deadline order the batches would mix: [s1, L1, s2], [L2, s3, L3], [s4]. Grouped, the most urgent
+    # call leads each batch, and the calls nearest its cost join it, nearest first.
+    assert gate.batches[1:] == [["s1", "s4", "s3"], ["L1", "L3", "L2"], ["s2"]]
+
+
 def test_an_output_of_the_wrong_length_is_a_clear_error_for_every_call(pool):
     gate = Gate(lambda xs: xs[:-1])
     b = batcher(gate, pool)
@@ -405,21 +425,22 @@ def test_metrics_count_batches_sizes_and_waits(pool):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(0, 1000), st.booleans(), st.sampled_from(["interactive", "batch"]),
                           st.booleans()), min_size=1, max_size=40),
-       st.integers(1, 8), st.sampled_from([0.0, 0.001]))
-def test_every_call_gets_exactly_one_answer_and_it_is_its_own(pool, calls, max_size, window_s):
-    """Random inputs, priorities, expired calls and poisoned inputs: one answer per call, never crossed."""
+       st.integers(1, 8), st.sampled_from([0.0, 0.001]), st.booleans())
+def test_every_call_gets_exactly_one_answer_and_it_is_its_own(pool, calls, max_size, window_s, grouped):
+    """Random inputs, costs, priorities, expired calls and poisoned inputs, in deadline order or grouped by
+    cost: one answer per call, never crossed."""
     def model(xs: list[tuple[int, bool]]) -> list[int]:
         if any(poison for _, poison in xs):
             raise ValueError("poison")
         return [value * 3 for value, _ in xs]
 
-    b = batcher(model, pool, max_size=max_size, window_s=window_s)
+    b = batcher(model, pool, max_size=max_size, window_s=window_s, max_cost=2000.0, group_by_cost=grouped)
     rec = Recorder()
 
     async def body():
         for i, (value, poison, priority, expired) in enumerate(calls):
             deadline = time.time() - 1 if expired else None
-            b.submit(rec.call(i, (value, poison), deadline=deadline, priority=priority))
+            b.submit(rec.call(i, (value, poison), deadline=deadline, priority=priority, cost=1 + value))
             if i % 5 == 0:
                 await asyncio.sleep(0)  # let some batches form before the rest arrive
         await rec.wait_for(len(calls))

@@ -562,3 +562,11 @@ def test_manifest_lists_services_in_declaration_order() -> None:
     assert manifest.sdk_version == ember.__version__
     assert manifest.python.count(".") == 1
     assert "shop" in repr(app) and "b, a" in repr(app)
+
+
+def test_grouping_by_cost_needs_a_cost_bound() -> None:
+    with pytest.raises(ember.InvalidSpecError, match="group_by_cost=True.*max_cost"):
+        ember.Batch(max_size=8, group_by_cost=True)
+    with pytest.raises(ember.InvalidSpecError, match="group_by_cost is True or False"):
+        ember.Batch(max_size=8, max_cost=100, group_by_cost="yes")  # type: ignore[arg-type]
+    assert ember.Batch(max_size=8, max_cost=100, group_by_cost=True).group_by_cost
