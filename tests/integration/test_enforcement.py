@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import httpx
 import pytest
+from polling import wait_for
 
 import ember
 from ember._client import Transport
@@ -53,14 +53,6 @@ class Cluster(NamedTuple):
     cpu: int
 
 
-def wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")

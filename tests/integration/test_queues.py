@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from polling import wait_for
 
 import ember
 from ember._client import Transport
@@ -40,14 +41,6 @@ def log_count(transport: Transport, service: str, marker: str, app: str = "probe
     return sum(marker in line["line"] for line in lines)
 
 
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_spawn_then_get_the_result(probe, http):

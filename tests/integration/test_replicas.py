@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from polling import wait_for
 
 import ember
 from ember._deploy import app_view
@@ -27,14 +28,6 @@ def ready_pids(transport, app: str, service: str) -> set[int]:
     return {r.pid for r in svc.replicas if r.state == "ready" and r.version == view.version}
 
 
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_sigkilled_replica_is_restarted_and_serves_again(probe, transport, http):

@@ -6,14 +6,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import msgspec
 import pytest
+from polling import wait_for
 
 from ember._bundle import build_bundle
 from ember._client import Transport
@@ -23,7 +21,6 @@ from ember._wire import DeployRequest, ServiceStatus, StatusView, encoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 EMBER = [sys.executable, "-m", "ember._cli"]
-T = TypeVar("T")
 
 APP = '''import os
 import ember
@@ -45,14 +42,6 @@ def ember(*args: str, url: str, check: bool = True) -> subprocess.CompletedProce
     return proc
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float, what: str) -> T:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def status(http: httpx.Client) -> StatusView:

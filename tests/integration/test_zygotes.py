@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
+from polling import wait_for
 
 import ember
 from ember._deploy import app_view
@@ -21,14 +21,6 @@ SNAPPER = Path(__file__).resolve().parents[1] / "apps" / "snap" / "snapper.py"
 X = [0.5, -1.0, 2.0, 0.25]
 
 
-def wait_for(predicate, timeout_s: float = 90.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def zygote(transport, version: int) -> ZygoteStatus | None:

@@ -565,7 +565,7 @@ def test_manifest_lists_services_in_declaration_order() -> None:
 
 
 def test_grouping_by_cost_needs_a_cost_bound() -> None:
-    with pytest.raises(ember.InvalidSpecError, match="group_by_cost=True.*max_cost"):
+    with pytest.raises(ember.InvalidSpecError, match=r"group_by_cost=True.*max_cost"):
         ember.Batch(max_size=8, group_by_cost=True)
     with pytest.raises(ember.InvalidSpecError, match="group_by_cost is True or False"):
         ember.Batch(max_size=8, max_cost=100, group_by_cost="yes")  # type: ignore[arg-type]
