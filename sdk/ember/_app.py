@@ -61,14 +61,14 @@ class App:
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
-                 buffer_replicas: int = 0, scaledown_window_s: float = 60.0
+                 buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
-                 scaledown_window_s: float = 60.0) -> Any:
+                 scaledown_window_s: float = 60.0, memory: int | str | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -86,11 +86,14 @@ class App:
                 header overrides it).
             buffer_replicas: idle replicas kept beyond the need while there is load.
             scaledown_window_s: how long the need must stay lower before replicas are removed.
+            memory: host memory one replica needs, in MB or as ``"4GB"``: placement counts it against each
+                node's RAM, and the node agent against what its replicas reserved.
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
         resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s)
+        resources |= _host_memory("@app.function", memory)
         _check_batch("@app.function", batch, cost)
         triggers = _check_events("@app.function", on, result_subject)
 
@@ -111,7 +114,7 @@ class App:
 
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
               timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
-              scaledown_window_s: float = 60.0) -> Callable[[C], C]:
+              scaledown_window_s: float = 60.0, memory: int | str | None = None) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -124,6 +127,7 @@ class App:
         """
         resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
         resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s)
+        resources |= _host_memory("@app.model", memory)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -349,6 +353,23 @@ def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any) -> dict[
             or not 0 <= scaledown_window_s <= 24 * 3600:
         raise InvalidSpecError(f"{where}(scaledown_window_s={scaledown_window_s!r}): seconds from 0 to 86400")
     return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s)}
+
+
+def _host_memory(where: str, memory: Any) -> dict[str, Any]:
+    """``memory=``: MB as an int, or a string such as ``"4GB"`` or ``"512MB"``; None: not declared."""
+    if memory is None:
+        return {}
+    mb: float | None = None
+    if isinstance(memory, int) and not isinstance(memory, bool):
+        mb = memory
+    elif isinstance(memory, str):
+        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|MB)\s*", memory, re.IGNORECASE)
+        if match:
+            mb = float(match[1]) * (1024 if match[2].upper() == "GB" else 1)
+    if mb is None or not 0 < mb <= 16 * 1024 * 1024:
+        raise InvalidSpecError(f"{where}(memory={memory!r}): host memory in MB (an int) or a string such as "
+                               "'4GB' or '512MB'")
+    return {"memory_mb": round(mb)}
 
 
 def _retries(where: str, retries: Any) -> Retries:

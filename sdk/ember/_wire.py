@@ -137,6 +137,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     buffer_replicas: int = 0
     gpu: GpuRequest | None = None  # the full request (memory share, MIG profile, topology); None: CPU only
     snap: bool = False  # it has @ember.setup(snap=True) methods: nodes may keep a zygote of it preloaded
+    memory_mb: int = 0  # host memory one replica needs (memory=); 0: not declared
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

@@ -570,3 +570,25 @@ def test_grouping_by_cost_needs_a_cost_bound() -> None:
     with pytest.raises(ember.InvalidSpecError, match="group_by_cost is True or False"):
         ember.Batch(max_size=8, max_cost=100, group_by_cost="yes")  # type: ignore[arg-type]
     assert ember.Batch(max_size=8, max_cost=100, group_by_cost=True).group_by_cost
+
+
+@pytest.mark.parametrize(("memory", "mb"), [(512, 512), ("4GB", 4096), ("1.5 gb", 1536), ("256MB", 256)])
+def test_host_memory_is_declared_in_mb_or_with_a_unit(memory, mb) -> None:
+    app = ember.App("mem")
+
+    @app.function(memory=memory)
+    def f(x: int) -> int:
+        return x
+
+    assert app.services["f"].memory_mb == mb
+
+
+@pytest.mark.parametrize("memory", [0, -1, True, "4 TB", "lots", 2.5])
+def test_a_bad_host_memory_names_the_argument(memory) -> None:
+    app = ember.App("mem")
+    with pytest.raises(ember.InvalidSpecError, match=r"@app.model\(memory="):
+        @app.model(memory=memory)
+        class Model:
+            @ember.method
+            def f(self, x: int) -> int:
+                return x
