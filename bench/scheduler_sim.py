@@ -1,4 +1,4 @@
-"""Scheduler simulator: the real placement and autoscaling policies on a synthetic cluster.
+"""Scheduler simulator: the real placement, autoscaling and rebalancing policies on a synthetic cluster.
 
 Run from the repository root::
 
@@ -6,8 +6,10 @@ Run from the repository root::
     .venv/bin/python bench/scheduler_sim.py --quick   # 100 nodes, 1,000 functions, 10 min
 
 Node inventories are declared TOML parsed by ``ember_runtime._inventory`` (the agent's own code
-path); every decision comes from ``ember_platform.scheduler`` (``desired_replicas``, ``place``,
-``apply_decisions``). Only the load and the replicas' behaviour are modelled here:
+path); every decision comes from ``ember_platform.scheduler`` (``desired_replicas``,
+``place_and_apply``, ``rebalance``, ``apply_decisions``). Only the load and the replicas' behaviour are
+modelled here (the load is handed to the autoscaler as measured signals: arrival rate, per-replica
+throughput, start-up time):
 
 - load: per function a base rate (heavy-tailed), a compressed diurnal swing, per-tick noise, bursts
   (x4 for 5 min) and on/off functions that go idle (scale to zero and back);
@@ -15,11 +17,14 @@ path); every decision comes from ``ember_platform.scheduler`` (``desired_replica
   node caching its bundle), and calls queue as in an M/M/c queue (Sakasegawa's approximation); a call
   meets its target when its sojourn (waiting for a start-up, a backlog, the queue, service) does,
   with the sojourn taken as exponential around its mean;
-- three GPU nodes are lost during the run; their replicas are placed again.
+- three GPU nodes are lost during the run; their replicas are placed again;
+- rebalancing moves (``MOVES`` limits them) are make-before-break: the replacement starts at once, the
+  replica it replaces stops at the first pass after the replacement is ready.
 
 A reconcile pass, timed, is what a control loop runs every tick: ``desired_replicas`` for every
-function, the diff against the replicas that exist, ``place`` for the missing ones and
-``apply_decisions``. Reading the signals (here, the load model) happens before the clock starts.
+function, the diff against the replicas that exist, ``place_and_apply`` for the missing ones and the
+scaled-down ones, then ``rebalance`` with what did not fit, and its moves applied. Reading the signals
+(here, the load model) happens before the clock starts.
 Wall time and this process's CPU time are both shown: on a shared machine the first includes
 waiting for a CPU. Long-lived objects are moved out of the garbage collector's way after set-up
 (``gc.freeze()``), as a control plane would do.
@@ -50,8 +55,11 @@ from ember_platform.scheduler import (
     Cluster,
     Decision,
     GpuRequest,
+    Move,
+    MoveBudget,
     PlacementRequest,
     Priority,
+    Reservation,
     Signals,
     Snapshot,
     apply_decisions,
@@ -59,6 +67,8 @@ from ember_platform.scheduler import (
     desired_replicas,
     initial_state,
     place,
+    place_and_apply,
+    rebalance,
 )
 from ember_runtime._inventory import parse
 
@@ -74,6 +84,7 @@ SIZES_GB = [2, 4, 6, 8, 12, 16, 20, 24, 40]
 SIZE_WEIGHTS = [8, 12, 10, 12, 10, 8, 5, 4, 3]
 LN20 = math.log(20)
 DEADLINE_S = 60.0
+MOVES = MoveBudget(per_pass=4, per_hour=600)  # rebalancing: at most 4 moves started per pass, 600 an hour
 
 
 @dataclass
@@ -92,6 +103,7 @@ class Fn:
     state: AutoscaleState
     bundle: str
     replicas: dict[str, float] = field(default_factory=dict)  # replica id -> ready at
+    replacing: dict[str, str] = field(default_factory=dict)  # moves in flight: new replica id -> old one
     backlog: float = 0.0
     p95_ms: float | None = None
 
@@ -104,6 +116,8 @@ class Totals:
     cold_met: float = 0.0
     moved_preempted: int = 0
     moved_node_loss: int = 0
+    moved_room: int = 0  # rebalancing moves started: room for a pending replica
+    moved_spread: int = 0  # rebalancing moves started: spread
     bound: int = 0
     unschedulable: int = 0
     unschedulable_kinds: dict[str, int] = field(default_factory=dict)
@@ -112,6 +126,7 @@ class Totals:
     passes_cpu: list[float] = field(default_factory=list)  # CPU time of this process: robust to a busy machine
     autoscale: list[float] = field(default_factory=list)
     placing: list[float] = field(default_factory=list)
+    rebalancing: list[float] = field(default_factory=list)
     placed_per_pass: list[int] = field(default_factory=list)
 
 
@@ -202,9 +217,17 @@ class Sim:
         self.snapshot: Snapshot = build_snapshot(Cluster.from_nodes(nodes))
         self.totals = Totals()
         self.ids = 0
+        self.templates = {fn.name: PlacementRequest(replica_id="", function=fn.name, gpu=fn.gpu, cpu_millis=2000,
+                                                    host_memory_mb=8192, priority=fn.priority, bundle=fn.bundle)
+                          for fn in functions}
+        self.budget = MOVES
+        self.moves: dict[str, Move] = {}  # moves in flight, by the new replica's id
+        self.moving: set[str] = set()  # both ends of every move in flight
+        self.finished = 0  # moves finished at the start of this pass
 
     def reconcile(self, now: float, rates: list[float]) -> None:
         """One pass of the control loop; the signals (the loop's input) are read before the clock starts."""
+        removed = self.finish_moves(now)
         signals = [self.signals(fn, now, rate) for fn, rate in zip(self.functions, rates, strict=True)]
         started, started_cpu = time.perf_counter(), time.process_time()
         counts = []
@@ -213,42 +236,96 @@ class Sim:
             counts.append(count)
         scaled = time.perf_counter()
         wanted: list[PlacementRequest] = []
-        removed: list[str] = []
         for fn, count in zip(self.functions, counts, strict=True):
-            self.diff(fn, count, now, wanted, removed)
-        decisions = place(self.snapshot, wanted)
+            if count != len(fn.replicas) - len(fn.replacing):
+                self.diff(fn, count, now, wanted, removed)
+        before = self.snapshot
+        decisions, self.snapshot = place_and_apply(before, wanted, removed)
         placed = time.perf_counter()
-        owners = {v: self.snapshot.reservations[v].function
-                  for d in decisions if isinstance(d, Binding) for v in d.preempts}
-        self.snapshot = apply_decisions(self.snapshot, decisions, removed)
+        moves = self.rebalance(decisions, wanted, now)
+        owners = {v: before.reservations[v].function for d in decisions if isinstance(d, Binding) for v in d.preempts}
         done, done_cpu = time.perf_counter(), time.process_time()
         self.record(decisions, owners, now)
+        self.start_moves(moves, now)
         t = self.totals
         t.passes.append(done - started)
         t.passes_cpu.append(done_cpu - started_cpu)
         t.autoscale.append(scaled - started)
         t.placing.append(placed - scaled)
+        t.rebalancing.append(done - placed)
         t.placed_per_pass.append(len(wanted))
-        t.removed += len(removed)
+        t.removed += len(removed) - self.finished
+
+    def rebalance(self, decisions: list[Decision], wanted: list[PlacementRequest], now: float) -> list[Move]:
+        """Moves for this pass (room for what did not fit, then spread), within the budget; applied at once."""
+        budget = self.budget.available(now)
+        if not budget:
+            return []
+        helped = {m.room_for for m in self.moves.values()}  # room is on its way for these
+        pending = [w for w, d in zip(wanted, decisions, strict=True)
+                   if not isinstance(d, Binding) and w.function not in helped]
+
+        def movable(r: Reservation) -> bool:
+            return r.replica_id not in self.moving and self.by_name[r.function].replicas.get(r.replica_id, now) < now
+
+        moves = rebalance(self.snapshot, pending, self.templates, movable, lambda _: self.new_id(), budget)
+        if moves:
+            self.snapshot = apply_decisions(self.snapshot, [m.binding for m in moves])
+            self.budget = self.budget.spend(now, len(moves))
+        return moves
+
+    def new_id(self) -> str:
+        self.ids += 1
+        return f"r{self.ids}"
+
+    def start_moves(self, moves: list[Move], now: float) -> None:
+        cluster = self.snapshot.cluster
+        for move in moves:
+            fn, new = self.by_name[move.binding.function], move.binding.replica_id
+            local = fn.bundle in cluster.nodes[cluster.node_index[move.binding.node_id]].bundles
+            fn.replicas[new] = now + fn.startup_s * (0.3 if local else 1.0)
+            fn.replacing[new] = move.replica_id
+            self.moves[new] = move
+            self.moving |= {new, move.replica_id}
+            if move.reason == "room":
+                self.totals.moved_room += 1
+            else:
+                self.totals.moved_spread += 1
+
+    def finish_moves(self, now: float) -> list[str]:
+        """Old replicas whose replacement is ready stop (make-before-break); moves that lost an end are dropped."""
+        removed = []
+        for new, move in list(self.moves.items()):
+            fn, old = self.by_name[move.binding.function], move.replica_id
+            if new in fn.replicas and old in fn.replicas and fn.replicas[new] > now:
+                continue  # still starting
+            if new in fn.replicas and old in fn.replicas:
+                del fn.replicas[old]
+                removed.append(old)
+            del self.moves[new], fn.replacing[new]
+            self.moving -= {new, old}
+        self.finished = len(removed)
+        return removed
 
     def signals(self, fn: Fn, now: float, rate: float) -> Signals:
         ready = sum(1 for at in fn.replicas.values() if at <= now)
         busy = min(rate / fn.throughput, ready)
         durable = fn.priority == "batch"
-        return Signals(now=now, ready=ready, starting=len(fn.replicas) - ready, arrival_rate=rate,
+        starting = len(fn.replicas) - ready - len(fn.replacing)  # a replacement adds no capacity
+        return Signals(now=now, ready=ready, starting=starting, arrival_rate=rate,
                        in_flight=round(busy), queue_depth=0 if durable else round(fn.backlog),
                        durable_pending=round(fn.backlog) if durable else 0, throughput_per_replica=fn.throughput,
                        p95_ms=fn.p95_ms, startup_s=fn.startup_s)
 
     def diff(self, fn: Fn, count: int, now: float, wanted: list[PlacementRequest], removed: list[str]) -> None:
-        have = len(fn.replicas)
+        have = len(fn.replicas) - len(fn.replacing)
         for _ in range(count - have):
-            self.ids += 1
-            wanted.append(PlacementRequest(replica_id=f"r{self.ids}", function=fn.name, gpu=fn.gpu,
+            wanted.append(PlacementRequest(replica_id=self.new_id(), function=fn.name, gpu=fn.gpu,
                                            cpu_millis=2000, host_memory_mb=8192, priority=fn.priority,
                                            bundle=fn.bundle))
-        if count < have:  # newest ready replicas first; never one that is still starting
-            ready = sorted((rid for rid, at in fn.replicas.items() if at <= now), key=lambda r: -int(r[1:]))
+        if count < have:  # newest ready replicas first; never one that is still starting or moving
+            ready = sorted((rid for rid, at in fn.replicas.items() if at <= now and rid not in self.moving),
+                           key=lambda r: -int(r[1:]))
             for rid in ready[:have - count]:
                 del fn.replicas[rid]
                 removed.append(rid)
@@ -379,6 +456,7 @@ def main() -> None:
             first_placed = sim.totals.placed_per_pass.pop()
             sim.totals.autoscale.pop()
             sim.totals.placing.pop()
+            sim.totals.rebalancing.pop()
             for fn in functions:  # the initial replicas count as warm
                 fn.replicas = dict.fromkeys(fn.replicas, 0.0)
         sim.serve(now, rates)
@@ -409,6 +487,9 @@ def report(args: argparse.Namespace, sim: Sim, nodes: list[NodeInfo], functions:
         p95 = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
         return f"{statistics.median(ordered) * 1000:.1f} / {p95 * 1000:.1f} / {ordered[-1] * 1000:.1f}"
 
+    exposed = sum(1 for f in sim.snapshot.crowded  # a node loss would take most of their replicas
+                  if 2 * max(sim.snapshot.on_node[f].values()) > sum(sim.snapshot.on_node[f].values()))
+    several = sum(1 for counts in sim.snapshot.on_node.values() if sum(counts.values()) >= 2)
     shared = [r for r in sim.snapshot.reservations.values() if r.memory_mb]
     shared_slots = {(r.node_id, u) for r in shared for u in r.gpu_uuids}
     live_ratio = sum(cluster.slots[cluster.slot_index[u]].total_mb for u in shared_slots) / max(
@@ -422,20 +503,27 @@ def report(args: argparse.Namespace, sim: Sim, nodes: list[NodeInfo], functions:
           f"CPU nodes. {len(functions):,} functions, {ticks} ticks of {tick_s:.0f} s ({hours:.2f} h simulated), "
           f"3 GPU nodes lost.\n")
     rows = [
-        ("reconcile pass: autoscale every function + place + apply (median / p95 / max)", f"{ms(t.passes)} ms",
-         "< 100 ms"),
+        ("reconcile pass: autoscale every function + place + apply + rebalance (median / p95 / max)",
+         f"{ms(t.passes)} ms", "< 100 ms"),
         ("  the same passes in CPU time of this process (median / p95 / max)", f"{ms(t.passes_cpu)} ms", "< 100 ms"),
         ("  of which desired_replicas for all functions", f"{ms(t.autoscale)} ms", ""),
-        ("  of which place (replicas asked per pass: mean / max; diff included)",
+        ("  of which diff + place + apply (replicas asked per pass: mean / max)",
          f"{ms(t.placing)} ms ({statistics.mean(t.placed_per_pass):.0f} / {max(t.placed_per_pass)})", ""),
+        ("  of which rebalance + apply its moves", f"{ms(t.rebalancing)} ms", ""),
         ("first pass: the initial replicas from nothing", f"{first_pass * 1000:.0f} ms for {first_placed:,} replicas",
          ""),
         ("node loss: rebuild cluster + snapshot (mean)", f"{statistics.mean(rebuilds) * 1000:.0f} ms", ""),
         *(row for fill, pack in zip((60, 85), packs, strict=True) for row in packing_rows(fill, pack)),
         ("live shared GPUs at the end: memory of GPUs used / memory reserved", f"{live_ratio:.3f}", ""),
-        ("replicas moved per hour (preempted + node loss)",
-         f"{(t.moved_preempted + t.moved_node_loss) / hours:.0f} ({t.moved_preempted / hours:.0f} + "
-         f"{t.moved_node_loss / hours:.0f})", ""),
+        ("replicas moved per hour (preempted + node loss + rebalanced)",
+         f"{(t.moved_preempted + t.moved_node_loss + t.moved_room + t.moved_spread) / hours:.0f} "
+         f"({t.moved_preempted / hours:.0f} + {t.moved_node_loss / hours:.0f} + "
+         f"{(t.moved_room + t.moved_spread) / hours:.0f})", ""),
+        (f"  rebalancing moves per hour: room for a pending replica + spread (limit {MOVES.per_pass} a pass, "
+         f"{MOVES.per_hour} an hour; make-before-break)",
+         f"{t.moved_room / hours:.0f} + {t.moved_spread / hours:.0f}", ""),
+        ("functions with two or more replicas, most of them on one node, at the end",
+         f"{exposed:,} of {several:,}", ""),
         ("replicas bound / removed by scale-down / unschedulable (replica-passes)",
          f"{t.bound:,} / {t.removed:,} / {t.unschedulable:,}", ""),
         ("  unschedulable by kind", ", ".join(f"{k} {v:,}" for k, v in sorted(t.unschedulable_kinds.items())), ""),

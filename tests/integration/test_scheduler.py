@@ -1,5 +1,6 @@
 """The scheduler across several node agents on this machine, each with a declared (virtual) GPU inventory:
-GPU-aware placement, devices each replica sees, and minimum replicas restored after a node is lost."""
+GPU-aware placement, devices each replica sees, minimum replicas restored after a node is lost, and
+replicas spread onto a node that joins later, make-before-break."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):
         platform.add_agent("node-b", tmp_path / "b.toml")
         transport = Transport(platform.url)
         try:
-            # Both GPU nodes first: placement does not rebalance replicas placed before a node joined.
+            # Both GPU nodes first, so that placement itself spreads (spreading later is the next test).
             def nodes() -> set[str]:
                 return {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}
 
@@ -78,5 +79,38 @@ def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):
                      "the lost node's replicas to leave the view")
             devices = {http.post("/v1/gpus/anywhere").json() for _ in range(6)}
             assert devices <= {"GPU-b-0", "GPU-b-1"}
+        finally:
+            transport.close()
+
+
+def test_replicas_spread_onto_a_node_that_joins_without_dropping_below_min(tmp_path):
+    (tmp_path / "a.toml").write_text('[host]\nname = "a"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
+    (tmp_path / "b.toml").write_text('[host]\nname = "b"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
+    app_file = tmp_path / "gpus.py"
+    app_file.write_text(APP.replace('gpu="H100", min_replicas=1', 'gpu="H100", min_replicas=0'))  # no H100 here
+    with EmbeddedPlatform(tmp_path / "state") as platform:
+        platform.add_agent("node-a", tmp_path / "a.toml")
+        transport = Transport(platform.url)
+        try:
+            wait_for(lambda: "node-a" in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
+                     "node-a to report")
+            ember.deploy(app_file, transport=transport, timeout_s=120)
+            before = wait_for(lambda: len(ready(transport, "anywhere")) == 2 and ready(transport, "anywhere"), 60,
+                              "two replicas ready")
+            assert set(before.values()) == {"node-a"}  # the only GPU node: both replicas share it
+
+            platform.add_agent("node-b", tmp_path / "b.toml")
+            fewest = 2
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                now_ready = ready(transport, "anywhere")
+                fewest = min(fewest, len(now_ready))
+                if sorted(now_ready.values()) == ["node-a", "node-b"]:  # the replaced replica has gone
+                    break
+                time.sleep(0.2)
+            else:
+                raise AssertionError(f"replicas never spread onto node-b: {now_ready}")
+            assert fewest >= 2, "a move stopped a replica before its replacement was ready"
+            assert len(set(now_ready) & set(before)) == 1  # one replica moved, the other stayed
         finally:
             transport.close()

@@ -126,6 +126,32 @@ def test_a_rising_load_is_met_ahead_by_the_startup_time() -> None:
     assert slow[-1] > fast[-1]
 
 
+def test_a_slower_starting_function_gets_more_headroom_in_proportion() -> None:
+    """On a ramp of 5 calls/s per s, a replica taking ``startup_s`` to start is asked for that much earlier:
+    up to 5 x startup_s calls/s more, i.e. 5 x startup_s / (10 x 0.8) replicas, once the trend is measured
+    (over ``startup_s``: after two of them, most of it)."""
+    ramp = [10.0 + 5 * t for t in range(130)]
+    counts = {startup: run(AutoscaleConfig(max_replicas=500), ramp, startup_s=startup) for startup in (0, 16, 64)}
+    assert all(a <= b <= c for a, b, c in zip(counts[0], counts[16], counts[64], strict=True))
+    for startup in (16, 64):
+        headroom = counts[startup][-1] - counts[0][-1]
+        ideal = 5 * startup / (THROUGHPUT * 0.8)
+        assert 0.75 * ideal <= headroom <= ideal + 1, (startup, headroom, ideal)
+
+
+def test_a_slow_start_does_not_make_a_noisy_steady_load_flap() -> None:
+    counts = run(AutoscaleConfig(max_replicas=100, scaledown_window_s=60), noisy(100.0, 1200, 0.25),
+                 startup_s=60.0)
+    assert len(list(changes(counts[60:]))) <= 2, sorted(set(counts[60:]))
+
+
+def test_a_load_step_is_reached_within_two_ticks_however_slow_the_start() -> None:
+    for startup in (0.0, 60.0):
+        counts = run(AutoscaleConfig(max_replicas=100), noisy(10.0, 30, 0.1) + noisy(200.0, 30, 0.1),
+                     startup_s=startup)
+        assert next(i for i, c in enumerate(counts) if c >= 200 * 0.9 / (THROUGHPUT * 0.8)) - 30 <= 1
+
+
 def test_p95_over_target_adds_a_replica_per_tick_while_calls_queue() -> None:
     config = AutoscaleConfig(max_replicas=10, target_p95_ms=100)
     state = AutoscaleState(desired=2)

@@ -18,6 +18,7 @@ from ember_platform.scheduler import (
     apply_decisions,
     build_snapshot,
     place,
+    place_and_apply,
 )
 
 MODELS = [("H100", 81920), ("A10G", 24576), ("L4", 23034)]
@@ -132,6 +133,8 @@ def test_placement_never_overcommits_gpus_slices_or_hosts(
             assert d.replica_id == item.replica_id
             if isinstance(d, Binding):
                 assert_binding_matches(cluster, item, d, batch)
+        gone = sorted(s.reservations)[::3]  # some replicas stop while these start
+        assert place_and_apply(s, items, gone) == (decisions, apply_decisions(s, decisions, gone))
         s = apply_decisions(s, decisions)
         assert_not_overcommitted(s)
         assert s == build_snapshot(cluster, s.reservations.values()), "incremental and rebuilt snapshots agree"

@@ -14,6 +14,10 @@ PUBLIC = [
     "Cluster",
     "Decision",
     "GpuRequest",
+    "Load",
+    "Meter",
+    "Move",
+    "MoveBudget",
     "PlacementRequest",
     "Priority",
     "Reservation",
@@ -25,8 +29,11 @@ PUBLIC = [
     "describe",
     "desired_replicas",
     "initial_state",
+    "measure",
     "parse_gpu",
     "place",
+    "place_and_apply",
+    "rebalance",
     "request_from_spec",
 ]
 

@@ -1,8 +1,10 @@
 """Ember's scheduler policies: pure functions of an immutable snapshot, returning decisions.
 
 The control loop does the I/O: it builds a ``Snapshot`` from the nodes' inventory and the replicas
-that exist, asks ``desired_replicas`` how many replicas each function needs and ``place`` where new
-ones go, enacts the decisions, and carries the snapshot forward with ``apply_decisions``.
+that exist, reads each function's load from its replicas' reports with ``measure``, asks
+``desired_replicas`` how many replicas each function needs, ``place`` where new ones go and
+``rebalance`` which running ones to move (make-before-break), enacts the decisions, and carries the
+snapshot forward with ``apply_decisions`` (or ``place_and_apply``, both in one go).
 
 Example:
     >>> cluster = Cluster.from_nodes(node_infos)
@@ -18,7 +20,9 @@ from ember_platform.scheduler._autoscale import (
     initial_state,
 )
 from ember_platform.scheduler._decision import Binding, Decision, Unschedulable
-from ember_platform.scheduler._placement import apply_decisions, describe, place
+from ember_platform.scheduler._measure import Load, Meter, measure
+from ember_platform.scheduler._placement import apply_decisions, describe, place, place_and_apply
+from ember_platform.scheduler._rebalance import Move, MoveBudget, rebalance
 from ember_platform.scheduler._request import GpuRequest, PlacementRequest, Priority, parse_gpu, request_from_spec
 from ember_platform.scheduler._snapshot import Cluster, Reservation, Snapshot
 from ember_platform.scheduler._usage import build_snapshot
@@ -30,6 +34,10 @@ __all__ = [
     "Cluster",
     "Decision",
     "GpuRequest",
+    "Load",
+    "Meter",
+    "Move",
+    "MoveBudget",
     "PlacementRequest",
     "Priority",
     "Reservation",
@@ -41,7 +49,10 @@ __all__ = [
     "describe",
     "desired_replicas",
     "initial_state",
+    "measure",
     "parse_gpu",
     "place",
+    "place_and_apply",
+    "rebalance",
     "request_from_spec",
 ]

@@ -5,13 +5,17 @@ The need is the largest of three estimates, in replicas:
 - concurrency: calls running over ``target_in_flight`` per replica (Little's law); while no
   throughput has been measured, queued and durable pending calls count as running ones;
 - rate: the arrival rate, projected ``startup_s`` ahead along its rising trend (a replica started
-  now serves only then), over the measured per-replica throughput at ``target_utilization``, plus
-  what drains the backlog (queued and durable pending calls) within ``startup_s + drain_s``;
+  now serves only then: the headroom is the growth rate times the start-up time), over the measured
+  per-replica throughput at ``target_utilization``, plus what drains the backlog (queued and durable
+  pending calls) within ``startup_s + drain_s``. The trend is averaged over ``startup_s`` (at least
+  ``_SMOOTHING_S``), so that projecting it further does not project its noise further;
 - latency: one more replica than now while p95 exceeds its target, calls are queueing and no
   replica is starting (a replica on its way is the remedy already under way).
 
 Hysteresis: a higher count is taken at once; a lower one only after the need has stayed below the
-current count for ``scaledown_window_s``, and then to the highest need seen in that window.
+current count, by more than ``scaledown_tolerance`` of it, for ``scaledown_window_s``, and then to the
+highest need seen in that window (the tolerance keeps a noisy load from trading one replica back and
+forth, as Kubernetes' HPA does with its 10%).
 ``buffer_replicas`` idle spares are kept while there is load; the count stays within
 ``[min_replicas, max_replicas]`` and never drops below the replicas still starting.
 """
@@ -52,6 +56,7 @@ class AutoscaleConfig(msgspec.Struct, frozen=True, kw_only=True):
     target_utilization: float = 0.8  # of the measured throughput
     target_p95_ms: float | None = None
     scaledown_window_s: float = 60.0
+    scaledown_tolerance: float = 0.1  # a need this close below the count (a share of it) keeps the count
     drain_s: float = 30.0
 
     def __post_init__(self) -> None:
@@ -62,6 +67,7 @@ class AutoscaleConfig(msgspec.Struct, frozen=True, kw_only=True):
             (self.target_in_flight <= 0, "target_in_flight must be > 0"),
             (not 0 < self.target_utilization <= 1, "target_utilization is a share in (0, 1]"),
             (self.scaledown_window_s < 0 or self.drain_s <= 0, "scaledown_window_s >= 0 and drain_s > 0"),
+            (not 0 <= self.scaledown_tolerance < 1, "scaledown_tolerance is a share in [0, 1)"),
         ]
         problem = next((message for failed, message in checks if failed), None)
         if problem:
@@ -83,26 +89,34 @@ def initial_state(config: AutoscaleConfig) -> AutoscaleState:
 
 def desired_replicas(signals: Signals, config: AutoscaleConfig,
                      state: AutoscaleState) -> tuple[int, AutoscaleState]:
-    """The replica count to run now, and the state to pass to the next tick."""
-    if _at_rest(signals, config, state):  # most functions, most of the time: nothing to compute
+    """The replica count to run now, and the state to pass to the next tick.
+
+    It runs for every function on every tick, so it is written to be cheap: no work at all for a function at
+    rest, and a handful of arithmetic operations otherwise.
+    """
+    s = signals
+    if not (s.arrival_rate or s.queue_depth or s.durable_pending or s.in_flight or s.starting) and _at_rest(
+            config, state):  # most functions, most of the time: nothing to compute
         return state.desired, state
-    rate, trend = _smooth(signals, state)
-    need = _need(signals, config, state.desired, trend)
-    wanted = _clamp(need + config.buffer_replicas if need > 0 else 0, config)
-    count, below_since, peak = _hysteresis(wanted, signals.now, config, state)
-    count = _clamp(count if count > signals.starting else signals.starting, config)
+    rate, trend = _smooth(s, state)
+    need = _need(s, config, state.desired, trend)
+    low, high = config.min_replicas, config.max_replicas  # clamps written out: this line runs 10^4 times a tick
+    wanted = need + config.buffer_replicas if need > 0 else 0
+    wanted = low if wanted < low else high if wanted > high else wanted
+    if wanted >= state.desired * (1.0 - config.scaledown_tolerance):  # more, or within the tolerance: no window
+        count, below_since, peak = (wanted if wanted > state.desired else state.desired), None, 0
+    else:
+        count, below_since, peak = _scale_down(wanted, s.now, config, state)
+    if count < s.starting:
+        count = s.starting
+    count = low if count < low else high if count > high else count
     return count, AutoscaleState(desired=count, below_since=below_since, window_peak=peak, rate=rate, trend=trend,
-                                 at=signals.now)
+                                 at=s.now)
 
 
-def _clamp(count: int, config: AutoscaleConfig) -> int:
-    low, high = config.min_replicas, config.max_replicas
-    return low if count < low else high if count > high else count
-
-
-def _at_rest(s: Signals, config: AutoscaleConfig, state: AutoscaleState) -> bool:
-    idle = not (s.arrival_rate or s.queue_depth or s.durable_pending or s.in_flight or s.starting)
-    return (idle and state.desired == config.min_replicas and state.below_since is None and state.rate == 0.0
+def _at_rest(config: AutoscaleConfig, state: AutoscaleState) -> bool:
+    """Idle signals leave the state as it is once it has settled at ``min_replicas``."""
+    return (state.desired == config.min_replicas and state.below_since is None and state.rate == 0.0
             and state.trend == 0.0)
 
 
@@ -110,22 +124,22 @@ def _need(s: Signals, config: AutoscaleConfig, current: int, trend: float) -> in
     throughput = s.throughput_per_replica
     if throughput:  # queued calls are drained over time, not given a replica each
         projected = s.arrival_rate + trend * s.startup_s if trend > 0 else s.arrival_rate
-        backlog = (s.queue_depth + s.durable_pending) / (throughput * (s.startup_s + config.drain_s))
-        need = projected / (throughput * config.target_utilization) + backlog
+        need = (projected / (throughput * config.target_utilization)
+                + (s.queue_depth + s.durable_pending) / (throughput * (s.startup_s + config.drain_s)))
         busy = s.in_flight / config.target_in_flight
-        need = busy if busy > need else need
+        if busy > need:
+            need = busy
     else:
         need = (s.in_flight + s.queue_depth + s.durable_pending) / config.target_in_flight
-    slow = bool(config.target_p95_ms and s.p95_ms and s.p95_ms > config.target_p95_ms * _LATENCY_SLACK)
-    if slow and s.queue_depth and not s.starting:  # one more at a time, once the last one is up
-        need = max(need, current + 1)
+    target, p95 = config.target_p95_ms, s.p95_ms
+    if target and p95 and p95 > target * _LATENCY_SLACK and s.queue_depth and not s.starting and need < current + 1:
+        need = current + 1  # slow while calls queue: one more at a time, once the last one is up
     return math.ceil(need - 1e-9)
 
 
-def _hysteresis(wanted: int, now: float, config: AutoscaleConfig,
+def _scale_down(wanted: int, now: float, config: AutoscaleConfig,
                 state: AutoscaleState) -> tuple[int, float | None, int]:
-    if wanted >= state.desired:
-        return wanted, None, 0
+    """``wanted`` is below the count: the count, and the window's start and peak, after this tick."""
     if state.below_since is None:
         return (wanted, None, 0) if config.scaledown_window_s == 0 else (state.desired, now, wanted)
     peak = max(state.window_peak, wanted)
@@ -135,10 +149,16 @@ def _hysteresis(wanted: int, now: float, config: AutoscaleConfig,
 
 
 def _smooth(s: Signals, state: AutoscaleState) -> tuple[float, float]:
+    """The arrival rate averaged over about ``_SMOOTHING_S``, and its trend averaged over at least as long as a
+    replica takes to start: the trend is projected that far ahead, so its noise must not grow with it."""
     if state.at is None:
         return s.arrival_rate, 0.0
-    dt = max(s.now - state.at, 1e-6)
+    dt = s.now - state.at
+    if dt < 1e-6:
+        dt = 1e-6
     alpha = 1.0 - math.exp(-dt / _SMOOTHING_S)
-    rate = state.rate + alpha * (s.arrival_rate - state.rate)
-    trend = state.trend + alpha * ((rate - state.rate) / dt - state.trend)
-    return (rate if rate > _NEGLIGIBLE else 0.0), (trend if abs(trend) > _NEGLIGIBLE else 0.0)
+    beta = alpha if s.startup_s <= _SMOOTHING_S else 1.0 - math.exp(-dt / s.startup_s)
+    last = state.rate
+    rate = last + alpha * (s.arrival_rate - last)
+    trend = state.trend + beta * ((rate - last) / dt - state.trend)
+    return (rate if rate > _NEGLIGIBLE else 0.0), (0.0 if -_NEGLIGIBLE <= trend <= _NEGLIGIBLE else trend)

@@ -49,7 +49,8 @@ def fit(usage: Usage, item: PlacementRequest) -> Choice | None:
     if item.gpu.cpu_only:
         return _fit_host(usage, index, item)
     for tier in usage.cluster.tiers(item.gpu.types, item.gpu.mig_profile):
-        choice = _fit_single(usage, index, item, tier) if item.gpu.count == 1 else _fit_multi(usage, item, tier)
+        choice = (_fit_single(usage, index, item, tier) if item.gpu.count == 1
+                  else _fit_multi(usage, index, item, tier))
         if choice is not None:
             return choice
     return None
@@ -101,11 +102,17 @@ def _single(usage: Usage, item: PlacementRequest, sid: int) -> Choice | None:
     return Choice(_slot_cost(usage, item, sid, free) + _node_cost(usage, item, slot.nid), slot.nid, (sid,))
 
 
-def _fit_multi(usage: Usage, item: PlacementRequest, tier: tuple[GroupKey, ...]) -> Choice | None:
+def _fit_multi(usage: Usage, index: FreeIndex, item: PlacementRequest, tier: tuple[GroupKey, ...]) -> Choice | None:
+    """Only nodes with enough slots that have room are looked at: the index lists those slots."""
     best: Choice | None = None
+    slots = usage.cluster.slots
     for group in tier:
-        for nid, sids in usage.cluster.group_nodes[group].items():
-            if len(sids) >= item.gpu.count and usage.host_fits(nid, item.cpu_millis, item.host_memory_mb):
+        room: dict[int, int] = {}
+        for _, sid in index.slots_from(group, need_mb(item, group[2])):
+            nid = slots[sid].nid
+            room[nid] = room.get(nid, 0) + 1
+        for nid, count in room.items():
+            if count >= item.gpu.count and usage.host_fits(nid, item.cpu_millis, item.host_memory_mb):
                 best = _better(best, _fit_group_on_node(usage, item, nid, group))
     return best
 

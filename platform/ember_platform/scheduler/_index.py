@@ -45,6 +45,12 @@ class FreeIndex:
         for i in range(bisect_left(entries, (need_mb, -1)), len(entries)):
             yield entries[i]
 
+    def slots_below(self, group: GroupKey, need_mb: int) -> Iterator[tuple[int, int]]:
+        """``(free MB, slot id)`` of the group with less than ``need_mb`` free, the closest to it first."""
+        entries = self._slots[group]
+        for i in range(bisect_left(entries, (need_mb, -1)) - 1, -1, -1):
+            yield entries[i]
+
     def hosts_from(self, gpu_nodes: bool, need_mb: int) -> Iterator[tuple[int, int]]:
         entries = self._hosts[gpu_nodes]
         for i in range(bisect_left(entries, (need_mb, -1)), len(entries)):

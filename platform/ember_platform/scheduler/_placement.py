@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 from ember_platform.scheduler._decision import Binding, Decision, Unschedulable
 from ember_platform.scheduler._fit import Choice, choose_slots, fit
-from ember_platform.scheduler._preempt import BatchWork, batch_work, forget, preempt
+from ember_platform.scheduler._preempt import BatchWork, forget, preempt
 from ember_platform.scheduler._request import GpuRequest, PlacementRequest
 from ember_platform.scheduler._snapshot import Cluster, Snapshot
 from ember_platform.scheduler._usage import Usage, apply
@@ -21,11 +21,27 @@ from ember_platform.scheduler._usage import Usage, apply
 
 def place(snapshot: Snapshot, requests: Sequence[PlacementRequest]) -> list[Decision]:
     """A decision for each request, in order: a ``Binding`` or an ``Unschedulable`` with its reason."""
+    return _place(Usage(snapshot, snapshot.free_index().copy()), requests)
+
+
+def place_and_apply(snapshot: Snapshot, requests: Sequence[PlacementRequest],
+                    removed: Iterable[str] = ()) -> tuple[list[Decision], Snapshot]:
+    """``place``, then ``apply_decisions`` with ``removed``, in one go: what a control loop runs every tick.
+
+    The same result as the two calls, without building the placed replicas' accounting twice.
+    """
     usage = Usage(snapshot, snapshot.free_index().copy())
+    decisions = _place(usage, requests)
+    for replica_id in removed:
+        usage.remove(replica_id)
+    return decisions, usage.freeze(snapshot.orphans)
+
+
+def _place(usage: Usage, requests: Sequence[PlacementRequest]) -> list[Decision]:
     order = sorted(range(len(requests)), key=lambda i: (requests[i].priority != "interactive", i))
     decided: dict[int, Decision] = {}
     failed: dict[tuple[object, ...], str] = {}  # what did not fit cannot fit later in the pass: room only shrinks
-    batch: list[BatchWork] = []  # built when first needed, kept up to date through preemptions
+    batch: BatchWork = {}  # gathered node by node when preemption looks, kept up to date through preemptions
     for i in order:
         item = requests[i]
         shape = (item.gpu, item.cpu_millis, item.host_memory_mb, item.priority)
@@ -45,29 +61,27 @@ def apply_decisions(snapshot: Snapshot, decisions: Iterable[Decision], removed: 
     return apply(snapshot, [b.reservation() for b in bindings], gone)
 
 
-def _place_one(usage: Usage, item: PlacementRequest, batch: list[BatchWork]) -> Decision:
+def _place_one(usage: Usage, item: PlacementRequest, batch: BatchWork) -> Decision:
     if item.replica_id in usage.reservations:
         return Unschedulable(replica_id=item.replica_id, function=item.function,
                              reason=f"replica {item.replica_id!r} is already placed")
     choice = fit(usage, item)
     preempts: tuple[str, ...] = ()
     if choice is None and item.priority == "interactive":
-        if not batch:
-            batch.append(batch_work(usage))
-        plan = preempt(usage, item, batch[0])
+        plan = preempt(usage, item, batch)
         if plan is not None:
             choice, preempts = plan.choice, plan.preempts
-            forget(batch[0], usage, preempts)
+            forget(batch, usage, preempts)
     if choice is None:
         return Unschedulable(replica_id=item.replica_id, function=item.function, reason=_reason(usage.cluster, item))
     for replica_id in preempts:
         usage.remove(replica_id)
-    binding = _binding(usage.cluster, item, choice, preempts)
+    binding = binding_for(usage.cluster, item, choice, preempts)
     usage.add(binding.reservation())
     return binding
 
 
-def _binding(cluster: Cluster, item: PlacementRequest, choice: Choice, preempts: tuple[str, ...]) -> Binding:
+def binding_for(cluster: Cluster, item: PlacementRequest, choice: Choice, preempts: tuple[str, ...]) -> Binding:
     slots = [cluster.slots[s] for s in choice.sids]
     numa = {s.numa_node for s in slots}
     return Binding(replica_id=item.replica_id, function=item.function, node_id=cluster.nodes[choice.nid].node_id,

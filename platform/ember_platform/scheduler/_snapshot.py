@@ -77,6 +77,8 @@ class Cluster:
     bundle_nodes: Mapping[str, tuple[int, ...]]
     _tiers: dict[tuple[tuple[str, ...], str], tuple[tuple[GroupKey, ...], ...]] = field(
         default_factory=dict, compare=False, repr=False)
+    _slot_ids: dict[tuple[str, tuple[str, ...]], tuple[int, ...]] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def from_nodes(cls, infos: Iterable[NodeInfo]) -> Cluster:
@@ -99,6 +101,14 @@ class Cluster:
                    {(nodes[s.nid].node_id, s.uuid): s.sid for s in slots},
                    {k: tuple(v) for k, v in groups.items()}, _by_node(slots, groups),
                    {k: tuple(v) for k, v in bundles.items()})
+
+    def slot_ids(self, node_id: str, gpu_uuids: tuple[str, ...]) -> tuple[int, ...]:
+        """The slots of these GPUs of one node (remembered: every snapshot of a pass asks again)."""
+        key = (node_id, gpu_uuids)
+        sids = self._slot_ids.get(key)
+        if sids is None:
+            sids = self._slot_ids[key] = tuple(self.slot_index[node_id, u] for u in gpu_uuids)
+        return sids
 
     def tiers(self, types: tuple[str, ...], mig_profile: str) -> tuple[tuple[GroupKey, ...], ...]:
         """The slot groups a request may use, one tier per acceptable type in preference order."""
@@ -159,6 +169,8 @@ class Snapshot:
     node_replicas: tuple[int, ...]  # per node
     on_node: Mapping[str, Mapping[int, int]]  # function -> {node id: replicas}
     on_slot: Mapping[str, Mapping[int, int]]  # function -> {slot id: replicas}
+    by_node: Mapping[int, Mapping[str, Reservation]]  # node id -> {replica id: its reservation}
+    crowded: Mapping[str, int]  # function -> nodes running two or more of its replicas (none: absent)
     orphans: tuple[Reservation, ...] = ()  # reservations on nodes or GPUs that are gone
     _index: list[Any] = field(default_factory=list, compare=False, repr=False)  # a cache: FreeIndex, once built
 
