@@ -13,10 +13,11 @@ What is measured
     * ``zygote``    scale-ups of the example itself (snap setup), each replica forked from the zygote the
                     control plane asked the node to preload.
 
-    A closed-loop caller keeps calling each app throughout, so a new replica gets a call as soon as it
-    subscribes (the gateway holds calls while no replica is up). The decision time is the agent's
-    (``ready_s`` counts from it); the table also shows the time from the deploy or scale request to the
-    first served call, which adds the control loop's tick and, for a new version, the upload.
+    A closed-loop caller keeps calling the app being measured (one app at a time: the plain app is deleted
+    before the zygote starts are measured), so a new replica gets a call soon after it is ready. The
+    decision time is the agent's (``ready_s`` counts from it); the table also shows the time from the
+    deploy or scale request to the first served call, which adds the control loop's tick and, for a new
+    version, the upload.
 
 Usage
     python bench/cold_start.py [--repeats N]
@@ -171,6 +172,11 @@ def run(repeats: int) -> None:
 
         say("artifact: scale-ups of the plain app (its bundle is on disk)")
         starts += scale_ups(url, "cs-plain", repeats)
+
+        # Each kind is measured under the same load: its own caller alone.
+        callers[0].stop.set()
+        callers[0].join(timeout=30)
+        httpx.delete(f"{url}/v1/apps/cs-plain", timeout=30).raise_for_status()
 
         say("zygote: scale-ups of the snap app, forked from the zygote the node preloaded")
         deploy(url, snap, "cs-snap")
