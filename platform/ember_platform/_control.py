@@ -138,7 +138,8 @@ class ControlLoop:
         snapshot = _snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
         self._rebalance(plan, snapshot, unplaced, deployments, now)
-        await self._write(plan, self.preloader.zygotes(plan, nodes, deployments, now), now)
+        zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
+        await self._write(plan, zygotes, now)
 
     async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
@@ -296,7 +297,7 @@ def _replica_id(app: str, service: str, version: int, index: int) -> str:
 def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:
     """What one replica of the current version of ``svc`` asks of placement."""
     return PlacementRequest(replica_id=replica_id, function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
-                            cpu_millis=0, host_memory_mb=0, bundle=dep.bundle_sha256)
+                            cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256)
 
 
 def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:
@@ -304,7 +305,8 @@ def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Dep
     specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
     reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
                                 gpu_uuids=tuple(s.gpu_uuids),
-                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb)
+                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb,
+                                host_memory_mb=specs[(s.app, s.service)].memory_mb)
                     for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
     return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
 
@@ -313,7 +315,7 @@ def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:
     """Adds ``slot`` to the plan where ``binding`` puts it."""
     plan.setdefault(binding.node_id, []).append(msgspec.structs.replace(
         slot, gpu_uuids=list(binding.gpu_uuids), gpu_indices=list(binding.gpu_indices), numa_node=binding.numa_node,
-        memory_mb=binding.memory_mb))
+        memory_mb=binding.memory_mb, host_memory_mb=binding.host_memory_mb))
 
 
 def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ember._wire import Deployment, NodeInfo, SlotAssignment, ZygoteAssignment
 from ember_platform._registry import Registry
-from ember_platform.scheduler import Cluster, Reservation, Snapshot, build_snapshot, request_from_spec
+from ember_platform.scheduler import Snapshot, request_from_spec
 from ember_platform.scheduler._preload import PreloadCandidate, ZygoteKey, likely_nodes, plan_preload
 from ember_platform.scheduler._request import PlacementRequest
 
@@ -43,17 +43,20 @@ class Preloader:
     _rates: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
     def zygotes(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
-                deployments: Mapping[str, Deployment], now: float | None = None) -> dict[str, list[ZygoteAssignment]]:
-        """Each live node's zygotes; recomputed every ``PRELOAD_EVERY_S`` or when a version is deployed."""
+                deployments: Mapping[str, Deployment], snapshot: Callable[[], Snapshot],
+                now: float | None = None) -> dict[str, list[ZygoteAssignment]]:
+        """Each live node's zygotes; recomputed every ``PRELOAD_EVERY_S`` or when a version is deployed.
+        ``snapshot()`` is the cluster as placement sees it (built only when needed)."""
         now = time.time() if now is None else now
         versions = frozenset((d.app, d.version) for d in deployments.values())
         if now - self._at >= PRELOAD_EVERY_S or versions != self._versions or set(self._plan) != set(nodes):
-            self._plan = self._compute(plan, nodes, deployments, now)
+            self._plan = self._compute(plan, nodes, deployments, snapshot, now)
             self._at, self._versions = now, versions
         return self._plan
 
     def _compute(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
-                 deployments: Mapping[str, Deployment], now: float) -> dict[str, list[ZygoteAssignment]]:
+                 deployments: Mapping[str, Deployment], snapshot_of: Callable[[], Snapshot],
+                 now: float) -> dict[str, list[ZygoteAssignment]]:
         running: dict[ZygoteKey, set[str]] = {}
         for nid, slots in plan.items():
             for s in slots:
@@ -74,10 +77,10 @@ class Preloader:
                     likely: tuple[str, ...] = ()
                     if current:
                         if snapshot is None:
-                            snapshot = _snapshot(plan, nodes, deployments)
+                            snapshot = snapshot_of()
                         request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
                                                    function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
-                                                   bundle=dep.bundle_sha256)
+                                                   host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256)
                         likely = likely_nodes(snapshot, request, LIKELY_COUNT)
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
@@ -101,16 +104,6 @@ class Preloader:
             self._rates[key] = max(calls - seen, 0) / (now - at)
         self._calls[key] = (now, calls)
         return self._rates.get(key, 0.0)
-
-
-def _snapshot(plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
-              deployments: Mapping[str, Deployment]) -> Snapshot:
-    specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
-    reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
-                                gpu_uuids=tuple(s.gpu_uuids),
-                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb)
-                    for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs and nid in nodes]
-    return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
 
 
 def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:

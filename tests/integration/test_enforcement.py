@@ -109,6 +109,7 @@ def test_a_replica_runs_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> N
     assert "OMP_NUM_THREADS" not in proc_env(far.pid) or "OMP_NUM_THREADS" in os.environ
     agent_log = (cluster.platform.log_dir / f"agent-{NODE}.log").read_text()
     assert "the CPUs of NUMA node 1 (60000-60001) do not exist here or are not allowed" in agent_log
+    assert "host memory: 1024 MB of" in agent_log  # far declared memory="1GB"; the agent counts it
 
 
 def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cluster: Cluster) -> None:

@@ -48,6 +48,6 @@ def hog(own_mb: int, worker_mb: int) -> list[int]:
     return [os.getpid(), int(worker.stdout.readline())]
 
 
-@app.function(gpu="L4")
+@app.function(gpu="L4", memory="1GB")
 def far() -> int:
     return os.getpid()
