@@ -1,13 +1,14 @@
 """The control loop: keeps every deployed service at its desired replica count, placed on live nodes.
 
-Each tick it reads the nodes' inventories, the replicas' reports and the gateway's load, asks the pure
-policies (``scheduler.measure``, ``scheduler.desired_replicas``, ``scheduler.place_and_apply``,
-``scheduler.rebalance``) what to run where, and writes each node's ``NodeAssignment``; node agents run
-what is assigned to them. A node that stops reporting loses its assignment and its replicas are placed
-elsewhere; a new version's replicas are placed beside the old ones, which are removed once the new ones
-are ready. Rebalancing moves are make-before-break the same way: the replacement is assigned next to
-the replica it replaces, which is removed once the replacement is ready (or the move is given up after
-``MOVE_TIMEOUT_S``); a replacement counts as neither a new replica nor one that may be scaled down.
+Each tick it reads the nodes' inventories, the replicas' reports and what the gateway knows (calls in flight
+and received, and the replicas' estimates of their capacity from their load reports), asks the pure policies
+(``scheduler.measure``, ``scheduler.desired_replicas``, ``scheduler.place_and_apply``, ``scheduler.rebalance``)
+what to run where, and writes each node's ``NodeAssignment``; node agents run what is assigned to them. A node
+that stops reporting loses its assignment and its replicas are placed elsewhere; a new version's replicas are
+placed beside the old ones, which are removed once the new ones are ready. Rebalancing moves are
+make-before-break the same way: the replacement is assigned next to the replica it replaces, which is removed
+once the replacement is ready (or the move is given up after ``MOVE_TIMEOUT_S``); a replacement counts as
+neither a new replica nor one that may be scaled down.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class ControlLoop:
     registry: Registry
     stores: dict[str, Any]
     gateway_load: Callable[[str, str], int]  # (app, service) -> calls in flight at the gateway
+    gateway_received: Callable[[str, str], int]  # (app, service) -> synchronous calls received so far
+    gateway_capacity: Callable[[str, str], float | None]  # (app, service) -> calls/s a replica serves, estimated
     js: Any
     services: dict[tuple[str, str], ServiceState] = field(default_factory=dict)
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
@@ -169,14 +172,15 @@ class ControlLoop:
                 replicas: dict[str, ReplicaStatus], now: float) -> int:
         """The autoscaler's count, from the load measured on the current version's replicas."""
         mine = [r for r in replicas.values() if r.version == dep.version]
-        load, state.meter = measure(state.meter, mine, now)
+        load, state.meter = measure(state.meter, mine, now, received=self.gateway_received(dep.app, svc.name),
+                                    capacity=self.gateway_capacity(dep.app, svc.name))
         signals = Signals(
             now=now, ready=sum(r.state == "ready" for r in mine),
             starting=sum(r.state == "starting" and r.replica_id not in self.moves for r in mine),
             queue_depth=load.queue_depth,
             durable_pending=sum(self.pending.get((dep.app, f.name), 0) for f in svc.functions),
             in_flight=max(self.gateway_load(dep.app, svc.name), load.in_flight), arrival_rate=load.arrival_rate,
-            throughput_per_replica=load.throughput_per_replica, startup_s=load.startup_s)
+            throughput_per_replica=load.throughput_per_replica, startup_s=load.startup_s, p95_ms=load.p95_ms)
         count, state.autoscale = desired_replicas(signals, _config(dep, svc), state.autoscale)
         state.desired = count
         return count
@@ -321,7 +325,7 @@ def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:
 def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:
     low, high = dep.bounds(svc)
     return AutoscaleConfig(min_replicas=low, max_replicas=max(high, low, 1), scaledown_window_s=svc.scaledown_window_s,
-                           buffer_replicas=svc.buffer_replicas)
+                           buffer_replicas=svc.buffer_replicas, target_p95_ms=svc.target_p95_ms)
 
 
 def _slots(plan: Plan, app: str, service: str, version_ok: Callable[[int], bool]) -> list[SlotAssignment]:

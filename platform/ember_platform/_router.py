@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -70,6 +71,8 @@ class Router:
         self._inbox = ""
         self._waiting: dict[str, _Pending] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
+        self.received: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls received, ever
+        self._services: dict[tuple[str, str], set[tuple[str, str, int]]] = {}  # (app, service) -> report keys
         self._reports: dict[tuple[str, str, int], dict[str, tuple[float, LoadReport]]] = {}
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
         self._subs: list[Subscription] = []
@@ -90,6 +93,15 @@ class Router:
             return
         key = (report.app, report.function, report.version)
         self._reports.setdefault(key, {})[report.replica_id] = (time.monotonic(), report)
+        self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
+
+    def capacity(self, app: str, service: str) -> float | None:
+        """Calls per second one replica of the service serves in full batches, by the replicas' own estimate:
+        one over the median predicted cost of a call (``per_call_s``) in its fresh reports; None without one."""
+        now = time.monotonic()
+        costs = [r.per_call_s for key in self._services.get((app, service), ())
+                 for at, r in self._reports[key].values() if now - at < REPORT_FRESH_S and r.per_call_s > 0]
+        return 1.0 / statistics.median(costs) if costs else None
 
     def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
         """The replica to send a call to (power of two choices on fresh reports), or None: use the queue group."""
@@ -121,6 +133,7 @@ class Router:
         pending = _Pending(f"{app}.{function}", call_id, deadline)
         self._waiting[call_id] = pending
         load_key = (app, function.split(".")[0])
+        self.received[load_key] += 1
         self.in_flight[load_key] += 1
         try:
             attempts = 0

@@ -18,8 +18,10 @@ class Platform:
         self.registry = registry
         self.router = Router(nc, registry.replica_alive)
         self.calls = registry.calls
-        self.control = ControlLoop(registry, registry.stores, lambda app, svc: self.router.in_flight[(app, svc)],
-                                   nc.jetstream())
+        self.control = ControlLoop(registry, registry.stores,
+                                   gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
+                                   gateway_received=lambda app, svc: self.router.received[(app, svc)],
+                                   gateway_capacity=self.router.capacity, js=nc.jetstream())
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -61,14 +62,15 @@ class App:
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
-                 buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None
-                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
+                 target_p95_ms: float | None = None) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
-                 scaledown_window_s: float = 60.0, memory: int | str | None = None) -> Any:
+                 scaledown_window_s: float = 60.0, memory: int | str | None = None,
+                 target_p95_ms: float | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -88,11 +90,13 @@ class App:
             scaledown_window_s: how long the need must stay lower before replicas are removed.
             memory: host memory one replica needs, in MB or as ``"4GB"``: placement counts it against each
                 node's RAM, and the node agent against what its replicas reserved.
+            target_p95_ms: latency target, in milliseconds, for the 95th percentile of a call's queue wait plus
+                run time: while it is exceeded and calls queue, the autoscaler adds replicas. ``None``: no target.
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
-        resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s)
+        resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.function", memory)
         _check_batch("@app.function", batch, cost)
         triggers = _check_events("@app.function", on, result_subject)
@@ -114,7 +118,8 @@ class App:
 
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
               timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
-              scaledown_window_s: float = 60.0, memory: int | str | None = None) -> Callable[[C], C]:
+              scaledown_window_s: float = 60.0, memory: int | str | None = None,
+              target_p95_ms: float | None = None) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -126,7 +131,7 @@ class App:
             ...     def predict(self, images: list[Image]) -> list[Label]: ...
         """
         resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
-        resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s)
+        resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.model", memory)
 
         def decorate(cls: C) -> C:
@@ -346,13 +351,18 @@ def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeo
             "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
 
 
-def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any) -> dict[str, Any]:
+def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any, target_p95_ms: Any) -> dict[str, Any]:
     if isinstance(buffer_replicas, bool) or not isinstance(buffer_replicas, int) or not 0 <= buffer_replicas <= 100:
         raise InvalidSpecError(f"{where}(buffer_replicas={buffer_replicas!r}): an int from 0 to 100")
     if isinstance(scaledown_window_s, bool) or not isinstance(scaledown_window_s, int | float) \
             or not 0 <= scaledown_window_s <= 24 * 3600:
         raise InvalidSpecError(f"{where}(scaledown_window_s={scaledown_window_s!r}): seconds from 0 to 86400")
-    return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s)}
+    if target_p95_ms is not None and (isinstance(target_p95_ms, bool) or not isinstance(target_p95_ms, int | float)
+                                      or not 0 < target_p95_ms < math.inf):
+        raise InvalidSpecError(f"{where}(target_p95_ms={target_p95_ms!r}): target_p95_ms is a positive number of "
+                               "milliseconds (e.g. target_p95_ms=250), or None for no latency target")
+    return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s),
+            "target_p95_ms": None if target_p95_ms is None else float(target_p95_ms)}
 
 
 def _host_memory(where: str, memory: Any) -> dict[str, Any]:

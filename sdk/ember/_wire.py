@@ -138,6 +138,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     gpu: GpuRequest | None = None  # the full request (memory share, MIG profile, topology); None: CPU only
     snap: bool = False  # it has @ember.setup(snap=True) methods: nodes may keep a zygote of it preloaded
     memory_mb: int = 0  # host memory one replica needs (memory=); 0: not declared
+    target_p95_ms: float | None = None  # latency (queue wait + run) the autoscaler keeps p95 under; None: no target
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
-from ember._wire import LoadReport
+from ember._wire import LoadReport, encoder
 from ember_platform._router import Router
 
 
@@ -48,6 +49,60 @@ def test_stale_dead_or_excluded_replicas_are_not_chosen():
 def test_a_replica_without_a_cost_estimate_is_compared_by_counts():
     r = router({"new", "old"}, load("new", 0), load("old", 6, per_call_s=0.001))
     assert r.choose("a", "f", 1, set()) == "new"
+
+
+def router_with(*reports: tuple[LoadReport, float]) -> Router:
+    """A router that received each report ``age_s`` ago, through its report handler."""
+    r = router(set())
+    for report, age_s in reports:
+        asyncio.run(r._on_report(_Msg(encoder.encode(report))))  # type: ignore[arg-type]
+        key = (report.app, report.function, report.version)
+        at, kept = r._reports[key][report.replica_id]
+        r._reports[key][report.replica_id] = (at - age_s, kept)
+    return r
+
+
+class _Msg:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+
+def cost(replica: str, function: str, per_call_s: float, version: int = 1) -> LoadReport:
+    return LoadReport(replica_id=replica, app="a", function=function, version=version, queued=0, in_flight=0,
+                      per_call_s=per_call_s)
+
+
+def test_capacity_is_one_over_the_median_fresh_cost_per_call_of_the_service():
+    r = router_with((cost("x", "M.predict", 0.010), 0.0), (cost("y", "M.predict", 0.020), 0.0),
+                    (cost("z", "M.embed", 0.040, version=2), 0.0),  # any function and version of the service
+                    (cost("old", "M.predict", 0.001), 5.0),  # stale
+                    (cost("new", "M.predict", 0.0), 0.0),  # not measured yet
+                    (cost("w", "other", 0.001), 0.0))  # another service
+    assert r.capacity("a", "M") == 1 / 0.020
+    assert r.capacity("a", "other") == 1 / 0.001
+    assert r.capacity("a", "nothing") is None
+    assert router_with((cost("old", "M.predict", 0.01), 5.0)).capacity("a", "M") is None
+
+
+def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
+    """Calls to a class's methods count for the class; a call that fails (here: NATS is down) counts too."""
+
+    class FailingNats:
+        def new_inbox(self) -> str:
+            return "_INBOX.x"
+
+        async def publish(self, *args: object, **kwargs: object) -> None:
+            raise ConnectionError("down")
+
+    async def scenario() -> None:
+        r = Router(nc=FailingNats(), replica_alive=lambda rid: False)  # type: ignore[arg-type]
+        for function in ("M.predict", "M.embed", "f"):
+            with contextlib.suppress(ConnectionError):
+                await r.call("a", function, 1, b"{}", call_id=function, deadline=time.time() + 10)
+        assert r.received == {("a", "M"): 2, ("a", "f"): 1}
+        assert not r.in_flight
+
+    asyncio.run(scenario())
 
 
 def test_a_pending_call_gets_its_messages_in_order_or_times_out():

@@ -7,6 +7,7 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -163,6 +164,34 @@ def test_p95_over_target_adds_a_replica_per_tick_while_calls_queue() -> None:
     assert count == 5
 
 
+def test_p95_under_target_or_without_one_adds_nothing() -> None:
+    state = AutoscaleState(desired=2)
+    for config, p95 in ((AutoscaleConfig(max_replicas=10, target_p95_ms=500), 400.0),
+                        (AutoscaleConfig(max_replicas=10), 4000.0)):
+        count, _ = desired_replicas(Signals(now=1.0, ready=2, p95_ms=p95, queue_depth=1), config, state)
+        assert count == 2
+
+
+def test_an_arrival_rate_above_what_replicas_run_scales_past_the_current_capacity() -> None:
+    """2 replicas run 20 calls/s (their throughput) while the gateway receives 40: 40 / (10 * 0.8) = 5."""
+    config = AutoscaleConfig(max_replicas=10)
+    count, _ = desired_replicas(Signals(now=0.0, ready=2, in_flight=2, arrival_rate=40.0,
+                                        throughput_per_replica=THROUGHPUT), config, AutoscaleState(desired=2))
+    assert count == 5
+
+
+def test_a_service_s_latency_target_reaches_its_autoscaler() -> None:
+    from ember._wire import Deployment, FunctionSpec, Manifest, ServiceSpec
+    from ember_platform._control import _config
+
+    fn = FunctionSpec(name="f", attr="f", input_mode="kwargs", params=[], input_schema={}, output_schema={})
+    svc = ServiceSpec(name="f", kind="function", functions=[fn], max_replicas=4, target_p95_ms=250.0)
+    dep = Deployment(app="a", version=1, bundle_sha256="x", created_at=0.0,
+                     manifest=Manifest(app="a", module="m", services=[svc]))
+    assert _config(dep, svc).target_p95_ms == 250.0
+    assert _config(dep, msgspec.structs.replace(svc, target_p95_ms=None)).target_p95_ms is None
+
+
 def test_without_a_throughput_measurement_concurrency_decides() -> None:
     config = AutoscaleConfig(max_replicas=10, target_in_flight=2)
     count, _ = desired_replicas(Signals(now=0.0, in_flight=6, queue_depth=3), config, initial_state(config))
@@ -181,6 +210,8 @@ def test_lowering_max_takes_effect_at_once() -> None:
     ({"buffer_replicas": -1}, "buffer_replicas must be >= 0"),
     ({"target_utilization": 0}, "target_utilization is a share"),
     ({"target_in_flight": 0}, "target_in_flight must be > 0"),
+    ({"target_p95_ms": 0}, "target_p95_ms must be > 0 or None"),
+    ({"target_p95_ms": -5.0}, "target_p95_ms must be > 0 or None"),
 ])
 def test_bad_configs_are_refused(fields: dict[str, float], message: str) -> None:
     with pytest.raises(ember.InvalidSpecError, match=message):

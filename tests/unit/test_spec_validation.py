@@ -151,6 +151,39 @@ def test_timeout_rejected(timeout_s: object) -> None:
         app.model(timeout_s=timeout_s)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("target", [None, 1, 0.5, 250, 30_000.0])
+def test_latency_target_accepted(target: float | None) -> None:
+    app = ember.App("latency")
+
+    @app.function(target_p95_ms=target)
+    def f() -> int:
+        return 1
+
+    @app.model(target_p95_ms=target)
+    class M:
+        @ember.method
+        def g(self) -> int:
+            return 1
+
+    for name in ("f", "M"):
+        assert _spec(app, name).target_p95_ms == target
+        assert target is None or isinstance(_spec(app, name).target_p95_ms, float)
+
+
+@pytest.mark.parametrize("target", [0, -1, -0.5, True, "250", "250ms", math.nan, math.inf, [250]])
+def test_latency_target_rejected(target: object) -> None:
+    app = ember.App("latency")
+    for decorator, where in ((app.function, "function"), (app.model, "model")):
+        with pytest.raises(ember.InvalidSpecError,
+                           match=rf"@app\.{where}\(target_p95_ms=.*\): target_p95_ms is a positive number"):
+            decorator(target_p95_ms=target)  # type: ignore[operator]
+
+
+def test_latency_target_is_the_last_service_spec_field() -> None:
+    assert ServiceSpec.__struct_fields__[-1] == "target_p95_ms"
+    assert ServiceSpec.__struct_defaults__[-1] is None
+
+
 def test_model_resources_are_validated_like_functions() -> None:
     app = ember.App("models")
     with pytest.raises(ember.InvalidSpecError, match=r"@app\.model\(gpu=9\)"):

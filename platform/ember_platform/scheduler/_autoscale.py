@@ -44,7 +44,7 @@ class Signals(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int = 0  # calls running now, all replicas together
     arrival_rate: float = 0.0  # calls per second over the last tick
     throughput_per_replica: float | None = None  # calls per second one busy replica serves; None: not measured
-    p95_ms: float | None = None
+    p95_ms: float | None = None  # recent calls' queue wait plus run time; None: not measured
     startup_s: float = 0.0  # how long a new replica takes to become ready, as measured
 
 
@@ -54,7 +54,7 @@ class AutoscaleConfig(msgspec.Struct, frozen=True, kw_only=True):
     buffer_replicas: int = 0
     target_in_flight: float = 2.0  # calls per replica (Ray Serve's default target_ongoing_requests)
     target_utilization: float = 0.8  # of the measured throughput
-    target_p95_ms: float | None = None
+    target_p95_ms: float | None = None  # the service's latency target (its target_p95_ms=); None: none
     scaledown_window_s: float = 60.0
     scaledown_tolerance: float = 0.1  # a need this close below the count (a share of it) keeps the count
     drain_s: float = 30.0
@@ -68,6 +68,7 @@ class AutoscaleConfig(msgspec.Struct, frozen=True, kw_only=True):
             (not 0 < self.target_utilization <= 1, "target_utilization is a share in (0, 1]"),
             (self.scaledown_window_s < 0 or self.drain_s <= 0, "scaledown_window_s >= 0 and drain_s > 0"),
             (not 0 <= self.scaledown_tolerance < 1, "scaledown_tolerance is a share in [0, 1)"),
+            (self.target_p95_ms is not None and not self.target_p95_ms > 0, "target_p95_ms must be > 0 or None"),
         ]
         problem = next((message for failed, message in checks if failed), None)
         if problem:
