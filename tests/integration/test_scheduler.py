@@ -9,6 +9,7 @@ import time
 
 import httpx
 import pytest
+from polling import wait_for
 
 import ember
 from ember._client import Transport
@@ -38,14 +39,6 @@ def ready(transport: Transport, service: str) -> dict[str, str]:
             if r.state == "ready"}
 
 
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):

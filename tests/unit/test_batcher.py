@@ -301,11 +301,11 @@ def test_onnx_runtime_allocation_failures_count_as_out_of_memory():
     assert not is_out_of_memory(ValueError("bad pixel"))
 
 
-def test_batches_are_bounded_by_cost(pool):
+def batches_of_queued(pool, costs: dict[str, float], **kw: Any) -> list[list[Any]]:
+    """The batches formed from calls of these costs, all queued while a first call holds the model."""
     gate = Gate()
-    b = batcher(gate, pool, max_cost=10.0)
+    b = batcher(gate, pool, **kw)
     rec = Recorder()
-    costs = {"a": 6, "b": 3, "c": 4, "d": 1, "e": 9}
 
     async def body():
         b.submit(rec.call("first"))
@@ -313,30 +313,23 @@ def test_batches_are_bounded_by_cost(pool):
         for key, cost in costs.items():
             b.submit(rec.call(key, cost=cost))
         gate.release.set()
-        await rec.wait_for(6)
+        await rec.wait_for(len(costs) + 1)
 
     run(lambda: serve(b, body))
-    assert gate.batches[1:] == [["a", "b"], ["c", "d"], ["e"]]
+    return gate.batches[1:]
+
+
+def test_batches_are_bounded_by_cost(pool):
+    costs = {"a": 6, "b": 3, "c": 4, "d": 1, "e": 9}
+    assert batches_of_queued(pool, costs, max_cost=10.0) == [["a", "b"], ["c", "d"], ["e"]]
 
 
 def test_grouped_by_cost_a_batch_takes_the_calls_closest_in_cost_to_the_most_urgent(pool):
-    gate = Gate()
-    b = batcher(gate, pool, max_size=3, max_cost=2000.0, group_by_cost=True)
-    rec = Recorder()
     costs = {"s1": 10, "L1": 400, "s2": 12, "L2": 380, "s3": 9, "L3": 420, "s4": 11}
-
-    async def body():
-        b.submit(rec.call("first"))
-        await asyncio.to_thread(gate.started.wait)
-        for key, cost in costs.items():
-            b.submit(rec.call(key, cost=cost))
-        gate.release.set()
-        await rec.wait_for(8)
-
-    run(lambda: serve(b, body))
+    batches = batches_of_queued(pool, costs, max_size=3, max_cost=2000.0, group_by_cost=True)
     # In deadline order the batches would mix: [s1, L1, s2], [L2, s3, L3], [s4]. Grouped, the most urgent
     # call leads each batch, and the calls nearest its cost join it, nearest first.
-    assert gate.batches[1:] == [["s1", "s4", "s3"], ["L1", "L3", "L2"], ["s2"]]
+    assert batches == [["s1", "s4", "s3"], ["L1", "L3", "L2"], ["s2"]]
 
 
 def test_an_output_of_the_wrong_length_is_a_clear_error_for_every_call(pool):
