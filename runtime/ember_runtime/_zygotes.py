@@ -23,7 +23,7 @@ import msgspec
 
 from ember._procs import die_with_parent
 from ember._wire import ZygoteAssignment, ZygoteStatus
-from ember_runtime.zygote import MAX_MESSAGE, ExitReport, ForkReply, ForkRequest, Ready
+from ember_runtime.zygote import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
@@ -118,7 +118,7 @@ class Zygote:
         self.build_s = 0.0
         self.forks = 0
         self.failures = 0
-        self._stderr_tail: list[str] = []
+        self._output_tail: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self.settled = asyncio.Event()  # set once it is ready or has failed
 
@@ -144,15 +144,15 @@ class Zygote:
             cwd=self._bundle, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
             preexec_fn=die_with_parent)
         assert self._proc.stdout is not None and self._proc.stderr is not None
-        pump = asyncio.create_task(self._pump_stderr(self._proc.stderr))
+        announced: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
+        pumps = asyncio.gather(self._pump(self._proc.stdout, announced), self._pump(self._proc.stderr))
         try:
-            line = await asyncio.wait_for(self._proc.stdout.readline(), BUILD_TIMEOUT_S)
-            self._ready = msgspec.json.decode(line, type=Ready)
-        except (TimeoutError, msgspec.DecodeError):
+            self._ready = await asyncio.wait_for(asyncio.shield(announced), BUILD_TIMEOUT_S)
+        except (TimeoutError, ZygoteError):
             with contextlib.suppress(ProcessLookupError):
                 self._proc.kill()
             await self._proc.wait()
-            await asyncio.gather(pump, return_exceptions=True)
+            await asyncio.gather(pumps, return_exceptions=True)
             self._fail(f"zygote {self._name} failed to build: {self._last_error()}")
             return
         self.build_s = time.time() - started
@@ -161,21 +161,29 @@ class Zygote:
         log.info("zygote %s ready in %.2fs (imports %.2fs, snap setup %.2fs, %d MB)", self._name, self.build_s,
                  self._ready.imports_s, self._ready.snap_setup_s, self._ready.rss_mb)
         code = await self._proc.wait()
-        await asyncio.gather(pump, return_exceptions=True)
+        await asyncio.gather(pumps, return_exceptions=True)
         if self.state == "ready":  # not stopped by us
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
                 f"exited with code {code}: {self._last_error()}"
             self._fail(f"zygote {self._name} {how}")
 
-    async def _pump_stderr(self, stream: asyncio.StreamReader) -> None:
+    async def _pump(self, stream: asyncio.StreamReader, announced: asyncio.Future[Ready] | None = None) -> None:
+        """Read one of the zygote's streams to its end (into the agent's debug log); on stdout, the line that
+        announces it is ready (the app's own output may come before it)."""
         async for raw in stream:
             line = raw.decode(errors="replace").rstrip()
+            if announced is not None and not announced.done() and line.startswith(READY_PREFIX):
+                with contextlib.suppress(msgspec.DecodeError):
+                    announced.set_result(msgspec.json.decode(line.removeprefix(READY_PREFIX), type=Ready))
+                    continue
             if line:
-                self._stderr_tail = [*self._stderr_tail[-19:], line]
+                self._output_tail = [*self._output_tail[-19:], line]
                 log.debug("zygote %s: %s", self._name, line)
+        if announced is not None and not announced.done():
+            announced.set_exception(ZygoteError("the zygote closed its output before it was ready"))
 
     def _last_error(self) -> str:
-        return self._stderr_tail[-1] if self._stderr_tail else "no output"
+        return self._output_tail[-1] if self._output_tail else "no output"
 
     def _fail(self, message: str) -> None:
         self.state, self.message = "failed", message

@@ -43,6 +43,7 @@ from ember._wire import ServiceSpec
 log = logging.getLogger("ember.zygote")
 MAX_MESSAGE = 1 << 16
 EXIT_FORK_FAILED = 70
+READY_PREFIX = "ember-zygote-ready "  # the line on stdout that says it can fork (the app may print before it)
 
 
 class ForkRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -61,7 +62,7 @@ class ExitReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Ready(msgspec.Struct, frozen=True, kw_only=True):
-    """The zygote's first line on stdout, once it can fork."""
+    """What the zygote announces on stdout (after ``READY_PREFIX``) once it can fork."""
 
     pid: int
     imports_s: float
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:
         log.exception("snap setup failed")
         return 3
-    sys.stdout.write(msgspec.json.encode(ready).decode() + "\n")
+    sys.stdout.write(READY_PREFIX + msgspec.json.encode(ready).decode() + "\n")
     sys.stdout.flush()
     log.info("ready: imports %.2fs, snap setup %.2fs, %d MB", ready.imports_s, ready.snap_setup_s, ready.rss_mb)
     import gc

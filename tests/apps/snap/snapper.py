@@ -13,6 +13,7 @@ class Model:
     def load(self) -> None:
         import torch
 
+        print("building the model")  # a zygote's own output comes before it announces that it is ready
         torch.manual_seed(0)  # the same weights in a zygote and in a fresh replica
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).eval()
         self.built_by = os.getpid()
