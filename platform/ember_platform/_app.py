@@ -15,7 +15,7 @@ from ember._errors import EmberError
 from ember_platform import _routes as r
 from ember_platform import _status
 from ember_platform._config import Settings
-from ember_platform._errors import ember_error_handler, error_response, http_error_handler, info_of
+from ember_platform._errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform._state import Platform
 
 
@@ -76,7 +76,7 @@ class Gateway:
                 try:
                     response = await r.invoke(Request(scope, receive))
                 except EmberError as exc:
-                    response = error_response(info_of(exc), exc.http_status)
+                    response = ember_error_response(exc)
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -73,6 +73,7 @@ class ServiceState:
     meter: Meter = field(default_factory=Meter)  # load measured from the replicas' reports
     unschedulable: str = ""  # why the last placement failed, for `ember status`
     desired: int = 0
+    arrival_rate: float = 0.0  # calls per second to the current version, as last measured
 
 
 @dataclass
@@ -97,7 +98,7 @@ class ControlLoop:
     move_budget: MoveBudget = field(default_factory=MoveBudget)
 
     async def start(self) -> None:
-        self.preloader = Preloader(self.registry)
+        self.preloader = Preloader(demand=self._arrival_rate)
         self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores["nodes"], node_decoder.decode)
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores["assignments"], assignment_decoder.decode)
         await self.nodes.start()
@@ -182,8 +183,12 @@ class ControlLoop:
             in_flight=max(self.gateway_load(dep.app, svc.name), load.in_flight), arrival_rate=load.arrival_rate,
             throughput_per_replica=load.throughput_per_replica, startup_s=load.startup_s, p95_ms=load.p95_ms)
         count, state.autoscale = desired_replicas(signals, _config(dep, svc), state.autoscale)
-        state.desired = count
+        state.desired, state.arrival_rate = count, load.arrival_rate
         return count
+
+    def _arrival_rate(self, app: str, service: str) -> float:
+        state = self.services.get((app, service))
+        return state.arrival_rate if state is not None else 0.0
 
     async def _refresh_pending(self, deployments: dict[str, Deployment]) -> None:
         """Calls waiting in each function's durable queue (scale-up signal for queued work)."""

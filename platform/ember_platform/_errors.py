@@ -27,9 +27,13 @@ def info_of(exc: EmberError) -> ErrorInfo:
                      retry_after_s=exc.retry_after_s, call_id=exc.call_id)
 
 
+def ember_error_response(exc: EmberError) -> Response:
+    return error_response(info_of(exc), exc.http_status)
+
+
 async def ember_error_handler(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, EmberError)
-    return error_response(info_of(exc), exc.http_status)
+    return ember_error_response(exc)
 
 
 async def http_error_handler(_request: Request, exc: Exception) -> Response:

@@ -15,7 +15,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ember._wire import Deployment, NodeInfo, SlotAssignment, ZygoteAssignment
-from ember_platform._registry import Registry
 from ember_platform.scheduler import Snapshot, request_from_spec
 from ember_platform.scheduler._preload import PreloadCandidate, ZygoteKey, likely_nodes, plan_preload
 from ember_platform.scheduler._request import PlacementRequest
@@ -35,12 +34,10 @@ def memory_fraction() -> float:
 
 @dataclass
 class Preloader:
-    registry: Registry
+    demand: Callable[[str, str], float]  # (app, service) -> calls per second, as the autoscaler measured it
     _plan: dict[str, list[ZygoteAssignment]] = field(default_factory=dict)
     _at: float = 0.0
     _versions: frozenset[tuple[str, int]] = frozenset()
-    _calls: dict[tuple[str, str, int], tuple[float, int]] = field(default_factory=dict)  # (at, calls seen)
-    _rates: dict[tuple[str, str, int], float] = field(default_factory=dict)
 
     def zygotes(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
                 deployments: Mapping[str, Deployment], snapshot: Callable[[], Snapshot],
@@ -50,13 +47,13 @@ class Preloader:
         now = time.time() if now is None else now
         versions = frozenset((d.app, d.version) for d in deployments.values())
         if now - self._at >= PRELOAD_EVERY_S or versions != self._versions or set(self._plan) != set(nodes):
-            self._plan = self._compute(plan, nodes, deployments, snapshot, now)
+            self._plan = self._compute(plan, nodes, deployments, snapshot)
             self._at, self._versions = now, versions
         return self._plan
 
     def _compute(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
-                 deployments: Mapping[str, Deployment], snapshot_of: Callable[[], Snapshot],
-                 now: float) -> dict[str, list[ZygoteAssignment]]:
+                 deployments: Mapping[str, Deployment],
+                 snapshot_of: Callable[[], Snapshot]) -> dict[str, list[ZygoteAssignment]]:
         running: dict[ZygoteKey, set[str]] = {}
         for nid, slots in plan.items():
             for s in slots:
@@ -85,7 +82,8 @@ class Preloader:
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
                         running_nodes=frozenset(running.get(key, ())), likely_nodes=likely,
-                        demand=self._rate(key, now), min_replicas=dep.bounds(svc)[0] if current else 0,
+                        demand=self.demand(dep.app, svc.name) if current else 0.0,
+                        min_replicas=dep.bounds(svc)[0] if current else 0,
                         current=current))
                     assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
                                                         bundle_sha256=_bundle_of(dep, version, plan),
@@ -95,15 +93,6 @@ class Preloader:
         budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
         chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
         return {nid: [assignments[k] for k in sorted(keys)] for nid, keys in chosen.items()}
-
-    def _rate(self, key: ZygoteKey, now: float) -> float:
-        """Calls per second of this version over its live replicas, since the last pass."""
-        calls = sum(r.calls for r in self.registry.live_replicas(key.app, key.service) if r.version == key.version)
-        at, seen = self._calls.get(key, (now, calls))
-        if now > at:
-            self._rates[key] = max(calls - seen, 0) / (now - at)
-        self._calls[key] = (now, calls)
-        return self._rates.get(key, 0.0)
 
 
 def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:
