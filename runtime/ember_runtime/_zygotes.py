@@ -93,9 +93,6 @@ class ForkedProcess:
         else:
             raise ProcessLookupError(self.pid)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
