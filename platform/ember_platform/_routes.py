@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
-import uuid
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -67,7 +67,7 @@ async def invoke(request: Request) -> Response | JsonAnswer:
     dep, svc, fn, validator = platform.registry.resolve(app, name)
     timeout_s = _timeout(request, svc.timeout_s)
     body = validator.check(await read_body(request, platform.settings.max_body_bytes))
-    call_id = uuid.uuid4().hex
+    call_id = os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
     call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id, deadline=time.time() + timeout_s)
     reply = await _unless_disconnected(request, call)
     if reply is None:

@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import signal
 import sys
@@ -28,17 +27,14 @@ from ember._errors import EmberError, NotFoundError, RemoteError, UnavailableErr
 from ember._loader import find_app, import_app_module
 from ember._nats import connect, ensure_buckets
 from ember._wire import (
-    ACK_HEADER,
-    CALL_ID_HEADER,
-    DEADLINE_HEADER,
-    FUNCTION_HEADER,
-    PRIORITY_HEADER,
-    CallReply,
+    Answer,
     ErrorInfo,
+    Invocation,
     LoadReport,
     ReplicaStatus,
     StartPhases,
     encoder,
+    invocations_decoder,
 )
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
@@ -48,7 +44,7 @@ from ember_runtime.zygote import Preloaded
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
-ACK_DELAY_S = 0.01  # calls answered sooner are never acked (see _Acks)
+ACK_DELAY_S = 0.01  # calls answered sooner are never acked (see _Answers)
 DRAIN_GRACE_S = 20.0
 EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
@@ -132,9 +128,10 @@ class Replica:
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
-        self.acks = _Acks(nc, self.args.replica_id)
+        self.answers = _Answers(nc, self.args.replica_id)
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
-        direct: dict[str, Any] = {}
+        served: dict[str, tuple[Endpoint, Batcher]] = {}
+        on_frame = self._on_frame(served)
         for endpoint in endpoints:
             batcher = _batcher_for(endpoint, self.executor)
             self.batchers.append(batcher)
@@ -145,28 +142,48 @@ class Replica:
                                      self.service.retries, events=events)
                 self.workers.append(worker)
                 self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
+            served[endpoint.spec.name] = endpoint, batcher
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
-            handler = direct[endpoint.spec.name] = self._handler(nc, endpoint, batcher)
-            subs.append(await nc.subscribe(subject, queue=group, cb=handler, pending_msgs_limit=65536))
-        subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id),
-                                       cb=self._direct(nc, direct), pending_msgs_limit=65536))
+            subs.append(await nc.subscribe(subject, queue=group, cb=on_frame, pending_msgs_limit=65536))
+        subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id), cb=on_frame,
+                                       pending_msgs_limit=65536))
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         await nc.flush()
         return subs, loops
 
-    def _direct(self, nc: Any, handlers: dict[str, Any]) -> Any:
-        """Calls the gateway routed to this replica by its load reports; the header names the function."""
-        async def on_call(msg: Msg) -> None:
-            name = (msg.headers or {}).get(FUNCTION_HEADER, "")
-            handler = handlers.get(name)
-            if handler is not None:
-                await handler(msg)
-            else:
-                error = NotFoundError(f"replica {self.args.replica_id} serves no function {name!r}")
-                await nc.publish(msg.reply, _encode_reply(None, error, 0, ""))
+    def _on_frame(self, served: dict[str, tuple[Endpoint, Batcher]]) -> Any:
+        """Takes a frame of synchronous calls (see ``ember_platform._router``): each goes to its function's
+        batcher, which answers it through ``self.answers``."""
+        async def on_frame(msg: Msg) -> None:
+            try:
+                invocations = invocations_decoder.decode(msg.data)
+            except msgspec.DecodeError as exc:  # not from a gateway: nobody to answer
+                log.warning("dropped an undecodable frame on %s: %s", msg.subject, exc)
+                return
+            for invocation in invocations:
+                self._take(msg.reply, invocation, served.get(invocation.function))
 
-        return on_call
+        return on_frame
+
+    def _take(self, reply: str, invocation: Invocation, served: tuple[Endpoint, Batcher] | None) -> None:
+        call_id = invocation.call_id
+
+        async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
+            self.answers.answer(reply, _answer(call_id, output, error, batch_size))
+
+        if served is None:
+            error = NotFoundError(f"replica {self.args.replica_id} serves no function {invocation.function!r}")
+            self.answers.answer(reply, _answer(call_id, None, error, 0))
+            return
+        endpoint, batcher = served
+        self.answers.hold(reply, call_id)
+        try:
+            value = endpoint.decode(invocation.input)
+            batcher.submit(Call(value, invocation.deadline, answer, call_id, invocation.priority,
+                                endpoint.cost_of(value)))
+        except EmberError as exc:
+            self.answers.answer(reply, _answer(call_id, None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining."""
@@ -186,26 +203,6 @@ class Replica:
         for batcher in self.batchers:
             if batcher.cancel(call_id):
                 return
-
-    def _handler(self, nc: Any, endpoint: Endpoint, batcher: Batcher) -> Any:
-        async def on_call(msg: Msg) -> None:
-            headers = msg.headers or {}
-            call_id = headers.get(CALL_ID_HEADER, "")
-            deadline = _float(headers.get(DEADLINE_HEADER), math.inf)
-            priority = headers.get(PRIORITY_HEADER, "interactive")
-
-            async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
-                self.acks.answered(msg.reply)
-                await nc.publish(msg.reply, _encode_reply(output, error, batch_size, call_id))
-
-            self.acks.hold(msg.reply)
-            try:
-                value = endpoint.decode(msg.data)
-                batcher.submit(Call(value, deadline, answer, call_id, priority, endpoint.cost_of(value)))
-            except EmberError as exc:
-                await answer(None, exc, 0)
-
-        return on_call
 
     async def _drain(self, subs: list[Any], loops: list[asyncio.Task[None]]) -> None:
         """Stop intake (HTTP subjects and queue pulls), finish what is held within the grace period,
@@ -227,6 +224,7 @@ class Replica:
                                                         retry_after_s=0.1))
         for worker in self.workers:
             await worker.finish()
+        await self.answers.drain()
         await self.kv.delete(self.args.replica_id)
 
     async def _report(self, state: str, message: str = "") -> None:
@@ -253,38 +251,64 @@ class Replica:
                 log.warning("heartbeat failed: %s", exc)
 
 
-class _Acks:
-    """Tells the gateway which replica holds a synchronous call, for calls still unanswered at the next sweep
-    (sweeps run ``ACK_DELAY_S`` apart while calls are held).
+class _Answers:
+    """Answers to synchronous calls, sent in frames: one message per gateway inbox and turn of the event loop
+    holds every answer due there (a batch's answers come out together), so a batch of N calls costs one
+    message back rather than N.
 
-    The gateway needs the holder only to resend a call whose replica died and to cancel a call whose client
-    went away; a call answered sooner is never acked, which saves a message each way on the common path.
+    It also acks, naming this replica, the calls still unanswered at the next sweep (sweeps run
+    ``ACK_DELAY_S`` apart while calls are held). The gateway needs the holder only to resend a call whose
+    replica died and to cancel a call whose client went away; a call answered sooner is never acked.
     """
 
     def __init__(self, nc: Any, replica_id: str) -> None:
         self._nc = nc
-        self._headers = {ACK_HEADER: replica_id}
-        self._held: dict[str, None] = {}  # reply subjects of calls not answered yet, oldest first
-        self._timer: asyncio.TimerHandle | None = None
+        self._replica_id = replica_id
+        self._held: dict[str, str] = {}  # call id -> reply inbox, for calls not answered yet
+        self._outbox: dict[str, list[Answer]] = {}  # reply inbox -> answers to send in this turn of the loop
+        self._sweep: asyncio.TimerHandle | None = None
+        self._publishing: set[asyncio.Task[None]] = set()
 
-    def hold(self, reply: str) -> None:
-        self._held[reply] = None
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._send)
+    def hold(self, reply: str, call_id: str) -> None:
+        self._held[call_id] = reply
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_held)
 
-    def answered(self, reply: str) -> None:
-        self._held.pop(reply, None)
+    def answer(self, reply: str, answer: Answer) -> None:
+        self._held.pop(answer.call_id, None)
+        self._queue(reply, answer)
 
-    def _send(self) -> None:
-        self._timer = None
-        replies, self._held = list(self._held), {}
-        if replies:
-            asyncio.get_running_loop().create_task(self._publish(replies))
+    def _ack_held(self) -> None:
+        self._sweep = None
+        held, self._held = self._held, {}
+        for call_id, reply in held.items():
+            self._queue(reply, Answer(call_id=call_id, ack=self._replica_id))
 
-    async def _publish(self, replies: list[str]) -> None:
-        for reply in replies:
-            with contextlib.suppress(Exception):  # a lost ack only costs the gateway an extra resend
-                await self._nc.publish(reply, b"", headers=self._headers)
+    def _queue(self, reply: str, answer: Answer) -> None:
+        if not reply:
+            return  # a frame sent without a reply inbox wants no answers
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.setdefault(reply, []).append(answer)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        task = asyncio.get_running_loop().create_task(self._publish(outbox))
+        self._publishing.add(task)  # the loop holds only a weak reference to a task
+        task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, outbox: dict[str, list[Answer]]) -> None:
+        for reply, answers in outbox.items():
+            try:
+                await self._nc.publish(reply, encoder.encode(answers))
+            except Exception as exc:  # the gateway resends calls that get no answer
+                log.warning("could not send %d answers to %s: %s", len(answers), reply, exc)
+
+    async def drain(self) -> None:
+        """Send what is queued now (before the connection drains)."""
+        if self._outbox:
+            self._flush()
+        await asyncio.gather(*self._publishing, return_exceptions=True)
 
 
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
@@ -297,22 +321,15 @@ def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
                    name=endpoint.spec.name)
 
 
-def _encode_reply(output: Any, error: EmberError | None, batch_size: int, call_id: str) -> bytes:
+def _answer(call_id: str, output: Any, error: EmberError | None, batch_size: int) -> Answer:
     if error is None:
         try:
-            return encoder.encode(CallReply(output=msgspec.Raw(encoder.encode(output)), batch_size=batch_size))
+            return Answer(call_id=call_id, output=msgspec.Raw(encoder.encode(output)), batch_size=batch_size)
         except (TypeError, ValueError) as exc:
             error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
     info = ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
                      retry_after_s=error.retry_after_s, call_id=call_id or None)
-    return encoder.encode(CallReply(error=info, batch_size=batch_size))
-
-
-def _float(raw: str | None, default: float) -> float:
-    try:
-        return float(raw) if raw is not None else default
-    except ValueError:
-        return default
+    return Answer(call_id=call_id, error=info, batch_size=batch_size)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

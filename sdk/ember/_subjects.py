@@ -7,6 +7,7 @@ a subject level.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 DEFAULT_TENANT = "default"
 
@@ -40,16 +41,19 @@ def _fn_token(name: str) -> str:
     return "-".join(_token(part, "function name") for part in name.split("."))
 
 
+@lru_cache(maxsize=4096)  # built for every synchronous call
 def invoke(app: str, function: str, version: int, tenant: str = DEFAULT_TENANT) -> str:
     """Synchronous calls to one version of a function, load-balanced over its replicas."""
     return f"ember.invoke.{_token(tenant, 'tenant')}.{_token(app, 'app')}.{_fn_token(function)}.v{version}"
 
 
+@lru_cache(maxsize=4096)  # built for every synchronous call
 def replica_invoke(replica_id: str) -> str:
     """Calls routed to one replica."""
     return f"ember.replica.{_token(replica_id, 'replica id')}.invoke"
 
 
+@lru_cache(maxsize=4096)  # built for every synchronous call
 def replica_cancel(replica_id: str) -> str:
     """Call ids whose callers went away, for the replica holding them."""
     return f"ember.replica.{_token(replica_id, 'replica id')}.cancel"

@@ -13,12 +13,10 @@ import msgspec
 from ember._errors import InvalidSpecError
 from ember._resources import GpuRequest
 
-# NATS headers carried by every synchronous call.
+# NATS headers of a queued call (synchronous calls travel in frames: see Invocation).
 CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 PRIORITY_HEADER = "Ember-Priority"  # "interactive" | "batch"
-ACK_HEADER = "Ember-Ack"  # on a replica's receipt of a call: the replica's id
-FUNCTION_HEADER = "Ember-Function"  # on a call routed to one replica: which of its functions
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
@@ -341,9 +339,23 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorInfo
 
 
-class CallReply(msgspec.Struct, frozen=True, kw_only=True):
-    """A replica's answer to one call: the output as raw JSON, or an error."""
+class Invocation(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One synchronous call, gateway to replica. A NATS message carries a list of them (a frame): the calls the
+    gateway sent to the same subject in one turn of its event loop (see ``ember_platform._router``)."""
 
+    call_id: str
+    function: str
+    deadline: float  # absolute, seconds since the epoch
+    priority: Literal["interactive", "batch"] = "interactive"
+    input: msgspec.Raw = msgspec.Raw(b"null")  # the validated JSON body
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A replica's word on one synchronous call, replica to gateway, also in lists (frames): either an ack,
+    naming the replica that holds a call it has not answered yet, or the call's output (raw JSON) or error."""
+
+    call_id: str
+    ack: str = ""
     output: msgspec.Raw = msgspec.Raw(b"null")
     error: ErrorInfo | None = None
     batch_size: int = 0
@@ -434,7 +446,8 @@ class AppView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 encoder = msgspec.json.Encoder()
-reply_decoder = msgspec.json.Decoder(CallReply)
+invocations_decoder = msgspec.json.Decoder(list[Invocation])
+answers_decoder = msgspec.json.Decoder(list[Answer])
 deployment_decoder = msgspec.json.Decoder(Deployment)
 replica_decoder = msgspec.json.Decoder(ReplicaStatus)
 node_decoder = msgspec.json.Decoder(NodeInfo)

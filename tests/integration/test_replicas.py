@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import nats
 import pytest
 from polling import wait_for
@@ -180,7 +181,7 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
     """The replica acks a synchronous call (naming itself) only when it has not answered it within a few
     milliseconds: the gateway needs the holder to resend or cancel a long call, not for a fast one."""
     from ember import _subjects as subjects
-    from ember._wire import ACK_HEADER, CALL_ID_HEADER, DEADLINE_HEADER, FUNCTION_HEADER, reply_decoder
+    from ember._wire import Invocation, answers_decoder, encoder
 
     (holder,) = [r.replica_id for s in app_view(transport, "probe").services if s.name == "slow"
                  for r in s.replicas if r.state == "ready"]
@@ -191,18 +192,17 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
         inbox = nc.new_inbox()
         got: asyncio.Queue = asyncio.Queue()
         await nc.subscribe(f"{inbox}.*", cb=got.put)
-        headers = {CALL_ID_HEADER: f"ack-{seconds}", DEADLINE_HEADER: repr(time.time() + 30),
-                   FUNCTION_HEADER: "slow"}
-        await nc.publish(subjects.invoke("probe", "slow", version), json.dumps(seconds).encode(),
-                         reply=f"{inbox}.x", headers=headers)
-        messages = [await asyncio.wait_for(got.get(), 30)]
-        while ACK_HEADER in (messages[-1].headers or {}):
-            messages.append(await asyncio.wait_for(got.get(), 30))
+        call = Invocation(call_id=f"ack-{seconds}", function="slow", deadline=time.time() + 30,
+                          input=msgspec.Raw(json.dumps(seconds).encode()))
+        await nc.publish(subjects.invoke("probe", "slow", version), encoder.encode([call]), reply=f"{inbox}.x")
+        answers = answers_decoder.decode((await asyncio.wait_for(got.get(), 30)).data)
+        while answers[-1].ack:
+            answers += answers_decoder.decode((await asyncio.wait_for(got.get(), 30)).data)
         await nc.close()
-        return messages
+        return answers
 
     (fast,) = asyncio.run(exchange(0.0))
-    assert bytes(reply_decoder.decode(fast.data).output) == b"0.0"
+    assert (fast.call_id, bytes(fast.output)) == ("ack-0.0", b"0.0")
     ack, answer = asyncio.run(exchange(0.5))
-    assert ack.headers[ACK_HEADER] == holder and not ack.data
-    assert bytes(reply_decoder.decode(answer.data).output) == b"0.5"
+    assert (ack.call_id, ack.ack) == ("ack-0.5", holder)
+    assert (answer.call_id, answer.ack, bytes(answer.output)) == ("ack-0.5", "", b"0.5")

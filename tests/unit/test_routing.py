@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import time
 
-from ember._wire import LoadReport, encoder
+from ember._wire import Invocation, LoadReport, encoder
 from ember_platform._router import Router
 
 
@@ -100,7 +100,7 @@ def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
             with contextlib.suppress(ConnectionError):
                 await r.call("a", function, 1, b"{}", call_id=function, deadline=time.time() + 10)
         assert r.received == {("a", "M"): 2, ("a", "f"): 1}
-        assert not r.in_flight
+        assert not r.in_flight and not r._frames
 
     asyncio.run(scenario())
 
@@ -109,7 +109,7 @@ def test_a_pending_call_gets_its_messages_in_order_or_times_out():
     from ember_platform._router import _Pending
 
     async def scenario() -> list[object]:
-        pending = _Pending("a.f", "c1", deadline=time.time() + 10)
+        pending = _Pending("a.f", Invocation(call_id="c1", function="f", deadline=time.time() + 10))
         pending.deliver("early")  # type: ignore[arg-type]  # before anyone waits: kept
         seen: list[object] = [await pending.next(1.0)]
         asyncio.get_running_loop().call_soon(pending.deliver, "late")

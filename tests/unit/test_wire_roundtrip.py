@@ -26,7 +26,9 @@ _ERROR = wire.ErrorInfo(code="invalid_input", message="Expected `int`", field="$
 _DEPLOYMENT = wire.Deployment(app="digits", version=3, bundle_sha256="ab" * 32, manifest=_MANIFEST, created_at=1.25)
 _NODE = wire.NodeInfo(node_id="n-1", hostname="host", devices=[wire.Device(kind="cpu", index=0, name="cpu")],
                       updated_at=3.0)
-_REPLY = wire.CallReply(output=msgspec.Raw(b'{"label":7,"scores":[0.25,0.75]}'), batch_size=4)
+_ANSWER = wire.Answer(call_id="c-1", output=msgspec.Raw(b'{"label":7,"scores":[0.25,0.75]}'), batch_size=4)
+_INVOCATION = wire.Invocation(call_id="c-1", function="Classifier.predict", deadline=1.5e9, priority="batch",
+                              input=msgspec.Raw(b'{"pixels":[0,16]}'))
 _LOG = wire.LogLine(replica_id="r-1", stream="stderr", line="Traceback…", ts=4.0)
 
 _NODE_VIEW = wire.NodeView(node_id="n-1", hostname="host", updated_at=3.0,
@@ -84,9 +86,11 @@ SAMPLES: list[msgspec.Struct] = [
     _ERROR,
     wire.ErrorInfo(code="internal", message="boom"),
     wire.ErrorBody(error=_ERROR),
-    _REPLY,
-    wire.CallReply(),
-    wire.CallReply(error=_ERROR),
+    _ANSWER,
+    wire.Answer(call_id="c-2"),
+    wire.Answer(call_id="c-3", ack="r-1"),
+    wire.Answer(call_id="c-4", error=_ERROR),
+    _INVOCATION,
     _LOG,
     wire.DeployRequest(bundle_sha256="cd" * 32, manifest=_MANIFEST),
     wire.ServiceView(name="Classifier", min_replicas=0, max_replicas=4, functions=["Classifier.predict"],
@@ -114,8 +118,6 @@ def test_json_roundtrip(value: msgspec.Struct) -> None:
 
 
 @pytest.mark.parametrize(("decoder", "value"), [
-    (wire.reply_decoder, _REPLY),
-    (wire.reply_decoder, wire.CallReply(error=_ERROR)),
     (wire.deployment_decoder, _DEPLOYMENT),
     (wire.replica_decoder, _REPLICA),
     (wire.node_decoder, _NODE),
@@ -125,17 +127,22 @@ def test_module_decoders(decoder: msgspec.json.Decoder, value: msgspec.Struct) -
     assert decoder.decode(wire.encoder.encode(value)) == value
 
 
-def test_call_reply_carries_raw_output_verbatim() -> None:
-    output = b'{"label": 7, "note": "spaces kept"}'
-    data = wire.encoder.encode(wire.CallReply(output=msgspec.Raw(output)))
-    assert data.startswith(b'{"output":' + output)
-    assert bytes(wire.reply_decoder.decode(data).output) == output
+def test_frames_carry_raw_json_verbatim() -> None:
+    body, output = b'{"pixels": [0, 16], "note": "spaces kept"}', b'{"label": 7}'
+    call = wire.Invocation(call_id="c-1", function="f", deadline=2.0, input=msgspec.Raw(body))
+    (decoded,) = wire.invocations_decoder.decode(wire.encoder.encode([call]))
+    assert bytes(decoded.input) == body and decoded.priority == "interactive"
+    sent = wire.Answer(call_id="c-1", output=msgspec.Raw(output))
+    (answer,) = wire.answers_decoder.decode(wire.encoder.encode([sent]))
+    assert bytes(answer.output) == output
 
 
-def test_call_reply_defaults() -> None:
-    reply = wire.reply_decoder.decode(b"{}")
-    assert bytes(reply.output) == b"null"
-    assert (reply.error, reply.batch_size) == (None, 0)
+def test_answer_defaults_and_older_peers() -> None:
+    # Frames are arrays: a peer that knows fewer trailing fields sends shorter ones, one that knows more longer ones.
+    (answer,) = wire.answers_decoder.decode(b'[["c-1"]]')
+    assert (answer.ack, bytes(answer.output), answer.error, answer.batch_size) == ("", b"null", None, 0)
+    (newer,) = wire.answers_decoder.decode(b'[["c-1","",1,null,3,"a field from the future"]]')
+    assert (bytes(newer.output), newer.batch_size) == (b"1", 3)
 
 
 def test_wire_types_are_frozen() -> None:

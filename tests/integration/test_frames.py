@@ -1,0 +1,135 @@
+"""Frames: the synchronous calls the gateway sends in one turn of its event loop travel in one NATS message,
+and a replica's answers come back in one message per inbox; a call still gets its own answer, only its own.
+
+The router tests speak to a stand-in replica written here (a plain subscriber on the real nats-server of the
+session's platform), so that they can count messages and choose what to answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import msgspec
+import nats
+import pytest
+
+from ember import _subjects as subjects
+from ember._errors import UnavailableError
+from ember._wire import Answer, Invocation, answers_decoder, encoder, invocations_decoder
+from ember_platform._router import Router
+
+pytestmark = pytest.mark.integration
+
+
+async def _router(nats_url: str) -> tuple[nats.NATS, Router]:
+    nc = await nats.connect(nats_url)
+    router = Router(nc, replica_alive=lambda _: True)
+    await router.start()
+    return nc, router
+
+
+async def _call(router: Router, app: str, n: int, timeout_s: float = 10.0) -> Answer:
+    body = json.dumps({"n": n}).encode()
+    return await router.call(app, "f", 1, body, call_id=f"call-{n}", deadline=time.time() + timeout_s)
+
+
+def test_calls_of_one_turn_share_a_frame_and_each_gets_its_own_answer(platform):
+    async def scenario() -> tuple[list[int], list[bytes]]:
+        nc, router = await _router(platform.nats_url)
+        frames: list[int] = []
+
+        async def replica(msg) -> None:  # type: ignore[no-untyped-def]
+            calls = invocations_decoder.decode(msg.data)
+            frames.append(len(calls))
+            answers = [Answer(call_id=c.call_id, output=msgspec.Raw(bytes(c.input)), batch_size=len(calls))
+                       for c in reversed(calls)]  # in another order than asked
+            await nc.publish(msg.reply, encoder.encode(answers))
+
+        await nc.subscribe(subjects.invoke("frames", "f", 1), cb=replica)
+        answers = await asyncio.gather(*(_call(router, "frames", n) for n in range(20)))
+        await nc.close()
+        return frames, [bytes(a.output) for a in answers]
+
+    frames, outputs = asyncio.run(scenario())
+    assert frames == [20]
+    assert outputs == [json.dumps({"n": n}).encode() for n in range(20)]
+
+
+def test_no_responders_reach_every_call_of_the_frame(platform):
+    async def scenario() -> tuple[list[BaseException | Answer], Router]:
+        nc, router = await _router(platform.nats_url)
+        results = await asyncio.gather(*(_call(router, "nobody", n, timeout_s=0.3) for n in range(5)),
+                                       return_exceptions=True)
+        await nc.close()
+        return results, router
+
+    results, router = asyncio.run(scenario())
+    assert all(isinstance(r, UnavailableError) and "no replica" in str(r) for r in results), results
+    assert not router._frames and not router._outbox
+
+
+def test_a_call_past_its_deadline_is_not_sent(platform):
+    async def scenario() -> tuple[BaseException | Answer, int, Router]:
+        nc, router = await _router(platform.nats_url)
+        seen: list[int] = []
+
+        async def replica(msg) -> None:  # type: ignore[no-untyped-def]
+            seen.append(len(invocations_decoder.decode(msg.data)))
+
+        await nc.subscribe(subjects.invoke("late", "f", 1), cb=replica)
+        (result,) = await asyncio.gather(_call(router, "late", 0, timeout_s=-1.0), return_exceptions=True)
+        await nc.flush()
+        await asyncio.sleep(0.1)
+        await nc.close()
+        return result, len(seen), router
+
+    result, frames, router = asyncio.run(scenario())
+    assert isinstance(result, UnavailableError)
+    assert frames == 0 and not router._frames
+
+
+def test_concurrent_http_calls_through_a_replica_get_their_own_answers(hello, platform):
+    """64 clients at once through the gateway and one batched replica (frames both ways)."""
+    async def scenario() -> list[tuple[int, dict, int]]:
+        async with httpx.AsyncClient(base_url=platform.url, timeout=60,
+                                     limits=httpx.Limits(max_connections=64)) as client:
+            async def call(n: int) -> tuple[int, dict, int]:
+                r = await client.post("/v1/hello/echo", json={"n": n, "pad": "x" * n})
+                return r.status_code, r.json(), int(r.headers.get("x-ember-batch-size", 0))
+
+            return await asyncio.gather(*(call(n) for n in range(64)))
+
+    results = asyncio.run(scenario())
+    assert [(status, body) for status, body, _ in results] == [(200, {"n": n, "pad": "x" * n}) for n in range(64)]
+    assert max(size for _, _, size in results) > 1  # they did share batches
+
+
+def test_a_replica_answers_a_frame_in_one_message(hello, platform, transport):
+    """Calls that arrive together run in one batch and come back together: one message of answers (and, were
+    the batch slow, one of acks before it)."""
+    from ember._deploy import app_view
+
+    version = app_view(transport, "hello").version
+    calls = [Invocation(call_id=f"e-{i}", function="echo", deadline=time.time() + 30,
+                        input=msgspec.Raw(b'{"i":%d}' % i)) for i in range(8)]
+
+    async def scenario() -> list[list[Answer]]:
+        nc = await nats.connect(platform.nats_url)
+        inbox = nc.new_inbox()
+        got: asyncio.Queue = asyncio.Queue()
+        await nc.subscribe(f"{inbox}.*", cb=got.put)
+        await nc.publish(subjects.invoke("hello", "echo", version), encoder.encode(calls), reply=f"{inbox}.1")
+        messages: list[list[Answer]] = []
+        while sum(1 for m in messages for a in m if not a.ack) < len(calls):
+            messages.append(answers_decoder.decode((await asyncio.wait_for(got.get(), 30)).data))
+        await nc.close()
+        return messages
+
+    messages = asyncio.run(scenario())
+    with_answers = [m for m in messages if any(not a.ack for a in m)]
+    assert len(with_answers) == 1
+    (answers,) = with_answers
+    assert {a.call_id: json.loads(bytes(a.output)) for a in answers} == {f"e-{i}": {"i": i} for i in range(8)}
+    assert {a.batch_size for a in answers} == {8}
