@@ -26,7 +26,8 @@ def main() -> None:
 
     # uvicorn binds the port itself: sockets handed to it skip TCP_NODELAY, costing 40 ms per kept-alive call.
     config = uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="warning",
-                            access_log=False, timeout_graceful_shutdown=10)
+                            access_log=False, timeout_graceful_shutdown=10,
+                            proxy_headers=False)  # nothing reads the client's address; saves a layer per call
     server = uvicorn.Server(config)
 
     async def serve() -> None:

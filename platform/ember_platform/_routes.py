@@ -23,7 +23,7 @@ from ember._wire import (
     ReplayReply,
     encoder,
 )
-from ember_platform._body import read_body
+from ember_platform._body import header, read_body
 from ember_platform._errors import error_response
 from ember_platform._metrics import render as render_metrics
 from ember_platform._state import Platform
@@ -58,6 +58,7 @@ class JsonAnswer:
 
 _CALL_ID = HTTP_CALL_ID_HEADER.lower().encode()
 _BATCH_SIZE = HTTP_BATCH_SIZE_HEADER.lower().encode()
+_TIMEOUT = HTTP_TIMEOUT_HEADER.lower().encode()
 
 
 async def invoke(request: Request) -> Response | JsonAnswer:
@@ -177,7 +178,7 @@ _replay_decoder = msgspec.json.Decoder(_ReplayRequest)
 
 
 def _timeout(request: Request, limit: float) -> float:
-    raw = request.headers.get(HTTP_TIMEOUT_HEADER)
+    raw = header(request, _TIMEOUT)
     if raw is None:
         return limit
     try:
