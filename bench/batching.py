@@ -82,6 +82,8 @@ from http_latency import (  # noqa: E402  (bench/ is not a package)
     wait_until_listening,
 )
 
+from ember import _loop as ember_loop  # noqa: E402
+
 ROOT = BENCH.parent
 DIGITS_DIR = ROOT / "examples" / "digits"
 CONCURRENCIES = (1, 8, 64)
@@ -821,7 +823,7 @@ def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
         if profile_dir is not None:
             profile_dir.mkdir(parents=True, exist_ok=True)
         say(f"pids: gateway {procs.gateway}, nats {procs.nats}, agent {procs.agent}, bare {procs.bare}")
-        rows = asyncio.run(measure_all(targets, plan, procs, platform.url, profile_dir))
+        rows = ember_loop.run(measure_all(targets, plan, procs, platform.url, profile_dir))
 
         print(f"\n## Over HTTP (closed loop; {plan.warmup_s:g} s warm-up, {plan.measure_s:g} s window per cell)\n")
         print(render_main(rows))
