@@ -111,7 +111,7 @@ class Plan:
     max_requests: int
 
 
-FULL = Plan(warmup_s=1.0, measure_s=4.0, max_requests=30_000)
+FULL = Plan(warmup_s=1.0, measure_s=4.0, max_requests=100_000)
 QUICK = Plan(warmup_s=0.3, measure_s=1.0, max_requests=10_000)
 
 
