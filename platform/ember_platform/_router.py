@@ -41,7 +41,7 @@ from nats.aio.subscription import Subscription
 
 from ember import _subjects as subjects
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember._wire import Answer, Invocation, LoadReport, answers_decoder, encoder, load_decoder
+from ember._wire import Answer, Invocation, LoadReport, answers_decoder, encoder, load_decoder, split_frames
 
 log = logging.getLogger("ember.router")
 
@@ -192,13 +192,13 @@ class Router:
         frames = []
         for subject, queued in outbox.items():
             calls = [p for p in queued if p.queued]  # not those whose caller left before this
-            if not calls:
-                continue
-            frame_id = f"{next(self._frame_ids):x}"
-            self._frames[frame_id] = _Frame(calls, len(calls))
-            for pending in calls:
-                pending.queued, pending.frame = False, frame_id
-            frames.append((subject, frame_id, encoder.encode([p.invocation for p in calls])))
+            sizes = [len(p.invocation.input) for p in calls]
+            for frame in split_frames(calls, sizes, self._nc.max_payload) if calls else ():
+                frame_id = f"{next(self._frame_ids):x}"
+                self._frames[frame_id] = _Frame(frame, len(frame))
+                for pending in frame:
+                    pending.queued, pending.frame = False, frame_id
+                frames.append((subject, frame_id, encoder.encode([p.invocation for p in frame])))
         if frames:
             task = asyncio.get_running_loop().create_task(self._publish(frames))
             self._publishing.add(task)  # the loop holds only a weak reference to a task

@@ -35,6 +35,7 @@ from ember._wire import (
     StartPhases,
     encoder,
     invocations_decoder,
+    split_frames,
 )
 from ember_runtime._batcher import Batcher, Call
 from ember_runtime._endpoint import Endpoint, build_endpoints
@@ -298,11 +299,20 @@ class _Answers:
         task.add_done_callback(self._publishing.discard)
 
     async def _publish(self, outbox: dict[str, list[Answer]]) -> None:
+        limit = self._nc.max_payload
         for reply, answers in outbox.items():
-            try:
-                await self._nc.publish(reply, encoder.encode(answers))
-            except Exception as exc:  # the gateway resends calls that get no answer
-                log.warning("could not send %d answers to %s: %s", len(answers), reply, exc)
+            sizes = [len(a.output) + (len(a.error.message) if a.error else 0) for a in answers]
+            for frame in split_frames(answers, sizes, limit):
+                data = encoder.encode(frame)
+                if len(data) > limit:  # one answer alone: its output is too large for a NATS message
+                    (answer,) = frame
+                    error = RemoteError(f"the output ({len(answer.output)} bytes) is over the {limit}-byte "
+                                        "limit of a NATS message", remote_type="ValueError")
+                    data = encoder.encode([_answer(answer.call_id, None, error, answer.batch_size)])
+                try:
+                    await self._nc.publish(reply, data)
+                except Exception as exc:  # the gateway resends calls that get no answer
+                    log.warning("could not send %d answers to %s: %s", len(frame), reply, exc)
 
     async def drain(self) -> None:
         """Send what is queued now (before the connection drains)."""

@@ -6,12 +6,14 @@ decoders are built once, here.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._resources import GpuRequest
+
+T = TypeVar("T")
 
 # NATS headers of a queued call (synchronous calls travel in frames: see Invocation).
 CALL_ID_HEADER = "Ember-Call-Id"
@@ -443,6 +445,28 @@ class AppView(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str
     created_at: float
     services: list[ServiceView]
+
+
+FRAME_ITEM_OVERHEAD_BYTES = 512  # an Invocation's or Answer's fields beside its input or output, generously
+
+
+def split_frames(items: list[T], sizes: list[int], limit: int) -> list[list[T]]:
+    """``items`` in order, cut into frames that stay within ``limit`` bytes (a NATS message's maximum),
+    counting each item as its size plus ``FRAME_ITEM_OVERHEAD_BYTES``; an item too large for any frame goes
+    alone (and its publish fails)."""
+    frames: list[list[T]] = []
+    current: list[T] = []
+    used = 0
+    for item, size in zip(items, sizes, strict=True):
+        size += FRAME_ITEM_OVERHEAD_BYTES
+        if current and used + size > limit:
+            frames.append(current)
+            current, used = [], 0
+        current.append(item)
+        used += size
+    if current:
+        frames.append(current)
+    return frames
 
 
 encoder = msgspec.json.Encoder()

@@ -16,6 +16,7 @@ import nats
 import pytest
 
 from ember import _subjects as subjects
+from ember._deploy import app_view
 from ember._errors import UnavailableError
 from ember._wire import Answer, Invocation, answers_decoder, encoder, invocations_decoder
 from ember_platform._router import Router
@@ -90,6 +91,42 @@ def test_a_call_past_its_deadline_is_not_sent(platform):
     assert frames == 0 and not router._frames
 
 
+def test_frames_stay_within_the_servers_message_limit(platform):
+    """Two calls of 3 MB each sent together exceed no message: the 8 MB limit cuts them into two frames."""
+    async def scenario() -> tuple[list[int], list[int]]:
+        nc, router = await _router(platform.nats_url)
+        frames: list[int] = []
+
+        async def replica(msg) -> None:  # type: ignore[no-untyped-def]
+            calls = invocations_decoder.decode(msg.data)
+            frames.append(len(calls))
+            answers = [Answer(call_id=c.call_id, output=msgspec.Raw(b"%d" % len(c.input))) for c in calls]
+            await nc.publish(msg.reply, encoder.encode(answers))
+
+        await nc.subscribe(subjects.invoke("huge", "f", 1), cb=replica)
+        bodies = [b'"' + bytes([ord("a") + n]) * (3 * 1024 * 1024) + b'"' for n in range(3)]
+        answers = await asyncio.gather(*(router.call("huge", "f", 1, body, call_id=f"h-{n}", deadline=time.time() + 30)
+                                         for n, body in enumerate(bodies)))
+        await nc.close()
+        return frames, [int(bytes(a.output)) for a in answers]
+
+    frames, sizes = asyncio.run(scenario())
+    assert frames == [2, 1]
+    assert sizes == [3 * 1024 * 1024 + 2] * 3
+
+
+def test_large_answers_of_one_frame_come_back_in_several_messages(probe, platform, transport):
+    """Four calls of one frame run in one batch; their answers (12 MiB) do not fit one 8 MB NATS message, so
+    they come back in several, and every call gets its own."""
+    calls = [Invocation(call_id=f"p-{i}", function="pad", deadline=time.time() + 60, input=msgspec.Raw(b"3"))
+             for i in range(4)]
+    messages = asyncio.run(_exchange(platform, transport, "probe", "pad", calls))
+    answers = [a for m in messages for a in m if not a.ack]
+    assert sorted(a.call_id for a in answers) == [c.call_id for c in calls]
+    assert all(a.error is None and len(a.output) == 3 * 1024 * 1024 + 2 and a.batch_size == 4 for a in answers)
+    assert len([m for m in messages if any(not a.ack for a in m)]) >= 2
+
+
 def test_concurrent_http_calls_through_a_replica_get_their_own_answers(hello, platform):
     """64 clients at once through the gateway and one batched replica (frames both ways)."""
     async def scenario() -> list[tuple[int, dict, int]]:
@@ -109,27 +146,28 @@ def test_concurrent_http_calls_through_a_replica_get_their_own_answers(hello, pl
 def test_a_replica_answers_a_frame_in_one_message(hello, platform, transport):
     """Calls that arrive together run in one batch and come back together: one message of answers (and, were
     the batch slow, one of acks before it)."""
-    from ember._deploy import app_view
-
-    version = app_view(transport, "hello").version
     calls = [Invocation(call_id=f"e-{i}", function="echo", deadline=time.time() + 30,
                         input=msgspec.Raw(b'{"i":%d}' % i)) for i in range(8)]
-
-    async def scenario() -> list[list[Answer]]:
-        nc = await nats.connect(platform.nats_url)
-        inbox = nc.new_inbox()
-        got: asyncio.Queue = asyncio.Queue()
-        await nc.subscribe(f"{inbox}.*", cb=got.put)
-        await nc.publish(subjects.invoke("hello", "echo", version), encoder.encode(calls), reply=f"{inbox}.1")
-        messages: list[list[Answer]] = []
-        while sum(1 for m in messages for a in m if not a.ack) < len(calls):
-            messages.append(answers_decoder.decode((await asyncio.wait_for(got.get(), 30)).data))
-        await nc.close()
-        return messages
-
-    messages = asyncio.run(scenario())
+    messages = asyncio.run(_exchange(platform, transport, "hello", "echo", calls))
     with_answers = [m for m in messages if any(not a.ack for a in m)]
     assert len(with_answers) == 1
     (answers,) = with_answers
     assert {a.call_id: json.loads(bytes(a.output)) for a in answers} == {f"e-{i}": {"i": i} for i in range(8)}
     assert {a.batch_size for a in answers} == {8}
+
+
+async def _exchange(platform, transport, app: str, function: str,  # type: ignore[no-untyped-def]
+                    calls: list[Invocation]) -> list[list[Answer]]:
+    """Send ``calls`` in one frame to the app's replicas, as the gateway would; the messages that came back,
+    until every call is answered."""
+    subject = subjects.invoke(app, function, app_view(transport, app).version)
+    nc = await nats.connect(platform.nats_url)
+    inbox = nc.new_inbox()
+    got: asyncio.Queue = asyncio.Queue()
+    await nc.subscribe(f"{inbox}.*", cb=got.put)
+    await nc.publish(subject, encoder.encode(calls), reply=f"{inbox}.1")
+    messages: list[list[Answer]] = []
+    while sum(1 for m in messages for a in m if not a.ack) < len(calls):
+        messages.append(answers_decoder.decode((await asyncio.wait_for(got.get(), 60)).data))
+    await nc.close()
+    return messages

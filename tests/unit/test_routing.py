@@ -88,6 +88,8 @@ def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
     """Calls to a class's methods count for the class; a call that fails (here: NATS is down) counts too."""
 
     class FailingNats:
+        max_payload = 1024 * 1024
+
         def new_inbox(self) -> str:
             return "_INBOX.x"
 

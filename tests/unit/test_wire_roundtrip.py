@@ -228,3 +228,11 @@ def test_decoding_checks_types_and_literals() -> None:
         wire.replica_decoder.decode(wire.encoder.encode(_REPLICA).replace(b'"ready"', b'"sleeping"'))
     with pytest.raises(msgspec.ValidationError, match="max_size must be an int from 1 to 4096"):
         msgspec.json.decode(b'{"max_size": 0}', type=wire.Batch)
+
+
+def test_frames_are_cut_to_stay_within_a_message() -> None:
+    overhead = wire.FRAME_ITEM_OVERHEAD_BYTES
+    items, sizes = list("abcde"), [100, 100, 900, 100, 5000]
+    assert wire.split_frames(items, sizes, 1000 + 2 * overhead) == [["a", "b"], ["c", "d"], ["e"]]
+    assert wire.split_frames(items, sizes, 10**6) == [items]
+    assert wire.split_frames([], [], 1000) == []

@@ -21,6 +21,14 @@ def sizes(items: list[Item]) -> list[int]:
     return [len(items)] * len(items)
 
 
+@app.function(batch=ember.Batch(max_size=8, window_ms=50))
+def pad(items: list[int]) -> list[str]:
+    """Answers each call with that many MiB of text, slowly enough that calls sent meanwhile queue and run
+    together in the next batch (whose answers then outgrow one NATS message)."""
+    time.sleep(0.3)
+    return ["x" * (n * 1024 * 1024) for n in items]
+
+
 @app.function()
 def pid() -> int:
     return os.getpid()
