@@ -51,6 +51,7 @@ def test_calls_of_one_turn_share_a_frame_and_each_gets_its_own_answer(platform):
         await nc.subscribe(subjects.invoke("frames", "f", 1), cb=replica)
         answers = await asyncio.gather(*(_call(router, "frames", n) for n in range(20)))
         await nc.close()
+        assert not router._frames and not router._waiting  # nothing left behind
         return frames, [bytes(a.output) for a in answers]
 
     frames, outputs = asyncio.run(scenario())
