@@ -208,9 +208,10 @@ class Router:
         for subject, frame_id, data in frames:
             try:
                 await self._nc.publish(subject, data, reply=f"{self._inbox}.{frame_id}")
-            except Exception as exc:
+            except Exception as exc:  # NATS is down or refuses the message: a 503 the client may retry
                 for pending in self._in_frame(frame_id):
-                    pending.fail(exc)
+                    pending.fail(UnavailableError(f"could not send the call to {pending.what}: {exc}",
+                                                  retry_after_s=1.0, call_id=pending.invocation.call_id))
 
     def _in_frame(self, frame_id: str) -> list[_Pending]:
         """The calls whose current attempt went out in this frame."""
