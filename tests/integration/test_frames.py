@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 
 import httpx
 import msgspec
@@ -31,6 +32,22 @@ async def _router(nats_url: str) -> tuple[nats.NATS, Router]:
     return nc, router
 
 
+async def _stand_in(nc: nats.NATS, subject: str, output: Callable[[Invocation], bytes]) -> list[int]:
+    """A replica for the router's tests, on ``subject``: it answers every call of a frame with ``output(call)``,
+    in the reverse order, and records how many calls each frame held (the list returned)."""
+    frames: list[int] = []
+
+    async def on_frame(msg) -> None:  # type: ignore[no-untyped-def]
+        calls = invocations_decoder.decode(msg.data)
+        frames.append(len(calls))
+        answers = [Answer(call_id=c.call_id, output=msgspec.Raw(output(c)), batch_size=len(calls))
+                   for c in reversed(calls)]
+        await nc.publish(msg.reply, encoder.encode(answers))
+
+    await nc.subscribe(subject, cb=on_frame)
+    return frames
+
+
 async def _call(router: Router, app: str, n: int, timeout_s: float = 10.0) -> Answer:
     body = json.dumps({"n": n}).encode()
     return await router.call(app, "f", 1, body, call_id=f"call-{n}", deadline=time.time() + timeout_s)
@@ -39,16 +56,7 @@ async def _call(router: Router, app: str, n: int, timeout_s: float = 10.0) -> An
 def test_calls_of_one_turn_share_a_frame_and_each_gets_its_own_answer(platform):
     async def scenario() -> tuple[list[int], list[bytes]]:
         nc, router = await _router(platform.nats_url)
-        frames: list[int] = []
-
-        async def replica(msg) -> None:  # type: ignore[no-untyped-def]
-            calls = invocations_decoder.decode(msg.data)
-            frames.append(len(calls))
-            answers = [Answer(call_id=c.call_id, output=msgspec.Raw(bytes(c.input)), batch_size=len(calls))
-                       for c in reversed(calls)]  # in another order than asked
-            await nc.publish(msg.reply, encoder.encode(answers))
-
-        await nc.subscribe(subjects.invoke("frames", "f", 1), cb=replica)
+        frames = await _stand_in(nc, subjects.invoke("frames", "f", 1), lambda call: bytes(call.input))
         answers = await asyncio.gather(*(_call(router, "frames", n) for n in range(20)))
         await nc.close()
         assert not router._frames and not router._waiting  # nothing left behind
@@ -93,18 +101,10 @@ def test_a_call_past_its_deadline_is_not_sent(platform):
 
 
 def test_frames_stay_within_the_servers_message_limit(platform):
-    """Two calls of 3 MB each sent together exceed no message: the 8 MB limit cuts them into two frames."""
+    """Three calls of 3 MB sent together: the 8 MB limit of a message cuts them into frames of two and one."""
     async def scenario() -> tuple[list[int], list[int]]:
         nc, router = await _router(platform.nats_url)
-        frames: list[int] = []
-
-        async def replica(msg) -> None:  # type: ignore[no-untyped-def]
-            calls = invocations_decoder.decode(msg.data)
-            frames.append(len(calls))
-            answers = [Answer(call_id=c.call_id, output=msgspec.Raw(b"%d" % len(c.input))) for c in calls]
-            await nc.publish(msg.reply, encoder.encode(answers))
-
-        await nc.subscribe(subjects.invoke("huge", "f", 1), cb=replica)
+        frames = await _stand_in(nc, subjects.invoke("huge", "f", 1), lambda call: b"%d" % len(call.input))
         bodies = [b'"' + bytes([ord("a") + n]) * (3 * 1024 * 1024) + b'"' for n in range(3)]
         answers = await asyncio.gather(*(router.call("huge", "f", 1, body, call_id=f"h-{n}", deadline=time.time() + 30)
                                          for n, body in enumerate(bodies)))
