@@ -781,7 +781,7 @@ def deploy_all(url: str, files: list[Path]) -> None:
 
 
 def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
-    from ember._embedded import EmbeddedPlatform
+    from ember.dev.embedded import EmbeddedPlatform
 
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ember-bench-batching-"))

@@ -144,7 +144,7 @@ def write_apps(folder: Path) -> tuple[Path, Path]:
 
 
 def run(repeats: int) -> None:
-    from ember._embedded import EmbeddedPlatform
+    from ember.dev.embedded import EmbeddedPlatform
 
     work = Path(tempfile.mkdtemp(prefix="ember-coldstart-"))
     platform = EmbeddedPlatform(work / "state")

@@ -325,7 +325,7 @@ def say(message: str) -> None:
 
 def run(plan: Plan) -> None:
     """Start everything, measure every cell, print the table; stop everything whatever happens."""
-    from ember._embedded import EmbeddedPlatform
+    from ember.dev.embedded import EmbeddedPlatform
 
     state_dir = Path(tempfile.mkdtemp(prefix="ember-bench-"))
     platform = EmbeddedPlatform(state_dir, http_port=0)

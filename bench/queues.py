@@ -405,7 +405,7 @@ async def measure_all(url: str, plan: Plan, args: argparse.Namespace,
 
 
 def run(plan: Plan, args: argparse.Namespace) -> None:
-    from ember._embedded import EmbeddedPlatform
+    from ember.dev.embedded import EmbeddedPlatform
 
     started = time.monotonic()
     work = Path(tempfile.mkdtemp(prefix="ember-bench-queues-"))

@@ -5,7 +5,7 @@ Run from the repository root::
     .venv/bin/python bench/scheduler_sim.py           # 1,000 GPU nodes x 8 GPUs, 10,000 functions, 1 h
     .venv/bin/python bench/scheduler_sim.py --quick   # 100 nodes, 1,000 functions, 10 min
 
-Node inventories are declared TOML parsed by ``ember_runtime._inventory`` (the agent's own code
+Node inventories are declared TOML parsed by ``ember_runtime.agent.inventory`` (the agent's own code
 path); every decision comes from ``ember_platform.scheduler`` (``desired_replicas``,
 ``place_and_apply``, ``rebalance``, ``apply_decisions``). Only the load and the replicas' behaviour are
 modelled here (the load is handed to the autoscaler as measured signals: arrival rate, per-replica
@@ -47,7 +47,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ember._wire import NodeInfo
+from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     AutoscaleConfig,
     AutoscaleState,
@@ -70,7 +70,7 @@ from ember_platform.scheduler import (
     place_and_apply,
     rebalance,
 )
-from ember_runtime._inventory import parse
+from ember_runtime.agent.inventory import parse
 
 H100 = 'nvlink = [[0, 1, 2, 3, 4, 5, 6, 7]]\n' + ''.join(
     f'[[gpu]]\nmodel = "NVIDIA H100 80GB HBM3"\ncount = 4\nnuma_node = {n}\n' for n in (0, 1))

@@ -19,7 +19,7 @@ import httpx
 
 import ember
 from ember._client import Transport
-from ember._embedded import EmbeddedPlatform
+from ember.dev.embedded import EmbeddedPlatform
 
 HERE = Path(__file__).resolve().parent
 SAMPLES = json.loads((HERE / "digits" / "samples.json").read_text())

@@ -10,8 +10,8 @@ from pathlib import Path
 import uvicorn
 
 from ember import _loop as ember_loop
-from ember_platform._app import create_app
-from ember_platform._config import Settings
+from ember_platform.config import Settings
+from ember_platform.gateway.app import create_app
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ import signal
 from pathlib import Path
 
 from ember import _loop as ember_loop
-from ember_runtime._agent import NodeAgent
+from ember_runtime.agent.node import NodeAgent
 
 
 def main() -> None:

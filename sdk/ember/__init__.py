@@ -12,7 +12,6 @@ queue a call with ``call = greet.spawn("Ada")`` and fetch its result with ``call
 """
 
 from ember._app import App, method, setup
-from ember._calls import FunctionCall
 from ember._deploy import deploy
 from ember._errors import (
     BadRequestError,
@@ -28,9 +27,10 @@ from ember._errors import (
     RemoteError,
     UnavailableError,
 )
+from ember._function_call import FunctionCall
 from ember._handles import Function, FunctionHandle, MethodHandle, lookup
 from ember._version import __version__
-from ember._wire import Batch, Retries
+from ember.wire import Batch, Retries
 
 __all__ = [
     "App",

@@ -17,7 +17,7 @@ from ember._handles import Function, MethodHandle
 from ember._resources import GpuRequest, parse_gpu
 from ember._types import CallIO
 from ember._version import __version__
-from ember._wire import Batch, FunctionSpec, Manifest, Retries, ServiceSpec
+from ember.wire import Batch, FunctionSpec, Manifest, Retries, ServiceSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -21,7 +21,7 @@ from urllib.parse import quote
 import msgspec
 
 from ember._errors import ConnectionError, DeadlineExceededError, EmberError, error_class
-from ember._wire import (
+from ember.wire import (
     HTTP_TIMEOUT_HEADER,
     CallRecord,
     DeadLetter,

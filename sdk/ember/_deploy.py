@@ -13,7 +13,7 @@ import msgspec
 from ember._bundle import build_bundle
 from ember._client import Transport, default_transport
 from ember._errors import InvalidSpecError, NotFoundError, UnavailableError
-from ember._wire import AppView, Deployment, DeployRequest, Manifest, encoder
+from ember.wire import AppView, Deployment, DeployRequest, Manifest, encoder
 
 Progress = Callable[[str, AppView | None], None]
 

@@ -10,7 +10,6 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar
 
 import msgspec
 
-from ember._calls import FunctionCall, astream, check_concurrency, decode_output, stream, verb
 from ember._client import (
     AsyncTransport,
     Op,
@@ -21,8 +20,9 @@ from ember._client import (
     replay_op,
     spawn_op,
 )
+from ember._function_call import FunctionCall, astream, check_concurrency, decode_output, stream, verb
 from ember._types import CallIO
-from ember._wire import DeadLetter, SpawnReply
+from ember.wire import DeadLetter, SpawnReply
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -10,7 +10,7 @@ import sys
 
 from ember._errors import EmberError
 from ember._loader import find_app, import_app_file
-from ember._wire import encoder
+from ember.wire import encoder
 
 
 def main(argv: list[str]) -> int:

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 
 from ember._errors import InvalidInputError, InvalidSpecError
-from ember._wire import InputMode
+from ember.wire import InputMode
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 

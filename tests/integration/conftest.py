@@ -11,8 +11,8 @@ import pytest
 
 from ember._client import Transport
 from ember._deploy import deploy
-from ember._embedded import EmbeddedPlatform
-from ember._wire import AppView
+from ember.dev.embedded import EmbeddedPlatform
+from ember.wire import AppView
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +76,7 @@ def probe(deployed: Deployer) -> AppView:
 
 
 def _run_cli(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run([sys.executable, "-m", "ember._cli", *args], capture_output=True, text=True, timeout=120,
+    proc = subprocess.run([sys.executable, "-m", "ember.cli", *args], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "EMBER_URL": url})
     if check:
         assert proc.returncode == 0, proc.stderr

@@ -15,7 +15,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
-EMBER = [sys.executable, "-m", "ember._cli"]
+EMBER = [sys.executable, "-m", "ember.cli"]
 
 
 def processes_mentioning(needle: str) -> list[str]:

@@ -17,8 +17,8 @@ from polling import wait_for
 import ember
 from ember._client import Transport
 from ember._deploy import app_view
-from ember._embedded import EmbeddedPlatform
-from ember._wire import ReplicaStatus
+from ember.dev.embedded import EmbeddedPlatform
+from ember.wire import ReplicaStatus
 
 pytestmark = pytest.mark.integration
 APP = Path(__file__).resolve().parents[1] / "apps" / "enforce" / "enforce.py"

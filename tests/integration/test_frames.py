@@ -16,11 +16,10 @@ import msgspec
 import nats
 import pytest
 
-from ember import _subjects as subjects
 from ember._deploy import app_view
 from ember._errors import UnavailableError
-from ember._wire import Answer, Invocation, answers_decoder, encoder, invocations_decoder
-from ember_platform._router import Router
+from ember.wire import Answer, Invocation, answers_decoder, encoder, invocations_decoder, subjects
+from ember_platform.calls.router import Router
 
 pytestmark = pytest.mark.integration
 

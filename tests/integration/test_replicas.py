@@ -180,8 +180,7 @@ def test_a_replica_start_is_measured_phase_by_phase(tmp_path, transport, http):
 def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
     """The replica acks a synchronous call (naming itself) only when it has not answered it within a few
     milliseconds: the gateway needs the holder to resend or cancel a long call, not for a fast one."""
-    from ember import _subjects as subjects
-    from ember._wire import Invocation, answers_decoder, encoder
+    from ember.wire import Invocation, answers_decoder, encoder, subjects
 
     (holder,) = [r.replica_id for s in app_view(transport, "probe").services if s.name == "slow"
                  for r in s.replicas if r.state == "ready"]

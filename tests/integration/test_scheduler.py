@@ -14,7 +14,7 @@ from polling import wait_for
 import ember
 from ember._client import Transport
 from ember._deploy import app_view
-from ember._embedded import EmbeddedPlatform
+from ember.dev.embedded import EmbeddedPlatform
 
 pytestmark = pytest.mark.integration
 

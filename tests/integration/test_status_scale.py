@@ -16,11 +16,11 @@ from polling import wait_for
 from ember._bundle import build_bundle
 from ember._client import Transport
 from ember._deploy import inspect_app, wait_ready
-from ember._embedded import EmbeddedPlatform
-from ember._wire import DeployRequest, ServiceStatus, StatusView, encoder
+from ember.dev.embedded import EmbeddedPlatform
+from ember.wire import DeployRequest, ServiceStatus, StatusView, encoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
-EMBER = [sys.executable, "-m", "ember._cli"]
+EMBER = [sys.executable, "-m", "ember.cli"]
 
 APP = '''import os
 import ember

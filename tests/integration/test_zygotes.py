@@ -14,7 +14,7 @@ from polling import wait_for
 
 import ember
 from ember._deploy import app_view
-from ember._wire import StatusView, ZygoteStatus
+from ember.wire import StatusView, ZygoteStatus
 
 pytestmark = pytest.mark.integration
 SNAPPER = Path(__file__).resolve().parents[1] / "apps" / "snap" / "snapper.py"

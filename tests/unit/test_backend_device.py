@@ -83,8 +83,8 @@ def test_a_bad_ember_device_names_the_variable(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_replicas_see_only_their_devices(tmp_path: Path) -> None:
-    from ember._wire import SlotAssignment
-    from ember_runtime._agent import NodeAgent
+    from ember.wire import SlotAssignment
+    from ember_runtime.agent.node import NodeAgent
 
     cpu_slot = SlotAssignment(replica_id="r-0", app="a", service="s", version=1, index=0)
     gpu_slot = SlotAssignment(replica_id="r-1", app="a", service="s", version=1, index=1,

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from ember_runtime._costmodel import CostModel
-from ember_runtime._policy import Limits, QueueView, hold_for
+from ember_runtime.batching.costmodel import CostModel
+from ember_runtime.batching.policy import Limits, QueueView, hold_for
 
 LIMITS = Limits(max_size=8, window_s=0.010)
 EAGER = CostModel(a=0.004, b=0.001)  # 4 ms fixed per batch, 1 ms per item

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from ember._errors import DeadlineExceededError, EmberError, OverloadedError, RemoteError, UnavailableError
 from ember_runtime import Batcher, Call
-from ember_runtime._costmodel import CostModel
+from ember_runtime.batching.costmodel import CostModel
 
 
 class Recorder:

@@ -8,7 +8,7 @@ import pytest
 import ember
 from ember._client import _error_from
 from ember._errors import error_class
-from ember._wire import ErrorBody, ErrorInfo, encoder
+from ember.wire import ErrorBody, ErrorInfo, encoder
 
 TABLE = [
     ("internal", ember.EmberError, 500),

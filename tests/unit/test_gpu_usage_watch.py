@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from ember_runtime._usage import DeclaredUsage, NvmlUsage, process_trees
-from ember_runtime._watch import Breach, MemoryWatch, Reservation, replica_usage
+from ember_runtime.agent.gpu_usage import DeclaredUsage, NvmlUsage, process_trees
+from ember_runtime.agent.memory_watch import Breach, MemoryWatch, Reservation, replica_usage
 
 GB = 1024
 HOG = Reservation(replica_id="a-hog-v1-0", pid=100, devices=("GPU-0",), memory_mb=8 * GB)

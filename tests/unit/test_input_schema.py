@@ -10,9 +10,9 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from ember._errors import InvalidInputError
-from ember._wire import FunctionSpec
-from ember_platform._body import InputValidator
-from ember_platform._schema import decoder_for
+from ember.wire import FunctionSpec
+from ember_platform.gateway.body import InputValidator
+from ember_platform.gateway.schema import decoder_for
 
 Pixel = Annotated[float, msgspec.Meta(ge=0, le=16)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ember._wire import Manifest
+from ember.wire import Manifest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

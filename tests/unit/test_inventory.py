@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from ember._wire import Device, NodeInfo, node_decoder
-from ember_runtime import _inventory as inventory
+from ember.wire import Device, NodeInfo, node_decoder
+from ember_runtime.agent import inventory
 
 NODE_A = """\
 nvlink = [[0, 1]]

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ember._wire import SlotAssignment
-from ember_runtime import _inventory as inventory
-from ember_runtime import _numa as numa
-from ember_runtime._agent import NodeAgent
-from ember_runtime._slot import _prepare_child
+from ember.wire import SlotAssignment
+from ember_runtime.agent import inventory, numa
+from ember_runtime.agent.node import NodeAgent
+from ember_runtime.agent.slots import _prepare_child
 
 TWO_NODES = {0: frozenset(range(0, 4)), 1: frozenset(range(4, 8))}
 

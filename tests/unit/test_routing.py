@@ -8,8 +8,8 @@ import time
 import pytest
 
 from ember._errors import UnavailableError
-from ember._wire import Invocation, LoadReport, encoder
-from ember_platform._router import Router
+from ember.wire import Invocation, LoadReport, encoder
+from ember_platform.calls.router import Router
 
 
 def router(alive: set[str], *reports: LoadReport, age_s: float = 0.0) -> Router:
@@ -110,7 +110,7 @@ def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
 
 
 def test_a_pending_call_gets_its_messages_in_order_or_times_out():
-    from ember_platform._router import _Pending
+    from ember_platform.calls.router import _Pending
 
     async def scenario() -> list[object]:
         pending = _Pending("a.f", Invocation(call_id="c1", function="f", deadline=time.time() + 10))

@@ -181,8 +181,8 @@ def test_an_arrival_rate_above_what_replicas_run_scales_past_the_current_capacit
 
 
 def test_a_service_s_latency_target_reaches_its_autoscaler() -> None:
-    from ember._wire import Deployment, FunctionSpec, Manifest, ServiceSpec
-    from ember_platform._control import _config
+    from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec
+    from ember_platform.control.loop import _config
 
     fn = FunctionSpec(name="f", attr="f", input_mode="kwargs", params=[], input_schema={}, output_schema={})
     svc = ServiceSpec(name="f", kind="function", functions=[fn], max_replicas=4, target_p95_ms=250.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ember._wire import FunctionStats, Histogram, ReplicaStatus, StartPhases
+from ember.wire import FunctionStats, Histogram, ReplicaStatus, StartPhases
 from ember_platform.scheduler import AutoscaleConfig, Meter, Signals, desired_replicas, initial_state, measure
 
 REPORT_S = 2.0  # replicas report this often (their heartbeat); the control loop ticks faster

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from ember._wire import NodeInfo
+from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     Binding,
     Cluster,
@@ -19,7 +19,7 @@ from ember_platform.scheduler import (
     parse_gpu,
     place,
 )
-from ember_runtime._inventory import parse
+from ember_runtime.agent.inventory import parse
 
 H100X2 = '[[gpu]]\nmodel = "H100-80GB"\ncount = 2\n'
 A10G = '[[gpu]]\nmodel = "A10G-24GB"\n'

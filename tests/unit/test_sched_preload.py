@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ember._wire import NodeInfo
+from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     Binding,
     Cluster,
@@ -21,7 +21,7 @@ from ember_platform.scheduler import (
     parse_gpu,
     place,
 )
-from ember_platform.scheduler._preload import (
+from ember_platform.scheduler.preload import (
     HOLD,
     PreloadCandidate,
     PreloadChange,
@@ -31,7 +31,7 @@ from ember_platform.scheduler._preload import (
     preload_changes,
     preload_value,
 )
-from ember_runtime._inventory import parse
+from ember_runtime.agent.inventory import parse
 
 H100X2 = '[[gpu]]\nmodel = "H100-80GB"\ncount = 2\n'
 A10G = '[[gpu]]\nmodel = "A10G-24GB"\n'

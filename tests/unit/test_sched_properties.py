@@ -7,7 +7,7 @@ from collections import defaultdict
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember._wire import Device, NodeInfo
+from ember.wire import Device, NodeInfo
 from ember_platform.scheduler import (
     Binding,
     Cluster,

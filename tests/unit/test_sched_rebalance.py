@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ember._wire import NodeInfo
+from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     Binding,
     Cluster,
@@ -26,7 +26,7 @@ from ember_platform.scheduler import (
     place,
     rebalance,
 )
-from ember_runtime._inventory import parse
+from ember_runtime.agent.inventory import parse
 
 A10G = '[[gpu]]\nmodel = "A10G-24GB"\n'
 A10GX2 = '[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n'

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 
 import ember
-from ember._wire import FunctionSpec, ServiceSpec
+from ember.wire import FunctionSpec, ServiceSpec
 from ember_platform.scheduler import GpuRequest, parse_gpu, request_from_spec
 
 

@@ -27,9 +27,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import ember
-from ember._cli import main as cli
 from ember._client import record_op
-from ember._wire import CallRecord, DeadLetter, ErrorBody, ErrorInfo, ReplayReply, SpawnReply, encoder
+from ember.cli import main as cli
+from ember.wire import CallRecord, DeadLetter, ErrorBody, ErrorInfo, ReplayReply, SpawnReply, encoder
 
 
 class Point(msgspec.Struct):
@@ -150,7 +150,7 @@ class FakePlatform:
         self.waits.append(wait)
         until = time.monotonic() + min(wait, self.max_wait_s)
         # A loop, not one sleep: an event loop's timer may fire a little before the call's finish time.
-        while call.record().status not in ember._wire.FINAL_STATUSES and (left := until - time.monotonic()) > 0:
+        while call.record().status not in ember.wire.FINAL_STATUSES and (left := until - time.monotonic()) > 0:
             await asyncio.sleep(min(left, max(call.finishes_in(), 0.001)))
         return _json(call.record())
 

@@ -5,7 +5,7 @@ import math
 import pytest
 
 import ember
-from ember._wire import FunctionSpec, ServiceSpec
+from ember.wire import FunctionSpec, ServiceSpec
 
 
 def _spec(app: ember.App, name: str) -> ServiceSpec:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ember._cli.status import nodes_table, services_table
-from ember._wire import (
+from ember.cli.status import nodes_table, services_table
+from ember.wire import (
     Deployment,
     Device,
     FunctionSpec,
@@ -17,8 +17,8 @@ from ember._wire import (
     ServiceSpec,
     SlotAssignment,
 )
-from ember_platform._control import ServiceState
-from ember_platform._status import node_view, service_status
+from ember_platform.control.loop import ServiceState
+from ember_platform.gateway.status import node_view, service_status
 from ember_platform.scheduler import AutoscaleConfig, initial_state
 
 GPU = ServiceSpec(name="gpu", kind="function", functions=[FunctionSpec(name="gpu", attr="gpu", input_mode="none")],

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import pytest
 
-from ember import _subjects as subjects
+from ember.wire import subjects
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -3,7 +3,7 @@
 import msgspec
 import pytest
 
-from ember import _wire as wire
+from ember import wire
 
 _FUNCTION = wire.FunctionSpec(
     name="Classifier.predict", attr="predict", input_mode="single", params=["image"],

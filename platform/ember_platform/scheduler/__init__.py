@@ -12,20 +12,20 @@ Example:
     >>> decisions = place(snap, [PlacementRequest(replica_id="r-1", function="app.fn", gpu=parse_gpu("24GB"))])
 """
 
-from ember_platform.scheduler._autoscale import (
+from ember_platform.scheduler.autoscale import (
     AutoscaleConfig,
     AutoscaleState,
     Signals,
     desired_replicas,
     initial_state,
 )
-from ember_platform.scheduler._decision import Binding, Decision, Unschedulable
-from ember_platform.scheduler._measure import Load, Meter, measure
-from ember_platform.scheduler._placement import apply_decisions, describe, place, place_and_apply
-from ember_platform.scheduler._rebalance import Move, MoveBudget, rebalance
-from ember_platform.scheduler._request import GpuRequest, PlacementRequest, Priority, parse_gpu, request_from_spec
-from ember_platform.scheduler._snapshot import Cluster, Reservation, Snapshot
-from ember_platform.scheduler._usage import build_snapshot
+from ember_platform.scheduler.decision import Binding, Decision, Unschedulable
+from ember_platform.scheduler.measure import Load, Meter, measure
+from ember_platform.scheduler.placement import apply_decisions, describe, place, place_and_apply
+from ember_platform.scheduler.rebalance import Move, MoveBudget, rebalance
+from ember_platform.scheduler.request import GpuRequest, PlacementRequest, Priority, parse_gpu, request_from_spec
+from ember_platform.scheduler.reservations import build_snapshot
+from ember_platform.scheduler.snapshot import Cluster, Reservation, Snapshot
 
 __all__ = [
     "AutoscaleConfig",

@@ -1,0 +1,169 @@
+"""Asynchronous calls on the platform side: submit to the JetStream work queue, read, wait, cancel,
+dead letters and replay. Replicas pull and answer them (``ember_runtime.replica.queue_worker``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+import time
+import uuid
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError as JsAPIError
+from nats.js.errors import NotFoundError as JsNotFound
+
+from ember._errors import ConflictError, InvalidInputError, NotFoundError
+from ember.wire import (
+    CALL_ID_HEADER,
+    DEADLINE_HEADER,
+    FINAL_STATUSES,
+    PRIORITY_HEADER,
+    CallRecord,
+    DeadLetter,
+    ErrorInfo,
+    Manifest,
+    SpawnReply,
+    subjects,
+)
+from ember.wire.callstore import CallStore, final
+from ember.wire.jetstream import DUPLICATE_WINDOW_S
+
+_dead_decoder = msgspec.json.Decoder(DeadLetter)
+_WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
+
+
+class Calls:
+    def __init__(self, nc: Client, stores: dict[str, Any], ack_wait_s: float) -> None:
+        self._js = nc.jetstream()
+        self.store = CallStore(self._js, stores)
+        self._ack_wait_s = ack_wait_s
+
+    # -- deployment ----------------------------------------------------------------------------------
+
+    async def ensure_consumers(self, manifest: Manifest) -> None:
+        """One durable pull consumer per function, filtered on its subject (filters never overlap), and
+        for a function bound to events, a work-queue stream of its subjects with a consumer too."""
+        for svc in manifest.services:
+            for fn in svc.functions:
+                await self._js.add_consumer(subjects.CALLS_STREAM, self._consumer(
+                    manifest.app, fn.name, subjects.calls(manifest.app, fn.name)))
+                if fn.on:
+                    await self._ensure_events(manifest.app, fn.name, fn.on)
+
+    def _consumer(self, app: str, function: str, filter_subject: str | None) -> ConsumerConfig:
+        return ConsumerConfig(durable_name=subjects.calls_consumer(app, function), filter_subject=filter_subject,
+                              ack_policy=AckPolicy.EXPLICIT, ack_wait=self._ack_wait_s, max_deliver=-1,
+                              max_ack_pending=20_000)
+
+    async def _ensure_events(self, app: str, function: str, on: list[str]) -> None:
+        name = subjects.events_stream(app, function)
+        config = StreamConfig(name=name, subjects=on, retention=RetentionPolicy.WORK_QUEUE,
+                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)
+        try:
+            try:
+                await self._js.stream_info(name)
+                await self._js.update_stream(config)
+            except JsNotFound:
+                await self._js.add_stream(config)
+        except JsAPIError as exc:
+            raise InvalidInputError(f"{app}.{function} cannot bind to {on}: {exc.description}",
+                                    field="$.manifest.services[].functions[].on") from exc
+        await self._js.add_consumer(name, self._consumer(app, function, None))
+
+    async def remove(self, manifest: Manifest) -> None:
+        """Drop an app's queued calls, event streams and consumers (records expire with the bucket's TTL)."""
+        for svc in manifest.services:
+            for fn in svc.functions:
+                if fn.on:
+                    with contextlib.suppress(JsNotFound):
+                        await self._js.delete_stream(subjects.events_stream(manifest.app, fn.name))
+                with contextlib.suppress(JsNotFound):
+                    await self._js.delete_consumer(subjects.CALLS_STREAM,
+                                                   subjects.calls_consumer(manifest.app, fn.name))
+                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subjects.calls(manifest.app, fn.name))
+
+    # -- calls ---------------------------------------------------------------------------------------
+
+    async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float) -> SpawnReply:
+        """Queue a call. With an idempotency ``key``, a repeated submit returns the first call's id and the
+        call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by JetStream)."""
+        call_id = _call_id(app, function, key)
+        now = time.time()
+        existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
+                                                             status="queued", created_at=now, updated_at=now))
+        if existing is not None and existing.status in FINAL_STATUSES:
+            return SpawnReply(call_id=call_id, status=existing.status, created=False)
+        headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id, PRIORITY_HEADER: "batch"}
+        if math.isfinite(deadline):
+            headers[DEADLINE_HEADER] = repr(deadline)
+        await self._js.publish(subjects.calls(app, function), body, headers=headers)
+        return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
+                          created=existing is None)
+
+    async def get(self, call_id: str, wait_s: float = 0.0) -> CallRecord:
+        """The call's record; with ``wait_s``, long-poll until it is final or the wait ends."""
+        give_up = time.monotonic() + wait_s
+        pause = _WAIT_POLL_S[0]
+        while True:
+            record = await self.store.get(call_id)
+            if record is None:
+                raise NotFoundError(f"no call {call_id!r} (unknown, or older than the results' retention)")
+            if record.status in FINAL_STATUSES or time.monotonic() >= give_up:
+                return record
+            await asyncio.sleep(min(pause, max(give_up - time.monotonic(), 0)))
+            pause = min(pause * 2, _WAIT_POLL_S[1])
+
+    async def cancel(self, call_id: str) -> CallRecord:
+        """Cancel a call that has not started; ``ConflictError`` once it runs or has finished."""
+        record = await self.get(call_id)
+        if record.status != "queued":
+            raise ConflictError(f"call {call_id} is {record.status}; only a queued call can be cancelled")
+        cancelled = final(record, "cancelled", error=ErrorInfo(code="cancelled", message="cancelled before it ran",
+                                                               call_id=call_id))
+        if not await self.store.finish(cancelled):
+            raise ConflictError(f"call {call_id} finished before it could be cancelled")
+        await self.store.set_status(cancelled)
+        return cancelled
+
+    # -- dead letters --------------------------------------------------------------------------------
+
+    async def dead_letters(self, app: str, function: str | None) -> list[tuple[int, DeadLetter]]:
+        """(stream sequence, letter) of an app's dead letters, oldest first."""
+        subject = subjects.dead(app, function) if function else subjects.dead_of_app(app)
+        sub = await self._js.pull_subscribe(subject, stream=subjects.DEAD_STREAM, config=ConsumerConfig(
+            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0))
+        letters: list[tuple[int, DeadLetter]] = []
+        try:
+            pending = (await sub.consumer_info()).num_pending or 0
+            while len(letters) < pending:
+                try:
+                    msgs = await sub.fetch(min(pending - len(letters), 256), timeout=2.0)
+                except NatsTimeoutError:
+                    break
+                letters.extend((m.metadata.sequence.stream, _dead_decoder.decode(m.data)) for m in msgs)
+        finally:
+            await sub.unsubscribe()
+        return letters
+
+    async def replay(self, app: str, function: str, call_ids: list[str] | None) -> list[str]:
+        """Resubmit dead letters as new calls (new ids) and remove them from the dead letters."""
+        replayed = []
+        for seq, letter in await self.dead_letters(app, function):
+            if call_ids is not None and letter.call_id not in call_ids:
+                continue
+            reply = await self.submit(app, function, bytes(letter.input), key=None, deadline=math.inf)
+            await self._js.delete_msg(subjects.DEAD_STREAM, seq)
+            replayed.append(reply.call_id)
+        return replayed
+
+
+def _call_id(app: str, function: str, key: str | None) -> str:
+    if key is None:
+        return uuid.uuid4().hex
+    return hashlib.sha256(f"{app}\0{function}\0{key}".encode()).hexdigest()[:32]

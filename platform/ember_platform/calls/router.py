@@ -1,0 +1,337 @@
+"""Sends a synchronous call to a replica over NATS and waits for its reply within the deadline.
+
+Routing: replicas publish load reports (queued and running calls, cost per call) ten times a second.
+The gateway picks two fresh reports at random and sends the call to the replica with the lower estimated
+wait (power of two choices), counting the calls it sent there since; without fresh reports it publishes
+to ``ember.invoke.<tenant>.<app>.<fn>.<version>``, the queue group of the version's replicas.
+
+Frames: calls travel as ``Invocation``s in lists, one NATS message for all the calls sent to the same subject
+in one turn of the event loop, and replicas answer in lists too (``Answer``s, one message per frame's reply
+inbox and turn of their loop). Under load, calls arrive in bursts (a batch's callers send their next calls
+together), so a message carries many calls each way: the per-message costs of the NATS client, the server
+and the replica are paid per burst rather than per call. A call alone still goes out at once.
+
+Protocol: each frame carries a reply inbox of the gateway's own (``<inbox>.<frame id>``). A replica that takes
+a call and has not answered it within a few milliseconds acks it (an ``Answer`` with ``ack`` set to its
+id; a fast answer needs no ack, which saves a message on the common path) and later sends the answer.
+So the gateway knows which replica holds each call and does not lose a call to a replica that dies:
+
+- no replica subscribed ("no responders", for the whole frame): wait for one until the deadline, then 503;
+- no ack in time, or the replica holding the call crashes: send the call again (at most
+  ``MAX_ATTEMPTS`` times; the first answer wins);
+- no answer by the deadline: 504.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import random
+import statistics
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from ember._errors import DeadlineExceededError, UnavailableError
+from ember.wire import Answer, Invocation, LoadReport, answers_decoder, encoder, load_decoder, split_frames, subjects
+
+log = logging.getLogger("ember.router")
+
+NO_REPLICA_POLL_S = 0.05
+REPORT_FRESH_S = 1.0
+ACK_TIMEOUT_S = 2.0
+LIVENESS_CHECK_S = 0.25
+MAX_ATTEMPTS = 3
+
+
+class _Retry(Exception):
+    """Send the call again; ``counts`` is False when no replica had taken it (no responders)."""
+
+    def __init__(self, reason: str, *, counts: bool = True) -> None:
+        super().__init__(reason)
+        self.counts = counts
+
+
+class _NoResponders:
+    """Delivered to the calls of a frame that no replica was subscribed to receive."""
+
+
+NO_RESPONDERS = _NoResponders()
+
+
+class Router:
+    """Routes synchronous calls; ``replica_alive(replica_id)`` tells whether a replica still runs."""
+
+    def __init__(self, nc: Client, replica_alive: Callable[[str], bool]) -> None:
+        self._nc = nc
+        self._alive = replica_alive
+        self._inbox = ""
+        self._waiting: dict[str, _Pending] = {}
+        self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
+        self.received: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls received, ever
+        self._services: dict[tuple[str, str], set[tuple[str, str, int]]] = {}  # (app, service) -> report keys
+        self._reports: dict[tuple[str, str, int], dict[str, tuple[float, LoadReport]]] = {}
+        self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
+        self._subs: list[Subscription] = []
+        self._outbox: dict[str, list[_Pending]] = {}  # subject -> calls to send in this turn of the loop
+        self._frames: dict[str, _Frame] = {}  # frame id -> the calls it carried that still wait
+        self._frame_ids = itertools.count()
+        self._publishing: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        self._inbox = self._nc.new_inbox()
+        self._subs = [await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_answers),
+                      await self._nc.subscribe(subjects.STATS_ALL, cb=self._on_report)]
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            await sub.unsubscribe()
+
+    async def _on_report(self, msg: Msg) -> None:
+        try:
+            report = load_decoder.decode(msg.data)
+        except Exception:
+            return
+        key = (report.app, report.function, report.version)
+        self._reports.setdefault(key, {})[report.replica_id] = (time.monotonic(), report)
+        self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
+
+    def capacity(self, app: str, service: str) -> float | None:
+        """Calls per second one replica of the service serves in full batches, by the replicas' own estimate:
+        one over the median predicted cost of a call (``per_call_s``) in its fresh reports; None without one."""
+        now = time.monotonic()
+        costs = [r.per_call_s for key in self._services.get((app, service), ())
+                 for at, r in self._reports[key].values() if now - at < REPORT_FRESH_S and r.per_call_s > 0]
+        return 1.0 / statistics.median(costs) if costs else None
+
+    def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
+        """The replica to send a call to (power of two choices on fresh reports), or None: use the queue group."""
+        reports = self._reports.get((app, function, version))
+        if not reports:
+            return None
+        now = time.monotonic()
+        fresh = [r for at, r in reports.values()
+                 if now - at < REPORT_FRESH_S and r.replica_id not in exclude and self._alive(r.replica_id)]
+        if len(fresh) < 2:
+            return fresh[0].replica_id if fresh else None
+        pair = random.sample(fresh, 2)
+        timed = all(r.per_call_s > 0 for r in pair)  # compare seconds only when both replicas measured them
+        return min(pair, key=lambda r: self._waiting_calls(r) * (r.per_call_s if timed else 1.0)).replica_id
+
+    def _waiting_calls(self, report: LoadReport) -> int:
+        return report.queued + report.in_flight + self._sent[report.replica_id] + 1
+
+    async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
+                   deadline: float) -> Answer:
+        """Send the call and wait for its answer; if this is cancelled (the caller went away), the replica
+        holding the call is told to drop it."""
+        group_subject = subjects.invoke(app, function, version)
+        tried: set[str] = set()
+        pending = _Pending(f"{app}.{function}", Invocation(call_id=call_id, function=function, deadline=deadline,
+                                                           input=msgspec.Raw(body)))
+        self._waiting[call_id] = pending
+        load_key = (app, function.split(".")[0])
+        self.received[load_key] += 1
+        self.in_flight[load_key] += 1
+        try:
+            attempts = 0
+            while True:
+                target = self.choose(app, function, version, tried)
+                self._send(subjects.replica_invoke(target) if target else group_subject, pending)
+                attempts += 1
+                pending.sent_to = target or ""
+                if target:
+                    self._sent[target] += 1
+                try:
+                    answer = await self._attempt(pending)
+                    pending.answered = True
+                    return answer
+                except _Retry as retry:
+                    if target:
+                        tried.add(target)  # the next attempt goes elsewhere
+                    if not retry.counts:
+                        attempts -= 1
+                        continue
+                    if attempts >= MAX_ATTEMPTS:
+                        raise UnavailableError(f"{pending.what}: {retry} (after {attempts} attempts)",
+                                               retry_after_s=1.0, call_id=call_id) from None
+                    log.warning("call %s: %s; sending it again", call_id, retry)
+                    pending.holder = ""
+                finally:
+                    self._leave_frame(pending)
+                    if target:
+                        self._sent[target] -= 1
+                        if self._sent[target] <= 0:
+                            del self._sent[target]
+        finally:
+            del self._waiting[call_id]
+            self.in_flight[load_key] -= 1
+            if not self.in_flight[load_key]:
+                del self.in_flight[load_key]
+            holder = pending.holder or pending.sent_to  # a call answered fast is never acked
+            if holder and not pending.answered:
+                await asyncio.shield(self._cancel(holder, call_id))
+
+    def _send(self, subject: str, pending: _Pending) -> None:
+        """Queue the call for ``subject``; the frames go out once the calls of this turn of the loop are in."""
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.setdefault(subject, []).append(pending)
+        pending.queued = True
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        frames = []
+        for subject, queued in outbox.items():
+            calls = [p for p in queued if p.queued]  # not those whose caller left before this
+            sizes = [len(p.invocation.input) for p in calls]
+            for frame in split_frames(calls, sizes, self._nc.max_payload) if calls else ():
+                frame_id = f"{next(self._frame_ids):x}"
+                self._frames[frame_id] = _Frame(frame, len(frame))
+                for pending in frame:
+                    pending.queued, pending.frame = False, frame_id
+                frames.append((subject, frame_id, encoder.encode([p.invocation for p in frame])))
+        if frames:
+            task = asyncio.get_running_loop().create_task(self._publish(frames))
+            self._publishing.add(task)  # the loop holds only a weak reference to a task
+            task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, frames: list[tuple[str, str, bytes]]) -> None:
+        for subject, frame_id, data in frames:
+            try:
+                await self._nc.publish(subject, data, reply=f"{self._inbox}.{frame_id}")
+            except Exception as exc:  # NATS is down or refuses the message: a 503 the client may retry
+                for pending in self._in_frame(frame_id):
+                    pending.fail(UnavailableError(f"could not send the call to {pending.what}: {exc}",
+                                                  retry_after_s=1.0, call_id=pending.invocation.call_id))
+
+    def _in_frame(self, frame_id: str) -> list[_Pending]:
+        """The calls whose current attempt went out in this frame."""
+        frame = self._frames.get(frame_id)
+        return [p for p in frame.calls if p.frame == frame_id] if frame else []
+
+    def _leave_frame(self, pending: _Pending) -> None:
+        """The call's attempt is over: it is no longer counted as waiting in the frame that carried it."""
+        pending.queued = False
+        frame = self._frames.get(pending.frame)
+        if frame is not None:
+            frame.waiting -= 1
+            if not frame.waiting:
+                del self._frames[pending.frame]
+        pending.frame = ""
+
+    async def _on_answers(self, msg: Msg) -> None:
+        if msg.headers and msg.headers.get("Status") == "503":  # no responders: no replica is subscribed yet
+            for pending in self._in_frame(msg.subject.rpartition(".")[2]):
+                pending.deliver(NO_RESPONDERS)
+            return
+        try:
+            answers = answers_decoder.decode(msg.data)
+        except Exception as exc:  # the calls are resent when no answer comes
+            log.warning("undecodable answers on %s: %s", msg.subject, exc)
+            return
+        for answer in answers:
+            waiting = self._waiting.get(answer.call_id)
+            if waiting is not None:
+                waiting.deliver(answer)
+
+    async def _cancel(self, replica_id: str, call_id: str) -> None:
+        try:
+            await self._nc.publish(subjects.replica_cancel(replica_id), call_id.encode())
+        except Exception as exc:  # the call is abandoned either way; the replica drops it at its deadline
+            log.warning("could not cancel call %s on %s: %s", call_id, replica_id, exc)
+
+    async def _attempt(self, pending: _Pending) -> Answer:
+        while True:
+            remaining = pending.invocation.deadline - time.time()
+            if remaining <= 0:
+                if pending.holder:
+                    raise DeadlineExceededError(f"{pending.what} did not answer within its deadline",
+                                                call_id=pending.invocation.call_id)
+                raise UnavailableError(f"no replica of {pending.what} became ready before the deadline",
+                                       retry_after_s=1.0, call_id=pending.invocation.call_id)
+            wait = min(remaining, LIVENESS_CHECK_S if pending.holder else ACK_TIMEOUT_S)
+            try:
+                answer = await pending.next(wait)
+            except TimeoutError:
+                if not pending.holder and remaining > wait:
+                    raise _Retry("no replica acknowledged the call") from None
+                if pending.holder and not self._alive(pending.holder):
+                    raise _Retry(f"replica {pending.holder} died while holding the call") from None
+                continue
+            if answer is NO_RESPONDERS:
+                await asyncio.sleep(min(NO_REPLICA_POLL_S, max(remaining, 0)))
+                raise _Retry("no responders", counts=False)
+            assert isinstance(answer, Answer)
+            if answer.ack:
+                pending.holder = answer.ack
+                continue
+            if answer.error is not None and answer.error.code == UnavailableError.code:
+                raise _Retry(f"replica {pending.holder or '?'} is shutting down")  # it never ran the call
+            return answer
+
+
+@dataclass
+class _Frame:
+    calls: list[_Pending]
+    waiting: int  # calls of this frame not yet answered, retried elsewhere or given up
+
+
+@dataclass
+class _Pending:
+    """One call in flight: its invocation, the answers that arrived for it, which replica holds it (once acked),
+    which one it was last sent to (empty for the queue group) and in which frame.
+
+    Waiting is a bare future and a timer rather than ``asyncio.Queue`` and ``wait_for``: this runs for every
+    synchronous call, and ``wait_for`` costs a task per wait."""
+
+    what: str
+    invocation: Invocation
+    holder: str = ""
+    sent_to: str = ""
+    queued: bool = False  # in the outbox: its frame has not been sent yet
+    frame: str = ""  # the frame of its current attempt, once sent
+    answered: bool = False
+    _inbox: deque[Answer | _NoResponders | BaseException] = field(default_factory=deque)
+    _waiter: asyncio.Future[Answer | _NoResponders] | None = None
+
+    def deliver(self, item: Answer | _NoResponders) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(item)
+        else:
+            self._inbox.append(item)
+
+    def fail(self, exc: BaseException) -> None:
+        """The frame carrying this call could not be sent: ``next`` raises ``exc``."""
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
+        else:
+            self._inbox.append(exc)
+
+    async def next(self, timeout: float) -> Answer | _NoResponders:
+        """The next answer (or ack) for this call; ``TimeoutError`` after ``timeout`` seconds without one."""
+        if self._inbox:
+            item = self._inbox.popleft()
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+
+def _expire(waiter: asyncio.Future[Answer | _NoResponders]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())

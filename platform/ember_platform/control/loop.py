@@ -1,0 +1,347 @@
+"""The control loop: keeps every deployed service at its desired replica count, placed on live nodes.
+
+Each tick it reads the nodes' inventories, the replicas' reports and what the gateway knows (calls in flight
+and received, and the replicas' estimates of their capacity from their load reports), asks the pure policies
+(``scheduler.measure``, ``scheduler.desired_replicas``, ``scheduler.place_and_apply``, ``scheduler.rebalance``)
+what to run where, and writes each node's ``NodeAssignment``; node agents run what is assigned to them. A node
+that stops reporting loses its assignment and its replicas are placed elsewhere; a new version's replicas are
+placed beside the old ones, which are removed once the new ones are ready. Rebalancing moves are
+make-before-break the same way: the replacement is assigned next to the replica it replaces, which is removed
+once the replacement is ready (or the move is given up after ``MOVE_TIMEOUT_S``); a replacement counts as
+neither a new replica nor one that may be scaled down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ember.wire import (
+    Deployment,
+    NodeAssignment,
+    NodeInfo,
+    ReplicaStatus,
+    ServiceSpec,
+    SlotAssignment,
+    ZygoteAssignment,
+    assignment_decoder,
+    encoder,
+    node_decoder,
+    subjects,
+)
+from ember.wire.jetstream import NODE_LOST_S, KVMirror
+from ember_platform.control.preloader import Preloader
+from ember_platform.control.registry import Registry
+from ember_platform.scheduler import (
+    AutoscaleConfig,
+    AutoscaleState,
+    Binding,
+    Cluster,
+    Meter,
+    Move,
+    MoveBudget,
+    PlacementRequest,
+    Reservation,
+    Signals,
+    Snapshot,
+    build_snapshot,
+    desired_replicas,
+    initial_state,
+    measure,
+    place_and_apply,
+    rebalance,
+    request_from_spec,
+)
+
+log = logging.getLogger("ember.control")
+TICK_S = 0.5
+MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
+Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
+
+
+@dataclass
+class ServiceState:
+    autoscale: AutoscaleState
+    meter: Meter = field(default_factory=Meter)  # load measured from the replicas' reports
+    unschedulable: str = ""  # why the last placement failed, for `ember status`
+    desired: int = 0
+    arrival_rate: float = 0.0  # calls per second to the current version, as last measured
+
+
+@dataclass
+class Moving:
+    """A rebalancing move in flight: ``move.binding``'s replica replaces ``move.replica_id`` once ready."""
+
+    move: Move
+    since: float
+
+
+@dataclass
+class ControlLoop:
+    registry: Registry
+    stores: dict[str, Any]
+    gateway_load: Callable[[str, str], int]  # (app, service) -> calls in flight at the gateway
+    gateway_received: Callable[[str, str], int]  # (app, service) -> synchronous calls received so far
+    gateway_capacity: Callable[[str, str], float | None]  # (app, service) -> calls/s a replica serves, estimated
+    js: Any
+    services: dict[tuple[str, str], ServiceState] = field(default_factory=dict)
+    pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
+    moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
+    move_budget: MoveBudget = field(default_factory=MoveBudget)
+
+    async def start(self) -> None:
+        self.preloader = Preloader(demand=self._arrival_rate)
+        self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores["nodes"], node_decoder.decode)
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores["assignments"], assignment_decoder.decode)
+        await self.nodes.start()
+        await self.assignments.start()
+        self._task = asyncio.create_task(self._run(), name="control-loop")
+
+    async def stop(self) -> None:
+        self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        await self.nodes.stop()
+        await self.assignments.stop()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("control loop tick failed")
+            await asyncio.sleep(TICK_S)
+
+    def live_nodes(self) -> dict[str, NodeInfo]:
+        fresh_after = time.time() - NODE_LOST_S
+        return {nid: n for nid, n in sorted(self.nodes.items.items()) if n.updated_at > fresh_after}
+
+    async def tick(self) -> None:
+        now = time.time()
+        nodes = self.live_nodes()
+        plan: Plan = {nid: list(a.slots) for nid, a in self.assignments.items.items() if nid in nodes}
+        for nid in nodes:
+            plan.setdefault(nid, [])
+        deployments = self.registry.deployments.items
+        await self._refresh_pending(deployments)
+        _drop(plan, lambda s: s.app not in deployments)
+        self._finish_moves(plan, now)
+        requests: list[tuple[PlacementRequest, SlotAssignment]] = []
+        for dep in deployments.values():
+            for svc in dep.manifest.services:
+                requests += await self._reconcile_service(plan, dep, svc, now)
+        snapshot = _snapshot(plan, nodes, deployments)
+        snapshot, unplaced = self._place(plan, snapshot, requests)
+        self._rebalance(plan, snapshot, unplaced, deployments, now)
+        zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
+        await self._write(plan, zygotes, now)
+
+    async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
+                                 now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
+        replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
+        state = self.services.setdefault((dep.app, svc.name), ServiceState(autoscale=initial_state(_config(dep, svc))))
+        target = self._target(state, dep, svc, replicas, now)
+        current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
+        ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
+        if ready_now >= target or target == 0:  # the new version serves: old versions go
+            _drop(plan, lambda s: s.app == dep.app and s.service == svc.name and s.version != dep.version)
+        moving = self._moving()
+        count = len(current) - sum(s.replica_id in self.moves for s in current)  # a replacement is no new replica
+        if count > target:
+            removable = [s for s in sorted(current, key=lambda s: -s.index)
+                         if replicas.get(s.replica_id, _NONE).state != "starting" and s.replica_id not in moving]
+            doomed = {s.replica_id for s in removable[:count - target]}
+            _drop(plan, lambda s: s.replica_id in doomed)
+        used = {s.index for s in current}
+        free = (i for i in range(10_000) if i not in used)
+        missing = [next(free) for _ in range(target - count)]
+        return [(_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, i)),
+                 SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=i,
+                                bundle_sha256=dep.bundle_sha256, module=dep.manifest.module))
+                for i in missing]
+
+    def _target(self, state: ServiceState, dep: Deployment, svc: ServiceSpec,
+                replicas: dict[str, ReplicaStatus], now: float) -> int:
+        """The autoscaler's count, from the load measured on the current version's replicas."""
+        mine = [r for r in replicas.values() if r.version == dep.version]
+        load, state.meter = measure(state.meter, mine, now, received=self.gateway_received(dep.app, svc.name),
+                                    capacity=self.gateway_capacity(dep.app, svc.name))
+        signals = Signals(
+            now=now, ready=sum(r.state == "ready" for r in mine),
+            starting=sum(r.state == "starting" and r.replica_id not in self.moves for r in mine),
+            queue_depth=load.queue_depth,
+            durable_pending=sum(self.pending.get((dep.app, f.name), 0) for f in svc.functions),
+            in_flight=max(self.gateway_load(dep.app, svc.name), load.in_flight), arrival_rate=load.arrival_rate,
+            throughput_per_replica=load.throughput_per_replica, startup_s=load.startup_s, p95_ms=load.p95_ms)
+        count, state.autoscale = desired_replicas(signals, _config(dep, svc), state.autoscale)
+        state.desired, state.arrival_rate = count, load.arrival_rate
+        return count
+
+    def _arrival_rate(self, app: str, service: str) -> float:
+        state = self.services.get((app, service))
+        return state.arrival_rate if state is not None else 0.0
+
+    async def _refresh_pending(self, deployments: dict[str, Deployment]) -> None:
+        """Calls waiting in each function's durable queue (scale-up signal for queued work)."""
+        for dep in deployments.values():
+            for svc in dep.manifest.services:
+                for fn in svc.functions:
+                    try:
+                        name = subjects.calls_consumer(dep.app, fn.name)
+                        info = await self.js.consumer_info(subjects.CALLS_STREAM, name)
+                    except Exception:
+                        continue
+                    self.pending[(dep.app, fn.name)] = (info.num_pending or 0) + (info.num_ack_pending or 0)
+
+    def _place(self, plan: Plan, snapshot: Snapshot, requests: list[tuple[PlacementRequest, SlotAssignment]],
+               ) -> tuple[Snapshot, list[PlacementRequest]]:
+        """Binds what fits into ``plan``; returns the snapshot after it, and the requests that did not fit."""
+        if not requests:
+            return snapshot, []
+        decisions, snapshot = place_and_apply(snapshot, [request for request, _ in requests])
+        unplaced = []
+        for (request, slot), decision in zip(requests, decisions, strict=True):
+            state = self.services[(slot.app, slot.service)]
+            if not isinstance(decision, Binding):
+                if state.unschedulable != decision.reason:
+                    log.warning("%s.%s: cannot place a replica: %s", slot.app, slot.service, decision.reason)
+                state.unschedulable = decision.reason
+                unplaced.append(request)
+                continue
+            state.unschedulable = ""
+            _drop(plan, _in(frozenset(decision.preempts)))
+            _assign(plan, msgspec.structs.replace(slot, replica_id=request.replica_id), decision)
+        return snapshot, unplaced
+
+    # --- rebalancing: make-before-break moves ----------------------------------------------------
+
+    def _moving(self) -> set[str]:
+        """Both ends of every move in flight."""
+        return {x for replica_id, m in self.moves.items() for x in (replica_id, m.move.replica_id)}
+
+    def _finish_moves(self, plan: Plan, now: float) -> None:
+        """A replacement that is ready takes over: the replica it replaces is removed. A move that lost either
+        end (a node loss, a scale-down) is forgotten; one whose replacement is late is given up."""
+        assigned = {s.replica_id for slots in plan.values() for s in slots}
+        for new_id, moving in list(self.moves.items()):
+            old_id = moving.move.replica_id
+            if new_id in assigned and old_id in assigned:
+                status = self.registry.replicas.items.get(new_id)
+                if status is not None and status.state == "ready":
+                    _drop(plan, _in(frozenset({old_id})))
+                elif now - moving.since > MOVE_TIMEOUT_S:
+                    log.warning("gave up moving %s: its replacement %s is not ready", old_id, new_id)
+                    _drop(plan, _in(frozenset({new_id})))
+                else:
+                    continue
+            del self.moves[new_id]
+
+    def _rebalance(self, plan: Plan, snapshot: Snapshot, unplaced: list[PlacementRequest],
+                   deployments: dict[str, Deployment], now: float) -> None:
+        budget = self.move_budget.available(now)
+        if not budget:
+            return
+        slots = {s.replica_id: s for node_slots in plan.values() for s in node_slots}
+        templates = {f"{dep.app}.{svc.name}": _template(dep, svc, "") for dep in deployments.values()
+                     for svc in dep.manifest.services}
+        moving = self._moving()
+        helped = {m.move.room_for for m in self.moves.values()}
+
+        def movable(r: Reservation) -> bool:
+            slot = slots.get(r.replica_id)
+            status = self.registry.replicas.items.get(r.replica_id)
+            return (slot is not None and r.replica_id not in moving and status is not None and status.state == "ready"
+                    and slot.app in deployments and slot.version == deployments[slot.app].version)
+
+        def new_id(old: str) -> str:
+            s = slots[old]
+            return _replica_id(s.app, s.service, s.version, s.index)
+
+        pending = [p for p in unplaced if p.function not in helped]
+        moves = rebalance(snapshot, pending, templates, movable, new_id, budget)
+        for move in moves:
+            log.info("moving %s to %s (%s)", move.replica_id, move.binding.node_id, move.reason)
+            _assign(plan, msgspec.structs.replace(slots[move.replica_id], replica_id=move.binding.replica_id),
+                    move.binding)
+            self.moves[move.binding.replica_id] = Moving(move, now)
+        self.move_budget = self.move_budget.spend(now, len(moves))
+
+    async def _write(self, plan: Plan, zygotes: dict[str, list[ZygoteAssignment]], now: float) -> None:
+        for nid in set(plan) | set(self.assignments.items):
+            slots = sorted(plan.get(nid, []), key=lambda s: s.replica_id)
+            preload = zygotes.get(nid, [])
+            old = self.assignments.items.get(nid)
+            if old is not None and old.slots == slots and old.zygotes == preload:
+                continue
+            if nid not in plan:  # a node that is gone: forget it
+                with contextlib.suppress(Exception):
+                    await self.stores["assignments"].delete(nid)
+                    self.assignments.record(nid, None, 0)
+                continue
+            assignment = NodeAssignment(node_id=nid, slots=slots, updated_at=now, zygotes=preload)
+            revision = await self.stores["assignments"].put(nid, encoder.encode(assignment))
+            self.assignments.record(nid, assignment, revision)
+
+
+class _Absent:
+    state = "absent"
+
+
+_NONE: Any = _Absent()
+
+
+def _replica_id(app: str, service: str, version: int, index: int) -> str:
+    return f"{app}-{service}-v{version}-{index}-{uuid.uuid4().hex[:6]}"
+
+
+def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:
+    """What one replica of the current version of ``svc`` asks of placement."""
+    return PlacementRequest(replica_id=replica_id, function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
+                            cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256)
+
+
+def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:
+    """The live nodes and what the plan's replicas hold on them."""
+    specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
+    reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
+                                gpu_uuids=tuple(s.gpu_uuids),
+                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb,
+                                host_memory_mb=specs[(s.app, s.service)].memory_mb)
+                    for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
+    return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
+
+
+def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:
+    """Adds ``slot`` to the plan where ``binding`` puts it."""
+    plan.setdefault(binding.node_id, []).append(msgspec.structs.replace(
+        slot, gpu_uuids=list(binding.gpu_uuids), gpu_indices=list(binding.gpu_indices), numa_node=binding.numa_node,
+        memory_mb=binding.memory_mb, host_memory_mb=binding.host_memory_mb))
+
+
+def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:
+    low, high = dep.bounds(svc)
+    return AutoscaleConfig(min_replicas=low, max_replicas=max(high, low, 1), scaledown_window_s=svc.scaledown_window_s,
+                           buffer_replicas=svc.buffer_replicas, target_p95_ms=svc.target_p95_ms)
+
+
+def _slots(plan: Plan, app: str, service: str, version_ok: Callable[[int], bool]) -> list[SlotAssignment]:
+    return [s for slots in plan.values() for s in slots
+            if s.app == app and s.service == service and version_ok(s.version)]
+
+
+def _in(replica_ids: frozenset[str]) -> Callable[[SlotAssignment], bool]:
+    return lambda s: s.replica_id in replica_ids
+
+
+def _drop(plan: Plan, doomed: Callable[[SlotAssignment], bool]) -> None:
+    for nid, slots in plan.items():
+        plan[nid] = [s for s in slots if not doomed(s)]

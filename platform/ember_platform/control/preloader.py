@@ -1,0 +1,108 @@
+"""Which zygotes each node keeps: the control loop's side of the pure policy in ``scheduler._preload``.
+
+Every few seconds (and at once when a new version is deployed) it turns what the control loop knows into
+``PreloadCandidate``s: services with ``@ember.setup(snap=True)`` methods, the nodes where each version
+runs in the current plan, the nodes placement would pick for its next replicas, its recent call rate and
+its ``min_replicas``, and each zygote's size as its node measured it. ``plan_preload`` then fills each
+node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 % by default).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from ember.wire import Deployment, NodeInfo, SlotAssignment, ZygoteAssignment
+from ember_platform.scheduler import Snapshot, request_from_spec
+from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, likely_nodes, plan_preload
+from ember_platform.scheduler.request import PlacementRequest
+
+PRELOAD_EVERY_S = 2.0
+LIKELY_COUNT = 2  # how many next replicas' nodes count as likely
+DEFAULT_ZYGOTE_MB = 1024  # a zygote's size before any node measured one of the service
+UNKNOWN_NODE_MEMORY_MB = 8192  # the budget's base for a node that did not report its memory
+
+
+def memory_fraction() -> float:
+    try:
+        return min(max(float(os.environ.get("EMBER_ZYGOTE_MEMORY_FRACTION", "0.25")), 0.0), 1.0)
+    except ValueError:
+        return 0.25
+
+
+@dataclass
+class Preloader:
+    demand: Callable[[str, str], float]  # (app, service) -> calls per second, as the autoscaler measured it
+    _plan: dict[str, list[ZygoteAssignment]] = field(default_factory=dict)
+    _at: float = 0.0
+    _versions: frozenset[tuple[str, int]] = frozenset()
+
+    def zygotes(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
+                deployments: Mapping[str, Deployment], snapshot: Callable[[], Snapshot],
+                now: float | None = None) -> dict[str, list[ZygoteAssignment]]:
+        """Each live node's zygotes; recomputed every ``PRELOAD_EVERY_S`` or when a version is deployed.
+        ``snapshot()`` is the cluster as placement sees it (built only when needed)."""
+        now = time.time() if now is None else now
+        versions = frozenset((d.app, d.version) for d in deployments.values())
+        if now - self._at >= PRELOAD_EVERY_S or versions != self._versions or set(self._plan) != set(nodes):
+            self._plan = self._compute(plan, nodes, deployments, snapshot)
+            self._at, self._versions = now, versions
+        return self._plan
+
+    def _compute(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
+                 deployments: Mapping[str, Deployment],
+                 snapshot_of: Callable[[], Snapshot]) -> dict[str, list[ZygoteAssignment]]:
+        running: dict[ZygoteKey, set[str]] = {}
+        for nid, slots in plan.items():
+            for s in slots:
+                running.setdefault(ZygoteKey(s.app, s.service, s.version), set()).add(nid)
+        measured = {ZygoteKey(z.app, z.service, z.version): z.rss_mb
+                    for n in nodes.values() for z in n.zygotes if z.rss_mb > 0}
+        snapshot: Snapshot | None = None
+        candidates: list[PreloadCandidate] = []
+        assignments: dict[ZygoteKey, ZygoteAssignment] = {}
+        for dep in deployments.values():
+            for svc in dep.manifest.services:
+                if not svc.snap:
+                    continue
+                versions = {k.version for k in running if k.app == dep.app and k.service == svc.name}
+                for version in sorted(versions | {dep.version}):
+                    key = ZygoteKey(dep.app, svc.name, version)
+                    current = version == dep.version
+                    likely: tuple[str, ...] = ()
+                    if current:
+                        if snapshot is None:
+                            snapshot = snapshot_of()
+                        request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
+                                                   function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
+                                                   host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256)
+                        likely = likely_nodes(snapshot, request, LIKELY_COUNT)
+                    candidates.append(PreloadCandidate(
+                        key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
+                        running_nodes=frozenset(running.get(key, ())), likely_nodes=likely,
+                        demand=self.demand(dep.app, svc.name) if current else 0.0,
+                        min_replicas=dep.bounds(svc)[0] if current else 0,
+                        current=current))
+                    assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
+                                                        bundle_sha256=_bundle_of(dep, version, plan),
+                                                        module=dep.manifest.module)
+        held = {nid: frozenset(ZygoteKey(z.app, z.service, z.version) for z in self._plan.get(nid, ()))
+                for nid in nodes}
+        budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
+        chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
+        return {nid: [assignments[k] for k in sorted(keys)] for nid, keys in chosen.items()}
+
+
+def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:
+    """Another version's measured size, else the default."""
+    sizes = [mb for k, mb in measured.items() if (k.app, k.service) == (key.app, key.service)]
+    return max(sizes) if sizes else DEFAULT_ZYGOTE_MB
+
+
+def _bundle_of(dep: Deployment, version: int, plan: Mapping[str, list[SlotAssignment]]) -> str:
+    if version == dep.version:
+        return dep.bundle_sha256
+    return next((s.bundle_sha256 for slots in plan.values() for s in slots
+                 if s.app == dep.app and s.version == version and s.bundle_sha256), "")

@@ -1,0 +1,222 @@
+"""The deployment registry: deployments and replicas from JetStream KV, bundles in the object store."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections import defaultdict, deque
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
+from nats.js.errors import NotFoundError as JsNotFound
+
+from ember._errors import InvalidInputError, NotFoundError
+from ember.wire import (
+    AppView,
+    Deployment,
+    DeployRequest,
+    FunctionSpec,
+    LogLine,
+    ReplicaStatus,
+    ScaleBounds,
+    ServiceSpec,
+    ServiceView,
+    deployment_decoder,
+    encoder,
+    log_decoder,
+    replica_decoder,
+    subjects,
+)
+from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, ensure_buckets
+from ember_platform.calls.durable import Calls
+from ember_platform.gateway.body import InputValidator
+
+
+class Registry:
+    """What is deployed and which replicas serve it, mirrored from NATS into memory."""
+
+    def __init__(self, nc: Client, log_lines_kept: int, ack_wait_s: float) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.stores: dict[str, Any] = {}
+        self.deployments: KVMirror[Deployment]  # set by start()
+        self.replicas: KVMirror[ReplicaStatus]
+        self._validators: dict[tuple[str, int, str], InputValidator] = {}
+        self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
+        self._log_sub: Any = None
+        self._deploy_lock = asyncio.Lock()
+        self._ack_wait_s = ack_wait_s
+        self.calls: Calls  # set by start()
+
+    async def start(self) -> None:
+        self.stores = await ensure_buckets(self.js)
+        self.calls = Calls(self.nc, self.stores, self._ack_wait_s)
+        self.deployments = KVMirror(self.stores["deployments"], deployment_decoder.decode)
+        self.replicas = KVMirror(self.stores["replicas"], replica_decoder.decode)
+        await self.deployments.start()
+        await self.replicas.start()
+        self._log_sub = await self.nc.subscribe(subjects.LOGS_ALL, cb=self._on_log)
+
+    async def stop(self) -> None:
+        if self._log_sub is not None:
+            await self._log_sub.unsubscribe()
+        await self.deployments.stop()
+        await self.replicas.stop()
+
+    # -- functions ---------------------------------------------------------------------------------
+
+    def resolve(self, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:
+        """The current deployment of ``app.name`` and its validator; ``NotFoundError`` otherwise."""
+        dep = self.deployments.items.get(app)
+        if dep is None:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        for svc in dep.manifest.services:
+            for fn in svc.functions:
+                if fn.name == name:
+                    key = (app, dep.version, name)
+                    if key not in self._validators:
+                        self._validators[key] = InputValidator(fn)
+                    return dep, svc, fn, self._validators[key]
+        known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
+        raise NotFoundError(f"app {app!r} has no function {name!r} (it has: {known})")
+
+    def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
+        fresh_after = time.time() - REPLICA_TTL_S
+        return sorted((r for r in self.replicas.items.values()
+                       if r.app == app and (service is None or r.service == service) and r.updated_at > fresh_after),
+                      key=lambda r: (r.service, r.version, r.replica_id))
+
+    def replica_alive(self, replica_id: str) -> bool:
+        """False once a replica crashed, stopped reporting, or was removed."""
+        status = self.replicas.items.get(replica_id)
+        return (status is not None and status.state not in ("crashed", "failed")
+                and status.updated_at > time.time() - REPLICA_TTL_S)
+
+    # -- deployments -------------------------------------------------------------------------------
+
+    async def put_bundle(self, sha256: str, data: bytes) -> bool:
+        """Store a bundle under its sha256 (verified); False when it was already there."""
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != sha256:
+            raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
+        if await self.has_bundle(sha256):
+            return False
+        await self.stores["bundles"].put(sha256, data)
+        return True
+
+    async def has_bundle(self, sha256: str) -> bool:
+        try:
+            info = await self.stores["bundles"].get_info(sha256)
+        except (ObjectNotFoundError, JsNotFound):
+            return False
+        return not info.deleted
+
+    async def deploy(self, app: str, request: DeployRequest) -> Deployment:
+        """Record a new version of ``app`` (or return the current one when nothing changed)."""
+        if request.manifest.app != app:
+            raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
+                                    field="$.manifest.app")
+        if not request.manifest.services:
+            raise InvalidInputError("the app serves no functions", field="$.manifest.services")
+        if not await self.has_bundle(request.bundle_sha256):
+            raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
+                                    field="$.bundle_sha256")
+        kv = self.stores["deployments"]
+        await self.calls.ensure_consumers(request.manifest)
+        async with self._deploy_lock:
+            for _ in range(10):
+                try:
+                    entry = await kv.get(app)
+                    current, revision = deployment_decoder.decode(entry.value), entry.revision
+                except JsNotFound:
+                    current, revision = None, None
+                if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest:
+                    return current
+                dep = Deployment(app=app, version=(current.version + 1) if current else 1,
+                                 bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time(),
+                                 scale=current.scale if current else {})
+                try:
+                    if revision is None:
+                        written = await kv.create(app, encoder.encode(dep))
+                    else:
+                        written = await kv.update(app, encoder.encode(dep), last=revision)
+                except KeyWrongLastSequenceError:
+                    continue
+                self.deployments.record(app, dep, written)  # read-your-writes
+                return dep
+        raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
+
+    async def delete(self, app: str) -> None:
+        if app not in self.deployments.items:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        entry = await self.stores["deployments"].get(app)
+        await self.stores["deployments"].delete(app)
+        await self.calls.remove(deployment_decoder.decode(entry.value).manifest)
+        self.deployments.record(app, None, entry.revision + 1)
+
+    def view(self, app: str) -> AppView:
+        dep = self.deployments.items.get(app)
+        if dep is None:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        services = [ServiceView(name=s.name, min_replicas=dep.bounds(s)[0], max_replicas=dep.bounds(s)[1],
+                                functions=[f.name for f in s.functions],
+                                replicas=self.live_replicas(app, s.name))
+                    for s in dep.manifest.services]
+        return AppView(app=app, version=dep.version, bundle_sha256=dep.bundle_sha256, created_at=dep.created_at,
+                       services=services)
+
+    # -- logs --------------------------------------------------------------------------------------
+
+    async def _on_log(self, msg: Msg) -> None:
+        parts = msg.subject.split(".")
+        if len(parts) != 4:
+            return
+        try:
+            line = log_decoder.decode(msg.data)
+        except msgspec.MsgspecError:
+            return
+        self._logs[(parts[2], parts[3])].append(line)
+
+    def logs(self, app: str, service: str | None, since: float, limit: int) -> list[LogLine]:
+        lines = [line for (a, s), buf in self._logs.items() if a == app and service in (None, s) for line in buf
+                 if line.ts > since]
+        lines.sort(key=lambda line: line.ts)
+        return lines[-limit:]
+
+    # -- scale -------------------------------------------------------------------------------------
+
+    async def set_scale(self, app: str, service: str, min_replicas: int, max_replicas: int) -> Deployment:
+        """Override ``service``'s replica bounds at run time (``ember scale``); the control loop follows.
+
+        The bounds are kept in the app's ``Deployment.scale``, written with compare-and-set.
+        """
+        if min_replicas < 0:
+            raise InvalidInputError(f"min_replicas={min_replicas}: must be >= 0", field="$.min_replicas")
+        if max_replicas < max(min_replicas, 1):
+            raise InvalidInputError(f"max_replicas={max_replicas}: must be >= 1 and >= min_replicas "
+                                    f"({min_replicas})", field="$.max_replicas")
+        kv = self.stores["deployments"]
+        async with self._deploy_lock:
+            for _ in range(10):
+                try:
+                    entry = await kv.get(app)
+                except JsNotFound:
+                    raise NotFoundError(f"no app named {app!r} is deployed") from None
+                current = deployment_decoder.decode(entry.value)
+                names = [s.name for s in current.manifest.services]
+                if service not in names:
+                    raise InvalidInputError(f"app {app!r} has no service {service!r} (it has: {', '.join(names)})",
+                                            field="$.service")
+                bounds = ScaleBounds(min_replicas=min_replicas, max_replicas=max_replicas)
+                dep = msgspec.structs.replace(current, scale={**current.scale, service: bounds})
+                try:
+                    written = await kv.update(app, encoder.encode(dep), last=entry.revision)
+                except KeyWrongLastSequenceError:
+                    continue
+                self.deployments.record(app, dep, written)
+                return dep
+        raise RuntimeError(f"could not scale {app}.{service}: concurrent writers")

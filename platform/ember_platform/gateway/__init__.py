@@ -1,0 +1,1 @@
+"""The HTTP gateway: the ASGI app, its routes (one module per group), body limits and input validation."""

@@ -1,0 +1,47 @@
+"""The control plane's process state: one NATS connection, the registry and the router."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client
+
+from ember.wire.jetstream import connect
+from ember_platform.calls.router import Router
+from ember_platform.config import Settings
+from ember_platform.control.loop import ControlLoop
+from ember_platform.control.registry import Registry
+
+
+class Platform:
+    def __init__(self, settings: Settings, nc: Client, registry: Registry) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.registry = registry
+        self.router = Router(nc, registry.replica_alive)
+        self.calls = registry.calls
+        self.control = ControlLoop(registry, registry.stores,
+                                   gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
+                                   gateway_received=lambda app, svc: self.router.received[(app, svc)],
+                                   gateway_capacity=self.router.capacity, js=nc.jetstream())
+
+    @classmethod
+    async def start(cls, settings: Settings) -> Platform:
+        nc = await connect(settings.nats_url, "ember-platform")
+        registry = Registry(nc, settings.log_lines_kept, settings.ack_wait_s)
+        try:
+            await registry.start()
+            platform = cls(settings, nc, registry)
+            await platform.router.start()
+            await platform.control.start()
+        except BaseException:
+            await nc.close()
+            raise
+        return platform
+
+    async def stop(self) -> None:
+        await self.control.stop()
+        await self.router.stop()
+        await self.registry.stop()
+        await self.nc.drain()
+
+    def ready(self) -> bool:
+        return self.nc.is_connected

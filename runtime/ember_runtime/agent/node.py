@@ -1,0 +1,217 @@
+"""The node agent: reports the node's devices, runs the replicas of what is deployed, restarts crashes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from pathlib import Path
+
+from ember.wire import (
+    LogLine,
+    NodeAssignment,
+    NodeInfo,
+    SlotAssignment,
+    ZygoteAssignment,
+    assignment_decoder,
+    encoder,
+    subjects,
+)
+from ember.wire.jetstream import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
+from ember_runtime.agent import inventory as inventory_source
+from ember_runtime.agent import numa
+from ember_runtime.agent.bundles import BundleCache
+from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
+from ember_runtime.agent.memory_watch import UsageWatcher
+from ember_runtime.agent.slots import ReplicaSlot, SlotKey
+from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
+
+log = logging.getLogger("ember.agent")
+RECONCILE_EVERY_S = 2.0
+
+
+class NodeAgent:
+    """Runs, on this node, the replicas the scheduler assigned to it, and reports the node's devices.
+
+    With ``inventory`` (a declared virtual inventory file) the node reports those devices instead of
+    NVML's, through the same code path; its replicas then still run on the CPU, and the GPU memory they
+    use is what they declare to a virtual driver (see ``_usage``) instead of what NVML measures.
+    Each replica is pinned to the CPUs of its GPU's NUMA node (see ``_numa``).
+    """
+
+    def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
+                 inventory: Path | None = None) -> None:
+        self.nats_url = nats_url
+        self.state_dir = state_dir
+        self.node_id = node_id or f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        self.inventory = inventory
+        self.devices = inventory_source.load(inventory)
+        self.host = inventory_source.load_host(inventory)
+        self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
+        self.host_memory = numa.HostMemory(self.host.memory_mb)
+        self.slots: dict[SlotKey, ReplicaSlot] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event)
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
+        nc = await connect(self.nats_url, f"ember-agent-{self.node_id}")
+        stores = await ensure_buckets(nc.jetstream())
+        self._nc, self._stores = nc, stores
+        self.bundles = BundleCache(self.state_dir / "bundles", stores["bundles"])
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(stores["assignments"], assignment_decoder.decode,
+                                                              on_change=lambda *_: self._wake.set())
+        await self.assignments.start()
+        heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
+        usage = self._usage_source()
+        watch = asyncio.create_task(UsageWatcher(usage, self.slots.values).run(stop), name="gpu-memory-watch") \
+            if usage is not None else None
+        log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
+        try:
+            while not stop.is_set():
+                await self._reconcile()
+                self._wake.clear()
+                waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+                await asyncio.wait(waits, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
+                for w in waits:
+                    w.cancel()
+        finally:
+            await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
+            self.slots.clear()
+            await self.zygotes.stop()
+            for task in (heartbeat, watch):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.gather(task, return_exceptions=True)
+            if usage is not None:
+                usage.close()
+            with contextlib.suppress(Exception):
+                await stores["nodes"].delete(self.node_id)
+            await self.assignments.stop()
+            await nc.drain()
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
+                            updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
+                            bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
+                            zygotes=self.zygotes.statuses())
+            try:
+                await self._stores["nodes"].put(self.node_id, encoder.encode(info))
+            except Exception as exc:
+                log.warning("node heartbeat failed: %s", exc)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_S)
+
+    def desired(self) -> dict[SlotKey, SlotAssignment]:
+        assignment = self.assignments.items.get(self.node_id)
+        if assignment is None:
+            return {}
+        return {SlotKey(s.app, s.service, s.version, s.index, s.replica_id): s for s in assignment.slots}
+
+    async def _reconcile(self) -> None:
+        await self._reconcile_zygotes()
+        want = self.desired()
+        for key in [k for k in self.slots if k not in want]:
+            slot = self.slots.pop(key)
+            log.info("stopping %s", slot.replica_id)
+            await slot.stop()
+            self.host_memory.release(slot.replica_id)
+        for key, assigned in want.items():
+            if key not in self.slots:
+                await self._start(key, assigned)
+
+    def _zygote_event(self, app: str, service: str, line: str) -> None:
+        """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
+        event = LogLine(replica_id=f"zygote@{self.node_id}", stream="agent", line=line, ts=time.time())
+        publish = self._nc.publish(subjects.logs(app, service), encoder.encode(event))
+        task = asyncio.get_running_loop().create_task(publish)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _reconcile_zygotes(self) -> None:
+        """Hold the zygotes the scheduler assigned to this node (their bundles unpacked and weights read
+        ahead: the artifact cache), and only those."""
+        assignment = self.assignments.items.get(self.node_id)
+        wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]] = {}
+        for z in assignment.zygotes if assignment is not None else []:
+            try:
+                bundle = await self.bundles.get(z.bundle_sha256)
+            except Exception:
+                log.exception("cannot fetch bundle %s of %s for its zygote", z.bundle_sha256[:12], z.app)
+                continue
+            wanted[(z.app, z.service, z.version)] = (z, bundle)
+        await self.zygotes.reconcile(wanted)
+
+    def _env(self, slot: SlotAssignment) -> dict[str, str]:
+        """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
+        env = {"EMBER_DEVICE": "cpu"}
+        if slot.gpu_uuids:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids)
+            if slot.memory_mb:
+                env["EMBER_GPU_MEMORY_MB"] = str(slot.memory_mb)
+            if self.inventory is None:
+                env["EMBER_DEVICE"] = "cuda:0"
+        return env
+
+    async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
+        decided = time.time()
+        kind = "artifact" if self.bundles.has(slot.bundle_sha256) else "cold"
+        try:
+            bundle = await self.bundles.get(slot.bundle_sha256)
+        except Exception:
+            log.exception("cannot fetch bundle %s of %s", slot.bundle_sha256[:12], slot.app)
+            return
+        pin = self._pinning(slot)
+        env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
+        replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
+                              node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
+                              first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
+                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes)
+        self.slots[key] = replica
+        log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
+        self._count_host_memory(slot)
+        replica.start()
+
+    def _pinning(self, slot: SlotAssignment) -> numa.Pinning:
+        """The CPUs of the NUMA node of the replica's GPUs, as the scheduler saw it or as this node reports it."""
+        node = slot.numa_node
+        if node < 0:
+            nodes = {d.numa_node for d in self.devices if d.uuid and d.uuid in slot.gpu_uuids}
+            node = nodes.pop() if len(nodes) == 1 else -1
+        return numa.pinning(self.numa, node, numa.allowed_cpus())
+
+    def _count_host_memory(self, slot: SlotAssignment) -> None:
+        memory_mb = slot.host_memory_mb
+        if not self.host_memory.reserve(slot.replica_id, memory_mb):
+            log.warning("%s: over-committed by starting %s", self.host_memory.summary(), slot.replica_id)
+        elif memory_mb:
+            log.info("%s", self.host_memory.summary())
+
+    def _usage_source(self) -> UsageSource | None:
+        """Where the GPU memory watch reads usage: the virtual driver of a declared inventory, else NVML."""
+        gpus = [d.uuid for d in self.devices if d.kind == "gpu" and d.uuid]
+        if not gpus:
+            return None
+        if self.inventory is not None:
+            return DeclaredUsage(self._virtual_table, gpus)
+        try:
+            return NvmlUsage()
+        except Exception as exc:
+            log.warning("GPU memory is not watched: NVML is unavailable: %s", exc)
+            return None
+
+    @property
+    def _virtual_table(self) -> Path:
+        return self.state_dir / "gpu-processes"
+
+    def _virtual_env(self, slot: SlotAssignment) -> dict[str, str]:
+        """On a declared inventory, where a replica declares the GPU memory it "uses" (see ``_usage``)."""
+        if self.inventory is None or not slot.gpu_uuids:
+            return {}
+        return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}

@@ -1,0 +1,218 @@
+"""A replica slot: keeps one replica process of a service version running, restarting it with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Literal
+
+from ember._procs import die_with_parent
+from ember.wire import LogLine, ReplicaStatus, encoder, subjects
+from ember_runtime.agent.memory_watch import Reservation
+from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
+
+log = logging.getLogger("ember.agent")
+
+BACKOFF_START_S = 0.25
+BACKOFF_MAX_S = 30.0
+HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
+STOP_GRACE_S = 25.0
+ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
+
+
+@dataclass(frozen=True)
+class SlotKey:
+    app: str
+    service: str
+    version: int
+    index: int
+    replica_id: str
+
+
+class ReplicaSlot:
+    """Owns one replica process at a time and the task that supervises it.
+
+    ``gpu_uuids`` and ``gpu_memory_mb`` are the replica's GPU memory reservation (per GPU; 0: whole GPUs),
+    which the agent's usage watch holds it to; ``cpus`` are the CPUs it is pinned to (None: not pinned).
+    """
+
+    def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
+                 module: str, env: dict[str, str], first_start: tuple[str, float, float],
+                 gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
+                 zygotes: ZygotePool | None = None) -> None:
+        self.key = key
+        self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
+        self.replica_id = key.replica_id
+        self._env = env
+        self._nc = nc
+        self._kv = replicas_kv
+        self._nats_url = nats_url
+        self._node_id = node_id
+        self._bundle = bundle
+        self._module = module
+        self._proc: asyncio.subprocess.Process | ForkedProcess | None = None
+        self._stopping = asyncio.Event()
+        self._stderr_tail: deque[str] = deque(maxlen=20)
+        self.restarts = 0
+        self.enforced_restarts = 0  # restarts for using more GPU memory than reserved
+        self._restart_reason = ""  # why the agent killed the running process, when it did
+        self._last_restart_reason = ""  # why the previous process ended, passed on to the next one
+        self._gpu_uuids = tuple(gpu_uuids)
+        self._gpu_memory_mb = gpu_memory_mb
+        self._cpus = cpus
+        self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._supervise(), name=f"slot-{self.replica_id}")
+
+    async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM the replica (it drains), SIGKILL it after ``grace_s``; then forget it."""
+        self._stopping.set()
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(proc.wait(), grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(Exception):
+            await self._kv.delete(self.replica_id)
+
+    def reservation(self) -> Reservation | None:
+        """The running process and the GPU memory it reserved; None when not running or not sharing GPUs."""
+        proc = self._proc
+        if not (self._gpu_uuids and self._gpu_memory_mb) or proc is None or proc.returncode is not None \
+                or self._stopping.is_set():
+            return None
+        return Reservation(replica_id=self.replica_id, pid=proc.pid, devices=self._gpu_uuids,
+                           memory_mb=self._gpu_memory_mb)
+
+    async def restart(self, reason: str, *, pid: int) -> bool:
+        """Kill process ``pid`` and its process group, if it is still this slot's, and say why everywhere:
+        the agent's log, the replica's log stream, and its status while it restarts."""
+        proc = self._proc
+        if proc is None or proc.pid != pid or proc.returncode is not None or self._stopping.is_set():
+            return False
+        self._restart_reason = reason  # what the supervisor reports when it sees the process exit
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # a replica leads its own session: its workers go too
+        self.enforced_restarts += 1
+        log.error("%s (enforced restart %d)", reason, self.enforced_restarts)
+        await self._publish("agent", reason)
+        return True
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            started = time.monotonic()
+            code = await self._run_once()
+            if self._stopping.is_set():
+                return
+            failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
+            self.restarts += 1
+            reason, self._restart_reason = self._restart_reason or self._exit_reason(code), ""
+            self._last_restart_reason = reason
+            log.warning("replica %s exited (%s); restart %d", self.replica_id, reason, self.restarts)
+            await self._report_crash(reason)
+            delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (failures - 1))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), delay)
+
+    async def _run_once(self) -> int:
+        kind, decided, fetch_s = self._first_start if self.restarts == 0 else ("artifact", time.time(), 0.0)
+        self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
+                 asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
+        try:
+            return await self._proc.wait()
+        finally:
+            await asyncio.gather(*pumps, return_exceptions=True)
+
+    def _argv(self, kind: str, decided: float, fetch_s: float) -> list[str]:
+        """``ember_runtime.replica``'s arguments for this start."""
+        k = self.key
+        return ["--nats", self._nats_url, "--bundle", str(self._bundle), "--module", self._module, "--app", k.app,
+                "--service", k.service, "--version", str(k.version), "--replica-id", self.replica_id,
+                "--node-id", self._node_id, "--restarts", str(self.restarts),
+                f"--restart-reason={self._last_restart_reason}", "--start-kind", kind,
+                "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
+
+    async def _spawn(self, kind: str, decided: float, fetch_s: float) -> asyncio.subprocess.Process:
+        """A fresh interpreter: it imports the app and runs all of its setup."""
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ember_runtime.replica", *self._argv(kind, decided, fetch_s),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
+            start_new_session=True,
+            preexec_fn=partial(_prepare_child, self._cpus))
+
+    async def _fork(self, decided: float) -> ForkedProcess | None:
+        """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
+        and when the fork fails (the zygote is discarded, the failure counted, and the replica starts fresh)."""
+        if self._zygotes is None:
+            return None
+        zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S)
+        if zygote is None:
+            return None
+        argv = [*self._argv("zygote", decided, 0.0), "--exit-with", str(os.getpid())]
+        try:
+            return await zygote.fork(argv, {"PYTHONUNBUFFERED": "1", **self._env}, self._cpus)
+        except ZygoteError as exc:
+            await self._publish("agent", f"replica {self.replica_id}: could not fork from the zygote ({exc}); "
+                                         "starting it fresh")
+            return None
+
+    async def _pump(self, stream: asyncio.StreamReader, name: Literal["stdout", "stderr"]) -> None:
+        async for raw in stream:
+            line = raw.decode(errors="replace").rstrip("\n")
+            if name == "stderr" and line.strip():
+                self._stderr_tail.append(line)
+            await self._publish(name, line)
+
+    async def _publish(self, stream: Literal["stdout", "stderr", "agent"], line: str) -> None:
+        """One line of the replica's log stream (``agent``: what the agent did to it)."""
+        with contextlib.suppress(Exception):
+            await self._nc.publish(subjects.logs(self.key.app, self.key.service), encoder.encode(
+                LogLine(replica_id=self.replica_id, stream=stream, line=line, ts=time.time())))
+
+    def _exit_reason(self, code: int) -> str:
+        what = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        last = self._stderr_tail[-1] if self._stderr_tail and code > 0 else ""
+        return f"{what}: {last}" if last else what
+
+    async def _report_crash(self, reason: str) -> None:
+        now = time.time()
+        status = ReplicaStatus(replica_id=self.replica_id, node_id=self._node_id, app=self.key.app,
+                               service=self.key.service, version=self.key.version, state="crashed",
+                               pid=self._proc.pid if self._proc else 0, started_at=now, updated_at=now,
+                               restarts=self.restarts, message=reason[:500])
+        with contextlib.suppress(Exception):
+            await self._kv.put(self.replica_id, encoder.encode(status))
+
+
+def _prepare_child(cpus: frozenset[int] | None) -> None:
+    """Runs in the replica between fork and exec: it dies with the agent, and every thread it ever starts
+    inherits the CPUs it is pinned to. The agent checked ``cpus`` exist; a failure must not stop the start."""
+    die_with_parent()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)

@@ -1,0 +1,319 @@
+"""The node agent's zygotes: one preloaded process per function version the scheduler wants preloaded here.
+
+A ``Zygote`` starts ``python -m ember_runtime.zygote`` and, once it reports ready, forks replicas from it
+(see that module for the protocol). A zygote that fails to build, dies, or cannot fork is discarded with
+an event (a log line at warning level and a count in its status) and the replica starts fresh; the pool
+builds it again while the scheduler still wants it, with a growing delay after repeated failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import msgspec
+
+from ember._procs import die_with_parent
+from ember.wire import ZygoteAssignment, ZygoteStatus
+from ember_runtime.zygote.process import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
+
+log = logging.getLogger("ember.agent")
+ZygoteKey = tuple[str, str, int]  # app, service, version
+Event = Callable[[str, str, str], None]  # (app, service, line): a zygote's failure, for the app's log stream
+BUILD_TIMEOUT_S = 600.0
+RETRY_START_S = 1.0
+RETRY_MAX_S = 60.0
+UNKNOWN_EXIT = 255  # the zygote went away before it could report its child's exit code
+
+
+class ZygoteError(Exception):
+    """A fork through a zygote failed; the replica starts fresh instead."""
+
+
+class ForkedProcess:
+    """A replica forked by a zygote, with the part of ``asyncio.subprocess.Process`` that a slot uses.
+
+    The zygote is the child's parent and reaps it; it reports the exit code over ``conn``. If the zygote
+    dies first, a pidfd still tells when the child exits (its code is then unknown)."""
+
+    def __init__(self, pid: int, conn: socket.socket, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader) -> None:
+        self.pid = pid
+        self.stdout = stdout
+        self.stderr = stderr
+        self.returncode: int | None = None
+        self._conn = conn
+        self._pidfd: int | None = None
+        with contextlib.suppress(ProcessLookupError):
+            self._pidfd = os.pidfd_open(pid)
+        self._done = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> int:
+        loop = asyncio.get_running_loop()
+        code = UNKNOWN_EXIT
+        with contextlib.suppress(OSError, msgspec.DecodeError):
+            data = await loop.sock_recv(self._conn, MAX_MESSAGE)
+            if data:
+                code = msgspec.json.decode(data, type=ExitReport).code
+        self._conn.close()
+        if code == UNKNOWN_EXIT and self._pidfd is not None:  # the zygote died: wait for the child itself
+            exited: asyncio.Future[None] = loop.create_future()
+
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(self._pidfd, on_exit)
+            try:
+                await exited
+            finally:
+                loop.remove_reader(self._pidfd)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+        self.returncode = code
+        return code
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._done)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is not None:
+            return
+        if self._pidfd is not None:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        else:
+            raise ProcessLookupError(self.pid)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """One zygote process: built from an unpacked bundle, then forking replicas on request."""
+
+    def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
+                 on_event: Event | None = None) -> None:
+        self.assignment = assignment
+        self._nats_url = nats_url
+        self._on_event = on_event
+        self.key: ZygoteKey = (assignment.app, assignment.service, assignment.version)
+        self._bundle = bundle
+        self._socket = socket_path
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ready: Ready | None = None
+        self.state = "building"
+        self.message = ""
+        self.build_s = 0.0
+        self.forks = 0
+        self.failures = 0
+        self._output_tail: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self.settled = asyncio.Event()  # set once it is ready or has failed
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._build(), name=f"zygote-{self.key}")
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and self._proc is not None and self._proc.returncode is None
+
+    @property
+    def done(self) -> bool:
+        """The process is gone (built and died, or failed to build)."""
+        return self._task is not None and self._task.done() and not self.ready
+
+    async def _build(self) -> None:
+        started = time.time()
+        cmd = [sys.executable, "-m", "ember_runtime.zygote", "--bundle", str(self._bundle),
+               "--module", self.assignment.module, "--app", self.assignment.app,
+               "--service", self.assignment.service, "--socket", str(self._socket), "--nats", self._nats_url]
+        self._proc = await asyncio.create_subprocess_exec(
+            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=self._bundle, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            preexec_fn=die_with_parent)
+        assert self._proc.stdout is not None and self._proc.stderr is not None
+        announced: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
+        pumps = asyncio.gather(self._pump(self._proc.stdout, announced), self._pump(self._proc.stderr))
+        try:
+            self._ready = await asyncio.wait_for(asyncio.shield(announced), BUILD_TIMEOUT_S)
+        except (TimeoutError, ZygoteError):
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            await self._proc.wait()
+            await asyncio.gather(pumps, return_exceptions=True)
+            self._fail(f"zygote {self._name} failed to build: {self._last_error()}")
+            return
+        self.build_s = time.time() - started
+        self.state = "ready"
+        self.settled.set()
+        log.info("zygote %s ready in %.2fs (imports %.2fs, snap setup %.2fs, %d MB)", self._name, self.build_s,
+                 self._ready.imports_s, self._ready.snap_setup_s, self._ready.rss_mb)
+        code = await self._proc.wait()
+        await asyncio.gather(pumps, return_exceptions=True)
+        if self.state == "ready":  # not stopped by us
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
+                f"exited with code {code}: {self._last_error()}"
+            self._fail(f"zygote {self._name} {how}")
+
+    async def _pump(self, stream: asyncio.StreamReader, announced: asyncio.Future[Ready] | None = None) -> None:
+        """Read one of the zygote's streams to its end (into the agent's debug log); on stdout, the line that
+        announces it is ready (the app's own output may come before it)."""
+        async for raw in stream:
+            line = raw.decode(errors="replace").rstrip()
+            if announced is not None and not announced.done() and line.startswith(READY_PREFIX):
+                with contextlib.suppress(msgspec.DecodeError):
+                    announced.set_result(msgspec.json.decode(line.removeprefix(READY_PREFIX), type=Ready))
+                    continue
+            if line:
+                self._output_tail = [*self._output_tail[-19:], line]
+                log.debug("zygote %s: %s", self._name, line)
+        if announced is not None and not announced.done():
+            announced.set_exception(ZygoteError("the zygote closed its output before it was ready"))
+
+    def _last_error(self) -> str:
+        return self._output_tail[-1] if self._output_tail else "no output"
+
+    def _fail(self, message: str) -> None:
+        self.state, self.message = "failed", message
+        self.settled.set()
+        self.failures += 1
+        log.warning("%s; replicas of it start fresh", message)
+        if self._on_event is not None:
+            self._on_event(self.assignment.app, self.assignment.service, f"{message}; replicas of it start fresh")
+
+    @property
+    def _name(self) -> str:
+        app, service, version = self.key
+        return f"{app}.{service} v{version}"
+
+    async def fork(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] | None) -> ForkedProcess:
+        """Fork a replica with these arguments (``ember_runtime.replica``'s) and extra environment."""
+        if not self.ready:
+            raise ZygoteError(f"zygote {self._name} is {self.state}")
+        loop = asyncio.get_running_loop()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            request = ForkRequest(argv=list(argv), env=env, cpus=sorted(cpus or ()))
+            conn.settimeout(5.0)
+            conn.connect(str(self._socket))
+            socket.send_fds(conn, [msgspec.json.encode(request)], [out_w, err_w])
+            conn.setblocking(False)
+            reply = msgspec.json.decode(await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), 5.0),
+                                        type=ForkReply)
+            if not reply.pid:
+                raise ZygoteError(reply.error or "the zygote closed the connection")
+        except (OSError, TimeoutError, msgspec.DecodeError, ZygoteError) as exc:
+            conn.close()
+            for fd in (out_r, err_r):
+                os.close(fd)
+            self._fail(f"zygote {self._name} could not fork: {exc}")
+            with contextlib.suppress(ProcessLookupError):
+                if self._proc is not None:
+                    self._proc.kill()  # discard it: the pool builds a new one
+            raise ZygoteError(str(exc)) from exc
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        self.forks += 1
+        return ForkedProcess(reply.pid, conn, await _reader(out_r), await _reader(err_r))
+
+    async def stop(self) -> None:
+        self.state = "stopped"
+        self.settled.set()
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.terminate()
+            try:
+                await asyncio.wait_for(self._proc.wait(), 5.0)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        with contextlib.suppress(FileNotFoundError):
+            self._socket.unlink()
+
+    def status(self) -> ZygoteStatus:
+        app, service, version = self.key
+        ready = self._ready
+        state = self.state if self.state in ("building", "ready") else "failed"
+        return ZygoteStatus(app=app, service=service, version=version, state=state,  # type: ignore[arg-type]
+                            pid=ready.pid if ready and self.ready else 0, rss_mb=ready.rss_mb if ready else 0,
+                            build_s=self.build_s, forks=self.forks, failures=self.failures, message=self.message)
+
+
+async def _reader(fd: int) -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
+    return reader
+
+
+class ZygotePool:
+    """The zygotes this node holds: those in its assignment, built and rebuilt as needed."""
+
+    def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None) -> None:
+        self._dir = state_dir / "zygotes"
+        self._nats_url = nats_url
+        self._on_event = on_event
+        self._zygotes: dict[ZygoteKey, Zygote] = {}
+        self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
+        self._retry_at: dict[ZygoteKey, float] = {}
+
+    async def get(self, app: str, service: str, version: int, *, wait_s: float = 0.0) -> Zygote | None:
+        """The ready zygote of this version, if this node holds one; one still building is waited for up
+        to ``wait_s`` (its build costs about what a fresh start would, and a fork after it almost nothing)."""
+        zygote = self._zygotes.get((app, service, version))
+        if zygote is not None and wait_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(zygote.settled.wait(), wait_s)
+        return zygote if zygote is not None and zygote.ready else None
+
+    async def reconcile(self, wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]]) -> None:
+        """Build what is wanted and missing (or dead, after a delay), stop what is no longer wanted."""
+        for key in [k for k in self._zygotes if k not in wanted]:
+            log.info("removing zygote %s.%s v%d", *key)
+            await self._zygotes.pop(key).stop()
+            self._failures.pop(key, None)
+            self._retry_at.pop(key, None)
+        now = time.monotonic()
+        for key, (assignment, bundle) in wanted.items():
+            zygote = self._zygotes.get(key)
+            if zygote is not None and not zygote.done:
+                if zygote.ready:
+                    self._failures.pop(key, None)
+                continue
+            if zygote is not None:  # it failed or died: count it, and try again after a while
+                if key not in self._retry_at:
+                    failures = self._failures[key] = self._failures.get(key, 0) + 1
+                    self._retry_at[key] = now + min(RETRY_MAX_S, RETRY_START_S * 2 ** (failures - 1))
+                if now < self._retry_at[key]:
+                    continue
+            self._retry_at.pop(key, None)
+            self._dir.mkdir(parents=True, exist_ok=True)
+            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url,
+                                 self._on_event)
+            if zygote is not None:
+                replacement.failures = zygote.failures
+                await zygote.stop()
+            log.info("building zygote %s.%s v%d", *key)
+            self._zygotes[key] = replacement
+            replacement.start()
+
+    def statuses(self) -> list[ZygoteStatus]:
+        return [z.status() for _, z in sorted(self._zygotes.items())]
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(z.stop() for z in self._zygotes.values()), return_exceptions=True)
+        self._zygotes.clear()

@@ -1,0 +1,275 @@
+"""The micro-batcher: deadline- and priority-aware, adaptive, failure-isolating.
+
+Calls wait in a bounded priority queue (``interactive`` before ``batch``, earliest deadline first within
+a class). When the executor is free the batcher dispatches at once unless waiting pays (see
+``_policy``); a batch is bounded by count, by total cost and by the largest size that did not run out of
+memory. Model code runs on the executor thread, so the event loop keeps receiving and decoding the next
+calls while a batch runs. Expired calls are answered with a deadline error and never run; cancelled
+calls are dropped; a failing batch is bisected so that only the inputs at fault get the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import math
+import time
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember._errors import DeadlineExceededError, EmberError, OverloadedError, UnavailableError
+from ember_runtime.batching.costmodel import CostModel
+from ember_runtime.batching.isolation import BatchReport, BatchRunner
+from ember_runtime.batching.policy import Limits, QueueView, hold_for
+from ember_runtime.batching.stats import BatcherMetrics
+
+PRIORITY_RANK = {"interactive": 0, "batch": 1}
+Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
+_GAP_SMOOTHING = 0.2
+
+
+@dataclass(eq=False)
+class Call:
+    """One queued call: its decoded input, deadline (epoch seconds), priority and how to answer it."""
+
+    value: Any
+    deadline: float
+    answer: Answer
+    call_id: str = ""
+    priority: str = "interactive"
+    cost: float = 1.0
+    enqueued_at: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    seq: int = 0  # arrival order, the last tie-breaker of the queue's order
+
+    def deadline_mono(self) -> float:
+        return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
+
+
+class Batcher:
+    """Batches calls to ``run(values) -> outputs`` (same length), one batch at a time on ``executor``."""
+
+    def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_size: int, window_s: float,
+                 executor: Executor, max_queue: int = 1024, max_cost: float | None = None,
+                 latency_budget_s: float | None = None, cost_model: CostModel | None = None,
+                 group_by_cost: bool = False, name: str = "batcher") -> None:
+        self.name = name
+        self.limits = Limits(max_size=max_size, window_s=window_s, max_cost=max_cost,
+                             latency_budget_s=latency_budget_s)
+        self.max_queue = max_queue
+        self.group_by_cost = group_by_cost
+        self.model = cost_model or CostModel()
+        self.metrics = BatcherMetrics()
+        self.oom_limit: int | None = None
+        self._runner = BatchRunner(run, name)
+        self._executor = executor
+        self._heap: list[tuple[int, float, int, Call]] = []
+        self._by_id: dict[str, Call] = {}
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._closed = False
+        self._mean_gap = math.inf
+        self._last_arrival: float | None = None
+        self._busy_until: float | None = None
+        self.in_flight = 0  # calls in the batch that runs now
+        self.room = asyncio.Event()  # set whenever calls leave the queue or a batch ends
+
+    # -- intake ------------------------------------------------------------------------------------
+
+    def submit(self, call: Call) -> None:
+        """Queue a call, or raise: ``UnavailableError`` when closing, ``OverloadedError`` when the queue is
+        full or the call is predicted to miss its deadline (both carry the numbers and a retry delay)."""
+        if self._closed:
+            raise UnavailableError("this replica is shutting down", retry_after_s=1.0)
+        if len(self._heap) >= self.max_queue:
+            self.metrics.rejected += 1
+            raise OverloadedError(f"{self.name}: queue is full ({len(self._heap)}/{self.max_queue} calls waiting)",
+                                  retry_after_s=max(1.0, self._drain_estimate()))
+        self._admit_deadline(call)
+        self._note_arrival(call.enqueued_at)
+        call.seq = next(self._seq)
+        self._push(call)
+        self._wake.set()
+
+    def _push(self, call: Call) -> None:
+        heapq.heappush(self._heap, (PRIORITY_RANK.get(call.priority, 0), call.deadline, call.seq, call))
+        if call.call_id:
+            self._by_id[call.call_id] = call
+
+    def cancel(self, call_id: str) -> bool:
+        """Drop a queued call whose caller went away; False when it is not (or no longer) queued."""
+        call = self._by_id.pop(call_id, None)
+        if call is None:
+            return False
+        call.cancelled = True
+        self.metrics.cancelled += 1
+        return True
+
+    def close(self) -> None:
+        """Stop intake; :meth:`run_forever` returns once the queued calls are answered."""
+        self._closed = True
+        self._wake.set()
+
+    async def fail_pending(self, error: EmberError) -> int:
+        """Answer every queued call with ``error`` (a replica that must stop now); returns how many."""
+        failed = 0
+        while self._heap:
+            call = heapq.heappop(self._heap)[3]
+            self._by_id.pop(call.call_id, None)
+            if not call.cancelled:
+                await call.answer(None, error, 0)
+                failed += 1
+        return failed
+
+    @property
+    def queued(self) -> int:
+        return len(self._heap)
+
+    def _note_arrival(self, now: float) -> None:
+        if self._last_arrival is not None:
+            gap = max(now - self._last_arrival, 0.0)
+            self._mean_gap = gap if math.isinf(self._mean_gap) else \
+                _GAP_SMOOTHING * gap + (1 - _GAP_SMOOTHING) * self._mean_gap
+        self._last_arrival = now
+
+    def _admit_deadline(self, call: Call) -> None:
+        if not self.model.fitted or not math.isfinite(call.deadline):
+            return
+        now = time.monotonic()
+        key = (PRIORITY_RANK.get(call.priority, 0), call.deadline)
+        ahead = sum(1 for rank, deadline, _, c in self._heap if (rank, deadline) <= key and not c.cancelled)
+        cap = self.capacity
+        start = now + self._busy_left(now) + (ahead // cap) * self.model.predict(cap)
+        finish = start + self.model.predict(min(cap, ahead % cap + 1))
+        left = call.deadline_mono() - now
+        if finish - now > left:
+            self.metrics.rejected += 1
+            raise OverloadedError(
+                f"{self.name}: predicted to finish in {finish - now:.3f}s with {ahead} calls ahead, "
+                f"after its deadline in {left:.3f}s", retry_after_s=max(1.0, finish - now))
+
+    # -- the loop ----------------------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        """The largest batch to form now: ``max_size``, lowered after an out-of-memory split."""
+        return min(self.limits.max_size, self.oom_limit or self.limits.max_size)
+
+    async def run_forever(self) -> None:
+        while True:
+            if not self._heap:
+                if self._closed:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            wait = 0.0 if self._closed else self._hold_for(time.monotonic())
+            if wait > 0:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            batch = await self._take()
+            if batch:
+                await self._execute(batch)
+
+    def _hold_for(self, now: float) -> float:
+        live = [c for *_, c in self._heap if not c.cancelled]
+        if not live:
+            return 0.0
+        view = QueueView(count=len(live), total_cost=sum(c.cost for c in live),
+                         oldest_arrival=min(c.enqueued_at for c in live),
+                         earliest_deadline=min(c.deadline_mono() for c in live),
+                         newest_arrival=max(c.enqueued_at for c in live))
+        limits = Limits(self.capacity, self.limits.window_s, self.limits.max_cost, self.limits.latency_budget_s)
+        return hold_for(view, limits, self.model, self._mean_gap, now)
+
+    async def _take(self) -> list[Call]:
+        batch = await self._take_in_order()
+        if self.group_by_cost and batch:
+            batch = self._regroup(batch)
+        return batch
+
+    def _regroup(self, batch: list[Call]) -> list[Call]:
+        """Keep the batch's most urgent call, and fill the rest with the calls closest to it in cost from it
+        and the next ``capacity`` calls waiting in the same class; calls due before the next batch could
+        finish stay in whatever their cost. What is left over goes back to the queue."""
+        head, rank = batch[0], PRIORITY_RANK.get(batch[0].priority, 0)
+        pool = batch[1:]
+        now = time.time()
+        while self._heap and len(pool) < 2 * self.capacity and self._heap[0][0] == rank:
+            if self._heap[0][3].deadline <= now:
+                break  # expired: answered by the next take, never run
+            call = heapq.heappop(self._heap)[3]
+            if not call.cancelled:
+                pool.append(call)
+        soon = time.time() + 2 * self.model.predict(self.capacity)
+        pool.sort(key=lambda c: (c.deadline > soon, abs(math.log(max(c.cost, 1e-9) / max(head.cost, 1e-9)))))
+        chosen, cost = [head], head.cost
+        for call in pool:
+            fits = self.limits.max_cost is None or cost + call.cost <= self.limits.max_cost
+            if len(chosen) < self.capacity and fits:
+                chosen.append(call)
+                cost += call.cost
+            else:
+                self._push(call)  # back in the queue, where it was
+        return chosen
+
+    async def _take_in_order(self) -> list[Call]:
+        batch: list[Call] = []
+        cost = 0.0
+        now = time.time()
+        while self._heap and len(batch) < self.capacity:
+            call = self._heap[0][3]
+            if call.cancelled:
+                heapq.heappop(self._heap)
+                continue
+            if call.deadline <= now:
+                heapq.heappop(self._heap)
+                self._by_id.pop(call.call_id, None)
+                self.metrics.expired += 1
+                await call.answer(None, DeadlineExceededError("the call's deadline passed while it was queued",
+                                                              call_id=call.call_id), 0)
+                continue
+            if batch and self.limits.max_cost is not None and cost + call.cost > self.limits.max_cost:
+                break
+            heapq.heappop(self._heap)
+            self._by_id.pop(call.call_id, None)
+            batch.append(call)
+            cost += call.cost
+        return batch
+
+    async def _execute(self, batch: list[Call]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        self._busy_until = started + self.model.predict(len(batch))
+        self.in_flight = len(batch)
+        self.room.set()
+        try:
+            report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
+        finally:
+            self._busy_until = None
+            self.in_flight = 0
+            self.room.set()
+        elapsed = time.monotonic() - started
+        if report.clean:
+            self.model.observe(len(batch), elapsed)
+        if report.oom_limit is not None:
+            self.oom_limit = min(self.oom_limit or report.oom_limit, report.oom_limit)
+        self.metrics.observe_batch(len(batch), self.limits.max_size, elapsed,
+                                   [started - c.enqueued_at for c in batch])
+        for call, outcome in zip(batch, report.outcomes, strict=True):
+            if not outcome.ok:
+                self.metrics.failed += 1
+            await call.answer(outcome.value, outcome.error, len(batch))
+
+    def _busy_left(self, now: float) -> float:
+        return max(0.0, self._busy_until - now) if self._busy_until is not None else 0.0
+
+    def _drain_estimate(self) -> float:
+        cap = self.capacity
+        return self._busy_left(time.monotonic()) + math.ceil(len(self._heap) / cap) * self.model.predict(cap)

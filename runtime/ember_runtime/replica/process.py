@@ -1,0 +1,409 @@
+"""A replica process: ``python -m ember_runtime.replica ...``, started by the node agent.
+
+It imports the app from its unpacked bundle, runs setup once, reports ready, and serves each of its
+functions' invoke subjects through a micro-batcher until SIGTERM, when it drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from ember import _loop as ember_loop
+from ember._errors import EmberError, NotFoundError, RemoteError, UnavailableError
+from ember._loader import find_app, import_app_module
+from ember.wire import (
+    Answer,
+    ErrorInfo,
+    Invocation,
+    LoadReport,
+    ReplicaStatus,
+    StartPhases,
+    encoder,
+    invocations_decoder,
+    split_frames,
+    subjects,
+)
+from ember.wire.callstore import CallStore
+from ember.wire.jetstream import connect, ensure_buckets
+from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.replica.endpoint import Endpoint, build_endpoints
+from ember_runtime.replica.queue_worker import QueueWorker
+from ember_runtime.zygote.process import Preloaded
+
+log = logging.getLogger("ember.replica")
+HEARTBEAT_S = 2.0
+LOAD_REPORT_S = 0.1
+ACK_DELAY_S = 0.01  # calls answered sooner are never acked (see _Answers)
+DRAIN_GRACE_S = 20.0
+EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
+
+
+class Replica:
+    def __init__(self, args: argparse.Namespace, preloaded: Preloaded | None = None) -> None:
+        self.args = args
+        self.preloaded = preloaded  # forked from a zygote: the app is imported and its snap setup has run
+        self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
+                                    service=args.service, version=args.version, state="starting", pid=os.getpid(),
+                                    started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
+                                    restart_reason=args.restart_reason)
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
+        self.batchers: list[Batcher] = []
+        self.workers: list[QueueWorker] = []
+        self.pullers: list[asyncio.Task[None]] = []
+        self.stop = asyncio.Event()
+
+    async def run(self, nc: Any = None, stores: dict[str, Any] | None = None) -> int:
+        """Set up, serve until stopped, drain. ``nc`` and ``stores``: a connection made before the replica
+        knew its identity (a zygote's spare connects while it waits for a request)."""
+        load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
+        if nc is None or stores is None:
+            nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
+            stores = await ensure_buckets(nc.jetstream())
+        self.kv = stores["replicas"]
+        self.calls = CallStore(nc.jetstream(), stores)
+        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        try:
+            stopped = asyncio.create_task(self.stop.wait())
+            await asyncio.wait([load, stopped], return_when=asyncio.FIRST_COMPLETED)
+            stopped.cancel()
+            if not load.done():
+                # Setup code cannot be interrupted; leave without waiting for it (see main()).
+                log.info("stopped during setup")
+                await self.kv.delete(self.args.replica_id)
+                return EXIT_ABANDONED_SETUP
+            try:
+                endpoints = load.result()
+            except Exception as exc:
+                log.exception("setup failed")
+                await self._report("failed", f"setup failed: {type(exc).__name__}: {exc}")
+                return 3
+            subs, loops = await self._serve(nc, endpoints)
+            self.status = msgspec.structs.replace(self.status, start=self._start_phases())
+            self._ready_at = time.time()
+            await self._report("ready")
+            await self.stop.wait()
+            await self._drain(subs, loops)
+            return 0
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+            await nc.drain()
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _load(self) -> list[Endpoint]:
+        imports_at = time.time()
+        if self.preloaded is not None:
+            target, prepared = self.preloaded.target, self.preloaded.prepared
+            self.service = self.preloaded.service
+        else:
+            app = find_app(import_app_module(self.args.bundle, self.args.module), self.args.app)
+            self.service, target, prepared = app.services[self.args.service], app.target(self.args.service), None
+        setup_at = time.time()
+        endpoints = await asyncio.get_running_loop().run_in_executor(
+            self.executor, build_endpoints, self.service, target, prepared)
+        self._phases = (imports_at, setup_at, time.time())
+        return endpoints
+
+    def _start_phases(self) -> StartPhases:
+        imports_at, setup_at, done_at = self._phases
+        decided = self.args.decided_at or self.args.main_at
+        since_decision = max(self.args.main_at - decided - self.args.fetch_s, 0.0)
+        pre = self.preloaded
+        return StartPhases(kind=self.args.start_kind, fetch_s=self.args.fetch_s,
+                           interpreter_s=since_decision if pre is None else 0.0,
+                           fork_s=since_decision if pre is not None else 0.0,
+                           snap_setup_s=pre.snap_setup_s if pre is not None else 0.0,
+                           imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided)
+
+    async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
+        subs, loops = [], []
+        self.answers = _Answers(nc, self.args.replica_id)
+        group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
+        served: dict[str, tuple[Endpoint, Batcher]] = {}
+        on_frame = self._on_frame(served)
+        for endpoint in endpoints:
+            batcher = _batcher_for(endpoint, self.executor)
+            self.batchers.append(batcher)
+            loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
+            kinds = [False, True] if endpoint.spec.on else [False]
+            for events in kinds:
+                worker = QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,
+                                     self.service.retries, events=events)
+                self.workers.append(worker)
+                self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
+            served[endpoint.spec.name] = endpoint, batcher
+            subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
+            subs.append(await nc.subscribe(subject, queue=group, cb=on_frame, pending_msgs_limit=65536))
+        subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id), cb=on_frame,
+                                       pending_msgs_limit=65536))
+        loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
+        subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
+        await nc.flush()
+        return subs, loops
+
+    def _on_frame(self, served: dict[str, tuple[Endpoint, Batcher]]) -> Any:
+        """Takes a frame of synchronous calls (see ``ember_platform.calls.router``): each goes to its function's
+        batcher, which answers it through ``self.answers``."""
+        async def on_frame(msg: Msg) -> None:
+            try:
+                invocations = invocations_decoder.decode(msg.data)
+            except msgspec.DecodeError as exc:  # not from a gateway: nobody to answer
+                log.warning("dropped an undecodable frame on %s: %s", msg.subject, exc)
+                return
+            for invocation in invocations:
+                self._take(msg.reply, invocation, served.get(invocation.function))
+
+        return on_frame
+
+    def _take(self, reply: str, invocation: Invocation, served: tuple[Endpoint, Batcher] | None) -> None:
+        call_id = invocation.call_id
+
+        async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
+            self.answers.answer(reply, _answer(call_id, output, error, batch_size))
+
+        if served is None:
+            error = NotFoundError(f"replica {self.args.replica_id} serves no function {invocation.function!r}")
+            self.answers.answer(reply, _answer(call_id, None, error, 0))
+            return
+        endpoint, batcher = served
+        self.answers.hold(reply, call_id)
+        try:
+            value = endpoint.decode(invocation.input)
+            batcher.submit(Call(value, invocation.deadline, answer, call_id, invocation.priority,
+                                endpoint.cost_of(value)))
+        except EmberError as exc:
+            self.answers.answer(reply, _answer(call_id, None, exc, 0))
+
+    async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
+        """Publish each function's queue and in-flight counts a few times a second, until draining."""
+        while not self.stop.is_set():
+            for endpoint, batcher in zip(endpoints, self.batchers, strict=True):
+                cap = batcher.capacity
+                report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,
+                                    version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
+                                    per_call_s=batcher.model.predict(cap) / cap)
+                with contextlib.suppress(Exception):
+                    await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), LOAD_REPORT_S)
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        call_id = msg.data.decode(errors="replace")
+        for batcher in self.batchers:
+            if batcher.cancel(call_id):
+                return
+
+    async def _drain(self, subs: list[Any], loops: list[asyncio.Task[None]]) -> None:
+        """Stop intake (HTTP subjects and queue pulls), finish what is held within the grace period,
+        then hand back the rest: sync callers are told to retry, queued calls are nak'ed for redelivery."""
+        await self._report("stopping")
+        for sub in subs:
+            await sub.unsubscribe()
+        for worker in self.workers:
+            worker.stop.set()
+        await asyncio.gather(*self.pullers, return_exceptions=True)
+        for batcher in self.batchers:
+            batcher.close()
+        _, pending = await asyncio.wait(loops, timeout=DRAIN_GRACE_S)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        for batcher in self.batchers:  # past the grace period: callers retry elsewhere at once
+            await batcher.fail_pending(UnavailableError("the replica stopped before running the call",
+                                                        retry_after_s=0.1))
+        for worker in self.workers:
+            await worker.finish()
+        await self.answers.drain()
+        await self.kv.delete(self.args.replica_id)
+
+    async def _report(self, state: str, message: str = "") -> None:
+        self.status = msgspec.structs.replace(self.status, state=state, message=message)  # type: ignore[arg-type]
+        await self._put()
+
+    async def _put(self) -> None:
+        stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight) for b in self.batchers]
+        first = min((b.metrics.first_batch_at for b in self.batchers if b.metrics.first_batch_at), default=None)
+        start = self.status.start
+        if start is not None and start.first_call_s is None and first is not None:
+            self.status = msgspec.structs.replace(
+                self.status, start=msgspec.structs.replace(start, first_call_s=max(first - self._ready_at, 0.0)))
+        self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=sum(s.calls for s in stats),
+                                              batches=sum(s.batches for s in stats), functions=stats)
+        await self.kv.put(self.args.replica_id, encoder.encode(self.status))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self._put()
+            except Exception as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+
+class _Answers:
+    """Answers to synchronous calls, sent in frames: one message per gateway inbox and turn of the event loop
+    holds every answer due there (a batch's answers come out together), so a batch of N calls costs one
+    message back rather than N.
+
+    It also acks, naming this replica, the calls still unanswered at the next sweep (sweeps run
+    ``ACK_DELAY_S`` apart while calls are held). The gateway needs the holder only to resend a call whose
+    replica died and to cancel a call whose client went away; a call answered sooner is never acked.
+    """
+
+    def __init__(self, nc: Any, replica_id: str) -> None:
+        self._nc = nc
+        self._replica_id = replica_id
+        self._held: dict[str, str] = {}  # call id -> reply inbox, for calls not answered yet
+        self._outbox: dict[str, list[Answer]] = {}  # reply inbox -> answers to send in this turn of the loop
+        self._sweep: asyncio.TimerHandle | None = None
+        self._publishing: set[asyncio.Task[None]] = set()
+
+    def hold(self, reply: str, call_id: str) -> None:
+        self._held[call_id] = reply
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_held)
+
+    def answer(self, reply: str, answer: Answer) -> None:
+        self._held.pop(answer.call_id, None)
+        self._queue(reply, answer)
+
+    def _ack_held(self) -> None:
+        self._sweep = None
+        held, self._held = self._held, {}
+        for call_id, reply in held.items():
+            self._queue(reply, Answer(call_id=call_id, ack=self._replica_id))
+
+    def _queue(self, reply: str, answer: Answer) -> None:
+        if not reply:
+            return  # a frame sent without a reply inbox wants no answers
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.setdefault(reply, []).append(answer)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, {}
+        task = asyncio.get_running_loop().create_task(self._publish(outbox))
+        self._publishing.add(task)  # the loop holds only a weak reference to a task
+        task.add_done_callback(self._publishing.discard)
+
+    async def _publish(self, outbox: dict[str, list[Answer]]) -> None:
+        limit = self._nc.max_payload
+        for reply, answers in outbox.items():
+            sizes = [len(a.output) + (len(a.error.message) if a.error else 0) for a in answers]
+            for frame in split_frames(answers, sizes, limit):
+                data = encoder.encode(frame)
+                if len(data) > limit:  # one answer alone: its output is too large for a NATS message
+                    (answer,) = frame
+                    error = RemoteError(f"the output ({len(answer.output)} bytes) is over the {limit}-byte "
+                                        "limit of a NATS message", remote_type="ValueError")
+                    data = encoder.encode([_answer(answer.call_id, None, error, answer.batch_size)])
+                try:
+                    await self._nc.publish(reply, data)
+                except Exception as exc:  # the gateway resends calls that get no answer
+                    log.warning("could not send %d answers to %s: %s", len(frame), reply, exc)
+
+    async def drain(self) -> None:
+        """Send what is queued now (before the connection drains)."""
+        if self._outbox:
+            self._flush()
+        await asyncio.gather(*self._publishing, return_exceptions=True)
+
+
+def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
+    batch = endpoint.spec.batch
+    if batch is None:
+        return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name)
+    budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
+    return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
+                   max_cost=batch.max_cost, latency_budget_s=budget, group_by_cost=batch.group_by_cost,
+                   name=endpoint.spec.name)
+
+
+def _answer(call_id: str, output: Any, error: EmberError | None, batch_size: int) -> Answer:
+    if error is None:
+        try:
+            return Answer(call_id=call_id, output=msgspec.Raw(encoder.encode(output)), batch_size=batch_size)
+        except (TypeError, ValueError) as exc:
+            error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
+    info = ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
+                     retry_after_s=error.retry_after_s, call_id=call_id or None)
+    return Answer(call_id=call_id, error=info, batch_size=batch_size)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The replica's arguments, with ``main_at``: when it began (the interpreter and Ember's modules are
+    loaded by then, or the fork is done); and its logging set up."""
+    main_at = time.time()
+    args = _parse(argv)
+    args.main_at = main_at
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s",
+                        force=True)
+    return args
+
+
+async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None, nc: Any = None,
+                stores: dict[str, Any] | None = None) -> int:
+    """Run a replica on the running loop until SIGTERM; ``preloaded`` (and maybe a connection) when it was
+    forked from a zygote (see ``ember_runtime.zygote``)."""
+    replica = Replica(args, preloaded)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, replica.stop.set)
+    if args.exit_with:
+        _exit_with(loop, args.exit_with, replica.stop)
+    return await replica.run(nc, stores)
+
+
+def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
+    """Stop (drain) when process ``pid`` exits. A fresh replica dies with the agent that started it through
+    the kernel's parent-death signal; a forked one's parent is its zygote, so it watches the agent itself."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        log.warning("cannot watch process %d: this replica will not stop with it", pid)
+        return
+    loop.add_reader(fd, stop.set)
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="ember_runtime.replica")
+    p.add_argument("--nats", required=True)
+    p.add_argument("--bundle", required=True, help="unpacked bundle folder")
+    p.add_argument("--module", required=True)
+    p.add_argument("--app", required=True)
+    p.add_argument("--service", required=True)
+    p.add_argument("--version", type=int, required=True)
+    p.add_argument("--replica-id", required=True)
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--restarts", type=int, default=0)
+    p.add_argument("--restart-reason", default="", help="why the previous process of this replica ended")
+    p.add_argument("--start-kind", choices=["cold", "artifact", "zygote"], default="cold")
+    p.add_argument("--exit-with", type=int, default=0, metavar="PID",
+                   help="drain and exit when process PID (the node agent) exits; for replicas forked from a zygote")
+    p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
+    p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a replica in a fresh interpreter, started by the node agent."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    code = ember_loop.run(serve(args))
+    if code == EXIT_ABANDONED_SETUP:
+        # The setup thread is still running user code; do not wait for it at interpreter exit.
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+

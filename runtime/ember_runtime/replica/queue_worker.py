@@ -1,0 +1,240 @@
+"""A replica's worker for one function's durable queue (JetStream work queue, durable pull consumer).
+
+It pulls only as many calls as the batcher has room for and feeds them in as ``batch``-priority calls,
+so interactive HTTP traffic goes first. While a call is held (queued or running) its message is kept
+alive with in-progress acks. The result is stored first (first writer wins), then the message is acked;
+a failure in user code is retried with backoff (nak with a delay) until the function's retries are
+spent, then the call fails and goes to the dead letters. A replica that stops naks what it still holds,
+for prompt redelivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from ember._errors import (
+    DeadlineExceededError,
+    EmberError,
+    OverloadedError,
+    RemoteError,
+    UnavailableError,
+)
+from ember.wire import (
+    CALL_ID_HEADER,
+    DEADLINE_HEADER,
+    EVENT_REPLY_TO_HEADER,
+    EVENT_STATUS_HEADER,
+    CallRecord,
+    ErrorInfo,
+    Retries,
+    encoder,
+    subjects,
+)
+from ember.wire.callstore import CallStore, final
+from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.replica.endpoint import Endpoint
+
+log = logging.getLogger("ember.queue")
+CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
+FETCH_WAIT_S = 0.5
+_RETRYABLE = (UnavailableError.code, OverloadedError.code)
+
+
+class QueueWorker:
+    def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
+                 retries: Retries, *, events: bool = False) -> None:
+        self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
+        self._events = events
+        self._js = js
+        self._store = store
+        self._app = app
+        self._endpoint = endpoint
+        self._batcher = batcher
+        self._retries = retries
+        self._held: dict[str, Msg] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.stop = asyncio.Event()
+
+    @property
+    def function(self) -> str:
+        return self._endpoint.spec.name
+
+    async def run(self) -> None:
+        """Pull until :attr:`stop` is set, rebinding after any failure (a NATS restart, say)."""
+        while not self.stop.is_set():
+            try:
+                await self._pull()
+            except Exception:
+                log.exception("queue worker of %s failed; restarting it", self.function)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), 1.0)
+
+    async def _pull(self) -> None:
+        sub = await self._bind()
+        if sub is None:
+            return
+        ack_wait = (await sub.consumer_info()).config.ack_wait or 30.0
+        keepalive = asyncio.create_task(self._keep_alive(ack_wait / 3), name=f"in-progress-{self.function}")
+        try:
+            while not self.stop.is_set():
+                # Only what the batcher can start now: the rest stays in JetStream, queued and cancellable.
+                room = self._batcher.capacity - self._batcher.queued - self._batcher.in_flight
+                if room <= 0:
+                    self._batcher.room.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._batcher.room.wait(), FETCH_WAIT_S)
+                    continue
+                try:
+                    msgs = await sub.fetch(room, timeout=FETCH_WAIT_S)
+                except NatsTimeoutError:
+                    continue
+                except Exception as exc:  # a disconnect, say: pull again once it is back
+                    log.warning("pulling %s failed: %s", self.function, exc)
+                    await asyncio.sleep(0.5)
+                    continue
+                # Taken together, so that the batcher sees them at once and can batch them.
+                await asyncio.gather(*(self._take_safely(msg) for msg in msgs))
+        finally:
+            keepalive.cancel()
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def finish(self) -> None:
+        """After the batcher is drained: settle the answers in flight, nak anything still held."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for msg in list(self._held.values()):
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        self._held.clear()
+
+    async def _bind(self) -> Any:
+        durable = subjects.calls_consumer(self._app, self.function)
+        while not self.stop.is_set():
+            try:
+                return await self._js.pull_subscribe_bind(durable=durable, stream=self._stream)
+            except Exception as exc:
+                log.warning("queue %s not available yet (%s); retrying", durable, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), 2.0)
+        return None
+
+    async def _keep_alive(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            for msg in list(self._held.values()):
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()
+
+    async def _take_safely(self, msg: Msg) -> None:
+        try:
+            await self._take(msg)
+        except Exception:
+            log.exception("could not take a call from %s; it will be redelivered", self.function)
+
+    async def _take(self, msg: Msg) -> None:
+        headers = msg.headers or {}
+        seq = msg.metadata.sequence.stream
+        call_id = headers.get(CALL_ID_HEADER) or headers.get("Nats-Msg-Id") or f"{self._stream.lower()}-{seq}"
+        attempt = msg.metadata.num_delivered or 1
+        record = await self._store.status(call_id) or _new_record(call_id, self._app, self.function)
+        record = msgspec.structs.replace(record, attempts=attempt)
+        deadline = float(headers.get(DEADLINE_HEADER, math.inf))
+        if deadline <= time.time():
+            error = DeadlineExceededError("the call's deadline passed while it was queued", call_id=call_id)
+            await self._settle(msg, record, "expired", error=error)
+            return
+        if attempt > self._retries.max_retries + 1 + CRASH_ALLOWANCE:
+            gave_up = RemoteError(f"delivered {attempt} times without an answer: the replica may crash on this input",
+                                  remote_type="RepeatedDelivery", call_id=call_id)
+            await self._settle(msg, record, "failed", error=gave_up, dead=True)
+            return
+        try:
+            value = self._endpoint.decode(msg.data)
+            cost = self._endpoint.cost_of(value)
+        except EmberError as exc:  # this input can never succeed
+            await self._settle(msg, record, "failed", error=exc, dead=True)
+            return
+        running = msgspec.structs.replace(record, status="running", updated_at=time.time())
+        await self._store.set_status(running)
+        # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
+        # seen here or refused; a finished call (a late duplicate) is acked without running again.
+        if await self._store.has_result(call_id):
+            await msg.ack()
+            return
+        self._held[call_id] = msg
+        try:
+            self._batcher.submit(Call(value, deadline, self._answerer(msg, running), call_id, "batch", cost))
+        except EmberError:
+            self._held.pop(call_id, None)
+            await self._store.set_status(msgspec.structs.replace(running, status="queued"))
+            await msg.nak(delay=1.0)
+
+    def _answerer(self, msg: Msg, record: CallRecord) -> Any:
+        async def answer(output: Any, error: EmberError | None, _batch_size: int) -> None:
+            task = asyncio.create_task(self._complete(msg, record, output, error))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+        return answer
+
+    async def _complete(self, msg: Msg, record: CallRecord, output: Any, error: EmberError | None) -> None:
+        self._held.pop(record.call_id, None)
+        try:
+            if error is None:
+                try:
+                    encoded = encoder.encode(output)
+                except (TypeError, ValueError) as exc:
+                    error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
+                    await self._settle(msg, record, "failed", error=error, dead=True)
+                    return
+                await self._settle(msg, record, "succeeded", output=encoded)
+            elif error.code in _RETRYABLE:
+                await self._store.set_status(msgspec.structs.replace(record, status="queued"))
+                await msg.nak(delay=0.1)
+            elif error.code == DeadlineExceededError.code:
+                await self._settle(msg, record, "expired", error=error)
+            elif error.code == RemoteError.code and record.attempts <= self._retries.max_retries:
+                await self._store.set_status(msgspec.structs.replace(record, status="queued", error=_info(error)))
+                await msg.nak(delay=self._retries.delay_s(record.attempts))
+            else:
+                await self._settle(msg, record, "failed", error=error, dead=True)
+        except Exception:
+            log.exception("could not settle call %s; it will be redelivered", record.call_id)
+
+    async def _settle(self, msg: Msg, record: CallRecord, status: str, *, output: bytes = b"null",
+                      error: EmberError | None = None, dead: bool = False) -> None:
+        """Store the final record (first writer wins), dead-letter it if asked, then ack the message."""
+        info = _info(error) if error is not None else None
+        done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
+        if await self._store.finish(done):  # readers look for the final record first: no status update
+            if dead and info is not None:
+                await self._store.dead_letter(done, info, msg.data)
+            if self._events:
+                await self._publish_result(msg, done, output, info)
+        await msg.ack()
+
+    async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:
+        target = (msg.headers or {}).get(EVENT_REPLY_TO_HEADER) or self._endpoint.spec.result_subject
+        if target:
+            body = output if info is None else encoder.encode(info)
+            await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
+                                                              EVENT_STATUS_HEADER: done.status})
+
+
+def _info(error: EmberError) -> ErrorInfo:
+    return ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
+                     retry_after_s=error.retry_after_s, call_id=error.call_id)
+
+
+def _new_record(call_id: str, app: str, function: str) -> CallRecord:
+    now = time.time()
+    return CallRecord(call_id=call_id, app=app, function=function, status="queued", created_at=now, updated_at=now)

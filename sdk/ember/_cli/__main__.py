@@ -1,5 +1,0 @@
-import sys
-
-from ember._cli import main
-
-sys.exit(main())

@@ -1,0 +1,32 @@
+"""The ``ember`` command: a thin shell over the SDK. The only place that prints or exits."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ember._errors import EmberError
+from ember.cli import apps, call, calls, dev, logs, push, scale, status
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in (dev, push, apps, call, calls, logs, status, scale):
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except EmberError as exc:
+        print(f"ember: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

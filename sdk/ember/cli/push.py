@@ -1,0 +1,46 @@
+"""``ember push app.py``: deploy an app and wait for its minimum replicas."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ember._client import platform_url
+from ember._deploy import deploy
+from ember.wire import AppView
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("push", help="package an app and deploy it to the platform at EMBER_URL")
+    p.add_argument("app_file", help="the Python file that defines `app = ember.App(...)`")
+    p.add_argument("--app", dest="app_name", help="which app, when the file defines several")
+    p.add_argument("--no-wait", action="store_true", help="return once deployed, without waiting for replicas")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ready replicas")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    view = push_app(args.app_file, app_name=args.app_name, wait=not args.no_wait, timeout_s=args.timeout)
+    print_endpoints(view)
+    return 0
+
+
+def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0) -> AppView:
+    started = time.monotonic()
+
+    def progress(message: str, _view: AppView | None) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return deploy(path, app_name=app_name, wait=wait, timeout_s=timeout_s, progress=progress)
+
+
+def print_endpoints(view: AppView) -> None:
+    url = platform_url()
+    print(f"{view.app} v{view.version} is deployed:")
+    for svc in view.services:
+        for fn in svc.functions:
+            print(f"  POST {url}/v1/{view.app}/{fn}")
+    first = view.services[0].functions[0]
+    print(f"try:  curl -s -X POST {url}/v1/{view.app}/{first} -H 'content-type: application/json' -d '<input>'")
+    print(f"      ember call {view.app}.{first} --data '<input>'")
