@@ -9,6 +9,7 @@ from ember_platform.calls.router import Router
 from ember_platform.config import Settings
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
+from ember_platform.gateway.body import Validators
 
 
 class Platform:
@@ -18,6 +19,7 @@ class Platform:
         self.registry = registry
         self.router = Router(nc, registry.replica_alive)
         self.calls = registry.calls
+        self.validators = Validators()
         self.control = ControlLoop(registry, registry.stores,
                                    gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],

@@ -17,7 +17,7 @@ from ember._handles import Function, MethodHandle
 from ember._resources import GpuRequest, parse_gpu
 from ember._types import CallIO
 from ember._version import __version__
-from ember.wire import Batch, FunctionSpec, Manifest, Retries, ServiceSpec
+from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -25,7 +25,6 @@ C = TypeVar("C", bound=type)
 
 _APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RESERVED_APP_NAMES = {"apps", "bundles", "calls", "healthz", "readyz"}
 _SETUP_MARK = "__ember_setup__"
 
 
@@ -46,10 +45,10 @@ class App:
     """
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not _APP_NAME.fullmatch(name) or name in _RESERVED_APP_NAMES:
+        if not isinstance(name, str) or not _APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
             raise InvalidSpecError(
                 f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
-                f"letter or digit, and not one of {sorted(_RESERVED_APP_NAMES)}")
+                f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")
         self.name = name
         self._services: dict[str, _Service] = {}
 

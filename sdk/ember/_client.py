@@ -20,16 +20,16 @@ from urllib.parse import quote
 
 import msgspec
 
-from ember._errors import ConnectionError, DeadlineExceededError, EmberError, error_class
+from ember._errors import ConnectionError, DeadlineExceededError, EmberError
 from ember.wire import (
     HTTP_TIMEOUT_HEADER,
     CallRecord,
     DeadLetter,
     ErrorBody,
-    ErrorInfo,
     ReplayReply,
     SpawnReply,
     encoder,
+    error_from_info,
 )
 
 if TYPE_CHECKING:
@@ -230,12 +230,6 @@ def _error_from(response: httpx.Response) -> EmberError:
     except msgspec.MsgspecError:
         return EmberError(f"HTTP {response.status_code}: {response.text[:500]}")
     return error_from_info(info)
-
-
-def error_from_info(info: ErrorInfo) -> EmberError:
-    """The EmberError subclass a wire error stands for, with its details."""
-    return error_class(info.code)(info.message, field=info.field, retry_after_s=info.retry_after_s,
-                                  remote_type=info.type, call_id=info.call_id)
 
 
 _transports: dict[str, Transport] = {}

@@ -16,10 +16,10 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from ember._client import AsyncTransport, Transport, cancel_op, default_transport, error_from_info, record_op
+from ember._client import AsyncTransport, Transport, cancel_op, default_transport, record_op
 from ember._errors import ConflictError, DeadlineExceededError
 from ember._types import CallIO
-from ember.wire import FINAL_STATUSES, CallRecord, CallStatus, ErrorInfo
+from ember.wire import FINAL_STATUSES, CallRecord, CallStatus, ErrorInfo, error_from_info
 
 S = TypeVar("S")
 P = ParamSpec("P")

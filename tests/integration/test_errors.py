@@ -29,6 +29,20 @@ def test_unknown_app_and_function_are_404(hello, http):
     assert "greet" in err["message"]  # says what exists
 
 
+@pytest.mark.parametrize("path", ["/v1/apps/hello", "/v1/calls/abc", "/v1/status/x", "/v1/bundles/x",
+                                  "/v1/apps/hello/spawn", "/v1/calls/x/spawn"])
+def test_a_post_to_an_api_route_is_never_taken_for_a_call(hello, http, path):
+    """``/v1/<app>/<fn>`` must not shadow the API's own routes: these are 405, not calls to an app named "apps"."""
+    error_of(http.post(path, json={}), 405, "method_not_allowed")
+
+
+def test_an_app_may_not_take_the_name_of_an_api_route(hello, http):
+    manifest = {"app": "apps", "module": "m", "services": [{"name": "f", "kind": "function", "functions": [
+        {"name": "f", "attr": "f", "input_mode": "none"}]}]}
+    response = http.post("/v1/apps/apps/deployments", json={"bundle_sha256": "0" * 64, "manifest": manifest})
+    assert error_of(response, 422, "invalid_input")["field"] == "$.manifest.app"
+
+
 def test_wrong_input_type_is_422_naming_the_field(probe, hello, http):
     assert error_of(http.post("/v1/hello/greet", json=5), 422, "invalid_input")["field"] == "$"
     assert error_of(http.post("/v1/hello/norm", json={"x": 1, "y": "2"}), 422, "invalid_input")["field"] == "$.y"

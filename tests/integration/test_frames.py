@@ -58,7 +58,7 @@ def test_calls_of_one_turn_share_a_frame_and_each_gets_its_own_answer(platform):
         frames = await _stand_in(nc, subjects.invoke("frames", "f", 1), lambda call: bytes(call.input))
         answers = await asyncio.gather(*(_call(router, "frames", n) for n in range(20)))
         await nc.close()
-        assert not router._frames and not router._waiting  # nothing left behind
+        assert router.idle  # nothing left behind
         return frames, [bytes(a.output) for a in answers]
 
     frames, outputs = asyncio.run(scenario())
@@ -76,7 +76,7 @@ def test_no_responders_reach_every_call_of_the_frame(platform):
 
     results, router = asyncio.run(scenario())
     assert all(isinstance(r, UnavailableError) and "no replica" in str(r) for r in results), results
-    assert not router._frames and not router._outbox
+    assert router.idle
 
 
 def test_a_call_past_its_deadline_is_not_sent(platform):
@@ -96,7 +96,7 @@ def test_a_call_past_its_deadline_is_not_sent(platform):
 
     result, frames, router = asyncio.run(scenario())
     assert isinstance(result, UnavailableError)
-    assert frames == 0 and not router._frames
+    assert frames == 0 and router.idle
 
 
 def test_frames_stay_within_the_servers_message_limit(platform):

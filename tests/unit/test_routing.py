@@ -1,23 +1,36 @@
-"""Least-loaded routing: power of two choices over fresh load reports (the policy part of the router)."""
+"""Least-loaded routing: power of two choices over fresh load reports (``calls.choice``), and the router around it."""
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 
 import pytest
 
 from ember._errors import UnavailableError
 from ember.wire import Invocation, LoadReport, encoder
+from ember_platform.calls.choice import LoadBoard, choose
 from ember_platform.calls.router import Router
 
 
-def router(alive: set[str], *reports: LoadReport, age_s: float = 0.0) -> Router:
-    r = Router(nc=None, replica_alive=lambda rid: rid in alive)  # type: ignore[arg-type]
-    for report in reports:
-        r._reports.setdefault((report.app, report.function, report.version), {})[report.replica_id] = (
-            time.monotonic() - age_s, report)
-    return r
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def board(*reports: tuple[LoadReport, float]) -> LoadBoard:
+    """A board that received each report ``age_s`` seconds ago."""
+    clock = Clock()
+    loads = LoadBoard(clock=clock)
+    for report, age_s in sorted(reports, key=lambda r: -r[1]):
+        clock.now = 100.0 - age_s
+        loads.record(report)
+    clock.now = 100.0
+    return loads
 
 
 def load(replica: str, queued: int, in_flight: int = 0, per_call_s: float = 0.0) -> LoadReport:
@@ -26,42 +39,52 @@ def load(replica: str, queued: int, in_flight: int = 0, per_call_s: float = 0.0)
 
 
 def test_the_less_loaded_of_two_replicas_is_chosen():
-    r = router({"busy", "idle"}, load("busy", 9, 8), load("idle", 0))
-    assert {r.choose("a", "f", 1, set()) for _ in range(20)} == {"idle"}
+    reports = [load("busy", 9, 8), load("idle", 0)]
+    assert {choose(reports, {}) for _ in range(20)} == {"idle"}
 
 
 def test_calls_sent_since_the_report_count_as_load():
-    r = router({"x", "y"}, load("x", 0), load("y", 0))
-    r._sent["x"] = 5
-    assert {r.choose("a", "f", 1, set()) for _ in range(20)} == {"y"}
+    reports = [load("x", 0), load("y", 0)]
+    assert {choose(reports, {"x": 5}) for _ in range(20)} == {"y"}
 
 
 def test_estimated_wait_uses_the_cost_per_call_when_known():
-    r = router({"slow", "fast"}, load("slow", 1, per_call_s=0.100), load("fast", 5, per_call_s=0.001))
-    assert r.choose("a", "f", 1, set()) == "fast"
-
-
-def test_stale_dead_or_excluded_replicas_are_not_chosen():
-    assert router({"x"}, load("x", 0), age_s=5.0).choose("a", "f", 1, set()) is None  # stale: use the queue group
-    assert router(set(), load("x", 0)).choose("a", "f", 1, set()) is None  # not alive
-    assert router({"x", "y"}, load("x", 0), load("y", 7)).choose("a", "f", 1, {"x"}) == "y"
-    assert router({"x"}, load("x", 0)).choose("a", "f", 2, set()) is None  # another version
+    assert choose([load("slow", 1, per_call_s=0.100), load("fast", 5, per_call_s=0.001)], {}) == "fast"
 
 
 def test_a_replica_without_a_cost_estimate_is_compared_by_counts():
-    r = router({"new", "old"}, load("new", 0), load("old", 6, per_call_s=0.001))
-    assert r.choose("a", "f", 1, set()) == "new"
+    assert choose([load("new", 0), load("old", 6, per_call_s=0.001)], {}) == "new"
 
 
-def router_with(*reports: tuple[LoadReport, float]) -> Router:
-    """A router that received each report ``age_s`` ago, through its report handler."""
-    r = router(set())
-    for report, age_s in reports:
+def test_one_candidate_is_taken_and_none_means_the_queue_group():
+    assert choose([load("x", 50)], {"x": 9}) == "x"
+    assert choose([], {}) is None
+
+
+def test_a_seeded_generator_makes_the_choice_repeatable():
+    reports = [load(f"r{i}", i % 3) for i in range(8)]
+    assert [choose(reports, {}, random.Random(7)) for _ in range(5)] == \
+        [choose(reports, {}, random.Random(7)) for _ in range(5)]
+
+
+def test_only_fresh_reports_of_the_function_version_are_candidates():
+    loads = board((load("x", 0), 0.0), (load("stale", 0), 5.0))
+    assert [r.replica_id for r in loads.fresh("a", "f", 1)] == ["x"]
+    assert loads.fresh("a", "f", 2) == []  # another version
+    assert loads.fresh("a", "g", 1) == []
+
+
+def router(alive: set[str], *reports: LoadReport) -> Router:
+    r = Router(nc=None, replica_alive=lambda rid: rid in alive)  # type: ignore[arg-type]
+    for report in reports:
         asyncio.run(r._on_report(_Msg(encoder.encode(report))))  # type: ignore[arg-type]
-        key = (report.app, report.function, report.version)
-        at, kept = r._reports[key][report.replica_id]
-        r._reports[key][report.replica_id] = (at - age_s, kept)
     return r
+
+
+def test_the_router_skips_dead_and_excluded_replicas():
+    assert router(set(), load("x", 0)).choose("a", "f", 1, set()) is None  # not alive: the queue group
+    assert router({"x", "y"}, load("x", 0), load("y", 7)).choose("a", "f", 1, {"x"}) == "y"
+    assert router({"x"}, load("x", 0)).choose("a", "f", 2, set()) is None  # another version
 
 
 class _Msg:
@@ -75,15 +98,15 @@ def cost(replica: str, function: str, per_call_s: float, version: int = 1) -> Lo
 
 
 def test_capacity_is_one_over_the_median_fresh_cost_per_call_of_the_service():
-    r = router_with((cost("x", "M.predict", 0.010), 0.0), (cost("y", "M.predict", 0.020), 0.0),
-                    (cost("z", "M.embed", 0.040, version=2), 0.0),  # any function and version of the service
-                    (cost("old", "M.predict", 0.001), 5.0),  # stale
-                    (cost("new", "M.predict", 0.0), 0.0),  # not measured yet
-                    (cost("w", "other", 0.001), 0.0))  # another service
-    assert r.capacity("a", "M") == 1 / 0.020
-    assert r.capacity("a", "other") == 1 / 0.001
-    assert r.capacity("a", "nothing") is None
-    assert router_with((cost("old", "M.predict", 0.01), 5.0)).capacity("a", "M") is None
+    loads = board((cost("x", "M.predict", 0.010), 0.0), (cost("y", "M.predict", 0.020), 0.0),
+                  (cost("z", "M.embed", 0.040, version=2), 0.0),  # any function and version of the service
+                  (cost("old", "M.predict", 0.001), 5.0),  # stale
+                  (cost("new", "M.predict", 0.0), 0.0),  # not measured yet
+                  (cost("w", "other", 0.001), 0.0))  # another service
+    assert loads.capacity("a", "M") == 1 / 0.020
+    assert loads.capacity("a", "other") == 1 / 0.001
+    assert loads.capacity("a", "nothing") is None
+    assert board((cost("old", "M.predict", 0.01), 5.0)).capacity("a", "M") is None
 
 
 def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
@@ -104,7 +127,7 @@ def test_every_call_received_is_counted_once_per_service_whatever_its_fate():
             with pytest.raises(UnavailableError, match=r"could not send the call to a\..*: down"):
                 await r.call("a", function, 1, b"{}", call_id=function, deadline=time.time() + 10)
         assert r.received == {("a", "M"): 2, ("a", "f"): 1}
-        assert not r.in_flight and not r._frames
+        assert not r.in_flight and r.idle
 
     asyncio.run(scenario())
 

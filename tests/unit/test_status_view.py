@@ -18,7 +18,7 @@ from ember.wire import (
     SlotAssignment,
 )
 from ember_platform.control.loop import ServiceState
-from ember_platform.gateway.status import node_view, service_status
+from ember_platform.control.status import node_view, service_status
 from ember_platform.scheduler import AutoscaleConfig, initial_state
 
 GPU = ServiceSpec(name="gpu", kind="function", functions=[FunctionSpec(name="gpu", attr="gpu", input_mode="none")],

@@ -23,7 +23,6 @@ from ember.wire import (
     CALL_ID_HEADER,
     DEADLINE_HEADER,
     FINAL_STATUSES,
-    PRIORITY_HEADER,
     CallRecord,
     DeadLetter,
     ErrorInfo,
@@ -99,7 +98,7 @@ class Calls:
                                                              status="queued", created_at=now, updated_at=now))
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
-        headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id, PRIORITY_HEADER: "batch"}
+        headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
         if math.isfinite(deadline):
             headers[DEADLINE_HEADER] = repr(deadline)
         await self._js.publish(subjects.calls(app, function), body, headers=headers)

@@ -27,12 +27,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import random
-import statistics
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -40,12 +39,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember.wire import Answer, Invocation, LoadReport, answers_decoder, encoder, load_decoder, split_frames, subjects
+from ember.wire import Answer, Invocation, Outbox, answers_decoder, encoder, load_decoder, split_frames, subjects
+from ember_platform.calls.choice import LoadBoard, choose
 
 log = logging.getLogger("ember.router")
 
 NO_REPLICA_POLL_S = 0.05
-REPORT_FRESH_S = 1.0
 ACK_TIMEOUT_S = 2.0
 LIVENESS_CHECK_S = 0.25
 MAX_ATTEMPTS = 3
@@ -76,19 +75,23 @@ class Router:
         self._waiting: dict[str, _Pending] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
         self.received: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls received, ever
-        self._services: dict[tuple[str, str], set[tuple[str, str, int]]] = {}  # (app, service) -> report keys
-        self._reports: dict[tuple[str, str, int], dict[str, tuple[float, LoadReport]]] = {}
+        self.loads = LoadBoard()
+        self.capacity = self.loads.capacity
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
         self._subs: list[Subscription] = []
-        self._outbox: dict[str, list[_Pending]] = {}  # subject -> calls to send in this turn of the loop
+        self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
         self._frames: dict[str, _Frame] = {}  # frame id -> the calls it carried that still wait
         self._frame_ids = itertools.count()
-        self._publishing: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._inbox = self._nc.new_inbox()
         self._subs = [await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_answers),
                       await self._nc.subscribe(subjects.STATS_ALL, cb=self._on_report)]
+
+    @property
+    def idle(self) -> bool:
+        """Nothing held: no call waiting, queued or counted in a frame."""
+        return not self._waiting and not self._frames and not self._outbox
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -99,34 +102,13 @@ class Router:
             report = load_decoder.decode(msg.data)
         except Exception:
             return
-        key = (report.app, report.function, report.version)
-        self._reports.setdefault(key, {})[report.replica_id] = (time.monotonic(), report)
-        self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
-
-    def capacity(self, app: str, service: str) -> float | None:
-        """Calls per second one replica of the service serves in full batches, by the replicas' own estimate:
-        one over the median predicted cost of a call (``per_call_s``) in its fresh reports; None without one."""
-        now = time.monotonic()
-        costs = [r.per_call_s for key in self._services.get((app, service), ())
-                 for at, r in self._reports[key].values() if now - at < REPORT_FRESH_S and r.per_call_s > 0]
-        return 1.0 / statistics.median(costs) if costs else None
+        self.loads.record(report)
 
     def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
-        """The replica to send a call to (power of two choices on fresh reports), or None: use the queue group."""
-        reports = self._reports.get((app, function, version))
-        if not reports:
-            return None
-        now = time.monotonic()
-        fresh = [r for at, r in reports.values()
-                 if now - at < REPORT_FRESH_S and r.replica_id not in exclude and self._alive(r.replica_id)]
-        if len(fresh) < 2:
-            return fresh[0].replica_id if fresh else None
-        pair = random.sample(fresh, 2)
-        timed = all(r.per_call_s > 0 for r in pair)  # compare seconds only when both replicas measured them
-        return min(pair, key=lambda r: self._waiting_calls(r) * (r.per_call_s if timed else 1.0)).replica_id
-
-    def _waiting_calls(self, report: LoadReport) -> int:
-        return report.queued + report.in_flight + self._sent[report.replica_id] + 1
+        """The replica to send a call to (see ``choice.choose``), or None: use the queue group."""
+        candidates = [r for r in self.loads.fresh(app, function, version)
+                      if r.replica_id not in exclude and self._alive(r.replica_id)]
+        return choose(candidates, self._sent)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float) -> Answer:
@@ -181,13 +163,11 @@ class Router:
 
     def _send(self, subject: str, pending: _Pending) -> None:
         """Queue the call for ``subject``; the frames go out once the calls of this turn of the loop are in."""
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.setdefault(subject, []).append(pending)
+        self._outbox.put(subject, pending)
         pending.queued = True
 
-    def _flush(self) -> None:
-        outbox, self._outbox = self._outbox, {}
+    def _frame(self, outbox: dict[str, list[_Pending]]) -> Coroutine[Any, Any, None] | None:
+        """The calls of one turn of the loop, in frames; the coroutine that sends them."""
         frames = []
         for subject, queued in outbox.items():
             calls = [p for p in queued if p.queued]  # not those whose caller left before this
@@ -198,10 +178,7 @@ class Router:
                 for pending in frame:
                     pending.queued, pending.frame = False, frame_id
                 frames.append((subject, frame_id, encoder.encode([p.invocation for p in frame])))
-        if frames:
-            task = asyncio.get_running_loop().create_task(self._publish(frames))
-            self._publishing.add(task)  # the loop holds only a weak reference to a task
-            task.add_done_callback(self._publishing.discard)
+        return self._publish(frames) if frames else None
 
     async def _publish(self, frames: list[tuple[str, str, bytes]]) -> None:
         for subject, frame_id, data in frames:

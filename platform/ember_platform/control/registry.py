@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from ember._errors import InvalidInputError, NotFoundError
 from ember.wire import (
+    RESERVED_APP_NAMES,
     AppView,
     Deployment,
     DeployRequest,
@@ -33,7 +34,6 @@ from ember.wire import (
 )
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, ensure_buckets
 from ember_platform.calls.durable import Calls
-from ember_platform.gateway.body import InputValidator
 
 
 class Registry:
@@ -45,7 +45,6 @@ class Registry:
         self.stores: dict[str, Any] = {}
         self.deployments: KVMirror[Deployment]  # set by start()
         self.replicas: KVMirror[ReplicaStatus]
-        self._validators: dict[tuple[str, int, str], InputValidator] = {}
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
         self._log_sub: Any = None
         self._deploy_lock = asyncio.Lock()
@@ -69,18 +68,15 @@ class Registry:
 
     # -- functions ---------------------------------------------------------------------------------
 
-    def resolve(self, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:
-        """The current deployment of ``app.name`` and its validator; ``NotFoundError`` otherwise."""
+    def resolve(self, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+        """The current deployment of ``app.name``, its service and function; ``NotFoundError`` otherwise."""
         dep = self.deployments.items.get(app)
         if dep is None:
             raise NotFoundError(f"no app named {app!r} is deployed")
         for svc in dep.manifest.services:
             for fn in svc.functions:
                 if fn.name == name:
-                    key = (app, dep.version, name)
-                    if key not in self._validators:
-                        self._validators[key] = InputValidator(fn)
-                    return dep, svc, fn, self._validators[key]
+                    return dep, svc, fn
         known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
         raise NotFoundError(f"app {app!r} has no function {name!r} (it has: {known})")
 
@@ -120,6 +116,8 @@ class Registry:
         if request.manifest.app != app:
             raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
                                     field="$.manifest.app")
+        if app in RESERVED_APP_NAMES:
+            raise InvalidInputError(f"{app!r} names a route of the API; no app may take it", field="$.manifest.app")
         if not request.manifest.services:
             raise InvalidInputError("the app serves no functions", field="$.manifest.services")
         if not await self.has_bundle(request.bundle_sha256):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import msgspec
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
@@ -9,8 +11,21 @@ from starlette.requests import ClientDisconnect, Request
 
 from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
 from ember._types import invalid_input
-from ember.wire import FunctionSpec
+from ember.wire import Deployment, FunctionSpec
 from ember_platform.gateway.schema import decoder_for
+
+T = TypeVar("T")
+
+
+def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
+    """A request body of an API route (not a call's input) as its Struct: 400 for malformed JSON, 422 naming the
+    field that does not fit."""
+    try:
+        return decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise invalid_input(exc) from exc
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from exc
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -42,6 +57,20 @@ def header(request: Request, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")  # type: ignore[no-any-return]
     return None
+
+
+class Validators:
+    """Each function's ``InputValidator``, built on its first call and kept for the app's current version."""
+
+    def __init__(self) -> None:
+        self._by_function: dict[tuple[str, str], tuple[int, InputValidator]] = {}  # (app, fn) -> version, validator
+
+    def of(self, dep: Deployment, spec: FunctionSpec) -> InputValidator:
+        key = (dep.app, spec.name)
+        kept = self._by_function.get(key)
+        if kept is None or kept[0] != dep.version:
+            kept = self._by_function[key] = (dep.version, InputValidator(spec))
+        return kept[1]
 
 
 class InputValidator:

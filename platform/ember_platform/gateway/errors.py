@@ -8,7 +8,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._errors import EmberError, error_class
-from ember.wire import ErrorBody, ErrorInfo, encoder
+from ember.wire import ErrorBody, ErrorInfo, encoder, error_info
 
 
 def error_response(info: ErrorInfo, status: int | None = None) -> Response:
@@ -22,13 +22,8 @@ def error_response(info: ErrorInfo, status: int | None = None) -> Response:
                     media_type="application/json")
 
 
-def info_of(exc: EmberError) -> ErrorInfo:
-    return ErrorInfo(code=exc.code, message=exc.message, field=exc.field, type=exc.remote_type,
-                     retry_after_s=exc.retry_after_s, call_id=exc.call_id)
-
-
 def ember_error_response(exc: EmberError) -> Response:
-    return error_response(info_of(exc), exc.http_status)
+    return error_response(error_info(exc), exc.http_status)
 
 
 async def ember_error_handler(_request: Request, exc: Exception) -> Response:

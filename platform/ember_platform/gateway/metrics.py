@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from starlette.requests import Request
+from starlette.responses import Response
+
 from ember.wire import FunctionStats, Histogram, ReplicaStatus
+from ember_platform.gateway.responses import platform_of
 
 _COUNTERS = (
     ("ember_calls_total", "calls", "Calls run by the replica's batcher."),
@@ -85,3 +89,10 @@ def _labels(replica: ReplicaStatus, stats: FunctionStats) -> str:
 
 def _num(value: float) -> str:
     return repr(float(value)) if isinstance(value, float) and not value.is_integer() else str(int(value))
+
+
+async def metrics(request: Request) -> Response:
+    registry = platform_of(request).registry
+    replicas = [r for app in sorted(registry.deployments.items) for r in registry.live_replicas(app)]
+    return Response(render(replicas), media_type="text/plain; version=0.0.4")
+

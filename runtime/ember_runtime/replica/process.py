@@ -21,23 +21,21 @@ import msgspec
 from nats.aio.msg import Msg
 
 from ember import _loop as ember_loop
-from ember._errors import EmberError, NotFoundError, RemoteError, UnavailableError
+from ember._errors import EmberError, NotFoundError, UnavailableError
 from ember._loader import find_app, import_app_module
 from ember.wire import (
-    Answer,
-    ErrorInfo,
     Invocation,
     LoadReport,
     ReplicaStatus,
     StartPhases,
     encoder,
     invocations_decoder,
-    split_frames,
     subjects,
 )
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import connect, ensure_buckets
 from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.zygote.process import Preloaded
@@ -45,7 +43,6 @@ from ember_runtime.zygote.process import Preloaded
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
-ACK_DELAY_S = 0.01  # calls answered sooner are never acked (see _Answers)
 DRAIN_GRACE_S = 20.0
 EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
@@ -129,7 +126,7 @@ class Replica:
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
-        self.answers = _Answers(nc, self.args.replica_id)
+        self.answers = Answers(nc, self.args.replica_id)
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
@@ -171,20 +168,20 @@ class Replica:
         call_id = invocation.call_id
 
         async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
-            self.answers.answer(reply, _answer(call_id, output, error, batch_size))
+            self.answers.answer(reply, answer_of(call_id, output, error, batch_size))
 
         if served is None:
             error = NotFoundError(f"replica {self.args.replica_id} serves no function {invocation.function!r}")
-            self.answers.answer(reply, _answer(call_id, None, error, 0))
+            self.answers.answer(reply, answer_of(call_id, None, error, 0))
             return
         endpoint, batcher = served
         self.answers.hold(reply, call_id)
         try:
             value = endpoint.decode(invocation.input)
-            batcher.submit(Call(value, invocation.deadline, answer, call_id, invocation.priority,
+            batcher.submit(Call(value, invocation.deadline, answer, call_id, "interactive",
                                 endpoint.cost_of(value)))
         except EmberError as exc:
-            self.answers.answer(reply, _answer(call_id, None, exc, 0))
+            self.answers.answer(reply, answer_of(call_id, None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining."""
@@ -252,75 +249,6 @@ class Replica:
                 log.warning("heartbeat failed: %s", exc)
 
 
-class _Answers:
-    """Answers to synchronous calls, sent in frames: one message per gateway inbox and turn of the event loop
-    holds every answer due there (a batch's answers come out together), so a batch of N calls costs one
-    message back rather than N.
-
-    It also acks, naming this replica, the calls still unanswered at the next sweep (sweeps run
-    ``ACK_DELAY_S`` apart while calls are held). The gateway needs the holder only to resend a call whose
-    replica died and to cancel a call whose client went away; a call answered sooner is never acked.
-    """
-
-    def __init__(self, nc: Any, replica_id: str) -> None:
-        self._nc = nc
-        self._replica_id = replica_id
-        self._held: dict[str, str] = {}  # call id -> reply inbox, for calls not answered yet
-        self._outbox: dict[str, list[Answer]] = {}  # reply inbox -> answers to send in this turn of the loop
-        self._sweep: asyncio.TimerHandle | None = None
-        self._publishing: set[asyncio.Task[None]] = set()
-
-    def hold(self, reply: str, call_id: str) -> None:
-        self._held[call_id] = reply
-        if self._sweep is None:
-            self._sweep = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_held)
-
-    def answer(self, reply: str, answer: Answer) -> None:
-        self._held.pop(answer.call_id, None)
-        self._queue(reply, answer)
-
-    def _ack_held(self) -> None:
-        self._sweep = None
-        held, self._held = self._held, {}
-        for call_id, reply in held.items():
-            self._queue(reply, Answer(call_id=call_id, ack=self._replica_id))
-
-    def _queue(self, reply: str, answer: Answer) -> None:
-        if not reply:
-            return  # a frame sent without a reply inbox wants no answers
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.setdefault(reply, []).append(answer)
-
-    def _flush(self) -> None:
-        outbox, self._outbox = self._outbox, {}
-        task = asyncio.get_running_loop().create_task(self._publish(outbox))
-        self._publishing.add(task)  # the loop holds only a weak reference to a task
-        task.add_done_callback(self._publishing.discard)
-
-    async def _publish(self, outbox: dict[str, list[Answer]]) -> None:
-        limit = self._nc.max_payload
-        for reply, answers in outbox.items():
-            sizes = [len(a.output) + (len(a.error.message) if a.error else 0) for a in answers]
-            for frame in split_frames(answers, sizes, limit):
-                data = encoder.encode(frame)
-                if len(data) > limit:  # one answer alone: its output is too large for a NATS message
-                    (answer,) = frame
-                    error = RemoteError(f"the output ({len(answer.output)} bytes) is over the {limit}-byte "
-                                        "limit of a NATS message", remote_type="ValueError")
-                    data = encoder.encode([_answer(answer.call_id, None, error, answer.batch_size)])
-                try:
-                    await self._nc.publish(reply, data)
-                except Exception as exc:  # the gateway resends calls that get no answer
-                    log.warning("could not send %d answers to %s: %s", len(frame), reply, exc)
-
-    async def drain(self) -> None:
-        """Send what is queued now (before the connection drains)."""
-        if self._outbox:
-            self._flush()
-        await asyncio.gather(*self._publishing, return_exceptions=True)
-
-
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
     batch = endpoint.spec.batch
     if batch is None:
@@ -329,17 +257,6 @@ def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
     return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
                    max_cost=batch.max_cost, latency_budget_s=budget, group_by_cost=batch.group_by_cost,
                    name=endpoint.spec.name)
-
-
-def _answer(call_id: str, output: Any, error: EmberError | None, batch_size: int) -> Answer:
-    if error is None:
-        try:
-            return Answer(call_id=call_id, output=msgspec.Raw(encoder.encode(output)), batch_size=batch_size)
-        except (TypeError, ValueError) as exc:
-            error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
-    info = ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
-                     retry_after_s=error.retry_after_s, call_id=call_id or None)
-    return Answer(call_id=call_id, error=info, batch_size=batch_size)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

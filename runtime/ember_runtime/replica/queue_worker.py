@@ -36,7 +36,9 @@ from ember.wire import (
     CallRecord,
     ErrorInfo,
     Retries,
+    encode_output,
     encoder,
+    error_info,
     subjects,
 )
 from ember.wire.callstore import CallStore, final
@@ -191,10 +193,9 @@ class QueueWorker:
         try:
             if error is None:
                 try:
-                    encoded = encoder.encode(output)
-                except (TypeError, ValueError) as exc:
-                    error = RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__)
-                    await self._settle(msg, record, "failed", error=error, dead=True)
+                    encoded = encode_output(output)
+                except RemoteError as exc:
+                    await self._settle(msg, record, "failed", error=exc, dead=True)
                     return
                 await self._settle(msg, record, "succeeded", output=encoded)
             elif error.code in _RETRYABLE:
@@ -203,7 +204,7 @@ class QueueWorker:
             elif error.code == DeadlineExceededError.code:
                 await self._settle(msg, record, "expired", error=error)
             elif error.code == RemoteError.code and record.attempts <= self._retries.max_retries:
-                await self._store.set_status(msgspec.structs.replace(record, status="queued", error=_info(error)))
+                await self._store.set_status(msgspec.structs.replace(record, status="queued", error=error_info(error)))
                 await msg.nak(delay=self._retries.delay_s(record.attempts))
             else:
                 await self._settle(msg, record, "failed", error=error, dead=True)
@@ -213,7 +214,7 @@ class QueueWorker:
     async def _settle(self, msg: Msg, record: CallRecord, status: str, *, output: bytes = b"null",
                       error: EmberError | None = None, dead: bool = False) -> None:
         """Store the final record (first writer wins), dead-letter it if asked, then ack the message."""
-        info = _info(error) if error is not None else None
+        info = error_info(error) if error is not None else None
         done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
         if await self._store.finish(done):  # readers look for the final record first: no status update
             if dead and info is not None:
@@ -228,11 +229,6 @@ class QueueWorker:
             body = output if info is None else encoder.encode(info)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
                                                               EVENT_STATUS_HEADER: done.status})
-
-
-def _info(error: EmberError) -> ErrorInfo:
-    return ErrorInfo(code=error.code, message=error.message, field=error.field, type=error.remote_type,
-                     retry_after_s=error.retry_after_s, call_id=error.call_id)
 
 
 def _new_record(call_id: str, app: str, function: str) -> CallRecord:

@@ -8,7 +8,7 @@ import msgspec
 
 from ember._client import default_transport
 from ember.cli.output import split_target
-from ember.wire import ServiceStatus, encoder
+from ember.wire import ScaleRequest, ServiceStatus, encoder
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def run(args: argparse.Namespace) -> int:
     app, fn = split_target(args.target)
-    body = {"service": fn.split(".")[0], "min_replicas": args.min_replicas, "max_replicas": args.max_replicas}
+    body = ScaleRequest(service=fn.split(".")[0], min_replicas=args.min_replicas, max_replicas=args.max_replicas)
     response = default_transport().request("POST", f"/v1/apps/{app}/scale", content=encoder.encode(body),
                                            headers={"content-type": "application/json"})
     status = msgspec.json.decode(response.content, type=ServiceStatus)

@@ -1,0 +1,68 @@
+"""Which replica takes a synchronous call: the replicas' load reports and the choice made from them.
+
+``LoadBoard`` keeps the latest report of each replica (per function version) and when it came; ``choose`` is a
+pure function of the candidates' reports and of the calls the router sent each one since: power of two
+choices, comparing estimated waits (calls ahead times seconds per call) when both replicas measured their
+cost, else the counts of calls ahead.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from ember.wire import LoadReport
+
+REPORT_FRESH_S = 1.0  # an older report says nothing of a replica's load now (they come every 0.1 s)
+
+ReportKey = tuple[str, str, int]  # (app, function, version)
+
+
+class LoadBoard:
+    """The replicas' latest load reports, kept per function version and per service."""
+
+    def __init__(self, fresh_s: float = REPORT_FRESH_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._fresh_s = fresh_s
+        self._clock = clock
+        self._reports: dict[ReportKey, dict[str, tuple[float, LoadReport]]] = {}
+        self._services: dict[tuple[str, str], set[ReportKey]] = {}  # (app, service) -> its functions' keys
+
+    def record(self, report: LoadReport) -> None:
+        key = (report.app, report.function, report.version)
+        self._reports.setdefault(key, {})[report.replica_id] = (self._clock(), report)
+        self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
+
+    def fresh(self, app: str, function: str, version: int) -> list[LoadReport]:
+        """The reports of the function version's replicas that are recent enough to route by."""
+        reports = self._reports.get((app, function, version))
+        if not reports:
+            return []
+        now = self._clock()
+        return [r for at, r in reports.values() if now - at < self._fresh_s]
+
+    def capacity(self, app: str, service: str) -> float | None:
+        """Calls per second one replica of the service serves in full batches, by the replicas' own estimate:
+        one over the median predicted cost of a call (``per_call_s``) in its fresh reports; None without one."""
+        now = self._clock()
+        costs = [r.per_call_s for key in self._services.get((app, service), ())
+                 for at, r in self._reports[key].values() if now - at < self._fresh_s and r.per_call_s > 0]
+        return 1.0 / statistics.median(costs) if costs else None
+
+
+def choose(candidates: Sequence[LoadReport], sent: Mapping[str, int],
+           rng: random.Random | None = None) -> str | None:
+    """The replica to send a call to among ``candidates`` (fresh, live, not yet tried), or None when there is
+    none (the router then uses the queue group). ``sent``: calls sent to each replica and not answered yet,
+    which its last report may not count."""
+    if len(candidates) < 2:
+        return candidates[0].replica_id if candidates else None
+    pair = (rng or random).sample(list(candidates), 2)
+    timed = all(r.per_call_s > 0 for r in pair)  # compare seconds only when both replicas measured them
+
+    def expected_wait(report: LoadReport) -> float:
+        ahead = report.queued + report.in_flight + sent.get(report.replica_id, 0) + 1
+        return ahead * (report.per_call_s if timed else 1.0)
+
+    return min(pair, key=expected_wait).replica_id

@@ -1,0 +1,93 @@
+"""Calls on the wire: the one error shape, synchronous calls and their answers (in frames, see ``frames``), and
+asynchronous calls' records, dead letters and replays."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+
+class ErrorInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """The one shape of every error, over HTTP (inside ``{"error": ...}``) and over NATS."""
+
+    code: str
+    message: str
+    field: str | None = None
+    type: str | None = None
+    retry_after_s: float | None = None
+    call_id: str | None = None
+
+
+class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
+    error: ErrorInfo
+
+
+class Invocation(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One synchronous call, gateway to replica. A NATS message carries a list of them (a frame): the calls the
+    gateway sent to the same subject in one turn of its event loop (see ``ember_platform.calls.router``)."""
+
+    call_id: str
+    function: str
+    deadline: float  # absolute, seconds since the epoch
+    input: msgspec.Raw = msgspec.Raw(b"null")  # the validated JSON body
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """A replica's word on one synchronous call, replica to gateway, also in lists (frames): either an ack,
+    naming the replica that holds a call it has not answered yet, or the call's output (raw JSON) or error."""
+
+    call_id: str
+    ack: str = ""
+    output: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorInfo | None = None
+    batch_size: int = 0
+
+CallStatus = Literal["queued", "running", "succeeded", "failed", "cancelled", "expired"]
+
+FINAL_STATUSES = ("succeeded", "failed", "cancelled", "expired")
+
+
+class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An asynchronous call, as ``GET /v1/calls/<id>`` shows it; ``output`` once it succeeded."""
+
+    call_id: str
+    app: str
+    function: str
+    status: CallStatus
+    created_at: float
+    updated_at: float
+    attempts: int = 0
+    output: msgspec.Raw = msgspec.Raw(b"null")  # the result, once succeeded
+    error: ErrorInfo | None = None
+
+
+class SpawnReply(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/<app>/<fn>/spawn`` -> 202."""
+
+    call_id: str
+    status: CallStatus
+    created: bool = True  # False when an Idempotency-Key matched an earlier submit
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    """A call that failed its last attempt, kept with its input for inspection and replay."""
+
+    call_id: str
+    app: str
+    function: str
+    error: ErrorInfo
+    attempts: int
+    dead_at: float
+    input: msgspec.Raw
+
+
+class ReplayRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/apps/<app>/dead/replay``: resubmit a function's dead letters (all, or those named)."""
+
+    function: str
+    call_ids: list[str] | None = None
+
+
+class ReplayReply(msgspec.Struct, frozen=True, kw_only=True):
+    replayed: list[str]  # the new call ids, in the order of the dead letters

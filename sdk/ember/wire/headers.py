@@ -1,0 +1,15 @@
+"""Headers Ember reads or writes: on NATS messages of queued and event calls, and on HTTP requests and answers."""
+
+# NATS headers of a queued call (synchronous calls travel in frames: see ``calls.Invocation``). Queued and
+# event calls are batch-class in the replica's batcher; synchronous calls are interactive.
+CALL_ID_HEADER = "Ember-Call-Id"
+DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
+
+# HTTP headers.
+HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
+HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
+HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
+
+# Events: headers a publisher may set, and those of the result message.
+EVENT_REPLY_TO_HEADER = "Ember-Reply-To"  # publish the result here (overrides the function's result_subject)
+EVENT_STATUS_HEADER = "Ember-Status"  # on a result: "succeeded" (body: the output) or "failed" (body: ErrorInfo)

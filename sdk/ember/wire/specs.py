@@ -1,0 +1,173 @@
+"""What an app declares, as the platform stores it: batching, retries, function and service specs, the
+manifest, deployments and run-time bounds (``ember scale``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from ember._errors import InvalidSpecError
+from ember._resources import GpuRequest
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """Micro-batching of a function's calls inside each replica.
+
+    A batched function takes one argument, a ``list`` of inputs, and returns a list of outputs of
+    the same length. Callers still send one input per call; the replica groups calls that arrive
+    within ``window_ms`` of the first, up to ``max_size``.
+
+    The replica dispatches at once when waiting would not pay (an idle replica at low load never waits
+    for the window); ``latency_budget_ms`` caps how long the oldest call may wait plus the batch's
+    predicted run time; ``max_cost`` bounds a batch by the summed cost of its inputs, given by the
+    ``cost=`` function of the decorator (tokens, pixels, sequence length...). With ``group_by_cost`` a
+    batch is filled with the waiting calls whose cost is closest to that of the most urgent one (which
+    always goes first, so that no call waits forever), so that short and long inputs do not share a
+    batch padded to the longest.
+
+    Example:
+        ``@app.function(batch=ember.Batch(max_size=32, window_ms=5))``
+    """
+
+    max_size: int = 32
+    window_ms: float = 5.0
+    latency_budget_ms: float | None = None
+    max_cost: float | None = None
+    group_by_cost: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_size, bool) or not isinstance(self.max_size, int) or not 1 <= self.max_size <= 4096:
+            raise InvalidSpecError(f"Batch(max_size={self.max_size!r}): max_size must be an int from 1 to 4096")
+        if isinstance(self.window_ms, bool) or not isinstance(self.window_ms, int | float) \
+                or not 0 <= self.window_ms <= 10_000:
+            raise InvalidSpecError(
+                f"Batch(window_ms={self.window_ms!r}): window_ms must be a number of milliseconds from 0 to 10000")
+        for knob in ("latency_budget_ms", "max_cost"):
+            value = getattr(self, knob)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value <= 0):
+                raise InvalidSpecError(f"Batch({knob}={value!r}): {knob} is a positive number, or None")
+        if not isinstance(self.group_by_cost, bool):
+            raise InvalidSpecError(f"Batch(group_by_cost={self.group_by_cost!r}): group_by_cost is True or False")
+        if self.group_by_cost and self.max_cost is None:
+            raise InvalidSpecError("Batch(group_by_cost=True): grouping uses the inputs' costs; give max_cost "
+                                   "(and cost= on the decorator) too")
+
+
+class Retries(msgspec.Struct, frozen=True, kw_only=True):
+    """How a queued (spawned or event) call that fails in user code is retried.
+
+    Attempt ``k`` (1-based) is retried after ``min(initial_delay_s * backoff_coefficient**(k-1), max_delay_s)``;
+    after ``max_retries`` retries the call fails and goes to the dead letters.
+
+    Example:
+        ``@app.function(retries=ember.Retries(max_retries=3, initial_delay_s=0.5))`` or ``retries=3``
+    """
+
+    max_retries: int = 0
+    initial_delay_s: float = 1.0
+    backoff_coefficient: float = 2.0
+    max_delay_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_retries, bool) or not isinstance(self.max_retries, int) \
+                or not 0 <= self.max_retries <= 100:
+            raise InvalidSpecError(f"Retries(max_retries={self.max_retries!r}): an int from 0 to 100")
+        for knob in ("initial_delay_s", "backoff_coefficient", "max_delay_s"):
+            value = getattr(self, knob)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise InvalidSpecError(f"Retries({knob}={value!r}): a number >= 0")
+        if self.backoff_coefficient < 1:
+            raise InvalidSpecError(f"Retries(backoff_coefficient={self.backoff_coefficient!r}): at least 1")
+
+    def delay_s(self, attempt: int) -> float:
+        """The delay before retrying after failed attempt ``attempt`` (1-based)."""
+        return min(self.initial_delay_s * self.backoff_coefficient ** max(attempt - 1, 0), self.max_delay_s)
+
+# The first path segments of the HTTP API's own routes under /v1 (and the probes'): no app may take one as its name,
+# so that ``POST /v1/<app>/<fn>`` never shadows a route of the API.
+RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "readyz", "status"})
+
+InputMode = Literal["none", "single", "kwargs"]
+
+
+class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One callable entry point: a function, or one method of a class model."""
+
+    name: str  # "embed" or "Classifier.predict": the URL path segment
+    attr: str  # Python attribute: the function's or the method's name
+    input_mode: InputMode
+    params: list[str] = []
+    input_schema: dict[str, Any] = {}
+    output_schema: dict[str, Any] = {}
+    batch: Batch | None = None
+    on: list[str] = []  # NATS subjects whose messages are invocations (events)
+    result_subject: str | None = None  # where an event's result is published, unless the message names one
+
+
+class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What runs in one replica: a function, or a class model with all its methods."""
+
+    name: str
+    kind: Literal["function", "class"]
+    functions: list[FunctionSpec]
+    gpu_count: int = 0
+    gpu_types: list[str] = []
+    min_replicas: int = 1
+    max_replicas: int = 1
+    timeout_s: float = 60.0
+    retries: Retries = Retries()
+    scaledown_window_s: float = 60.0
+    buffer_replicas: int = 0
+    gpu: GpuRequest | None = None  # the full request (memory share, MIG profile, topology); None: CPU only
+    snap: bool = False  # it has @ember.setup(snap=True) methods: nodes may keep a zygote of it preloaded
+    memory_mb: int = 0  # host memory one replica needs (memory=); 0: not declared
+    target_p95_ms: float | None = None  # latency (queue wait + run) the autoscaler keeps p95 under; None: no target
+
+
+class Manifest(msgspec.Struct, frozen=True, kw_only=True):
+    """The specs of an app, read by importing it."""
+
+    app: str
+    module: str  # import name of the app's file inside its bundle
+    services: list[ServiceSpec]
+    sdk_version: str = ""
+    python: str = ""
+
+
+class ScaleBounds(msgspec.Struct, frozen=True, kw_only=True):
+    """Replica bounds of one service set at run time (``ember scale``), overriding its decorator's."""
+
+    min_replicas: int
+    max_replicas: int
+
+
+class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/apps/<app>/scale`` (``ember scale``): one service's bounds at run time."""
+
+    service: str
+    min_replicas: int
+    max_replicas: int
+
+
+class Deployment(msgspec.Struct, frozen=True, kw_only=True):
+    """The current version of an app, stored in the deployments KV under the app's name."""
+
+    app: str
+    version: int
+    bundle_sha256: str
+    manifest: Manifest
+    created_at: float
+    scale: dict[str, ScaleBounds] = {}  # service name -> bounds set at run time
+
+    def bounds(self, service: ServiceSpec) -> tuple[int, int]:
+        """The service's (min, max) replicas: set at run time, else from its decorator."""
+        override = self.scale.get(service.name)
+        if override is not None:
+            return override.min_replicas, override.max_replicas
+        return service.min_replicas, service.max_replicas
+
+
+class DeployRequest(msgspec.Struct, frozen=True, kw_only=True):
+    bundle_sha256: str
+    manifest: Manifest

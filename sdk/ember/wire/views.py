@@ -1,0 +1,92 @@
+"""What the HTTP API shows of apps (``GET /v1/apps/<app>``) and of the cluster (``GET /v1/status``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from ember.wire.nodes import ReplicaStatus, StartPhases, ZygoteStatus
+
+
+class ServiceView(msgspec.Struct, frozen=True, kw_only=True):
+    """One service of an app as ``GET /v1/apps/<app>`` shows it."""
+
+    name: str
+    min_replicas: int
+    max_replicas: int
+    functions: list[str]
+    replicas: list[ReplicaStatus]
+
+
+class AppView(msgspec.Struct, frozen=True, kw_only=True):
+    app: str
+    version: int
+    bundle_sha256: str
+    created_at: float
+    services: list[ServiceView]
+
+
+class DeviceView(msgspec.Struct, frozen=True, kw_only=True):
+    """One device of a node, with what the replicas assigned to it reserve."""
+
+    kind: Literal["cpu", "gpu"]
+    index: int
+    name: str
+    uuid: str = ""
+    memory_total_mb: int = 0
+    memory_free_mb: int | None = None  # None: not reported
+    memory_reserved_mb: int = 0  # held by assigned replicas (a whole GPU for an exclusive one)
+    utilization: float = 0.0
+    mig_profile: str = ""  # a MIG slice; its GPU has ``mig_enabled``
+    mig_enabled: bool = False
+    replicas: list[str] = []  # ids of the replicas assigned to this device
+
+
+class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):
+    """A replica on a node: assigned by the scheduler, reported by the replica, or both."""
+
+    replica_id: str
+    app: str
+    service: str
+    version: int
+    state: str  # a ReplicaState, or "assigned" while the replica has not reported yet
+    gpu_uuids: list[str] = []  # empty: CPU only, or no longer assigned (stopping)
+    start: StartPhases | None = None  # how its (last) start went, once it reported one
+
+
+class NodeView(msgspec.Struct, frozen=True, kw_only=True):
+    """One live node, its devices and its replicas."""
+
+    node_id: str
+    hostname: str
+    updated_at: float
+    devices: list[DeviceView]
+    replicas: list[NodeReplicaView] = []
+    zygotes: list[ZygoteStatus] = []
+
+
+class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """One service's replicas against its bounds and what the autoscaler wants."""
+
+    app: str
+    service: str
+    version: int
+    functions: list[str]
+    min_replicas: int  # effective: an ``ember scale`` override, else the decorator's
+    max_replicas: int
+    scaled: bool = False  # the bounds come from ``ember scale``
+    desired: int = 0  # the control loop's last decision
+    ready: int = 0  # replicas of the current version
+    starting: int = 0
+    crashed: int = 0  # crashed or failed
+    queue_depth: int = 0  # calls waiting in the replicas' batchers
+    pending: int = 0  # calls waiting in the functions' durable queues
+    unschedulable: str = ""  # why the last placement failed; empty when it did not
+
+
+class StatusView(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /v1/status``: the cluster's nodes and every deployed service."""
+
+    nodes: list[NodeView]
+    services: list[ServiceStatus]
