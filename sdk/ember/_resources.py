@@ -25,7 +25,6 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 
-Priority = Literal["interactive", "batch"]
 Topology = Literal["nvlink"]
 
 MAX_GPUS = 8
@@ -81,18 +80,6 @@ def _problem(r: GpuRequest) -> str:
         (len(set(r.types)) != len(r.types), f"types={list(r.types)}: a type is listed twice"),
     ]
     return next((message for failed, message in checks if failed), "")
-
-
-class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
-    """One replica to place: its id, its function, what it needs and what it may displace."""
-
-    replica_id: str
-    function: str
-    gpu: GpuRequest = GpuRequest()
-    cpu_millis: int = 1000
-    host_memory_mb: int = 1024
-    priority: Priority = "interactive"
-    bundle: str = ""  # the bundle or snapshot key: nodes caching it are preferred
 
 
 def parse_gpu(gpu: Any, *, where: str = "") -> GpuRequest:

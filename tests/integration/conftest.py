@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.platform import TestPlatform
 
 from ember._client import Transport
 from ember._deploy import deploy
@@ -18,12 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedPlatform]:
+def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]:
     """Ember on this machine: a real nats-server with JetStream, the control plane and one node agent."""
     state = tmp_path_factory.mktemp("ember")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
-        with EmbeddedPlatform(state) as running:
+        with TestPlatform(state) as running:
             yield running
 
 

@@ -12,7 +12,8 @@ from typing import NamedTuple
 
 import httpx
 import pytest
-from polling import wait_for
+from support.platform import TestPlatform
+from support.polling import wait_for
 
 import ember
 from ember._client import Transport
@@ -60,7 +61,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("enforce")
     cpu = min(os.sched_getaffinity(0))
     (tmp / "node.toml").write_text(inventory(cpu))
-    with EmbeddedPlatform(tmp / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
         agent = platform.add_agent(NODE, tmp / "node.toml")
         transport = Transport(platform.url)
         try:

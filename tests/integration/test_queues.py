@@ -10,12 +10,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from polling import wait_for
+from support.platform import TestPlatform
+from support.polling import wait_for
 
 import ember
 from ember._client import Transport
 from ember._deploy import app_view
-from ember.dev.embedded import EmbeddedPlatform
 
 pytestmark = pytest.mark.integration
 FINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -127,7 +127,7 @@ def test_nothing_queued_is_lost_when_nats_restarts(tmp_path: Path):
     app_file = tmp_path / "steady.py"
     app_file.write_text('import time\nimport ember\napp = ember.App("steady")\n@app.function()\n'
                         "def double(n: int) -> int:\n    time.sleep(0.05)\n    return 2 * n\n")
-    with EmbeddedPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
         transport = Transport(platform.url)
         ember.deploy(app_file, transport=transport, timeout_s=120)
         transport.close()

@@ -14,7 +14,7 @@ import httpx
 import msgspec
 import nats
 import pytest
-from polling import wait_for
+from support.polling import wait_for
 
 import ember
 from ember._deploy import app_view

@@ -9,12 +9,12 @@ import time
 
 import httpx
 import pytest
-from polling import wait_for
+from support.platform import TestPlatform
+from support.polling import wait_for
 
 import ember
 from ember._client import Transport
 from ember._deploy import app_view
-from ember.dev.embedded import EmbeddedPlatform
 
 pytestmark = pytest.mark.integration
 
@@ -46,7 +46,7 @@ def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):
     (tmp_path / "b.toml").write_text('[host]\nname = "b"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
     app_file = tmp_path / "gpus.py"
     app_file.write_text(APP)
-    with EmbeddedPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
         node_a = platform.add_agent("node-a", tmp_path / "a.toml")
         platform.add_agent("node-b", tmp_path / "b.toml")
         transport = Transport(platform.url)
@@ -81,7 +81,7 @@ def test_replicas_spread_onto_a_node_that_joins_without_dropping_below_min(tmp_p
     (tmp_path / "b.toml").write_text('[host]\nname = "b"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
     app_file = tmp_path / "gpus.py"
     app_file.write_text(APP.replace('gpu="H100", min_replicas=1', 'gpu="H100", min_replicas=0'))  # no H100 here
-    with EmbeddedPlatform(tmp_path / "state") as platform:
+    with TestPlatform(tmp_path / "state") as platform:
         platform.add_agent("node-a", tmp_path / "a.toml")
         transport = Transport(platform.url)
         try:

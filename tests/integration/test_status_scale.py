@@ -11,7 +11,8 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
-from polling import wait_for
+from support.platform import TestPlatform
+from support.polling import wait_for
 
 from ember._bundle import build_bundle
 from ember._client import Transport
@@ -79,7 +80,7 @@ def test_status_shows_gpus_and_scale_changes_replicas(tmp_path: Path) -> None:
     app_dir = tmp_path / "app"
     app_dir.mkdir()
     (app_dir / "statusapp.py").write_text(APP)
-    with EmbeddedPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
         platform.add_agent("node-g", tmp_path / "g.toml")
         transport = Transport(platform.url)
         try:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from polling import wait_for
+from support.polling import wait_for
 
 import ember
 from ember._deploy import app_view

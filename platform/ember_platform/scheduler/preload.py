@@ -80,13 +80,6 @@ class PreloadCandidate(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"{self!r}: size_mb, min_replicas and demand must be >= 0")
 
 
-class PreloadChange(NamedTuple):
-    """What one node's agent does to go from the zygotes it holds to those planned."""
-
-    to_start: frozenset[ZygoteKey]
-    to_stop: frozenset[ZygoteKey]
-
-
 def likely_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> tuple[str, ...]:
     """The nodes where ``place`` would put the next ``count`` replicas like ``request``, in order, each once.
 
@@ -167,18 +160,3 @@ def _fill(node: str, candidates: list[PreloadCandidate], budget_mb: int,
 def _density(candidate: PreloadCandidate, node: str, held: bool) -> float:
     value = preload_value(candidate, node) * (HOLD if held else 1.0)
     return value / max(candidate.size_mb, 1)
-
-
-def preload_changes(plan: Mapping[str, frozenset[ZygoteKey]],
-                    held: Mapping[str, frozenset[ZygoteKey]]) -> dict[str, PreloadChange]:
-    """Per node of ``plan`` whose zygotes change: what to start and what to stop.
-
-    Nodes only in ``held`` are left out: a node the plan has no budget for is gone, and needs no
-    orders (give a live node a budget of 0 to empty it).
-    """
-    changes: dict[str, PreloadChange] = {}
-    for node, wanted in sorted(plan.items()):
-        now = held.get(node, frozenset())
-        if wanted != now:
-            changes[node] = PreloadChange(to_start=wanted - now, to_stop=now - wanted)
-    return changes

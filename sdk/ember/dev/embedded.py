@@ -84,20 +84,6 @@ class EmbeddedPlatform:
         port = self._await(lambda: _port_from_log(log, offset), proc, "nats-server", timeout_s)
         self.nats_url = f"nats://{self.host}:{port}"
 
-    def restart_nats(self, timeout_s: float = 30.0) -> None:
-        """Stop nats-server and start it again on the same port and store (JetStream state survives)."""
-        port = int(self.nats_url.rsplit(":", 1)[1])
-        proc = self._procs.pop("nats")
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout_s)
-        self._start_nats(timeout_s, port)
-
-    def add_agent(self, node_id: str, inventory: Path | None = None) -> subprocess.Popen[bytes]:
-        """Start one more node agent here (a declared ``inventory`` simulates that node's GPUs)."""
-        cmd = [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url, "--node-id", node_id,
-               "--state-dir", str(self.state_dir / f"node-{node_id}")]
-        return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
-
     def _start_platform(self, timeout_s: float) -> None:
         url_file = self.state_dir / "platform.url"
         url_file.unlink(missing_ok=True)
