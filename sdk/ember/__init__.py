@@ -11,7 +11,7 @@ Deploy with ``ember push hello.py`` and call ``greet.remote("Ada")`` or ``POST /
 queue a call with ``call = greet.spawn("Ada")`` and fetch its result with ``call.get()``.
 """
 
-from ember._app import App, method, setup
+from ember._app import App, method
 from ember._deploy import deploy
 from ember._errors import (
     BadRequestError,
@@ -29,6 +29,7 @@ from ember._errors import (
 )
 from ember._function_call import FunctionCall
 from ember._handles import Function, FunctionHandle, MethodHandle, lookup
+from ember._setup import setup
 from ember._version import __version__
 from ember.wire import Batch, Retries
 

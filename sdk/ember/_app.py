@@ -15,6 +15,7 @@ import msgspec
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
 from ember._resources import GpuRequest, parse_gpu
+from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
@@ -25,7 +26,6 @@ C = TypeVar("C", bound=type)
 
 _APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 _PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_SETUP_MARK = "__ember_setup__"
 
 
 @dataclass
@@ -138,7 +138,7 @@ class App:
                 raise InvalidSpecError(f"@app.model() decorates a class, not {cls!r}")
             _check_name("@app.model()", cls.__name__)
             _check_constructor(cls)
-            methods = {name: m for name, m in _members(cls) if isinstance(m, _MethodDef)}
+            methods = {name: m for name, m in members(cls) if isinstance(m, _MethodDef)}
             if not methods:
                 raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")
             functions = [_function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch) for name, m in methods.items()]
@@ -212,49 +212,6 @@ def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any
     return decorate(fn) if fn is not None else decorate
 
 
-def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
-    """Mark a method of an ``@app.model`` class to run once per replica, before it serves calls.
-
-    With ``snap=True`` the method runs once per node and function version instead, in a *zygote* process
-    that the node keeps preloaded; each replica is then forked from the zygote, already holding what the
-    method built, and runs only the plain ``@ember.setup`` methods. A snap method must not touch the GPU
-    (no CUDA context survives a fork) nor start threads or connections: import, build the model and load its
-    weights into host memory there, and move them to the replica's device in a plain ``@ember.setup``. A
-    class with only plain setup methods works the same, without the faster start.
-
-    Example:
-        >>> @app.model(gpu=1)
-        ... class Classifier:
-        ...     @ember.setup(snap=True)
-        ...     def load(self): self.net = load_weights(device="cpu")
-        ...     @ember.setup
-        ...     def to_gpu(self): self.net = self.net.to(ember.backends.device())
-    """
-    def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
-        if not inspect.isfunction(raw):
-            raise InvalidSpecError(f"@ember.setup decorates a method, not {raw!r}")
-        if len(inspect.signature(raw).parameters) != 1:
-            raise InvalidSpecError(f"@ember.setup {raw.__qualname__}() takes only `self`")
-        setattr(raw, _SETUP_MARK, "snap" if snap else "replica")
-        return raw
-
-    return decorate(fn) if fn is not None else decorate
-
-
-def run_setup(instance: Any, *, snap: bool | None = None) -> None:
-    """Run an instance's ``@ember.setup`` methods, base classes first: the snap ones (``snap=True``), the
-    per-replica ones (``snap=False``) or all of them, snap ones first (``None``)."""
-    phases = ["snap", "replica"] if snap is None else ["snap" if snap else "replica"]
-    for phase in phases:
-        for _, member in _members(type(instance)):
-            if getattr(member, _SETUP_MARK, None) == phase:
-                member(instance)
-
-
-def has_snap_setup(cls: type) -> bool:
-    return any(getattr(member, _SETUP_MARK, None) == "snap" for _, member in _members(cls))
-
-
 def method_def(cls: type, attr: str) -> _MethodDef:
     """The ``@ember.method`` behind ``cls.attr`` (used by the runtime to call the raw function)."""
     for klass in cls.__mro__:
@@ -262,13 +219,6 @@ def method_def(cls: type, attr: str) -> _MethodDef:
         if isinstance(member, _MethodDef):
             return member
     raise KeyError(f"{cls.__name__}.{attr} is not an @ember.method")
-
-
-def _members(cls: type) -> list[tuple[str, Any]]:
-    seen: dict[str, Any] = {}
-    for klass in reversed(cls.__mro__):
-        seen.update(vars(klass))
-    return list(seen.items())
 
 
 def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> FunctionSpec:

@@ -21,6 +21,7 @@ from ember._client import (
     spawn_op,
 )
 from ember._function_call import FunctionCall, astream, check_concurrency, decode_output, stream, verb
+from ember._setup import run_setup
 from ember._types import CallIO
 from ember.wire import DeadLetter, SpawnReply
 
@@ -265,8 +266,6 @@ _LOCAL_INSTANCES: dict[type, Any] = {}
 
 
 def _local_instance(cls: type) -> Any:
-    from ember._app import run_setup
-
     if cls not in _LOCAL_INSTANCES:
         instance = cls()
         run_setup(instance)

@@ -5,7 +5,8 @@ import inspect
 import pytest
 
 import ember
-from ember._app import method_def, run_setup
+from ember._app import method_def
+from ember._setup import run_setup
 
 
 def _greet(name: str, punctuation: str = "!") -> str:

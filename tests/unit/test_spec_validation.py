@@ -405,7 +405,7 @@ def test_snap_setup_runs_first_and_marks_the_service() -> None:
             return x
 
     assert app.services["Model"].snap and not app.services["Plain"].snap
-    from ember._app import run_setup
+    from ember._setup import run_setup
 
     run_setup(Model(), snap=True)
     run_setup(Model(), snap=False)

@@ -8,11 +8,9 @@ Per slot group, ``(free MB, slot id)`` ascending; per node kind (with or without
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
 
-if TYPE_CHECKING:
-    from ember_platform.scheduler.snapshot import Cluster, GroupKey
+GroupKey = tuple[str, str, int]  # (device name, MIG profile or "", memory MB): interchangeable slots
 
 
 class FreeIndex:
@@ -24,12 +22,13 @@ class FreeIndex:
         self._host_key = host_key
 
     @classmethod
-    def build(cls, cluster: Cluster, used_mb: Sequence[int], used_memory: Sequence[int]) -> FreeIndex:
-        slots = {g: sorted((cluster.slots[s].total_mb - used_mb[s], s) for s in sids)
-                 for g, sids in cluster.groups.items()}
+    def build(cls, slot_free: Mapping[GroupKey, Iterable[tuple[int, int]]],
+              host_free: Iterable[tuple[bool, int, int]]) -> FreeIndex:
+        """From ``(free MB, slot id)`` per slot group and ``(has GPUs, free host MB, node id)`` per node."""
+        slots = {g: sorted(entries) for g, entries in slot_free.items()}
         hosts: dict[bool, list[tuple[int, int]]] = {True: [], False: []}
-        for node in cluster.nodes:
-            hosts[bool(node.slots)].append((node.memory_mb - used_memory[node.nid], node.nid))
+        for has_gpus, free, nid in host_free:
+            hosts[has_gpus].append((free, nid))
         for entries in hosts.values():
             entries.sort()
         return cls(slots, hosts, {s: free for entries in slots.values() for free, s in entries},
@@ -56,11 +55,11 @@ class FreeIndex:
         for i in range(bisect_left(entries, (need_mb, -1)), len(entries)):
             yield entries[i]
 
-    def set_slot(self, cluster: Cluster, sid: int, free_mb: int) -> None:
-        _rekey(self._slots[cluster.slots[sid].group], self._slot_key, sid, free_mb)
+    def set_slot(self, group: GroupKey, sid: int, free_mb: int) -> None:
+        _rekey(self._slots[group], self._slot_key, sid, free_mb)
 
-    def set_host(self, cluster: Cluster, nid: int, free_mb: int) -> None:
-        _rekey(self._hosts[bool(cluster.nodes[nid].slots)], self._host_key, nid, free_mb)
+    def set_host(self, has_gpus: bool, nid: int, free_mb: int) -> None:
+        _rekey(self._hosts[has_gpus], self._host_key, nid, free_mb)
 
 
 def _rekey(entries: list[tuple[int, int]], keys: dict[int, int], item: int, free: int) -> None:

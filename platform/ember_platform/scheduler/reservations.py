@@ -85,9 +85,10 @@ class Usage:
             self.used_mb[sid] += sign * (r.memory_mb or self.cluster.slots[sid].total_mb)
             _bump(_own(self.on_slot, self._owned[1], r.function), sid, sign)
             if self.index is not None:
-                self.index.set_slot(self.cluster, sid, self.free_mb(sid))
+                self.index.set_slot(self.cluster.slots[sid].group, sid, self.free_mb(sid))
         if self.index is not None:
-            self.index.set_host(self.cluster, nid, self.cluster.nodes[nid].memory_mb - self.used_memory[nid])
+            self.index.set_host(bool(self.cluster.nodes[nid].slots), nid,
+                                self.cluster.nodes[nid].memory_mb - self.used_memory[nid])
 
     # --- questions placement asks --------------------------------------------------------------
 

@@ -8,19 +8,18 @@ is reached only through its slices). ``Cluster`` is built from the nodes' report
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import msgspec
 
 from ember.wire import Device, NodeInfo
-from ember_platform.scheduler.index import FreeIndex
+from ember_platform.scheduler.index import FreeIndex, GroupKey
 from ember_platform.scheduler.request import Priority
 
 UNLIMITED = 1 << 60  # a node that does not report a host resource is not limited by it
 
-GroupKey = tuple[str, str, int]  # (device name, MIG profile or "", memory MB): interchangeable slots
 
 
 class Slot(NamedTuple):
@@ -180,6 +179,12 @@ class Snapshot:
     def free_index(self) -> FreeIndex:
         """The sorted free capacity of this snapshot (built once; callers change only copies)."""
         if not self._index:
-            self._index.append(FreeIndex.build(self.cluster, self.used_mb, self.used_memory))
+            self._index.append(_free_index(self.cluster, self.used_mb, self.used_memory))
         index: FreeIndex = self._index[0]
         return index
+
+
+def _free_index(cluster: Cluster, used_mb: Sequence[int], used_memory: Sequence[int]) -> FreeIndex:
+    slots = {g: [(cluster.slots[s].total_mb - used_mb[s], s) for s in sids] for g, sids in cluster.groups.items()}
+    hosts = [(bool(node.slots), node.memory_mb - used_memory[node.nid], node.nid) for node in cluster.nodes]
+    return FreeIndex.build(slots, hosts)

@@ -23,7 +23,7 @@ import msgspec
 
 from ember._procs import die_with_parent
 from ember.wire import ZygoteAssignment, ZygoteStatus
-from ember_runtime.zygote.process import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
+from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version

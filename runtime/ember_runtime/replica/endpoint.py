@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ember._app import method_def, run_setup
+from ember._app import method_def
 from ember._errors import RemoteError
 from ember._handles import Function
+from ember._setup import run_setup
 from ember._types import CallIO
 from ember.wire import FunctionSpec, ServiceSpec
 

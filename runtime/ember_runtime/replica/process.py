@@ -15,6 +15,7 @@ import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -27,6 +28,7 @@ from ember.wire import (
     Invocation,
     LoadReport,
     ReplicaStatus,
+    ServiceSpec,
     StartPhases,
     encoder,
     invocations_decoder,
@@ -38,13 +40,22 @@ from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
-from ember_runtime.zygote.process import Preloaded
 
 log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
 EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
+
+
+@dataclass(frozen=True)
+class Preloaded:
+    """What a forked replica inherits from its zygote instead of importing and preparing it itself."""
+
+    service: ServiceSpec
+    target: Any
+    prepared: Any
+    snap_setup_s: float
 
 
 class Replica:

@@ -30,60 +30,24 @@ import stat
 import sys
 import time
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
-from ember.wire import ServiceSpec
 from ember.wire.jetstream import connect, ensure_buckets
+from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
+from ember_runtime.replica.endpoint import prepare
+from ember_runtime.replica.process import Preloaded
+from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
 log = logging.getLogger("ember.zygote")
-MAX_MESSAGE = 1 << 16
 EXIT_FORK_FAILED = 70
-READY_PREFIX = "ember-zygote-ready "  # the line on stdout that says it can fork (the app may print before it)
-
-
-class ForkRequest(msgspec.Struct, frozen=True, kw_only=True):
-    argv: list[str]  # the replica's arguments, as ``python -m ember_runtime.replica`` takes them
-    env: dict[str, str] = {}  # set in the child before anything runs (CUDA_VISIBLE_DEVICES and the like)
-    cpus: list[int] = []  # pin the child to these CPUs; empty: inherit
-
-
-class ForkReply(msgspec.Struct, frozen=True, kw_only=True):
-    pid: int = 0
-    error: str = ""
-
-
-class ExitReport(msgspec.Struct, frozen=True, kw_only=True):
-    code: int  # as ``Popen.returncode``: negative for a signal
-
-
-class Ready(msgspec.Struct, frozen=True, kw_only=True):
-    """What the zygote announces on stdout (after ``READY_PREFIX``) once it can fork."""
-
-    pid: int
-    imports_s: float
-    snap_setup_s: float
-    rss_mb: int
-
-
-@dataclass(frozen=True)
-class Preloaded:
-    """What a forked replica inherits from its zygote instead of importing and preparing it itself."""
-
-    service: ServiceSpec
-    target: Any
-    prepared: Any
-    snap_setup_s: float
 
 
 def build(args: argparse.Namespace) -> tuple[Preloaded, Ready]:
-    import ember_runtime.replica.process  # noqa: F401  (what every child runs: imported once, here, not after each fork)
     ember_loop.loop_factory()  # imports uvloop, which each child's event loop needs
-    from ember_runtime.replica.endpoint import prepare
 
     started = time.time()
     module = import_app_module(args.bundle, args.module)
@@ -229,8 +193,6 @@ def _wait_then_serve(channel: socket.socket, preloaded: Preloaded, nats_url: str
 async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str) -> int:
     """Connect to NATS and open the buckets, then wait for a request and become the replica it describes.
     Nothing here touches a device: ``CUDA_VISIBLE_DEVICES`` and the rest come with the request."""
-    from ember_runtime.replica import process as replica
-
     loop = asyncio.get_running_loop()
     nc = await connect(nats_url, f"ember-replica-spare-{os.getpid()}")
     stores = await ensure_buckets(nc.jetstream())
