@@ -1,6 +1,6 @@
 """Ember's control plane: HTTP gateway, deployment registry and routing over NATS."""
 
 from ember_platform.config import Settings
-from ember_platform.gateway.app import create_app
+from ember_platform.gateway.asgi import create_app
 
 __all__ = ["Settings", "create_app"]

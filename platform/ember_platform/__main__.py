@@ -11,7 +11,7 @@ import uvicorn
 
 from ember import _loop as ember_loop
 from ember_platform.config import Settings
-from ember_platform.gateway.app import create_app
+from ember_platform.gateway.asgi import create_app
 
 
 def main() -> None:

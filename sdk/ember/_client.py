@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import msgspec
 
-from ember._errors import ConnectionError, DeadlineExceededError, EmberError
+from ember._errors import DeadlineExceededError, EmberError, PlatformUnreachableError
 from ember.wire import (
     HTTP_TIMEOUT_HEADER,
     CallRecord,
@@ -213,7 +213,7 @@ def _mapped_errors(url: str, method: str, path: str) -> Iterator[None]:
     except httpx.TimeoutException as exc:
         raise DeadlineExceededError(f"{method} {url}{path} timed out") from exc
     except httpx.TransportError as exc:
-        raise ConnectionError(
+        raise PlatformUnreachableError(
             f"cannot reach the Ember platform at {url} ({exc}); is `ember dev` running, "
             "or EMBER_URL set?") from exc
 

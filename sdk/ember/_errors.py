@@ -7,6 +7,7 @@ a replica raises the same type in the caller as it would over HTTP.
 
 from __future__ import annotations
 
+import builtins
 from typing import ClassVar
 
 
@@ -108,8 +109,11 @@ class RemoteError(EmberError):
     http_status = 500
 
 
-class ConnectionError(EmberError):
-    """The platform could not be reached."""
+class PlatformUnreachableError(EmberError, builtins.ConnectionError):
+    """The platform could not be reached (``ember.ConnectionError``).
+
+    Also a builtin ``ConnectionError``, so that ``except ConnectionError`` catches it whichever name is in scope.
+    """
 
     code = "connection"
     http_status = 502
@@ -119,8 +123,12 @@ _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
     for cls in (EmberError, InvalidSpecError, BadRequestError, NotFoundError, ConflictError, InvalidInputError,
                 PayloadTooLargeError, OverloadedError, UnavailableError, DeadlineExceededError,
-                RemoteError, ConnectionError)
+                RemoteError, PlatformUnreachableError)
 }
+
+# The public name (``ember.ConnectionError``), kept for compatibility; inside Ember the class goes by the name
+# above, so that no module of Ember shadows the builtin.
+ConnectionError = PlatformUnreachableError
 
 
 def error_class(code: str) -> type[EmberError]:

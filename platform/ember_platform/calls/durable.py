@@ -9,7 +9,6 @@ import hashlib
 import math
 import time
 import uuid
-from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -31,14 +30,14 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore, final
-from ember.wire.jetstream import DUPLICATE_WINDOW_S
+from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
 
 class Calls:
-    def __init__(self, nc: Client, stores: dict[str, Any], ack_wait_s: float) -> None:
+    def __init__(self, nc: Client, stores: Stores, ack_wait_s: float) -> None:
         self._js = nc.jetstream()
         self.store = CallStore(self._js, stores)
         self._ack_wait_s = ack_wait_s

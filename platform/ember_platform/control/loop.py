@@ -37,7 +37,7 @@ from ember.wire import (
     node_decoder,
     subjects,
 )
-from ember.wire.jetstream import NODE_LOST_S, KVMirror
+from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.scheduler import (
@@ -87,7 +87,7 @@ class Moving:
 @dataclass
 class ControlLoop:
     registry: Registry
-    stores: dict[str, Any]
+    stores: Stores
     gateway_load: Callable[[str, str], int]  # (app, service) -> calls in flight at the gateway
     gateway_received: Callable[[str, str], int]  # (app, service) -> synchronous calls received so far
     gateway_capacity: Callable[[str, str], float | None]  # (app, service) -> calls/s a replica serves, estimated
@@ -99,8 +99,8 @@ class ControlLoop:
 
     async def start(self) -> None:
         self.preloader = Preloader(demand=self._arrival_rate)
-        self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores["nodes"], node_decoder.decode)
-        self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores["assignments"], assignment_decoder.decode)
+        self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores.nodes, node_decoder.decode)
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
         await self.nodes.start()
         await self.assignments.start()
         self._task = asyncio.create_task(self._run(), name="control-loop")
@@ -284,11 +284,11 @@ class ControlLoop:
                 continue
             if nid not in plan:  # a node that is gone: forget it
                 with contextlib.suppress(Exception):
-                    await self.stores["assignments"].delete(nid)
+                    await self.stores.assignments.delete(nid)
                     self.assignments.record(nid, None, 0)
                 continue
             assignment = NodeAssignment(node_id=nid, slots=slots, updated_at=now, zygotes=preload)
-            revision = await self.stores["assignments"].put(nid, encoder.encode(assignment))
+            revision = await self.stores.assignments.put(nid, encoder.encode(assignment))
             self.assignments.record(nid, assignment, revision)
 
 

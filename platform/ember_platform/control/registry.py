@@ -13,6 +13,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
 from nats.js.errors import NotFoundError as JsNotFound
+from nats.js.kv import KeyValue
 
 from ember._errors import InvalidInputError, NotFoundError
 from ember.wire import (
@@ -32,7 +33,7 @@ from ember.wire import (
     replica_decoder,
     subjects,
 )
-from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, ensure_buckets
+from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
 from ember_platform.calls.durable import Calls
 
 
@@ -42,7 +43,7 @@ class Registry:
     def __init__(self, nc: Client, log_lines_kept: int, ack_wait_s: float) -> None:
         self.nc = nc
         self.js = nc.jetstream()
-        self.stores: dict[str, Any] = {}
+        self.stores: Stores  # set by start()
         self.deployments: KVMirror[Deployment]  # set by start()
         self.replicas: KVMirror[ReplicaStatus]
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
@@ -54,8 +55,8 @@ class Registry:
     async def start(self) -> None:
         self.stores = await ensure_buckets(self.js)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s)
-        self.deployments = KVMirror(self.stores["deployments"], deployment_decoder.decode)
-        self.replicas = KVMirror(self.stores["replicas"], replica_decoder.decode)
+        self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
+        self.replicas = KVMirror(self.stores.replicas, replica_decoder.decode)
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self.nc.subscribe(subjects.LOGS_ALL, cb=self._on_log)
@@ -101,12 +102,12 @@ class Registry:
             raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
         if await self.has_bundle(sha256):
             return False
-        await self.stores["bundles"].put(sha256, data)
+        await self.stores.bundles.put(sha256, data)
         return True
 
     async def has_bundle(self, sha256: str) -> bool:
         try:
-            info = await self.stores["bundles"].get_info(sha256)
+            info = await self.stores.bundles.get_info(sha256)
         except (ObjectNotFoundError, JsNotFound):
             return False
         return not info.deleted
@@ -123,13 +124,12 @@ class Registry:
         if not await self.has_bundle(request.bundle_sha256):
             raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
                                     field="$.bundle_sha256")
-        kv = self.stores["deployments"]
+        kv = self.stores.deployments
         await self.calls.ensure_consumers(request.manifest)
         async with self._deploy_lock:
             for _ in range(10):
                 try:
-                    entry = await kv.get(app)
-                    current, revision = deployment_decoder.decode(entry.value), entry.revision
+                    current, revision = _deployment(await kv.get(app))
                 except JsNotFound:
                     current, revision = None, None
                 if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest:
@@ -151,10 +151,10 @@ class Registry:
     async def delete(self, app: str) -> None:
         if app not in self.deployments.items:
             raise NotFoundError(f"no app named {app!r} is deployed")
-        entry = await self.stores["deployments"].get(app)
-        await self.stores["deployments"].delete(app)
-        await self.calls.remove(deployment_decoder.decode(entry.value).manifest)
-        self.deployments.record(app, None, entry.revision + 1)
+        current, revision = _deployment(await self.stores.deployments.get(app))
+        await self.stores.deployments.delete(app)
+        await self.calls.remove(current.manifest)
+        self.deployments.record(app, None, revision + 1)
 
     def view(self, app: str) -> AppView:
         dep = self.deployments.items.get(app)
@@ -197,14 +197,13 @@ class Registry:
         if max_replicas < max(min_replicas, 1):
             raise InvalidInputError(f"max_replicas={max_replicas}: must be >= 1 and >= min_replicas "
                                     f"({min_replicas})", field="$.max_replicas")
-        kv = self.stores["deployments"]
+        kv = self.stores.deployments
         async with self._deploy_lock:
             for _ in range(10):
                 try:
-                    entry = await kv.get(app)
+                    current, revision = _deployment(await kv.get(app))
                 except JsNotFound:
                     raise NotFoundError(f"no app named {app!r} is deployed") from None
-                current = deployment_decoder.decode(entry.value)
                 names = [s.name for s in current.manifest.services]
                 if service not in names:
                     raise InvalidInputError(f"app {app!r} has no service {service!r} (it has: {', '.join(names)})",
@@ -212,9 +211,16 @@ class Registry:
                 bounds = ScaleBounds(min_replicas=min_replicas, max_replicas=max_replicas)
                 dep = msgspec.structs.replace(current, scale={**current.scale, service: bounds})
                 try:
-                    written = await kv.update(app, encoder.encode(dep), last=entry.revision)
+                    written = await kv.update(app, encoder.encode(dep), last=revision)
                 except KeyWrongLastSequenceError:
                     continue
                 self.deployments.record(app, dep, written)
                 return dep
         raise RuntimeError(f"could not scale {app}.{service}: concurrent writers")
+
+
+def _deployment(entry: KeyValue.Entry) -> tuple[Deployment, int]:
+    """A deployments KV entry as the deployment it holds and its revision (``JsNotFound`` for a deleted one)."""
+    if entry.value is None or entry.revision is None:
+        raise JsNotFound
+    return deployment_decoder.decode(entry.value), entry.revision

@@ -63,8 +63,8 @@ class NodeAgent:
         nc = await connect(self.nats_url, f"ember-agent-{self.node_id}")
         stores = await ensure_buckets(nc.jetstream())
         self._nc, self._stores = nc, stores
-        self.bundles = BundleCache(self.state_dir / "bundles", stores["bundles"])
-        self.assignments: KVMirror[NodeAssignment] = KVMirror(stores["assignments"], assignment_decoder.decode,
+        self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
                                                               on_change=lambda *_: self._wake.set())
         await self.assignments.start()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
@@ -91,7 +91,7 @@ class NodeAgent:
             if usage is not None:
                 usage.close()
             with contextlib.suppress(Exception):
-                await stores["nodes"].delete(self.node_id)
+                await stores.nodes.delete(self.node_id)
             await self.assignments.stop()
             await nc.drain()
 
@@ -102,7 +102,7 @@ class NodeAgent:
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
                             zygotes=self.zygotes.statuses())
             try:
-                await self._stores["nodes"].put(self.node_id, encoder.encode(info))
+                await self._stores.nodes.put(self.node_id, encoder.encode(info))
             except Exception as exc:
                 log.warning("node heartbeat failed: %s", exc)
             with contextlib.suppress(TimeoutError):
@@ -169,7 +169,7 @@ class NodeAgent:
             return
         pin = self._pinning(slot)
         env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
-        replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores["replicas"], nats_url=self.nats_url,
+        replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes)

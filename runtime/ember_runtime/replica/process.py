@@ -35,7 +35,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore
-from ember.wire.jetstream import connect, ensure_buckets
+from ember.wire.jetstream import Stores, connect, ensure_buckets
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
@@ -72,14 +72,14 @@ class Replica:
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
 
-    async def run(self, nc: Any = None, stores: dict[str, Any] | None = None) -> int:
+    async def run(self, nc: Any = None, stores: Stores | None = None) -> int:
         """Set up, serve until stopped, drain. ``nc`` and ``stores``: a connection made before the replica
         knew its identity (a zygote's spare connects while it waits for a request)."""
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
         if nc is None or stores is None:
             nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
             stores = await ensure_buckets(nc.jetstream())
-        self.kv = stores["replicas"]
+        self.kv = stores.replicas
         self.calls = CallStore(nc.jetstream(), stores)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
@@ -282,7 +282,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None, nc: Any = None,
-                stores: dict[str, Any] | None = None) -> int:
+                stores: Stores | None = None) -> int:
     """Run a replica on the running loop until SIGTERM; ``preloaded`` (and maybe a connection) when it was
     forked from a zygote (see ``ember_runtime.zygote``)."""
     replica = Replica(args, preloaded)

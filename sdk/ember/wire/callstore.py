@@ -16,6 +16,7 @@ import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
 
 from ember.wire import CallRecord, CallStatus, DeadLetter, ErrorInfo, encoder, subjects
+from ember.wire.jetstream import Stores
 
 MAX_INLINE_OUTPUT = 256 * 1024
 _record_decoder = msgspec.json.Decoder(CallRecord)
@@ -23,10 +24,10 @@ _LARGE = b'{"$ember_result":"object"}'
 
 
 class CallStore:
-    def __init__(self, js: Any, stores: dict[str, Any]) -> None:
+    def __init__(self, js: Any, stores: Stores) -> None:
         self._js = js
-        self._kv = stores["calls"]
-        self._results = stores["results"]
+        self._kv = stores.calls
+        self._results = stores.results
 
     async def create_status(self, record: CallRecord) -> CallRecord | None:
         """Record a new call as queued; returns the existing record instead when the id is taken."""

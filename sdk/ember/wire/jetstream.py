@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import nats
@@ -43,7 +44,20 @@ async def connect(url: str, name: str) -> Client:
                               error_cb=on_error, connect_timeout=5)
 
 
-async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stores:
+    """Ember's JetStream buckets and object stores, opened (see ``ensure_buckets``)."""
+
+    deployments: KeyValue  # <app> -> wire.Deployment
+    replicas: KeyValue  # <replica id> -> wire.ReplicaStatus (TTL: REPLICA_TTL_S)
+    nodes: KeyValue  # <node id> -> wire.NodeInfo (TTL: NODE_TTL_S)
+    assignments: KeyValue  # <node id> -> wire.NodeAssignment
+    calls: KeyValue  # s.<call id> / r.<call id> -> wire.CallRecord (see callstore)
+    bundles: ObjectStore  # <sha256> -> bundle archive
+    results: ObjectStore  # <call id> -> an output too large for KV
+
+
+async def ensure_buckets(js: JetStreamContext) -> Stores:
     """Create (or open) Ember's streams, KV buckets and object stores; idempotent."""
     async def kv(bucket: str, **config: Any) -> KeyValue:
         try:
@@ -58,22 +72,24 @@ async def ensure_buckets(js: JetStreamContext) -> dict[str, Any]:
             return await js.create_object_store(bucket)
 
     # All at once: each is a JetStream API round trip, and a replica waits for them before it serves.
-    opened = await asyncio.gather(
+    kv_buckets = asyncio.gather(
         kv(subjects.DEPLOYMENTS_BUCKET, history=5),
         kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
         kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
         kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
-        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
-        objects(subjects.BUNDLES_STORE),
-        objects(subjects.RESULTS_STORE),
+        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE))
+    object_stores = asyncio.gather(objects(subjects.BUNDLES_STORE), objects(subjects.RESULTS_STORE))
+    streams = asyncio.gather(
         _ensure_stream(js, StreamConfig(
             name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)),
         _ensure_stream(js, StreamConfig(
             name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S)))
-    names = ("deployments", "replicas", "nodes", "assignments", "calls", "bundles", "results")
-    return dict(zip(names, opened, strict=False))
+    (deployments, replicas, nodes, assignments, calls), (bundles, results), _ = await asyncio.gather(
+        kv_buckets, object_stores, streams)
+    return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
+                  bundles=bundles, results=results)
 
 
 async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
