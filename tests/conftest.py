@@ -6,10 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-TEST_APPS = Path(__file__).resolve().parent / "apps"
+from support.paths import REPO
 
 
 @pytest.fixture(scope="session")

@@ -8,14 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.paths import REPO
 from support.platform import TestPlatform
 
 from ember._client import Transport
 from ember._deploy import deploy
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import AppView
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 EMBER = [sys.executable, "-m", "ember.cli"]
 
 

@@ -6,16 +6,14 @@ import concurrent.futures
 import json
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from support.paths import DIGITS, REPO
 
 import ember
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
-DIGITS = REPO / "examples" / "digits"
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 
 

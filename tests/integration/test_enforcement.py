@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import httpx
 import pytest
+from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -22,7 +23,7 @@ from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import ReplicaStatus
 
 pytestmark = pytest.mark.integration
-APP = Path(__file__).resolve().parents[1] / "apps" / "enforce" / "enforce.py"
+APP = TEST_APPS / "enforce" / "enforce.py"
 NODE = "enforcer"
 
 

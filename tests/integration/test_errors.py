@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from support.paths import REPO
 
 import ember
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 ERROR_KEYS = {"code", "message", "field", "type", "retry_after_s", "call_id"}
 
 

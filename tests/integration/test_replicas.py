@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import msgspec
@@ -20,7 +19,6 @@ import ember
 from ember._deploy import app_view
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 def ready_pids(transport, app: str, service: str) -> set[int]:

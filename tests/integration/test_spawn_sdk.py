@@ -8,14 +8,13 @@ import json
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
+from support.paths import REPO
 
 import ember
 
 pytestmark = pytest.mark.integration
-REPO = Path(__file__).resolve().parents[2]
 
 
 def wait_for_status(call: ember.FunctionCall, status: str, timeout_s: float = 30.0) -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 
 import msgspec
 import pytest
+from support.paths import TEST_APPS
 from support.polling import wait_for
 
 import ember
@@ -17,7 +17,7 @@ from ember._deploy import app_view
 from ember.wire import StatusView, ZygoteStatus
 
 pytestmark = pytest.mark.integration
-SNAPPER = Path(__file__).resolve().parents[1] / "apps" / "snap" / "snapper.py"
+SNAPPER = TEST_APPS / "snap" / "snapper.py"
 X = [0.5, -1.0, 2.0, 0.25]
 
 

@@ -11,18 +11,17 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from support.paths import DIGITS
 
 import ember
 from ember.backends import DeviceFallbackError
 from ember.backends import onnx as eo
 
-DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
 MODEL = DIGITS / "digits.onnx"
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 PIXELS = np.asarray([s["pixels"] for s in SAMPLES], dtype=np.float32)

@@ -181,13 +181,14 @@ def test_an_arrival_rate_above_what_replicas_run_scales_past_the_current_capacit
 
 
 def test_a_service_s_latency_target_reaches_its_autoscaler() -> None:
-    from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec
+    from support.builders import deployment
+
+    from ember.wire import FunctionSpec, ServiceSpec
     from ember_platform.control.loop import _config
 
     fn = FunctionSpec(name="f", attr="f", input_mode="kwargs", params=[], input_schema={}, output_schema={})
     svc = ServiceSpec(name="f", kind="function", functions=[fn], max_replicas=4, target_p95_ms=250.0)
-    dep = Deployment(app="a", version=1, bundle_sha256="x", created_at=0.0,
-                     manifest=Manifest(app="a", module="m", services=[svc]))
+    dep = deployment(svc)
     assert _config(dep, svc).target_p95_ms == 250.0
     assert _config(dep, msgspec.structs.replace(svc, target_p95_ms=None)).target_p95_ms is None
 

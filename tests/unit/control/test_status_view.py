@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
+from support.builders import deployment, service_spec, slot
+
 from ember.cli.status import nodes_table, services_table
 from ember.wire import (
-    Deployment,
     Device,
-    FunctionSpec,
     FunctionStats,
     Histogram,
-    Manifest,
     NodeInfo,
     ReplicaState,
     ReplicaStatus,
     ScaleBounds,
-    ServiceSpec,
-    SlotAssignment,
 )
 from ember_platform.control.loop import ServiceState
 from ember_platform.control.status import node_view, service_status
 from ember_platform.scheduler import AutoscaleConfig, initial_state
 
-GPU = ServiceSpec(name="gpu", kind="function", functions=[FunctionSpec(name="gpu", attr="gpu", input_mode="none")],
-                  gpu_count=1, min_replicas=1, max_replicas=4)
-CPU = ServiceSpec(name="cpu", kind="function", functions=[FunctionSpec(name="cpu", attr="cpu", input_mode="none")])
+GPU = service_spec("gpu", gpu_count=1, min_replicas=1, max_replicas=4)
+CPU = service_spec("cpu")
 SPECS = {("a", "gpu"): GPU, ("a", "cpu"): CPU}
 NODE = NodeInfo(node_id="n", hostname="h", updated_at=1.0, devices=[
     Device(kind="gpu", index=0, name="A10G", memory_total_mb=24_000, uuid="GPU-0", memory_free_mb=20_000),
@@ -32,10 +28,6 @@ NODE = NodeInfo(node_id="n", hostname="h", updated_at=1.0, devices=[
            mig_profile="1g.10gb", parent_uuid="GPU-1"),
     Device(kind="cpu", index=0, name="cpu", memory_total_mb=64_000),
 ])
-
-
-def _slot(replica_id: str, service: str, *gpus: str) -> SlotAssignment:
-    return SlotAssignment(replica_id=replica_id, app="a", service=service, version=2, index=0, gpu_uuids=list(gpus))
 
 
 def _replica(replica_id: str, service: str, state: ReplicaState, version: int = 2, queued: int = 0) -> ReplicaStatus:
@@ -47,7 +39,8 @@ def _replica(replica_id: str, service: str, state: ReplicaState, version: int = 
 
 
 def test_devices_show_what_assigned_replicas_reserve() -> None:
-    slots = [_slot("g1", "gpu", "GPU-0"), _slot("g2", "gpu", "MIG-1-0"), _slot("c1", "cpu")]
+    slots = [slot("g1", "GPU-0", service="gpu", version=2), slot("g2", "MIG-1-0", service="gpu", version=2),
+             slot("c1", service="cpu", version=2)]
     replicas = [_replica("g1", "gpu", "ready"), _replica("c1", "cpu", "starting"),
                 _replica("old", "gpu", "stopping", version=1)]
     view = node_view(NODE, slots, replicas, SPECS)
@@ -64,9 +57,7 @@ def test_devices_show_what_assigned_replicas_reserve() -> None:
 
 
 def test_service_status_uses_the_override_and_the_control_loops_state() -> None:
-    dep = Deployment(app="a", version=2, bundle_sha256="x", created_at=0.0,
-                     manifest=Manifest(app="a", module="m", services=[GPU, CPU]),
-                     scale={"gpu": ScaleBounds(min_replicas=0, max_replicas=0)})
+    dep = deployment(GPU, CPU, version=2, scale={"gpu": ScaleBounds(min_replicas=0, max_replicas=0)})
     state = ServiceState(autoscale=initial_state(AutoscaleConfig()), unschedulable="no GPU fits", desired=3)
     replicas = [_replica("r1", "gpu", "ready", queued=2), _replica("r2", "gpu", "starting"),
                 _replica("r0", "gpu", "ready", version=1, queued=5), _replica("c", "cpu", "ready")]

@@ -16,13 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from support.paths import DIGITS, REPO
 
 import ember
 from ember.backends import BackendError, BackendUnavailableError
 from ember.backends import tensorrt as etrt
 
-REPO = Path(__file__).resolve().parents[2]
-DIGITS = REPO / "examples" / "digits"
 MODEL = DIGITS / "digits.onnx"
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 PIXELS = np.asarray([s["pixels"] for s in SAMPLES], dtype=np.float32)

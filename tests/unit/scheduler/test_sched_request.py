@@ -6,9 +6,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.builders import service_spec
 
 import ember
-from ember.wire import FunctionSpec, ServiceSpec
 from ember_platform.scheduler import GpuRequest, parse_gpu, request_from_spec
 
 
@@ -82,14 +82,9 @@ def test_request_properties() -> None:
     assert not GpuRequest(count=1, memory_mb=1).exclusive
 
 
-def _service(**fields: Any) -> ServiceSpec:
-    return ServiceSpec(name="s", kind="function", functions=[FunctionSpec(name="s", attr="s", input_mode="none")],
-                       **fields)
-
-
 def test_request_from_today_s_service_spec() -> None:
-    assert request_from_spec(_service()) == GpuRequest()
-    assert request_from_spec(_service(gpu_count=2, gpu_types=["H100", "A100"])) == GpuRequest(
+    assert request_from_spec(service_spec()) == GpuRequest()
+    assert request_from_spec(service_spec(gpu_count=2, gpu_types=["H100", "A100"])) == GpuRequest(
         count=2, types=("H100", "A100"))
 
 

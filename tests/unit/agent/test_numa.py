@@ -9,8 +9,8 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from support.builders import slot
 
-from ember.wire import SlotAssignment
 from ember_runtime.agent import inventory, numa
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.slots import _prepare_child
@@ -141,9 +141,8 @@ def test_the_agent_pins_a_replica_process_to_its_gpus_node(tmp_path: Path) -> No
     declared = tmp_path / "node.toml"
     declared.write_text(DECLARED.format(cpu=cpu))
     agent = NodeAgent("nats://127.0.0.1:1", tmp_path, inventory=declared)
-    near = SlotAssignment(replica_id="r-0", app="a", service="s", version=1, index=0, gpu_uuids=["GPU-virtual-0"])
-    far = SlotAssignment(replica_id="r-1", app="a", service="s", version=1, index=1, gpu_uuids=["GPU-virtual-1"],
-                         numa_node=1)
+    near = slot("r-0", "GPU-virtual-0")
+    far = slot("r-1", "GPU-virtual-1", index=1, numa_node=1)
     pin = agent._pinning(near)  # the scheduler left numa_node unset: the node's own inventory says 0
     assert pin.cpus == {cpu}
     assert (agent._pinning(far).cpus, agent._pinning(far).warn) == (None, True)

@@ -2,53 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from support.placement import A10G, H100X2, held, node, req, snap
 
 from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     Binding,
     Cluster,
-    PlacementRequest,
-    Reservation,
     Snapshot,
     Unschedulable,
     apply_decisions,
     build_snapshot,
-    parse_gpu,
     place,
 )
 from ember_runtime.agent.inventory import parse
-
-H100X2 = '[[gpu]]\nmodel = "H100-80GB"\ncount = 2\n'
-A10G = '[[gpu]]\nmodel = "A10G-24GB"\n'
-
-
-def node(node_id: str, toml: str, *, cpu: int = 64, memory_gb: int = 512, bundles: tuple[str, ...] = ()) -> NodeInfo:
-    devices = parse(toml + f'\n[host]\nname = "{node_id}"\n')
-    return NodeInfo(node_id=node_id, hostname=node_id, devices=devices, updated_at=0.0, cpu_cores=cpu,
-                    memory_mb=memory_gb * 1024, bundles=list(bundles))
-
-
-def snap(*nodes: NodeInfo, reservations: tuple[Reservation, ...] = ()) -> Snapshot:
-    return build_snapshot(Cluster.from_nodes(nodes), reservations)
-
-
-def req(replica_id: str, gpu: Any = None, *, function: str = "f", **fields: Any) -> PlacementRequest:
-    return PlacementRequest(replica_id=replica_id, function=function, gpu=parse_gpu(gpu), **fields)
 
 
 def bound(decision: object) -> Binding:
     assert isinstance(decision, Binding), decision
     return decision
-
-
-def held(node_id: str, uuid: str, memory_mb: int, *, function: str = "other", priority: str = "interactive",
-         replica_id: str | None = None) -> Reservation:
-    return Reservation(replica_id=replica_id or f"{function}-{uuid}-{memory_mb}", function=function, node_id=node_id,
-                       gpu_uuids=(uuid,), memory_mb=memory_mb, cpu_millis=1000, host_memory_mb=1024,
-                       priority=priority)  # type: ignore[arg-type]
 
 
 # --- memory best-fit --------------------------------------------------------------------------------

@@ -6,18 +6,17 @@ import importlib
 import json
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 import pytest
 import torch
+from support.paths import DIGITS
 
 import ember
 from ember.backends import BackendUnavailableError
 from ember.backends import torch as et
 
-DIGITS = Path(__file__).resolve().parents[2] / "examples" / "digits"
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine where torch has no CUDA")
 

@@ -8,11 +8,10 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.placement import A10G, node, snap
 
-from ember.wire import NodeInfo
 from ember_platform.scheduler import (
     Binding,
-    Cluster,
     GpuRequest,
     Move,
     MoveBudget,
@@ -26,21 +25,9 @@ from ember_platform.scheduler import (
     place,
     rebalance,
 )
-from ember_runtime.agent.inventory import parse
 
-A10G = '[[gpu]]\nmodel = "A10G-24GB"\n'
 A10GX2 = '[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n'
 H100X4 = 'nvlink = [[0, 1, 2, 3]]\n[[gpu]]\nmodel = "H100-80GB"\ncount = 4\n'
-
-
-def node(node_id: str, toml: str) -> NodeInfo:
-    devices = parse(toml + f'\n[host]\nname = "{node_id}"\n')
-    return NodeInfo(node_id=node_id, hostname=node_id, devices=devices, updated_at=0.0, cpu_cores=64,
-                    memory_mb=512 * 1024)
-
-
-def snap(*nodes: NodeInfo, reservations: Iterable[Reservation] = ()) -> Snapshot:
-    return build_snapshot(Cluster.from_nodes(nodes), reservations)
 
 
 def held(replica_id: str, node_id: str, uuid: str, memory_mb: int = 0, *, function: str | None = None) -> Reservation:

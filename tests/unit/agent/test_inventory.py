@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.nvml import NVMLError
 
 from ember.wire import Device, NodeInfo, node_decoder
 from ember_runtime.agent import inventory
@@ -138,10 +139,6 @@ def test_invalid_inventories_say_where_and_what(text: str, message: str) -> None
 
 
 # --- NVML ----------------------------------------------------------------------------------------
-
-
-class NVMLError(Exception):
-    pass
 
 
 class FakeNvml:

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.paths import REPO
 
 import ember
 import ember.backends
 from ember.backends import BackendError, BackendUnavailableError, DeviceFallbackError, device, warm_up
-
-REPO = Path(__file__).resolve().parents[2]
 
 PUBLIC = ["BackendError", "BackendUnavailableError", "DeviceFallbackError", "device", "is_out_of_memory", "onnx",
           "tensorrt", "torch", "warm_up"]
@@ -83,12 +82,12 @@ def test_a_bad_ember_device_names_the_variable(monkeypatch: pytest.MonkeyPatch, 
 
 
 def test_replicas_see_only_their_devices(tmp_path: Path) -> None:
-    from ember.wire import SlotAssignment
+    from support.builders import slot
+
     from ember_runtime.agent.node import NodeAgent
 
-    cpu_slot = SlotAssignment(replica_id="r-0", app="a", service="s", version=1, index=0)
-    gpu_slot = SlotAssignment(replica_id="r-1", app="a", service="s", version=1, index=1,
-                              gpu_uuids=["GPU-aaaa", "GPU-bbbb"], gpu_indices=[2, 3])
+    cpu_slot = slot("r-0")
+    gpu_slot = slot("r-1", "GPU-aaaa", "GPU-bbbb", index=1, gpu_indices=[2, 3])
     real = NodeAgent("nats://127.0.0.1:1", tmp_path)
     assert real._env(cpu_slot) == {"EMBER_DEVICE": "cpu"}
     assert real._env(gpu_slot) == {"EMBER_DEVICE": "cuda:0", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
@@ -97,8 +96,7 @@ def test_replicas_see_only_their_devices(tmp_path: Path) -> None:
     virtual = NodeAgent("nats://127.0.0.1:1", tmp_path, inventory=declared)
     # A declared inventory has no real GPUs: its replicas run on the CPU, still seeing only their devices.
     assert virtual._env(gpu_slot) == {"EMBER_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
-    shared = SlotAssignment(replica_id="r-2", app="a", service="s", version=1, index=2, gpu_uuids=["GPU-aaaa"],
-                            memory_mb=12_288)
+    shared = slot("r-2", "GPU-aaaa", index=2, memory_mb=12_288)
     assert real._env(shared)["EMBER_GPU_MEMORY_MB"] == "12288"  # torch's allocator is capped to it
 
 

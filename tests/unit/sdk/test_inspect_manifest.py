@@ -6,13 +6,12 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.paths import REPO
 
 from ember.wire import Manifest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
-
-def _inspect(*args: str | Path, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[bytes]:
+def _inspect(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run([sys.executable, "-m", "ember._inspect", *map(str, args)], capture_output=True,
                           timeout=120, check=False, cwd=cwd)
 
@@ -56,7 +55,7 @@ def test_bad_app_file_exits_2(tmp_path: Path, source: str, message: str) -> None
 
 
 def test_unknown_app_name_exits_2(tmp_path: Path) -> None:
-    proc = _inspect(REPO_ROOT / "examples/hello/hello.py", "nope", cwd=tmp_path)
+    proc = _inspect(REPO / "examples/hello/hello.py", "nope", cwd=tmp_path)
     assert proc.returncode == 2
     assert "expected one ember.App named 'nope', found none" in proc.stderr.decode()
 

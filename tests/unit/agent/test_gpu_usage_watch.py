@@ -18,6 +18,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.nvml import NVMLError
 
 from ember_runtime.agent.gpu_usage import DeclaredUsage, NvmlUsage, process_trees
 from ember_runtime.agent.memory_watch import Breach, MemoryWatch, Reservation, replica_usage
@@ -158,10 +159,6 @@ def test_a_half_written_declaration_is_skipped_with_a_warning(tmp_path: Path, ca
 
 
 # --- NVML ----------------------------------------------------------------------------------------
-
-
-class NVMLError(Exception):
-    pass
 
 
 class ProcessNvml:
