@@ -1,6 +1,5 @@
-"""Ember's control plane: HTTP gateway, deployment registry and routing over NATS."""
+"""Ember's control plane (``python -m ember_platform``): the HTTP gateway, the call path, control and the
+scheduler. See "How the code is laid out" in the README; the ASGI app is ``gateway.asgi.create_app``.
 
-from ember_platform.config import Settings
-from ember_platform.gateway.asgi import create_app
-
-__all__ = ["Settings", "create_app"]
+Empty on purpose: importing one room (the scheduler's pure policies, say) loads nothing of the others.
+"""

@@ -1,6 +1,5 @@
-"""Ember's node runtime: node agent, replica processes, micro-batcher and model backends."""
+"""Ember's node runtime: the node agent (``python -m ember_runtime``), replica and zygote processes, and the
+micro-batcher. See "How the code is laid out" in the README.
 
-from ember_runtime.agent.node import NodeAgent
-from ember_runtime.batching.batcher import Batcher, Call
-
-__all__ = ["Batcher", "Call", "NodeAgent"]
+Empty on purpose: importing one room (the batcher, say) loads nothing of the others.
+"""

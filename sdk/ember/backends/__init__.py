@@ -19,6 +19,7 @@ Example:
 from ember.backends import onnx, tensorrt, torch
 from ember.backends._device import device
 from ember.backends._errors import BackendError, BackendUnavailableError, DeviceFallbackError
+from ember.backends._oom import causes
 from ember.backends._warmup import warm_up
 
 __all__ = [
@@ -47,7 +48,5 @@ def is_out_of_memory(exc: BaseException) -> bool:
         ...     if ember.backends.is_out_of_memory(exc):
         ...         outputs = run_batch(items[: len(items) // 2]) + run_batch(items[len(items) // 2 :])
     """
-    from ember.backends._oom import causes
-
     return (any(isinstance(err, MemoryError) for err in causes(exc)) or tensorrt.is_out_of_memory(exc)
             or onnx.is_out_of_memory(exc))

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ember._errors import DeadlineExceededError, EmberError, OverloadedError, RemoteError, UnavailableError
-from ember_runtime import Batcher, Call
+from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.costmodel import CostModel
 
 

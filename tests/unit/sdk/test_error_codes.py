@@ -82,3 +82,13 @@ def test_http_error_without_an_error_body() -> None:
     err = _error_from(httpx.Response(502, content=b"<html>Bad Gateway</html>"))
     assert type(err) is ember.EmberError
     assert err.message == "HTTP 502: <html>Bad Gateway</html>"
+
+
+def test_the_connection_error_is_also_the_builtin_one() -> None:
+    # ``ember.ConnectionError`` keeps its public name; it is a builtin ConnectionError too, so that code catching
+    # the builtin (or holding it under a star-import of ember) still catches it.
+    import builtins
+
+    assert issubclass(ember.ConnectionError, builtins.ConnectionError)
+    with pytest.raises(builtins.ConnectionError):
+        raise ember.ConnectionError("cannot reach the Ember platform")

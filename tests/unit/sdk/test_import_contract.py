@@ -1,5 +1,6 @@
 """The dependency direction is a contract: checked in fresh interpreters by looking at ``sys.modules``."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -71,3 +72,131 @@ def test_source_roots_are_not_packages(folder: str) -> None:
     root = REPO_ROOT / folder
     assert root.is_dir()
     assert list(root.glob("*.py")) == []
+
+
+# --- the rooms ---------------------------------------------------------------------------------------------
+# Read from the source (every import statement, at module level or inside a function), so that a rule holds
+# whatever a package's __init__ happens to load.
+
+SOURCE_ROOTS = {"ember": "sdk", "ember_platform": "platform", "ember_runtime": "runtime"}
+FIRST_PARTY = tuple(SOURCE_ROOTS)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, root in SOURCE_ROOTS.items():
+        for path in (REPO_ROOT / root / package).rglob("*.py"):
+            parts = path.relative_to(REPO_ROOT / root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> list[tuple[str, bool]]:
+    """``(module imported, at module level)`` for every first-party import of one module."""
+    tree = ast.parse(path.read_text())
+    top_level = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            assert not node.level, f"{name}: a relative import; Ember's modules import absolutely"
+            base = node.module or ""
+            # ``from pkg import mod`` imports the submodule when there is one
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        found += [(t, id(node) in top_level) for t in targets if t.split(".")[0] in FIRST_PARTY]
+    return found
+
+
+GRAPH = {name: {target for target, _ in _imports(name, path)} for name, path in MODULES.items()}
+
+
+def _in(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+ROOM_RULES = [
+    # room, the rooms it must not import
+    ("ember.wire", ["ember._app", "ember._handles", "ember._client", "ember._function_call", "ember.cli", "ember.dev",
+                    "ember.backends"]),
+    ("ember.backends", ["ember.wire", "ember.cli", "ember.dev", "ember._client"]),
+    ("ember_platform.scheduler", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
+                                  "ember_platform.platform"]),
+    ("ember_platform.calls", ["ember_platform.gateway", "ember_platform.control", "ember_platform.platform"]),
+    ("ember_platform.control", ["ember_platform.gateway", "ember_platform.platform"]),
+    ("ember_runtime.batching", ["ember_runtime.agent", "ember_runtime.replica", "ember_runtime.zygote"]),
+    ("ember_runtime.agent", ["ember_runtime.replica", "ember_runtime.batching", "ember_runtime.zygote.process"]),
+    ("ember_runtime.replica", ["ember_runtime.agent", "ember_runtime.zygote"]),
+    ("ember_runtime.zygote", ["ember_runtime.agent"]),
+]
+
+
+def test_the_rooms_exist() -> None:
+    rooms = {room for room, _ in ROOM_RULES} | {"ember.cli", "ember.dev", "ember_platform.gateway"}
+    assert all(room in MODULES for room in rooms), rooms - set(MODULES)
+
+
+@pytest.mark.parametrize(("room", "forbidden"), ROOM_RULES, ids=[room for room, _ in ROOM_RULES])
+def test_a_room_imports_nothing_of_the_rooms_it_must_not(room: str, forbidden: list[str]) -> None:
+    crossing = sorted(f"{module} -> {target}" for module, targets in GRAPH.items() if _in(module, room)
+                      for target in targets if any(_in(target, other) for other in forbidden))
+    assert crossing == []
+
+
+def test_the_probe_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    # The checks above would pass vacuously if the reader missed imports.
+    source = tmp_path / "probe.py"
+    source.write_text("import os\n\ndef f():\n    from ember_runtime.agent import node\n")
+    assert _imports("ember_runtime.batching.probe", source) == [("ember_runtime.agent.node", False)]
+    assert "ember_runtime.batching.policy" in GRAPH["ember_runtime.batching.batcher"]
+    assert "ember.wire.subjects" in GRAPH["ember.wire.jetstream"]  # ``from ember.wire import subjects``
+
+
+def test_first_party_imports_are_at_module_level() -> None:
+    # A function-local import is how an import circle hides; there are none.
+    local = sorted(f"{name} -> {target}" for name, path in MODULES.items() for target, top in _imports(name, path)
+                   if not top)
+    assert local == []
+
+
+def test_there_is_no_import_circle() -> None:
+    def cycle_from(start: str) -> list[str] | None:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            module, trail = stack.pop()
+            for target in GRAPH.get(module, ()):
+                if target == start:
+                    return [*trail, start]
+                if target not in seen and target in GRAPH:
+                    seen.add(target)
+                    stack.append((target, [*trail, target]))
+        return None
+
+    circles = [cycle for name in GRAPH if (cycle := cycle_from(name)) is not None and len(cycle) > 2]
+    assert circles == []
+
+
+@pytest.mark.parametrize(("room", "library"), [
+    ("ember_runtime.batching", "nats"),
+    ("ember_platform.scheduler", "nats"),
+    ("ember_platform.scheduler", "starlette"),
+    ("ember.wire", "starlette"),
+])
+def test_pure_rooms_stay_off_the_network(room: str, library: str) -> None:
+    users = sorted(name for name, path in MODULES.items() if _in(name, room)
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Import | ast.ImportFrom)
+                   and any(n.split(".")[0] == library
+                           for n in ([a.name for a in node.names] if isinstance(node, ast.Import)
+                                     else [node.module or ""])))
+    assert users == []
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = sorted(f"{name}: {n}" for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > 500)
+    assert long == []
