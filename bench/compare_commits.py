@@ -66,9 +66,11 @@ def main() -> int:
     parser.add_argument("b")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--columns", default="req/s,p50 ms")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
-    args = parser.parse_args()
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, command = parser.parse_args(argv[:split]), argv[split + 1:]
+    if not command:
+        parser.error("give the benchmark after --, e.g. -- bench/http_latency.py --quick")
     columns = [c.strip() for c in args.columns.split(",")]
     seen: dict[str, dict[Row, dict[str, list[float]]]] = {"A": defaultdict(lambda: defaultdict(list)),
                                                             "B": defaultdict(lambda: defaultdict(list))}
