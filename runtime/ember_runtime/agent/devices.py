@@ -1,4 +1,4 @@
-"""The CPU as a device, for nodes without a GPU (GPUs come from ``_inventory``: NVML or a declared file)."""
+"""The CPU as a device, for nodes without a GPU (GPUs come from ``inventory``: NVML or a declared file)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Replicas that share a GPU by memory reserve a share of it (``SlotAssignment.memory_mb``, per GPU); torch
 replicas cap their allocator to it, but nothing stops other allocations, and one replica over its share
-can starve its neighbours. Each second the agent samples per-process GPU memory (``_usage``: NVML, or
+can starve its neighbours. Each second the agent samples per-process GPU memory (``gpu_usage``: NVML, or
 the virtual driver of a declared inventory), sums it over each replica's process tree, and asks
 ``MemoryWatch`` (pure, no I/O) which replicas stayed over their reservation for ``STRIKES`` samples in a
 row: a single sample may catch a transient peak. Those are killed and restarted by their slot, with an

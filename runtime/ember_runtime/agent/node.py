@@ -39,8 +39,8 @@ class NodeAgent:
 
     With ``inventory`` (a declared virtual inventory file) the node reports those devices instead of
     NVML's, through the same code path; its replicas then still run on the CPU, and the GPU memory they
-    use is what they declare to a virtual driver (see ``_usage``) instead of what NVML measures.
-    Each replica is pinned to the CPUs of its GPU's NUMA node (see ``_numa``).
+    use is what they declare to a virtual driver (see ``gpu_usage``) instead of what NVML measures.
+    Each replica is pinned to the CPUs of its GPU's NUMA node (see ``numa``).
     """
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
@@ -211,7 +211,7 @@ class NodeAgent:
         return self.state_dir / "gpu-processes"
 
     def _virtual_env(self, slot: SlotAssignment) -> dict[str, str]:
-        """On a declared inventory, where a replica declares the GPU memory it "uses" (see ``_usage``)."""
+        """On a declared inventory, where a replica declares the GPU memory it "uses" (see ``gpu_usage``)."""
         if self.inventory is None or not slot.gpu_uuids:
             return {}
         return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}

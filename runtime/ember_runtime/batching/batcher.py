@@ -2,7 +2,7 @@
 
 Calls wait in a bounded priority queue (``interactive`` before ``batch``, earliest deadline first within
 a class). When the executor is free the batcher dispatches at once unless waiting pays (see
-``_policy``); a batch is bounded by count, by total cost and by the largest size that did not run out of
+``policy``); a batch is bounded by count, by total cost and by the largest size that did not run out of
 memory. Model code runs on the executor thread, so the event loop keeps receiving and decoding the next
 calls while a batch runs. Expired calls are answered with a deadline error and never run; cancelled
 calls are dropped; a failing batch is bisected so that only the inputs at fault get the error.
