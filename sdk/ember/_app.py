@@ -19,13 +19,22 @@ from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
+from ember.wire.validate import (
+    APP_NAME,
+    MAX_BUFFER_REPLICAS,
+    MAX_HOST_MEMORY_MB,
+    MAX_REPLICAS,
+    MAX_SCALEDOWN_WINDOW_S,
+    MAX_TIMEOUT_S,
+    PY_NAME,
+    manifest_problems,
+    subject_problem,
+)
 
 P = ParamSpec("P")
 R = TypeVar("R")
 C = TypeVar("C", bound=type)
 
-_APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
-_PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass
@@ -45,7 +54,7 @@ class App:
     """
 
     def __init__(self, name: str) -> None:
-        if not isinstance(name, str) or not _APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
+        if not isinstance(name, str) or not APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
             raise InvalidSpecError(
                 f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
                 f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")
@@ -165,8 +174,11 @@ class App:
 
     def manifest(self, module: str) -> Manifest:
         """The app's specs, as deployed; ``module`` is the app file's import name in its bundle."""
-        return Manifest(app=self.name, module=module, services=[s.spec for s in self._services.values()],
-                        sdk_version=__version__, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+        manifest = Manifest(app=self.name, module=module, services=[s.spec for s in self._services.values()],
+                            sdk_version=__version__, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+        for field, message in manifest_problems(manifest, "$"):  # what the platform will check again
+            raise InvalidSpecError(f"app {self.name!r}, {field}: {message}")
+        return manifest
 
 
 class _MethodDef:
@@ -229,28 +241,21 @@ def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> Fun
         raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
 
 
-_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+|\*")
-
-
 def _check_events(where: str, on: Any, result_subject: Any) -> list[str]:
     subjects = [on] if isinstance(on, str) else list(on or [])
-    for subject in [*subjects, *([result_subject] if result_subject is not None else [])]:
-        tokens = subject.split(".") if isinstance(subject, str) else []
-        wildcard_ok = subject is not result_subject
-        valid = bool(tokens) and all(_SUBJECT_TOKEN.fullmatch(t) or (wildcard_ok and t == ">" and i == len(tokens) - 1)
-                                     for i, t in enumerate(tokens))
-        if not valid or tokens[0] in ("ember", "$JS", "_INBOX") or (not wildcard_ok and "*" in tokens):
-            raise InvalidSpecError(
-                f"{where}(on={on!r}, result_subject={result_subject!r}): {subject!r} is not a usable NATS subject; "
-                "use dot-separated tokens of letters, digits, '-' and '_' (wildcards '*' and a final '>' "
-                "only in on=), outside the reserved 'ember.', '$JS.' and '_INBOX.' namespaces")
+    checks = [(s, True) for s in subjects] + ([(result_subject, False)] if result_subject is not None else [])
+    for subject, wildcards in checks:
+        problem = subject_problem(subject, wildcards=wildcards) if isinstance(subject, str) else "not a string"
+        if problem:
+            raise InvalidSpecError(f"{where}(on={on!r}, result_subject={result_subject!r}): {problem} (wildcards "
+                                   "only in on=)")
     if result_subject is not None and not subjects:
         raise InvalidSpecError(f"{where}(result_subject=...): only events have result subjects; add on=...")
     return subjects
 
 
 def _check_name(where: str, name: str) -> None:
-    if not _PY_NAME.fullmatch(name):
+    if not PY_NAME.fullmatch(name):
         raise InvalidSpecError(
             f"{where}: {name!r} cannot name an endpoint; use an ASCII Python name (letters, digits, '_'), "
             "defined with `def` or `class`")
@@ -286,25 +291,31 @@ def _check_constructor(cls: type) -> None:
 
 def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeout_s: Any,
                retries: Any = 0) -> dict[str, Any]:
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
-        raise InvalidSpecError(f"{where}(min_replicas={min_replicas!r}): min_replicas is an int >= 0")
+    if not _int_in(min_replicas, 0, MAX_REPLICAS):
+        raise InvalidSpecError(f"{where}(min_replicas={min_replicas!r}): min_replicas is an int >= 0 and "
+                               f"at most {MAX_REPLICAS}")
     if max_replicas is None:
         max_replicas = max(min_replicas, 1)
-    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < max(min_replicas, 1):
+    if not _int_in(max_replicas, max(min_replicas, 1), MAX_REPLICAS):
         raise InvalidSpecError(
             f"{where}(max_replicas={max_replicas!r}): max_replicas is an int >= 1 and >= min_replicas "
-            f"({min_replicas})")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 24 * 3600:
+            f"({min_replicas}), at most {MAX_REPLICAS}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise InvalidSpecError(f"{where}(timeout_s={timeout_s!r}): timeout_s is a number of seconds in (0, 86400]")
     return {**_parse_gpu(where, gpu), "min_replicas": min_replicas, "max_replicas": max_replicas,
             "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
 
 
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
 def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any, target_p95_ms: Any) -> dict[str, Any]:
-    if isinstance(buffer_replicas, bool) or not isinstance(buffer_replicas, int) or not 0 <= buffer_replicas <= 100:
-        raise InvalidSpecError(f"{where}(buffer_replicas={buffer_replicas!r}): an int from 0 to 100")
+    if not _int_in(buffer_replicas, 0, MAX_BUFFER_REPLICAS):
+        raise InvalidSpecError(f"{where}(buffer_replicas={buffer_replicas!r}): an int from 0 to "
+                               f"{MAX_BUFFER_REPLICAS}")
     if isinstance(scaledown_window_s, bool) or not isinstance(scaledown_window_s, int | float) \
-            or not 0 <= scaledown_window_s <= 24 * 3600:
+            or not 0 <= scaledown_window_s <= MAX_SCALEDOWN_WINDOW_S:
         raise InvalidSpecError(f"{where}(scaledown_window_s={scaledown_window_s!r}): seconds from 0 to 86400")
     if target_p95_ms is not None and (isinstance(target_p95_ms, bool) or not isinstance(target_p95_ms, int | float)
                                       or not 0 < target_p95_ms < math.inf):
@@ -325,7 +336,7 @@ def _host_memory(where: str, memory: Any) -> dict[str, Any]:
         match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|MB)\s*", memory, re.IGNORECASE)
         if match:
             mb = float(match[1]) * (1024 if match[2].upper() == "GB" else 1)
-    if mb is None or not 0 < mb <= 16 * 1024 * 1024:
+    if mb is None or not 0 < mb <= MAX_HOST_MEMORY_MB:
         raise InvalidSpecError(f"{where}(memory={memory!r}): host memory in MB (an int) or a string such as "
                                "'4GB' or '512MB'")
     return {"memory_mb": round(mb)}

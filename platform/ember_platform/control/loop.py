@@ -96,6 +96,7 @@ class ControlLoop:
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
     moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
     move_budget: MoveBudget = field(default_factory=MoveBudget)
+    failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
 
     async def start(self) -> None:
         self.preloader = Preloader(demand=self._arrival_rate)
@@ -138,12 +139,28 @@ class ControlLoop:
         requests: list[tuple[PlacementRequest, SlotAssignment]] = []
         for dep in deployments.values():
             for svc in dep.manifest.services:
-                requests += await self._reconcile_service(plan, dep, svc, now)
+                requests += await self._reconcile_isolated(plan, dep, svc, now)
         snapshot = _snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
+
+    async def _reconcile_isolated(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
+                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
+        """One service's reconcile, so that a service whose reconcile raises (a manifest that got past the
+        validator, a bug) is skipped and shown as failed while every other service is still placed and scaled."""
+        key = (dep.app, svc.name)
+        try:
+            wanted = await self._reconcile_service(plan, dep, svc, now)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if self.failures.get(key) != reason:
+                log.exception("%s.%s (v%d) cannot be reconciled; skipping it", dep.app, svc.name, dep.version)
+            self.failures[key] = reason
+            return []
+        self.failures.pop(key, None)
+        return wanted
 
     async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:

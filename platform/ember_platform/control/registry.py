@@ -17,7 +17,6 @@ from nats.js.kv import KeyValue
 
 from ember._errors import InvalidInputError, NotFoundError
 from ember.wire import (
-    RESERVED_APP_NAMES,
     AppView,
     Deployment,
     DeployRequest,
@@ -34,6 +33,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
+from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
 
 
@@ -117,10 +117,7 @@ class Registry:
         if request.manifest.app != app:
             raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
                                     field="$.manifest.app")
-        if app in RESERVED_APP_NAMES:
-            raise InvalidInputError(f"{app!r} names a route of the API; no app may take it", field="$.manifest.app")
-        if not request.manifest.services:
-            raise InvalidInputError("the app serves no functions", field="$.manifest.services")
+        check_manifest(request.manifest)
         if not await self.has_bundle(request.bundle_sha256):
             raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
                                     field="$.bundle_sha256")
@@ -192,11 +189,7 @@ class Registry:
 
         The bounds are kept in the app's ``Deployment.scale``, written with compare-and-set.
         """
-        if min_replicas < 0:
-            raise InvalidInputError(f"min_replicas={min_replicas}: must be >= 0", field="$.min_replicas")
-        if max_replicas < max(min_replicas, 1):
-            raise InvalidInputError(f"max_replicas={max_replicas}: must be >= 1 and >= min_replicas "
-                                    f"({min_replicas})", field="$.max_replicas")
+        check_scale(min_replicas, max_replicas)
         kv = self.stores.deployments
         async with self._deploy_lock:
             for _ in range(10):

@@ -43,7 +43,8 @@ def build_status(control: ControlLoop, now: float | None = None) -> StatusView:
     specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
     assigned = {nid: a.slots for nid, a in control.assignments.items.items()}
     nodes = [node_view(node, assigned.get(nid, []), replicas, specs) for nid, node in control.live_nodes().items()]
-    services = [service_status(dep, svc, replicas, control.services.get((dep.app, svc.name)), control.pending)
+    services = [service_status(dep, svc, replicas, control.services.get((dep.app, svc.name)), control.pending,
+                               control.failures.get((dep.app, svc.name), ""))
                 for _, dep in sorted(deployments.items()) for svc in dep.manifest.services]
     return StatusView(nodes=nodes, services=services)
 
@@ -106,7 +107,7 @@ def effective_bounds(dep: Deployment, svc: ServiceSpec) -> ScaleBounds:
 
 
 def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[ReplicaStatus], state: ServiceState | None,
-                   pending: Mapping[tuple[str, str], int]) -> ServiceStatus:
+                   pending: Mapping[tuple[str, str], int], failure: str = "") -> ServiceStatus:
     """One service: its current version's replicas by state, queued work, and the autoscaler's target."""
     mine = [r for r in replicas if (r.app, r.service) == (dep.app, svc.name)]
     current = [r for r in mine if r.version == dep.version]
@@ -119,5 +120,5 @@ def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[Replica
         crashed=sum(r.state in ("crashed", "failed") for r in current),
         queue_depth=sum(f.queue_depth for r in mine for f in r.functions),
         pending=sum(pending.get((dep.app, f.name), 0) for f in svc.functions),
-        unschedulable=state.unschedulable if state is not None else "")
+        unschedulable=state.unschedulable if state is not None else "", failure=failure)
 

@@ -40,5 +40,6 @@ async def scale(request: Request) -> Response:
     svc = next(s for s in dep.manifest.services if s.name == req.service)  # set_scale checked it is there
     control = platform.control
     return json_response(service_status(dep, svc, platform.registry.live_replicas(app, svc.name),
-                                control.services.get((app, svc.name)), control.pending))
+                                        control.services.get((app, svc.name)), control.pending,
+                                        control.failures.get((app, svc.name), "")))
 

@@ -83,6 +83,7 @@ class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
     queue_depth: int = 0  # calls waiting in the replicas' batchers
     pending: int = 0  # calls waiting in the functions' durable queues
     unschedulable: str = ""  # why the last placement failed; empty when it did not
+    failure: str = ""  # why the control loop could not reconcile the service (it is skipped); empty when it could
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):

@@ -116,6 +116,8 @@ def test_replica_bounds_accepted(kwargs: dict[str, int], expected: tuple[int, in
     ({"min_replicas": True}, "min_replicas is an int >= 0"),
     ({"min_replicas": 1.5}, "min_replicas is an int >= 0"),
     ({"min_replicas": "1"}, "min_replicas is an int >= 0"),
+    ({"min_replicas": 100_000}, "at most 1000"),
+    ({"max_replicas": 100_000}, "at most 1000"),
     ({"max_replicas": 0}, "max_replicas is an int >= 1"),
     ({"min_replicas": 0, "max_replicas": 0}, "max_replicas is an int >= 1"),
     ({"min_replicas": 3, "max_replicas": 2}, r"and >= min_replicas \(3\)"),

@@ -1,0 +1,149 @@
+"""The one validator of what an app declares: a manifest, and run-time scale bounds.
+
+The SDK runs it before a push (``ember.App.manifest``) and the platform runs it again on every deployment and
+scale request, since a request may come from anything that speaks HTTP: what reaches the control loop has
+passed it. Each problem names the field at fault as a JSON path into the request (``$.manifest.services[0]
+.buffer_replicas``); the decorators check their arguments earlier with messages of their own, against the
+same bounds, which live here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator
+
+from ember._errors import InvalidInputError
+from ember._resources import MAX_GPUS
+from ember.wire.specs import RESERVED_APP_NAMES, FunctionSpec, Manifest, ServiceSpec
+
+APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+# Subjects no app may bind or publish results to: Ember's own, JetStream's and the server's APIs, and inboxes.
+RESERVED_SUBJECT_ROOTS = frozenset({"ember", "_INBOX", "$JS", "$KV", "$O", "$SYS", "$SRV", "_EMBER"})
+
+MAX_REPLICAS = 1000  # per service; more than the control loop should ever place for one service
+MAX_BUFFER_REPLICAS = 100
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_SCALEDOWN_WINDOW_S = 24 * 3600.0
+MAX_HOST_MEMORY_MB = 16 * 1024 * 1024
+MAX_SERVICES = 100
+MAX_FUNCTIONS = 100  # per service
+MAX_SUBJECTS = 16  # per function (on=)
+MAX_SUBJECT_LENGTH = 256
+
+Problem = tuple[str, str]  # (JSON path of the field, what is wrong)
+
+
+def check_manifest(manifest: Manifest, at: str = "$.manifest") -> None:
+    """Raise ``InvalidInputError`` (422) naming the first field of ``manifest`` at fault."""
+    for field, message in manifest_problems(manifest, at):
+        raise InvalidInputError(message, field=field)
+
+
+def check_scale(min_replicas: int, max_replicas: int, at: str = "$") -> None:
+    """Raise ``InvalidInputError`` (422) unless the bounds are ones a service may have."""
+    for field, message in _bounds(min_replicas, max_replicas, at):
+        raise InvalidInputError(message, field=field)
+
+
+def manifest_problems(manifest: Manifest, at: str = "$.manifest") -> Iterator[Problem]:
+    if not APP_NAME.fullmatch(manifest.app) or manifest.app in RESERVED_APP_NAMES:
+        yield (f"{at}.app", f"app name {manifest.app!r}: 1 to 63 lowercase letters, digits and '-', starting with a "
+                            f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")
+    if not MODULE_NAME.fullmatch(manifest.module):
+        yield f"{at}.module", f"module {manifest.module!r} is not an importable module name"
+    if not 1 <= len(manifest.services) <= MAX_SERVICES:
+        yield f"{at}.services", f"an app serves 1 to {MAX_SERVICES} services, not {len(manifest.services)}"
+    yield from _duplicates([s.name for s in manifest.services], f"{at}.services", "service")
+    for i, service in enumerate(manifest.services):
+        yield from _service_problems(service, f"{at}.services[{i}]")
+
+
+def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
+    if not PY_NAME.fullmatch(svc.name):
+        yield f"{at}.name", f"service name {svc.name!r} is not a Python name"
+    if not 1 <= len(svc.functions) <= MAX_FUNCTIONS:
+        yield f"{at}.functions", f"a service serves 1 to {MAX_FUNCTIONS} functions, not {len(svc.functions)}"
+    yield from _duplicates([f.name for f in svc.functions], f"{at}.functions", "function")
+    for i, fn in enumerate(svc.functions):
+        yield from _function_problems(fn, svc, f"{at}.functions[{i}]")
+    yield from _bounds(svc.min_replicas, svc.max_replicas, at)
+    numbers = [
+        ("timeout_s", svc.timeout_s, 0.0, MAX_TIMEOUT_S, False),
+        ("scaledown_window_s", svc.scaledown_window_s, 0.0, MAX_SCALEDOWN_WINDOW_S, True),
+        ("buffer_replicas", svc.buffer_replicas, 0, MAX_BUFFER_REPLICAS, True),
+        ("memory_mb", svc.memory_mb, 0, MAX_HOST_MEMORY_MB, True),
+        ("gpu_count", svc.gpu_count, 0, MAX_GPUS, True),
+    ]
+    for name, value, low, high, low_ok in numbers:
+        if not (math.isfinite(value) and (low <= value if low_ok else low < value) and value <= high):
+            yield f"{at}.{name}", f"{name}={value!r}: from {low} ({'inclusive' if low_ok else 'exclusive'}) to {high}"
+    if svc.target_p95_ms is not None and not (math.isfinite(svc.target_p95_ms) and svc.target_p95_ms > 0):
+        yield f"{at}.target_p95_ms", f"target_p95_ms={svc.target_p95_ms!r}: a positive number of milliseconds, or null"
+    for i, kind in enumerate(svc.gpu_types):
+        if not SUBJECT_TOKEN.fullmatch(kind) or len(kind) > 64:
+            yield f"{at}.gpu_types[{i}]", f"GPU type {kind!r}: letters, digits, '-' and '_'"
+    if svc.gpu is not None and svc.gpu_count != max(svc.gpu.count, 1):
+        yield f"{at}.gpu_count", f"gpu_count={svc.gpu_count} disagrees with gpu.count={svc.gpu.count}"
+
+
+def _function_problems(fn: FunctionSpec, svc: ServiceSpec, at: str) -> Iterator[Problem]:
+    parts = fn.name.split(".")
+    expected = 1 if svc.kind == "function" else 2
+    if len(parts) != expected or not all(PY_NAME.fullmatch(p) for p in parts) \
+            or (svc.kind == "class" and parts[0] != svc.name):
+        shape = "a Python name" if svc.kind == "function" else f"'{svc.name}.<method>'"
+        yield f"{at}.name", f"function name {fn.name!r}: {shape}"
+    if not PY_NAME.fullmatch(fn.attr):
+        yield f"{at}.attr", f"attr {fn.attr!r} is not a Python name"
+    for i, param in enumerate(fn.params):
+        if not PY_NAME.fullmatch(param):
+            yield f"{at}.params[{i}]", f"parameter {param!r} is not a Python name"
+    if len(fn.on) > MAX_SUBJECTS:
+        yield f"{at}.on", f"a function binds at most {MAX_SUBJECTS} subjects, not {len(fn.on)}"
+    for i, subject in enumerate(fn.on):
+        problem = subject_problem(subject, wildcards=True)
+        if problem:
+            yield f"{at}.on[{i}]", problem
+    if fn.result_subject is not None:
+        problem = subject_problem(fn.result_subject, wildcards=False)
+        if problem:
+            yield f"{at}.result_subject", problem
+        elif not fn.on:
+            yield f"{at}.result_subject", "only events have result subjects; bind the function with on= too"
+
+
+def subject_problem(subject: str, *, wildcards: bool) -> str:
+    """What makes ``subject`` unusable for an app's events (``on=``, with wildcards) or results; "" if nothing."""
+    tokens = subject.split(".")
+    last = len(tokens) - 1
+    valid = 0 < len(subject) <= MAX_SUBJECT_LENGTH and all(
+        SUBJECT_TOKEN.fullmatch(t) or (wildcards and (t == "*" or (t == ">" and i == last)))
+        for i, t in enumerate(tokens))
+    if not valid:
+        where = "wildcards '*' and a final '>'" if wildcards else "no wildcards"
+        return (f"{subject!r} is not a usable NATS subject: dot-separated tokens of letters, digits, '-' and '_', "
+                f"{where}, at most {MAX_SUBJECT_LENGTH} characters")
+    if tokens[0] in RESERVED_SUBJECT_ROOTS or tokens[0] in ("*", ">"):
+        return (f"{subject!r} reaches into a reserved namespace ({', '.join(sorted(RESERVED_SUBJECT_ROOTS))}, "
+                "or a wildcard first token)")
+    return ""
+
+
+def _bounds(min_replicas: int, max_replicas: int, at: str) -> Iterator[Problem]:
+    if not 0 <= min_replicas <= MAX_REPLICAS:
+        yield f"{at}.min_replicas", f"min_replicas={min_replicas}: from 0 to {MAX_REPLICAS}"
+    elif not max(min_replicas, 1) <= max_replicas <= MAX_REPLICAS:
+        yield (f"{at}.max_replicas", f"max_replicas={max_replicas}: from max(min_replicas, 1) = "
+                                     f"{max(min_replicas, 1)} to {MAX_REPLICAS}")
+
+
+def _duplicates(names: list[str], at: str, what: str) -> Iterator[Problem]:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            yield f"{at}[{i}].name", f"two {what}s are named {name!r}"
+        seen.add(name)

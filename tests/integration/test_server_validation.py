@@ -1,0 +1,114 @@
+"""The platform validates what it is sent, whatever sent it, and one broken service never stops the others.
+
+Manifests and scale requests go through the same validator as the SDK's (``ember.wire.validate``); a service that
+still cannot be reconciled (here: a deployment written straight into the KV bucket, past the API) is shown as
+failed in ``GET /v1/status`` while the control loop keeps placing and scaling every other service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from support.polling import wait_for
+
+from ember._deploy import deploy
+from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec, StatusView, encoder, subjects
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+GOOD_SERVICE = {"name": "f", "kind": "function", "functions": [{"name": "f", "attr": "f", "input_mode": "single"}]}
+
+
+def deploy_request(app: str = "badapp", **service: Any) -> dict[str, Any]:
+    return {"bundle_sha256": "0" * 64,
+            "manifest": {"app": app, "module": "m", "services": [{**GOOD_SERVICE, **service}]}}
+
+
+@pytest.mark.parametrize(("service", "field"), [
+    ({"buffer_replicas": -1}, "$.manifest.services[0].buffer_replicas"),
+    ({"scaledown_window_s": -5}, "$.manifest.services[0].scaledown_window_s"),
+    ({"target_p95_ms": 0}, "$.manifest.services[0].target_p95_ms"),
+    ({"gpu_count": 64}, "$.manifest.services[0].gpu_count"),
+    ({"min_replicas": 100000, "max_replicas": 100000}, "$.manifest.services[0].min_replicas"),
+    ({"functions": [{"name": "f", "attr": "f", "input_mode": "single", "on": ["_INBOX.>"]}]},
+     "$.manifest.services[0].functions[0].on[0]"),
+    ({"functions": [{"name": "f", "attr": "f", "input_mode": "single", "on": ["ember.invoke.>"]}]},
+     "$.manifest.services[0].functions[0].on[0]"),
+    ({"functions": [{"name": "f", "attr": "f", "input_mode": "single", "on": ["orders.new"],
+                     "result_subject": "ember.replica.x.invoke"}]},
+     "$.manifest.services[0].functions[0].result_subject"),
+])
+def test_a_deployment_the_sdk_would_refuse_is_refused_by_the_server(http, service, field):
+    response = http.post("/v1/apps/badapp/deployments", json=deploy_request(**service))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+@pytest.mark.parametrize(("bounds", "field"), [
+    ({"min_replicas": 100000, "max_replicas": 100000}, "$.min_replicas"),
+    ({"min_replicas": 0, "max_replicas": 100000}, "$.max_replicas"),
+    ({"min_replicas": -1, "max_replicas": 1}, "$.min_replicas"),
+])
+def test_scale_bounds_are_bounded(hello, http, bounds, field):
+    response = http.post("/v1/apps/hello/scale", json={"service": "greet", **bounds})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+APP = '''import ember
+app = ember.App("isolated")
+
+@app.function(min_replicas=0, max_replicas=2)
+def ping() -> str:
+    return "pong"
+'''
+
+
+def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(platform, transport, http,
+                                                                                tmp_path: Path):
+    (tmp_path / "isolated.py").write_text(APP)
+    deploy(tmp_path / "isolated.py", transport=transport, timeout_s=120)
+    broken = _broken_deployment()
+    asyncio.run(_put_deployment(platform.nats_url, broken))
+    try:
+        def failure() -> str | None:
+            view = msgspec.json.decode(http.get("/v1/status", params={"app": "broken"}).content, type=StatusView)
+            return view.services[0].failure or None
+
+        reason = wait_for(failure, timeout_s=30, what="the broken service to be marked failed")
+        assert "buffer_replicas" in reason
+        # Every other service is still scaled: a replica of `isolated` is placed and becomes ready.
+        assert http.post("/v1/apps/isolated/scale", json={"service": "ping", "min_replicas": 1,
+                                                          "max_replicas": 2}).status_code == 200
+
+        def ready() -> int | None:
+            view = msgspec.json.decode(http.get("/v1/status", params={"app": "isolated"}).content, type=StatusView)
+            return view.services[0].ready or None
+
+        wait_for(ready, timeout_s=60, what="a replica of the healthy app")
+        assert http.post("/v1/isolated/ping").json() == "pong"
+    finally:
+        assert http.delete("/v1/apps/broken").status_code == 204
+        http.delete("/v1/apps/isolated")
+
+
+def _broken_deployment() -> Deployment:
+    fn = FunctionSpec(name="f", attr="f", input_mode="none")
+    svc = ServiceSpec(name="f", kind="function", functions=[fn], buffer_replicas=-1)  # past the validator
+    return Deployment(app="broken", version=1, bundle_sha256="0" * 64, created_at=time.time(),
+                      manifest=Manifest(app="broken", module="m", services=[svc]))
+
+
+async def _put_deployment(url: str, dep: Deployment) -> None:
+    nc = await nats.connect(url)
+    try:
+        kv = await nc.jetstream().key_value(subjects.DEPLOYMENTS_BUCKET)
+        await kv.put(dep.app, encoder.encode(dep))
+    finally:
+        await nc.close()
