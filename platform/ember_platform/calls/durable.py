@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import hashlib
 import math
+import re
 import time
 import uuid
 
@@ -17,7 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
-from ember._errors import ConflictError, InvalidInputError, NotFoundError
+from ember._errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError
 from ember.wire import (
     CALL_ID_HEADER,
     DEADLINE_HEADER,
@@ -34,6 +35,22 @@ from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
+
+# A call id is a key of the calls' KV bucket after ``s.``/``r.``: the characters NATS allows in a key, in tokens
+# that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: hex (uuid4, or
+# the sha256 of an Idempotency-Key), an event's ``Nats-Msg-Id`` (an id that is not a valid key can have no record),
+# and ``<events stream>-<sequence>``.
+CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
+MAX_CALL_ID = 512
+
+
+def check_call_id(call_id: str) -> str:
+    """``call_id`` if it can name a call; ``BadRequestError`` (field ``call_id``) before it reaches NATS if not."""
+    if len(call_id) > MAX_CALL_ID or not CALL_ID.fullmatch(call_id):
+        shown = call_id if len(call_id) <= 80 else call_id[:80] + "..."
+        raise BadRequestError(f"{shown!r} is not a call id (1 to {MAX_CALL_ID} of A-Z a-z 0-9 - _ = / and "
+                              f"'.' between them)", field="call_id")
+    return call_id
 
 
 class Calls:
@@ -89,12 +106,18 @@ class Calls:
     # -- calls ---------------------------------------------------------------------------------------
 
     async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float) -> SpawnReply:
-        """Queue a call. With an idempotency ``key``, a repeated submit returns the first call's id and the
-        call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by JetStream)."""
+        """Queue a call. With an idempotency ``key``, a repeated submit of the same body returns the first call's
+        id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by JetStream);
+        the same key with another body is a ``ConflictError`` (the record keeps the sha256 of the first body)."""
         call_id = _call_id(app, function, key)
+        digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
         existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
-                                                             status="queued", created_at=now, updated_at=now))
+                                                             status="queued", created_at=now, updated_at=now,
+                                                             input_sha256=digest))
+        if existing is not None and existing.input_sha256 and existing.input_sha256 != digest:
+            raise ConflictError(f"this Idempotency-Key was used with another body for {app}.{function} (call "
+                                f"{call_id}); a new input needs a new key", field="Idempotency-Key")
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
         headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
@@ -106,6 +129,7 @@ class Calls:
 
     async def get(self, call_id: str, wait_s: float = 0.0) -> CallRecord:
         """The call's record; with ``wait_s``, long-poll until it is final or the wait ends."""
+        check_call_id(call_id)
         give_up = time.monotonic() + wait_s
         pause = _WAIT_POLL_S[0]
         while True:

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember._errors import BadRequestError, InvalidInputError
+from ember._errors import BadRequestError, InvalidInputError, NotFoundError
 from ember.wire import DeployRequest
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.responses import json_response, platform_of
 
 _deploy_decoder = msgspec.json.Decoder(DeployRequest)
+MAX_LOG_LINES = 5000
 
 
 async def put_bundle(request: Request) -> Response:
@@ -27,7 +31,7 @@ async def put_bundle(request: Request) -> Response:
 
 async def deploy(request: Request) -> Response:
     platform = platform_of(request)
-    body = await read_body(request, platform.settings.max_bundle_bytes)
+    body = await read_body(request, platform.settings.max_deploy_bytes)  # a manifest and a sha, not a bundle
     req = decode_json(_deploy_decoder, body)
     dep = await platform.registry.deploy(request.path_params["app"], req)
     return json_response(dep, 201)
@@ -54,12 +58,29 @@ async def delete_app(request: Request) -> Response:
 async def app_logs(request: Request) -> Response:
     registry = platform_of(request).registry
     app = request.path_params["app"]
-    registry.view(app)  # 404 for an unknown app
-    q = request.query_params
+    view = registry.view(app)  # 404 for an unknown app
+    since, limit = log_window(request.query_params)
+    service = request.query_params.get("service") or None
+    if service is not None and service not in (names := [s.name for s in view.services]):
+        shown = service if len(service) <= 80 else service[:80] + "..."
+        raise NotFoundError(f"app {app!r} has no service {shown!r} (it has: {', '.join(names)})")
+    return json_response(registry.logs(app, service, since, limit))
+
+
+def log_window(query: Mapping[str, str]) -> tuple[float, int]:
+    """``since`` (a timestamp, default 0) and ``limit`` (lines, 1 and up, default 200, at most ``MAX_LOG_LINES``)
+    of a logs query; ``BadRequestError`` naming the field for anything else (nan, inf, negative, not a number)."""
     try:
-        since, limit = float(q.get("since", 0)), int(q.get("limit", 200))
-    except ValueError as exc:
-        raise BadRequestError("since is a timestamp and limit an integer") from exc
-    service = q.get("service") or None
-    return json_response(registry.logs(app, service, since, max(1, min(limit, 5000))))
+        since = float(query.get("since", 0))
+    except ValueError:
+        since = math.nan
+    if not 0 <= since < math.inf:
+        raise BadRequestError("since is a timestamp: a finite number of seconds since the epoch, 0 or more",
+                              field="since")
+    raw = query.get("limit", "200")
+    digits = raw.lstrip("0")  # ASCII digits only (no sign, no point, no '_'); a number of any length clamps
+    if not (raw.isascii() and raw.isdigit() and digits):
+        raise BadRequestError(f"limit is a whole number of lines from 1 (at most {MAX_LOG_LINES} are kept)",
+                              field="limit")
+    return since, MAX_LOG_LINES if len(digits) > len(str(MAX_LOG_LINES)) else min(int(digits), MAX_LOG_LINES)
 

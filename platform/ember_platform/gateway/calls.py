@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from ember.wire import (
     ReplayRequest,
     ServiceSpec,
 )
+from ember_platform.calls.durable import check_call_id
 from ember_platform.gateway.body import InputValidator, decode_json, header, read_body
 from ember_platform.gateway.errors import error_response
 from ember_platform.gateway.responses import JsonAnswer, json_response, platform_of
@@ -36,6 +38,8 @@ _CALL_ID = HTTP_CALL_ID_HEADER.lower().encode()
 _BATCH_SIZE = HTTP_BATCH_SIZE_HEADER.lower().encode()
 _TIMEOUT = HTTP_TIMEOUT_HEADER.lower().encode()
 _replay_decoder = msgspec.json.Decoder(ReplayRequest)
+# A function's name: a Python identifier, or ``Class.method`` for a class model's method.
+FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(?:\.[A-Za-z_][A-Za-z0-9_]{0,127})?")
 
 
 async def invoke(request: Request) -> Response | JsonAnswer:
@@ -116,18 +120,19 @@ async def spawn(request: Request) -> Response:
 
 async def get_call(request: Request) -> Response:
     platform = platform_of(request)
+    call_id = check_call_id(request.path_params["call_id"])
     try:
         wait = float(request.query_params.get("wait", 0))
     except ValueError:
         wait = -1.0
     if not 0 <= wait <= 300:
         raise BadRequestError("wait is a number of seconds from 0 to 300", field="wait")
-    return json_response(await platform.calls.get(request.path_params["call_id"], wait))
+    return json_response(await platform.calls.get(call_id, wait))
 
 
 
 async def cancel_call(request: Request) -> Response:
-    return json_response(await platform_of(request).calls.cancel(request.path_params["call_id"]))
+    return json_response(await platform_of(request).calls.cancel(check_call_id(request.path_params["call_id"])))
 
 
 
@@ -136,6 +141,8 @@ async def dead_letters(request: Request) -> Response:
     app = request.path_params["app"]
     platform.registry.view(app)  # 404 for an unknown app
     function = request.query_params.get("function") or None
+    if function is not None:
+        platform.registry.resolve(app, check_function_name(function, "function"))  # 404 naming those that exist
     return json_response([letter for _, letter in await platform.calls.dead_letters(app, function)])
 
 
@@ -147,6 +154,14 @@ async def replay_dead(request: Request) -> Response:
     platform.registry.resolve(app, req.function)  # 404 for an unknown function
     return json_response(ReplayReply(replayed=await platform.calls.replay(app, req.function, req.call_ids)))
 
+
+
+def check_function_name(name: str, field: str) -> str:
+    """``name`` if it can name a function (``f`` or ``Class.method``); ``BadRequestError`` naming ``field`` if not."""
+    if not FUNCTION_NAME.fullmatch(name):
+        shown = name if len(name) <= 80 else name[:80] + "..."
+        raise BadRequestError(f"{shown!r} is not a function name (a Python identifier, or Class.method)", field=field)
+    return name
 
 
 def _function(platform: Platform, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:

@@ -60,6 +60,7 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int = 0
     output: msgspec.Raw = msgspec.Raw(b"null")  # the result, once succeeded
     error: ErrorInfo | None = None
+    input_sha256: str = ""  # of the body, for a call submitted with an Idempotency-Key (a reuse must match it)
 
 
 class SpawnReply(msgspec.Struct, frozen=True, kw_only=True):

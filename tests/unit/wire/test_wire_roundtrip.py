@@ -48,7 +48,7 @@ SAMPLES: list[msgspec.Struct] = [
     wire.CallRecord(call_id="c-1", app="digits", function="Classifier.predict", status="succeeded", created_at=1.0,
                     updated_at=2.0, attempts=2, output=msgspec.Raw(b'{"label":7}')),
     wire.CallRecord(call_id="c-2", app="digits", function="f", status="failed", created_at=1.0, updated_at=2.0,
-                    attempts=1, error=_ERROR),
+                    attempts=1, error=_ERROR, input_sha256="ab" * 32),
     wire.SpawnReply(call_id="c-1", status="queued", created=False),
     wire.DeadLetter(call_id="c-2", app="digits", function="f", error=_ERROR, attempts=4, dead_at=3.0,
                     input=msgspec.Raw(b'{"pixels":[1]}')),
