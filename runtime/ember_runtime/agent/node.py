@@ -117,10 +117,11 @@ class NodeAgent:
     async def _reconcile(self) -> None:
         await self._reconcile_zygotes()
         want = self.desired()
-        for key in [k for k in self.slots if k not in want]:
-            slot = self.slots.pop(key)
+        doomed = [self.slots.pop(key) for key in [k for k in self.slots if k not in want]]
+        for slot in doomed:
             log.info("stopping %s", slot.replica_id)
-            await slot.stop()
+        await asyncio.gather(*(slot.stop() for slot in doomed))  # together: each may take its drain grace
+        for slot in doomed:
             self.host_memory.release(slot.replica_id)
         for key, assigned in want.items():
             if key not in self.slots:

@@ -10,7 +10,7 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -28,6 +28,8 @@ BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
 STOP_GRACE_S = 25.0
 ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
+MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line is cut, and says so
+_READ_CHUNK = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -77,18 +79,19 @@ class ReplicaSlot:
         self._task = asyncio.create_task(self._supervise(), name=f"slot-{self.replica_id}")
 
     async def stop(self, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM the replica (it drains), SIGKILL it after ``grace_s``; then forget it."""
+        """SIGTERM the replica and the processes it started (its process group: it drains, they stop), SIGKILL
+        them after ``grace_s``; then whatever is left of the group; then forget it."""
         self._stopping.set()
         proc = self._proc
         if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
+            _signal_group(proc.pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(proc.wait(), grace_s)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
+                _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)  # children that outlived the replica
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -144,6 +147,7 @@ class ReplicaSlot:
         try:
             return await self._proc.wait()
         finally:
+            _signal_group(self._proc.pid, signal.SIGKILL)  # what a crashed replica started dies with it
             await asyncio.gather(*pumps, return_exceptions=True)
 
     def _argv(self, kind: str, decided: float, fetch_s: float) -> list[str]:
@@ -182,8 +186,7 @@ class ReplicaSlot:
             return None
 
     async def _pump(self, stream: asyncio.StreamReader, name: Literal["stdout", "stderr"]) -> None:
-        async for raw in stream:
-            line = raw.decode(errors="replace").rstrip("\n")
+        async for line in output_lines(stream):
             if name == "stderr" and line.strip():
                 self._stderr_tail.append(line)
             await self._publish(name, line)
@@ -207,6 +210,34 @@ class ReplicaSlot:
                                restarts=self.restarts, message=reason[:500])
         with contextlib.suppress(Exception):
             await self._kv.put(self.replica_id, encoder.encode(status))
+
+
+async def output_lines(stream: asyncio.StreamReader, max_line: int = MAX_LOG_LINE) -> AsyncIterator[str]:
+    """A process's output, line by line, each cut to ``max_line`` bytes: the pipe is always read to its end
+    (a reader that stopped at an overlong line would leave the process blocked on a full pipe)."""
+    pending, dropped = b"", 0
+    while chunk := await stream.read(_READ_CHUNK):
+        *lines, rest = (pending + chunk).split(b"\n")
+        for raw in lines:
+            yield _cut(raw, max_line, dropped)
+            dropped = 0
+        pending = rest[:max_line]
+        dropped += len(rest) - len(pending)
+    if pending or dropped:
+        yield _cut(pending, max_line, dropped)
+
+
+def _cut(raw: bytes, max_line: int, dropped: int) -> str:
+    dropped += max(len(raw) - max_line, 0)
+    line = raw[:max_line].decode(errors="replace")
+    return f"{line} [... {dropped} more bytes of this line not kept]" if dropped else line
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    """Signal a replica's process group: a replica leads its own session (fresh or forked), so the group is it
+    and every process it started that did not leave it."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
 
 
 def _prepare_child(cpus: frozenset[int] | None) -> None:

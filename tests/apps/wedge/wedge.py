@@ -1,0 +1,18 @@
+"""A replica that prints far more than a pipe holds on one line, and one that starts processes of its own."""
+
+import subprocess
+
+import ember
+
+app = ember.App("wedge")
+
+
+@app.function()
+def shout(n: int) -> int:
+    print("z" * n, flush=True)  # one line of n bytes on stdout
+    return n
+
+
+@app.function()
+def spawn_child() -> int:
+    return subprocess.Popen(["sleep", "600"]).pid  # in the replica's process group

@@ -1,0 +1,47 @@
+"""What a replica does with its process must not wedge it or outlive it: an output line far over a pipe's buffer
+is read (and cut in the logs), and the processes a replica started stop with it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from support.paths import TEST_APPS
+from support.polling import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_a_huge_output_line_neither_wedges_the_replica_nor_floods_the_logs(deployed, http):
+    deployed(TEST_APPS / "wedge" / "wedge.py")
+    for _ in range(3):  # a reader that gave up on the first line would leave the pipe full by the second
+        response = http.post("/v1/wedge/shout", json=300_000, headers={"X-Ember-Timeout": "20"})
+        assert response.status_code == 200, response.text
+        assert response.json() == 300_000
+
+    def cut_lines() -> list[str]:
+        lines = http.get("/v1/apps/wedge/logs", params={"service": "shout"}).json()
+        return [x["line"] for x in lines if "more bytes of this line not kept" in x["line"]]
+
+    lines = wait_for(lambda: len(cut_lines()) >= 3 and cut_lines(), timeout_s=10, what="the cut log lines")
+    assert all(len(line) < 20_000 for line in lines)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+def test_the_processes_a_replica_started_stop_with_it(deployed, http):
+    deployed(TEST_APPS / "wedge" / "wedge.py")
+    child = http.post("/v1/wedge/spawn_child").json()
+    assert _alive(child)
+    try:
+        assert http.delete("/v1/apps/wedge").status_code == 204
+        wait_for(lambda: not _alive(child), timeout_s=60, what=f"process {child} to stop with its replica")
+    finally:
+        if _alive(child):
+            os.kill(child, 9)
