@@ -12,7 +12,7 @@ import msgspec
 
 from ember._bundle import build_bundle
 from ember._client import Transport, default_transport
-from ember._errors import InvalidSpecError, NotFoundError, UnavailableError
+from ember._errors import InvalidSpecError, NotFoundError, RemoteError, UnavailableError
 from ember.wire import AppView, Deployment, DeployRequest, Manifest, encoder
 
 Progress = Callable[[str, AppView | None], None]
@@ -77,10 +77,23 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
             last = summary
         if ready:
             return view
+        failed = _failed(view)
+        if failed:
+            raise RemoteError(f"{app} v{version} failed: {failed}", remote_type="SetupFailed")
         if time.monotonic() > deadline:
             raise UnavailableError(f"{app} v{version} not ready after {timeout_s:.0f}s: {summary}",
                                    retry_after_s=5.0)
         time.sleep(0.2)
+
+
+def _failed(view: AppView) -> str:
+    """Why a service of the current version cannot come up: every replica it has is failed (not crashed, which
+    is restarted)."""
+    for svc in view.services:
+        current = [r for r in svc.replicas if r.version == view.version]
+        if svc.min_replicas and current and all(r.state == "failed" for r in current):
+            return f"{svc.name}: {current[0].message or 'failed'}"
+    return ""
 
 
 def _readiness(view: AppView) -> tuple[str, bool]:

@@ -79,13 +79,22 @@ def test_replica_output_reaches_the_logs(hello, http, transport):
     assert lines[0]["replica_id"].startswith("hello-greet-")
 
 
-def test_a_setup_failure_is_reported_by_push(tmp_path, transport):
+def test_a_setup_that_keeps_failing_fails_the_push_with_its_reason(tmp_path, transport, http):
+    """A few failed setups in a row and the version is failed: push says why at once, instead of waiting for
+    its timeout, and status shows it; the agent stops restarting it."""
     app_file = tmp_path / "broken.py"
     app_file.write_text('import ember\napp = ember.App("broken")\n@app.model()\nclass M:\n'
                         "    @ember.setup\n    def load(self):\n        raise RuntimeError('no weights here')\n"
                         "    @ember.method()\n    def f(self) -> int:\n        return 1\n")
-    with pytest.raises(ember.UnavailableError, match="no weights here"):
-        ember.deploy(app_file, transport=transport, timeout_s=5)
+    started = time.monotonic()
+    with pytest.raises(ember.RemoteError, match=r"setup failed 3 times in a row.*no weights here"):
+        ember.deploy(app_file, transport=transport, timeout_s=120)
+    assert time.monotonic() - started < 60
+    status = http.get("/v1/status", params={"app": "broken"}).json()["services"][0]
+    assert "no weights here" in status["failure"] and status["ready"] == 0
+    restarts = transport.json("GET", "/v1/apps/broken")["services"][0]["replicas"][0]["restarts"]
+    time.sleep(3)  # past the backoff it would have restarted after
+    assert transport.json("GET", "/v1/apps/broken")["services"][0]["replicas"][0]["restarts"] == restarts
     transport.request("DELETE", "/v1/apps/broken")
 
 

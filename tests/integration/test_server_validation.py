@@ -78,7 +78,7 @@ def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(plat
     asyncio.run(_put_deployment(platform.nats_url, broken))
     try:
         def failure() -> str | None:
-            view = msgspec.json.decode(http.get("/v1/status", params={"app": "broken"}).content, type=StatusView)
+            view = msgspec.json.decode(http.get("/v1/status", params={"app": "unreconcilable"}).content, type=StatusView)
             return view.services[0].failure or None
 
         reason = wait_for(failure, timeout_s=30, what="the broken service to be marked failed")
@@ -94,15 +94,15 @@ def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(plat
         wait_for(ready, timeout_s=60, what="a replica of the healthy app")
         assert http.post("/v1/isolated/ping").json() == "pong"
     finally:
-        assert http.delete("/v1/apps/broken").status_code == 204
+        assert http.delete("/v1/apps/unreconcilable").status_code == 204
         http.delete("/v1/apps/isolated")
 
 
 def _broken_deployment() -> Deployment:
     fn = FunctionSpec(name="f", attr="f", input_mode="none")
     svc = ServiceSpec(name="f", kind="function", functions=[fn], buffer_replicas=-1)  # past the validator
-    return Deployment(app="broken", version=1, bundle_sha256="0" * 64, created_at=time.time(),
-                      manifest=Manifest(app="broken", module="m", services=[svc]))
+    return Deployment(app="unreconcilable", version=1, bundle_sha256="0" * 64, created_at=time.time(),
+                      manifest=Manifest(app="unreconcilable", module="m", services=[svc]))
 
 
 async def _put_deployment(url: str, dep: Deployment) -> None:

@@ -20,12 +20,15 @@ from ember._procs import die_with_parent
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
+from ember_runtime.exit_codes import EXIT_SETUP_FAILED
 
 log = logging.getLogger("ember.agent")
 
 BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
+MAX_FAILED_SETUPS = 3  # setups failed in a row after which the replica is failed and no longer restarted
+FAILED_REPORT_S = 5.0  # how often a failed replica's status is written again (the bucket forgets it otherwise)
 STOP_GRACE_S = 25.0
 ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
 MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line is cut, and says so
@@ -122,15 +125,20 @@ class ReplicaSlot:
         return True
 
     async def _supervise(self) -> None:
-        failures = 0
+        failures = failed_setups = 0
         while not self._stopping.is_set():
             started = time.monotonic()
             code = await self._run_once()
             if self._stopping.is_set():
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
-            self.restarts += 1
+            failed_setups = failed_setups + 1 if code == EXIT_SETUP_FAILED else 0
             reason, self._restart_reason = self._restart_reason or self._exit_reason(code), ""
+            if failed_setups >= MAX_FAILED_SETUPS:
+                await self._give_up(f"setup failed {failed_setups} times in a row; not restarted until the next "
+                                    f"version: {reason}")
+                return
+            self.restarts += 1
             self._last_restart_reason = reason
             log.warning("replica %s exited (%s); restart %d", self.replica_id, reason, self.restarts)
             await self._report_crash(reason)
@@ -202,10 +210,19 @@ class ReplicaSlot:
         last = self._stderr_tail[-1] if self._stderr_tail and code > 0 else ""
         return f"{what}: {last}" if last else what
 
-    async def _report_crash(self, reason: str) -> None:
+    async def _give_up(self, reason: str) -> None:
+        """Leave the replica failed, saying why, until the slot is stopped (a new version, or the app deleted)."""
+        log.error("replica %s: %s", self.replica_id, reason)
+        await self._publish("agent", reason)
+        while not self._stopping.is_set():
+            await self._report_crash(reason, state="failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), FAILED_REPORT_S)
+
+    async def _report_crash(self, reason: str, state: Literal["crashed", "failed"] = "crashed") -> None:
         now = time.time()
         status = ReplicaStatus(replica_id=self.replica_id, node_id=self._node_id, app=self.key.app,
-                               service=self.key.service, version=self.key.version, state="crashed",
+                               service=self.key.service, version=self.key.version, state=state,
                                pid=self._proc.pid if self._proc else 0, started_at=now, updated_at=now,
                                restarts=self.restarts, message=reason[:500])
         with contextlib.suppress(Exception):

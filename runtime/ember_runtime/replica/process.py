@@ -37,6 +37,7 @@ from ember.wire import (
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import Stores, connect, ensure_buckets
 from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
@@ -45,7 +46,6 @@ log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
-EXIT_ABANDONED_SETUP = 143  # as if killed by SIGTERM
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,9 @@ class Replica:
                 endpoints = load.result()
             except Exception as exc:
                 log.exception("setup failed")
-                await self._report("failed", f"setup failed: {type(exc).__name__}: {exc}")
-                return 3
+                # "crashed": the agent restarts it; "failed" is the agent's word once it gives up
+                await self._report("crashed", f"setup failed: {type(exc).__name__}: {exc}")
+                return EXIT_SETUP_FAILED
             subs, loops = await self._serve(nc, endpoints)
             self.status = msgspec.structs.replace(self.status, start=self._start_phases())
             self._ready_at = time.time()

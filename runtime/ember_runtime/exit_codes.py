@@ -1,0 +1,4 @@
+"""How a replica process ends, as the agent that started it reads its exit code."""
+
+EXIT_SETUP_FAILED = 3  # the app's import or its @ember.setup raised: starting it again will most likely fail again
+EXIT_ABANDONED_SETUP = 143  # stopped during setup, which cannot be interrupted (as if killed by SIGTERM)
