@@ -78,7 +78,8 @@ def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(plat
     asyncio.run(_put_deployment(platform.nats_url, broken))
     try:
         def failure() -> str | None:
-            view = msgspec.json.decode(http.get("/v1/status", params={"app": "unreconcilable"}).content, type=StatusView)
+            answer = http.get("/v1/status", params={"app": "unreconcilable"})
+            view = msgspec.json.decode(answer.content, type=StatusView)
             return view.services[0].failure or None
 
         reason = wait_for(failure, timeout_s=30, what="the broken service to be marked failed")
