@@ -51,11 +51,14 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
         return got, own
 
     got, own = asyncio.run(exchange())
-    by_id = {m.headers["Ember-Call-Id"]: m for m in got}
+    # An event's call id is its Nats-Msg-Id within the function's namespace: ev-<scope>-<Nats-Msg-Id>.
+    by_id = {m.headers["Ember-Call-Id"].split("-", 2)[2]: m for m in got}
     assert json.loads(by_id["img-1"].data) == 3 and by_id["img-1"].headers["Ember-Status"] == "succeeded"
     failed = by_id["img-3"]
     assert failed.headers["Ember-Status"] == "failed" and json.loads(failed.data)["type"] == "ValueError"
     assert json.loads(own[0].data) == 5
-    record = transport.json("GET", "/v1/calls/img-1")
+    first_id = by_id["img-1"].headers["Ember-Call-Id"]
+    assert first_id.startswith("ev-")  # never a spawned call's id, nor another function's event's
+    record = transport.json("GET", f"/v1/calls/{first_id}")
     assert record["status"] == "succeeded" and record["output"] == 3
     transport.request("DELETE", "/v1/apps/eventful")

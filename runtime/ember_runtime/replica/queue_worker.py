@@ -5,7 +5,8 @@ so interactive HTTP traffic goes first. While a call is held (queued or running)
 alive with in-progress acks. The result is stored first (first writer wins), then the message is acked;
 a failure in user code is retried with backoff (nak with a delay) until the function's retries are
 spent, then the call fails and goes to the dead letters. A replica that stops naks what it still holds,
-for prompt redelivery.
+for prompt redelivery. A message's headers are checked before use (``event_headers``: which call it is, its
+deadline, where an event's result goes); one whose headers are wrong is failed and dead-lettered at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from typing import Any
 
@@ -30,8 +30,6 @@ from ember._errors import (
 )
 from ember.wire import (
     CALL_ID_HEADER,
-    DEADLINE_HEADER,
-    EVENT_REPLY_TO_HEADER,
     EVENT_STATUS_HEADER,
     CallRecord,
     ErrorInfo,
@@ -44,6 +42,15 @@ from ember.wire import (
 from ember.wire.callstore import CallStore, final
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.endpoint import Endpoint
+from ember_runtime.replica.event_headers import (
+    Delivery,
+    default_event_id,
+    event_delivery,
+    event_scope,
+    microseconds,
+    queued_delivery,
+    reply_subject,
+)
 
 log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
@@ -55,6 +62,7 @@ class QueueWorker:
     def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
                  retries: Retries, *, events: bool = False) -> None:
         self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
+        self._scope = event_scope(self._stream)
         self._events = events
         self._js = js
         self._store = store
@@ -142,14 +150,23 @@ class QueueWorker:
         except Exception:
             log.exception("could not take a call from %s; it will be redelivered", self.function)
 
-    async def _take(self, msg: Msg) -> None:
+    def _delivery(self, msg: Msg) -> Delivery:
         headers = msg.headers or {}
         seq = msg.metadata.sequence.stream
-        call_id = headers.get(CALL_ID_HEADER) or headers.get("Nats-Msg-Id") or f"{self._stream.lower()}-{seq}"
+        if not self._events:
+            return queued_delivery(headers, f"{self._stream.lower()}-{seq}")
+        stored_at = microseconds(msg.metadata.timestamp)  # when it was stored: the same on every redelivery
+        return event_delivery(headers, self._scope, default_event_id(self._scope, stored_at, seq))
+
+    async def _take(self, msg: Msg) -> None:
+        delivery = self._delivery(msg)
+        call_id, deadline = delivery.call_id, delivery.deadline
         attempt = msg.metadata.num_delivered or 1
         record = await self._store.status(call_id) or _new_record(call_id, self._app, self.function)
         record = msgspec.structs.replace(record, attempts=attempt)
-        deadline = float(headers.get(DEADLINE_HEADER, math.inf))
+        if delivery.problem is not None:  # headers no retry can mend: settled now, never redelivered
+            await self._settle(msg, record, "failed", error=delivery.problem, dead=True)
+            return
         if deadline <= time.time():
             error = DeadlineExceededError("the call's deadline passed while it was queued", call_id=call_id)
             await self._settle(msg, record, "expired", error=error)
@@ -224,7 +241,7 @@ class QueueWorker:
         await msg.ack()
 
     async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:
-        target = (msg.headers or {}).get(EVENT_REPLY_TO_HEADER) or self._endpoint.spec.result_subject
+        target = reply_subject(msg.headers or {}) or self._endpoint.spec.result_subject
         if target:
             body = output if info is None else encoder.encode(info)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
