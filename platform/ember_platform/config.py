@@ -16,5 +16,8 @@ class Settings:
     max_body_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BODY_BYTES", 4 * 1024 * 1024))
     max_bundle_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_BYTES", 256 * 1024 * 1024))
     max_deploy_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_DEPLOY_BYTES", 1024 * 1024))
+    max_bundle_unpacked_bytes: int = field(
+        default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_UNPACKED_BYTES", 512 * 1024 * 1024))
+    max_bundle_files: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_FILES", 10_000))
     ack_wait_s: float = field(default_factory=lambda: float(os.environ.get("EMBER_ACK_WAIT_S", 30)))
     log_lines_kept: int = 2000

@@ -10,10 +10,14 @@ import os
 import re
 import tarfile
 from pathlib import Path
+from zlib import error as zlib_error
 
 from ember._errors import InvalidSpecError
 
 MAX_BUNDLE_BYTES = 256 * 1024 * 1024
+MAX_UNPACKED_BYTES = 512 * 1024 * 1024  # a bundle's files, unpacked, all together
+MAX_FILES = 10_000
+MAX_PATH = 1024
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
               "node_modules", ".ember", ".ipynb_checkpoints"}
 _SKIP_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp")
@@ -125,6 +129,47 @@ def _ignored(rel: str, is_dir: bool, rules: list[_Rule]) -> bool:
         if (is_dir or not dir_only) and regex.fullmatch(rel):
             ignored = not negate
     return ignored
+
+
+class BundleTooLargeError(InvalidSpecError):
+    """A bundle over a size or count limit (413 at upload)."""
+
+
+def check_bundle(data: bytes, *, max_unpacked_bytes: int = MAX_UNPACKED_BYTES, max_files: int = MAX_FILES) -> int:
+    """The unpacked size of a bundle whose every member is a plain file or folder at a relative path inside it,
+    within the limits; otherwise ``InvalidSpecError`` (or ``BundleTooLargeError``) naming the member.
+
+    It reads the archive's headers in order and stops at the first that breaks a rule, before the content
+    behind it is decompressed: a small upload that would unpack to gigabytes is refused by its declared sizes.
+    """
+    total, count, seen = 0, 0, set[str]()
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar:
+                count += 1
+                if count > max_files:
+                    raise BundleTooLargeError(f"the bundle holds more than {max_files} members")
+                _check_member(member, seen)
+                total += member.size
+                if total > max_unpacked_bytes:
+                    raise BundleTooLargeError(f"the bundle unpacks to more than {max_unpacked_bytes} bytes "
+                                              f"(at {member.name!r})")
+    except (tarfile.TarError, EOFError, OSError, zlib_error) as exc:
+        raise InvalidSpecError(f"not a gzip'd tar archive: {exc}") from exc
+    return total
+
+
+def _check_member(member: tarfile.TarInfo, seen: set[str]) -> None:
+    name = member.name
+    if not (member.isreg() or member.isdir()):
+        raise InvalidSpecError(f"bundle member {name!r}: only files and folders, not links or devices")
+    parts = name.split("/")
+    if not name or len(name) > MAX_PATH or name.startswith("/") or "\0" in name or "\\" in name \
+            or any(p in ("", ".", "..") for p in parts[:-1]) or parts[-1] in (".", ".."):
+        raise InvalidSpecError(f"bundle member {name[:200]!r}: a relative path inside the bundle, without '..'")
+    if member.isreg() and name in seen:
+        raise InvalidSpecError(f"bundle member {name!r} appears twice")
+    seen.add(name)
 
 
 def unpack_bundle(data: bytes, dest: str | os.PathLike[str]) -> None:

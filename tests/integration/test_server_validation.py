@@ -8,6 +8,10 @@ failed in ``GET /v1/status`` while the control loop keeps placing and scaling ev
 from __future__ import annotations
 
 import asyncio
+import gzip
+import hashlib
+import io
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -113,3 +117,41 @@ async def _put_deployment(url: str, dep: Deployment) -> None:
         await kv.put(dep.app, encoder.encode(dep))
     finally:
         await nc.close()
+
+
+def _upload(http: Any, data: bytes) -> Any:
+    return http.put(f"/v1/bundles/{hashlib.sha256(data).hexdigest()}", content=data)
+
+
+def _archive(*members: tarfile.TarInfo) -> bytes:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for member in members:
+            tar.addfile(member, io.BytesIO(b"x" * member.size) if member.isreg() else None)
+    return raw.getvalue()
+
+
+def _link(name: str, kind: bytes, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize("member", [
+    tarfile.TarInfo("../escape.py"), tarfile.TarInfo("/etc/cron.d/x"),
+    _link("weights", tarfile.SYMTYPE, "/etc/shadow"), _link("weights", tarfile.LNKTYPE, "../../x"),
+], ids=["parent", "absolute", "symlink-out", "hardlink-out"])
+def test_a_bundle_with_a_member_outside_itself_is_refused_at_upload(http, member):
+    response = _upload(http, _archive(member))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == "$body" and "bundle member" in response.json()["error"]["message"]
+
+
+def test_a_bundle_that_would_unpack_past_the_limit_is_refused_at_upload(http):
+    header = tarfile.TarInfo("model.bin")
+    header.size = 1 << 30  # declared: 1 GiB; sent: the header alone
+    data = gzip.compress(header.tobuf(format=tarfile.PAX_FORMAT))
+    response = _upload(http, data)
+    assert response.status_code == 413, response.text
+    assert "unpacks to more than" in response.json()["error"]["message"]
+    assert _upload(http, b"not a bundle").status_code == 422

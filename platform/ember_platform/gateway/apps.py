@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Mapping
 
@@ -9,8 +10,10 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember._errors import BadRequestError, InvalidInputError, NotFoundError
+from ember._bundle import BundleTooLargeError, check_bundle
+from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, NotFoundError, PayloadTooLargeError
 from ember.wire import DeployRequest
+from ember_platform.config import Settings
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.responses import json_response, platform_of
 
@@ -24,9 +27,20 @@ async def put_bundle(request: Request) -> Response:
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise InvalidInputError("a bundle is addressed by its lowercase hex sha256", field="sha256")
     data = await read_body(request, platform.settings.max_bundle_bytes)
+    await asyncio.to_thread(_check_bundle, data, platform.settings)  # decompressing headers: off the event loop
     created = await platform.registry.put_bundle(sha, data)
     return json_response({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
 
+
+
+def _check_bundle(data: bytes, settings: Settings) -> None:
+    """Only plain files and folders inside the bundle, within the count and unpacked-size limits: 422 or 413."""
+    try:
+        check_bundle(data, max_unpacked_bytes=settings.max_bundle_unpacked_bytes, max_files=settings.max_bundle_files)
+    except BundleTooLargeError as exc:
+        raise PayloadTooLargeError(exc.message, field="$body") from exc
+    except InvalidSpecError as exc:
+        raise InvalidInputError(exc.message, field="$body") from exc
 
 
 async def deploy(request: Request) -> Response:

@@ -1,5 +1,6 @@
 """Bundles are deterministic, content-addressed archives of an app's folder, unpacked safely."""
 
+import gzip
 import hashlib
 import io
 import os
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ember._bundle import build_bundle, list_files, unpack_bundle
+from ember._bundle import BundleTooLargeError, build_bundle, check_bundle, list_files, unpack_bundle
+from ember._errors import InvalidSpecError
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -170,3 +172,68 @@ def test_unpack_keeps_absolute_names_inside(tmp_path: Path) -> None:
     dest = tmp_path / "out"
     unpack_bundle(_archive(tarfile.TarInfo("/abs.txt"), b"hi"), dest)
     assert (dest / "abs.txt").read_bytes() == b"hi"
+
+
+def _hardlink(name: str, target: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = tarfile.LNKTYPE, target
+    return info
+
+
+def _device(name: str) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.CHRTYPE
+    return info
+
+
+def test_a_built_bundle_passes_the_upload_check(app_dir: Path) -> None:
+    bundle = build_bundle(app_dir)
+    assert check_bundle(bundle.data) == sum((app_dir / rel).stat().st_size for rel in bundle.files)
+
+
+@pytest.mark.parametrize("member", [
+    tarfile.TarInfo("../escape.txt"),
+    tarfile.TarInfo("lib/../../escape.txt"),
+    tarfile.TarInfo("/abs.txt"),
+    tarfile.TarInfo("a//b.txt"),
+    tarfile.TarInfo("a\\b.txt"),
+    tarfile.TarInfo("x" * 2000),
+    _symlink("link", "/etc/passwd"),
+    _symlink("link", "../escape.txt"),
+    _hardlink("hard", "/etc/passwd"),
+    _hardlink("hard", "../escape.txt"),
+    _device("dev"),
+], ids=["parent", "nested-parent", "absolute", "empty-part", "backslash", "long", "absolute-link", "escaping-link",
+        "absolute-hardlink", "escaping-hardlink", "device"])
+def test_the_upload_check_refuses_anything_but_files_and_folders_inside(member: tarfile.TarInfo) -> None:
+    with pytest.raises(InvalidSpecError, match="bundle member"):
+        check_bundle(_archive(member, b"pwned"))
+
+
+def test_the_upload_check_refuses_a_bomb_by_its_declared_sizes_before_inflating_it() -> None:
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        for i in range(3):
+            info = tarfile.TarInfo(f"zeros{i}")
+            info.size = 1 << 20
+            tar.addfile(info, io.BytesIO(bytes(info.size)))
+    data = raw.getvalue()
+    assert len(data) < 20_000  # 3 MiB of zeros
+    with pytest.raises(BundleTooLargeError, match="unpacks to more than"):
+        check_bundle(data, max_unpacked_bytes=2 << 20)
+    assert check_bundle(data, max_unpacked_bytes=3 << 20) == 3 << 20
+    with pytest.raises(BundleTooLargeError, match="more than 2 members"):
+        check_bundle(data, max_files=2)
+
+
+def test_the_upload_check_refuses_what_is_not_a_gzipped_tar() -> None:
+    for data in (b"", b"not an archive", gzip.compress(b"not a tar")):
+        with pytest.raises(InvalidSpecError, match="gzip'd tar"):
+            check_bundle(data)
+    with pytest.raises(InvalidSpecError, match="appears twice"):
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+            for _ in range(2):
+                info = tarfile.TarInfo("same.txt")
+                tar.addfile(info, io.BytesIO(b""))
+        check_bundle(raw.getvalue())
