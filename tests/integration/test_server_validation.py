@@ -155,3 +155,21 @@ def test_a_bundle_that_would_unpack_past_the_limit_is_refused_at_upload(http):
     assert response.status_code == 413, response.text
     assert "unpacks to more than" in response.json()["error"]["message"]
     assert _upload(http, b"not a bundle").status_code == 422
+
+
+def test_a_bundle_a_node_cannot_fetch_is_reported_on_the_replica_and_retried_with_backoff(platform, http):
+    fn = FunctionSpec(name="f", attr="f", input_mode="none")
+    svc = ServiceSpec(name="f", kind="function", functions=[fn], min_replicas=1, max_replicas=1)
+    missing = Deployment(app="nobundle", version=1, bundle_sha256="ab" * 32, created_at=time.time(),
+                         manifest=Manifest(app="nobundle", module="m", services=[svc]))
+    asyncio.run(_put_deployment(platform.nats_url, missing))  # past the API, which refuses an unknown bundle
+    try:
+        def reason() -> str | None:
+            replicas = http.get("/v1/apps/nobundle").json()["services"][0]["replicas"]
+            return next((r["message"] for r in replicas if "cannot fetch" in r["message"]), None)
+
+        first = wait_for(reason, timeout_s=30, what="the fetch failure on the replica's status")
+        assert "ababababab" in first and "attempt 1, next in 2s" in first
+        wait_for(lambda: "attempt 3" in (reason() or ""), timeout_s=30, what="a third attempt, 2 s then 4 s later")
+    finally:
+        assert http.delete("/v1/apps/nobundle").status_code == 204

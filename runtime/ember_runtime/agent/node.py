@@ -15,6 +15,7 @@ from ember.wire import (
     LogLine,
     NodeAssignment,
     NodeInfo,
+    ReplicaStatus,
     SlotAssignment,
     ZygoteAssignment,
     assignment_decoder,
@@ -32,6 +33,7 @@ from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
 
 log = logging.getLogger("ember.agent")
 RECONCILE_EVERY_S = 2.0
+FETCH_BACKOFF_S = (2.0, 300.0)  # a bundle that could not be fetched or unpacked is tried again after 2, 4, ... 300 s
 
 
 class NodeAgent:
@@ -55,6 +57,7 @@ class NodeAgent:
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event)
         self._wake = asyncio.Event()
 
@@ -123,9 +126,8 @@ class NodeAgent:
         await asyncio.gather(*(slot.stop() for slot in doomed))  # together: each may take its drain grace
         for slot in doomed:
             self.host_memory.release(slot.replica_id)
-        for key, assigned in want.items():
-            if key not in self.slots:
-                await self._start(key, assigned)
+        # Together: a bundle being fetched for one replica does not hold up the others.
+        await asyncio.gather(*(self._start(key, assigned) for key, assigned in want.items() if key not in self.slots))
 
     def _zygote_event(self, app: str, service: str, line: str) -> None:
         """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
@@ -163,11 +165,16 @@ class NodeAgent:
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         decided = time.time()
         kind = "artifact" if self.bundles.has(slot.bundle_sha256) else "cold"
+        failures, next_try, reason = self._fetch_failures.get(slot.bundle_sha256, (0, 0.0, ""))
+        if time.monotonic() < next_try:
+            await self._report_unstarted(slot, reason)  # kept in view while it waits (the bucket forgets it)
+            return
         try:
             bundle = await self.bundles.get(slot.bundle_sha256)
-        except Exception:
-            log.exception("cannot fetch bundle %s of %s", slot.bundle_sha256[:12], slot.app)
+        except Exception as exc:
+            await self._fetch_failed(slot, failures + 1, exc)
             return
+        self._fetch_failures.pop(slot.bundle_sha256, None)
         pin = self._pinning(slot)
         env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
@@ -178,6 +185,24 @@ class NodeAgent:
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)
         replica.start()
+
+    async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:
+        """Try the bundle again later, backing off, and say why on the replica's status (``ember status`` and
+        ``ember push`` show it), not only in this agent's log."""
+        delay = min(FETCH_BACKOFF_S[0] * 2 ** (failures - 1), FETCH_BACKOFF_S[1])
+        reason = (f"cannot fetch or unpack bundle {slot.bundle_sha256[:12]} on node {self.node_id}: "
+                  f"{type(exc).__name__}: {exc}; attempt {failures}, next in {delay:.0f}s")
+        self._fetch_failures[slot.bundle_sha256] = (failures, time.monotonic() + delay, reason)
+        log.warning("%s (replica %s)", reason, slot.replica_id)
+        await self._report_unstarted(slot, reason)
+
+    async def _report_unstarted(self, slot: SlotAssignment, reason: str) -> None:
+        now = time.time()
+        status = ReplicaStatus(replica_id=slot.replica_id, node_id=self.node_id, app=slot.app, service=slot.service,
+                               version=slot.version, state="crashed", pid=0, started_at=now, updated_at=now,
+                               message=reason[:500])
+        with contextlib.suppress(Exception):
+            await self._stores.replicas.put(slot.replica_id, encoder.encode(status))
 
     def _pinning(self, slot: SlotAssignment) -> numa.Pinning:
         """The CPUs of the NUMA node of the replica's GPUs, as the scheduler saw it or as this node reports it."""
