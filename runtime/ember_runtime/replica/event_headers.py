@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from ember._errors import InvalidInputError
 from ember.wire import CALL_ID_HEADER, DEADLINE_HEADER, EVENT_REPLY_TO_HEADER
+from ember.wire.validate import reserved_root
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 MAX_CALL_ID = 128
@@ -39,7 +40,6 @@ CALL_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_CALL_ID}}}")
 MAX_DEADLINE_CHARS = 64
 MAX_SUBJECT_CHARS = 256
 _SUBJECT_TOKEN = re.compile(r"[^\s\x00-\x1f\x7f.*>]+")  # no space, control, separator or wildcard
-_RESERVED_ROOTS = frozenset({"ember", "_EMBER"})  # and every root starting with "$" (JetStream, KV, system)
 _SHOWN = 40  # characters of a bad value quoted in an error
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _MICROSECOND = datetime.timedelta(microseconds=1)
@@ -132,7 +132,7 @@ def _reply_to(headers: dict[str, str]) -> tuple[str | None, InvalidInputError | 
     if len(raw) > MAX_SUBJECT_CHARS or not all(_SUBJECT_TOKEN.fullmatch(t) for t in tokens):
         return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"a result subject is a NATS subject of at most "
                           f"{MAX_SUBJECT_CHARS} characters, without wildcards or spaces")
-    if tokens[0] in _RESERVED_ROOTS or tokens[0].startswith("$"):
+    if reserved_root(tokens[0]) and tokens[0] != "_INBOX":  # an inbox is where a requester waits for its result
         return None, _bad(EVENT_REPLY_TO_HEADER, raw, "results cannot be published to Ember's or the server's "
                           "own subjects")
     return raw, None

@@ -21,8 +21,9 @@ APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
-# Subjects no app may bind or publish results to: Ember's own, JetStream's and the server's APIs, and inboxes.
-RESERVED_SUBJECT_ROOTS = frozenset({"ember", "_INBOX", "$JS", "$KV", "$O", "$SYS", "$SRV", "_EMBER"})
+# Subjects no app may bind or publish results to: Ember's own, inboxes, and every root starting with '$' (the
+# server's, JetStream's, KV's and object stores' APIs).
+RESERVED_SUBJECT_ROOTS = frozenset({"ember", "_EMBER", "_INBOX"})
 
 MAX_REPLICAS = 1000  # per service; more than the control loop should ever place for one service
 MAX_BUFFER_REPLICAS = 100
@@ -127,10 +128,16 @@ def subject_problem(subject: str, *, wildcards: bool) -> str:
         where = "wildcards '*' and a final '>'" if wildcards else "no wildcards"
         return (f"{subject!r} is not a usable NATS subject: dot-separated tokens of letters, digits, '-' and '_', "
                 f"{where}, at most {MAX_SUBJECT_LENGTH} characters")
-    if tokens[0] in RESERVED_SUBJECT_ROOTS or tokens[0] in ("*", ">"):
+    if reserved_root(tokens[0]) or tokens[0] in ("*", ">"):
         return (f"{subject!r} reaches into a reserved namespace ({', '.join(sorted(RESERVED_SUBJECT_ROOTS))}, "
-                "or a wildcard first token)")
+                "any root starting with '$', or a wildcard first token)")
     return ""
+
+
+def reserved_root(token: str) -> bool:
+    """Whether a subject starting with ``token`` belongs to Ember or the server."""
+    return token in RESERVED_SUBJECT_ROOTS or token.startswith("$")
+
 
 
 def _bounds(min_replicas: int, max_replicas: int, at: str) -> Iterator[Problem]:
