@@ -173,3 +173,11 @@ def test_a_bundle_a_node_cannot_fetch_is_reported_on_the_replica_and_retried_wit
         wait_for(lambda: "attempt 3" in (reason() or ""), timeout_s=30, what="a third attempt, 2 s then 4 s later")
     finally:
         assert http.delete("/v1/apps/nobundle").status_code == 204
+
+
+def test_an_input_pattern_the_gateway_cannot_match_in_linear_time_is_refused_at_deploy(http):
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "(a)\\1"}}}
+    fn = {"name": "f", "attr": "f", "input_mode": "single", "input_schema": schema}
+    response = http.post("/v1/apps/badapp/deployments", json=deploy_request(functions=[fn]))
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == "$.manifest.services[0].functions[0].input_schema.properties.s.pattern"

@@ -12,9 +12,10 @@ from starlette.responses import Response
 
 from ember._bundle import BundleTooLargeError, check_bundle
 from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, NotFoundError, PayloadTooLargeError
-from ember.wire import DeployRequest
+from ember.wire import DeployRequest, Manifest
 from ember_platform.config import Settings
 from ember_platform.gateway.body import decode_json, read_body
+from ember_platform.gateway.patterns import schema_patterns
 from ember_platform.gateway.responses import json_response, platform_of
 
 _deploy_decoder = msgspec.json.Decoder(DeployRequest)
@@ -43,10 +44,20 @@ def _check_bundle(data: bytes, settings: Settings) -> None:
         raise InvalidInputError(exc.message, field="$body") from exc
 
 
+def _check_patterns(manifest: Manifest) -> None:
+    """Every pattern in the input schemas is one the gateway can match in linear time (see ``patterns``)."""
+    for i, service in enumerate(manifest.services):
+        for j, fn in enumerate(service.functions):
+            at = f"$.manifest.services[{i}].functions[{j}].input_schema"
+            for field, problem in schema_patterns(fn.input_schema, at):
+                raise InvalidInputError(problem, field=field)
+
+
 async def deploy(request: Request) -> Response:
     platform = platform_of(request)
     body = await read_body(request, platform.settings.max_deploy_bytes)  # a manifest and a sha, not a bundle
     req = decode_json(_deploy_decoder, body)
+    _check_patterns(req.manifest)
     dep = await platform.registry.deploy(request.path_params["app"], req)
     return json_response(dep, 201)
 

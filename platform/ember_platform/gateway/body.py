@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import TypeVar
 
 import msgspec
-from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import ClientDisconnect, Request
 
 from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeError
 from ember._types import invalid_input
 from ember.wire import Deployment, FunctionSpec
+from ember_platform.gateway.patterns import SafeValidator
 from ember_platform.gateway.schema import decoder_for
 
 T = TypeVar("T")
@@ -80,7 +80,7 @@ class InputValidator:
         self.mode = spec.input_mode
         needs_check = bool(spec.input_schema) and self.mode != "none"
         self._fast = decoder_for(spec.input_schema) if needs_check else None
-        self._schema = Draft202012Validator(spec.input_schema) if needs_check and self._fast is None else None
+        self._schema = SafeValidator(spec.input_schema) if needs_check and self._fast is None else None
 
     def check(self, body: bytes) -> bytes:
         """Return the body to forward (``{}`` for a function without inputs) or raise a 400/422 error."""

@@ -4,7 +4,8 @@ The manifest carries each input type as JSON Schema (the platform never imports 
 with a generic JSON Schema library costs about a millisecond for a 64-number image; a msgspec decoder
 built from the same schema takes microseconds. ``decoder_for`` handles the subset of JSON Schema that
 msgspec itself emits (objects from Structs, arrays, numbers and strings with bounds, unions, enums,
-``$ref``); for anything else it returns None and the caller falls back to the generic validator.
+``$ref``); for anything else it returns None and the caller falls back to the generic validator. A ``pattern``
+takes the generic path too, where it is matched with RE2 (see ``patterns``), not with msgspec's ``re``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import msgspec
 
 _META_KEYS = {
     "minimum": "ge", "maximum": "le", "exclusiveMinimum": "gt", "exclusiveMaximum": "lt", "multipleOf": "multiple_of",
-    "minLength": "min_length", "maxLength": "max_length", "pattern": "pattern",
+    "minLength": "min_length", "maxLength": "max_length",
     "minItems": "min_length", "maxItems": "max_length", "minProperties": "min_length", "maxProperties": "max_length",
 }
 _IGNORED = {"title", "description", "default", "examples", "$comment"}
