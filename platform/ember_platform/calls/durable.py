@@ -13,12 +13,13 @@ import uuid
 
 import msgspec
 from nats.aio.client import Client
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
-from ember._errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError
+from ember._errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from ember.wire import (
     CALL_ID_HEADER,
     DEADLINE_HEADER,
@@ -34,6 +35,7 @@ from ember.wire.callstore import CallStore, final
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
+_SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
 # A call id is a key of the calls' KV bucket after ``s.``/``r.``: the characters NATS allows in a key, in tokens
@@ -108,7 +110,12 @@ class Calls:
     async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float) -> SpawnReply:
         """Queue a call. With an idempotency ``key``, a repeated submit of the same body returns the first call's
         id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by JetStream);
-        the same key with another body is a ``ConflictError`` (the record keeps the sha256 of the first body)."""
+        the same key with another body is a ``ConflictError`` (the record keeps the sha256 of the first body).
+
+        A publish that fails (NATS unreachable, no ack in time) removes the status this submit created, so that no
+        "queued" record waits for a message that never came, and is an ``UnavailableError`` (503, Retry-After):
+        retrying is safe with an Idempotency-Key (if the message was stored after all, the retry's publish is
+        deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew)."""
         call_id = _call_id(app, function, key)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
@@ -123,7 +130,14 @@ class Calls:
         headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
         if math.isfinite(deadline):
             headers[DEADLINE_HEADER] = repr(deadline)
-        await self._js.publish(subjects.calls(app, function), body, headers=headers)
+        try:
+            await self._js.publish(subjects.calls(app, function), body, headers=headers)
+        except (NatsError, OSError, TimeoutError) as exc:
+            if existing is None:
+                with contextlib.suppress(NatsError, OSError, TimeoutError):
+                    await self.store.forget(call_id)
+            raise UnavailableError(f"the call to {app}.{function} could not be queued ({type(exc).__name__}: "
+                                   f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
         return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
                           created=existing is None)
 

@@ -4,11 +4,13 @@ Each call has two keys in the ``ember_calls`` KV bucket: ``s.<id>``, its status 
 and ``r.<id>``, its final record. The final record is written with ``create`` (only if absent), so the
 first writer wins: a late duplicate of a redelivered call, or a cancel racing a finish, can never
 overwrite or duplicate a result. Outputs too large for a KV entry go to the ``ember_results`` object
-store and the record points there.
+store under a name of their own writer's (``<call id>.<random>``), written before the record that points
+at it: the winner's record always points at the winner's bytes, and a writer that lost removes its object.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -20,7 +22,16 @@ from ember.wire.jetstream import Stores
 
 MAX_INLINE_OUTPUT = 256 * 1024
 _record_decoder = msgspec.json.Decoder(CallRecord)
-_LARGE = b'{"$ember_result":"object"}'
+
+
+class _ObjectRef(msgspec.Struct, frozen=True):
+    """The output of a record whose output is in the object store."""
+
+    ember_result: str = msgspec.field(name="$ember_result")
+    name: str = ""
+
+
+_ref_decoder = msgspec.json.Decoder(_ObjectRef)
 
 
 class CallStore:
@@ -37,25 +48,38 @@ class CallStore:
         except KeyWrongLastSequenceError:
             return await self.get(record.call_id)
 
+    async def forget(self, call_id: str) -> None:
+        """Remove a call's status: a call that could not be queued after all (its id may be created again)."""
+        await self._kv.delete(f"s.{call_id}")
+
     async def set_status(self, record: CallRecord) -> None:
         await self._kv.put(f"s.{record.call_id}", encoder.encode(record))
 
     async def finish(self, record: CallRecord) -> bool:
-        """Store a final record; False when one was already stored (the first writer won)."""
+        """Store a final record; False when one was already stored (the first writer won).
+
+        A large output is stored first, as ``<call id>.<random>``, an object no other writer touches; the
+        record names it. A writer that loses removes its own object, never the winner's."""
         output = bytes(record.output)
+        name = None
         if len(output) > MAX_INLINE_OUTPUT:
-            await self._results.put(record.call_id, output)
-            record = msgspec.structs.replace(record, output=msgspec.Raw(_LARGE))
+            name = f"{record.call_id}.{os.urandom(8).hex()}"
+            await self._results.put(name, output)
+            ref = encoder.encode(_ObjectRef(ember_result="object", name=name))
+            record = msgspec.structs.replace(record, output=msgspec.Raw(ref))
         try:
             await self._kv.create(f"r.{record.call_id}", encoder.encode(record))
         except KeyWrongLastSequenceError:
+            if name is not None:
+                await self._results.delete(name)
             return False
         return True
 
     async def result(self, call_id: str) -> CallRecord | None:
         record = await self._read(f"r.{call_id}")
-        if record is not None and bytes(record.output) == _LARGE:
-            data = (await self._results.get(call_id)).data or b"null"
+        name = _object_name(record) if record is not None else None
+        if record is not None and name is not None:
+            data = (await self._results.get(name)).data or b"null"
             record = msgspec.structs.replace(record, output=msgspec.Raw(data))
         return record
 
@@ -83,6 +107,21 @@ class CallStore:
                             attempts=record.attempts, dead_at=time.time(), input=msgspec.Raw(body or b"null"))
         await self._js.publish(subjects.dead(record.app, record.function), encoder.encode(letter),
                                headers={"Nats-Msg-Id": f"dead-{record.call_id}"})
+
+
+def _object_name(record: CallRecord) -> str | None:
+    """The object holding the record's output, or None when the output is in the record. A record written
+    before objects had names of their own (``{"$ember_result":"object"}``) names ``<call id>``."""
+    output = bytes(record.output)
+    if not output.startswith(b'{"$ember_result":'):
+        return None
+    try:
+        ref = _ref_decoder.decode(output)
+    except msgspec.DecodeError:
+        return None
+    if ref.ember_result != "object":
+        return None
+    return ref.name or record.call_id
 
 
 def final(record: CallRecord, status: CallStatus, *, output: bytes = b"null", error: ErrorInfo | None = None,
