@@ -7,6 +7,7 @@ from nats.aio.client import Client
 from ember.wire.jetstream import connect
 from ember_platform.calls.router import Router
 from ember_platform.config import Settings
+from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
@@ -23,7 +24,8 @@ class Platform:
         self.control = ControlLoop(registry, registry.stores,
                                    gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
-                                   gateway_capacity=self.router.capacity, js=nc.jetstream())
+                                   gateway_capacity=self.router.capacity, js=nc.jetstream(),
+                                   lease=Lease(nc.jetstream()))
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -41,6 +43,7 @@ class Platform:
 
     async def stop(self) -> None:
         await self.control.stop()
+        await self.control.stop_acting()
         await self.router.stop()
         await self.registry.stop()
         await self.nc.drain()

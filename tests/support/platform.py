@@ -11,7 +11,8 @@ from ember.dev.embedded import EmbeddedPlatform
 
 
 class TestPlatform(EmbeddedPlatform):
-    """The embedded platform, with what only tests do to it: more node agents, and a NATS restart."""
+    """The embedded platform, with what only tests do to it: more node agents and control planes, a NATS restart,
+    and a control plane killed."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
@@ -28,3 +29,17 @@ class TestPlatform(EmbeddedPlatform):
         cmd = [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url, "--node-id", node_id,
                "--state-dir", str(self.state_dir / f"node-{node_id}")]
         return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
+
+    def add_control_plane(self, name: str, timeout_s: float = 60.0) -> str:
+        """Start one more control plane on this NATS (a standby while the first holds the control lease); its URL."""
+        url_file = self.state_dir / f"{name}.url"
+        url_file.unlink(missing_ok=True)
+        proc = self._spawn(name, [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
+                                  "--host", self.host, "--port", "0", "--url-file", str(url_file)])
+        return str(self._await(lambda: url_file.read_text() if url_file.exists() else None, proc, name, timeout_s))
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one of the processes this platform started (``platform``, ``agent``, a name given above)."""
+        proc = self._procs.pop(name)
+        proc.kill()
+        proc.wait()

@@ -38,6 +38,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
+from ember_platform.control.lease import Lease
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.scheduler import (
@@ -97,6 +98,7 @@ class ControlLoop:
     moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
     move_budget: MoveBudget = field(default_factory=MoveBudget)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
+    lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
 
     async def start(self) -> None:
         self.preloader = Preloader(demand=self._arrival_rate)
@@ -112,15 +114,33 @@ class ControlLoop:
         await self.nodes.stop()
         await self.assignments.stop()
 
+    async def stop_acting(self) -> None:
+        """Give the lease up (a clean stop): a standby control plane takes over at once."""
+        if self.lease is not None:
+            await self.lease.release()
+
+    @property
+    def active(self) -> bool:
+        return self.lease is None or self.lease.held
+
     async def _run(self) -> None:
         while True:
             try:
-                await self.tick()
+                was_active = self.active
+                if self.lease is None or await self.lease.hold():
+                    if not was_active:
+                        self._forget()  # what it knew as a standby is stale: rebuilt from measurements
+                    await self.tick()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("control loop tick failed")
             await asyncio.sleep(TICK_S)
+
+    def _forget(self) -> None:
+        self.services.clear()
+        self.moves.clear()
+        self.failures.clear()
 
     def live_nodes(self) -> dict[str, NodeInfo]:
         fresh_after = time.time() - NODE_LOST_S
@@ -165,9 +185,12 @@ class ControlLoop:
     async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
         replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
-        state = self.services.setdefault((dep.app, svc.name), ServiceState(autoscale=initial_state(_config(dep, svc))))
-        target = self._target(state, dep, svc, replicas, now)
         current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
+        state = self.services.get((dep.app, svc.name))
+        if state is None:  # first seen here: a new service, or this control plane restarted or took over
+            autoscale = initial_state(_config(dep, svc), running=len(current))
+            state = self.services[(dep.app, svc.name)] = ServiceState(autoscale=autoscale)
+        target = self._target(state, dep, svc, replicas, now)
         ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
         if ready_now >= target or target == 0:  # the new version serves: old versions go
             _drop(plan, lambda s: s.app == dep.app and s.service == svc.name and s.version != dep.version)

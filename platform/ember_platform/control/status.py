@@ -33,8 +33,9 @@ from ember_platform.scheduler import request_from_spec
 Specs = Mapping[tuple[str, str], ServiceSpec]  # (app, service) -> its spec in the current deployment
 
 
-def build_status(control: ControlLoop, now: float | None = None) -> StatusView:
-    """The status of every live node and deployed service, from the control plane's memory."""
+def build_status(control: ControlLoop, now: float | None = None, control_plane: str = "") -> StatusView:
+    """The status of every live node and deployed service, from the control plane's memory; ``control_plane``:
+    the lease holder's id."""
     now = time.time() if now is None else now
     registry = control.registry
     deployments = registry.deployments.items
@@ -46,7 +47,7 @@ def build_status(control: ControlLoop, now: float | None = None) -> StatusView:
     services = [service_status(dep, svc, replicas, control.services.get((dep.app, svc.name)), control.pending,
                                control.failures.get((dep.app, svc.name), ""))
                 for _, dep in sorted(deployments.items()) for svc in dep.manifest.services]
-    return StatusView(nodes=nodes, services=services)
+    return StatusView(nodes=nodes, services=services, control_plane=control_plane, active=control.active)
 
 
 

@@ -21,7 +21,9 @@ async def get_status(request: Request) -> Response:
     """``GET /v1/status[?app=&service=]``: nodes, their GPUs and replicas, and every service's state."""
     platform = platform_of(request)
     app, service = request.query_params.get("app") or None, request.query_params.get("service") or None
-    view = build_status(platform.control)
+    control = platform.control
+    holder = "" if control.lease is None else control.lease.holder if control.active else await control.lease.current()
+    view = build_status(control, control_plane=holder)
     services = [s for s in view.services if app in (None, s.app) and service in (None, s.service)]
     if app is not None and not services:
         what = f"{app}.{service}" if service else app

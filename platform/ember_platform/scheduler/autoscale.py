@@ -84,8 +84,11 @@ class AutoscaleState(msgspec.Struct, frozen=True, kw_only=True):
     at: float | None = None  # the last tick's time
 
 
-def initial_state(config: AutoscaleConfig) -> AutoscaleState:
-    return AutoscaleState(desired=config.min_replicas)
+def initial_state(config: AutoscaleConfig, running: int = 0) -> AutoscaleState:
+    """The state of a service first seen by this control loop: a new one starts at ``min_replicas``; one that
+    already runs ``running`` replicas (a control plane that restarted or took over) keeps them, within its
+    bounds, and scales down from there only after its window, as if it had just decided that count."""
+    return AutoscaleState(desired=min(max(running, config.min_replicas), config.max_replicas))
 
 
 def desired_replicas(signals: Signals, config: AutoscaleConfig,

@@ -115,7 +115,8 @@ class EmbeddedPlatform:
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop the agents first (their replicas drain), then the control plane, then NATS."""
         agents = [name for name in self._procs if name.startswith("agent")]
-        for name in (*agents, "platform", "nats"):
+        others = [name for name in self._procs if name not in (*agents, "platform", "nats")]
+        for name in (*agents, *others, "platform", "nats"):
             proc = self._procs.pop(name, None)
             if proc is None or proc.poll() is not None:
                 continue

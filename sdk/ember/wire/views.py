@@ -91,3 +91,5 @@ class StatusView(msgspec.Struct, frozen=True, kw_only=True):
 
     nodes: list[NodeView]
     services: list[ServiceStatus]
+    control_plane: str = ""  # the control plane that places and scales now (the lease holder)
+    active: bool = True  # whether the control plane that answered is that one (else a standby)

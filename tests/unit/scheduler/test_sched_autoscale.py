@@ -217,3 +217,12 @@ def test_lowering_max_takes_effect_at_once() -> None:
 def test_bad_configs_are_refused(fields: dict[str, float], message: str) -> None:
     with pytest.raises(ember.InvalidSpecError, match=message):
         AutoscaleConfig(**fields)  # type: ignore[arg-type]
+
+
+def test_a_service_first_seen_keeps_what_runs_within_its_bounds() -> None:
+    # A control plane that restarted or took over must not cut a busy service back to min_replicas.
+    config = AutoscaleConfig(min_replicas=1, max_replicas=4)
+    assert initial_state(config).desired == 1  # a new service
+    assert initial_state(config, running=3).desired == 3
+    assert initial_state(config, running=9).desired == 4
+    assert initial_state(AutoscaleConfig(min_replicas=2, max_replicas=4), running=0).desired == 2

@@ -1,0 +1,98 @@
+"""Several control planes, one acting: the control lease in NATS KV, a standby taking over within seconds of a
+SIGKILL, and the autoscaler's state rebuilt from what runs, not reset to ``min_replicas``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+from support.platform import TestPlatform
+from support.polling import wait_for
+
+from ember._client import Transport
+from ember._deploy import deploy
+from ember_platform.control.lease import Lease
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+APP = '''import ember
+app = ember.App("steady")
+
+@app.function(min_replicas=1, max_replicas=3)
+def ping() -> str:
+    return "pong"
+'''
+
+
+def test_one_lease_holder_at_a_time_and_a_dead_one_loses_it(platform):
+    async def scenario() -> None:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            bucket = f"test_leases_{uuid.uuid4().hex[:8]}"
+            a = Lease(nc.jetstream(), "a", ttl_s=1.5, bucket=bucket)
+            b = Lease(nc.jetstream(), "b", ttl_s=1.5, bucket=bucket)
+            assert await a.hold() and not await b.hold()
+            assert await b.current() == "a"
+            for _ in range(6):  # a renews: b never gets it
+                await asyncio.sleep(0.3)
+                assert await a.hold() and not await b.hold()
+            # a stops renewing (as if SIGKILLed): its key expires with the bucket's TTL and b takes over
+            deadline = time.monotonic() + 10
+            while not await b.hold():
+                assert time.monotonic() < deadline, "b never took the lease over"
+                await asyncio.sleep(0.2)
+            assert await b.current() == "b"
+            assert not await a.hold() and not a.held  # a comes back: it lost it
+            await b.release()  # a clean stop hands it over at once
+            assert await a.hold()
+            await nc.jetstream().delete_key_value(bucket)
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp_path: Path):
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "steady.py").write_text(APP)
+    with TestPlatform(tmp_path / "state") as cluster, httpx.Client(timeout=30) as http:
+        first = cluster.url
+        second = cluster.add_control_plane("platform-b")
+
+        def status(url: str) -> dict:
+            return http.get(f"{url}/v1/status").json()
+
+        holder = status(first)["control_plane"]
+        assert holder and status(first)["active"]
+        assert wait_for(lambda: status(second)["control_plane"] == holder and not status(second)["active"],
+                        timeout_s=10, what="the second control plane to stand by")
+
+        transport = Transport(first)
+        deploy(tmp_path / "app" / "steady.py", transport=transport, timeout_s=120)
+        # Three replicas running, above min_replicas=1 once the bounds come back down (the scale-down window,
+        # 60 s by default, keeps them): what a freshly started autoscaler would cut straight back to 1.
+        http.post(f"{first}/v1/apps/steady/scale", json={"service": "ping", "min_replicas": 3, "max_replicas": 3})
+        wait_for(lambda: _ready(http, first) == 3, timeout_s=90, what="three ready replicas")
+        http.post(f"{first}/v1/apps/steady/scale", json={"service": "ping", "min_replicas": 1, "max_replicas": 3})
+        transport.close()
+
+        cluster.kill("platform")
+        killed_at = time.monotonic()
+        wait_for(lambda: status(second)["active"], timeout_s=20, what="the standby to take over")
+        took_over_s = time.monotonic() - killed_at
+        assert status(second)["control_plane"] != holder
+        assert took_over_s < 15, took_over_s
+        # The new holder places and scales: a new bound is applied, and calls go through it.
+        assert http.post(f"{second}/v1/steady/ping").json() == "pong"
+        time.sleep(3)  # several ticks of the new holder
+        assert _ready(http, second) == 3, "the replicas that ran were dropped after the takeover"
+
+
+def _ready(http: httpx.Client, url: str) -> int:
+    services = http.get(f"{url}/v1/status", params={"app": "steady"}).json()["services"]
+    return services[0]["ready"] if services else 0
