@@ -9,6 +9,8 @@ import pytest
 from support.paths import TEST_APPS
 from support.polling import wait_for
 
+from ember._deploy import deploy
+
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
@@ -45,3 +47,28 @@ def test_the_processes_a_replica_started_stop_with_it(deployed, http):
     finally:
         if _alive(child):
             os.kill(child, 9)
+
+
+def _nap_replicas(http) -> list[dict]:
+    services = http.get("/v1/apps/wedge").json()["services"]
+    return next(s for s in services if s["name"] == "nap")["replicas"]
+
+
+def test_a_replica_stuck_past_its_timeout_is_replaced_before_it_stops(transport, http):
+    deploy(TEST_APPS / "wedge" / "wedge.py", transport=transport, timeout_s=120)  # the test above deleted it
+    stuck = [r["replica_id"] for r in _nap_replicas(http) if r["state"] == "ready"]
+    assert len(stuck) == 1
+    response = http.post("/v1/wedge/nap", json=60)
+    assert response.status_code == 504, response.text
+    replacement = wait_for(lambda: [r for r in _nap_replicas(http) if r["state"] == "ready"
+                                    and r["replica_id"] not in stuck], timeout_s=60,
+                           what="a replacement of the stuck replica")
+    assert replacement
+    # The stuck thread still sleeps; calls are served at once by the replacement.
+    for _ in range(3):
+        answer = http.post("/v1/wedge/nap", json=0.01)
+        assert answer.status_code == 200, answer.text
+    # and the stuck replica goes once its replacement serves
+    wait_for(lambda: stuck[0] not in {r["replica_id"] for r in _nap_replicas(http)}, timeout_s=60,
+             what="the stuck replica to go")
+    http.delete("/v1/apps/wedge")

@@ -194,8 +194,13 @@ class ControlLoop:
         ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
         if ready_now >= target or target == 0:  # the new version serves: old versions go
             _drop(plan, lambda s: s.app == dep.app and s.service == svc.name and s.version != dep.version)
+        # A replica that stops on its own while assigned (stuck past its timeout, its node draining) is replaced;
+        # it goes once its replacement serves, or at once when the replacement has no room.
+        leaving = {s.replica_id for s in current if replicas.get(s.replica_id, _NONE).state == "stopping"}
+        if leaving and (ready_now >= target or state.unschedulable):
+            _drop(plan, lambda s: s.replica_id in leaving)
         moving = self._moving()
-        count = len(current) - sum(s.replica_id in self.moves for s in current)  # a replacement is no new replica
+        count = len(current) - sum(s.replica_id in self.moves or s.replica_id in leaving for s in current)
         if count > target:
             removable = [s for s in sorted(current, key=lambda s: -s.index)
                          if replicas.get(s.replica_id, _NONE).state != "starting" and s.replica_id not in moving]

@@ -76,6 +76,7 @@ class Batcher:
         self._last_arrival: float | None = None
         self._busy_until: float | None = None
         self.in_flight = 0  # calls in the batch that runs now
+        self.running_since: float | None = None  # when the batch that runs now started (monotonic)
         self.room = asyncio.Event()  # set whenever calls leave the queue or a batch ends
 
     # -- intake ------------------------------------------------------------------------------------
@@ -245,14 +246,14 @@ class Batcher:
 
     async def _execute(self, batch: list[Call]) -> None:
         loop = asyncio.get_running_loop()
-        started = time.monotonic()
+        started = self.running_since = time.monotonic()
         self._busy_until = started + self.model.predict(len(batch))
         self.in_flight = len(batch)
         self.room.set()
         try:
             report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
         finally:
-            self._busy_until = None
+            self._busy_until = self.running_since = None
             self.in_flight = 0
             self.room.set()
         elapsed = time.monotonic() - started

@@ -46,6 +46,8 @@ log = logging.getLogger("ember.replica")
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
+STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
+STUCK_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class Replica:
         self.workers: list[QueueWorker] = []
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
+        self.stuck = False
 
     async def run(self, nc: Any = None, stores: Stores | None = None) -> int:
         """Set up, serve until stopped, drain. ``nc`` and ``stores``: a connection made before the replica
@@ -157,10 +160,44 @@ class Replica:
             subs.append(await nc.subscribe(subject, queue=group, cb=on_frame, pending_msgs_limit=65536))
         subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id), cb=on_frame,
                                        pending_msgs_limit=65536))
+        intake = list(subs)
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
+        loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         await nc.flush()
         return subs, loops
+
+    async def _watch_stuck(self, subs: list[Any], intake: list[Any]) -> None:
+        """A call past its ``timeout_s`` was answered 504 by the gateway, but the model thread cannot be
+        interrupted: once a batch runs ``STUCK_GRACE_S`` past the timeout, this replica stops taking calls, hands
+        back what it holds (callers retry elsewhere) and reports itself stopping, so that the control loop starts a
+        replacement and then stops this one (make-before-break)."""
+        limit = self.service.timeout_s + STUCK_GRACE_S
+        while not self.stop.is_set():
+            now = time.monotonic()
+            stuck = next((b for b in self.batchers if b.running_since is not None and now - b.running_since > limit),
+                         None)
+            if stuck is not None:
+                await self._give_way(subs, intake, f"a call of {stuck.name} ran past its timeout_s "
+                                                   f"({self.service.timeout_s:g} s) and cannot be interrupted: "
+                                                   "this replica is being replaced")
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stop.wait(), STUCK_CHECK_S)
+
+    async def _give_way(self, subs: list[Any], intake: list[Any], reason: str) -> None:
+        log.error("%s", reason)
+        self.stuck = True  # no more load reports: the gateway stops choosing this replica
+        for sub in intake:
+            subs.remove(sub)
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for worker in self.workers:
+            worker.stop.set()
+        for batcher in self.batchers:
+            batcher.close()
+            await batcher.fail_pending(UnavailableError(reason, retry_after_s=0.1))
+        await self._report("stopping", reason)
 
     def _on_frame(self, served: dict[str, tuple[Endpoint, Batcher]]) -> Any:
         """Takes a frame of synchronous calls (see ``ember_platform.calls.router``): each goes to its function's
@@ -196,8 +233,8 @@ class Replica:
             self.answers.answer(reply, answer_of(call_id, None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
-        """Publish each function's queue and in-flight counts a few times a second, until draining."""
-        while not self.stop.is_set():
+        """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck)."""
+        while not self.stop.is_set() and not self.stuck:
             for endpoint, batcher in zip(endpoints, self.batchers, strict=True):
                 cap = batcher.capacity
                 report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,

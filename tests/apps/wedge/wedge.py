@@ -16,3 +16,11 @@ def shout(n: int) -> int:
 @app.function()
 def spawn_child() -> int:
     return subprocess.Popen(["sleep", "600"]).pid  # in the replica's process group
+
+
+@app.function(timeout_s=2, min_replicas=1, max_replicas=2)
+def nap(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)  # past timeout_s the gateway answers 504, and this thread cannot be interrupted
+    return seconds
