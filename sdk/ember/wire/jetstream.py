@@ -8,15 +8,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import BucketNotFoundError
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.errors import NotFoundError as JsNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from nats.js.object_store import ObjectStore
@@ -33,6 +34,12 @@ NODE_LOST_S = 3 * NODE_HEARTBEAT_S
 CALL_TTL_S = 24 * 3600.0  # how long an asynchronous call's status and result are kept
 DEAD_LETTER_TTL_S = 7 * 24 * 3600.0
 DUPLICATE_WINDOW_S = 120.0  # a resubmitted call id within this window is stored once
+# A large result outlives its record (written just after it) by this much, never the other way round.
+RESULTS_TTL_S = CALL_TTL_S + 300.0
+MiB = 1024 * 1024
+GiB = 1024 * MiB
+INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the server cannot reserve a stream's max_bytes
+MIN_FALLBACK_BYTES = MiB  # halving a limit that the server cannot reserve stops here
 
 
 async def connect(url: str, name: str) -> Client:
@@ -42,6 +49,75 @@ async def connect(url: str, name: str) -> Client:
 
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                               error_cb=on_error, connect_timeout=5)
+
+
+@dataclass(frozen=True)
+class StorageLimits:
+    """How much each stream, KV bucket and object store may hold; -1 is no limit.
+
+    Each field is read from ``EMBER_<FIELD NAME IN CAPITALS>`` by ``from_env`` (for example
+    ``EMBER_CALLS_STREAM_MAX_BYTES``). A work queue or bucket that is full refuses new writes (JetStream's
+    discard=new: a submit fails, nothing queued is dropped); the dead letters drop their oldest instead.
+    """
+
+    calls_stream_max_bytes: int = GiB  # EMBER_CALLS: queued calls
+    calls_stream_max_msgs: int = 1_000_000
+    dead_stream_max_bytes: int = 256 * MiB  # EMBER_DEAD: dead letters (also kept at most DEAD_LETTER_TTL_S)
+    calls_kv_max_bytes: int = GiB  # ember_calls: records and inline results (kept CALL_TTL_S)
+    results_store_max_bytes: int = 4 * GiB  # ember_results: large results (kept RESULTS_TTL_S)
+    bundles_store_max_bytes: int = 16 * GiB  # ember_bundles (unreferenced ones are collected by the platform)
+    control_kv_max_bytes: int = 64 * MiB  # each of ember_deployments, ember_assignments, ember_nodes, ember_replicas
+    control_kv_max_value_bytes: int = 4 * MiB  # one value in those four buckets
+
+    @staticmethod
+    def env_name(field_name: str) -> str:
+        return f"EMBER_{field_name.upper()}"
+
+    @classmethod
+    def from_env(cls) -> StorageLimits:
+        """The defaults, overridden by whichever ``EMBER_..._MAX_...`` variables are set."""
+        values: dict[str, int] = {}
+        for f in fields(cls):
+            name = cls.env_name(f.name)
+            raw = os.environ.get(name, "").strip()
+            if not raw:
+                continue
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a whole number") from None
+            if value == 0 or value < -1:
+                raise ValueError(f"{name}={value} must be positive, or -1 for no limit")
+            values[f.name] = value
+        return cls(**values)
+
+    def streams(self) -> dict[str, dict[str, Any]]:
+        """The limits of every stream behind Ember's streams, buckets and object stores, by stream name."""
+        control = {"max_bytes": self.control_kv_max_bytes, "max_msg_size": self.control_kv_max_value_bytes}
+        return {
+            subjects.CALLS_STREAM: {"max_bytes": self.calls_stream_max_bytes, "max_msgs": self.calls_stream_max_msgs,
+                                    "discard": DiscardPolicy.NEW},
+            subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
+            kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
+            **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
+            object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
+                                                    "max_age": RESULTS_TTL_S},
+            object_stream(subjects.BUNDLES_STORE): {"max_bytes": self.bundles_store_max_bytes},
+        }
+
+
+CONTROL_BUCKETS = (subjects.DEPLOYMENTS_BUCKET, subjects.ASSIGNMENTS_BUCKET, subjects.NODES_BUCKET,
+                   subjects.REPLICAS_BUCKET)
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream behind a KV bucket."""
+    return f"KV_{bucket}"
+
+
+def object_stream(bucket: str) -> str:
+    """The stream behind an object store."""
+    return f"OBJ_{bucket}"
 
 
 @dataclass(frozen=True)
@@ -57,46 +133,145 @@ class Stores:
     results: ObjectStore  # <call id> -> an output too large for KV
 
 
-async def ensure_buckets(js: JetStreamContext) -> Stores:
-    """Create (or open) Ember's streams, KV buckets and object stores; idempotent."""
-    async def kv(bucket: str, **config: Any) -> KeyValue:
-        try:
-            return await js.key_value(bucket)
-        except BucketNotFoundError:
-            return await js.create_key_value(bucket=bucket, **config)
+async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = None) -> Stores:
+    """Create (or open) Ember's streams, KV buckets and object stores; idempotent.
 
-    async def objects(bucket: str) -> ObjectStore:
-        try:
-            return await js.object_store(bucket)
-        except BucketNotFoundError:
-            return await js.create_object_store(bucket)
+    What is created gets ``limits`` (``StorageLimits.from_env()`` when not given), the smallest first, so that
+    on a server with little file storage the big stores are the ones cut down (see ``_reserving``). What exists
+    is opened as it is: only the platform brings existing ones to its limits (``apply_limits``), so that
+    processes started with other settings never undo each other's.
+    """
+    lim = (limits or StorageLimits.from_env()).streams()
 
-    # All at once: each is a JetStream API round trip, and a replica waits for them before it serves.
-    kv_buckets = asyncio.gather(
+    def kv(bucket: str, **config: Any) -> _Opener:
+        wanted = lim[kv_stream(bucket)]
+        return (kv_stream(bucket), lambda: js.key_value(bucket), lambda max_bytes: js.create_key_value(
+            bucket=bucket, max_bytes=max_bytes, max_value_size=wanted.get("max_msg_size", -1), **config))
+
+    def objects(bucket: str) -> _Opener:
+        wanted = lim[object_stream(bucket)]
+        return (object_stream(bucket), lambda: js.object_store(bucket), lambda max_bytes: js.create_object_store(
+            bucket, max_bytes=max_bytes, ttl=wanted.get("max_age"), storage=StorageType.FILE))
+
+    def stream(config: StreamConfig) -> _Opener:
+        config = config.evolve(**lim[config.name or ""])
+        return (config.name or "", lambda: js.stream_info(config.name or ""),
+                lambda max_bytes: js.add_stream(config.evolve(max_bytes=max_bytes)))
+
+    openers = [
         kv(subjects.DEPLOYMENTS_BUCKET, history=5),
         kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
         kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
         kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
-        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE))
-    object_stores = asyncio.gather(objects(subjects.BUNDLES_STORE), objects(subjects.RESULTS_STORE))
-    streams = asyncio.gather(
-        _ensure_stream(js, StreamConfig(
+        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
+        objects(subjects.BUNDLES_STORE),
+        objects(subjects.RESULTS_STORE),
+        stream(StreamConfig(
             name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)),
-        _ensure_stream(js, StreamConfig(
+        stream(StreamConfig(
             name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S)))
-    (deployments, replicas, nodes, assignments, calls), (bundles, results), _ = await asyncio.gather(
-        kv_buckets, object_stores, streams)
+            storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S))]
+    # All opened at once: each is a JetStream API round trip, and a replica waits for them before it serves.
+    opened: list[Any] = list(await asyncio.gather(*(_open(open_) for _, open_, _ in openers)))
+    missing = [i for i, found in enumerate(opened) if found is None]
+    for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
+        name, open_, create = openers[i]
+        opened[i] = await _create(name, lim[name]["max_bytes"], open_, create)
+    deployments, replicas, nodes, assignments, calls, bundles, results, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
                   bundles=bundles, results=results)
 
 
-async def _ensure_stream(js: JetStreamContext, config: StreamConfig) -> None:
+_Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create
+
+
+async def _open(open_: Callable[[], Awaitable[Any]]) -> Any:
+    """What ``open_`` opens, or None when it does not exist."""
     try:
-        await js.stream_info(config.name or "")
-    except JsNotFoundError:
-        await js.add_stream(config)
+        return await open_()
+    except (BucketNotFoundError, JsNotFoundError):
+        return None
+
+
+async def _create(name: str, max_bytes: int, open_: Callable[[], Awaitable[Any]],
+                  create: Callable[[int], Awaitable[Any]]) -> Any:
+    try:
+        return await _reserving(name, max_bytes, create)
+    except APIError:
+        found = await _open(open_)  # another process created it first, perhaps with other limits
+        if found is None:
+            raise
+        return found
+
+
+def _reserved(max_bytes: int) -> int:
+    return max_bytes if max_bytes > 0 else 1 << 62
+
+
+def limits_differ(config: StreamConfig, wanted: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The limits of ``wanted`` that ``config`` does not have: name -> (now, wanted)."""
+    differ = {}
+    for name, value in wanted.items():
+        now = getattr(config, name)
+        if name == "max_age":
+            same = abs((now or 0.0) - value) < 1.0
+        elif name == "discard":
+            same = str(getattr(now, "value", now) or "old") == value.value
+        else:
+            same = (now if now not in (None, 0) else -1) == value
+        if not same:
+            differ[name] = (now, value)
+    return differ
+
+
+async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]:
+    """Bring every existing stream, bucket and object store to ``limits`` (``js.update_stream``), so that an
+    upgraded installation gets them too; returns what changed, one line per stream. The platform calls this;
+    a stream that does not exist yet is left to ``ensure_buckets``."""
+    async def one(name: str, wanted: dict[str, Any]) -> str | None:
+        try:
+            config = (await js.stream_info(name)).config
+        except JsNotFoundError:
+            return None
+        differ = limits_differ(config, wanted)
+        if not differ:
+            return None
+        info = await _reserving(name, wanted.get("max_bytes", -1),
+                                lambda max_bytes: js.update_stream(config.evolve(**{**wanted, "max_bytes": max_bytes})))
+        changes = [f"{k} {now} -> {getattr(info.config, k)}" for k, (now, _) in sorted(differ.items())
+                   if getattr(info.config, k) != now]  # a max_bytes the server could not reserve may stay
+        return f"{name}: {', '.join(changes)}" if changes else None
+
+    changed = await asyncio.gather(*(one(name, wanted) for name, wanted in limits.streams().items()))
+    for line in filter(None, changed):
+        log.info("storage limits: %s", line)
+    return [line for line in changed if line]
+
+
+async def _reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitable[T]]) -> T:
+    """``attempt(max_bytes)``; when nats-server cannot reserve that much file storage (its ``max_file_store``,
+    by default 75% of the free disk, is smaller than the limits add up to), again with half as much, down to
+    ``MIN_FALLBACK_BYTES``, saying so: Ember still starts on a small disk, with smaller stores."""
+    wanted = max_bytes
+    while True:
+        try:
+            result = await attempt(max_bytes)
+        except APIError as exc:
+            if exc.err_code != INSUFFICIENT_STORAGE:
+                raise
+            if max_bytes // 2 < MIN_FALLBACK_BYTES:
+                raise RuntimeError(
+                    f"nats-server has no file storage left to reserve for {name} (wanted {wanted} bytes): Ember's "
+                    "storage limits (EMBER_..._MAX_BYTES, see StorageLimits) add up to more than its max_file_store "
+                    "(by default 75% of the free disk); lower them or give nats-server more disk") from exc
+            max_bytes //= 2
+            continue
+        if max_bytes != wanted:
+            log.warning("nats-server could not reserve %d bytes for %s; it holds at most %d: lower the "
+                        "EMBER_..._MAX_BYTES limits (see StorageLimits) or raise nats-server's max_file_store",
+                        wanted, name, max_bytes)
+        return result
 
 
 class KVMirror(Generic[T]):

@@ -1,0 +1,51 @@
+"""Every stream, bucket and object store has limits, read from the environment."""
+
+from __future__ import annotations
+
+import pytest
+from nats.js.api import DiscardPolicy, StreamConfig
+
+from ember.wire import subjects
+from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_differ
+
+EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
+                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles"}
+
+
+def test_every_stream_has_a_size_limit() -> None:
+    streams = StorageLimits().streams()
+    assert set(streams) == EVERY_STREAM
+    assert all(limits["max_bytes"] > 0 for limits in streams.values())
+    assert streams[subjects.CALLS_STREAM] == {"max_bytes": GiB, "max_msgs": 1_000_000, "discard": DiscardPolicy.NEW}
+    assert streams["OBJ_ember_results"]["max_age"] >= CALL_TTL_S  # a large result never expires before its record
+    assert streams["KV_ember_deployments"] == {"max_bytes": 64 * MiB, "max_msg_size": 4 * MiB}
+
+
+def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBER_CALLS_STREAM_MAX_BYTES", "1000")
+    monkeypatch.setenv("EMBER_BUNDLES_STORE_MAX_BYTES", "-1")
+    limits = StorageLimits.from_env()
+    assert limits.calls_stream_max_bytes == 1000
+    assert limits.bundles_store_max_bytes == -1
+    assert limits.results_store_max_bytes == 4 * GiB
+    assert StorageLimits.env_name("control_kv_max_bytes") == "EMBER_CONTROL_KV_MAX_BYTES"
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "1.5", "a lot"])
+def test_bad_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("EMBER_DEAD_STREAM_MAX_BYTES", value)
+    with pytest.raises(ValueError, match="EMBER_DEAD_STREAM_MAX_BYTES"):
+        StorageLimits.from_env()
+
+
+def test_limits_differ_reads_a_server_config() -> None:
+    old = StreamConfig.from_response({"name": "EMBER_CALLS", "max_bytes": -1, "max_msgs": -1, "discard": "old",
+                                      "max_age": 0})
+    wanted = StorageLimits().streams()[subjects.CALLS_STREAM]
+    assert set(limits_differ(old, wanted)) == {"max_bytes", "max_msgs", "discard"}
+    now = StreamConfig.from_response({"name": "EMBER_CALLS", "max_bytes": GiB, "max_msgs": 1_000_000,
+                                      "discard": "new"})
+    assert limits_differ(now, wanted) == {}
+    results = StreamConfig.from_response({"name": "OBJ_ember_results", "max_bytes": 4 * GiB,
+                                          "max_age": 86_700 * 10**9})
+    assert limits_differ(results, StorageLimits().streams()["OBJ_ember_results"]) == {}
