@@ -38,6 +38,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
+from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
@@ -106,11 +107,13 @@ class ControlLoop:
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
         await self.nodes.start()
         await self.assignments.start()
+        self.bundle_gc = BundleCollector(self.stores, self.js, self._bundles_in_use)
         self._task = asyncio.create_task(self._run(), name="control-loop")
 
     async def stop(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+        await self.bundle_gc.stop()
         await self.nodes.stop()
         await self.assignments.stop()
 
@@ -135,7 +138,20 @@ class ControlLoop:
                 raise
             except Exception:
                 log.exception("control loop tick failed")
+            try:
+                if self.active:  # in the background, at most every EMBER_BUNDLE_GC_INTERVAL_S
+                    self.bundle_gc.poke()
+            except Exception:
+                log.exception("bundle collection could not start")
             await asyncio.sleep(TICK_S)
+
+    def _bundles_in_use(self) -> set[str]:
+        """The bundles of the current deployments and of every slot and zygote assigned to a node."""
+        used = {dep.bundle_sha256 for dep in self.registry.deployments.items.values()}
+        for assignment in self.assignments.items.values():
+            used.update(s.bundle_sha256 for s in assignment.slots)
+            used.update(z.bundle_sha256 for z in assignment.zygotes)
+        return used
 
     def _forget(self) -> None:
         self.services.clear()

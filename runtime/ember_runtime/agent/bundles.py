@@ -1,27 +1,77 @@
 """The node's bundle cache (the artifact cache): fetched from the object store, verified by sha256,
-unpacked once, its weight files read ahead into the page cache, so that a replica starts from local disk."""
+unpacked once, its weight files read ahead into the page cache, so that a replica starts from local disk.
+
+It holds at most ``EMBER_NODE_BUNDLE_CACHE_BYTES`` (unpacked) when it can: ``evict`` removes the unpacked
+bundles that were used least recently and that no replica or zygote uses (``choose_evictions``, a pure
+function); a bundle in use is never removed, even over the budget."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ember._bundle import unpack_bundle
 
 WEIGHT_SUFFIXES = frozenset({".pt", ".pth", ".bin", ".safetensors", ".onnx", ".engine", ".plan", ".npz", ".npy"})
+DEFAULT_BUDGET_BYTES = 20 * 1024**3
+EVICT_EVERY_S = 60.0  # ``maybe_evict`` looks at most this often, and after every fetch
+log = logging.getLogger("ember.agent.bundles")
+
+
+@dataclass(frozen=True)
+class CachedBundle:
+    sha256: str
+    size: int  # bytes unpacked
+    last_used: float  # epoch seconds
+
+
+def choose_evictions(cached: Iterable[CachedBundle], in_use: Collection[str], budget: int) -> list[str]:
+    """The bundles to remove so that the cache holds at most ``budget`` bytes: least recently used first, and
+    never one in ``in_use`` (then the cache may stay over its budget)."""
+    entries = list(cached)
+    total = sum(e.size for e in entries)
+    doomed = []
+    for entry in sorted(entries, key=lambda e: (e.last_used, e.sha256)):
+        if total <= budget:
+            break
+        if entry.sha256 in in_use:
+            continue
+        doomed.append(entry.sha256)
+        total -= entry.size
+    return doomed
+
+
+def budget_from_env() -> int:
+    raw = os.environ.get("EMBER_NODE_BUNDLE_CACHE_BYTES", "").strip()
+    try:
+        return int(raw) if raw else DEFAULT_BUDGET_BYTES
+    except ValueError:
+        raise ValueError(f"EMBER_NODE_BUNDLE_CACHE_BYTES={raw!r} is not a whole number of bytes") from None
 
 
 class BundleCache:
-    def __init__(self, root: Path, store: Any) -> None:
+    def __init__(self, root: Path, store: Any, budget_bytes: int | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self._store = store
         self._locks: dict[str, asyncio.Lock] = {}
+        self.budget_bytes = budget_from_env() if budget_bytes is None else budget_bytes
+        self._sizes: dict[str, int] = {}  # measured once: an unpacked bundle never changes
+        self._used: dict[str, float] = {}  # last use in this process (before: the folder's mtime)
+        self._fetched = False  # since the last eviction
+        self._last_evict = 0.0
+        for leftover in self.root.glob(".*"):  # an unpack or a removal that a crash interrupted
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def cached(self) -> list[str]:
         """The bundles unpacked here (placement prefers nodes that hold a function's bundle)."""
@@ -34,9 +84,11 @@ class BundleCache:
         """The unpacked folder of bundle ``sha256``, fetching and verifying it on first use."""
         dest = self.root / sha256
         if dest.is_dir():
+            self._touch(sha256)
             return dest
         async with self._locks.setdefault(sha256, asyncio.Lock()):
             if dest.is_dir():
+                self._touch(sha256)
                 return dest
             result = await self._store.get(sha256)
             data = result.data or b""
@@ -44,7 +96,62 @@ class BundleCache:
             if digest != sha256:
                 raise ValueError(f"bundle {sha256} failed verification: its content hashes to {digest}")
             await asyncio.to_thread(self._unpack, data, dest)
+            self._fetched = True
+            self._touch(sha256)
         return dest
+
+    def _touch(self, sha256: str) -> None:
+        """Mark a use; the folder's mtime keeps it across restarts of the agent (written at most once a minute)."""
+        now = time.time()
+        if now - self._used.get(sha256, 0.0) >= 60.0:
+            with contextlib.suppress(OSError):
+                os.utime(self.root / sha256)
+        self._used[sha256] = now
+
+    def entries(self) -> list[CachedBundle]:
+        """What the cache holds: each bundle's unpacked size and last use."""
+        found = []
+        for sha256 in self.cached():
+            path = self.root / sha256
+            if sha256 not in self._sizes:
+                self._sizes[sha256] = folder_size(path)
+            last_used = self._used.get(sha256)
+            if last_used is None:
+                try:
+                    last_used = path.stat().st_mtime
+                except OSError:
+                    continue
+            found.append(CachedBundle(sha256=sha256, size=self._sizes[sha256], last_used=last_used))
+        return found
+
+    async def maybe_evict(self, in_use: Collection[str]) -> list[str]:
+        """``evict`` after a fetch, and otherwise at most every ``EVICT_EVERY_S``."""
+        now = time.monotonic()
+        if not self._fetched and now - self._last_evict < EVICT_EVERY_S:
+            return []
+        self._fetched, self._last_evict = False, now
+        return await self.evict(in_use)
+
+    async def evict(self, in_use: Collection[str]) -> list[str]:
+        """Remove least recently used bundles that are not ``in_use`` (nor being fetched) until the cache is
+        within its budget; returns the ones removed."""
+        entries = await asyncio.to_thread(self.entries)
+        busy = set(in_use) | {sha for sha, lock in self._locks.items() if lock.locked()}
+        doomed = choose_evictions(entries, busy, self.budget_bytes)
+        for sha256 in doomed:
+            trash = self.root / f".evicted-{sha256[:12]}-{time.monotonic_ns()}"
+            try:
+                (self.root / sha256).rename(trash)  # gone at once for ``has`` and ``get``; removed after
+            except OSError:
+                continue
+            self._sizes.pop(sha256, None)
+            self._used.pop(sha256, None)
+            await asyncio.to_thread(shutil.rmtree, trash, True)
+        if doomed:
+            total = sum(e.size for e in entries if e.sha256 not in doomed)
+            log.info("bundle cache: removed %d unused bundle(s) (%s); %d of %d bytes held", len(doomed),
+                     ", ".join(s[:12] for s in doomed), total, self.budget_bytes)
+        return doomed
 
     def _unpack(self, data: bytes, dest: Path) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name[:12]}-", dir=self.root))
@@ -55,6 +162,16 @@ class BundleCache:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         read_ahead(dest)
+
+
+def folder_size(folder: Path) -> int:
+    """Bytes of the files under ``folder`` (links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def read_ahead(folder: Path) -> int:

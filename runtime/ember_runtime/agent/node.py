@@ -58,6 +58,8 @@ class NodeAgent:
         self.slots: dict[SlotKey, ReplicaSlot] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
+        self._slot_bundles: dict[SlotKey, str] = {}  # the bundle each running slot was started from
+        self._zygote_bundles: set[str] = set()  # the bundles of the zygotes held
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event)
         self._wake = asyncio.Event()
 
@@ -78,6 +80,7 @@ class NodeAgent:
         try:
             while not stop.is_set():
                 await self._reconcile()
+                await self._collect_bundles()
                 self._wake.clear()
                 waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
                 await asyncio.wait(waits, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
@@ -129,6 +132,19 @@ class NodeAgent:
         # Together: a bundle being fetched for one replica does not hold up the others.
         await asyncio.gather(*(self._start(key, assigned) for key, assigned in want.items() if key not in self.slots))
 
+    async def _collect_bundles(self) -> None:
+        """Keep the bundle cache within its budget (EMBER_NODE_BUNDLE_CACHE_BYTES), after a fetch and every
+        minute; what a running replica, a zygote or this node's assignment uses stays."""
+        assignment = self.assignments.items.get(self.node_id)
+        in_use = {self._slot_bundles[k] for k in self.slots if k in self._slot_bundles} | self._zygote_bundles
+        if assignment is not None:
+            in_use |= {s.bundle_sha256 for s in assignment.slots} | {z.bundle_sha256 for z in assignment.zygotes}
+        self._slot_bundles = {k: v for k, v in self._slot_bundles.items() if k in self.slots}
+        try:
+            await self.bundles.maybe_evict(in_use)
+        except Exception:
+            log.exception("the bundle cache could not be cut down to its budget")
+
     def _zygote_event(self, app: str, service: str, line: str) -> None:
         """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
         event = LogLine(replica_id=f"zygote@{self.node_id}", stream="agent", line=line, ts=time.time())
@@ -150,6 +166,7 @@ class NodeAgent:
                 continue
             wanted[(z.app, z.service, z.version)] = (z, bundle)
         await self.zygotes.reconcile(wanted)
+        self._zygote_bundles = {z.bundle_sha256 for z, _ in wanted.values()}
 
     def _env(self, slot: SlotAssignment) -> dict[str, str]:
         """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
@@ -182,6 +199,7 @@ class NodeAgent:
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes)
         self.slots[key] = replica
+        self._slot_bundles[key] = slot.bundle_sha256
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)
         replica.start()

@@ -1,0 +1,122 @@
+"""Storage limits against a real nats-server: every stream, bucket and object store is bounded, large results
+expire with their records, a full work queue refuses a spawn (nothing queued is dropped), and bundles that no
+kept version uses are collected while the deployed ones stay."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+from nats.js.api import DiscardPolicy
+from support.platform import TestPlatform
+
+from ember._bundle import build_bundle
+from ember.wire import AppView, subjects
+from ember.wire.jetstream import CALL_TTL_S, StorageLimits, apply_limits, ensure_buckets
+from ember_platform.control.bundle_gc import collect_bundles
+
+pytestmark = pytest.mark.integration
+EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
+                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles"]
+
+
+def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform) -> None:
+    async def run() -> dict[str, object]:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            return {name: (await js.stream_info(name)).config for name in EVERY_STREAM}
+        finally:
+            await nc.close()
+
+    configs = asyncio.run(run())
+    for name, config in configs.items():
+        assert config.max_bytes > 0, name  # type: ignore[attr-defined]
+    assert configs["OBJ_ember_results"].max_age >= CALL_TTL_S  # type: ignore[attr-defined]
+    assert configs["EMBER_CALLS"].discard == DiscardPolicy.NEW  # type: ignore[attr-defined]
+    assert configs["EMBER_CALLS"].max_msgs > 0  # type: ignore[attr-defined]
+
+
+def test_an_installation_without_limits_gets_them(platform: TestPlatform) -> None:
+    async def run() -> tuple[int, int, list[str]]:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            config = (await js.stream_info(subjects.DEAD_STREAM)).config
+            await js.update_stream(config.evolve(max_bytes=-1))  # as an older Ember created it
+            changed = await apply_limits(js, StorageLimits())
+            again = await apply_limits(js, StorageLimits())
+            after = (await js.stream_info(subjects.DEAD_STREAM)).config.max_bytes or 0
+            return after, len(changed), again
+        finally:
+            await nc.close()
+
+    after, changed, again = asyncio.run(run())
+    assert after == StorageLimits().dead_stream_max_bytes
+    assert changed == 1 and again == []
+
+
+def test_a_full_calls_stream_refuses_a_spawn_and_drops_nothing(platform: TestPlatform, probe: AppView,
+                                                               http: httpx.Client) -> None:
+    filler = subjects.calls("storage-limits", "nobody")  # no consumer: it stays queued
+
+    async def fill() -> int:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            await js.publish(filler, b"{}")
+            info = await js.stream_info(subjects.CALLS_STREAM)
+            await js.update_stream(info.config.evolve(max_msgs=info.state.messages))
+            return info.state.messages
+        finally:
+            await nc.close()
+
+    async def restore() -> int:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            messages = (await js.stream_info(subjects.CALLS_STREAM)).state.messages
+            await apply_limits(js, StorageLimits.from_env())
+            await js.purge_stream(subjects.CALLS_STREAM, subject=filler)
+            return messages
+        finally:
+            await nc.close()
+
+    try:
+        queued = asyncio.run(fill())
+        response = http.post("/v1/probe/work/spawn", json={"n": 1})
+        assert queued >= 1
+    finally:
+        left = asyncio.run(restore())
+    assert response.status_code == 503, response.text
+    assert "maximum messages exceeded" in response.text
+    assert response.headers.get("retry-after")
+    assert left >= 1  # the filler is still queued: a full queue refuses the new call, it drops no old one
+
+
+def test_unused_bundles_are_collected_and_deployed_ones_stay(platform: TestPlatform, probe: AppView,
+                                                             http: httpx.Client, tmp_path: Path) -> None:
+    (tmp_path / "unused.py").write_text("X = 1\n")
+    unused = build_bundle(tmp_path)
+    assert http.put(f"/v1/bundles/{unused.sha256}", content=unused.data).status_code in (200, 201, 204)
+
+    async def run() -> tuple[list[str], list[str], set[str]]:
+        nc = await nats.connect(platform.nats_url)
+        try:
+            stores = await ensure_buckets(nc.jetstream())
+            young = await collect_bundles(stores, lambda: (), grace_s=3600.0)  # uploaded just now: kept
+            old = await collect_bundles(stores, lambda: (), grace_s=0.0)
+            left = {info.name for info in await stores.bundles.list(ignore_deletes=True)}
+            return young, old, left
+        finally:
+            await nc.close()
+
+    young, old, left = asyncio.run(run())
+    assert unused.sha256 not in young
+    assert unused.sha256 in old
+    assert unused.sha256 not in left
+    assert probe.bundle_sha256 in left  # deployed: in the deployments' KV, whatever the caller holds
+    assert http.post("/v1/probe/work", json={"n": 2}).status_code == 200
