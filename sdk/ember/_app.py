@@ -71,14 +71,15 @@ class App:
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
                  buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
-                 target_p95_ms: float | None = None) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 target_p95_ms: float | None = None,
+                 startup_timeout_s: float = 600.0) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
                  scaledown_window_s: float = 60.0, memory: int | str | None = None,
-                 target_p95_ms: float | None = None) -> Any:
+                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -100,12 +101,15 @@ class App:
                 node's RAM, and the node agent against what its replicas reserved.
             target_p95_ms: latency target, in milliseconds, for the 95th percentile of a call's queue wait plus
                 run time: while it is exceeded and calls queue, the autoscaler adds replicas. ``None``: no target.
+            startup_timeout_s: how long a replica's start (the app's import and its setup) may take; a start
+                that takes longer counts as a failed setup (three in a row and the version is failed).
         """
         if fn is not None:
             return self.function()(fn)
         resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
         resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.function", memory)
+        resources |= _startup("@app.function", startup_timeout_s)
         _check_batch("@app.function", batch, cost)
         triggers = _check_events("@app.function", on, result_subject)
 
@@ -127,7 +131,7 @@ class App:
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
               timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
               scaledown_window_s: float = 60.0, memory: int | str | None = None,
-              target_p95_ms: float | None = None) -> Callable[[C], C]:
+              target_p95_ms: float | None = None, startup_timeout_s: float = 600.0) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -141,6 +145,7 @@ class App:
         resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
         resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.model", memory)
+        resources |= _startup("@app.model", startup_timeout_s)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -323,6 +328,13 @@ def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any, target_p
                                "milliseconds (e.g. target_p95_ms=250), or None for no latency target")
     return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s),
             "target_p95_ms": None if target_p95_ms is None else float(target_p95_ms)}
+
+
+def _startup(where: str, startup_timeout_s: Any) -> dict[str, Any]:
+    if isinstance(startup_timeout_s, bool) or not isinstance(startup_timeout_s, int | float) \
+            or not 0 < startup_timeout_s <= MAX_TIMEOUT_S:
+        raise InvalidSpecError(f"{where}(startup_timeout_s={startup_timeout_s!r}): seconds in (0, {MAX_TIMEOUT_S:g}]")
+    return {"startup_timeout_s": float(startup_timeout_s)}
 
 
 def _host_memory(where: str, memory: Any) -> dict[str, Any]:

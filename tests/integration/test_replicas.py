@@ -98,6 +98,17 @@ def test_a_setup_that_keeps_failing_fails_the_push_with_its_reason(tmp_path, tra
     transport.request("DELETE", "/v1/apps/broken")
 
 
+def test_a_setup_past_its_startup_timeout_counts_as_failed(tmp_path, transport):
+    app_file = tmp_path / "slow.py"
+    app_file.write_text('import time\nimport ember\napp = ember.App("slowsetup")\n'
+                        "@app.model(startup_timeout_s=1)\nclass M:\n"
+                        "    @ember.setup\n    def load(self):\n        time.sleep(600)\n"
+                        "    @ember.method()\n    def f(self) -> int:\n        return 1\n")
+    with pytest.raises(ember.RemoteError, match=r"setup failed 3 times.*did not finish within startup_timeout_s"):
+        ember.deploy(app_file, transport=transport, timeout_s=120)
+    transport.request("DELETE", "/v1/apps/slowsetup")
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

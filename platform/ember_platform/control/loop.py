@@ -227,7 +227,8 @@ class ControlLoop:
         missing = [next(free) for _ in range(target - count)]
         return [(_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, i)),
                  SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=i,
-                                bundle_sha256=dep.bundle_sha256, module=dep.manifest.module))
+                                bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
+                                startup_timeout_s=svc.startup_timeout_s))
                 for i in missing]
 
     def _target(self, state: ServiceState, dep: Deployment, svc: ServiceSpec,

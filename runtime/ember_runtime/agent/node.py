@@ -197,7 +197,8 @@ class NodeAgent:
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
-                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes)
+                              gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes,
+                              startup_timeout_s=slot.startup_timeout_s)
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)

@@ -20,7 +20,7 @@ from ember._procs import die_with_parent
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
-from ember_runtime.exit_codes import EXIT_SETUP_FAILED
+from ember_runtime.exit_codes import SETUP_FAILURES
 
 log = logging.getLogger("ember.agent")
 
@@ -54,7 +54,7 @@ class ReplicaSlot:
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
                  module: str, env: dict[str, str], first_start: tuple[str, float, float],
                  gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
-                 zygotes: ZygotePool | None = None) -> None:
+                 zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0) -> None:
         self.key = key
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
@@ -76,6 +76,7 @@ class ReplicaSlot:
         self._gpu_memory_mb = gpu_memory_mb
         self._cpus = cpus
         self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
+        self._startup_timeout_s = startup_timeout_s
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -132,7 +133,7 @@ class ReplicaSlot:
             if self._stopping.is_set():
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
-            failed_setups = failed_setups + 1 if code == EXIT_SETUP_FAILED else 0
+            failed_setups = failed_setups + 1 if code in SETUP_FAILURES else 0
             reason, self._restart_reason = self._restart_reason or self._exit_reason(code), ""
             if failed_setups >= MAX_FAILED_SETUPS:
                 await self._give_up(f"setup failed {failed_setups} times in a row; not restarted until the next "
@@ -165,7 +166,8 @@ class ReplicaSlot:
                 "--service", k.service, "--version", str(k.version), "--replica-id", self.replica_id,
                 "--node-id", self._node_id, "--restarts", str(self.restarts),
                 f"--restart-reason={self._last_restart_reason}", "--start-kind", kind,
-                "--decided-at", repr(decided), "--fetch-s", repr(fetch_s)]
+                "--decided-at", repr(decided), "--fetch-s", repr(fetch_s),
+                "--startup-timeout-s", repr(self._startup_timeout_s)]
 
     async def _spawn(self, kind: str, decided: float, fetch_s: float) -> asyncio.subprocess.Process:
         """A fresh interpreter: it imports the app and runs all of its setup."""

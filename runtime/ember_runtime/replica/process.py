@@ -37,7 +37,7 @@ from ember.wire import (
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import Stores, connect, ensure_buckets
 from ember_runtime.batching.batcher import Batcher, Call
-from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED
+from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
@@ -87,8 +87,16 @@ class Replica:
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
             stopped = asyncio.create_task(self.stop.wait())
-            await asyncio.wait([load, stopped], return_when=asyncio.FIRST_COMPLETED)
+            limit = self.args.startup_timeout_s - (time.time() - self.args.main_at)
+            await asyncio.wait([load, stopped], return_when=asyncio.FIRST_COMPLETED,
+                               timeout=max(limit, 0.0) if self.args.startup_timeout_s else None)
             stopped.cancel()
+            if not load.done() and not self.stop.is_set():
+                # Setup code cannot be interrupted either; the process leaves without it (see main()).
+                reason = f"setup did not finish within startup_timeout_s ({self.args.startup_timeout_s:g} s)"
+                log.error("%s", reason)
+                await self._report("crashed", reason)
+                return EXIT_SETUP_TIMED_OUT
             if not load.done():
                 # Setup code cannot be interrupted; leave without waiting for it (see main()).
                 log.info("stopped during setup")
@@ -360,6 +368,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="drain and exit when process PID (the node agent) exits; for replicas forked from a zygote")
     p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
     p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
+    p.add_argument("--startup-timeout-s", type=float, default=0.0, help="the import and setup at most; 0: no limit")
     return p.parse_args(argv)
 
 
@@ -367,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run a replica in a fresh interpreter, started by the node agent."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     code = ember_loop.run(serve(args))
-    if code == EXIT_ABANDONED_SETUP:
+    if code in (EXIT_ABANDONED_SETUP, EXIT_SETUP_TIMED_OUT):
         # The setup thread is still running user code; do not wait for it at interpreter exit.
         sys.stderr.flush()
         os._exit(code)

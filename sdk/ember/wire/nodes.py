@@ -51,6 +51,7 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     memory_mb: int = 0  # per GPU, for replicas that share GPUs by memory; 0: each GPU whole
     host_memory_mb: int = 0  # host memory the replica reserved; 0: not declared
     cpu_millis: int = 0  # CPU the replica reserved; 0: not declared
+    startup_timeout_s: float = 0.0  # the service's; 0: no limit
 
 
 class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):

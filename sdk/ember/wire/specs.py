@@ -123,6 +123,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     snap: bool = False  # it has @ember.setup(snap=True) methods: nodes may keep a zygote of it preloaded
     memory_mb: int = 0  # host memory one replica needs (memory=); 0: not declared
     target_p95_ms: float | None = None  # latency (queue wait + run) the autoscaler keeps p95 under; None: no target
+    startup_timeout_s: float = 600.0  # a replica's import and setup, at most; longer counts as a failed setup
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

@@ -74,6 +74,7 @@ def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
     yield from _bounds(svc.min_replicas, svc.max_replicas, at)
     numbers = [
         ("timeout_s", svc.timeout_s, 0.0, MAX_TIMEOUT_S, False),
+        ("startup_timeout_s", svc.startup_timeout_s, 0.0, MAX_TIMEOUT_S, False),
         ("scaledown_window_s", svc.scaledown_window_s, 0.0, MAX_SCALEDOWN_WINDOW_S, True),
         ("buffer_replicas", svc.buffer_replicas, 0, MAX_BUFFER_REPLICAS, True),
         ("memory_mb", svc.memory_mb, 0, MAX_HOST_MEMORY_MB, True),

@@ -153,6 +153,29 @@ def test_timeout_rejected(timeout_s: object) -> None:
         app.model(timeout_s=timeout_s)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("startup", [0, -1, 86401, True, "60", math.nan, None])
+def test_startup_timeout_rejected(startup: object) -> None:
+    app = ember.App("startups")
+    with pytest.raises(ember.InvalidSpecError, match=r"startup_timeout_s=.*seconds in \(0, 86400\]"):
+        app.function(startup_timeout_s=startup)  # type: ignore[arg-type]
+    with pytest.raises(ember.InvalidSpecError, match="startup_timeout_s"):
+        app.model(startup_timeout_s=startup)  # type: ignore[arg-type]
+
+
+def test_startup_timeout_defaults_to_ten_minutes_and_is_kept() -> None:
+    app = ember.App("startups")
+
+    @app.function()
+    def f() -> int:
+        return 1
+
+    @app.function(startup_timeout_s=30)
+    def g() -> int:
+        return 1
+
+    assert (_spec(app, "f").startup_timeout_s, _spec(app, "g").startup_timeout_s) == (600.0, 30.0)
+
+
 @pytest.mark.parametrize("target", [None, 1, 0.5, 250, 30_000.0])
 def test_latency_target_accepted(target: float | None) -> None:
     app = ember.App("latency")
@@ -181,9 +204,10 @@ def test_latency_target_rejected(target: object) -> None:
             decorator(target_p95_ms=target)  # type: ignore[operator]
 
 
-def test_latency_target_is_the_last_service_spec_field() -> None:
-    assert ServiceSpec.__struct_fields__[-1] == "target_p95_ms"
-    assert ServiceSpec.__struct_defaults__[-1] is None
+def test_new_service_spec_fields_go_last_with_defaults() -> None:
+    # Schemas only grow: an older peer's manifest (without them) still decodes.
+    assert ServiceSpec.__struct_fields__[-2:] == ("target_p95_ms", "startup_timeout_s")
+    assert ServiceSpec.__struct_defaults__[-2:] == (None, 600.0)
 
 
 def test_model_resources_are_validated_like_functions() -> None:

@@ -43,6 +43,8 @@ def test_a_valid_manifest_has_no_problem() -> None:
     ({"timeout_s": 0.0}, "timeout_s"),
     ({"timeout_s": math.nan}, "timeout_s"),
     ({"timeout_s": 1e9}, "timeout_s"),
+    ({"startup_timeout_s": 0.0}, "startup_timeout_s"),
+    ({"startup_timeout_s": math.nan}, "startup_timeout_s"),
     ({"memory_mb": -1}, "memory_mb"),
     ({"gpu_count": 9}, "gpu_count"),
     ({"gpu_count": 1, "gpu": GpuRequest(count=2)}, "gpu_count"),
