@@ -14,8 +14,7 @@ import uuid
 import msgspec
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
@@ -44,6 +43,8 @@ _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-p
 # and ``<events stream>-<sequence>``.
 CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
 MAX_CALL_ID = 512
+_NO_SUCH_SEQUENCE = (10043, 10057)  # JetStream's errors deleting a message that is gone (or going, concurrently)
+DEAD_PAGE, MAX_DEAD_PAGE = 100, 1000  # dead letters per read: by default, and at most
 
 
 def check_call_id(call_id: str) -> str:
@@ -94,7 +95,10 @@ class Calls:
         await self._js.add_consumer(name, self._consumer(app, function, None))
 
     async def remove(self, manifest: Manifest) -> None:
-        """Drop an app's queued calls, event streams and consumers (records expire with the bucket's TTL)."""
+        """Drop an app's queued calls, event streams and consumers. A call still waiting in the queue (or held
+        by a replica that the deletion stops) is marked ``cancelled`` first, saying that the app was deleted,
+        and its message removed: no record stays "queued" until it expires. Final records are kept (they expire
+        with the bucket's TTL)."""
         for svc in manifest.services:
             for fn in svc.functions:
                 if fn.on:
@@ -103,7 +107,28 @@ class Calls:
                 with contextlib.suppress(JsNotFound):
                     await self._js.delete_consumer(subjects.CALLS_STREAM,
                                                    subjects.calls_consumer(manifest.app, fn.name))
-                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subjects.calls(manifest.app, fn.name))
+                subject = subjects.calls(manifest.app, fn.name)
+                await self._cancel_queued(manifest.app, fn.name, subject)
+                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subject)
+
+    async def _cancel_queued(self, app: str, function: str, subject: str) -> None:
+        error = ErrorInfo(code="cancelled", message=f"the app {app!r} was deleted before the call finished")
+        seq = 1
+        while True:
+            try:
+                msg = await self._js.get_msg(subjects.CALLS_STREAM, seq=seq, subject=subject, next=True)
+            except JsNotFound:
+                return
+            seq = (msg.seq or seq) + 1
+            call_id = (msg.headers or {}).get(CALL_ID_HEADER)
+            if not call_id or not CALL_ID.fullmatch(call_id) or len(call_id) > MAX_CALL_ID:
+                continue
+            record = await self.store.status(call_id)
+            if record is None or record.status in FINAL_STATUSES:
+                continue
+            cancelled = final(record, "cancelled", error=msgspec.structs.replace(error, call_id=call_id))
+            if await self.store.finish(cancelled):
+                await self.store.set_status(cancelled)
 
     # -- calls ---------------------------------------------------------------------------------------
 
@@ -169,33 +194,51 @@ class Calls:
 
     # -- dead letters --------------------------------------------------------------------------------
 
-    async def dead_letters(self, app: str, function: str | None) -> list[tuple[int, DeadLetter]]:
-        """(stream sequence, letter) of an app's dead letters, oldest first."""
+    async def dead_letters(self, app: str, function: str | None, *, limit: int = DEAD_PAGE,
+                           after: int = 0) -> list[tuple[int, DeadLetter]]:
+        """(stream sequence, letter) of an app's dead letters, oldest first: at most ``limit`` of them, those
+        after the stream sequence ``after`` (the cursor: the last sequence of the page before). Each letter is
+        read by a direct get of the next message on the subject, so a read creates no consumer."""
+        if not 0 < limit <= MAX_DEAD_PAGE:
+            raise BadRequestError(f"limit is 1 to {MAX_DEAD_PAGE}", field="limit")
+        if after < 0:
+            raise BadRequestError("after is a stream sequence, 0 or more", field="after")
         subject = subjects.dead(app, function) if function else subjects.dead_of_app(app)
-        sub = await self._js.pull_subscribe(subject, stream=subjects.DEAD_STREAM, config=ConsumerConfig(
-            ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.ALL, inactive_threshold=30.0))
         letters: list[tuple[int, DeadLetter]] = []
-        try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            while len(letters) < pending:
-                try:
-                    msgs = await sub.fetch(min(pending - len(letters), 256), timeout=2.0)
-                except NatsTimeoutError:
-                    break
-                letters.extend((m.metadata.sequence.stream, _dead_decoder.decode(m.data)) for m in msgs)
-        finally:
-            await sub.unsubscribe()
+        seq = after + 1
+        while len(letters) < limit:
+            try:
+                msg = await self._js.get_msg(subjects.DEAD_STREAM, seq=seq, subject=subject, next=True)
+            except JsNotFound:
+                break
+            seq = (msg.seq or seq) + 1
+            with contextlib.suppress(msgspec.DecodeError):
+                letters.append((seq - 1, msgspec.structs.replace(_dead_decoder.decode(msg.data or b""),
+                                                                 seq=seq - 1)))
         return letters
 
     async def replay(self, app: str, function: str, call_ids: list[str] | None) -> list[str]:
-        """Resubmit dead letters as new calls (new ids) and remove them from the dead letters."""
+        """Resubmit dead letters as new calls and remove them from the dead letters.
+
+        Idempotent: the new call's id is derived from the letter (its stream sequence and call id), and is
+        submitted as with an Idempotency-Key (a ``create`` of its record, a ``Nats-Msg-Id`` on its message), so
+        replays that race, or one retried after a failure, queue it once; then the letter is deleted (a letter
+        already deleted by the other replay is no error). Both answer the same new id."""
         replayed = []
-        for seq, letter in await self.dead_letters(app, function):
-            if call_ids is not None and letter.call_id not in call_ids:
-                continue
-            reply = await self.submit(app, function, bytes(letter.input), key=None, deadline=math.inf)
-            await self._js.delete_msg(subjects.DEAD_STREAM, seq)
-            replayed.append(reply.call_id)
+        after = 0
+        while page := await self.dead_letters(app, function, limit=MAX_DEAD_PAGE, after=after):
+            after = page[-1][0]
+            for seq, letter in page:
+                if call_ids is not None and letter.call_id not in call_ids:
+                    continue
+                key = f"\0replay\0{seq}\0{letter.call_id}"  # no Idempotency-Key header holds a NUL
+                reply = await self.submit(app, function, bytes(letter.input), key=key, deadline=math.inf)
+                try:
+                    await self._js.delete_msg(subjects.DEAD_STREAM, seq)
+                except JsAPIError as exc:
+                    if exc.err_code not in _NO_SUCH_SEQUENCE:  # not deleted by a replay racing this one
+                        raise
+                replayed.append(reply.call_id)
         return replayed
 
 

@@ -27,7 +27,7 @@ from ember.wire import (
     ReplayRequest,
     ServiceSpec,
 )
-from ember_platform.calls.durable import check_call_id
+from ember_platform.calls.durable import DEAD_PAGE, MAX_DEAD_PAGE, check_call_id
 from ember_platform.gateway.body import InputValidator, decode_json, header, read_body
 from ember_platform.gateway.errors import error_response
 from ember_platform.gateway.responses import JsonAnswer, json_response, platform_of
@@ -137,13 +137,30 @@ async def cancel_call(request: Request) -> Response:
 
 
 async def dead_letters(request: Request) -> Response:
+    """``GET /v1/apps/<app>/dead[?function=&limit=&after=]``: a page of dead letters, oldest first (``limit``
+    1 to 1000, 100 by default); the next page is ``after=`` the last letter's ``seq``."""
     platform = platform_of(request)
     app = request.path_params["app"]
     platform.registry.view(app)  # 404 for an unknown app
     function = request.query_params.get("function") or None
     if function is not None:
         platform.registry.resolve(app, check_function_name(function, "function"))  # 404 naming those that exist
-    return json_response([letter for _, letter in await platform.calls.dead_letters(app, function)])
+
+    def whole(name: str, default: int, low: int, high: int) -> int:
+        raw = request.query_params.get(name)
+        if raw is None:
+            return default
+        try:
+            value = int(raw)
+        except ValueError:
+            value = low - 1
+        if not low <= value <= high:
+            raise BadRequestError(f"{name} is a whole number from {low} to {high}", field=name)
+        return value
+
+    limit, after = whole("limit", DEAD_PAGE, 1, MAX_DEAD_PAGE), whole("after", 0, 0, 2**63)
+    return json_response([letter for _, letter in await platform.calls.dead_letters(app, function, limit=limit,
+                                                                                  after=after)])
 
 
 

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+import os
+import signal
 import time
 from typing import Any
 
@@ -56,6 +59,23 @@ log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
 FETCH_WAIT_S = 0.5
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
+# Test-only: EMBER_TEST_CRASH_AT names points of settling a call ("before-record", "after-record", comma-separated)
+# where the replica kills itself (SIGKILL), once per point and call (a file in EMBER_TEST_CRASH_DIR remembers it),
+# to prove what a crash in that window leaves behind. Read once, here; unset in any real deployment.
+_CRASH_AT = frozenset(filter(None, os.environ.get("EMBER_TEST_CRASH_AT", "").split(",")))
+_CRASH_DIR = os.environ.get("EMBER_TEST_CRASH_DIR", "")
+
+
+def _crash_point(point: str, call_id: str) -> None:
+    """Test-only (see ``_CRASH_AT``): die here, the first time this call reaches ``point``."""
+    if point not in _CRASH_AT or not _CRASH_DIR:
+        return
+    name = os.path.join(_CRASH_DIR, f"{point}.{hashlib.sha256(call_id.encode()).hexdigest()[:24]}")
+    try:
+        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class QueueWorker:
@@ -230,14 +250,33 @@ class QueueWorker:
 
     async def _settle(self, msg: Msg, record: CallRecord, status: str, *, output: bytes = b"null",
                       error: EmberError | None = None, dead: bool = False) -> None:
-        """Store the final record (first writer wins), dead-letter it if asked, then ack the message."""
+        """Dead-letter the call if asked and publish an event's result, THEN store the final record (first writer
+        wins), then ack the message.
+
+        The side effects come before the record so that a crash anywhere leaves nothing undone: the message is
+        redelivered until the record exists, and a redelivery repeats the side effects harmlessly. The dead
+        letter is published with ``Nats-Msg-Id: dead-<call id>`` (JetStream stores it once within the dead
+        stream's duplicate window; a redelivery comes after AckWait, well within it); an event's result is a
+        plain publish that a consumer deduplicates by its ``Ember-Call-Id`` header (results are at least once).
+        A call that already has its record (a late duplicate) repeats nothing. A writer that published a dead
+        letter and then lost the record to a winner that did not fail (a cancel, a duplicate that succeeded)
+        withdraws its letter. (An outbox state completed on redelivery would need a second record write per
+        call; publishing first needs none.)"""
         info = error_info(error) if error is not None else None
         done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
+        if await self._store.has_result(record.call_id):  # settled already: its side effects were done before
+            await msg.ack()
+            return
+        letter = None
+        if dead and info is not None:
+            letter = await self._store.dead_letter(done, info, msg.data)
+        if self._events:
+            await self._publish_result(msg, done, output, info)
+        _crash_point("before-record", record.call_id)
         if await self._store.finish(done):  # readers look for the final record first: no status update
-            if dead and info is not None:
-                await self._store.dead_letter(done, info, msg.data)
-            if self._events:
-                await self._publish_result(msg, done, output, info)
+            _crash_point("after-record", record.call_id)
+        elif letter is not None:
+            await self._store.withdraw_letter(record.call_id, letter)
         await msg.ack()
 
     async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:

@@ -81,6 +81,7 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     attempts: int
     dead_at: float
     input: msgspec.Raw
+    seq: int = 0  # its sequence in the dead letters' stream, as read (the cursor for ``?after=``); 0 as stored
 
 
 class ReplayRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

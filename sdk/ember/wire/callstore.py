@@ -10,11 +10,13 @@ at it: the winner's record always points at the winner's bytes, and a writer tha
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
 
 import msgspec
+from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
 
 from ember.wire import CallRecord, CallStatus, DeadLetter, ErrorInfo, encoder, subjects
@@ -101,12 +103,24 @@ class CallStore:
             return None
         return _record_decoder.decode(entry.value) if entry.value else None
 
-    async def dead_letter(self, record: CallRecord, error: ErrorInfo, body: bytes) -> None:
-        """Keep a call that failed its last attempt, with its input, in the dead-letter stream."""
+    async def dead_letter(self, record: CallRecord, error: ErrorInfo, body: bytes) -> int:
+        """Keep a call that failed its last attempt, with its input, in the dead-letter stream; its sequence there.
+        Idempotent within the stream's duplicate window (``Nats-Msg-Id: dead-<call id>``): a repeat is stored
+        once, and answers the first one's sequence."""
         letter = DeadLetter(call_id=record.call_id, app=record.app, function=record.function, error=error,
                             attempts=record.attempts, dead_at=time.time(), input=msgspec.Raw(body or b"null"))
-        await self._js.publish(subjects.dead(record.app, record.function), encoder.encode(letter),
-                               headers={"Nats-Msg-Id": f"dead-{record.call_id}"})
+        ack = await self._js.publish(subjects.dead(record.app, record.function), encoder.encode(letter),
+                                     headers={"Nats-Msg-Id": f"dead-{record.call_id}"})
+        return int(ack.seq)
+
+    async def withdraw_letter(self, call_id: str, seq: int) -> None:
+        """Remove the dead letter at ``seq``, published by a writer that then lost the final record, unless the
+        record that won is a failure too (then the letter is that failure's)."""
+        winner = await self._read(f"r.{call_id}")
+        if winner is not None and winner.status == "failed":
+            return
+        with contextlib.suppress(JsAPIError):  # gone already
+            await self._js.delete_msg(subjects.DEAD_STREAM, seq)
 
 
 def _object_name(record: CallRecord) -> str | None:
