@@ -35,6 +35,9 @@ from ember.wire import (
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
 from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
+from ember_platform.control.bundle_gc import GC_GRACE_S, upload_time
+
+REFRESH_AFTER_S = GC_GRACE_S / 2  # an older stored copy of an uploaded bundle is written again
 
 
 class Registry:
@@ -96,14 +99,25 @@ class Registry:
     # -- deployments -------------------------------------------------------------------------------
 
     async def put_bundle(self, sha256: str, data: bytes) -> bool:
-        """Store a bundle under its sha256 (verified); False when it was already there."""
+        """Store a bundle under its sha256 (verified); False when it was already there.
+
+        A copy stored long ago is written again all the same: the bundle collector spares only what is in use or
+        was uploaded within its grace period, and a push uploads before it deploys."""
         digest = hashlib.sha256(data).hexdigest()
         if digest != sha256:
             raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
-        if await self.has_bundle(sha256):
+        uploaded = await self._uploaded_at(sha256)
+        if uploaded is not None and time.time() - uploaded < REFRESH_AFTER_S:
             return False
         await self.stores.bundles.put(sha256, data)
-        return True
+        return uploaded is None
+
+    async def _uploaded_at(self, sha256: str) -> float | None:
+        try:
+            info = await self.stores.bundles.get_info(sha256)
+        except (ObjectNotFoundError, JsNotFound):
+            return None
+        return None if info.deleted else upload_time(info.mtime)
 
     async def has_bundle(self, sha256: str) -> bool:
         try:
