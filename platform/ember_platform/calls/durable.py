@@ -144,9 +144,13 @@ class Calls:
         call_id = _call_id(app, function, key)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
-        existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
-                                                             status="queued", created_at=now, updated_at=now,
-                                                             input_sha256=digest))
+        try:
+            existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
+                                                                 status="queued", created_at=now, updated_at=now,
+                                                                 input_sha256=digest))
+        except (NatsError, OSError, TimeoutError) as exc:  # NATS unreachable, or the records bucket is full
+            raise UnavailableError(f"the call to {app}.{function} could not be recorded ({type(exc).__name__}: "
+                                   f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
         if existing is not None and existing.input_sha256 and existing.input_sha256 != digest:
             raise ConflictError(f"this Idempotency-Key was used with another body for {app}.{function} (call "
                                 f"{call_id}); a new input needs a new key", field="Idempotency-Key")

@@ -1,0 +1,140 @@
+"""The records store's first-writer-wins rule holds for large outputs too, and a submit that cannot be queued
+leaves no record behind and answers 503; against the session's real nats-server and its buckets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+import pytest
+
+from ember._errors import UnavailableError
+from ember.wire import CallRecord
+from ember.wire.callstore import MAX_INLINE_OUTPUT, CallStore, final
+from ember.wire.jetstream import Stores, ensure_buckets
+from ember_platform.calls.durable import Calls
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+
+def with_store(url: str, body: Callable[[Any, Stores, CallStore], Awaitable[T]]) -> T:
+    async def go() -> T:
+        nc = await nats.connect(url)
+        try:
+            stores = await ensure_buckets(nc.jetstream())
+            return await body(nc, stores, CallStore(nc.jetstream(), stores))
+        finally:
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def _record(call_id: str) -> CallRecord:
+    now = time.time()
+    return CallRecord(call_id=call_id, app="a", function="f", status="running", created_at=now, updated_at=now)
+
+
+def _big(char: str) -> bytes:
+    return msgspec.json.encode(char * (MAX_INLINE_OUTPUT + 10))
+
+
+async def _objects(stores: Stores, prefix: str) -> list[str]:
+    try:
+        infos = await stores.results.list()
+    except Exception:  # nats-py raises when the store holds nothing
+        return []
+    return sorted(i.name for i in infos if i.name.startswith(prefix) and not i.deleted)
+
+
+def test_a_late_duplicate_never_overwrites_the_winners_large_output(platform):
+    call_id = uuid.uuid4().hex
+
+    async def body(_nc: Any, stores: Stores, store: CallStore) -> tuple[bytes, list[str]]:
+        assert await store.finish(final(_record(call_id), "succeeded", output=_big("a")))
+        assert not await store.finish(final(_record(call_id), "succeeded", output=_big("b")))  # the late duplicate
+        record = await store.result(call_id)
+        assert record is not None
+        return bytes(record.output), await _objects(stores, call_id)
+
+    output, objects = with_store(platform.nats_url, body)
+    assert output == _big("a")
+    assert len(objects) == 1  # the loser removed its own object, and only that
+
+
+def test_two_writers_racing_leave_one_record_and_its_own_bytes(platform):
+    call_id = uuid.uuid4().hex
+
+    async def body(_nc: Any, stores: Stores, store: CallStore) -> tuple[list[bool], bytes, list[str]]:
+        won = await asyncio.gather(*(store.finish(final(_record(call_id), "succeeded", output=_big(c)))
+                                     for c in "xyz"))
+        record = await store.result(call_id)
+        assert record is not None
+        return list(won), bytes(record.output), await _objects(stores, call_id)
+
+    won, output, objects = with_store(platform.nats_url, body)
+    assert won.count(True) == 1
+    assert output == _big("xyz"[won.index(True)])
+    assert len(objects) == 1
+
+
+def test_a_record_of_the_old_form_still_finds_its_output_under_the_call_id(platform):
+    call_id = uuid.uuid4().hex
+
+    async def body(_nc: Any, stores: Stores, store: CallStore) -> bytes:
+        old = final(_record(call_id), "succeeded", output=b'{"$ember_result":"object"}')
+        await stores.calls.create(f"r.{call_id}", msgspec.json.encode(old))
+        await stores.results.put(call_id, _big("z"))
+        record = await store.result(call_id)
+        assert record is not None
+        return bytes(record.output)
+
+    assert with_store(platform.nats_url, body) == _big("z")
+
+
+@pytest.mark.parametrize("key", [None, "my-key"])
+def test_a_submit_that_cannot_be_queued_leaves_no_record_and_is_a_503(platform, key):
+    """The message is refused by the server (a header NATS rejects: an expected stream that does not exist),
+    as a full queue or an unreachable server would refuse it."""
+    app = f"nq{uuid.uuid4().hex[:8]}"
+
+    async def body(nc: Any, stores: Stores, store: CallStore) -> tuple[UnavailableError, list[str]]:
+        calls = Calls(nc, stores, 30.0)
+        refusing = _Refusing(nc.jetstream())
+        calls._js = refusing  # the one stand-in here: the publish that the server refuses is the real one
+        before = set(await _keys(stores))
+        with pytest.raises(UnavailableError) as caught:
+            await calls.submit(app, "f", b"1", key=key, deadline=float("inf"))
+        assert refusing.refused == 1
+        return caught.value, sorted(set(await _keys(stores)) - before)
+
+    error, keys = with_store(platform.nats_url, body)
+    assert error.http_status == 503 and error.retry_after_s
+    assert keys == []
+
+
+class _Refusing:
+    """The real JetStream context, publishing with a header that makes nats-server refuse the message."""
+
+    def __init__(self, js: Any) -> None:
+        self._js = js
+        self.refused = 0
+
+    async def publish(self, subject: str, payload: bytes, headers: dict[str, str]) -> Any:
+        try:
+            return await self._js.publish(subject, payload, headers={**headers, "Nats-Expected-Stream": "NO_SUCH"})
+        except Exception:
+            self.refused += 1
+            raise
+
+
+async def _keys(stores: Stores) -> list[str]:
+    try:
+        return list(await stores.calls.keys())
+    except Exception:  # no keys at all
+        return []
