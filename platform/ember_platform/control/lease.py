@@ -24,6 +24,8 @@ from typing import Any
 from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
+from ember.wire.jetstream import js_replicas
+
 log = logging.getLogger("ember.control")
 
 LEASES_BUCKET = "ember_leases"
@@ -52,7 +54,8 @@ class Lease:
             try:
                 self._kv = await self._js.key_value(self._bucket_name)
             except BucketNotFoundError:
-                self._kv = await self._js.create_key_value(bucket=self._bucket_name, ttl=self._ttl_s, history=1)
+                self._kv = await self._js.create_key_value(bucket=self._bucket_name, ttl=self._ttl_s, history=1,
+                                                           replicas=js_replicas())
         return self._kv
 
     @property

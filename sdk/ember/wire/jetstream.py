@@ -43,12 +43,24 @@ MIN_FALLBACK_BYTES = MiB  # halving a limit that the server cannot reserve stops
 
 
 async def connect(url: str, name: str) -> Client:
-    """Connect with reconnects forever: a platform or agent outlives a NATS restart."""
+    """Connect with reconnects forever: a platform or agent outlives a NATS restart. ``url`` may list several
+    servers of a cluster, comma-separated; the client moves to another when one goes (and learns the others
+    from the cluster)."""
     async def on_error(exc: Exception) -> None:
         log.warning("nats: %s", exc)
 
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+    servers = [u.strip() for u in url.split(",") if u.strip()]
+    return await nats.connect(servers=servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                               error_cb=on_error, connect_timeout=5)
+
+
+def js_replicas() -> int:
+    """How many servers hold each stream, bucket and object store (``EMBER_JS_REPLICAS``): 1 on a single server,
+    3 on a three-server cluster, so that losing one server loses nothing."""
+    raw = os.environ.get("EMBER_JS_REPLICAS", "1").strip() or "1"
+    if raw not in ("1", "2", "3", "4", "5"):
+        raise ValueError(f"EMBER_JS_REPLICAS={raw!r} is a number of servers from 1 to 5")
+    return int(raw)
 
 
 @dataclass(frozen=True)
@@ -142,19 +154,21 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     processes started with other settings never undo each other's.
     """
     lim = (limits or StorageLimits.from_env()).streams()
+    copies = js_replicas()
 
     def kv(bucket: str, **config: Any) -> _Opener:
         wanted = lim[kv_stream(bucket)]
         return (kv_stream(bucket), lambda: js.key_value(bucket), lambda max_bytes: js.create_key_value(
-            bucket=bucket, max_bytes=max_bytes, max_value_size=wanted.get("max_msg_size", -1), **config))
+            bucket=bucket, max_bytes=max_bytes, max_value_size=wanted.get("max_msg_size", -1), replicas=copies,
+            **config))
 
     def objects(bucket: str) -> _Opener:
         wanted = lim[object_stream(bucket)]
         return (object_stream(bucket), lambda: js.object_store(bucket), lambda max_bytes: js.create_object_store(
-            bucket, max_bytes=max_bytes, ttl=wanted.get("max_age"), storage=StorageType.FILE))
+            bucket, max_bytes=max_bytes, ttl=wanted.get("max_age"), storage=StorageType.FILE, replicas=copies))
 
     def stream(config: StreamConfig) -> _Opener:
-        config = config.evolve(**lim[config.name or ""])
+        config = config.evolve(**lim[config.name or ""], num_replicas=copies)
         return (config.name or "", lambda: js.stream_info(config.name or ""),
                 lambda max_bytes: js.add_stream(config.evolve(max_bytes=max_bytes)))
 

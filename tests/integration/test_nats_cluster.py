@@ -1,0 +1,71 @@
+"""Ember on a three-server NATS cluster: every stream, bucket and object store replicated three times, and the
+platform, its node agent and replicas carrying on when one server is SIGKILLed."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import nats
+import pytest
+from support.nats_cluster import NatsCluster
+from support.paths import EXAMPLES
+from support.polling import wait_for
+
+from ember._client import Transport
+from ember._deploy import deploy
+from ember.wire import subjects
+from ember.wire.jetstream import kv_stream, object_stream
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+STREAMS = [subjects.CALLS_STREAM, subjects.DEAD_STREAM, kv_stream(subjects.CALLS_BUCKET),
+           kv_stream(subjects.DEPLOYMENTS_BUCKET), kv_stream(subjects.ASSIGNMENTS_BUCKET),
+           kv_stream(subjects.NODES_BUCKET), kv_stream(subjects.REPLICAS_BUCKET),
+           object_stream(subjects.BUNDLES_STORE), object_stream(subjects.RESULTS_STORE)]
+
+
+def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):
+    env = {"EMBER_JS_REPLICAS": "3", "EMBER_ACK_WAIT_S": "3"}
+    with NatsCluster(tmp_path / "nats") as cluster, httpx.Client(timeout=60) as http:
+        url_file = tmp_path / "platform.url"
+        cluster.spawn("platform", ["-m", "ember_platform", "--nats", cluster.url, "--port", "0",
+                                   "--url-file", str(url_file)], env)
+        cluster.spawn("agent", ["-m", "ember_runtime", "--nats", cluster.url, "--state-dir", str(tmp_path / "node")],
+                      env)
+        url = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what="the control plane")
+        wait_for(lambda: http.get(f"{url}/readyz").status_code == 200, timeout_s=60, what="readyz")
+        transport = Transport(url)
+        try:
+            deploy(EXAMPLES / "hello" / "hello.py", transport=transport, timeout_s=120)
+        finally:
+            transport.close()
+        assert http.post(f"{url}/v1/hello/greet", json="Ada").json() == "Hello, Ada!"
+
+        replicas = asyncio.run(_replicas(cluster.url))
+        assert replicas == dict.fromkeys(STREAMS, 3)
+
+        before = http.post(f"{url}/v1/hello/greet/spawn", json="Before").json()["call_id"]
+        cluster.kill(0)
+
+        def served() -> bool:
+            try:
+                return http.post(f"{url}/v1/hello/greet", json="Grace").json() == "Hello, Grace!"
+            except (httpx.HTTPError, ValueError):
+                return False
+
+        wait_for(served, timeout_s=60, what="a synchronous call after losing a server")
+        after = http.post(f"{url}/v1/hello/greet/spawn", json="After").json()["call_id"]
+        for call_id, name in ((before, "Before"), (after, "After")):
+            record = http.get(f"{url}/v1/calls/{call_id}", params={"wait": 60}).json()
+            assert (record["status"], record["output"]) == ("succeeded", f"Hello, {name}!"), record
+
+
+async def _replicas(url: str) -> dict[str, int]:
+    nc = await nats.connect(servers=url.split(","))
+    try:
+        js = nc.jetstream()
+        return {name: (await js.stream_info(name)).config.num_replicas or 1 for name in STREAMS}
+    finally:
+        await nc.close()
