@@ -41,6 +41,7 @@ class NatsCluster:
         self.root = root
         self.size = size
         self.ports: list[int] = []
+        self.route_ports: list[int] = []
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.processes: list[subprocess.Popen[bytes]] = []  # Ember's own, started by ``spawn``
 
@@ -50,7 +51,8 @@ class NatsCluster:
 
     def start(self, timeout_s: float = 60.0) -> NatsCluster:
         ports = _free_ports(2 * self.size)
-        self.ports, routes = ports[:self.size], ports[self.size:]
+        self.ports, self.route_ports = ports[:self.size], ports[self.size:]
+        routes = self.route_ports
         route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
         for i in range(self.size):
             self.root.joinpath(f"n{i}").mkdir(parents=True, exist_ok=True)
