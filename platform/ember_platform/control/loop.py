@@ -253,16 +253,22 @@ class ControlLoop:
         return state.arrival_rate if state is not None else 0.0
 
     async def _refresh_pending(self, deployments: dict[str, Deployment]) -> None:
-        """Calls waiting in each function's durable queue (scale-up signal for queued work)."""
+        """Calls waiting in each function's durable queue and, for a function bound to subjects, in its event
+        stream (scale-up signal for queued work: an event backlog wakes a function scaled to zero)."""
         for dep in deployments.values():
             for svc in dep.manifest.services:
                 for fn in svc.functions:
-                    try:
-                        name = subjects.calls_consumer(dep.app, fn.name)
-                        info = await self.js.consumer_info(subjects.CALLS_STREAM, name)
-                    except Exception:
-                        continue
-                    self.pending[(dep.app, fn.name)] = (info.num_pending or 0) + (info.num_ack_pending or 0)
+                    name = subjects.calls_consumer(dep.app, fn.name)
+                    streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(dep.app, fn.name)] if fn.on else [])
+                    waiting, known = 0, False
+                    for stream in streams:
+                        try:
+                            info = await self.js.consumer_info(stream, name)
+                        except Exception:
+                            continue
+                        waiting, known = waiting + (info.num_pending or 0) + (info.num_ack_pending or 0), True
+                    if known:
+                        self.pending[(dep.app, fn.name)] = waiting
 
     def _place(self, plan: Plan, snapshot: Snapshot, requests: list[tuple[PlacementRequest, SlotAssignment]],
                ) -> tuple[Snapshot, list[PlacementRequest]]:
