@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from support.paths import EXAMPLES
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -96,3 +97,19 @@ def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp
 def _ready(http: httpx.Client, url: str) -> int:
     services = http.get(f"{url}/v1/status", params={"app": "steady"}).json()["services"]
     return services[0]["ready"] if services else 0
+
+
+def test_the_logs_outlive_a_restart_of_the_control_plane(tmp_path: Path):
+    with TestPlatform(tmp_path / "state") as cluster:
+        transport = Transport(cluster.url)
+        deploy(EXAMPLES / "hello" / "hello.py", transport=transport, timeout_s=120)
+        transport.close()
+        assert httpx.post(f"{cluster.url}/v1/hello/greet", json="Logan", timeout=30).json() == "Hello, Logan!"
+
+        def logged() -> bool:
+            lines = httpx.get(f"{cluster.url}/v1/apps/hello/logs", params={"service": "greet"}, timeout=30).json()
+            return any("greeting Logan" in line["line"] for line in lines)
+
+        wait_for(logged, timeout_s=20, what="the log line")
+        cluster.restart_platform()
+        assert logged(), "the control plane forgot the replicas' output when it restarted"

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 STREAMS = [subjects.CALLS_STREAM, subjects.DEAD_STREAM, kv_stream(subjects.CALLS_BUCKET),
            kv_stream(subjects.DEPLOYMENTS_BUCKET), kv_stream(subjects.ASSIGNMENTS_BUCKET),
            kv_stream(subjects.NODES_BUCKET), kv_stream(subjects.REPLICAS_BUCKET),
-           object_stream(subjects.BUNDLES_STORE), object_stream(subjects.RESULTS_STORE)]
+           object_stream(subjects.BUNDLES_STORE), object_stream(subjects.RESULTS_STORE), subjects.LOGS_STREAM]
 
 
 def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):

@@ -20,7 +20,7 @@ from ember_platform.control.bundle_gc import collect_bundles
 
 pytestmark = pytest.mark.integration
 EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
-                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles"]
+                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS"]
 
 
 def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform) -> None:

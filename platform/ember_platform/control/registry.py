@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import hashlib
 import time
 from collections import defaultdict, deque
@@ -11,6 +12,7 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
@@ -37,6 +39,7 @@ from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
 from ember_platform.control.bundle_gc import GC_GRACE_S, upload_time
 
+LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
 REFRESH_AFTER_S = GC_GRACE_S / 2  # an older stored copy of an uploaded bundle is written again
 
 
@@ -62,7 +65,15 @@ class Registry:
         self.replicas = KVMirror(self.stores.replicas, replica_decoder.decode)
         await self.deployments.start()
         await self.replicas.start()
-        self._log_sub = await self.nc.subscribe(subjects.LOGS_ALL, cb=self._on_log)
+        self._log_sub = await self._follow_logs()
+
+    async def _follow_logs(self) -> Any:
+        """The replicas' output from the ``EMBER_LOGS`` stream: the last ``LOG_REPLAY_S`` of it first (so that
+        the logs API outlives a restart of the control plane), then as it comes."""
+        since = datetime.datetime.fromtimestamp(time.time() - LOG_REPLAY_S, tz=datetime.UTC)
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=since)
+        return await self.js.subscribe(subjects.LOGS_ALL, stream=subjects.LOGS_STREAM, cb=self._on_log,
+                                       ordered_consumer=True, config=config)
 
     async def stop(self) -> None:
         if self._log_sub is not None:

@@ -33,6 +33,7 @@ NODE_HEARTBEAT_S = 3.0  # how often a node agent reports; the scheduler counts a
 NODE_LOST_S = 3 * NODE_HEARTBEAT_S
 CALL_TTL_S = 24 * 3600.0  # how long an asynchronous call's status and result are kept
 DEAD_LETTER_TTL_S = 7 * 24 * 3600.0
+LOG_TTL_S = 7 * 24 * 3600.0  # replicas' output lines kept at most this long
 DUPLICATE_WINDOW_S = 120.0  # a resubmitted call id within this window is stored once
 # A large result outlives its record (written just after it) by this much, never the other way round.
 RESULTS_TTL_S = CALL_TTL_S + 300.0
@@ -80,6 +81,7 @@ class StorageLimits:
     bundles_store_max_bytes: int = 16 * GiB  # ember_bundles (unreferenced ones are collected by the platform)
     control_kv_max_bytes: int = 64 * MiB  # each of ember_deployments, ember_assignments, ember_nodes, ember_replicas
     control_kv_max_value_bytes: int = 4 * MiB  # one value in those four buckets
+    logs_stream_max_bytes: int = 128 * MiB  # EMBER_LOGS: replicas' output (also kept at most LOG_TTL_S)
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -110,6 +112,7 @@ class StorageLimits:
             subjects.CALLS_STREAM: {"max_bytes": self.calls_stream_max_bytes, "max_msgs": self.calls_stream_max_msgs,
                                     "discard": DiscardPolicy.NEW},
             subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
+            subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
             kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
@@ -185,14 +188,17 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
             storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)),
         stream(StreamConfig(
             name=subjects.DEAD_STREAM, subjects=[subjects.DEAD_ALL], retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S))]
+            storage=StorageType.FILE, max_age=DEAD_LETTER_TTL_S)),
+        stream(StreamConfig(
+            name=subjects.LOGS_STREAM, subjects=[subjects.LOGS_ALL], retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE, max_age=LOG_TTL_S))]
     # All opened at once: each is a JetStream API round trip, and a replica waits for them before it serves.
     opened: list[Any] = list(await asyncio.gather(*(_open(open_) for _, open_, _ in openers)))
     missing = [i for i, found in enumerate(opened) if found is None]
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, create = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, create)
-    deployments, replicas, nodes, assignments, calls, bundles, results, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, bundles, results, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
                   bundles=bundles, results=results)
 

@@ -70,6 +70,7 @@ def logs(app: str, service: str) -> str:
 
 
 LOGS_ALL = "ember.logs.>"
+LOGS_STREAM = "EMBER_LOGS"  # every log line, kept (bounded) so that the logs API outlives a control plane restart
 
 
 def calls(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:

@@ -9,7 +9,7 @@ from ember.wire import subjects
 from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_differ
 
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
-                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles"}
+                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS"}
 
 
 def test_every_stream_has_a_size_limit() -> None:
