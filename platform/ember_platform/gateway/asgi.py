@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
 from ember_platform.config import Settings
-from ember_platform.gateway import apps, calls, health, metrics, status
+from ember_platform.gateway import apps, calls, health, metrics, openapi, status
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform.platform import Platform
 
@@ -26,6 +26,7 @@ ROUTES = [
     Route("/healthz", health.healthz, methods=["GET"]),
     Route("/readyz", health.readyz, methods=["GET"]),
     Route("/metrics", metrics.metrics, methods=["GET"]),
+    Route("/openapi.json", openapi.document, methods=["GET"]),
     Route("/v1/bundles/{sha256}", apps.put_bundle, methods=["PUT"]),
     Route("/v1/apps", apps.list_apps, methods=["GET"]),
     Route("/v1/apps/{app}", apps.get_app, methods=["GET"]),

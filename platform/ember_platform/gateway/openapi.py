@@ -1,0 +1,396 @@
+"""``GET /openapi.json``: the HTTP API as an OpenAPI 3.1 document.
+
+Every route of the route table is an operation (``HEAD``, which starlette adds to every ``GET``, is left implicit),
+with its path, query and header parameters, its request body, its answer and the error codes it documents; every
+error has the one shape ``{"error": {...}}`` (``ErrorBody``). The schemas of request and answer bodies are
+generated from the wire Structs by msgspec, under ``#/components/schemas``.
+
+``POST /v1/<app>/<fn>`` and ``.../spawn`` take whatever the function takes, so next to their templated paths the
+document has one concrete path per deployed function (``/v1/hello/greet``, ``/v1/hello/greet/spawn``) whose body is
+the function's ``input_schema`` (and answer its ``output_schema``), from the current deployments. The rest of the
+document is built once; the functions' part is rebuilt when the deployments change, and the encoded document is
+kept until they do. A function whose schemas cannot be shown is documented as taking and answering any JSON.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+import ember
+from ember.wire import (
+    HTTP_BATCH_SIZE_HEADER,
+    HTTP_CALL_ID_HEADER,
+    HTTP_TIMEOUT_HEADER,
+    AppView,
+    CallRecord,
+    DeadLetter,
+    Deployment,
+    DeployRequest,
+    ErrorBody,
+    FunctionSpec,
+    LogLine,
+    ReplayReply,
+    ReplayRequest,
+    ScaleRequest,
+    ServiceStatus,
+    SpawnReply,
+    StatusView,
+    encoder,
+)
+from ember.wire.validate import APP_NAME
+from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
+from ember_platform.gateway.apps import MAX_LOG_LINES
+from ember_platform.gateway.calls import FUNCTION_NAME
+from ember_platform.gateway.responses import platform_of
+
+OPENAPI_VERSION = "3.1.0"
+REF = "#/components/schemas/{name}"
+JSON = "application/json"
+_DEFS_REF = "#/$defs/"
+_NOT_A_NAME = re.compile(r"[^A-Za-z0-9._-]")
+# Keywords that would make a function's schema resolve references against something other than this document.
+_DROPPED = frozenset({"$id", "$schema", "$anchor", "$dynamicAnchor", "$dynamicRef", "$vocabulary"})
+
+# The answers' and requests' bodies, by the Struct (or container of one) they are encoded from.
+_BODIES: dict[str, Any] = {
+    "ErrorBody": ErrorBody, "AppList": list[AppView], "AppView": AppView, "Deployment": Deployment,
+    "DeployRequest": DeployRequest, "LogLines": list[LogLine], "DeadLetters": list[DeadLetter],
+    "ReplayRequest": ReplayRequest, "ReplayReply": ReplayReply, "ScaleRequest": ScaleRequest,
+    "ServiceStatus": ServiceStatus, "StatusView": StatusView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
+}
+# Answers that are plain dicts in their handlers, not Structs.
+_PLAIN: dict[str, dict[str, Any]] = {
+    "Health": {"type": "object", "properties": {"status": {"type": "string"}}, "required": ["status"]},
+    "Readiness": {"type": "object", "required": ["status"],
+                  "properties": {"status": {"type": "string", "enum": ["ready", "not ready"]},
+                                 "nats_connected": {"type": "boolean"}}},
+    "BundleReply": {"type": "object", "required": ["sha256", "size", "created"],
+                    "properties": {"sha256": {"type": "string"}, "size": {"type": "integer"},
+                                   "created": {"type": "boolean"}}},
+}
+
+_ERRORS = {
+    400: "bad_request: malformed JSON, header, call id or query value (`field` names it)",
+    404: "not_found: unknown app, function, service or call id (the message lists what exists)",
+    405: "method_not_allowed: a route of the API, not a call",
+    409: "conflict: the call already runs or has finished, or an Idempotency-Key reused with another body",
+    413: "payload_too_large: the body is over the limit",
+    422: "invalid_input: the body does not fit its type (`field` is its JSON path)",
+    429: "overloaded: the replica's queue is full or the deadline would be missed (Retry-After)",
+    500: "user_error: the function raised (`type` is the exception's class)",
+    503: "unavailable: no replica became ready in time (Retry-After)",
+    504: "deadline_exceeded: the call did not finish within its deadline",
+}
+_CALL_ERRORS = (400, 404, 405, 413, 422, 429, 500, 503, 504)
+_SPAWN_ERRORS = (400, 404, 405, 409, 413, 422, 503)
+
+
+def _ref(name: str) -> dict[str, Any]:
+    return {"$ref": REF.format(name=name)}
+
+
+def _string(pattern: re.Pattern[str] | None = None, max_length: int | None = None) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "minLength": 1}
+    if pattern is not None:
+        schema["pattern"] = f"^(?:{pattern.pattern})$"
+    if max_length is not None:
+        schema["maxLength"] = max_length
+    return schema
+
+
+_PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "app": ("an app's name", _string(APP_NAME, 63)),
+    "name": ("a function: its name, or Class.method for a class model's method", _string(FUNCTION_NAME, 257)),
+    "call_id": ("a queued call's id", _string(CALL_ID, MAX_CALL_ID)),
+    "sha256": ("the bundle's lowercase hex sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}),
+}
+
+
+def _query(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+
+def _header(name: str, description: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "header", "required": False, "description": description, "schema": schema}
+
+
+_TIMEOUT = _header(HTTP_TIMEOUT_HEADER, "the call's deadline in seconds (capped by the function's timeout_s)",
+                   {"type": "number", "exclusiveMinimum": 0})
+_IDEMPOTENCY_KEY = _header("Idempotency-Key", "a repeat with the same key and body answers the first call",
+                           {"type": "string", "minLength": 1, "maxLength": 256})
+_FUNCTION_QUERY = _query("function", "only this function's", _string(FUNCTION_NAME, 257))
+_SERVICE_QUERY = _query("service", "only this service's", {"type": "string"})
+
+
+def _json_body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:
+    return {"required": required, "content": {JSON: {"schema": schema}}}
+
+
+def _answer(description: str, schema: dict[str, Any] | None, media: str = JSON,
+            headers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {"description": description}
+    if schema is not None:
+        answer["content"] = {media: {"schema": schema}}
+    if headers:
+        answer["headers"] = dict(headers)
+    return answer
+
+
+_CALL_HEADERS = {
+    HTTP_CALL_ID_HEADER: {"description": "the call's id", "schema": {"type": "string"}},
+    HTTP_BATCH_SIZE_HEADER: {"description": "the size of the batch the call ran in", "schema": {"type": "integer"}},
+}
+
+# (method, path) -> summary, answer (status, description, schema or None, media type), error codes, query and header
+# parameters, request body. Every route of the route table has one (a test checks it).
+_Op = tuple[str, tuple[int, str, dict[str, Any] | None, str], tuple[int, ...], list[dict[str, Any]],
+            dict[str, Any] | None]
+_OPERATIONS: dict[tuple[str, str], _Op] = {
+    ("GET", "/healthz"): ("The process is up", (200, "up", _ref("Health"), JSON), (), [], None),
+    ("GET", "/readyz"): ("NATS is connected and the state loaded",
+                         (200, "ready (503 with the same shape when not)", _ref("Readiness"), JSON), (), [], None),
+    ("GET", "/metrics"): ("Prometheus metrics", (200, "metrics in Prometheus' text format", {"type": "string"},
+                                                 "text/plain"), (), [], None),
+    ("GET", "/openapi.json"): ("This document", (200, "an OpenAPI 3.1 document", {"type": "object"}, JSON), (), [],
+                               None),
+    ("PUT", "/v1/bundles/{sha256}"): (
+        "Upload a bundle (verified against its address)", (201, "stored (200: it was there already)",
+                                                           _ref("BundleReply"), JSON), (400, 413, 422), [],
+        {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                "format": "binary"}}}}),
+    ("GET", "/v1/apps"): ("List the deployed apps", (200, "the apps", _ref("AppList"), JSON), (), [], None),
+    ("GET", "/v1/apps/{app}"): ("Show an app, with its replicas", (200, "the app", _ref("AppView"), JSON), (404,),
+                                [], None),
+    ("DELETE", "/v1/apps/{app}"): ("Delete an app", (204, "deleted", None, JSON), (404,), [], None),
+    ("POST", "/v1/apps/{app}/deployments"): (
+        "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON), (400, 413, 422), [],
+        _json_body(_ref("DeployRequest"))),
+    ("GET", "/v1/apps/{app}/logs"): (
+        "Recent replica output", (200, "log lines, oldest first", _ref("LogLines"), JSON), (400, 404),
+        [_SERVICE_QUERY, _query("since", "only lines after this timestamp", {"type": "number", "minimum": 0}),
+         _query("limit", "at most this many lines", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES})],
+        None),
+    ("GET", "/v1/apps/{app}/dead"): (
+        "An app's dead letters, oldest first", (200, "a page of dead letters", _ref("DeadLetters"), JSON), (400, 404),
+        [_FUNCTION_QUERY, _query("limit", "letters per page", {"type": "integer", "minimum": 1, "maximum": 1000}),
+         _query("after", "the seq of the last letter of the previous page",
+                {"type": "integer", "minimum": 0, "maximum": 2**63})], None),
+    ("POST", "/v1/apps/{app}/dead/replay"): (
+        "Resubmit dead letters as new calls", (200, "the new call ids", _ref("ReplayReply"), JSON),
+        (400, 404, 413, 422), [], _json_body(_ref("ReplayRequest"))),
+    ("POST", "/v1/apps/{app}/scale"): (
+        "Set a service's replica bounds at run time", (200, "the service's status", _ref("ServiceStatus"), JSON),
+        (400, 404, 413, 422), [], _json_body(_ref("ScaleRequest"))),
+    ("GET", "/v1/status"): (
+        "Nodes, GPUs, replicas and services", (200, "the cluster", _ref("StatusView"), JSON), (404,),
+        [_query("app", "only this app's services", {"type": "string"}), _SERVICE_QUERY], None),
+    ("GET", "/v1/calls/{call_id}"): (
+        "A queued call's record", (200, "the record", _ref("CallRecord"), JSON), (400, 404),
+        [_query("wait", "long-poll up to this many seconds until the call is final",
+                {"type": "number", "minimum": 0, "maximum": 300})], None),
+    ("DELETE", "/v1/calls/{call_id}"): (
+        "Cancel a queued call", (200, "the cancelled record", _ref("CallRecord"), JSON), (400, 404, 409), [], None),
+    ("POST", "/v1/{app}/{name}/spawn"): (
+        "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
+        _json_body({})),
+    ("POST", "/v1/{app}/{name}"): (
+        "Call a function; the body is its input", (200, "the function's JSON result", {}, JSON), _CALL_ERRORS,
+        [_TIMEOUT], _json_body({})),
+}
+
+
+def _operation(method: str, path: str) -> dict[str, Any]:
+    op = _OPERATIONS.get((method, path))
+    if op is None:  # a route without an entry above: documented all the same, with what every route has
+        op = (f"{method} {path}", (200, "the answer", {}, JSON), (), [], None)
+    summary, (status, description, schema, media), errors, params, body = op
+    if path.endswith("}/spawn") or path == "/v1/{app}/{name}":
+        answer = _answer(description, schema, media, _CALL_HEADERS if status == 200 else None)
+    else:
+        answer = _answer(description, schema, media)
+    path_params = [{"name": name, "in": "path", "required": True, "description": _PATH_PARAMS[name][0],
+                    "schema": _PATH_PARAMS[name][1]} if name in _PATH_PARAMS else
+                   {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                   for name in re.findall(r"\{(\w+)\}", path)]
+    operation: dict[str, Any] = {
+        "operationId": f"{method.lower()} {path}", "summary": summary,
+        "responses": {str(status): answer,
+                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in errors}},
+    }
+    if path_params or params:
+        operation["parameters"] = [*path_params, *params]
+    if body is not None:
+        operation["requestBody"] = body
+    return operation
+
+
+def _components() -> dict[str, Any]:
+    """The bodies' schemas from their Structs, and the Structs they refer to."""
+    names = list(_BODIES)
+    tops, schemas = msgspec.json.schema_components([_documented(_BODIES[n]) for n in names], ref_template=REF)
+    for name, top in zip(names, tops, strict=True):
+        if top != _ref(name):  # a list of Structs, or a Struct whose class has another name
+            schemas[name] = top
+    return {**schemas, **_PLAIN}
+
+
+def _documented(kind: Any) -> Any:
+    """``kind``, or a copy of its Struct whose ``msgspec.Raw`` defaults read ``None`` (raw JSON ``null``): msgspec
+    cannot write a Raw default into a schema."""
+    if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
+        return kind
+    fields = msgspec.structs.fields(kind)
+    if not any(isinstance(f.default, msgspec.Raw) for f in fields):
+        return kind
+    config = kind.__struct_config__
+    copy = msgspec.defstruct(
+        kind.__name__,
+        [(f.name, f.type) if f.required else (f.name, f.type, msgspec.field(
+            default=None if isinstance(f.default, msgspec.Raw) else f.default, name=f.encode_name))
+         if f.default is not msgspec.NODEFAULT else
+         (f.name, f.type, msgspec.field(default_factory=f.default_factory, name=f.encode_name)) for f in fields],
+        kw_only=True, frozen=config.frozen, forbid_unknown_fields=config.forbid_unknown_fields,
+        array_like=config.array_like, module=kind.__module__)
+    copy.__doc__ = kind.__doc__
+    return copy
+
+
+def static_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """The document for ``routes``, without the deployed functions' paths."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, Route):
+            continue
+        for method in sorted((route.methods or set()) - {"HEAD"}):
+            paths.setdefault(route.path, {})[method.lower()] = _operation(method, route.path)
+    return {
+        "openapi": OPENAPI_VERSION,
+        "info": {"title": "Ember", "version": ember.__version__,
+                 "description": "Ember's HTTP API. Every error answers {\"error\": {...}} (ErrorBody)."},
+        "paths": paths,
+        "components": {"schemas": _components()},
+    }
+
+
+# -- the deployed functions ---------------------------------------------------------------------------------------
+
+
+def function_paths(deployments: Mapping[str, Deployment]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One path per deployed function and one for its spawn, and the component schemas their bodies refer to."""
+    paths: dict[str, Any] = {}
+    schemas: dict[str, Any] = {}
+    for app in sorted(deployments):
+        for service in deployments[app].manifest.services:
+            for fn in service.functions:
+                try:
+                    body, output = _function_schemas(app, fn, schemas)
+                except Exception:  # a schema no document can hold (too deep...): any JSON, rather than no document
+                    body, output = _json_body({}, required=fn.input_mode != "none"), {}
+                _function_operations(paths, app, fn, body, output)
+    return paths, schemas
+
+
+def _function_schemas(app: str, fn: FunctionSpec, schemas: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    found: dict[str, Any] = {}
+    if fn.input_mode == "none":
+        body = _json_body({"anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]}, required=False)
+    else:
+        body = _json_body(_hoisted(fn.input_schema, f"{app}.{fn.name}.input.", found))
+    output = _hoisted(fn.output_schema, f"{app}.{fn.name}.output.", found)
+    schemas.update(found)
+    return body, output
+
+
+def _function_operations(paths: dict[str, Any], app: str, fn: FunctionSpec, body: dict[str, Any],
+                         output: dict[str, Any]) -> None:
+    path = f"/v1/{app}/{fn.name}"
+    params = [_TIMEOUT]
+    paths[path] = {"post": {
+        "operationId": f"call {app}.{fn.name}", "summary": f"Call {app}.{fn.name}", "parameters": params,
+        "requestBody": body,
+        "responses": {"200": _answer(f"{fn.name}'s result", output, headers=_CALL_HEADERS),
+                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in _CALL_ERRORS}}}}
+    paths[path + "/spawn"] = {"post": {
+        "operationId": f"spawn {app}.{fn.name}", "summary": f"Queue a call of {app}.{fn.name}",
+        "parameters": [*params, _IDEMPOTENCY_KEY], "requestBody": body,
+        "responses": {"202": _answer("queued", _ref("SpawnReply")),
+                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in _SPAWN_ERRORS}}}}
+
+
+def _hoisted(schema: Any, prefix: str, found: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` (a JSON Schema as msgspec writes it, with its ``$defs``) with its definitions moved into ``found``
+    under ``prefix`` + their names, and its references pointed there. A reference that names nothing, or points
+    outside the schema, is dropped (that node takes any value)."""
+    if not isinstance(schema, dict):
+        return {} if schema is not False else {"not": {}}
+    defs = schema.get("$defs")
+    names = {name: _NOT_A_NAME.sub("_", prefix + name) for name in defs} if isinstance(defs, dict) else {}
+    top = _rewritten({k: v for k, v in schema.items() if k != "$defs"}, names)
+    for name, target in names.items():
+        found[target] = _rewritten(defs[name], names) if isinstance(defs, dict) else {}
+    return top if isinstance(top, dict) else {}
+
+
+def _rewritten(node: Any, names: Mapping[str, str]) -> Any:
+    if isinstance(node, list):
+        return [_rewritten(item, names) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED:
+            continue
+        if key == "$ref":
+            target = names.get(value[len(_DEFS_REF):]) if isinstance(value, str) and value.startswith(_DEFS_REF) \
+                else None
+            if target is not None:
+                out[key] = REF.format(name=target)
+            continue
+        out[key] = _rewritten(value, names)
+    return out
+
+
+# -- the route ----------------------------------------------------------------------------------------------------
+
+
+class _Cache:
+    """The static document per route table, and the encoded document for the deployments it was built from."""
+
+    def __init__(self) -> None:
+        self.static: dict[Any, dict[str, Any]] = {}
+        self.key: Any = None
+        self.body = b""
+
+    def document(self, routes: Sequence[BaseRoute], deployments: Mapping[str, Deployment]) -> bytes:
+        table = tuple((r.path, frozenset(r.methods or ())) for r in routes if isinstance(r, Route))
+        key = (table, tuple((app, dep.version, dep.created_at) for app, dep in sorted(deployments.items())))
+        if key != self.key:
+            static = self.static.get(table)
+            if static is None:
+                static = self.static[table] = static_document(routes)
+            self.body = encoder.encode(build(static, deployments))
+            self.key = key
+        return self.body
+
+
+def build(static: dict[str, Any], deployments: Mapping[str, Deployment]) -> dict[str, Any]:
+    """The whole document: ``static`` and the deployed functions' paths."""
+    paths, schemas = function_paths(deployments)
+    return {**static, "paths": {**static["paths"], **paths},
+            "components": {"schemas": {**static["components"]["schemas"], **schemas}}}
+
+
+_cache = _Cache()
+
+
+async def document(request: Request) -> Response:
+    """``GET /openapi.json``: the API, with a path per deployed function. Query parameters are ignored."""
+    deployments = platform_of(request).registry.deployments.items
+    return Response(_cache.document(request.app.routes, deployments), media_type=JSON)
