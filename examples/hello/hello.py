@@ -1,5 +1,7 @@
 """Plain-Python functions: `ember push examples/hello/hello.py`, then `ember call hello.greet --data '"Ada"'`."""
 
+import math
+
 import msgspec
 
 import ember
@@ -28,7 +30,7 @@ def add(a: int, b: int = 0) -> int:
 @app.function()
 def norm(p: Point) -> float:
     """A typed input: the body must be a Point, e.g. `{"x": 3, "y": 4}`."""
-    return (p.x**2 + p.y**2) ** 0.5
+    return math.hypot(p.x, p.y)  # no overflow for coordinates near 1e308
 
 
 @app.function(batch=ember.Batch(max_size=64, window_ms=2))

@@ -229,11 +229,11 @@ class Router:
         while True:
             remaining = pending.invocation.deadline - time.time()
             if remaining <= 0:
-                if pending.holder:
-                    raise DeadlineExceededError(f"{pending.what} did not answer within its deadline",
-                                                call_id=pending.invocation.call_id)
-                raise UnavailableError(f"no replica of {pending.what} became ready before the deadline",
-                                       retry_after_s=1.0, call_id=pending.invocation.call_id)
+                if pending.unreached:  # the last try found no replica subscribed: none is ready (a cold start)
+                    raise UnavailableError(f"no replica of {pending.what} became ready before the deadline",
+                                           retry_after_s=1.0, call_id=pending.invocation.call_id)
+                raise DeadlineExceededError(f"{pending.what} did not answer within its deadline",
+                                            call_id=pending.invocation.call_id)
             wait = min(remaining, LIVENESS_CHECK_S if pending.holder else ACK_TIMEOUT_S)
             try:
                 answer = await pending.next(wait)
@@ -244,9 +244,11 @@ class Router:
                     raise _Retry(f"replica {pending.holder} died while holding the call") from None
                 continue
             if answer is NO_RESPONDERS:
+                pending.unreached = True
                 await asyncio.sleep(min(NO_REPLICA_POLL_S, max(remaining, 0)))
                 raise _Retry("no responders", counts=False)
             assert isinstance(answer, Answer)
+            pending.unreached = False
             if answer.ack:
                 pending.holder = answer.ack
                 continue
@@ -276,6 +278,7 @@ class _Pending:
     queued: bool = False  # in the outbox: its frame has not been sent yet
     frame: str = ""  # the frame of its current attempt, once sent
     answered: bool = False
+    unreached: bool = False  # its last try found no replica subscribed (503 at the deadline, not 504)
     _inbox: deque[Answer | _NoResponders | BaseException] = field(default_factory=deque)
     _waiter: asyncio.Future[Answer | _NoResponders] | None = None
 
