@@ -56,10 +56,20 @@ def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):
                 return False
 
         wait_for(served, timeout_s=60, what="a synchronous call after losing a server")
-        after = http.post(f"{url}/v1/hello/greet/spawn", json="After").json()["call_id"]
+        after = wait_for(lambda: _spawned(http, url, "After"), timeout_s=60, what="a spawn after losing a server")
         for call_id, name in ((before, "Before"), (after, "After")):
             record = http.get(f"{url}/v1/calls/{call_id}", params={"wait": 60}).json()
             assert (record["status"], record["output"]) == ("succeeded", f"Hello, {name}!"), record
+
+
+def _spawned(http: httpx.Client, url: str, name: str) -> str | None:
+    """The new call's id; None after a clear 503 (the stream's leader moving to a live server), to retry."""
+    response = http.post(f"{url}/v1/hello/greet/spawn", json=name, headers={"Idempotency-Key": f"spawn-{name}"})
+    if response.status_code == 503:
+        assert response.headers.get("Retry-After") and response.json()["error"]["code"] == "unavailable"
+        return None
+    assert response.status_code == 202, response.text
+    return str(response.json()["call_id"])
 
 
 async def _replicas(url: str) -> dict[str, int]:

@@ -116,6 +116,9 @@ def test_schemathesis_finds_no_server_error(platform, hello, http):
     with requests.Session() as session:
         for result in schema.get_all_operations():
             operation = result.ok()
+            segments = operation.path.split("/")
+            if len(segments) > 2 and segments[2] not in (*RESERVED_APP_NAMES, "{app}", "hello"):
+                continue  # other tests' apps (they allocate, sleep, crash by design) are theirs to exercise
             operations += 1
             seen.append(f"{operation.method.upper()} {operation.path}")
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
