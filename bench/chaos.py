@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the three-server cluster of the tests
 
 from support.nats_cluster import NatsCluster  # noqa: E402
+from support.polling import wait_for  # noqa: E402
 
 from ember._client import Transport  # noqa: E402
 from ember._deploy import deploy  # noqa: E402
@@ -102,7 +103,7 @@ class Ember:
         port = self.urls[name].rsplit(":", 1)[1] if name in self.urls else "0"
         self.procs[name] = self.cluster.spawn(name, ["-m", "ember_platform", "--nats", self.cluster.url,
                                                      "--port", port, "--url-file", str(url_file)], ENV)
-        self.urls[name] = _wait(lambda: url_file.exists() and url_file.read_text(), 60, name)
+        self.urls[name] = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what=name)
 
     def start_agent(self) -> None:
         self.procs["agent"] = self.cluster.spawn("agent", ["-m", "ember_runtime", "--nats", self.cluster.url,
@@ -129,16 +130,6 @@ class Ember:
 
     def stop(self) -> None:
         self.cluster.stop()
-
-
-def _wait(probe, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"{what} did not come up within {timeout_s:.0f}s")
 
 
 def sync_worker(ember: Ember, tally: Tally, stop: threading.Event, offset: int) -> None:
