@@ -147,7 +147,7 @@ class BundleCollector:
                  limits: StorageLimits | None = None) -> None:
         self._stores, self._js, self._in_use = stores, js, in_use
         self.interval_s = interval_s if interval_s is not None else _env_s("EMBER_BUNDLE_GC_INTERVAL_S", GC_INTERVAL_S)
-        self.grace_s = grace_s if grace_s is not None else _env_s("EMBER_BUNDLE_GC_GRACE_S", GC_GRACE_S)
+        self.grace_s = grace_s if grace_s is not None else gc_grace_s()
         self._limits = limits
         self._limits_applied = False
         self._next = 0.0
@@ -176,6 +176,11 @@ class BundleCollector:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+
+
+def gc_grace_s() -> float:
+    """How recent an upload must be to be spared whatever uses it (``EMBER_BUNDLE_GC_GRACE_S``)."""
+    return _env_s("EMBER_BUNDLE_GC_GRACE_S", GC_GRACE_S)
 
 
 def _env_s(name: str, default: float) -> float:

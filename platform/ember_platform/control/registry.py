@@ -37,10 +37,9 @@ from ember.wire import (
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
 from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
-from ember_platform.control.bundle_gc import GC_GRACE_S, upload_time
+from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 
 LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
-REFRESH_AFTER_S = GC_GRACE_S / 2  # an older stored copy of an uploaded bundle is written again
 
 
 class Registry:
@@ -56,6 +55,7 @@ class Registry:
         self._log_sub: Any = None
         self._deploy_lock = asyncio.Lock()
         self._ack_wait_s = ack_wait_s
+        self._refresh_after_s = gc_grace_s() / 2  # an older stored copy of an uploaded bundle is written again
         self.calls: Calls  # set by start()
 
     async def start(self) -> None:
@@ -118,7 +118,7 @@ class Registry:
         if digest != sha256:
             raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
         uploaded = await self._uploaded_at(sha256)
-        if uploaded is not None and time.time() - uploaded < REFRESH_AFTER_S:
+        if uploaded is not None and time.time() - uploaded < self._refresh_after_s:
             return False
         await self.stores.bundles.put(sha256, data)
         return uploaded is None

@@ -24,3 +24,11 @@ def nap(seconds: float) -> float:
 
     time.sleep(seconds)  # past timeout_s the gateway answers 504, and this thread cannot be interrupted
     return seconds
+
+
+@app.function(min_replicas=2, max_replicas=2, timeout_s=60)
+def linger(seconds: float) -> float:
+    import time
+
+    time.sleep(seconds)  # holds its replica's drain when the app is deleted
+    return seconds

@@ -1,0 +1,101 @@
+"""The node agent stops replicas together (each may take its drain grace), and a bundle uploaded again long
+after its first upload is stored again, so that the collector cannot take it between a push's upload and its
+deploy."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from pathlib import Path
+
+import httpx
+import msgspec
+import nats
+import pytest
+from support.paths import TEST_APPS
+from support.platform import TestPlatform
+from support.polling import wait_for
+
+from ember._bundle import build_bundle
+from ember._client import Transport
+from ember._deploy import deploy
+from ember.wire import ReplicaStatus, subjects
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def test_replicas_being_removed_drain_together_not_one_after_another(platform, transport, http):
+    deploy(TEST_APPS / "wedge" / "wedge.py", transport=transport, timeout_s=120)
+
+    def lingering() -> list[str]:
+        services = http.get("/v1/apps/wedge").json()["services"]
+        return [r["replica_id"] for s in services if s["name"] == "linger" for r in s["replicas"]
+                if r["state"] == "ready"]
+
+    replicas = wait_for(lambda: len(lingering()) == 2 and lingering(), timeout_s=60, what="two linger replicas")
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        # Each replica holds a call that sleeps 8 s, so each one's drain takes that long.
+        calls = [pool.submit(httpx.post, f"{platform.url}/v1/wedge/linger", json=8, timeout=60) for _ in range(4)]
+        wait_for(lambda: _in_flight(http) >= 2, timeout_s=30, what="both replicas busy")
+        assert http.delete("/v1/apps/wedge").status_code == 204
+        both = wait_for(lambda: _states(platform.nats_url, replicas) == {"stopping"} or None, timeout_s=30,
+                        what="both replicas draining at once")
+        assert both
+        for call in calls:
+            call.result()
+
+
+def _in_flight(http: httpx.Client) -> int:
+    services = http.get("/v1/apps/wedge").json()["services"]
+    return sum(f["in_flight"] for s in services if s["name"] == "linger" for r in s["replicas"]
+               for f in r["functions"])
+
+
+def _states(url: str, replica_ids: list[str]) -> set[str]:
+    async def read() -> set[str]:
+        nc = await nats.connect(url)
+        try:
+            kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
+            states = set()
+            for replica_id in replica_ids:
+                try:
+                    entry = await kv.get(replica_id)
+                except Exception:
+                    states.add("gone")
+                    continue
+                states.add(msgspec.json.decode(entry.value or b"{}", type=ReplicaStatus).state)
+            return states
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_bundle_uploaded_again_after_half_the_grace_is_stored_again(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("EMBER_BUNDLE_GC_GRACE_S", "2")
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "x.py").write_text("import ember\napp = ember.App('x')\n")
+    bundle = build_bundle(tmp_path / "app")
+    with TestPlatform(tmp_path / "state") as cluster:
+        transport = Transport(cluster.url)
+        try:
+            path = f"/v1/bundles/{bundle.sha256}"
+            assert transport.request("PUT", path, content=bundle.data).status_code == 201
+            first = asyncio.run(_mtime(cluster.nats_url, bundle.sha256))
+            assert transport.request("PUT", path, content=bundle.data).status_code == 200  # fresh: kept as it is
+            assert asyncio.run(_mtime(cluster.nats_url, bundle.sha256)) == first
+            time.sleep(1.5)  # past half the grace
+            assert transport.request("PUT", path, content=bundle.data).status_code == 200
+            assert asyncio.run(_mtime(cluster.nats_url, bundle.sha256)) != first  # written again: a fresh upload
+        finally:
+            transport.close()
+
+
+async def _mtime(url: str, sha256: str) -> str:
+    nc = await nats.connect(url)
+    try:
+        store = await nc.jetstream().object_store(subjects.BUNDLES_STORE)
+        return str((await store.get_info(sha256)).mtime)
+    finally:
+        await nc.close()
