@@ -51,7 +51,6 @@ from support.polling import wait_for  # noqa: E402
 
 from ember._client import Transport  # noqa: E402
 from ember._deploy import deploy  # noqa: E402
-from ember.dev.embedded import nats_server_binary  # noqa: E402
 from ember.wire import subjects  # noqa: E402
 from ember_runtime.replica.event_headers import event_scope  # noqa: E402
 
@@ -114,19 +113,6 @@ class Ember:
         proc = self.procs.pop(name)
         proc.kill()
         proc.wait()
-
-    def restart_nats(self, index: int) -> None:
-        """Start a killed server again on its port and store, as its supervisor would."""
-        cluster = self.cluster
-        routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in cluster.route_ports)
-        log = (cluster.root / f"n{index}" / "nats.log").open("ab")
-        cluster.procs[index] = subprocess.Popen(
-            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(cluster.ports[index]), "-n", f"n{index}", "-js",
-             "-sd", str(cluster.root / f"n{index}" / "store"), "--cluster_name", "ember-test",
-             "--cluster", f"nats://127.0.0.1:{cluster.route_ports[index]}", "--routes", routes,
-             "-c", str(cluster.root / f"n{index}" / "nats.conf")],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        log.close()
 
     def stop(self) -> None:
         self.cluster.stop()
@@ -283,7 +269,7 @@ def run(ember: Ember, tmp: Path, args: argparse.Namespace) -> int:
     def nats_server() -> None:
         ember.cluster.kill(1)
         time.sleep(3)
-        ember.restart_nats(1)
+        ember.cluster.restart(1)
 
     fault("one NATS server of three (started again 3 s later)", nats_server)
     stop.set()

@@ -52,21 +52,25 @@ class NatsCluster:
     def start(self, timeout_s: float = 60.0) -> NatsCluster:
         ports = _free_ports(2 * self.size)
         self.ports, self.route_ports = ports[:self.size], ports[self.size:]
-        routes = self.route_ports
-        route_urls = ",".join(f"nats-route://127.0.0.1:{p}" for p in routes)
         for i in range(self.size):
             self.root.joinpath(f"n{i}").mkdir(parents=True, exist_ok=True)
-            conf = self.root / f"n{i}" / "nats.conf"
-            conf.write_text(NATS_CONFIG)
-            log = (self.root / f"n{i}" / "nats.log").open("ab")
-            self.procs[i] = subprocess.Popen(
-                [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.ports[i]), "-n", f"n{i}", "-js",
-                 "-sd", str(self.root / f"n{i}" / "store"), "--cluster_name", "ember-test",
-                 "--cluster", f"nats://127.0.0.1:{routes[i]}", "--routes", route_urls, "-c", str(conf)],
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
-            log.close()
+            (self.root / f"n{i}" / "nats.conf").write_text(NATS_CONFIG)
+            self.restart(i)
         asyncio.run(self._await_jetstream(timeout_s))
         return self
+
+    def restart(self, index: int) -> None:
+        """Start server ``index`` (again, after ``kill``: same port, same store), as its supervisor would."""
+        here = self.root / f"n{index}"
+        routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports)
+        log = (here / "nats.log").open("ab")
+        self.procs[index] = subprocess.Popen(
+            [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.ports[index]), "-n", f"n{index}", "-js",
+             "-sd", str(here / "store"), "--cluster_name", "ember-test",
+             "--cluster", f"nats://127.0.0.1:{self.route_ports[index]}", "--routes", routes,
+             "-c", str(here / "nats.conf")],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
+        log.close()
 
     async def _await_jetstream(self, timeout_s: float) -> None:
         """Until the cluster has elected its JetStream meta leader and can create a replicated stream."""

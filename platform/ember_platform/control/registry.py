@@ -131,11 +131,7 @@ class Registry:
         return None if info.deleted else upload_time(info.mtime)
 
     async def has_bundle(self, sha256: str) -> bool:
-        try:
-            info = await self.stores.bundles.get_info(sha256)
-        except (ObjectNotFoundError, JsNotFound):
-            return False
-        return not info.deleted
+        return await self._uploaded_at(sha256) is not None
 
     async def deploy(self, app: str, request: DeployRequest) -> Deployment:
         """Record a new version of ``app`` (or return the current one when nothing changed)."""
