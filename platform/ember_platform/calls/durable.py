@@ -38,9 +38,9 @@ _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
 # A call id is a key of the calls' KV bucket after ``s.``/``r.``: the characters NATS allows in a key, in tokens
-# that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: hex (uuid4, or
-# the sha256 of an Idempotency-Key), an event's ``Nats-Msg-Id`` (an id that is not a valid key can have no record),
-# and ``<events stream>-<sequence>``.
+# that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: random hex (uuid4,
+# with or without an Idempotency-Key; a synchronous call's 16 random bytes), an event's ``Nats-Msg-Id`` (an id that is
+# not a valid key can have no record), and ``<events stream>-<sequence>``.
 CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
 MAX_CALL_ID = 512
 _NO_SUCH_SEQUENCE = (10043, 10057)  # JetStream's errors deleting a message that is gone (or going, concurrently)
@@ -133,27 +133,33 @@ class Calls:
     # -- calls ---------------------------------------------------------------------------------------
 
     async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float) -> SpawnReply:
-        """Queue a call. With an idempotency ``key``, a repeated submit of the same body returns the first call's
-        id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by JetStream);
-        the same key with another body is a ``ConflictError`` (the record keeps the sha256 of the first body).
+        """Queue a call under a new random id. An idempotency ``key`` maps to a call id per app in KV (the first
+        writer wins; the id is random, not derived from the key): a repeated submit of the same body returns the
+        first call's id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by
+        JetStream); the same key with another body or function is a ``ConflictError`` (the record keeps the sha256
+        of the first body).
 
         A publish that fails (NATS unreachable, no ack in time) removes the status this submit created, so that no
         "queued" record waits for a message that never came, and is an ``UnavailableError`` (503, Retry-After):
         retrying is safe with an Idempotency-Key (if the message was stored after all, the retry's publish is
         deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew)."""
-        call_id = _call_id(app, function, key)
+        call_id = uuid.uuid4().hex
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
         try:
+            if key is not None:
+                call_id = await self.store.call_id_for_key(_key_hash(app, key), call_id)
             existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
                                                                  status="queued", created_at=now, updated_at=now,
                                                                  input_sha256=digest))
         except (NatsError, OSError, TimeoutError) as exc:  # NATS unreachable, or the records bucket is full
             raise UnavailableError(f"the call to {app}.{function} could not be recorded ({type(exc).__name__}: "
                                    f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
-        if existing is not None and existing.input_sha256 and existing.input_sha256 != digest:
-            raise ConflictError(f"this Idempotency-Key was used with another body for {app}.{function} (call "
-                                f"{call_id}); a new input needs a new key", field="Idempotency-Key")
+        if existing is not None and ((existing.input_sha256 and existing.input_sha256 != digest)
+                                     or existing.function != function):
+            raise ConflictError(f"this Idempotency-Key was used with another body or function in app {app!r} (call "
+                                f"{call_id}, {existing.function}); a new input needs a new key",
+                                field="Idempotency-Key")
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
         headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
@@ -178,7 +184,7 @@ class Calls:
         while True:
             record = await self.store.get(call_id)
             if record is None:
-                raise NotFoundError(f"no call {call_id!r} (unknown, or older than the results' retention)")
+                raise no_such_call(call_id)
             if record.status in FINAL_STATUSES or time.monotonic() >= give_up:
                 return record
             await asyncio.sleep(min(pause, max(give_up - time.monotonic(), 0)))
@@ -246,7 +252,11 @@ class Calls:
         return replayed
 
 
-def _call_id(app: str, function: str, key: str | None) -> str:
-    if key is None:
-        return uuid.uuid4().hex
-    return hashlib.sha256(f"{app}\0{function}\0{key}".encode()).hexdigest()[:32]
+def no_such_call(call_id: str) -> NotFoundError:
+    """The 404 of an unknown call; a call of an app the caller may not see gets it too."""
+    return NotFoundError(f"no call {call_id!r} (unknown, or older than the results' retention)")
+
+
+def _key_hash(app: str, key: str) -> str:
+    """Where an idempotency key of ``app`` is kept: a digest, since a key may hold any character."""
+    return hashlib.sha256(f"{app}\0{key}".encode()).hexdigest()

@@ -50,6 +50,21 @@ class CallStore:
         except KeyWrongLastSequenceError:
             return await self.get(record.call_id)
 
+    async def call_id_for_key(self, key_hash: str, call_id: str) -> str:
+        """The call id an idempotency key maps to (``k.<key hash>``): ``call_id`` when this writer stored the mapping
+        first, else the first writer's. The mapping expires with the records (the bucket's TTL)."""
+        while True:
+            try:
+                await self._kv.create(f"k.{key_hash}", call_id.encode())
+                return call_id
+            except KeyWrongLastSequenceError:
+                try:
+                    entry = await self._kv.get(f"k.{key_hash}")
+                except (KeyNotFoundError, NotFoundError, NoKeysError):
+                    continue  # expired between the two: try again
+                if entry.value:
+                    return bytes(entry.value).decode()
+
     async def forget(self, call_id: str) -> None:
         """Remove a call's status: a call that could not be queued after all (its id may be created again)."""
         await self._kv.delete(f"s.{call_id}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import uuid
 
 import pytest
@@ -10,13 +11,13 @@ from nats.js.kv import _is_key_valid
 
 from ember._errors import BadRequestError
 from ember.wire import subjects
-from ember_platform.calls.durable import MAX_CALL_ID, _call_id, check_call_id
+from ember_platform.calls.durable import MAX_CALL_ID, _key_hash, check_call_id
 
 
 @pytest.mark.parametrize("call_id", [
     uuid.uuid4().hex,
-    _call_id("hello", "greet", "my-key"),
-    _call_id("digits", "Classifier.predict", "\xe9t\xe9 *>"),
+    os.urandom(16).hex(),
+    f"k.{_key_hash('digits', 'é *> any key')}"[2:],  # where a key's mapping is kept is a valid key too
     hashlib.sha256(b"x").hexdigest(),
     f"{subjects.events_stream('hello', 'Classifier.predict').lower()}-17",  # an event without a Nats-Msg-Id
     "order-42", "a.b", "a/b", "a=b", "A_Z", "x" * MAX_CALL_ID,
@@ -33,3 +34,9 @@ def test_a_malformed_id_is_a_400_naming_the_field(call_id):
         check_call_id(call_id)
     assert caught.value.field == "call_id"
     assert len(str(caught.value)) < 300  # an overlong id is not echoed whole
+
+
+def test_an_idempotency_key_is_kept_under_a_digest_per_app():
+    assert _key_hash("a", "k") != _key_hash("b", "k")  # per app
+    assert _key_hash("a", "k") == _key_hash("a", "k") and len(_key_hash("a", "k")) == 64
+    assert _is_key_valid(f"k.{_key_hash('a', 'x.* >')}")
