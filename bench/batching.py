@@ -75,6 +75,7 @@ from http_latency import (  # noqa: E402  (bench/ is not a package)
     Cell,
     Connection,
     Target,
+    auth_headers,
     markdown_table,
     run_window,
     say,
@@ -479,7 +480,7 @@ def refresh(url: str, procs: Processes) -> dict[str, dict[str, Any]]:
     for model in MODELS:
         for mode in ("batched", "unbatched"):
             app = app_name(model, mode)
-            view = httpx.get(f"{url}/v1/apps/{app}", timeout=10).json()
+            view = httpx.get(f"{url}/v1/apps/{app}", timeout=10, headers=auth_headers()).json()
             ready = [r for s in view["services"] for r in s["replicas"]
                      if r["state"] == "ready" and r["version"] == view["version"]]
             procs.replicas[app] = [r["pid"] for r in ready]
@@ -499,7 +500,7 @@ def _sum_stats(functions: list[dict[str, Any]]) -> dict[str, Any]:
 async def measure_cell(model: str, mode: str, target: Target, concurrency: int, plan: Plan, procs: Processes,
                        stats: dict[str, dict[str, Any]], profile_dir: Path | None) -> Row:
     app = app_name(model, mode)
-    conns = [await Connection.open(target.url) for _ in range(concurrency)]
+    conns = [await Connection.open(target.url, target.token) for _ in range(concurrency)]
     try:
         await run_window(None, conns, target.bodies, plan.warmup_s, plan.max_requests)
         server = [procs.bare[model]] if mode == "bare inline" else procs.replicas.get(app, [])
@@ -803,6 +804,7 @@ def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
 
         say(f"starting the platform in {platform.state_dir}")
         platform.start()
+        os.environ["EMBER_TOKEN"] = platform.token  # for the SDK's transport and the load generator
         deploy_all(platform.url, files)
         procs = Processes(gateway=platform._procs["platform"].pid, nats=platform._procs["nats"].pid,
                           agent=platform._procs["agent"].pid)
@@ -815,7 +817,7 @@ def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
         targets = {}
         for model in MODELS:
             targets[model, "bare inline"] = Target(f"{model} bare inline", f"{bare_urls[model]}/predict", bodies,
-                                                   is_ember=False)
+                                                   is_ember=False, token="")
             for mode in ("batched", "unbatched"):
                 targets[model, mode] = Target(f"{model} {mode}",
                                               f"{platform.url}/v1/{app_name(model, mode)}/Classifier.predict",

@@ -101,8 +101,10 @@ class Ember:
         url_file.unlink(missing_ok=True)
         port = self.urls[name].rsplit(":", 1)[1] if name in self.urls else "0"
         self.procs[name] = self.cluster.spawn(name, ["-m", "ember_platform", "--nats", self.cluster.url,
-                                                     "--port", port, "--url-file", str(url_file)], ENV)
+                                                     "--port", port, "--url-file", str(url_file),
+                                                     "--bootstrap-token-file", str(self.root / "token")], ENV)
         self.urls[name] = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what=name)
+        os.environ["EMBER_TOKEN"] = (self.root / "token").read_text().strip()  # the admin token, for every call
 
     def start_agent(self) -> None:
         self.procs["agent"] = self.cluster.spawn("agent", ["-m", "ember_runtime", "--nats", self.cluster.url,
@@ -121,7 +123,7 @@ class Ember:
 def sync_worker(ember: Ember, tally: Tally, stop: threading.Event, offset: int) -> None:
     names = ["cp-a", "cp-b"]
     turn = offset
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=auth()) as http:
         while not stop.is_set():
             name = names[turn % 2]
             started = time.monotonic()
@@ -148,7 +150,7 @@ def sync_worker(ember: Ember, tally: Tally, stop: threading.Event, offset: int) 
 def spawner(ember: Ember, ids: list[str], tally: Tally, stop: threading.Event, rate: float) -> None:
     names = ["cp-a", "cp-b"]
     turn = 0
-    with httpx.Client(timeout=30) as http:
+    with httpx.Client(timeout=30, headers=auth()) as http:
         while not stop.is_set():
             try:
                 response = http.post(f"{ember.urls[names[turn % 2]]}/v1/chaos/echo/spawn", json=turn,
@@ -188,8 +190,13 @@ async def publisher(url: str, ids: list[str], tally: Tally, stop: threading.Even
     await nc.close()
 
 
+def auth() -> dict[str, str]:
+    """The admin token's header (the control planes' bootstrap token, in ``EMBER_TOKEN`` once they run)."""
+    return {"Authorization": f"Bearer {os.environ['EMBER_TOKEN']}"}
+
+
 def replica_pid(url: str) -> int:
-    app = httpx.get(f"{url}/v1/apps/chaos", timeout=10).json()
+    app = httpx.get(f"{url}/v1/apps/chaos", timeout=10, headers=auth()).json()
     pids = [r["pid"] for s in app["services"] if s["name"] == "echo" for r in s["replicas"] if r["state"] == "ready"]
     return pids[0]
 
@@ -198,7 +205,7 @@ def active_control_plane(ember: Ember) -> str:
     for name, url in ember.urls.items():
         if name in ember.procs:
             try:
-                if httpx.get(f"{url}/v1/status", timeout=5).json().get("active"):
+                if httpx.get(f"{url}/v1/status", timeout=5, headers=auth()).json().get("active"):
                     return name
             except httpx.HTTPError:
                 continue
@@ -285,7 +292,7 @@ def run(ember: Ember, tmp: Path, args: argparse.Namespace) -> int:
 def settle(ember: Ember, ids: list[str], tally: Tally) -> None:
     """Wait for every accepted spawned call to reach a final status (long polls), then count them."""
     give_up = time.monotonic() + 180  # what is not final by then is counted lost
-    with httpx.Client(timeout=90) as http:
+    with httpx.Client(timeout=90, headers=auth()) as http:
         for call_id in ids:
             wait = max(0.0, min(60.0, give_up - time.monotonic()))
             for name in ("cp-a", "cp-b"):

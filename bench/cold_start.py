@@ -26,6 +26,7 @@ Usage
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import signal
 import statistics
@@ -44,6 +45,11 @@ DIGITS = ROOT / "examples" / "digits"
 IMAGE = {"pixels": [0.0] * 64}
 TARGET_RATIO = 30.0  # a zygote start at least this many times faster than a cold one
 TARGET_ZYGOTE_MS = 50.0  # and under this, decision to first served call
+
+
+def auth_headers() -> dict[str, str]:
+    """The ``Authorization`` header of ``$EMBER_TOKEN``: the platform's admin token, once it runs."""
+    return {"Authorization": f"Bearer {os.environ['EMBER_TOKEN']}"} if os.environ.get("EMBER_TOKEN") else {}
 
 
 def say(message: str) -> None:
@@ -71,7 +77,7 @@ class Caller(threading.Thread):
         self.stop = threading.Event()
 
     def run(self) -> None:
-        with httpx.Client(base_url=self.url, timeout=120) as client:
+        with httpx.Client(base_url=self.url, timeout=120, headers=auth_headers()) as client:
             while not self.stop.is_set():
                 try:
                     client.post(f"/v1/{self.app}/Classifier.predict", json=IMAGE)
@@ -80,7 +86,7 @@ class Caller(threading.Thread):
 
 
 def replicas(url: str, app: str) -> list[dict[str, Any]]:
-    view = httpx.get(f"{url}/v1/apps/{app}", timeout=10).json()
+    view = httpx.get(f"{url}/v1/apps/{app}", timeout=10, headers=auth_headers()).json()
     return [r for s in view["services"] for r in s["replicas"] if r["version"] == view["version"]]
 
 
@@ -153,6 +159,7 @@ def run(repeats: int) -> None:
     try:
         plain, snap = write_apps(work)
         platform.start()
+        os.environ["EMBER_TOKEN"] = platform.token  # for the SDK's transport and the raw calls here
         url = platform.url
         say(f"platform at {url}")
         for app in ("cs-plain", "cs-snap"):
@@ -176,7 +183,7 @@ def run(repeats: int) -> None:
         # Each kind is measured under the same load: its own caller alone.
         callers[0].stop.set()
         callers[0].join(timeout=30)
-        httpx.delete(f"{url}/v1/apps/cs-plain", timeout=30).raise_for_status()
+        httpx.delete(f"{url}/v1/apps/cs-plain", timeout=30, headers=auth_headers()).raise_for_status()
 
         say("zygote: scale-ups of the snap app, forked from the zygote the node preloaded")
         deploy(url, snap, "cs-snap")
@@ -193,7 +200,7 @@ def run(repeats: int) -> None:
 
 
 def zygote_ready(url: str, app: str) -> bool:
-    view = httpx.get(f"{url}/v1/status", params={"app": app}, timeout=10).json()
+    view = httpx.get(f"{url}/v1/status", params={"app": app}, timeout=10, headers=auth_headers()).json()
     return any(z["state"] == "ready" for n in view["nodes"] for z in n.get("zygotes", []) if z["app"] == app)
 
 
@@ -204,7 +211,7 @@ def scale_ups(url: str, app: str, repeats: int) -> list[Start]:
         old = {r["pid"] for r in replicas(url, app)}
         at = time.time()
         bounds = {"service": "Classifier", "min_replicas": len(old) + 1, "max_replicas": len(old) + 1}
-        httpx.post(f"{url}/v1/apps/{app}/scale", json=bounds, timeout=10).raise_for_status()
+        httpx.post(f"{url}/v1/apps/{app}/scale", json=bounds, timeout=10, headers=auth_headers()).raise_for_status()
         out.append(new_start(url, app, old, at, "scale-up"))
     return out
 

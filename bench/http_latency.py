@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import shutil
 import signal
 import socket
@@ -74,6 +75,7 @@ class Target:
     url: str
     bodies: list[bytes]  # sent round-robin
     is_ember: bool
+    token: str | None = None  # sent as Authorization: Bearer; None: $EMBER_TOKEN (set once the platform runs)
 
 
 @dataclass
@@ -179,17 +181,20 @@ def stop_process(proc: subprocess.Popen[bytes], grace_s: float = 15.0) -> None:
 class Connection:
     """One keep-alive HTTP/1.1 connection that sends one request at a time."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, url: str) -> None:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, url: str,
+                 token: str | None = None) -> None:
         parts = urlsplit(url)
         self._reader, self._writer = reader, writer
-        self._head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+        token = os.environ.get("EMBER_TOKEN", "") if token is None else token
+        self._auth = f"Authorization: Bearer {token}\r\n" if token else ""
+        self._head = (f"POST {parts.path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{self._auth}"
                       "Content-Type: application/json\r\nContent-Length: ").encode()
 
     @classmethod
-    async def open(cls, url: str) -> Connection:
+    async def open(cls, url: str, token: str | None = None) -> Connection:
         parts = urlsplit(url)
         reader, writer = await asyncio.open_connection(parts.hostname, parts.port)
-        return cls(reader, writer, url)
+        return cls(reader, writer, url, token)
 
     async def post(self, body: bytes) -> tuple[int, dict[str, str]]:
         """Send ``body``; return the status and the (lower-cased) headers once the whole answer is read."""
@@ -242,7 +247,7 @@ async def run_window(cell: Cell | None, conns: list[Connection], bodies: list[by
 
 async def measure(target: Target, concurrency: int, plan: Plan) -> Cell:
     """Warm up, then measure ``target`` with ``concurrency`` closed-loop connections."""
-    conns = [await Connection.open(target.url) for _ in range(concurrency)]
+    conns = [await Connection.open(target.url, target.token) for _ in range(concurrency)]
     try:
         await run_window(None, conns, target.bodies, plan.warmup_s, plan.max_requests)
         cell = Cell(target, concurrency)
@@ -270,22 +275,24 @@ def digits_bodies() -> list[bytes]:
     return [json.dumps({"pixels": s["pixels"]}).encode() for s in samples]
 
 
-def make_targets(bare_url: str, ember_url: str) -> list[Target]:
+def make_targets(bare_url: str, ember_url: str, token: str) -> list[Target]:
     echo_body = [json.dumps({"message": "hello", "n": 42}).encode()]
     return [
-        Target("bare echo", f"{bare_url}/echo", echo_body, is_ember=False),
-        Target("hello.echo", f"{ember_url}/v1/hello/echo", echo_body, is_ember=True),
-        Target("digits.predict", f"{ember_url}/v1/digits/Classifier.predict", digits_bodies(), is_ember=True),
+        Target("bare echo", f"{bare_url}/echo", echo_body, is_ember=False, token=""),
+        Target("hello.echo", f"{ember_url}/v1/hello/echo", echo_body, is_ember=True, token=token),
+        Target("digits.predict", f"{ember_url}/v1/digits/Classifier.predict", digits_bodies(), is_ember=True,
+               token=token),
     ]
 
 
-def deploy_examples(url: str) -> None:
+def deploy_examples(url: str, token: str,
+                    paths: tuple[str, ...] = ("examples/hello/hello.py", "examples/digits/classifier.py")) -> None:
     import ember
     from ember._client import Transport
 
-    transport = Transport(url)
+    transport = Transport(url, token=token)
     try:
-        for path in ("examples/hello/hello.py", "examples/digits/classifier.py"):
+        for path in paths:
             say(f"deploying {path}")
             ember.deploy(ROOT / path, transport=transport, timeout_s=180)
     finally:
@@ -319,6 +326,12 @@ def markdown_table(rows: list[list[str]]) -> str:
     return "\n".join([line(rows[0]), rule, *(line(row) for row in rows[1:])])
 
 
+def auth_headers() -> dict[str, str]:
+    """The ``Authorization`` header of ``$EMBER_TOKEN`` (each benchmark sets it to its platform's admin token)."""
+    token = os.environ.get("EMBER_TOKEN", "")
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
 def say(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
@@ -334,9 +347,9 @@ def run(plan: Plan) -> None:
     try:
         say(f"starting the platform in {state_dir}")
         platform.start()
-        deploy_examples(platform.url)
+        deploy_examples(platform.url, platform.token)
         echo_proc, bare_url = start_echo_server()
-        cells = ember_loop.run(measure_all(make_targets(bare_url, platform.url), plan))
+        cells = ember_loop.run(measure_all(make_targets(bare_url, platform.url, platform.token), plan))
         print(render_table(cells))
     except Exception:
         keep_logs = True

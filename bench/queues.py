@@ -78,7 +78,7 @@ from batching import (  # noqa: E402
     deploy_all,
     sample_bodies,
 )
-from http_latency import Connection, Target, markdown_table, say  # noqa: E402
+from http_latency import Connection, Target, auth_headers, markdown_table, say  # noqa: E402
 
 MODEL = "digits"
 VARIANTS = ("batched", "unbatched")
@@ -112,8 +112,8 @@ class ApiConnection(Connection):
         self._host = urlsplit(url).netloc
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
-        self._writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self._host}\r\nContent-Type: application/json\r\n"
-                           f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        self._writer.write(f"{method} {path} HTTP/1.1\r\nHost: {self._host}\r\n{self._auth}"
+                           f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         head = (await self._reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         status = int(head[0].split(" ", 2)[1])
         length = None
@@ -249,7 +249,7 @@ def read_metrics(url: str, app: str) -> dict[str, float]:
     """Sums over the app's replicas of the ``ember_batch_size`` and ``ember_calls_total`` series."""
     import httpx
 
-    text = httpx.get(f"{url}/metrics", timeout=10).text
+    text = httpx.get(f"{url}/metrics", timeout=10, headers=auth_headers()).text
     wanted = ("ember_batch_size_sum", "ember_batch_size_count", "ember_calls_total",
               "ember_queue_wait_seconds_sum", "ember_queue_wait_seconds_count")
     out = dict.fromkeys(wanted, 0.0)
@@ -274,7 +274,7 @@ def metrics_delta(before: dict[str, float], after: dict[str, float]) -> dict[str
 def replica_pids(url: str, app: str) -> list[int]:
     import httpx
 
-    view = httpx.get(f"{url}/v1/apps/{app}", timeout=10).json()
+    view = httpx.get(f"{url}/v1/apps/{app}", timeout=10, headers=auth_headers()).json()
     return [r["pid"] for s in view["services"] for r in s["replicas"]
             if r["state"] == "ready" and r["version"] == view["version"]]
 
@@ -415,6 +415,7 @@ def run(plan: Plan, args: argparse.Namespace) -> None:
         files = write_apps(work / "apps")
         say(f"starting the platform in {platform.state_dir}")
         platform.start()
+        os.environ["EMBER_TOKEN"] = platform.token  # for the SDK's transport and the load generator
         deploy_all(platform.url, files)
         procs = Processes(gateway=platform._procs["platform"].pid, nats=platform._procs["nats"].pid,
                           agent=platform._procs["agent"].pid)

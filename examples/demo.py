@@ -29,13 +29,14 @@ APPS = [HERE / "hello" / "hello.py", HERE / "digits" / "classifier.py", HERE / "
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ember-demo-") as state, EmbeddedPlatform(Path(state)) as platform:
         print(f"Ember is up at {platform.url} (NATS {platform.nats_url})\n")
-        transport = Transport(platform.url)
+        auth = {"Authorization": f"Bearer {platform.token}"}  # its admin token (also in <state>/token)
+        transport = Transport(platform.url, token=platform.token)
         for app in APPS:
             started = time.monotonic()
             view = ember.deploy(app, transport=transport)
             print(f"pushed {app.relative_to(HERE.parent)} -> {view.app} v{view.version}, "
                   f"ready in {time.monotonic() - started:.1f}s")
-        with httpx.Client(base_url=platform.url, timeout=60) as http:
+        with httpx.Client(base_url=platform.url, timeout=60, headers=auth) as http:
             show_calls(http, transport)
             latency_table(http, platform.url)
         transport.close()
@@ -79,13 +80,15 @@ def latency_table(http: httpx.Client, url: str) -> None:
             started = time.perf_counter()
             http.post(path, json=body).raise_for_status()
             times.append((time.perf_counter() - started) * 1000)
-        rate, batch = burst(url, path, body)
+        rate, batch = burst(url, path, body, http.headers)
         q = statistics.quantiles(times, n=100)
         print(f"  {name:<32} {q[49]:>7.2f} {q[94]:>7.2f} {rate:>14.0f} {batch:>11.1f}")
 
 
-def burst(url: str, path: str, body: object, calls: int = 256, concurrency: int = 32) -> tuple[float, float]:
-    with httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=concurrency)) as client:
+def burst(url: str, path: str, body: object, headers: httpx.Headers, calls: int = 256,
+          concurrency: int = 32) -> tuple[float, float]:
+    with httpx.Client(base_url=url, timeout=60, headers=headers,
+                      limits=httpx.Limits(max_connections=concurrency)) as client:
         def one(_: int) -> int:
             response = client.post(path, json=body)
             response.raise_for_status()

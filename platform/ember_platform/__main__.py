@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
 from ember import _loop as ember_loop
+from ember_platform.auth.bootstrap import first_token_banner, loopback_only, read_token_file
 from ember_platform.config import Settings
 from ember_platform.gateway.asgi import create_app
 
@@ -20,12 +23,19 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700, help="0 picks a free port")
     parser.add_argument("--url-file", type=Path, help="write the served URL here once listening")
+    parser.add_argument("--bootstrap-token-file", type=Path, default=None,
+                        help="a file holding an admin token (mode 0600; written first if missing): its record is "
+                             "ensured at start ($EMBER_BOOTSTRAP_TOKEN_FILE)")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="check no tokens: every request may do everything (refused unless --host is loopback)")
     args = parser.parse_args()
+    _check_auth(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s platform %(levelname)s %(message)s")
-    settings = Settings(**({"nats_url": args.nats} if args.nats else {}))
+    settings = Settings(**({"nats_url": args.nats} if args.nats else {}), **_auth_settings(args))
 
     # uvicorn binds the port itself: sockets handed to it skip TCP_NODELAY, costing 40 ms per kept-alive call.
-    config = uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="warning",
+    config = uvicorn.Config(create_app(settings, on_first_token=_announce), host=args.host, port=args.port,
+                            log_level="warning",
                             access_log=False, timeout_graceful_shutdown=10,
                             proxy_headers=False)  # nothing reads the client's address; saves a layer per call
     server = uvicorn.Server(config)
@@ -45,6 +55,31 @@ def main() -> None:
         await task
 
     ember_loop.run(serve())
+
+
+def _check_auth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 with a clear message for a setting that would expose the platform or cannot work."""
+    if args.insecure_no_auth and not loopback_only(args.host):
+        parser.error(f"--insecure-no-auth lets anyone who reaches the port run code on every node: it is refused on "
+                     f"--host {args.host}; use a loopback address (127.0.0.1, ::1), or tokens")
+    path = args.bootstrap_token_file or (Path(os.environ["EMBER_BOOTSTRAP_TOKEN_FILE"])
+                                         if os.environ.get("EMBER_BOOTSTRAP_TOKEN_FILE") else None)
+    if path is not None:
+        try:
+            read_token_file(path)
+        except (OSError, ValueError) as exc:
+            parser.error(f"--bootstrap-token-file: {exc}")
+
+
+def _auth_settings(args: argparse.Namespace) -> dict[str, Any]:
+    settings: dict[str, Any] = {"auth": not args.insecure_no_auth}
+    if args.bootstrap_token_file is not None:
+        settings["bootstrap_token_file"] = str(args.bootstrap_token_file)
+    return settings
+
+
+def _announce(token: str) -> None:
+    print(first_token_banner(token), flush=True)
 
 
 if __name__ == "__main__":

@@ -21,3 +21,6 @@ class Settings:
     max_bundle_files: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_FILES", 10_000))
     ack_wait_s: float = field(default_factory=lambda: float(os.environ.get("EMBER_ACK_WAIT_S", 30)))
     log_lines_kept: int = 2000
+    auth: bool = True  # False (--insecure-no-auth, loopback addresses only): no route checks a token
+    # An admin token's file (--bootstrap-token-file): its record is ensured at start; written first if missing.
+    bootstrap_token_file: str = field(default_factory=lambda: os.environ.get("EMBER_BOOTSTRAP_TOKEN_FILE", ""))

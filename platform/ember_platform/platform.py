@@ -5,6 +5,8 @@ from __future__ import annotations
 from nats.aio.client import Client
 
 from ember.wire.jetstream import connect
+from ember_platform.auth.bootstrap import bootstrap
+from ember_platform.auth.tokens import TokenStore
 from ember_platform.calls.router import Router
 from ember_platform.config import Settings
 from ember_platform.control.lease import Lease
@@ -26,6 +28,8 @@ class Platform:
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
                                    lease=Lease(nc.jetstream()))
+        self.tokens = TokenStore(registry.stores.tokens, enabled=settings.auth)
+        self.first_token: str | None = None  # an installation's first admin token, created by this start
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -34,6 +38,7 @@ class Platform:
         try:
             await registry.start()
             platform = cls(settings, nc, registry)
+            platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
             await platform.router.start()
             await platform.control.start()
         except BaseException:
@@ -46,6 +51,7 @@ class Platform:
         await self.control.stop_acting()
         await self.router.stop()
         await self.registry.stop()
+        await self.tokens.stop()
         await self.nc.drain()
 
     def ready(self) -> bool:

@@ -71,15 +71,15 @@ class App:
                  batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
                  buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
-                 target_p95_ms: float | None = None,
-                 startup_timeout_s: float = 600.0) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
+                 public: bool = False) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
                  scaledown_window_s: float = 60.0, memory: int | str | None = None,
-                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0) -> Any:
+                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -103,6 +103,8 @@ class App:
                 run time: while it is exceeded and calls queue, the autoscaler adds replicas. ``None``: no target.
             startup_timeout_s: how long a replica's start (the app's import and its setup) may take; a start
                 that takes longer counts as a failed setup (three in a row and the version is failed).
+            public: its synchronous call (``POST /v1/<app>/<fn>``) needs no token: a public endpoint. Its spawn,
+                its calls' records, logs and everything else of the app still need one.
         """
         if fn is not None:
             return self.function()(fn)
@@ -111,6 +113,7 @@ class App:
         resources |= _host_memory("@app.function", memory)
         resources |= _startup("@app.function", startup_timeout_s)
         _check_batch("@app.function", batch, cost)
+        _check_public("@app.function", public)
         triggers = _check_events("@app.function", on, result_subject)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
@@ -121,7 +124,7 @@ class App:
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
             function = _function_spec(raw.__name__, raw.__name__, io, batch)
-            function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject)
+            function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject, public=public)
             spec = ServiceSpec(name=raw.__name__, kind="function", functions=[function], **resources)
             self._register(spec, handle)
             return handle
@@ -155,7 +158,8 @@ class App:
             methods = {name: m for name, m in members(cls) if isinstance(m, _MethodDef)}
             if not methods:
                 raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")
-            functions = [_function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch) for name, m in methods.items()]
+            functions = [msgspec.structs.replace(_function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch),
+                                                 public=m.public) for name, m in methods.items()]
             spec = ServiceSpec(name=cls.__name__, kind="class", functions=functions, snap=has_snap_setup(cls),
                                **resources)
             cls.__ember_app__ = self.name  # type: ignore[attr-defined]
@@ -189,10 +193,12 @@ class App:
 class _MethodDef:
     """What ``@ember.method`` leaves in a class body; a descriptor that hands out method handles."""
 
-    def __init__(self, raw: Callable[..., Any], batch: Batch | None, cost: Callable[[Any], float] | None) -> None:
+    def __init__(self, raw: Callable[..., Any], batch: Batch | None, cost: Callable[[Any], float] | None,
+                 public: bool = False) -> None:
         self.raw = raw
         self.batch = batch
         self.cost = cost
+        self.public = public
         self.io = CallIO.of(raw, batched=batch is not None, is_method=True)
         self.attr = raw.__name__
         self.__doc__ = raw.__doc__
@@ -209,22 +215,25 @@ class _MethodDef:
 @overload
 def method(fn: Callable[..., Any], /) -> Any: ...
 @overload
-def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None
+def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None, public: bool = False
            ) -> Callable[[Callable[..., Any]], Any]: ...
 
 
-def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any], float] | None = None) -> Any:
+def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any], float] | None = None,
+           public: bool = False) -> Any:
     """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs.
 
     ``cost=`` gives the cost of one input of a batched method (batches stay under ``batch.max_cost``).
+    ``public=True``: its synchronous call (``POST /v1/<app>/<Class>.<method>``) needs no token.
     """
     _check_batch("@ember.method", batch, cost)
+    _check_public("@ember.method", public)
 
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
         _check_name("@ember.method", raw.__name__)
-        return _MethodDef(raw, batch, cost)
+        return _MethodDef(raw, batch, cost, public)
 
     return decorate(fn) if fn is not None else decorate
 
@@ -257,6 +266,11 @@ def _check_events(where: str, on: Any, result_subject: Any) -> list[str]:
     if result_subject is not None and not subjects:
         raise InvalidSpecError(f"{where}(result_subject=...): only events have result subjects; add on=...")
     return subjects
+
+
+def _check_public(where: str, public: Any) -> None:
+    if not isinstance(public, bool):
+        raise InvalidSpecError(f"{where}(public={public!r}): public is True or False")
 
 
 def _check_name(where: str, name: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
-import os
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from urllib.parse import quote
 
 import msgspec
 
+from ember._credentials import platform_token, platform_url
 from ember._errors import DeadlineExceededError, EmberError, PlatformUnreachableError
 from ember.wire import (
     HTTP_TIMEOUT_HEADER,
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
     import httpx
 
-DEFAULT_URL = "http://127.0.0.1:8700"
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _LONG_POLL_MARGIN_S = 30.0  # a long poll's HTTP read timeout exceeds its wait by this much
 _error_decoder = msgspec.json.Decoder(ErrorBody)
@@ -46,11 +45,6 @@ _record_decoder = msgspec.json.Decoder(CallRecord)
 _dead_decoder = msgspec.json.Decoder(list[DeadLetter])
 _replay_decoder = msgspec.json.Decoder(ReplayReply)
 T = TypeVar("T")
-
-
-def platform_url() -> str:
-    """The platform's base URL: ``EMBER_URL``, or the local development platform."""
-    return os.environ.get("EMBER_URL", DEFAULT_URL).rstrip("/")
 
 
 @dataclass(frozen=True)
@@ -119,13 +113,19 @@ def _call_path(call_id: str) -> str:
 
 
 class Transport:
-    """Speaks the platform's HTTP API; thread-safe, one connection pool per instance."""
+    """Speaks the platform's HTTP API; thread-safe, one connection pool per instance.
 
-    def __init__(self, url: str | None = None, *, timeout_s: float = 300.0) -> None:
+    ``token`` is sent as ``Authorization: Bearer``; by default ``EMBER_TOKEN``, else the one ``ember login`` saved
+    for ``url``; "" sends none.
+    """
+
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout_s: float = 300.0) -> None:
         import httpx
 
         self.url = (url or platform_url()).rstrip("/")
+        self.token = token if token is not None else (platform_token(self.url) or "")
         self._client = httpx.Client(base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0),
+                                    headers=_auth_headers(self.token),
                                     limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
     def close(self) -> None:
@@ -156,13 +156,20 @@ class AsyncTransport:
     ``.remote.aio`` call, one whole ``.map.aio`` stream) opens its own and closes it when done.
     """
 
-    def __init__(self, url: str | None = None, *, timeout_s: float = 300.0) -> None:
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout_s: float = 300.0) -> None:
         import httpx
 
         self.url = (url or platform_url()).rstrip("/")
+        self.token = token if token is not None else (platform_token(self.url) or "")
         self._client = httpx.AsyncClient(
             base_url=self.url, timeout=httpx.Timeout(timeout_s, connect=5.0), verify=_ssl_context(),
+            headers=_auth_headers(self.token),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+
+    @classmethod
+    def like(cls, transport: Transport | None) -> AsyncTransport:
+        """An async transport to the platform and with the token of ``transport`` (the defaults when None)."""
+        return cls(transport.url, token=transport.token) if transport is not None else cls()
 
     async def __aenter__(self) -> AsyncTransport:
         return self
@@ -183,6 +190,10 @@ class AsyncTransport:
         with _mapped_errors(self.url, method, path):
             response = await self._client.request(method, path, **kwargs)
         return _checked(response)
+
+
+def _auth_headers(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 @functools.cache
@@ -232,7 +243,7 @@ def _error_from(response: httpx.Response) -> EmberError:
     return error_from_info(info)
 
 
-_transports: dict[str, Transport] = {}
+_transports: dict[tuple[str, str], Transport] = {}
 _lock = threading.Lock()
 
 
@@ -245,9 +256,10 @@ def _close_transports() -> None:
 
 
 def default_transport() -> Transport:
-    """The shared transport for the current ``EMBER_URL``."""
+    """The shared transport for the current ``EMBER_URL`` and token."""
     url = platform_url()
+    key = (url, platform_token(url) or "")
     with _lock:
-        if url not in _transports:
-            _transports[url] = Transport(url)
-        return _transports[url]
+        if key not in _transports:
+            _transports[key] = Transport(url, token=key[1])
+        return _transports[key]

@@ -45,6 +45,29 @@ class BadRequestError(EmberError):
     http_status = 400
 
 
+class UnauthenticatedError(EmberError):
+    """The platform did not accept the request's token: none was sent, or it is malformed, unknown, revoked or
+    expired (HTTP 401). Set ``EMBER_TOKEN``, or run ``ember login``.
+
+    Example:
+        >>> try:
+        ...     ember.lookup("hello", "greet").remote("Ada")
+        ... except ember.UnauthenticatedError as exc:
+        ...     print(exc)  # missing Authorization header: ... (at Authorization)
+    """
+
+    code = "unauthenticated"
+    http_status = 401
+
+
+class ForbiddenError(EmberError):
+    """The token is valid but lacks the scope the request needs (HTTP 403): for example an ``invoke`` token
+    that tries to deploy. An app the token may not see at all answers ``NotFoundError`` instead."""
+
+    code = "forbidden"
+    http_status = 403
+
+
 class NotFoundError(EmberError):
     """The app, function or call does not exist."""
 
@@ -121,9 +144,9 @@ class PlatformUnreachableError(EmberError, builtins.ConnectionError):
 
 _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
-    for cls in (EmberError, InvalidSpecError, BadRequestError, NotFoundError, ConflictError, InvalidInputError,
-                PayloadTooLargeError, OverloadedError, UnavailableError, DeadlineExceededError,
-                RemoteError, PlatformUnreachableError)
+    for cls in (EmberError, InvalidSpecError, BadRequestError, UnauthenticatedError, ForbiddenError, NotFoundError,
+                ConflictError, InvalidInputError, PayloadTooLargeError, OverloadedError, UnavailableError,
+                DeadlineExceededError, RemoteError, PlatformUnreachableError)
 }
 
 # The public name (``ember.ConnectionError``), kept for compatibility; inside Ember the class goes by the name

@@ -229,7 +229,7 @@ class FunctionCall:
         return self._transport or default_transport()
 
     def _async_transport(self) -> AsyncTransport:
-        return AsyncTransport(self._transport.url if self._transport else None)
+        return AsyncTransport.like(self._transport)
 
 
 class _Poll:

@@ -218,7 +218,7 @@ class FunctionHandle:
         return self._transport or default_transport()
 
     def _async_transport(self) -> AsyncTransport:
-        return AsyncTransport(self._transport.url if self._transport else None)
+        return AsyncTransport.like(self._transport)
 
 
 class Function(FunctionHandle, Generic[P, R]):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.auth import authed_client
 from support.paths import REPO
 from support.platform import TestPlatform
 
@@ -29,22 +30,23 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
 
 @pytest.fixture(scope="session")
 def transport(platform: EmbeddedPlatform) -> Iterator[Transport]:
-    t = Transport(platform.url)
+    t = Transport(platform.url, token=platform.token)
     yield t
     t.close()
 
 
 @pytest.fixture
 def ember_url(platform: EmbeddedPlatform, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Points the SDK's default transport (EMBER_URL) at the session platform."""
+    """Points the SDK's default transport (EMBER_URL, EMBER_TOKEN) at the session platform."""
     monkeypatch.setenv("EMBER_URL", platform.url)
+    monkeypatch.setenv("EMBER_TOKEN", platform.token)
     return platform.url
 
 
 @pytest.fixture(scope="session")
 def http(platform: EmbeddedPlatform) -> Iterator[httpx.Client]:
-    with httpx.Client(base_url=platform.url, timeout=60) as client:
-        yield client
+    with authed_client(platform) as http_client:
+        yield http_client
 
 
 class Deployer:
@@ -75,15 +77,19 @@ def probe(deployed: Deployer) -> AppView:
     return deployed(REPO / "tests" / "apps" / "probe" / "probe.py")
 
 
-def _run_cli(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _run_cli(*args: str, url: str, token: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([sys.executable, "-m", "ember.cli", *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "EMBER_URL": url})
+                          env={**os.environ, "EMBER_URL": url, "EMBER_TOKEN": token})
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
 
 
 @pytest.fixture(scope="session")
-def ember_cli() -> Callable[..., subprocess.CompletedProcess[str]]:
-    """Runs the `ember` CLI in a subprocess against ``url``; asserts success unless ``check=False``."""
-    return _run_cli
+def ember_cli(platform: EmbeddedPlatform) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs the `ember` CLI in a subprocess against ``url`` with ``token`` (the session platform's admin token unless
+    given); asserts success unless ``check=False``."""
+    def run(*args: str, url: str, token: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return _run_cli(*args, url=url, token=platform.token if token is None else token, check=check)
+
+    return run

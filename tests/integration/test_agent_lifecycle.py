@@ -13,6 +13,7 @@ import httpx
 import msgspec
 import nats
 import pytest
+from support.auth import bearer
 from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -36,7 +37,8 @@ def test_replicas_being_removed_drain_together_not_one_after_another(platform, t
     replicas = wait_for(lambda: len(lingering()) == 2 and lingering(), timeout_s=60, what="two linger replicas")
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         # Each replica holds a call that sleeps 8 s, so each one's drain takes that long.
-        calls = [pool.submit(httpx.post, f"{platform.url}/v1/wedge/linger", json=8, timeout=60) for _ in range(4)]
+        calls = [pool.submit(httpx.post, f"{platform.url}/v1/wedge/linger", json=8, timeout=60,
+                             headers=bearer(platform.token)) for _ in range(4)]
         wait_for(lambda: _in_flight(http) >= 2, timeout_s=30, what="both replicas busy")
         assert http.delete("/v1/apps/wedge").status_code == 204
         both = wait_for(lambda: _states(platform.nats_url, replicas) == {"stopping"} or None, timeout_s=30,
@@ -78,7 +80,7 @@ def test_a_bundle_uploaded_again_after_half_the_grace_is_stored_again(tmp_path: 
     (tmp_path / "app" / "x.py").write_text("import ember\napp = ember.App('x')\n")
     bundle = build_bundle(tmp_path / "app")
     with TestPlatform(tmp_path / "state") as cluster:
-        transport = Transport(cluster.url)
+        transport = Transport(cluster.url, token=cluster.token)
         try:
             path = f"/v1/bundles/{bundle.sha256}"
             assert transport.request("PUT", path, content=bundle.data).status_code == 201

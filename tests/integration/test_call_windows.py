@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from support.auth import authed_client
 from support.platform import TestPlatform
 
 import ember
@@ -86,8 +87,8 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
     (tmp_path / "app").mkdir()
     app_file = tmp_path / "app" / "windows.py"  # the bundle is the app's folder: not the platform's state
     app_file.write_text(WINDOWS_APP)
-    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
-        transport = Transport(platform.url)
+    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
+        transport = Transport(platform.url, token=platform.token)
         ember.deploy(app_file, transport=transport, timeout_s=120)
         transport.close()
 
@@ -162,7 +163,7 @@ def test_replays_that_race_queue_a_dead_letter_once(probe, http):
     answers: list[list[str]] = []
 
     def replay() -> None:
-        with httpx.Client(base_url=http.base_url, timeout=60) as own:
+        with httpx.Client(base_url=http.base_url, timeout=60, headers=http.headers) as own:
             start.wait()
             response = own.post("/v1/apps/probe/dead/replay", json={"function": "flaky", "call_ids": [first]})
             assert response.status_code == 200, response.text

@@ -67,13 +67,18 @@ def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path, ember_cl
         reader = threading.Thread(target=lambda: [lines.put(line) for line in dev.stdout], daemon=True)  # type: ignore[union-attr]
         reader.start()
         try:
-            url = ""
+            url = token = ""
             deadline = time.monotonic() + 120
-            while not url:
+            while not (url and token):
                 line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
                 if line.startswith("export EMBER_URL="):
                     url = line.split("=", 1)[1].split()[0]
-            assert ember_cli("call", "hello.greet", "--data", '"dev"', url=url).stdout.strip() == '"Hello, dev!"'
+                if line.startswith("export EMBER_TOKEN="):
+                    token = line.split("=", 1)[1].split()[0]
+            assert (state / "token").read_text().strip() == token  # the dev token, saved in the state folder
+            assert (state / "token").stat().st_mode & 0o777 == 0o600
+            called = ember_cli("call", "hello.greet", "--data", '"dev"', url=url, token=token)
+            assert called.stdout.strip() == '"Hello, dev!"'
             assert processes_mentioning(str(state)), "expected nats-server, platform, agent and replicas running"
         finally:
             dev.send_signal(signal.SIGINT)

@@ -7,8 +7,8 @@ import json
 import sys
 import time
 
-import httpx
 import pytest
+from support.auth import authed_client
 from support.paths import DIGITS, REPO
 
 import ember
@@ -80,7 +80,7 @@ def test_typed_results_through_the_class_handle(deployed, ember_url, monkeypatch
 
 def test_concurrent_calls_are_batched(probe, platform):
     def call(n: int) -> tuple[int, int]:
-        with httpx.Client(base_url=platform.url, timeout=60) as client:
+        with authed_client(platform) as client:
             r = client.post("/v1/probe/sizes", json={"n": n})
             assert r.status_code == 200, r.text
             return r.json(), int(r.headers["x-ember-batch-size"])
@@ -119,7 +119,7 @@ def test_metrics_publish_each_functions_batching(probe, http):
 
 def test_calls_are_spread_over_the_replicas(probe, platform):
     def call(_: int) -> int:
-        with httpx.Client(base_url=platform.url, timeout=60) as client:
+        with authed_client(platform) as client:
             return client.post("/v1/probe/whoami").json()
 
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import httpx
 import pytest
+from support.auth import authed_client
 from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -62,9 +63,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("enforce")
     cpu = min(os.sched_getaffinity(0))
     (tmp / "node.toml").write_text(inventory(cpu))
-    with TestPlatform(tmp / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp / "state") as platform, authed_client(platform) as http:
         agent = platform.add_agent(NODE, tmp / "node.toml")
-        transport = Transport(platform.url)
+        transport = Transport(platform.url, token=platform.token)
         try:
             wait_for(lambda: NODE in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
                      "the node with the declared inventory to report")

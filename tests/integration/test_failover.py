@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
+from support.auth import authed_client, bearer
 from support.paths import EXAMPLES
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -61,7 +62,7 @@ def test_one_lease_holder_at_a_time_and_a_dead_one_loses_it(platform):
 def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp_path: Path):
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "steady.py").write_text(APP)
-    with TestPlatform(tmp_path / "state") as cluster, httpx.Client(timeout=30) as http:
+    with TestPlatform(tmp_path / "state") as cluster, authed_client(cluster, base_url="", timeout=30) as http:
         first = cluster.url
         second = cluster.add_control_plane("platform-b")
 
@@ -73,7 +74,7 @@ def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp
         assert wait_for(lambda: status(second)["control_plane"] == holder and not status(second)["active"],
                         timeout_s=10, what="the second control plane to stand by")
 
-        transport = Transport(first)
+        transport = Transport(first, token=cluster.token)
         deploy(tmp_path / "app" / "steady.py", transport=transport, timeout_s=120)
         # Three replicas running, above min_replicas=1 once the bounds come back down (the scale-down window,
         # 60 s by default, keeps them): what a freshly started autoscaler would cut straight back to 1.
@@ -101,13 +102,16 @@ def _ready(http: httpx.Client, url: str) -> int:
 
 def test_the_logs_outlive_a_restart_of_the_control_plane(tmp_path: Path):
     with TestPlatform(tmp_path / "state") as cluster:
-        transport = Transport(cluster.url)
+        transport = Transport(cluster.url, token=cluster.token)
         deploy(EXAMPLES / "hello" / "hello.py", transport=transport, timeout_s=120)
         transport.close()
-        assert httpx.post(f"{cluster.url}/v1/hello/greet", json="Logan", timeout=30).json() == "Hello, Logan!"
+        auth = bearer(cluster.token)  # the same token after the restart: the control plane keeps its file
+        greeting = httpx.post(f"{cluster.url}/v1/hello/greet", json="Logan", timeout=30, headers=auth)
+        assert greeting.json() == "Hello, Logan!"
 
         def logged() -> bool:
-            lines = httpx.get(f"{cluster.url}/v1/apps/hello/logs", params={"service": "greet"}, timeout=30).json()
+            lines = httpx.get(f"{cluster.url}/v1/apps/hello/logs", params={"service": "greet"}, timeout=30,
+                              headers=auth).json()
             return any("greeting Logan" in line["line"] for line in lines)
 
         wait_for(logged, timeout_s=20, what="the log line")

@@ -15,6 +15,7 @@ import httpx
 import msgspec
 import nats
 import pytest
+from support.auth import bearer
 
 from ember._deploy import app_view
 from ember._errors import DeadlineExceededError, UnavailableError
@@ -130,7 +131,7 @@ def test_large_answers_of_one_frame_come_back_in_several_messages(probe, platfor
 def test_concurrent_http_calls_through_a_replica_get_their_own_answers(hello, platform):
     """64 clients at once through the gateway and one batched replica (frames both ways)."""
     async def scenario() -> list[tuple[int, dict, int]]:
-        async with httpx.AsyncClient(base_url=platform.url, timeout=60,
+        async with httpx.AsyncClient(base_url=platform.url, timeout=60, headers=bearer(platform.token),
                                      limits=httpx.Limits(max_connections=64)) as client:
             async def call(n: int) -> tuple[int, dict, int]:
                 r = await client.post("/v1/hello/echo", json={"n": n, "pad": "x" * n})

@@ -28,15 +28,18 @@ STREAMS = [subjects.CALLS_STREAM, subjects.DEAD_STREAM, kv_stream(subjects.CALLS
 
 def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):
     env = {"EMBER_JS_REPLICAS": "3", "EMBER_ACK_WAIT_S": "3"}
+    token_file = tmp_path / "token"  # the control plane writes an admin token here, first
     with NatsCluster(tmp_path / "nats") as cluster, httpx.Client(timeout=60) as http:
         url_file = tmp_path / "platform.url"
         cluster.spawn("platform", ["-m", "ember_platform", "--nats", cluster.url, "--port", "0",
-                                   "--url-file", str(url_file)], env)
+                                   "--url-file", str(url_file), "--bootstrap-token-file", str(token_file)], env)
         cluster.spawn("agent", ["-m", "ember_runtime", "--nats", cluster.url, "--state-dir", str(tmp_path / "node")],
                       env)
         url = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what="the control plane")
         wait_for(lambda: http.get(f"{url}/readyz").status_code == 200, timeout_s=60, what="readyz")
-        transport = Transport(url)
+        token = token_file.read_text().strip()
+        http.headers["Authorization"] = f"Bearer {token}"
+        transport = Transport(url, token=token)
         try:
             deploy(EXAMPLES / "hello" / "hello.py", transport=transport, timeout_s=120)
         finally:

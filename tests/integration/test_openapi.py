@@ -6,8 +6,9 @@ The schemathesis run is bounded: ``MAX_EXAMPLES`` requests per operation and gen
 requests that break the schema), derandomized (the same requests every run), no shrinking, no example database.
 Operations that change state other tests share (deleting an app, scaling, deploying, replaying dead letters) never
 name a deployed app: a generated name of one is replaced by a name that is not deployed, so that ``DELETE
-/v1/apps/{app}`` is sent hostile names but never deletes ``hello``. Calls of the deployed functions (``POST
-/v1/hello/greet`` and its ``/spawn``) do run: they are what the concrete paths are for. Two 5xx answers are
+/v1/apps/{app}`` is sent hostile names but never deletes ``hello``; the run sends the admin token and never revokes
+it. Calls of the deployed functions (``POST /v1/hello/greet`` and its ``/spawn``) do run: they are what the concrete
+paths are for. Two 5xx answers are
 documented and accepted, each only where it applies: 500 ``user_error`` when a deployed function's own code raises
 (the test apps' functions raise by design), and 504 for a call given a deadline under ``SHORT_DEADLINE_S``.
 """
@@ -24,6 +25,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
+from support.auth import bearer
 
 from ember.wire import HTTP_TIMEOUT_HEADER, RESERVED_APP_NAMES
 from ember_platform.gateway.asgi import ROUTES
@@ -106,7 +108,7 @@ def test_the_document_is_cheap_once_built(hello, http):
 
 
 def test_schemathesis_finds_no_server_error(platform, hello, http):
-    schema = schemathesis.openapi.from_url(f"{platform.url}/openapi.json")
+    schema = schemathesis.openapi.from_url(f"{platform.url}/openapi.json", headers=bearer(platform.token))
     schema.validate()
     deployed = {app["app"] for app in http.get("/v1/apps").json()}
     failures: list[str] = []
@@ -114,6 +116,7 @@ def test_schemathesis_finds_no_server_error(platform, hello, http):
     seen: list[str] = []
     sent = [0]
     with requests.Session() as session:
+        session.headers["Authorization"] = f"Bearer {platform.token}"  # an admin token: every operation is reached
         for result in schema.get_all_operations():
             operation = result.ok()
             segments = operation.path.split("/")
@@ -123,7 +126,8 @@ def test_schemathesis_finds_no_server_error(platform, hello, http):
             seen.append(f"{operation.method.upper()} {operation.path}")
             for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
                 try:
-                    _run(operation, mode, session, platform.url, deployed, sent)
+                    _run(operation, mode, session, platform.url, deployed, sent,
+                         {http.get("/v1/tokens/self").json()["id"]})
                 except Unsatisfiable:  # nothing to break: no parameters and no body
                     assert mode is GenerationMode.NEGATIVE, operation.path
                 except Exception as exc:
@@ -137,12 +141,14 @@ def test_schemathesis_finds_no_server_error(platform, hello, http):
 
 
 def _run(operation: Any, mode: GenerationMode, session: requests.Session, url: str, deployed: set[str],
-         sent: list[int]) -> None:
+         sent: list[int], own_ids: set[str]) -> None:
     @BOUNDED
     @given(case=operation.as_strategy(generation_mode=mode))
     def check(case: Any) -> None:
         if (case.method.upper(), case.path) in SHARED_STATE and case.path_parameters.get("app") in deployed:
             case.path_parameters["app"] = NOT_DEPLOYED
+        if case.path == "/v1/tokens/{token_id}" and case.path_parameters.get("token_id") in own_ids:
+            case.path_parameters["token_id"] = "0"  # never revoke the token this run authenticates with
         response = case.call(base_url=url, session=session, timeout=30)
         sent[0] += 1
         what = (f"{case.method} {response.request.url} {dict(response.request.headers)} "

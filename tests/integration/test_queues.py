@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.auth import authed_client
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -127,8 +128,8 @@ def test_nothing_queued_is_lost_when_nats_restarts(tmp_path: Path):
     app_file = tmp_path / "steady.py"
     app_file.write_text('import time\nimport ember\napp = ember.App("steady")\n@app.function()\n'
                         "def double(n: int) -> int:\n    time.sleep(0.05)\n    return 2 * n\n")
-    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
-        transport = Transport(platform.url)
+    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
+        transport = Transport(platform.url, token=platform.token)
         ember.deploy(app_file, transport=transport, timeout_s=120)
         transport.close()
         ids = {n: spawn(http, "double", n, app="steady") for n in range(40)}

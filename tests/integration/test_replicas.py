@@ -13,6 +13,7 @@ import httpx
 import msgspec
 import nats
 import pytest
+from support.auth import authed_client, bearer
 from support.polling import wait_for
 
 import ember
@@ -119,7 +120,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_call_held_by_a_replica_that_dies_is_sent_again(probe, transport, platform):
     (victim,) = ready_pids(transport, "probe", "slow")
-    with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(base_url=platform.url, timeout=60) as client:
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, authed_client(platform) as client:
         future = pool.submit(client.post, "/v1/probe/slow", json=1.75, headers={"X-Ember-Timeout": "45"})
         wait_for(lambda: any("slow(1.75) started" in line["line"]
                              for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")),
@@ -144,12 +145,12 @@ def test_a_new_version_is_visible_as_soon_as_deploy_returns(tmp_path, transport)
 
 
 def test_a_call_whose_client_went_away_is_dropped_from_the_queue(probe, transport, platform):
-    with httpx.Client(base_url=platform.url, timeout=60) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with authed_client(platform) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
         busy = pool.submit(client.post, "/v1/probe/slow", json=2.5)  # occupies the serial replica
         wait_for(lambda: any("slow(2.5) started" in line["line"]
                              for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")),
                  timeout_s=20, what="the first call to start")
-        with httpx.Client(base_url=platform.url, timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
+        with authed_client(platform, timeout=0.5) as impatient, pytest.raises(httpx.ReadTimeout):
             impatient.post("/v1/probe/slow", json=0.25)  # queued behind it; the client gives up
         assert busy.result().status_code == 200
 
@@ -159,7 +160,8 @@ def test_a_call_whose_client_went_away_is_dropped_from_the_queue(probe, transpor
 
     wait_for(lambda: cancelled() >= 1, timeout_s=20, what="the replica to report the cancelled call")
     # A later call runs after anything still queued: once it has run, the dropped one would have too.
-    assert httpx.post(f"{platform.url}/v1/probe/slow", json=0.01, timeout=30).status_code == 200
+    later = httpx.post(f"{platform.url}/v1/probe/slow", json=0.01, timeout=30, headers=bearer(platform.token))
+    assert later.status_code == 200
 
     def log_with_the_later_call() -> list[str] | None:
         lines = [line["line"] for line in transport.json("GET", "/v1/apps/probe/logs?service=slow")]

@@ -7,8 +7,8 @@ from __future__ import annotations
 import signal
 import time
 
-import httpx
 import pytest
+from support.auth import authed_client
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -46,10 +46,10 @@ def test_placement_across_nodes_and_recovery_from_node_loss(tmp_path):
     (tmp_path / "b.toml").write_text('[host]\nname = "b"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n')
     app_file = tmp_path / "gpus.py"
     app_file.write_text(APP)
-    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
         node_a = platform.add_agent("node-a", tmp_path / "a.toml")
         platform.add_agent("node-b", tmp_path / "b.toml")
-        transport = Transport(platform.url)
+        transport = Transport(platform.url, token=platform.token)
         try:
             # Both GPU nodes first, so that placement itself spreads (spreading later is the next test).
             def nodes() -> set[str]:
@@ -83,7 +83,7 @@ def test_replicas_spread_onto_a_node_that_joins_without_dropping_below_min(tmp_p
     app_file.write_text(APP.replace('gpu="H100", min_replicas=1', 'gpu="H100", min_replicas=0'))  # no H100 here
     with TestPlatform(tmp_path / "state") as platform:
         platform.add_agent("node-a", tmp_path / "a.toml")
-        transport = Transport(platform.url)
+        transport = Transport(platform.url, token=platform.token)
         try:
             wait_for(lambda: "node-a" in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
                      "node-a to report")

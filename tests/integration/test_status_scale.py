@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from support.auth import authed_client
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -35,9 +36,9 @@ INVENTORY = '[host]\nname = "g"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\nmemory
 GPU_MB = 24 * 1024
 
 
-def ember(*args: str, url: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def ember(*args: str, url: str, token: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([*EMBER, *args], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "EMBER_URL": url})
+                          env={**os.environ, "EMBER_URL": url, "EMBER_TOKEN": token})
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -80,9 +81,9 @@ def test_status_shows_gpus_and_scale_changes_replicas(tmp_path: Path) -> None:
     app_dir = tmp_path / "app"
     app_dir.mkdir()
     (app_dir / "statusapp.py").write_text(APP)
-    with TestPlatform(tmp_path / "state") as platform, httpx.Client(base_url=platform.url, timeout=60) as http:
+    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
         platform.add_agent("node-g", tmp_path / "g.toml")
-        transport = Transport(platform.url)
+        transport = Transport(platform.url, token=platform.token)
         try:
             deploy_with_short_scaledown(app_dir / "statusapp.py", transport)
 
@@ -99,17 +100,18 @@ def test_status_shows_gpus_and_scale_changes_replicas(tmp_path: Path) -> None:
             assert (svc.version, svc.min_replicas, svc.max_replicas, svc.scaled) == (1, 1, 2, False)
             assert (svc.ready, svc.desired, svc.unschedulable) == (1, 1, "")
 
-            shown = ember("status", "statusapp", url=platform.url).stdout
+            shown = ember("status", "statusapp", url=platform.url, token=platform.token).stdout
             assert "node-g" in shown and "1.0/24.0/24.0 GiB" in shown and "statusapp.where" in shown
 
-            scaled = ember("scale", "statusapp.where", "--min", "2", "--max", "2", url=platform.url)
+            scaled = ember("scale", "statusapp.where", "--min", "2", "--max", "2", url=platform.url,
+                           token=platform.token)
             assert "min 2, max 2" in scaled.stdout
             wait_for(lambda: service(http).ready == 2, 90, "two ready replicas")
             assert gpu_reserved(http) == [GPU_MB, GPU_MB]
             svc = service(http)
             assert (svc.min_replicas, svc.max_replicas, svc.scaled, svc.desired) == (2, 2, True, 2)
 
-            ember("scale", "statusapp.where", "--min", "0", "--max", "1", url=platform.url)
+            ember("scale", "statusapp.where", "--min", "0", "--max", "1", url=platform.url, token=platform.token)
             wait_for(lambda: sorted(gpu_reserved(http)) == [0, GPU_MB], 60, "down to one replica (max 1)")
             # With no load and min 0, the 1 s scale-down window takes it to zero.
             wait_for(lambda: gpu_reserved(http) == [0, 0] and service(http).ready == 0, 60, "down to zero")
@@ -137,10 +139,10 @@ def test_scale_and_status_of_unknown_app(http: httpx.Client, platform: EmbeddedP
     response = http.post("/v1/apps/nosuchapp/scale", json={"service": "f", "min_replicas": 1, "max_replicas": 1})
     assert response.status_code == 404
     assert http.get("/v1/status", params={"app": "nosuchapp"}).status_code == 404
-    bad = ember("scale", "nosuchapp.f", "--min", "1", "--max", "1", url=platform.url, check=False)
+    bad = ember("scale", "nosuchapp.f", "--min", "1", "--max", "1", url=platform.url, token=platform.token, check=False)
     assert bad.returncode == 1 and "NotFoundError" in bad.stderr
 
 
 def test_cli_scale_reports_invalid_bounds(platform: EmbeddedPlatform, hello: object) -> None:
-    bad = ember("scale", "hello.greet", "--min", "2", "--max", "1", url=platform.url, check=False)
+    bad = ember("scale", "hello.greet", "--min", "2", "--max", "1", url=platform.url, token=platform.token, check=False)
     assert bad.returncode == 1 and "InvalidInputError" in bad.stderr and "max_replicas" in bad.stderr

@@ -35,7 +35,8 @@ class TestPlatform(EmbeddedPlatform):
         url_file = self.state_dir / f"{name}.url"
         url_file.unlink(missing_ok=True)
         proc = self._spawn(name, [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
-                                  "--host", self.host, "--port", "0", "--url-file", str(url_file)])
+                                  "--host", self.host, "--port", "0", "--url-file", str(url_file),
+                                  "--bootstrap-token-file", str(self.state_dir / "token")])
         return str(self._await(lambda: url_file.read_text() if url_file.exists() else None, proc, name, timeout_s))
 
     def kill(self, name: str) -> None:

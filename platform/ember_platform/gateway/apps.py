@@ -15,6 +15,7 @@ from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, 
 from ember.wire import DeployRequest, Manifest
 from ember_platform.config import Settings
 from ember_platform.gateway.body import decode_json, read_body
+from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.patterns import schema_patterns
 from ember_platform.gateway.responses import json_response, platform_of
 
@@ -64,8 +65,10 @@ async def deploy(request: Request) -> Response:
 
 
 async def list_apps(request: Request) -> Response:
+    """``GET /v1/apps``: the apps the token sees."""
     registry = platform_of(request).registry
-    return json_response([registry.view(app) for app in sorted(registry.deployments.items)])
+    principal = principal_of(request)
+    return json_response([registry.view(app) for app in sorted(registry.deployments.items) if principal.sees(app)])
 
 
 

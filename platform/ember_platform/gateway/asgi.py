@@ -1,57 +1,67 @@
 """The starlette application: the route table, error handlers, and a lifespan that owns the process's state.
 
 To add a route: write its handler in the module of its group (``calls``, ``apps``, ``status``, ``metrics``,
-``health``), add it to ``ROUTES`` here, and give it a test that sends it hostile input.
+``health``, ``tokens``), add it to ``ROUTES`` here with what it needs (a scope, ``TOKEN`` or ``OPEN``: see
+``guard``), and give it a test that sends it hostile input.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
+from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
 from ember_platform.config import Settings
-from ember_platform.gateway import apps, calls, health, metrics, openapi, status
+from ember_platform.gateway import apps, calls, health, metrics, openapi, status, tokens
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
+from ember_platform.gateway.guard import OPEN, TOKEN, route
 from ember_platform.platform import Platform
 
 ROUTES = [
-    Route("/healthz", health.healthz, methods=["GET"]),
-    Route("/readyz", health.readyz, methods=["GET"]),
-    Route("/metrics", metrics.metrics, methods=["GET"]),
-    Route("/openapi.json", openapi.document, methods=["GET"]),
-    Route("/v1/bundles/{sha256}", apps.put_bundle, methods=["PUT"]),
-    Route("/v1/apps", apps.list_apps, methods=["GET"]),
-    Route("/v1/apps/{app}", apps.get_app, methods=["GET"]),
-    Route("/v1/apps/{app}", apps.delete_app, methods=["DELETE"]),
-    Route("/v1/apps/{app}/deployments", apps.deploy, methods=["POST"]),
-    Route("/v1/apps/{app}/logs", apps.app_logs, methods=["GET"]),
-    Route("/v1/apps/{app}/dead", calls.dead_letters, methods=["GET"]),
-    Route("/v1/apps/{app}/dead/replay", calls.replay_dead, methods=["POST"]),
-    Route("/v1/apps/{app}/scale", status.scale, methods=["POST"]),
-    Route("/v1/status", status.get_status, methods=["GET"]),
-    Route("/v1/calls/{call_id}", calls.get_call, methods=["GET"]),
-    Route("/v1/calls/{call_id}", calls.cancel_call, methods=["DELETE"]),
-    Route("/v1/{app}/{name}/spawn", calls.spawn, methods=["POST"]),
-    Route("/v1/{app}/{name}", calls.invoke, methods=["POST"]),
+    route("/healthz", health.healthz, "GET", OPEN),
+    route("/readyz", health.readyz, "GET", OPEN),
+    route("/metrics", metrics.metrics, "GET", READ),
+    route("/openapi.json", openapi.document, "GET", READ),
+    route("/v1/bundles/{sha256}", apps.put_bundle, "PUT", DEPLOY),
+    route("/v1/apps", apps.list_apps, "GET", READ),
+    route("/v1/apps/{app}", apps.get_app, "GET", READ),
+    route("/v1/apps/{app}", apps.delete_app, "DELETE", DEPLOY),
+    route("/v1/apps/{app}/deployments", apps.deploy, "POST", DEPLOY),
+    route("/v1/apps/{app}/logs", apps.app_logs, "GET", READ),
+    route("/v1/apps/{app}/dead", calls.dead_letters, "GET", READ),
+    route("/v1/apps/{app}/dead/replay", calls.replay_dead, "POST", INVOKE),
+    route("/v1/apps/{app}/scale", status.scale, "POST", DEPLOY),
+    route("/v1/status", status.get_status, "GET", READ),
+    route("/v1/tokens", tokens.create_token, "POST", ADMIN),
+    route("/v1/tokens", tokens.list_tokens, "GET", ADMIN),
+    route("/v1/tokens/self", tokens.own_token, "GET", TOKEN),
+    route("/v1/tokens/{token_id}", tokens.revoke_token, "DELETE", ADMIN),
+    route("/v1/calls/{call_id}", calls.get_call, "GET", INVOKE),  # and invoke on the call's app: checked inside
+    route("/v1/calls/{call_id}", calls.cancel_call, "DELETE", INVOKE),
+    route("/v1/{app}/{name}/spawn", calls.spawn, "POST", INVOKE),
+    route("/v1/{app}/{name}", calls.invoke, "POST", INVOKE),  # checks itself: a public function needs no token
 ]
 
 
-def create_app(settings: Settings | None = None) -> Gateway:
-    """The control plane's ASGI app; it connects to NATS on startup and drains on shutdown."""
+def create_app(settings: Settings | None = None, *,
+               on_first_token: Callable[[str], None] | None = None) -> Gateway:
+    """The control plane's ASGI app; it connects to NATS on startup and drains on shutdown. ``on_first_token`` is
+    given the installation's first admin token when this start created it (to show it, once)."""
     settings = settings or Settings()
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         platform = await Platform.start(settings)
         app.state.platform = platform
+        if platform.first_token and on_first_token is not None:
+            on_first_token(platform.first_token)
         try:
             yield
         finally:

@@ -15,21 +15,24 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember._errors import BadRequestError
+from ember._errors import BadRequestError, NotFoundError
 from ember.wire import (
     HTTP_BATCH_SIZE_HEADER,
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
     RESERVED_APP_NAMES,
+    CallRecord,
     Deployment,
     FunctionSpec,
     ReplayReply,
     ReplayRequest,
     ServiceSpec,
 )
-from ember_platform.calls.durable import DEAD_PAGE, MAX_DEAD_PAGE, check_call_id
+from ember_platform.auth.scopes import INVOKE
+from ember_platform.calls.durable import DEAD_PAGE, MAX_DEAD_PAGE, check_call_id, no_such_call
 from ember_platform.gateway.body import InputValidator, decode_json, header, read_body
 from ember_platform.gateway.errors import error_response
+from ember_platform.gateway.guard import authorize, checks_itself, principal_of
 from ember_platform.gateway.responses import JsonAnswer, json_response, platform_of
 from ember_platform.platform import Platform
 
@@ -42,11 +45,19 @@ _replay_decoder = msgspec.json.Decoder(ReplayRequest)
 FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(?:\.[A-Za-z_][A-Za-z0-9_]{0,127})?")
 
 
+@checks_itself(INVOKE)
 async def invoke(request: Request) -> Response | JsonAnswer:
-    """``POST /v1/<app>/<name>``: validate, route to a replica, answer with its JSON result."""
+    """``POST /v1/<app>/<name>``: check the token (a ``public=True`` function needs none), validate, route to a
+    replica, answer with its JSON result."""
     platform = platform_of(request)
     app, name = request.path_params["app"], request.path_params["name"]
-    dep, svc, fn, validator = _function(platform, app, name)
+    try:
+        dep, svc, fn, validator = _function(platform, app, name)
+    except NotFoundError:
+        authorize(request, INVOKE, app)  # without a token, nobody learns which apps exist
+        raise
+    if not fn.public:
+        authorize(request, INVOKE, app)
     timeout_s = _timeout(request, svc.timeout_s)
     body = validator.check(await read_body(request, platform.settings.max_body_bytes))
     call_id = os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
@@ -119,6 +130,8 @@ async def spawn(request: Request) -> Response:
 
 
 async def get_call(request: Request) -> Response:
+    """``GET /v1/calls/<id>[?wait=]``: the record of a call of an app the token may invoke (else 404, as for an
+    unknown call)."""
     platform = platform_of(request)
     call_id = check_call_id(request.path_params["call_id"])
     try:
@@ -127,12 +140,23 @@ async def get_call(request: Request) -> Response:
         wait = -1.0
     if not 0 <= wait <= 300:
         raise BadRequestError("wait is a number of seconds from 0 to 300", field="wait")
-    return json_response(await platform.calls.get(call_id, wait))
+    record = await _own_call(request, call_id)
+    return json_response(await platform.calls.get(call_id, wait) if wait > 0 else record)
 
 
 
 async def cancel_call(request: Request) -> Response:
-    return json_response(await platform_of(request).calls.cancel(check_call_id(request.path_params["call_id"])))
+    call_id = check_call_id(request.path_params["call_id"])
+    await _own_call(request, call_id)
+    return json_response(await platform_of(request).calls.cancel(call_id))
+
+
+async def _own_call(request: Request, call_id: str) -> CallRecord:
+    """The call's record, if the request's token sees its app; the 404 of an unknown call if not."""
+    record = await platform_of(request).calls.get(call_id)
+    if not principal_of(request).sees(record.app):
+        raise no_such_call(call_id)
+    return record
 
 
 

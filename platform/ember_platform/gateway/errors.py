@@ -9,6 +9,7 @@ from starlette.responses import Response
 
 from ember._errors import EmberError, error_class
 from ember.wire import ErrorBody, ErrorInfo, encoder, error_info
+from ember_platform.auth.tokens import TokenRefused
 
 
 def error_response(info: ErrorInfo, status: int | None = None) -> Response:
@@ -23,7 +24,10 @@ def error_response(info: ErrorInfo, status: int | None = None) -> Response:
 
 
 def ember_error_response(exc: EmberError) -> Response:
-    return error_response(error_info(exc), exc.http_status)
+    response = error_response(error_info(exc), exc.http_status)
+    if isinstance(exc, TokenRefused):
+        response.headers["WWW-Authenticate"] = exc.challenge
+    return response
 
 
 async def ember_error_handler(_request: Request, exc: Exception) -> Response:

@@ -12,6 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember.wire import FunctionStats, Histogram, ReplicaStatus
+from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.responses import platform_of
 
 _COUNTERS = (
@@ -93,6 +94,8 @@ def _num(value: float) -> str:
 
 async def metrics(request: Request) -> Response:
     registry = platform_of(request).registry
-    replicas = [r for app in sorted(registry.deployments.items) for r in registry.live_replicas(app)]
+    principal = principal_of(request)
+    replicas = [r for app in sorted(registry.deployments.items) if principal.sees(app)
+                for r in registry.live_replicas(app)]
     return Response(render(replicas), media_type="text/plain; version=0.0.4")
 

@@ -42,12 +42,16 @@ from ember.wire import (
     ServiceStatus,
     SpawnReply,
     StatusView,
+    TokenInfo,
+    TokenRequest,
     encoder,
 )
+from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
 from ember_platform.gateway.apps import MAX_LOG_LINES
 from ember_platform.gateway.calls import FUNCTION_NAME
+from ember_platform.gateway.guard import NEED, OPEN, principal_of
 from ember_platform.gateway.responses import platform_of
 
 OPENAPI_VERSION = "3.1.0"
@@ -64,6 +68,7 @@ _BODIES: dict[str, Any] = {
     "DeployRequest": DeployRequest, "LogLines": list[LogLine], "DeadLetters": list[DeadLetter],
     "ReplayRequest": ReplayRequest, "ReplayReply": ReplayReply, "ScaleRequest": ScaleRequest,
     "ServiceStatus": ServiceStatus, "StatusView": StatusView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
+    "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -78,6 +83,8 @@ _PLAIN: dict[str, dict[str, Any]] = {
 
 _ERRORS = {
     400: "bad_request: malformed JSON, header, call id or query value (`field` names it)",
+    401: "unauthenticated: no token, or a malformed, unknown, revoked or expired one (WWW-Authenticate: Bearer)",
+    403: "forbidden: the token lacks the scope this needs",
     404: "not_found: unknown app, function, service or call id (the message lists what exists)",
     405: "method_not_allowed: a route of the API, not a call",
     409: "conflict: the call already runs or has finished, or an Idempotency-Key reused with another body",
@@ -89,6 +96,10 @@ _ERRORS = {
     504: "deadline_exceeded: the call did not finish within its deadline",
 }
 _CALL_ERRORS = (400, 404, 405, 413, 422, 429, 500, 503, 504)
+_BEARER = {"type": "http", "scheme": "bearer", "bearerFormat": "ember_<id>_<secret>",
+           "description": "an Ember token (`ember token create`, `ember login`, EMBER_TOKEN)"}
+_NEEDS = {"admin": " with the admin scope", "deploy": " with the deploy scope", "invoke": " with the invoke scope",
+          "read": " with the read scope (deploy implies it)", "token": ""}
 _SPAWN_ERRORS = (400, 404, 405, 409, 413, 422, 503)
 
 
@@ -110,6 +121,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "name": ("a function: its name, or Class.method for a class model's method", _string(FUNCTION_NAME, 257)),
     "call_id": ("a queued call's id", _string(CALL_ID, MAX_CALL_ID)),
     "sha256": ("the bundle's lowercase hex sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}),
+    "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
 }
 
 
@@ -197,6 +209,17 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                 {"type": "number", "minimum": 0, "maximum": 300})], None),
     ("DELETE", "/v1/calls/{call_id}"): (
         "Cancel a queued call", (200, "the cancelled record", _ref("CallRecord"), JSON), (400, 404, 409), [], None),
+    ("POST", "/v1/tokens"): (
+        "Create a token (admin); the answer is the only time the token is shown",
+        (201, "the token and its record", _ref("NewToken"), JSON), (400, 413, 422), [],
+        _json_body(_ref("TokenRequest"))),
+    ("GET", "/v1/tokens"): ("List the live tokens (admin); never their secrets",
+                            (200, "the tokens' records", _ref("TokenList"), JSON), (), [], None),
+    ("GET", "/v1/tokens/self"): ("The calling token's record: what it may do",
+                                 (200, "its record", _ref("TokenInfo"), JSON), (), [], None),
+    ("DELETE", "/v1/tokens/{token_id}"): (
+        "Revoke a token (admin): it fails at its next request", (200, "the revoked token's record",
+                                                                  _ref("TokenInfo"), JSON), (400, 404), [], None),
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),
@@ -206,7 +229,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
 }
 
 
-def _operation(method: str, path: str) -> dict[str, Any]:
+def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any]:
     op = _OPERATIONS.get((method, path))
     if op is None:  # a route without an entry above: documented all the same, with what every route has
         op = (f"{method} {path}", (200, "the answer", {}, JSON), (), [], None)
@@ -219,11 +242,17 @@ def _operation(method: str, path: str) -> dict[str, Any]:
                     "schema": _PATH_PARAMS[name][1]} if name in _PATH_PARAMS else
                    {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
                    for name in re.findall(r"\{(\w+)\}", path)]
+    if need != OPEN:
+        errors = tuple(sorted({*errors, 401, *((403,) if need != "token" else ())}))
     operation: dict[str, Any] = {
         "operationId": f"{method.lower()} {path}", "summary": summary,
         "responses": {str(status): answer,
                       **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in errors}},
     }
+    if need == OPEN:
+        operation["security"] = []
+    elif need is not None:
+        operation["description"] = f"Needs a bearer token{_NEEDS.get(need, '')}."
     if path_params or params:
         operation["parameters"] = [*path_params, *params]
     if body is not None:
@@ -269,13 +298,16 @@ def static_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
         if not isinstance(route, Route):
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            paths.setdefault(route.path, {})[method.lower()] = _operation(method, route.path)
+            paths.setdefault(route.path, {})[method.lower()] = _operation(method, route.path,
+                                                                          getattr(route.endpoint, NEED, None))
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "Ember", "version": ember.__version__,
-                 "description": "Ember's HTTP API. Every error answers {\"error\": {...}} (ErrorBody)."},
+                 "description": "Ember's HTTP API. Every error answers {\"error\": {...}} (ErrorBody). Every route "
+                                "but /healthz and /readyz needs Authorization: Bearer <token>."},
         "paths": paths,
-        "components": {"schemas": _components()},
+        "components": {"schemas": _components(), "securitySchemes": {"bearer": _BEARER}},
+        "security": [{"bearer": []}],
     }
 
 
@@ -312,16 +344,19 @@ def _function_operations(paths: dict[str, Any], app: str, fn: FunctionSpec, body
                          output: dict[str, Any]) -> None:
     path = f"/v1/{app}/{fn.name}"
     params = [_TIMEOUT]
+    call_errors = _CALL_ERRORS if fn.public else sorted({*_CALL_ERRORS, 401, 403})
     paths[path] = {"post": {
         "operationId": f"call {app}.{fn.name}", "summary": f"Call {app}.{fn.name}", "parameters": params,
         "requestBody": body,
         "responses": {"200": _answer(f"{fn.name}'s result", output, headers=_CALL_HEADERS),
-                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in _CALL_ERRORS}}}}
+                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in call_errors}},
+        **({"security": []} if fn.public else {})}}
     paths[path + "/spawn"] = {"post": {
         "operationId": f"spawn {app}.{fn.name}", "summary": f"Queue a call of {app}.{fn.name}",
         "parameters": [*params, _IDEMPOTENCY_KEY], "requestBody": body,
         "responses": {"202": _answer("queued", _ref("SpawnReply")),
-                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in _SPAWN_ERRORS}}}}
+                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody"))
+                         for code in sorted({*_SPAWN_ERRORS, 401, 403})}}}}
 
 
 def _hoisted(schema: Any, prefix: str, found: dict[str, Any]) -> dict[str, Any]:
@@ -361,23 +396,28 @@ def _rewritten(node: Any, names: Mapping[str, str]) -> Any:
 
 
 class _Cache:
-    """The static document per route table, and the encoded document for the deployments it was built from."""
+    """The static document per route table, and the encoded documents for the last few sets of deployments they
+    were built from (tokens that see different apps are shown different documents)."""
+
+    KEPT = 16
 
     def __init__(self) -> None:
         self.static: dict[Any, dict[str, Any]] = {}
-        self.key: Any = None
-        self.body = b""
+        self.bodies: dict[Any, bytes] = {}
 
     def document(self, routes: Sequence[BaseRoute], deployments: Mapping[str, Deployment]) -> bytes:
         table = tuple((r.path, frozenset(r.methods or ())) for r in routes if isinstance(r, Route))
         key = (table, tuple((app, dep.version, dep.created_at) for app, dep in sorted(deployments.items())))
-        if key != self.key:
+        body = self.bodies.get(key)
+        if body is None:
             static = self.static.get(table)
             if static is None:
                 static = self.static[table] = static_document(routes)
-            self.body = encoder.encode(build(static, deployments))
-            self.key = key
-        return self.body
+            body = encoder.encode(build(static, deployments))
+            if len(self.bodies) >= self.KEPT:
+                del self.bodies[next(iter(self.bodies))]
+            self.bodies[key] = body
+        return body
 
 
 def build(static: dict[str, Any], deployments: Mapping[str, Deployment]) -> dict[str, Any]:
@@ -391,6 +431,9 @@ _cache = _Cache()
 
 
 async def document(request: Request) -> Response:
-    """``GET /openapi.json``: the API, with a path per deployed function. Query parameters are ignored."""
-    deployments = platform_of(request).registry.deployments.items
+    """``GET /openapi.json``: the API, with a path per deployed function the token sees. Query parameters are
+    ignored."""
+    principal = principal_of(request)
+    deployments = {app: dep for app, dep in platform_of(request).registry.deployments.items.items()
+                   if principal.sees(app)}
     return Response(_cache.document(request.app.routes, deployments), media_type=JSON)

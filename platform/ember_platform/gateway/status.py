@@ -8,9 +8,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._errors import NotFoundError
-from ember.wire import ScaleRequest
+from ember.wire import ScaleRequest, StatusView
+from ember_platform.auth.scopes import Principal
 from ember_platform.control.status import build_status, service_status
 from ember_platform.gateway.body import decode_json, read_body
+from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.responses import json_response, platform_of
 
 _MAX_SCALE_BODY = 64 * 1024
@@ -23,7 +25,7 @@ async def get_status(request: Request) -> Response:
     app, service = request.query_params.get("app") or None, request.query_params.get("service") or None
     control = platform.control
     holder = "" if control.lease is None else control.lease.holder if control.active else await control.lease.current()
-    view = build_status(control, control_plane=holder)
+    view = visible(build_status(control, control_plane=holder), principal_of(request))
     services = [s for s in view.services if app in (None, s.app) and service in (None, s.service)]
     if app is not None and not services:
         what = f"{app}.{service}" if service else app
@@ -31,6 +33,21 @@ async def get_status(request: Request) -> Response:
         raise NotFoundError(f"no service {what!r} is deployed (deployed: {known})")
     return json_response(msgspec.structs.replace(view, services=services))
 
+
+
+def visible(view: StatusView, principal: Principal) -> StatusView:
+    """``view`` with only what concerns the apps ``principal`` sees: its services, and on each node its replicas
+    and zygotes (the nodes and their devices are shown to every reader)."""
+    if principal.all_apps:
+        return view
+    nodes = []
+    for node in view.nodes:
+        replicas = [r for r in node.replicas if principal.sees(r.app)]
+        ids = {r.replica_id for r in replicas}
+        devices = [msgspec.structs.replace(d, replicas=[r for r in d.replicas if r in ids]) for d in node.devices]
+        nodes.append(msgspec.structs.replace(node, replicas=replicas, devices=devices,
+                                             zygotes=[z for z in node.zygotes if principal.sees(z.app)]))
+    return msgspec.structs.replace(view, nodes=nodes, services=[s for s in view.services if principal.sees(s.app)])
 
 
 async def scale(request: Request) -> Response:

@@ -25,11 +25,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         platform.start()
         os.environ["EMBER_URL"] = platform.url
+        os.environ["EMBER_TOKEN"] = platform.token
         print(f"Ember is running at {platform.url} (NATS {platform.nats_url}); logs in {platform.log_dir}",
               flush=True)
         if args.app_file:
             print_endpoints(push_app(args.app_file))
         print(f"export EMBER_URL={platform.url}   # for other shells; Ctrl-C stops Ember", flush=True)
+        print(f"export EMBER_TOKEN={platform.token}   # an admin token, also in {platform.state_dir / 'token'}",
+              flush=True)
         while True:
             signal.pause()
     except KeyboardInterrupt:

@@ -42,5 +42,6 @@ def print_endpoints(view: AppView) -> None:
         for fn in svc.functions:
             print(f"  POST {url}/v1/{view.app}/{fn}")
     first = view.services[0].functions[0]
-    print(f"try:  curl -s -X POST {url}/v1/{view.app}/{first} -H 'content-type: application/json' -d '<input>'")
+    print(f"try:  curl -s -X POST {url}/v1/{view.app}/{first} -H \"Authorization: Bearer $EMBER_TOKEN\" "
+          "-H 'content-type: application/json' -d '<input>'")
     print(f"      ember call {view.app}.{first} --data '<input>'")

@@ -18,6 +18,7 @@ import httpx
 
 from ember._errors import UnavailableError
 from ember._procs import die_with_parent
+from ember.wire.tokens import new_token, parse_token
 
 NATS_CONFIG = "max_payload: 8MB\n"
 _READY_LINE = "Listening for client connections on "
@@ -46,6 +47,7 @@ class EmbeddedPlatform:
         self.host = host
         self.url = ""
         self.nats_url = ""
+        self.token = ""  # an admin token, kept in <state_dir>/token (mode 0600): the same across restarts
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
@@ -87,7 +89,10 @@ class EmbeddedPlatform:
     def _start_platform(self, timeout_s: float) -> None:
         url_file = self.state_dir / "platform.url"
         url_file.unlink(missing_ok=True)
+        token_file = self.state_dir / "token"
+        self.token = admin_token(token_file)
         proc = self._spawn("platform", [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
+                                        "--bootstrap-token-file", str(token_file),
                                         "--host", self.host, "--port", str(self.http_port),
                                         "--url-file", str(url_file)])
         self.url = self._await(lambda: url_file.read_text() if url_file.exists() else None, proc,
@@ -144,3 +149,18 @@ def _port_from_log(log: Path, offset: int) -> int | None:
             if _READY_LINE in line:
                 return int(line.rsplit(":", 1)[1])
     return None
+
+
+def admin_token(path: Path) -> str:
+    """The admin token in ``path``; a new one written there first (mode 0600) when there is none."""
+    if path.exists():
+        token = path.read_text().strip()
+        if parse_token(token) is not None:
+            os.chmod(path, 0o600)
+            return token
+    token = new_token()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(token + "\n")
+    os.chmod(path, 0o600)
+    return token

@@ -12,6 +12,7 @@ subject names (``subjects``) are modules of their own.
 | ``nodes`` | inventories, assignments, zygotes, replica states, load reports, log lines |
 | ``calls`` | ``ErrorInfo``, ``Invocation`` / ``Answer`` (synchronous), ``CallRecord`` and dead letters (queued) |
 | ``views`` | what ``GET /v1/apps`` and ``GET /v1/status`` show |
+| ``tokens`` | bearer tokens: their format, their records, the bodies of ``/v1/tokens`` |
 | ``headers`` | NATS and HTTP header names |
 | ``frames`` | ``split_frames`` and the per-loop-turn ``Outbox`` |
 | ``errors`` | ``EmberError`` <-> ``ErrorInfo`` |
@@ -84,6 +85,7 @@ from ember.wire.specs import (
     ScaleRequest,
     ServiceSpec,
 )
+from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest
 from ember.wire.views import (
     AppView,
     DeviceView,
@@ -125,6 +127,7 @@ __all__ = [
     "LoadReport",
     "LogLine",
     "Manifest",
+    "NewToken",
     "NodeAssignment",
     "NodeInfo",
     "NodeReplicaView",
@@ -145,6 +148,9 @@ __all__ = [
     "StartKind",
     "StartPhases",
     "StatusView",
+    "StoredToken",
+    "TokenInfo",
+    "TokenRequest",
     "ZygoteAssignment",
     "ZygoteState",
     "ZygoteStatus",

@@ -82,6 +82,7 @@ class StorageLimits:
     control_kv_max_bytes: int = 64 * MiB  # each of ember_deployments, ember_assignments, ember_nodes, ember_replicas
     control_kv_max_value_bytes: int = 4 * MiB  # one value in those four buckets
     logs_stream_max_bytes: int = 128 * MiB  # EMBER_LOGS: replicas' output (also kept at most LOG_TTL_S)
+    tokens_kv_max_bytes: int = 16 * MiB  # ember_tokens: bearer tokens' records (a few hundred bytes each)
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -114,6 +115,7 @@ class StorageLimits:
             subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
             subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
             kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
+            kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
                                                     "max_age": RESULTS_TTL_S},
@@ -146,6 +148,7 @@ class Stores:
     calls: KeyValue  # s.<call id> / r.<call id> -> wire.CallRecord (see callstore)
     bundles: ObjectStore  # <sha256> -> bundle archive
     results: ObjectStore  # <call id> -> an output too large for KV
+    tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
 
 
 async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = None) -> Stores:
@@ -181,6 +184,7 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
         kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
         kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
+        kv(subjects.TOKENS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
         objects(subjects.RESULTS_STORE),
         stream(StreamConfig(
@@ -198,9 +202,9 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, create = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, create)
-    deployments, replicas, nodes, assignments, calls, bundles, results, _, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, tokens, bundles, results, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
-                  bundles=bundles, results=results)
+                  bundles=bundles, results=results, tokens=tokens)
 
 
 _Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create

@@ -86,7 +86,7 @@ class Retries(msgspec.Struct, frozen=True, kw_only=True):
 
 # The first path segments of the HTTP API's own routes under /v1 (and the probes'): no app may take one as its name,
 # so that ``POST /v1/<app>/<fn>`` never shadows a route of the API.
-RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "readyz", "status"})
+RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "readyz", "status", "tokens"})
 
 InputMode = Literal["none", "single", "kwargs"]
 
@@ -103,6 +103,7 @@ class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     batch: Batch | None = None
     on: list[str] = []  # NATS subjects whose messages are invocations (events)
     result_subject: str | None = None  # where an event's result is published, unless the message names one
+    public: bool = False  # its synchronous call (POST /v1/<app>/<fn>) needs no token; nothing else of it is public
 
 
 class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -14,6 +14,8 @@ TABLE = [
     ("internal", ember.EmberError, 500),
     ("invalid_spec", ember.InvalidSpecError, 400),
     ("bad_request", ember.BadRequestError, 400),
+    ("unauthenticated", ember.UnauthenticatedError, 401),
+    ("forbidden", ember.ForbiddenError, 403),
     ("not_found", ember.NotFoundError, 404),
     ("conflict", ember.ConflictError, 409),
     ("invalid_input", ember.InvalidInputError, 422),

@@ -129,6 +129,9 @@ ROOM_RULES = [
                                   "ember_platform.platform"]),
     ("ember_platform.calls", ["ember_platform.gateway", "ember_platform.control", "ember_platform.platform"]),
     ("ember_platform.control", ["ember_platform.gateway", "ember_platform.platform"]),
+    # who may do what: below the gateway (which checks it) and beside the call path and the control loop
+    ("ember_platform.auth", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
+                             "ember_platform.scheduler", "ember_platform.platform"]),
     ("ember_runtime.batching", ["ember_runtime.agent", "ember_runtime.replica", "ember_runtime.zygote"]),
     ("ember_runtime.agent", ["ember_runtime.replica", "ember_runtime.batching", "ember_runtime.zygote.process"]),
     ("ember_runtime.replica", ["ember_runtime.agent", "ember_runtime.zygote"]),
@@ -186,6 +189,8 @@ def test_there_is_no_import_circle() -> None:
     ("ember_platform.scheduler", "nats"),
     ("ember_platform.scheduler", "starlette"),
     ("ember.wire", "starlette"),
+    ("ember_platform.auth", "starlette"),
+    ("ember_platform.auth.scopes", "nats"),
 ])
 def test_pure_rooms_stay_off_the_network(room: str, library: str) -> None:
     users = sorted(name for name, path in MODULES.items() if _in(name, room)

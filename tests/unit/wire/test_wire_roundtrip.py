@@ -55,6 +55,13 @@ SAMPLES: list[msgspec.Struct] = [
     wire.ReplayReply(replayed=["c-3", "c-4"]),
     wire.ReplayRequest(function="f", call_ids=["c-2"]),
     wire.ScaleRequest(service="Classifier", min_replicas=1, max_replicas=4),
+    wire.TokenRequest(scopes=["invoke", "read"], apps=["team-a-*"], name="ci", ttl="30d"),
+    wire.TokenInfo(id="0a1b2c3d4e5f", name="ci", scopes=["deploy"], apps=["hello"], created_at=1.0, expires_at=2.0,
+                   created_by="admin"),
+    wire.StoredToken(info=wire.TokenInfo(id="admin", name="first admin", scopes=["admin"], apps=["*"],
+                                         created_at=1.0), secret_sha256="ab" * 32, revoked_at=3.0),
+    wire.NewToken(token="ember_0a1b2c3d4e5f_" + "x" * 32,
+                  info=wire.TokenInfo(id="0a1b2c3d4e5f", name="", scopes=["read"], apps=["*"], created_at=1.0)),
     wire.SlotAssignment(replica_id="r-1", app="digits", service="Classifier", version=3, index=0,
                         gpu_uuids=["GPU-1"], gpu_indices=[0], numa_node=1, bundle_sha256="ab" * 32,
                         module="classifier"),
@@ -109,7 +116,7 @@ def _wire_types() -> set[type[msgspec.Struct]]:
 
 
 # Bodies users write by hand (``ember scale``, replay requests): a misspelt field is refused, not ignored.
-USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest}
+USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest}
 
 
 def test_the_wire_package_exports_every_wire_type() -> None:

@@ -1,0 +1,168 @@
+"""The token store: records in the ``ember_tokens`` bucket, mirrored in memory, so that checking a request's token is
+a dict lookup and one sha256, without a NATS round trip.
+
+Each control plane keeps its own mirror through the bucket's watch. A token created or revoked here is in this
+mirror at once (read-your-writes); other control planes see it within a watch delivery. A revoked token's record
+stays, marked ``revoked_at``, so that an id is never issued twice and the first start's token is printed once.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import time
+
+import msgspec
+from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.kv import KeyValue
+
+from ember._errors import NotFoundError, UnauthenticatedError
+from ember.wire import encoder
+from ember.wire.jetstream import KVMirror
+from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest, new_token, parse_token, secret_digest
+from ember_platform.auth.scopes import EVERYONE, Principal, check_request
+
+log = logging.getLogger("ember.auth")
+_decoder = msgspec.json.Decoder(StoredToken)
+FIRST_ADMIN_ID = "admin"  # the id of the token a control plane prints at the first start of an installation
+_HINT = "send Authorization: Bearer <token> (set EMBER_TOKEN, or run `ember login`)"
+
+
+class TokenRefused(UnauthenticatedError):
+    """A 401; ``challenge`` is its ``WWW-Authenticate`` header (RFC 6750): ``error="invalid_token"`` when a token
+    was sent."""
+
+    def __init__(self, message: str, *, given: bool) -> None:
+        super().__init__(message, field="Authorization")
+        self.challenge = 'Bearer error="invalid_token"' if given else "Bearer"
+
+
+class TokenStore:
+    """Issues, lists, revokes and checks tokens. With ``enabled`` False every request is let through as
+    ``EVERYONE`` (``--insecure-no-auth``, on a loopback address only)."""
+
+    def __init__(self, kv: KeyValue, *, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self._kv = kv
+        self.mirror: KVMirror[StoredToken] = KVMirror(kv, _decoder.decode)
+        self._principals: dict[str, tuple[StoredToken, Principal]] = {}
+
+    async def start(self) -> None:
+        await self.mirror.start()
+
+    async def stop(self) -> None:
+        await self.mirror.stop()
+
+    # -- the check on every request -------------------------------------------------------------------------------
+
+    def authenticate(self, authorization: str | None) -> Principal:
+        """The principal of an ``Authorization`` header's value; ``TokenRefused`` (401) for a missing, malformed,
+        unknown, revoked or expired token. The secret's hash is compared in constant time."""
+        if not self.enabled:
+            return EVERYONE
+        if authorization is None:
+            raise TokenRefused(f"missing Authorization header: {_HINT}", given=False)
+        scheme, _, token = authorization.partition(" ")
+        parsed = parse_token(token.strip()) if scheme.lower() == "bearer" else None
+        if parsed is None:
+            raise TokenRefused(f"malformed Authorization header: {_HINT} (a token reads ember_<id>_<secret>)",
+                               given=True)
+        token_id, secret = parsed
+        stored = self.mirror.items.get(token_id)
+        if stored is None or stored.revoked_at is not None \
+                or not hmac.compare_digest(stored.secret_sha256, secret_digest(secret)):
+            raise TokenRefused("unknown or revoked token", given=True)
+        expires_at = stored.info.expires_at
+        if expires_at is not None and expires_at <= time.time():
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(expires_at))
+            raise TokenRefused(f"token {token_id} expired at {when}", given=True)
+        kept = self._principals.get(token_id)
+        if kept is None or kept[0] is not stored:
+            kept = self._principals[token_id] = (stored, Principal.of(stored.info))
+        return kept[1]
+
+    # -- the admin routes ---------------------------------------------------------------------------------------
+
+    def list(self) -> list[TokenInfo]:
+        """Every live token's record (no secrets), oldest first."""
+        now = time.time()
+        live = [s.info for s in self.mirror.items.values()
+                if s.revoked_at is None and (s.info.expires_at is None or s.info.expires_at > now)]
+        return sorted(live, key=lambda info: (info.created_at, info.id))
+
+    def info(self, token_id: str) -> TokenInfo:
+        stored = self.mirror.items.get(token_id)
+        if stored is None or stored.revoked_at is not None:
+            raise NotFoundError(f"no token {token_id[:40]!r} (unknown or revoked)")
+        return stored.info
+
+    async def create(self, request: TokenRequest, by: Principal) -> NewToken:
+        """A new token for ``request`` (checked: 422 naming the field), created by ``by``."""
+        scopes, apps, ttl = check_request(request)
+        now = time.time()
+        while True:
+            token = new_token()
+            token_id, secret = parse_token(token) or ("", "")
+            info = TokenInfo(id=token_id, name=request.name, scopes=scopes, apps=apps, created_at=now,
+                             expires_at=now + ttl if math.isfinite(ttl) else None, created_by=by.token_id)
+            if await self._create(StoredToken(info=info, secret_sha256=secret_digest(secret))):
+                log.info("token %s created by %s: scopes %s, apps %s", token_id, by.token_id or "-", scopes, apps)
+                return NewToken(token=token, info=info)
+
+    async def revoke(self, token_id: str, by: Principal) -> TokenInfo:
+        """Mark the token revoked: it fails at its next request here, and on other control planes once their
+        watch delivers the change."""
+        stored = self.mirror.items.get(token_id)
+        if stored is None or stored.revoked_at is not None:
+            raise NotFoundError(f"no token {token_id[:40]!r} (unknown or revoked already)")
+        revoked = msgspec.structs.replace(stored, revoked_at=time.time())
+        revision = await self._kv.put(token_id, encoder.encode(revoked))
+        self.mirror.record(token_id, revoked, revision)
+        log.info("token %s revoked by %s", token_id, by.token_id or "-")
+        return stored.info
+
+    # -- bootstrap ----------------------------------------------------------------------------------------------
+
+    async def ensure_admin(self, token: str, name: str) -> None:
+        """Make sure the admin token ``token`` (from a bootstrap file) has its record: idempotent across restarts
+        and across control planes. A record of its id with another secret is refused (``ValueError``); a record
+        revoked stays revoked."""
+        token_id, secret = parse_token(token) or ("", "")
+        digest = secret_digest(secret)
+        info = TokenInfo(id=token_id, name=name, scopes=["admin"], apps=["*"], created_at=time.time())
+        if await self._create(StoredToken(info=info, secret_sha256=digest)):
+            log.info("bootstrap token %s recorded", token_id)
+            return
+        existing = await self._read(token_id)
+        if existing is None or not hmac.compare_digest(existing.secret_sha256, digest):
+            raise ValueError(f"the bootstrap token's id {token_id} belongs to another token: write a new one")
+        if existing.revoked_at is not None:
+            log.warning("the bootstrap token %s was revoked; it stays revoked (write a new token to the file)",
+                        token_id)
+
+    async def first_admin(self) -> str | None:
+        """An admin token for an installation that has never had one (an empty bucket), or None. Several control
+        planes starting at once create it once: the token's id is fixed, and only the first ``create`` wins."""
+        if self.mirror.items:
+            return None
+        token = new_token(FIRST_ADMIN_ID)
+        _, secret = parse_token(token) or ("", "")
+        info = TokenInfo(id=FIRST_ADMIN_ID, name="first admin", scopes=["admin"], apps=["*"], created_at=time.time())
+        return token if await self._create(StoredToken(info=info, secret_sha256=secret_digest(secret))) else None
+
+    async def _create(self, stored: StoredToken) -> bool:
+        """Store a new record; False when its id is taken."""
+        try:
+            revision = await self._kv.create(stored.info.id, encoder.encode(stored))
+        except KeyWrongLastSequenceError:
+            return False
+        self.mirror.record(stored.info.id, stored, revision)
+        return True
+
+    async def _read(self, token_id: str) -> StoredToken | None:
+        try:
+            entry = await self._kv.get(token_id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return None
+        return _decoder.decode(entry.value) if entry.value else None

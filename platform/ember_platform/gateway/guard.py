@@ -1,0 +1,74 @@
+"""Every route declares what it needs, and is built by ``route`` so that the check runs before its handler.
+
+A route needs a scope (``admin``, ``deploy``, ``invoke``, ``read``), ``TOKEN`` (any valid token), or is ``OPEN``
+(the probes alone). A route whose path has ``{app}`` is checked against that app: a token that does not see it
+gets the 404 of an app that does not exist. ``POST /v1/<app>/<fn>`` checks itself (``checks_itself``), after
+finding the function, since a ``public=True`` function needs no token; the hot path in ``asgi.Gateway`` calls the
+same handler. A test walks the route table and fails on a route that declares nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+from starlette.requests import Request
+from starlette.routing import Route
+
+from ember_platform.auth.scopes import Principal
+from ember_platform.gateway.responses import platform_of
+
+Need = Literal["open", "token", "admin", "deploy", "invoke", "read"]
+OPEN: Need = "open"
+TOKEN: Need = "token"
+NEED = "ember_need"  # the attribute of a route's endpoint that holds what it needs
+_PRINCIPAL = "ember.principal"  # where a checked request keeps its principal, in its ASGI scope
+Endpoint = Callable[[Request], Awaitable[Any]]
+
+
+def authorization(request: Request) -> str | None:
+    """The ``Authorization`` header's value, read straight from the ASGI scope (the hot path reads it too)."""
+    for key, value in request.scope["headers"]:
+        if key == b"authorization":
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
+def authorize(request: Request, need: Need, app: str | None = None) -> Principal:
+    """The request's principal, if it may do what ``need`` says (on ``app``): else 401, 404 (an app it does not
+    see) or 403 (a scope it does not hold)."""
+    principal = platform_of(request).tokens.authenticate(authorization(request))
+    if need != TOKEN:
+        principal.require(need, app)
+    request.scope[_PRINCIPAL] = principal
+    return principal
+
+
+def principal_of(request: Request) -> Principal:
+    """The principal ``authorize`` found for this request."""
+    principal: Principal = request.scope[_PRINCIPAL]
+    return principal
+
+
+def checks_itself(need: Need) -> Callable[[Endpoint], Endpoint]:
+    """Mark a handler that calls ``authorize`` itself (for ``need``), at the point where it can."""
+    def mark(endpoint: Endpoint) -> Endpoint:
+        setattr(endpoint, NEED, need)
+        return endpoint
+
+    return mark
+
+
+def route(path: str, endpoint: Endpoint, method: str, need: Need) -> Route:
+    """A route of the table whose handler runs only once the request may do what ``need`` says."""
+    if need == OPEN or getattr(endpoint, NEED, None) == need:
+        guarded = endpoint
+    else:
+        @functools.wraps(endpoint)
+        async def guarded(request: Request) -> Any:
+            authorize(request, need, request.path_params.get("app"))
+            return await endpoint(request)
+
+    setattr(guarded, NEED, need)
+    return Route(path, guarded, methods=[method])

@@ -1,0 +1,81 @@
+"""Bearer tokens: their format, the records the control plane keeps of them, and the bodies of ``/v1/tokens``.
+
+A token reads ``ember_<id>_<secret>``. The id is public: it names the token in ``ember token ls`` and
+``ember token revoke ID``. The secret is 32 url-safe characters from ``secrets`` (192 bits); the platform stores
+only its sha256, in the ``ember_tokens`` bucket under the id, and shows the whole token once, when it is created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+
+import msgspec
+
+TOKEN_PREFIX = "ember_"
+SCOPES = ("admin", "deploy", "invoke", "read")
+TOKEN_ID = re.compile(r"[a-z0-9]{1,32}")
+_SECRET = re.compile(r"[A-Za-z0-9_-]{32,128}")
+_ID_BYTES = 6  # 12 hex characters: ids need only be unique (each is created only if absent), not secret
+_SECRET_BYTES = 24  # 32 url-safe characters, 192 bits
+
+
+class TokenInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What a token may do, as ``GET /v1/tokens`` shows it (never its secret)."""
+
+    id: str
+    name: str
+    scopes: list[str]  # of SCOPES; admin implies every other, deploy implies read
+    apps: list[str]  # app names or glob patterns (``team-a-*``) the token sees; admin tokens see every app
+    created_at: float
+    expires_at: float | None = None  # seconds since the epoch; None: until revoked
+    created_by: str = ""  # the id of the token that created it; "" for a bootstrap token
+
+
+class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
+    """A token as the ``ember_tokens`` bucket keeps it, under its id. A revoked token keeps its record, marked, so
+    that its id is never issued again and the first start's admin token is printed only once."""
+
+    info: TokenInfo
+    secret_sha256: str
+    revoked_at: float | None = None
+
+
+class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/tokens`` (``ember token create``). ``ttl``: ``30d``, ``12h``, ``15m``, ``90s``, or none."""
+
+    scopes: list[str]
+    apps: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    name: str = ""
+    ttl: str | None = None
+
+
+class NewToken(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to ``POST /v1/tokens``: the token itself, shown this once, and its record."""
+
+    token: str
+    info: TokenInfo
+
+
+def new_token(token_id: str | None = None) -> str:
+    """A fresh token, ``ember_<id>_<secret>``: a random id unless one is given, and a random secret."""
+    token_id = token_id if token_id is not None else secrets.token_hex(_ID_BYTES)
+    if not TOKEN_ID.fullmatch(token_id):
+        raise ValueError(f"a token id is 1 to 32 lowercase letters and digits, not {token_id!r}")
+    return f"{TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(_SECRET_BYTES)}"
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """``(id, secret)`` of a well-formed token; None for anything else."""
+    if not token.startswith(TOKEN_PREFIX):
+        return None
+    token_id, sep, secret = token[len(TOKEN_PREFIX):].partition("_")
+    if not sep or not TOKEN_ID.fullmatch(token_id) or not _SECRET.fullmatch(secret):
+        return None
+    return token_id, secret
+
+
+def secret_digest(secret: str) -> str:
+    """What the platform stores of a token's secret."""
+    return hashlib.sha256(secret.encode()).hexdigest()
