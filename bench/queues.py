@@ -107,8 +107,9 @@ QUICK = Plan(sizes=(300, 2_000), warmup_calls=50, http=http_latency.QUICK)
 class ApiConnection(Connection):
     """http_latency's keep-alive connection, with any method and path, returning the body too."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, url: str) -> None:
-        super().__init__(reader, writer, url)
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, url: str,
+                 token: str | None = None) -> None:
+        super().__init__(reader, writer, url, token)
         self._host = urlsplit(url).netloc
 
     async def request(self, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:

@@ -1,23 +1,34 @@
-"""An installation's first admin token: a control plane started without ``--bootstrap-token-file`` on a NATS whose
-token bucket is empty prints one, once (two starting together print one between them; a restart prints none), and
-that token works; a bootstrap file's token is ensured idempotently by every control plane that is given it."""
+"""The token store against a bare nats-server of its own (an empty token bucket).
+
+An installation's first admin token: a control plane started without ``--bootstrap-token-file`` prints one, once
+(two starting together print one between them; a restart prints none), and that token works; a bootstrap file's
+token is ensured idempotently by every control plane that is given it. The records of tokens long revoked or
+expired are collected; a full bucket refuses a new token with a 503."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import nats
 import pytest
 from support.auth import bearer
 from support.polling import wait_for
 
+from ember._errors import UnavailableError
 from ember._procs import die_with_parent
 from ember.dev.embedded import NATS_CONFIG, nats_server_binary
+from ember.wire import StoredToken, TokenInfo, TokenRequest, encoder
+from ember.wire.jetstream import StorageLimits, ensure_buckets
 from ember.wire.tokens import new_token
+from ember_platform.auth.scopes import EVERYONE
+from ember_platform.auth.tokens import FIRST_ADMIN_ID, KEEP_DEAD_S, TokenStore
 
 pytestmark = pytest.mark.integration
 _LISTENING = re.compile(r"Listening for client connections on [^:]+:(\d+)")
@@ -115,3 +126,62 @@ def test_a_bootstrap_file_others_can_read_is_refused(tmp_path: Path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "chmod 600" in proc.stderr
     assert token_file.read_text().strip() not in proc.stderr
+
+
+def _store_test(url: str, limits: StorageLimits, body):  # type: ignore[no-untyped-def]
+    async def go():  # type: ignore[no-untyped-def]
+        nc = await nats.connect(url)
+        store = TokenStore((await ensure_buckets(nc.jetstream(), limits)).tokens)
+        await store.start()
+        try:
+            return await body(store)
+        finally:
+            await store.stop()
+            await nc.close()
+
+    return asyncio.run(go())
+
+
+def test_records_of_tokens_long_dead_are_collected(nats_url: str):
+    now = time.time()
+    old = now - KEEP_DEAD_S - 60
+
+    def stored(token_id: str, revoked_at: float | None = None, expires_at: float | None = None) -> StoredToken:
+        info = TokenInfo(id=token_id, name="", scopes=["read"], apps=["*"], created_at=old - 1, expires_at=expires_at)
+        return StoredToken(info=info, secret_sha256="0" * 64, revoked_at=revoked_at)
+
+    records = [stored("oldrevoked", revoked_at=old), stored("oldexpired", expires_at=old),
+               stored("newrevoked", revoked_at=now - 60), stored("newexpired", expires_at=now - 60),
+               stored("live"), stored("later", expires_at=now + 3600), stored(FIRST_ADMIN_ID, revoked_at=old)]
+
+    async def body(store: TokenStore) -> list[str]:
+        for record in records:
+            await store._kv.put(record.info.id, encoder.encode(record))
+        await _until(lambda: len(store.mirror.items) == len(records))
+        purged = await store.collect(now)
+        await _until(lambda: len(store.mirror.items) == len(records) - len(purged))
+        assert sorted(store.mirror.items) == sorted(["newrevoked", "newexpired", "live", "later", FIRST_ADMIN_ID])
+        assert await store.first_admin() is None  # the first admin's record stays: never printed again
+        return sorted(purged)
+
+    assert _store_test(nats_url, StorageLimits(), body) == ["oldexpired", "oldrevoked"]
+
+
+def test_a_full_token_bucket_refuses_a_new_token_with_a_503(nats_url: str):
+    async def body(store: TokenStore) -> int:
+        created = 0
+        with pytest.raises(UnavailableError) as caught:
+            for _ in range(100):
+                await store.create(TokenRequest(scopes=["read"], name="x" * 60), EVERYONE)
+                created += 1
+        assert caught.value.http_status == 503 and "EMBER_TOKENS_KV_MAX_BYTES" in caught.value.message
+        return created
+
+    assert 0 < _store_test(nats_url, StorageLimits(tokens_kv_max_bytes=4096), body) < 100
+
+
+async def _until(predicate, timeout_s: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting for the token mirror"
+        await asyncio.sleep(0.01)

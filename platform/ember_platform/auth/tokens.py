@@ -8,16 +8,19 @@ stays, marked ``revoked_at``, so that an id is never issued twice and the first 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import math
 import time
 
 import msgspec
+from nats.errors import Error as NatsError
 from nats.js.errors import KeyDeletedError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from ember._errors import NotFoundError, UnauthenticatedError
+from ember._errors import NotFoundError, UnauthenticatedError, UnavailableError
 from ember.wire import encoder
 from ember.wire.jetstream import KVMirror
 from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest, new_token, parse_token, secret_digest
@@ -27,6 +30,8 @@ log = logging.getLogger("ember.auth")
 _decoder = msgspec.json.Decoder(StoredToken)
 FIRST_ADMIN_ID = "admin"  # the id of the token a control plane prints at the first start of an installation
 _HINT = "send Authorization: Bearer <token> (set EMBER_TOKEN, or run `ember login`)"
+KEEP_DEAD_S = 30 * 86400.0  # a revoked or expired token's record is kept this long (its id stays taken), then purged
+COLLECT_EVERY_S = 3600.0
 
 
 class TokenRefused(UnauthenticatedError):
@@ -47,11 +52,17 @@ class TokenStore:
         self._kv = kv
         self.mirror: KVMirror[StoredToken] = KVMirror(kv, _decoder.decode)
         self._principals: dict[str, tuple[StoredToken, Principal]] = {}
+        self._collector: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.mirror.start()
+        self._collector = asyncio.create_task(self._collect_every(COLLECT_EVERY_S), name="token-collector")
 
     async def stop(self) -> None:
+        if self._collector is not None:
+            self._collector.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._collector
         await self.mirror.stop()
 
     # -- the check on every request -------------------------------------------------------------------------------
@@ -84,7 +95,7 @@ class TokenStore:
 
     # -- the admin routes ---------------------------------------------------------------------------------------
 
-    def list(self) -> list[TokenInfo]:
+    def live(self) -> list[TokenInfo]:
         """Every live token's record (no secrets), oldest first."""
         now = time.time()
         live = [s.info for s in self.mirror.items.values()
@@ -117,7 +128,11 @@ class TokenStore:
         if stored is None or stored.revoked_at is not None:
             raise NotFoundError(f"no token {token_id[:40]!r} (unknown or revoked already)")
         revoked = msgspec.structs.replace(stored, revoked_at=time.time())
-        revision = await self._kv.put(token_id, encoder.encode(revoked))
+        try:
+            revision = await self._kv.put(token_id, encoder.encode(revoked))
+        except (NatsError, OSError, TimeoutError) as exc:
+            raise UnavailableError(f"token {token_id} could not be revoked ({type(exc).__name__}: {exc}); retry",
+                                   retry_after_s=1.0) from exc
         self.mirror.record(token_id, revoked, revision)
         log.info("token %s revoked by %s", token_id, by.token_id or "-")
         return stored.info
@@ -151,12 +166,41 @@ class TokenStore:
         info = TokenInfo(id=FIRST_ADMIN_ID, name="first admin", scopes=["admin"], apps=["*"], created_at=time.time())
         return token if await self._create(StoredToken(info=info, secret_sha256=secret_digest(secret))) else None
 
+    # -- the collector ------------------------------------------------------------------------------------------
+
+    async def collect(self, now: float | None = None) -> list[str]:
+        """Purge the records of tokens revoked or expired more than ``KEEP_DEAD_S`` ago (the first admin token's
+        record stays: it is printed once per installation); the ids purged. Every control plane may run it."""
+        limit = (now if now is not None else time.time()) - KEEP_DEAD_S
+        dead = [token_id for token_id, s in list(self.mirror.items.items())
+                if token_id != FIRST_ADMIN_ID and min(s.revoked_at or math.inf, s.info.expires_at or math.inf) < limit]
+        for token_id in dead:
+            await self._kv.purge(token_id)
+        if dead:
+            log.info("purged the records of %d tokens revoked or expired %d days ago", len(dead), KEEP_DEAD_S // 86400)
+        return dead
+
+    async def _collect_every(self, period_s: float) -> None:
+        while True:
+            try:
+                await self.collect()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("collecting dead tokens failed; trying again in %.0f s", period_s)
+            await asyncio.sleep(period_s)
+
     async def _create(self, stored: StoredToken) -> bool:
-        """Store a new record; False when its id is taken."""
+        """Store a new record; False when its id is taken. ``UnavailableError`` (503) when the bucket refuses it
+        (full: EMBER_TOKENS_KV_MAX_BYTES)."""
         try:
             revision = await self._kv.create(stored.info.id, encoder.encode(stored))
         except KeyWrongLastSequenceError:
             return False
+        except (NatsError, OSError, TimeoutError) as exc:
+            raise UnavailableError(f"the token could not be stored ({type(exc).__name__}: {exc}); the ember_tokens "
+                                   "bucket may be full (EMBER_TOKENS_KV_MAX_BYTES): revoke tokens, or raise it",
+                                   retry_after_s=5.0) from exc
         self.mirror.record(stored.info.id, stored, revision)
         return True
 

@@ -25,7 +25,7 @@ async def create_token(request: Request) -> Response:
 
 
 async def list_tokens(request: Request) -> Response:
-    return json_response(platform_of(request).tokens.list())
+    return json_response(platform_of(request).tokens.live())
 
 
 async def revoke_token(request: Request) -> Response:
