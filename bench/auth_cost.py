@@ -1,0 +1,205 @@
+"""The cost of the token check on the call path: the same calls through a control plane that checks tokens and
+through one that does not (``--insecure-no-auth``, on loopback), in the same run.
+
+What is measured
+    * the check itself, in this process: ``TokenStore.authenticate`` of an ``Authorization`` header and the scope
+      and app check, the work the gateway adds to every call (microseconds per check);
+    * ``hello.echo`` over HTTP (examples/hello/hello.py) through each of the two control planes: p50 latency at
+      concurrency 1 and requests/s at concurrency 64, the same closed-loop load generator as
+      ``bench/http_latency.py``.
+
+How
+    One ``EmbeddedPlatform`` (nats-server, a control plane, a node agent) in a temporary directory, and two more
+    control planes on its NATS, started the same way as the first but with ``--port 0``: one with the platform's
+    bootstrap token file (tokens checked), one with ``--insecure-no-auth`` (nothing checked). Both are standbys
+    of the control loop, so that neither carries it; the same replicas answer both. The calls through the checking
+    one send an ``invoke`` token limited to ``hello``. Rounds alternate the two, in alternating order; the table
+    gives each one's median over the rounds and their ratio.
+
+    With ``--same`` neither control plane checks tokens (an A/A run): what remains between the two columns is
+    the two processes' own difference on this machine, the resolution of the comparison.
+
+Usage
+    python bench/auth_cost.py [--rounds N] [--quick] [--same]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from http_latency import (  # noqa: E402  (bench/ is not a package)
+    FULL,
+    QUICK,
+    Plan,
+    Target,
+    deploy_examples,
+    markdown_table,
+    measure,
+    say,
+    stop_process,
+)
+
+from ember import _loop as ember_loop  # noqa: E402
+
+ECHO_BODY = [json.dumps({"message": "hello", "n": 42}).encode()]
+CHECKS = 200_000
+
+
+def check_cost_us() -> float:
+    """Microseconds per token check (authenticate the header, then the scope and app check), in this process."""
+    from ember.wire import StoredToken, TokenInfo
+    from ember.wire.tokens import new_token, parse_token, secret_digest
+    from ember_platform.auth.tokens import TokenStore
+
+    store = TokenStore(None)  # type: ignore[arg-type]  # its mirror is filled by hand, never started
+    for i in range(1000):  # a store of a thousand tokens
+        token = new_token()
+        token_id, secret = parse_token(token) or ("", "")
+        store.mirror.items[token_id] = StoredToken(
+            info=TokenInfo(id=token_id, name=f"t{i}", scopes=["invoke"], apps=["hello", "team-*"], created_at=0.0),
+            secret_sha256=secret_digest(secret))
+    header = f"Bearer {token}"
+    best = float("inf")
+    for _ in range(5):
+        started = time.perf_counter()
+        for _ in range(CHECKS):
+            store.authenticate(header).require("invoke", "hello")
+        best = min(best, (time.perf_counter() - started) / CHECKS * 1e6)
+    return best
+
+
+def start_control_plane(first: subprocess.Popen[bytes], work: Path, name: str, *auth: str) -> tuple[
+        subprocess.Popen[bytes], str]:
+    """Another control plane, started as ``first`` was (same NATS and settings) but on a free port, with ``auth``
+    in place of the first's ``--bootstrap-token-file``."""
+    from ember._procs import die_with_parent
+
+    args = [str(a) for a in first.args]  # type: ignore[union-attr]
+    for flag in ("--port", "--url-file", "--bootstrap-token-file"):
+        if flag in args:
+            at = args.index(flag)
+            del args[at:at + 2]
+    url_file = work / f"{name}.url"
+    log = (work / f"{name}.log").open("ab")
+    proc = subprocess.Popen([*args, "--port", "0", "--url-file", str(url_file), *auth], stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
+    log.close()
+    deadline = time.monotonic() + 60
+    while not url_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"control plane {name} did not start; see {work / (name + '.log')}")
+        time.sleep(0.05)
+    return proc, url_file.read_text()
+
+
+def invoke_token(url: str, admin: str) -> str:
+    import httpx
+
+    response = httpx.post(f"{url}/v1/tokens", json={"scopes": ["invoke"], "apps": ["hello"], "name": "bench"},
+                          headers={"Authorization": f"Bearer {admin}"}, timeout=30)
+    response.raise_for_status()
+    return str(response.json()["token"])
+
+
+def measure_rounds(checked: Target, unchecked: Target, rounds: int, plan: Plan) -> dict[str, list[float]]:
+    """``rounds`` interleaved rounds: p50 at concurrency 1 and req/s at 64, for each target."""
+    results: dict[str, list[float]] = {"p50 on": [], "p50 off": [], "rps on": [], "rps off": [], "errors on": [],
+                                       "errors off": []}
+
+    async def run() -> None:
+        for r in range(rounds):
+            order = [(checked, "on"), (unchecked, "off")]
+            for target, side in order if r % 2 == 0 else order[::-1]:
+                say(f"round {r + 1}/{rounds}: tokens {side}")
+                one, many = await measure(target, 1, plan), await measure(target, 64, plan)
+                results[f"p50 {side}"].append(one.percentile(50))
+                results[f"rps {side}"].append(many.rps)
+                results[f"errors {side}"].append(one.errors + many.errors)
+
+    ember_loop.run(run())
+    return results
+
+
+def render(results: dict[str, list[float]], check_us: float, rounds: int, same: bool) -> str:
+    med = {k: statistics.median(v) for k, v in results.items()}
+    first = "first, no check (A/A)" if same else "tokens checked"
+    rows = [["measure", first, "no check", "difference", "ratio"],
+            ["check alone, in process (us)", f"{check_us:.2f}", "0", f"{check_us:+.2f}", "-"],
+            [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
+             f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
+            [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
+             f"{med['rps on'] - med['rps off']:+,.0f}", f"{med['rps on'] / med['rps off']:.3f}x"],
+            ["answers that were errors, all rounds", f"{sum(results['errors on']):.0f}",
+             f"{sum(results['errors off']):.0f}", "-", "-"]]
+    per_round = [["round", "p50 on", "p50 off", "req/s on", "req/s off"]] + [
+        [str(i + 1), f"{results['p50 on'][i]:.3f}", f"{results['p50 off'][i]:.3f}", f"{results['rps on'][i]:,.0f}",
+         f"{results['rps off'][i]:,.0f}"] for i in range(rounds)]
+    return markdown_table(rows) + "\n\n" + markdown_table(per_round)
+
+
+def run(rounds: int, plan: Plan, same: bool) -> None:
+    from ember.dev.embedded import EmbeddedPlatform
+
+    work = Path(tempfile.mkdtemp(prefix="ember-auth-bench-"))
+    platform = EmbeddedPlatform(work / "state", http_port=0)
+    planes: list[subprocess.Popen[bytes]] = []
+    keep = False
+    try:
+        say("the token check alone")
+        check_us = check_cost_us()
+        say(f"starting the platform in {work}")
+        platform.start()
+        deploy_examples(platform.url, platform.token, ("examples/hello/hello.py",))
+        first = platform._procs["platform"]
+        on, on_url = start_control_plane(first, work, "checked", *(
+            ("--insecure-no-auth",) if same else ("--bootstrap-token-file", str(platform.state_dir / "token"))))
+        off, off_url = start_control_plane(first, work, "unchecked", "--insecure-no-auth")
+        planes += [on, off]
+        token = "" if same else invoke_token(on_url, platform.token)
+        checked = Target("tokens on", f"{on_url}/v1/hello/echo", ECHO_BODY, is_ember=True, token=token)
+        unchecked = Target("tokens off", f"{off_url}/v1/hello/echo", ECHO_BODY, is_ember=True)
+        print(render(measure_rounds(checked, unchecked, rounds, plan), check_us, rounds, same))
+    except Exception:
+        keep = True
+        raise
+    finally:
+        say("stopping")
+        for proc in planes:
+            stop_process(proc)
+        platform.stop()
+        if keep:
+            say(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds of both (default 5)")
+    parser.add_argument("--quick", action="store_true", help="shorter windows, for a smoke run")
+    parser.add_argument("--same", action="store_true",
+                        help="an A/A run: neither control plane checks tokens, to see how much two processes running "
+                             "the same code differ here")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        run(args.rounds, QUICK if args.quick else FULL, args.same)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
