@@ -3,7 +3,12 @@ unpacked once, its weight files read ahead into the page cache, so that a replic
 
 It holds at most ``EMBER_NODE_BUNDLE_CACHE_BYTES`` (unpacked) when it can: ``evict`` removes the unpacked
 bundles that were used least recently and that no replica or zygote uses (``choose_evictions``, a pure
-function); a bundle in use is never removed, even over the budget."""
+function); a bundle in use is never removed, even over the budget.
+
+Only the agent writes here. An unpacked bundle is made read-only (sandboxes also see it through a read-only
+mount), and what it holds is recorded when it is unpacked (``tree_digest``: every entry's path, type, mode,
+size and change time, so that any write, chmod or rename shows); ``verify`` checks that record before each
+fresh start and zygote build, and unpacks the bundle again when it does not match."""
 
 from __future__ import annotations
 
@@ -71,7 +76,7 @@ class BundleCache:
         self._fetched = False  # since the last eviction
         self._last_evict = 0.0
         for leftover in self.root.glob(".*"):  # an unpack or a removal that a crash interrupted
-            shutil.rmtree(leftover, ignore_errors=True)
+            remove_tree(leftover)
 
     def cached(self) -> list[str]:
         """The bundles unpacked here (placement prefers nodes that hold a function's bundle)."""
@@ -99,6 +104,30 @@ class BundleCache:
             self._fetched = True
             self._touch(sha256)
         return dest
+
+    async def verify(self, sha256: str) -> Path:
+        """The unpacked folder of bundle ``sha256``, as it was unpacked: when anything in it changed (or its
+        record is missing), it is removed and unpacked again from the store."""
+        dest = self.root / sha256
+        if dest.is_dir():
+            recorded = self._record(sha256)
+            found = await asyncio.to_thread(tree_digest, dest)
+            if found == recorded:
+                self._touch(sha256)
+                return dest
+            log.warning("bundle %s changed since it was unpacked on this node: unpacking it again", sha256[:12])
+            trash = self.root / f".changed-{sha256[:12]}-{time.monotonic_ns()}"
+            with contextlib.suppress(OSError):
+                dest.rename(trash)
+            self._sizes.pop(sha256, None)
+            await asyncio.to_thread(remove_tree, trash)
+        return await self.get(sha256)
+
+    def _record(self, sha256: str) -> str:
+        try:
+            return (self.root / f"{sha256}.tree").read_text()
+        except OSError:
+            return ""
 
     def _touch(self, sha256: str) -> None:
         """Mark a use; the folder's mtime keeps it across restarts of the agent (written at most once a minute)."""
@@ -146,7 +175,8 @@ class BundleCache:
                 continue
             self._sizes.pop(sha256, None)
             self._used.pop(sha256, None)
-            await asyncio.to_thread(shutil.rmtree, trash, True)
+            (self.root / f"{sha256}.tree").unlink(missing_ok=True)
+            await asyncio.to_thread(remove_tree, trash)
         if doomed:
             total = sum(e.size for e in entries if e.sha256 not in doomed)
             log.info("bundle cache: removed %d unused bundle(s) (%s); %d of %d bytes held", len(doomed),
@@ -157,11 +187,58 @@ class BundleCache:
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name[:12]}-", dir=self.root))
         try:
             unpack_bundle(data, tmp)
+            make_read_only(tmp)
             tmp.rename(dest)
+            (self.root / f"{dest.name}.tree").write_text(tree_digest(dest))
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            remove_tree(tmp)
             raise
         read_ahead(dest)
+
+
+def make_read_only(folder: Path) -> None:
+    """No write permission on anything in ``folder`` (nor on itself): what runs from it cannot change it."""
+    for dirpath, dirs, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.lstat(path).st_mode & 0o555)
+        for name in dirs:
+            path = os.path.join(dirpath, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o555)
+    os.chmod(folder, 0o555)
+
+
+def remove_tree(folder: Path) -> None:
+    """Remove ``folder`` though it was made read-only (its folders get write permission back first)."""
+    if not folder.exists():
+        return
+    with contextlib.suppress(OSError):
+        os.chmod(folder, 0o755)
+    for dirpath, dirs, _ in os.walk(folder):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                path = os.path.join(dirpath, name)
+                if not os.path.islink(path):
+                    os.chmod(path, 0o755)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def tree_digest(folder: Path) -> str:
+    """What ``folder`` holds, in a few bytes: each entry's path, type, mode, size and change time (a write, a
+    chmod, a rename or a new file changes it; reading does not). Not the folder's own times: the agent
+    marks a bundle's last use on it."""
+    digest = hashlib.sha256()
+    for dirpath, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files + dirs):
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            target = os.readlink(path) if os.path.islink(path) else ""
+            digest.update(f"{os.path.relpath(path, folder)}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0"
+                          f"{st.st_ctime_ns}\0{target}\n".encode())
+    return digest.hexdigest()
 
 
 def folder_size(folder: Path) -> int:
