@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ember import _loop as ember_loop
 from ember_runtime.agent.node import NodeAgent
+from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
 
 
 def main() -> None:
@@ -20,9 +21,20 @@ def main() -> None:
     parser.add_argument("--node-id", default=None)
     parser.add_argument("--inventory", type=Path, default=os.environ.get("EMBER_INVENTORY") or None,
                         help="a declared (virtual) inventory file instead of this machine's GPUs")
+    sandboxing = parser.add_mutually_exclusive_group()
+    sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
+                            default="required", help="run replicas without a sandbox: they see the whole node")
+    sandboxing.add_argument("--sandbox-if-possible", dest="sandbox", action="store_const", const="if-possible",
+                            help="sandbox replicas where the kernel allows it, else run them unsandboxed with a "
+                                 "warning (`ember dev`); by default the agent refuses to start without sandboxes")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
-    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory)
+    try:
+        sandbox = Sandbox.for_node(args.sandbox)
+    except SandboxUnavailable as exc:
+        parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
+                     "everything this agent can, pass --insecure-no-sandbox")
+    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, sandbox=sandbox)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -64,7 +64,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cpu = min(os.sched_getaffinity(0))
     (tmp / "node.toml").write_text(inventory(cpu))
     with TestPlatform(tmp / "state") as platform, authed_client(platform) as http:
-        agent = platform.add_agent(NODE, tmp / "node.toml")
+        # Unsandboxed: the virtual GPU driver keys its table by pids on the node, which a sandboxed process
+        # (in its own pid namespace) does not know for the workers it starts.
+        agent = platform.add_agent(NODE, tmp / "node.toml", sandbox=False)
         transport = Transport(platform.url, token=platform.token)
         try:
             wait_for(lambda: NODE in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,

@@ -4,6 +4,7 @@ is read (and cut in the logs), and the processes a replica started stop with it.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from support.paths import TEST_APPS
@@ -37,9 +38,32 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _on_node(pid: int, replicas: set[int]) -> int:
+    """The pid on this node of the process that one of ``replicas`` (pids on the node) knows as ``pid``: in a
+    sandbox, a replica and what it starts have pids of the sandbox's own."""
+    for entry in Path("/proc").iterdir():
+        try:
+            status = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines() if ":" in line)
+        except (OSError, ValueError):
+            continue
+        if int(status["NSpid"].split()[-1]) != pid:
+            continue
+        ancestor = int(status["PPid"])
+        while ancestor > 1 and ancestor not in replicas:
+            try:
+                ancestor = int((Path("/proc") / str(ancestor) / "stat").read_text().rpartition(")")[2].split()[1])
+            except OSError:
+                break
+        if ancestor in replicas:
+            return int(entry.name)
+    raise AssertionError(f"no process {pid} under the replicas {replicas}")
+
+
 def test_the_processes_a_replica_started_stop_with_it(deployed, http):
     deployed(TEST_APPS / "wedge" / "wedge.py")
-    child = http.post("/v1/wedge/spawn_child").json()
+    replicas = {r["pid"] for s in http.get("/v1/apps/wedge").json()["services"] if s["name"] == "spawn_child"
+                for r in s["replicas"]}
+    child = _on_node(http.post("/v1/wedge/spawn_child").json(), replicas)
     assert _alive(child)
     try:
         assert http.delete("/v1/apps/wedge").status_code == 204

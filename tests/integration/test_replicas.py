@@ -20,6 +20,7 @@ import ember
 from ember._deploy import app_view
 
 pytestmark = pytest.mark.integration
+HOST_PID = 'int(os.environ.get("EMBER_HOST_PID") or os.getpid())'  # a replica's pid on the node, sandboxed or not
 
 
 def ready_pids(transport, app: str, service: str) -> set[int]:
@@ -65,7 +66,7 @@ def test_a_new_version_replaces_the_old_one(tmp_path, transport, http):
 def test_deleting_an_app_stops_its_replicas(tmp_path, transport, http):
     app_file = tmp_path / "doomed.py"
     app_file.write_text('import ember, os\napp = ember.App("doomed")\n'
-                        "@app.function()\ndef pid() -> int:\n    return os.getpid()\n")
+                        f"@app.function()\ndef pid() -> int:\n    return {HOST_PID}\n")
     ember.deploy(app_file, transport=transport, timeout_s=60)
     pid = http.post("/v1/doomed/pid").json()
     transport.request("DELETE", "/v1/apps/doomed")
@@ -173,7 +174,7 @@ def test_a_call_whose_client_went_away_is_dropped_from_the_queue(probe, transpor
 def test_a_replica_start_is_measured_phase_by_phase(tmp_path, transport, http):
     app_file = tmp_path / "phased.py"
     app_file.write_text('import os\nimport ember\napp = ember.App("phased")\n'
-                        "@app.function()\ndef pid() -> int:\n    return os.getpid()\n")
+                        f"@app.function()\ndef pid() -> int:\n    return {HOST_PID}\n")
     ember.deploy(app_file, transport=transport, timeout_s=60)
 
     def replica():

@@ -24,10 +24,13 @@ class TestPlatform(EmbeddedPlatform):
         proc.wait(timeout_s)
         self._start_nats(timeout_s, port)
 
-    def add_agent(self, node_id: str, inventory: Path | None = None) -> subprocess.Popen[bytes]:
-        """Start one more node agent here (a declared ``inventory`` simulates that node's GPUs)."""
+    def add_agent(self, node_id: str, inventory: Path | None = None, *,
+                  sandbox: bool = True) -> subprocess.Popen[bytes]:
+        """Start one more node agent here (a declared ``inventory`` simulates that node's GPUs); its replicas in
+        sandboxes where this machine allows them, unless ``sandbox`` is false."""
         cmd = [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url, "--node-id", node_id,
-               "--state-dir", str(self.state_dir / f"node-{node_id}")]
+               "--state-dir", str(self.state_dir / f"node-{node_id}"),
+               "--sandbox-if-possible" if sandbox else "--insecure-no-sandbox"]
         return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
 
     def add_control_plane(self, name: str, timeout_s: float = 60.0) -> str:

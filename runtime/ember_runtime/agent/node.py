@@ -9,6 +9,7 @@ import os
 import socket
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 
 from ember.wire import (
@@ -25,7 +26,9 @@ from ember.wire import (
 from ember.wire.jetstream import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import numa
+from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
+from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
 from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
@@ -46,7 +49,7 @@ class NodeAgent:
     """
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
-                 inventory: Path | None = None) -> None:
+                 inventory: Path | None = None, sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
         self.nats_url = nats_url
         self.state_dir = state_dir
         self.node_id = node_id or f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
@@ -60,7 +63,10 @@ class NodeAgent:
         self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
         self._slot_bundles: dict[SlotKey, str] = {}  # the bundle each running slot was started from
         self._zygote_bundles: set[str] = set()  # the bundles of the zygotes held
-        self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event)
+        self.sandbox = sandbox  # replicas and zygotes run in it (see ``sandbox``), when enabled
+        self.cgroups: MemoryCgroups | None = None
+        self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event, sandbox_=sandbox,
+                                  verify=lambda sha256: self.bundles.verify(sha256))
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -69,6 +75,7 @@ class NodeAgent:
         stores = await ensure_buckets(nc.jetstream())
         self._nc, self._stores = nc, stores
         self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
+        self.cgroups = MemoryCgroups.for_agent()
         self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
                                                               on_change=lambda *_: self._wake.set())
         await self.assignments.start()
@@ -198,12 +205,21 @@ class NodeAgent:
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes,
-                              startup_timeout_s=slot.startup_timeout_s)
+                              startup_timeout_s=slot.startup_timeout_s, confinement=self._confinement(slot),
+                              verify=partial(self.bundles.verify, slot.bundle_sha256))
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)
         replica.start()
+
+    def _confinement(self, slot: SlotAssignment) -> sandboxes.Confinement:
+        """The replica's sandbox, with the device nodes of its GPUs (a declared inventory has none) and its
+        memory limit."""
+        gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
+        devices = sandboxes.gpu_devices(gpus) if self.inventory is None else ()
+        return sandboxes.Confinement(sandbox=self.sandbox, devices=devices, memory_mb=slot.host_memory_mb,
+                                     cgroups=self.cgroups)
 
     async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:
         """Try the bundle again later, backing off, and say why on the replica's status (``ember status`` and

@@ -10,14 +10,16 @@ import signal
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
-from ember._procs import die_with_parent
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
+from ember_runtime import hostpid
+from ember_runtime.agent import sandbox
+from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
 from ember_runtime.exit_codes import SETUP_FAILURES
@@ -54,7 +56,9 @@ class ReplicaSlot:
     def __init__(self, key: SlotKey, *, nc: Any, replicas_kv: Any, nats_url: str, node_id: str, bundle: Path,
                  module: str, env: dict[str, str], first_start: tuple[str, float, float],
                  gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
-                 zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0) -> None:
+                 zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0,
+                 confinement: sandbox.Confinement = sandbox.NOT_CONFINED,
+                 verify: Callable[[], Awaitable[Path]] | None = None) -> None:
         self.key = key
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
@@ -65,7 +69,7 @@ class ReplicaSlot:
         self._node_id = node_id
         self._bundle = bundle
         self._module = module
-        self._proc: asyncio.subprocess.Process | ForkedProcess | None = None
+        self._proc: asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | None = None
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0
@@ -77,6 +81,10 @@ class ReplicaSlot:
         self._cpus = cpus
         self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
         self._startup_timeout_s = startup_timeout_s
+        self._jail = confinement
+        self._hellos: set[asyncio.Task[None]] = set()
+        self._verify = verify  # the bundle, checked (and unpacked again if it changed) before a fresh start
+        self._cgroup: Path | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -158,26 +166,49 @@ class ReplicaSlot:
         finally:
             _signal_group(self._proc.pid, signal.SIGKILL)  # what a crashed replica started dies with it
             await asyncio.gather(*pumps, return_exceptions=True)
+            MemoryCgroups.remove(self._cgroup)
 
     def _argv(self, kind: str, decided: float, fetch_s: float) -> list[str]:
         """``ember_runtime.replica``'s arguments for this start."""
         k = self.key
-        return ["--nats", self._nats_url, "--bundle", str(self._bundle), "--module", self._module, "--app", k.app,
+        bundle = sandbox.BUNDLE if self._jail.sandbox.enabled else str(self._bundle)
+        return ["--nats", self._nats_url, "--bundle", bundle, "--module", self._module, "--app", k.app,
                 "--service", k.service, "--version", str(k.version), "--replica-id", self.replica_id,
                 "--node-id", self._node_id, "--restarts", str(self.restarts),
                 f"--restart-reason={self._last_restart_reason}", "--start-kind", kind,
                 "--decided-at", repr(decided), "--fetch-s", repr(fetch_s),
                 "--startup-timeout-s", repr(self._startup_timeout_s)]
 
-    async def _spawn(self, kind: str, decided: float, fetch_s: float) -> asyncio.subprocess.Process:
-        """A fresh interpreter: it imports the app and runs all of its setup."""
-        return await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ember_runtime.replica", *self._argv(kind, decided, fetch_s),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, cwd=self._bundle,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", **self._env},
-            start_new_session=True,
-            preexec_fn=partial(_prepare_child, self._cpus))
+    async def _spawn(self, kind: str, decided: float,
+                     fetch_s: float) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
+        """A fresh interpreter (in its sandbox, where the node has them): it imports the app and runs all of its
+        setup. Its bundle is checked first; it joins its memory cgroup before it runs anything."""
+        if self._verify is not None:
+            self._bundle = await self._verify()
+        jail = self._jail
+        self._cgroup = jail.cgroups.prepare(f"replica-{self.replica_id}", jail.memory_mb) if jail.cgroups else None
+        preexec = partial(sandbox.prepare_child, self._cpus, cgroup=MemoryCgroups.joiner(self._cgroup))
+        env = sandbox.environment(self._env, sandboxed=jail.sandbox.enabled, secrets=jail.secrets)
+        command = [sys.executable, "-m", "ember_runtime.hostpid", "ember_runtime.replica",
+                   *self._argv(kind, decided, fetch_s)]
+        if not jail.sandbox.enabled:
+            return await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=self._bundle, env=env, start_new_session=True, preexec_fn=preexec)
+        ours, theirs = hostpid.socket_pair()
+        env[hostpid.FD_ENV] = str(theirs.fileno())
+        try:
+            proc = await sandbox.start(jail.sandbox, command, jail.jail(self._bundle, env), env, preexec,
+                                       pass_fds=[theirs.fileno()])
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        hello = asyncio.create_task(_learn_host_pid(proc, ours), name=f"host-pid-{self.replica_id}")
+        self._hellos.add(hello)
+        hello.add_done_callback(self._hellos.discard)
+        return proc
 
     async def _fork(self, decided: float) -> ForkedProcess | None:
         """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
@@ -187,9 +218,12 @@ class ReplicaSlot:
         zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S)
         if zygote is None:
             return None
-        argv = [*self._argv("zygote", decided, 0.0), "--exit-with", str(os.getpid())]
+        argv = self._argv("zygote", decided, 0.0)
+        jail = self._jail
+        self._cgroup = jail.cgroups.prepare(f"replica-{self.replica_id}", jail.memory_mb) if jail.cgroups else None
         try:
-            return await zygote.fork(argv, {"PYTHONUNBUFFERED": "1", **self._env}, self._cpus)
+            return await zygote.fork(argv, {"PYTHONUNBUFFERED": "1", **self._env, **jail.secrets}, self._cpus,
+                                     cgroup=self._cgroup)
         except ZygoteError as exc:
             await self._publish("agent", f"replica {self.replica_id}: could not fork from the zygote ({exc}); "
                                          "starting it fresh")
@@ -259,10 +293,11 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-def _prepare_child(cpus: frozenset[int] | None) -> None:
-    """Runs in the replica between fork and exec: it dies with the agent, and every thread it ever starts
-    inherits the CPUs it is pinned to. The agent checked ``cpus`` exist; a failure must not stop the start."""
-    die_with_parent()
-    if cpus and hasattr(os, "sched_setaffinity"):
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, cpus)
+async def _learn_host_pid(proc: sandbox.SandboxedProcess, sock: Any) -> None:
+    """Answer the sandboxed replica's question (its pid on this node) and remember the answer."""
+    try:
+        _, proc.host_pid = await asyncio.wait_for(hostpid.answer(sock), hostpid.ASK_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        pass
+    finally:
+        sock.close()

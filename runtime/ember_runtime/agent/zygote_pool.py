@@ -4,6 +4,13 @@ A ``Zygote`` starts ``python -m ember_runtime.zygote`` and, once it reports read
 (see that module for the protocol). A zygote that fails to build, dies, or cannot fork is discarded with
 an event (a log line at warning level and a count in its status) and the replica starts fresh; the pool
 builds it again while the scheduler still wants it, with a growing delay after repeated failures.
+
+A zygote runs in the same sandbox as a replica of its version (where the node has them), and its forked
+replicas stay in it: the sandbox outlives the zygote while they run. Only the agent can ask a zygote for a
+replica: the agent binds the zygote's socket in its own state dir (which no sandbox sees) and hands the
+zygote the listening descriptor, which its forked children close; the zygote checks each caller's
+credentials too. Zygotes and their replicas hold the read end of one pipe whose write end only the agent
+holds (the *lifeline*): when the agent dies they see it close, and stop.
 """
 
 from __future__ import annotations
@@ -16,18 +23,23 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
-from ember._procs import die_with_parent
 from ember.wire import ZygoteAssignment, ZygoteStatus
+from ember_runtime import hostpid
+from ember_runtime.agent import sandbox
+from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
 Event = Callable[[str, str, str], None]  # (app, service, line): a zygote's failure, for the app's log stream
+Verify = Callable[[str], Awaitable[Path]]  # a bundle's sha256 -> its unpacked folder, checked
 BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
 RETRY_MAX_S = 60.0
@@ -101,14 +113,20 @@ class Zygote:
     """One zygote process: built from an unpacked bundle, then forking replicas on request."""
 
     def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
-                 on_event: Event | None = None) -> None:
+                 on_event: Event | None = None, *, sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX,
+                 lifeline: int = -1, verify: Verify | None = None) -> None:
         self.assignment = assignment
         self._nats_url = nats_url
         self._on_event = on_event
         self.key: ZygoteKey = (assignment.app, assignment.service, assignment.version)
         self._bundle = bundle
         self._socket = socket_path
-        self._proc: asyncio.subprocess.Process | None = None
+        self._sandbox = sandbox_
+        self._lifeline = lifeline  # the read end of the agent's lifeline, handed to the zygote
+        self._verify = verify
+        self._proc: asyncio.subprocess.Process | sandbox.SandboxedProcess | None = None
+        self._pid = 0  # the zygote's own pid on this node
+        self._hello: asyncio.Task[None] | None = None
         self._ready: Ready | None = None
         self.state = "building"
         self.message = ""
@@ -131,25 +149,74 @@ class Zygote:
         """The process is gone (built and died, or failed to build)."""
         return self._task is not None and self._task.done() and not self.ready
 
+    async def _start(self) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
+        """The zygote process, listening on the socket the agent bound, its pid on this node asked for."""
+        if self._verify is not None:
+            self._bundle = await self._verify(self.assignment.bundle_sha256)
+        listener = _listen(self._socket)
+        ours, theirs = hostpid.socket_pair()
+        fds = (listener.fileno(), theirs.fileno(), self._lifeline)
+        enabled = self._sandbox.enabled
+        bundle = sandbox.BUNDLE if enabled else str(self._bundle)
+        cmd = [sys.executable, "-m", "ember_runtime.zygote", "--bundle", bundle, "--module", self.assignment.module,
+               "--app", self.assignment.app,
+               "--service", self.assignment.service, "--listen-fd", str(listener.fileno()),
+               "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url]
+        env = {**sandbox.environment({}, sandboxed=enabled), hostpid.FD_ENV: str(theirs.fileno())}
+        preexec = partial(sandbox.prepare_child, None)
+        try:
+            if enabled:
+                jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True)
+                proc: asyncio.subprocess.Process | sandbox.SandboxedProcess = await sandbox.start(
+                    self._sandbox, cmd, jail, env, preexec, pass_fds=fds)
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, cwd=self._bundle, env=env, start_new_session=True,
+                    pass_fds=fds, preexec_fn=preexec)
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            listener.close()
+            theirs.close()
+        self._hello = asyncio.create_task(self._learn_pid(ours), name=f"zygote-pid-{self.key}")
+        return proc
+
+    async def _learn_pid(self, sock: socket.socket) -> None:
+        try:
+            _, self._pid = await asyncio.wait_for(hostpid.answer(sock), BUILD_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+
+    def _kill(self) -> None:
+        """SIGKILL the zygote process alone: the replicas it forked live on (in its sandbox, when it has one)."""
+        if self._proc is None or self._proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if self._pid:
+                os.kill(self._pid, signal.SIGKILL)
+            else:
+                self._proc.send_signal(signal.SIGKILL)
+
     async def _build(self) -> None:
         started = time.time()
-        cmd = [sys.executable, "-m", "ember_runtime.zygote", "--bundle", str(self._bundle),
-               "--module", self.assignment.module, "--app", self.assignment.app,
-               "--service", self.assignment.service, "--socket", str(self._socket), "--nats", self._nats_url]
-        self._proc = await asyncio.create_subprocess_exec(
-            *cmd, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=self._bundle, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-            preexec_fn=die_with_parent)
+        try:
+            self._proc = await self._start()
+        except Exception as exc:
+            self._fail(f"zygote {self._name} could not start: {type(exc).__name__}: {exc}")
+            return
         assert self._proc.stdout is not None and self._proc.stderr is not None
         announced: asyncio.Future[Ready] = asyncio.get_running_loop().create_future()
         pumps = asyncio.gather(self._pump(self._proc.stdout, announced), self._pump(self._proc.stderr))
         try:
             self._ready = await asyncio.wait_for(asyncio.shield(announced), BUILD_TIMEOUT_S)
         except (TimeoutError, ZygoteError):
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+            self._kill()
             await self._proc.wait()
-            await asyncio.gather(pumps, return_exceptions=True)
+            await _drain(pumps)
             self._fail(f"zygote {self._name} failed to build: {self._last_error()}")
             return
         self.build_s = time.time() - started
@@ -158,7 +225,7 @@ class Zygote:
         log.info("zygote %s ready in %.2fs (imports %.2fs, snap setup %.2fs, %d MB)", self._name, self.build_s,
                  self._ready.imports_s, self._ready.snap_setup_s, self._ready.rss_mb)
         code = await self._proc.wait()
-        await asyncio.gather(pumps, return_exceptions=True)
+        await _drain(pumps)
         if self.state == "ready":  # not stopped by us
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
                 f"exited with code {code}: {self._last_error()}"
@@ -195,8 +262,12 @@ class Zygote:
         app, service, version = self.key
         return f"{app}.{service} v{version}"
 
-    async def fork(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] | None) -> ForkedProcess:
-        """Fork a replica with these arguments (``ember_runtime.replica``'s) and extra environment."""
+    async def fork(self, argv: Sequence[str], env: dict[str, str], cpus: frozenset[int] | None,
+                   cgroup: Path | None = None) -> ForkedProcess:
+        """Fork a replica with these arguments (``ember_runtime.replica``'s) and extra environment.
+
+        The forked child answers itself; the kernel tells its pid on this node with the answer. It joins
+        ``cgroup`` and learns that pid before it goes on to become the replica."""
         if not self.ready:
             raise ZygoteError(f"zygote {self._name} is {self.state}")
         loop = asyncio.get_running_loop()
@@ -205,42 +276,49 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             request = ForkRequest(argv=list(argv), env=env, cpus=sorted(cpus or ()))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             conn.settimeout(5.0)
             conn.connect(str(self._socket))
             socket.send_fds(conn, [msgspec.json.encode(request)], [out_w, err_w])
             conn.setblocking(False)
-            reply = msgspec.json.decode(await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), 5.0),
-                                        type=ForkReply)
+            data, pid = await asyncio.wait_for(hostpid.receive(conn, MAX_MESSAGE), 5.0)
+            reply = msgspec.json.decode(data, type=ForkReply)
             if not reply.pid:
                 raise ZygoteError(reply.error or "the zygote closed the connection")
+            pid = pid or reply.pid
+            MemoryCgroups.move(cgroup, pid)
+            await loop.sock_sendall(conn, str(pid).encode())  # go on: you are ``pid`` on this node
         except (OSError, TimeoutError, msgspec.DecodeError, ZygoteError) as exc:
             conn.close()
             for fd in (out_r, err_r):
                 os.close(fd)
             self._fail(f"zygote {self._name} could not fork: {exc}")
-            with contextlib.suppress(ProcessLookupError):
-                if self._proc is not None:
-                    self._proc.kill()  # discard it: the pool builds a new one
+            self._kill()  # discard it: the pool builds a new one
             raise ZygoteError(str(exc)) from exc
         finally:
             os.close(out_w)
             os.close(err_w)
         self.forks += 1
-        return ForkedProcess(reply.pid, conn, await _reader(out_r), await _reader(err_r))
+        return ForkedProcess(pid, conn, await _reader(out_r), await _reader(err_r))
 
     async def stop(self) -> None:
         self.state = "stopped"
         self.settled.set()
         if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.terminate()
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if self._pid:
+                    os.kill(self._pid, signal.SIGTERM)
+                else:
+                    self._proc.send_signal(signal.SIGTERM)
             try:
                 await asyncio.wait_for(self._proc.wait(), 5.0)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self._proc.kill()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+                self._kill()
+        for task in (self._task, self._hello):
+            if task is not None:
+                if task is self._hello:
+                    task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
 
@@ -249,8 +327,36 @@ class Zygote:
         ready = self._ready
         state = self.state if self.state in ("building", "ready") else "failed"
         return ZygoteStatus(app=app, service=service, version=version, state=state,  # type: ignore[arg-type]
-                            pid=ready.pid if ready and self.ready else 0, rss_mb=ready.rss_mb if ready else 0,
+                            pid=(self._pid or ready.pid) if ready and self.ready else 0,
+                            rss_mb=ready.rss_mb if ready else 0,
                             build_s=self.build_s, forks=self.forks, failures=self.failures, message=self.message)
+
+
+async def _drain(pumps: asyncio.Future[Any], grace_s: float = 2.0) -> None:
+    """The rest of a zygote's output once it exited: what its sandbox's other processes (its replicas, which
+    inherited nothing of it but bwrap's pid 1 did) may hold open is not waited for."""
+    try:
+        await asyncio.wait_for(asyncio.shield(pumps), grace_s)
+    except TimeoutError:
+        pumps.cancel()
+    except Exception:
+        pass
+
+
+def _listen(path: Path) -> socket.socket:
+    """The zygote's socket, bound by the agent in its own state dir and handed to the zygote as a descriptor."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        listener.bind(str(path))
+        os.chmod(path, 0o600)
+        listener.listen(64)
+        listener.set_inheritable(True)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
 
 
 async def _reader(fd: int) -> asyncio.StreamReader:
@@ -263,10 +369,16 @@ async def _reader(fd: int) -> asyncio.StreamReader:
 class ZygotePool:
     """The zygotes this node holds: those in its assignment, built and rebuilt as needed."""
 
-    def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None) -> None:
+    def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None, *,
+                 sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX, verify: Verify | None = None) -> None:
         self._dir = state_dir / "zygotes"
         self._nats_url = nats_url
         self._on_event = on_event
+        self._sandbox = sandbox_
+        self._verify = verify
+        # One lifeline for every zygote and replica forked here: only this process holds the write end, so the
+        # read end closes when it dies, and never before (a zygote stopped here leaves its replicas running).
+        self._lifeline, self._lifeline_w = os.pipe()
         self._zygotes: dict[ZygoteKey, Zygote] = {}
         self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
         self._retry_at: dict[ZygoteKey, float] = {}
@@ -301,9 +413,10 @@ class ZygotePool:
                 if now < self._retry_at[key]:
                     continue
             self._retry_at.pop(key, None)
-            self._dir.mkdir(parents=True, exist_ok=True)
+            self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url,
-                                 self._on_event)
+                                 self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
+                                 verify=self._verify)
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()
@@ -315,5 +428,9 @@ class ZygotePool:
         return [z.status() for _, z in sorted(self._zygotes.items())]
 
     async def stop(self) -> None:
+        """Stop the zygotes, then let go of the lifeline: replicas forked here that are still running stop too."""
         await asyncio.gather(*(z.stop() for z in self._zygotes.values()), return_exceptions=True)
         self._zygotes.clear()
+        for fd in (self._lifeline_w, self._lifeline):
+            with contextlib.suppress(OSError):
+                os.close(fd)

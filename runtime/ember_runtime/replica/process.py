@@ -36,6 +36,7 @@ from ember.wire import (
 )
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import Stores, connect, ensure_buckets
+from ember_runtime import hostpid
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
 from ember_runtime.replica.answers import Answers, answer_of
@@ -65,7 +66,7 @@ class Replica:
         self.args = args
         self.preloaded = preloaded  # forked from a zygote: the app is imported and its snap setup has run
         self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
-                                    service=args.service, version=args.version, state="starting", pid=os.getpid(),
+                                    service=args.service, version=args.version, state="starting", pid=hostpid.current(),
                                     started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
                                     restart_reason=args.restart_reason)
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")

@@ -9,10 +9,17 @@ The zygote stays single-threaded and never runs an event loop, so that nothing w
 (threads, loops, sockets) is inherited: the child closes what the zygote holds, takes the stdout and stderr
 the agent passed along with the request, and starts its own NATS connection, loop and model thread.
 
-Protocol (``SOCK_SEQPACKET``, one connection per replica, one JSON message each way and then one more):
-the agent sends a ``ForkRequest`` with two file descriptors (the child's stdout and stderr); the zygote
-answers a ``ForkReply`` with the child's pid, and later an ``ExitReport`` once it has reaped the child.
-The child was forked before the request came (see ``serve``).
+Protocol (``SOCK_SEQPACKET``, one connection per replica): the agent sends a ``ForkRequest`` with two file
+descriptors (the child's stdout and stderr); the zygote passes it, with the connection, to a child forked
+before the request came (see ``serve``); the child answers a ``ForkReply`` (with it the kernel tells the agent
+the child's pid on the node, which a sandboxed child cannot know), the agent answers that pid, and the child
+goes on to become the replica. The zygote sends an ``ExitReport`` once it has reaped the child. A refused
+request gets a ``ForkReply`` with an error from the zygote itself.
+
+Only the agent may ask: the agent bound the socket where no sandbox sees it and handed over the listening
+descriptor (``--listen-fd``), every child closes it, and each caller's credentials are checked (its uid is the
+zygote's, and it is the agent: outside the zygote's pid namespace, or its parent when not sandboxed). The
+zygote and its children stop when the agent's lifeline (``--lifeline-fd``) closes: the agent is gone.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ import selectors
 import signal
 import socket
 import stat
+import struct
 import sys
 import time
 import traceback
@@ -37,6 +45,7 @@ import msgspec
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
 from ember.wire.jetstream import connect, ensure_buckets
+from ember_runtime import hostpid
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
 from ember_runtime.replica.endpoint import prepare
 from ember_runtime.replica.process import Preloaded
@@ -69,13 +78,14 @@ def _rss_mb() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str) -> None:
+def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> None:
     """Hand a replica to each request until SIGTERM; report each child's exit to whoever asked for it.
 
     The zygote keeps one child forked ahead of time, a *spare*, waiting for its request: a fork of a
     process holding torch takes several milliseconds, and the spare has also done, before anyone asks,
     what every child does first (its own session, inherited channels closed). A request is passed to the
-    spare, and the next spare is forked after the answer, off the caller's path."""
+    spare, and the next spare is forked after the answer, off the caller's path. It stops when the agent's
+    ``lifeline`` closes, as on SIGTERM."""
     stopping = False
 
     def on_term(*_: Any) -> None:
@@ -92,6 +102,8 @@ def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str) -> None:
     with selectors.DefaultSelector() as sel:
         sel.register(listener, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
+        if lifeline >= 0:
+            sel.register(lifeline, selectors.EVENT_READ)
 
         def close_in_child() -> None:
             sel.close()
@@ -105,18 +117,23 @@ def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str) -> None:
         spare: Spare | None = None
         while not stopping:
             if spare is None or not spare.alive:
-                spare = Spare.fork(preloaded, nats_url, close_in_child)
+                spare = Spare.fork(preloaded, nats_url, close_in_child, lifeline)
             for key, _ in sel.select(timeout=1.0):
                 if key.fileobj is listener:
                     with contextlib.suppress(OSError):
                         conn, _ = listener.accept()
+                        if not _from_agent(conn):
+                            _refuse(conn, "only the node agent may ask this zygote for a replica")
+                            continue
                         if spare is None or not spare.alive:  # a second request in the same wake-up
-                            spare = Spare.fork(preloaded, nats_url, close_in_child)
+                            spare = Spare.fork(preloaded, nats_url, close_in_child, lifeline)
                         if spare.take(conn):
                             children[spare.pid] = conn
                             spare = None
                         else:
                             conn.close()
+                elif key.fileobj == lifeline:
+                    stopping = True  # the agent is gone
                 else:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 512)
@@ -136,7 +153,7 @@ class Spare:
         self._channel = channel
 
     @classmethod
-    def fork(cls, preloaded: Preloaded, nats_url: str, close_in_child: Any) -> Spare:
+    def fork(cls, preloaded: Preloaded, nats_url: str, close_in_child: Any, lifeline: int = -1) -> Spare:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -146,7 +163,7 @@ class Spare:
             try:
                 close_in_child()
                 ours.close()
-                code = _wait_then_serve(theirs, preloaded, nats_url)
+                code = _wait_then_serve(theirs, preloaded, nats_url, lifeline)
             except BaseException:
                 traceback.print_exc()
             finally:
@@ -158,7 +175,8 @@ class Spare:
         return cls(pid, ours)
 
     def take(self, conn: socket.socket) -> bool:
-        """Pass the request waiting on ``conn`` (and its descriptors) to this spare; answer the caller."""
+        """Pass the request waiting on ``conn`` (and its descriptors, and ``conn`` itself) to this spare, which
+        answers the caller."""
         conn.settimeout(5.0)
         fds: list[int] = []
         try:
@@ -166,11 +184,9 @@ class Spare:
             msgspec.json.decode(data, type=ForkRequest)  # refuse a bad request here, not in the child
             if len(fds) != 2:
                 raise ValueError(f"expected the child's stdout and stderr, got {len(fds)} descriptors")
-            socket.send_fds(self._channel, [data], fds)
-            conn.sendall(msgspec.json.encode(ForkReply(pid=self.pid)))
+            socket.send_fds(self._channel, [data], [*fds, conn.fileno()])
         except Exception as exc:
-            with contextlib.suppress(OSError):
-                conn.sendall(msgspec.json.encode(ForkReply(error=f"{type(exc).__name__}: {exc}")))
+            _refuse(conn, f"{type(exc).__name__}: {exc}")
             return False
         finally:
             for fd in fds:
@@ -182,15 +198,33 @@ class Spare:
         self._channel.close()  # the spare sees the end of its channel and exits
 
 
-def _wait_then_serve(channel: socket.socket, preloaded: Preloaded, nats_url: str) -> int:
+def _from_agent(conn: socket.socket) -> bool:
+    """Whether the caller is the node agent: the zygote's own user, and either outside the zygote's pid
+    namespace (its pid reads 0 here: the zygote is sandboxed) or the zygote's parent (it is not)."""
+    ucred = struct.Struct("iII")
+    try:
+        pid, uid, _ = ucred.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, ucred.size))
+    except OSError:
+        return False
+    return uid == os.getuid() and pid in (0, os.getppid())
+
+
+def _refuse(conn: socket.socket, why: str) -> None:
+    with contextlib.suppress(OSError):
+        conn.settimeout(1.0)
+        conn.sendall(msgspec.json.encode(ForkReply(error=why)))
+    conn.close()
+
+
+def _wait_then_serve(channel: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> int:
     os.setsid()  # its own session, as a fresh replica has: the agent signals the whole group
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    _close_channels(keep=channel.fileno())
-    return ember_loop.run(_spare(channel, preloaded, nats_url))
+    _close_channels(keep={channel.fileno(), lifeline})
+    return ember_loop.run(_spare(channel, preloaded, nats_url, lifeline))
 
 
-async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str) -> int:
+async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> int:
     """Connect to NATS and open the buckets, then wait for a request and become the replica it describes.
     Nothing here touches a device: ``CUDA_VISIBLE_DEVICES`` and the rest come with the request."""
     loop = asyncio.get_running_loop()
@@ -206,17 +240,23 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str) ->
     loop.add_reader(channel.fileno(), on_request)
     await asked
     loop.remove_reader(channel.fileno())
-    data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 2)
+    data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 3)
     channel.close()
-    if not data:  # the zygote stopped (or died) before this spare was needed
+    if not data or len(fds) != 3:  # the zygote stopped (or died) before this spare was needed
         await nc.close()
         return 0
     request = msgspec.json.decode(data, type=ForkRequest)
+    with socket.socket(fileno=fds[2]) as conn:  # the agent's connection: answer, and learn the pid on the node
+        conn.settimeout(hostpid.ASK_TIMEOUT_S)
+        host_pid = hostpid.ask(conn, msgspec.json.encode(ForkReply(pid=os.getpid())))
     os.dup2(fds[0], 1)
     os.dup2(fds[1], 2)
-    for fd in fds:
+    for fd in fds[:2]:
         os.close(fd)
     os.environ.update(request.env)
+    os.environ[hostpid.ENV] = str(host_pid)
+    if lifeline >= 0:
+        loop.add_reader(lifeline, _agent_gone, loop, lifeline)
     if request.cpus and hasattr(os, "sched_setaffinity"):
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, request.cpus)
@@ -224,13 +264,19 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str) ->
     return await replica.serve(replica.parse_args(request.argv), preloaded, nc, stores)
 
 
-def _close_channels(keep: int) -> None:
+def _agent_gone(loop: asyncio.AbstractEventLoop, lifeline: int) -> None:
+    """The agent's lifeline closed: the replica drains and stops, as on the agent's own SIGTERM."""
+    loop.remove_reader(lifeline)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _close_channels(keep: set[int]) -> None:
     """Close every inherited socket and pipe but stdio and ``keep``: the zygote's own (from whoever started
     it, or opened by the app's imports) must not stay open in its replicas, where they would keep the other
     end waiting for an end of file that never comes. Files (weights, libraries) stay open."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd <= 2 or fd == keep:
+        if fd <= 2 or fd in keep:
             continue
         with contextlib.suppress(OSError):
             if stat.S_ISSOCK(os.fstat(fd).st_mode) or stat.S_ISFIFO(os.fstat(fd).st_mode):
@@ -271,7 +317,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--module", required=True)
     p.add_argument("--app", required=True)
     p.add_argument("--service", required=True)
-    p.add_argument("--socket", required=True, help="the Unix socket to listen on for fork requests")
+    p.add_argument("--listen-fd", type=int, required=True,
+                   help="the listening Unix socket (bound by the agent) on which fork requests come")
+    p.add_argument("--lifeline-fd", type=int, default=-1, help="closes when the agent is gone: stop")
     p.add_argument("--nats", required=True, help="NATS URL: each spare child connects before it is asked for")
     return p.parse_args(argv)
 
@@ -279,11 +327,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(args.socket)
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(args.socket)
-    listener.listen(64)
+    hostpid.learn()
+    listener = socket.socket(fileno=args.listen_fd)
     try:
         preloaded, ready = build(args)
     except Exception:
@@ -294,6 +339,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("ready: imports %.2fs, snap setup %.2fs, %d MB", ready.imports_s, ready.snap_setup_s, ready.rss_mb)
     import gc
     gc.freeze()
-    serve(listener, preloaded, args.nats)
+    serve(listener, preloaded, args.nats, args.lifeline_fd)
     return 0
 

@@ -60,7 +60,7 @@ class EmbeddedPlatform:
             self._start_nats(timeout_s)
             self._start_platform(timeout_s)
             self._spawn("agent", [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url,
-                                  "--state-dir", str(self.state_dir / "node")])
+                                  "--state-dir", str(self.state_dir / "node"), "--sandbox-if-possible"])
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()

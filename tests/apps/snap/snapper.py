@@ -16,11 +16,11 @@ class Model:
         print("building the model")  # a zygote's own output comes before it announces that it is ready
         torch.manual_seed(0)  # the same weights in a zygote and in a fresh replica
         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2)).eval()
-        self.built_by = os.getpid()
+        self.built_by = int(os.environ.get("EMBER_HOST_PID") or os.getpid())  # in a sandbox: its pid on the node
 
     @ember.setup
     def place(self) -> None:
-        self.serving_pid = os.getpid()
+        self.serving_pid = int(os.environ.get("EMBER_HOST_PID") or os.getpid())
 
     @ember.method
     def predict(self, x: list[float]) -> dict:

@@ -13,7 +13,7 @@ from support.builders import slot
 
 from ember_runtime.agent import inventory, numa
 from ember_runtime.agent.node import NodeAgent
-from ember_runtime.agent.slots import _prepare_child
+from ember_runtime.agent.sandbox import prepare_child
 
 TWO_NODES = {0: frozenset(range(0, 4)), 1: frozenset(range(4, 8))}
 
@@ -149,7 +149,7 @@ def test_the_agent_pins_a_replica_process_to_its_gpus_node(tmp_path: Path) -> No
     # The agent starts replicas with this preexec step: the process, and every thread it starts, stays there.
     script = "import threading; t = threading.Thread(target=input); t.start(); print(t.native_id, flush=True)"
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            preexec_fn=partial(_prepare_child, pin.cpus))
+                            preexec_fn=partial(prepare_child, pin.cpus))
     try:
         assert proc.stdout is not None
         thread = int(proc.stdout.readline())

