@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import nats
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the three-server cluster of the tests
 
 from support.nats_cluster import NatsCluster  # noqa: E402
+from support.natsconn import connect as nats_connect  # noqa: E402
 from support.polling import wait_for  # noqa: E402
 
 from ember._client import Transport  # noqa: E402
@@ -172,7 +172,7 @@ def spawner(ember: Ember, ids: list[str], tally: Tally, stop: threading.Event, r
 async def publisher(url: str, ids: list[str], tally: Tally, stop: threading.Event, rate: float) -> None:
     """Events published with JetStream acks; each accepted one is a call whose record is read at the end (its
     id: ``ev-<scope>-<Nats-Msg-Id>``, see ``ember_runtime.replica.event_headers``)."""
-    nc = await nats.connect(servers=url.split(","), max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+    nc = await nats_connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.5)  # as the control plane
     js = nc.jetstream()
     scope = event_scope(subjects.events_stream("chaos", "event"))
     n = 0

@@ -20,6 +20,8 @@ from ember_platform.gateway.asgi import create_app
 def main() -> None:
     parser = argparse.ArgumentParser(prog="ember_platform", description="Ember control plane")
     parser.add_argument("--nats", default=None, help="NATS URL (default: $EMBER_NATS_URL)")
+    parser.add_argument("--nats-auth-dir", default=None,
+                        help="NATS auth keys, from `python -m ember_platform.natsauth init` ($EMBER_NATS_AUTH_DIR)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700, help="0 picks a free port")
     parser.add_argument("--url-file", type=Path, help="write the served URL here once listening")
@@ -31,7 +33,8 @@ def main() -> None:
     args = parser.parse_args()
     _check_auth(parser, args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s platform %(levelname)s %(message)s")
-    settings = Settings(**({"nats_url": args.nats} if args.nats else {}), **_auth_settings(args))
+    overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir}
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 
     # uvicorn binds the port itself: sockets handed to it skip TCP_NODELAY, costing 40 ms per kept-alive call.
     config = uvicorn.Config(create_app(settings, on_first_token=_announce), host=args.host, port=args.port,

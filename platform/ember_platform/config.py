@@ -13,6 +13,9 @@ class Settings:
     """The control plane's settings; every one can be set from the environment."""
 
     nats_url: str = field(default_factory=lambda: os.environ.get("EMBER_NATS_URL", "nats://127.0.0.1:4222"))
+    # The NATS auth keys (``python -m ember_platform.natsauth init``): the control plane connects with them and
+    # answers the servers' auth callout. Empty: connect anonymously, to a server that allows it (tests of parts).
+    nats_auth_dir: str = field(default_factory=lambda: os.environ.get("EMBER_NATS_AUTH_DIR", ""))
     max_body_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BODY_BYTES", 4 * 1024 * 1024))
     max_bundle_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_BYTES", 256 * 1024 * 1024))
     max_deploy_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_DEPLOY_BYTES", 1024 * 1024))

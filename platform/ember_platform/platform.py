@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nats.aio.client import Client
 
-from ember.wire.jetstream import connect
+from ember.wire import assignment_decoder
+from ember.wire.jetstream import KVMirror, connect
 from ember_platform.auth.bootstrap import bootstrap
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.calls.router import Router
@@ -13,6 +16,8 @@ from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
+from ember_platform.natsauth import keys as auth_keys
+from ember_platform.natsauth.callout import AuthCallout
 
 
 class Platform:
@@ -28,17 +33,23 @@ class Platform:
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
                                    lease=Lease(nc.jetstream()))
+        self.callout: AuthCallout | None = None
         self.tokens = TokenStore(registry.stores.tokens, enabled=settings.auth)
         self.first_token: str | None = None  # an installation's first admin token, created by this start
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
-        nc = await connect(settings.nats_url, "ember-platform")
+        keys = auth_keys.load(Path(settings.nats_auth_dir)) if settings.nats_auth_dir else None
+        nc = await connect(settings.nats_url, "ember-platform", keys.platform_credentials() if keys else None)
         registry = Registry(nc, settings.log_lines_kept, settings.ack_wait_s)
         try:
             await registry.start()
             platform = cls(settings, nc, registry)
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
+            if keys is not None:
+                platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
+                                                                  assignment_decoder.decode), registry.deployments)
+                await platform.callout.start()
             await platform.router.start()
             await platform.control.start()
         except BaseException:
@@ -47,6 +58,8 @@ class Platform:
         return platform
 
     async def stop(self) -> None:
+        if self.callout is not None:
+            await self.callout.stop()
         await self.control.stop()
         await self.control.stop_acting()
         await self.router.stop()

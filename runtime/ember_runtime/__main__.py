@@ -10,6 +10,7 @@ import signal
 from pathlib import Path
 
 from ember import _loop as ember_loop
+from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
 
@@ -21,6 +22,9 @@ def main() -> None:
     parser.add_argument("--node-id", default=None)
     parser.add_argument("--inventory", type=Path, default=os.environ.get("EMBER_INVENTORY") or None,
                         help="a declared (virtual) inventory file instead of this machine's GPUs")
+    parser.add_argument("--nats-creds", type=Path, default=os.environ.get(CREDS_FILE_ENV) or None,
+                        help="this node's NATS credentials file, mode 0600 (`python -m ember_platform.natsauth "
+                             f"node-creds`; default: ${CREDS_FILE_ENV})")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -34,7 +38,11 @@ def main() -> None:
     except SandboxUnavailable as exc:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")
-    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, sandbox=sandbox)
+    try:
+        creds = read_file(args.nats_creds) if args.nats_creds else None
+    except CredentialsError as exc:
+        parser.error(str(exc))
+    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox)
 
     async def run() -> None:
         stop = asyncio.Event()

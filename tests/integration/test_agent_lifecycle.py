@@ -11,9 +11,9 @@ from pathlib import Path
 
 import httpx
 import msgspec
-import nats
 import pytest
 from support.auth import bearer
+from support.natsconn import connect as admin_connect
 from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -56,7 +56,7 @@ def _in_flight(http: httpx.Client) -> int:
 
 def _states(url: str, replica_ids: list[str]) -> set[str]:
     async def read() -> set[str]:
-        nc = await nats.connect(url)
+        nc = await admin_connect(url)
         try:
             kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
             states = set()
@@ -95,7 +95,7 @@ def test_a_bundle_uploaded_again_after_half_the_grace_is_stored_again(tmp_path: 
 
 
 async def _mtime(url: str, sha256: str) -> str:
-    nc = await nats.connect(url)
+    nc = await admin_connect(url)
     try:
         store = await nc.jetstream().object_store(subjects.BUNDLES_STORE)
         return str((await store.get_info(sha256)).mtime)

@@ -15,6 +15,7 @@ import httpx
 import nats
 import pytest
 from support.auth import authed_client
+from support.natsconn import connect as admin_connect
 from support.platform import TestPlatform
 
 import ember
@@ -93,7 +94,7 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
         transport.close()
 
         async def run() -> tuple[str, dict, dict[str, list]]:
-            nc = await nats.connect(platform.nats_url)
+            nc = await admin_connect(platform.nats_url)
             results: dict[str, list] = {}
 
             async def on_result(msg: nats.aio.msg.Msg) -> None:
@@ -196,7 +197,7 @@ def test_reading_dead_letters_creates_no_consumer_and_pages(probe, platform, htt
         assert result(http, call_id)["status"] == "failed"
 
     async def consumers() -> int:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             return (await nc.jetstream().stream_info(subjects.DEAD_STREAM)).state.consumer_count
         finally:

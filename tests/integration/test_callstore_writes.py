@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
-import nats
 import pytest
+from support.natsconn import connect as admin_connect
 
 from ember._errors import UnavailableError
 from ember.wire import CallRecord
@@ -25,7 +25,7 @@ T = TypeVar("T")
 
 def with_store(url: str, body: Callable[[Any, Stores, CallStore], Awaitable[T]]) -> T:
     async def go() -> T:
-        nc = await nats.connect(url)
+        nc = await admin_connect(url)
         try:
             stores = await ensure_buckets(nc.jetstream())
             return await body(nc, stores, CallStore(nc.jetstream(), stores))

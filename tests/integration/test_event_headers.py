@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterator
 
 import httpx
-import nats
 import pytest
 from nats.aio.msg import Msg
+from support.natsconn import connect as admin_connect
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -40,7 +40,7 @@ def exchange(nats_url: str, events: list[Event], expect: int, timeout_s: float =
     """Publish ``events`` to the bound subject; the first ``expect`` messages on the result subject."""
 
     async def run() -> list[Msg]:
-        nc = await nats.connect(nats_url)
+        nc = await admin_connect(nats_url)
         results: asyncio.Queue[Msg] = asyncio.Queue()
         await nc.subscribe(RESULTS, cb=results.put)
         await nc.flush()
@@ -63,7 +63,7 @@ def exchange(nats_url: str, events: list[Event], expect: int, timeout_s: float =
 
 def pending_events(nats_url: str) -> int:
     async def run() -> int:
-        nc = await nats.connect(nats_url)
+        nc = await admin_connect(nats_url)
         try:
             info = await nc.jetstream().stream_info(subjects.events_stream("tagger", "tag"))
             return info.state.messages

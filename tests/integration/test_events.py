@@ -1,13 +1,13 @@
 """Functions bound to NATS subjects: a plain publish (no Ember SDK) is an invocation; its result is
-published to the message's Ember-Reply-To subject or the function's result_subject."""
+published to the message's Ember-Reply-To inbox or the function's result_subject."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
-import nats
 import pytest
+from support.natsconn import connect as admin_connect
 
 import ember
 
@@ -30,11 +30,12 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
     ember.deploy(app_file, transport=transport, timeout_s=120)
 
     async def exchange() -> tuple[list, list]:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         results: asyncio.Queue = asyncio.Queue()
         mine: asyncio.Queue = asyncio.Queue()
         await nc.subscribe("demo.results", cb=results.put)
-        await nc.subscribe("demo.mine", cb=mine.put)
+        inbox = nc.new_inbox()  # a requester waits for its own result in an inbox
+        await nc.subscribe(inbox, cb=mine.put)
         await nc.flush()
         js = nc.jetstream()
         first = await js.publish("demo.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
@@ -43,7 +44,7 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
                                    headers={"Nats-Msg-Id": "img-1"})
         assert not first.duplicate and retried.duplicate  # a retried publish is stored, and runs, once
         await nc.publish("demo.images.dogs", json.dumps({"pixels": [9] * 5}).encode(),
-                         headers={"Ember-Reply-To": "demo.mine"})  # core NATS publish, captured too
+                         headers={"Ember-Reply-To": inbox})  # core NATS publish, captured too
         await js.publish("demo.images.bad", json.dumps({"poison": True}).encode(), headers={"Nats-Msg-Id": "img-3"})
         got = [await asyncio.wait_for(results.get(), 60) for _ in range(2)]
         own = [await asyncio.wait_for(mine.get(), 60)]

@@ -9,9 +9,9 @@ import uuid
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 from support.auth import authed_client, bearer
+from support.natsconn import connect as admin_connect
 from support.paths import EXAMPLES
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -33,7 +33,7 @@ def ping() -> str:
 
 def test_one_lease_holder_at_a_time_and_a_dead_one_loses_it(platform):
     async def scenario() -> None:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             bucket = f"test_leases_{uuid.uuid4().hex[:8]}"
             a = Lease(nc.jetstream(), "a", ttl_s=1.5, bucket=bucket)

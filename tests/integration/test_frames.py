@@ -16,6 +16,7 @@ import msgspec
 import nats
 import pytest
 from support.auth import bearer
+from support.natsconn import connect as admin_connect
 
 from ember._deploy import app_view
 from ember._errors import DeadlineExceededError, UnavailableError
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 
 async def _router(nats_url: str) -> tuple[nats.NATS, Router]:
-    nc = await nats.connect(nats_url)
+    nc = await admin_connect(nats_url)
     router = Router(nc, replica_alive=lambda _: True)
     await router.start()
     return nc, router
@@ -162,7 +163,7 @@ async def _exchange(platform, transport, app: str, function: str,  # type: ignor
     """Send ``calls`` in one frame to the app's replicas, as the gateway would; the messages that came back,
     until every call is answered."""
     subject = subjects.invoke(app, function, app_view(transport, app).version)
-    nc = await nats.connect(platform.nats_url)
+    nc = await admin_connect(platform.nats_url)
     inbox = nc.new_inbox()
     got: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(f"{inbox}.*", cb=got.put)

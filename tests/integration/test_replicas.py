@@ -11,9 +11,9 @@ import time
 
 import httpx
 import msgspec
-import nats
 import pytest
 from support.auth import authed_client, bearer
+from support.natsconn import connect as admin_connect
 from support.polling import wait_for
 
 import ember
@@ -208,7 +208,7 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
     version = app_view(transport, "probe").version
 
     async def exchange(seconds: float) -> list:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         inbox = nc.new_inbox()
         got: asyncio.Queue = asyncio.Queue()
         await nc.subscribe(f"{inbox}.*", cb=got.put)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import nats
 import pytest
+from support.natsconn import connect as admin_connect
 from support.polling import wait_for
 
 from ember._deploy import deploy
@@ -31,7 +31,7 @@ def test_an_event_wakes_a_function_scaled_to_zero(platform, transport, http, tmp
         assert http.get("/v1/apps/sleepy").json()["services"][0]["replicas"] == []  # nothing runs yet
 
         async def publish() -> None:
-            nc = await nats.connect(platform.nats_url)
+            nc = await admin_connect(platform.nats_url)
             try:
                 await nc.jetstream().publish("sleepy.in.one", b"41", headers={"Nats-Msg-Id": "wake-1"})
             finally:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-import nats
 import pytest
+from support.natsconn import connect as admin_connect
 from support.polling import wait_for
 
 from ember._deploy import deploy
@@ -113,7 +113,7 @@ def _broken_deployment() -> Deployment:
 
 
 async def _put_deployment(url: str, dep: Deployment) -> None:
-    nc = await nats.connect(url)
+    nc = await admin_connect(url)
     try:
         kv = await nc.jetstream().key_value(subjects.DEPLOYMENTS_BUCKET)
         await kv.put(dep.app, encoder.encode(dep))

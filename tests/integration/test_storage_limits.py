@@ -8,9 +8,9 @@ import asyncio
 from pathlib import Path
 
 import httpx
-import nats
 import pytest
 from nats.js.api import DiscardPolicy
+from support.natsconn import connect as admin_connect
 from support.platform import TestPlatform
 
 from ember._bundle import build_bundle
@@ -25,7 +25,7 @@ EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deploym
 
 def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform) -> None:
     async def run() -> dict[str, object]:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             js = nc.jetstream()
             return {name: (await js.stream_info(name)).config for name in EVERY_STREAM}
@@ -42,7 +42,7 @@ def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform)
 
 def test_an_installation_without_limits_gets_them(platform: TestPlatform) -> None:
     async def run() -> tuple[int, int, list[str]]:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             js = nc.jetstream()
             config = (await js.stream_info(subjects.DEAD_STREAM)).config
@@ -64,7 +64,7 @@ def test_a_full_calls_stream_refuses_a_spawn_and_drops_nothing(platform: TestPla
     filler = subjects.calls("storage-limits", "nobody")  # no consumer: it stays queued
 
     async def fill() -> int:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             js = nc.jetstream()
             await js.publish(filler, b"{}")
@@ -75,7 +75,7 @@ def test_a_full_calls_stream_refuses_a_spawn_and_drops_nothing(platform: TestPla
             await nc.close()
 
     async def restore() -> int:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             js = nc.jetstream()
             messages = (await js.stream_info(subjects.CALLS_STREAM)).state.messages
@@ -104,7 +104,7 @@ def test_unused_bundles_are_collected_and_deployed_ones_stay(platform: TestPlatf
     assert http.put(f"/v1/bundles/{unused.sha256}", content=unused.data).status_code in (200, 201, 204)
 
     async def run() -> tuple[list[str], list[str], set[str]]:
-        nc = await nats.connect(platform.nats_url)
+        nc = await admin_connect(platform.nats_url)
         try:
             stores = await ensure_buckets(nc.jetstream())
             young = await collect_bundles(stores, lambda: (), grace_s=3600.0)  # uploaded just now: kept

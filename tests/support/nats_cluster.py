@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-import nats
-
 from ember._procs import die_with_parent
 from ember.dev.embedded import NATS_CONFIG, nats_server_binary
+from ember.wire.natscreds import write_file
+from ember_platform.natsauth import keys as natsauth
+from support.natsconn import connect, remember
 
 
 def _free_ports(n: int) -> list[int]:
@@ -44,6 +45,8 @@ class NatsCluster:
         self.route_ports: list[int] = []
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.processes: list[subprocess.Popen[bytes]] = []  # Ember's own, started by ``spawn``
+        self.auth_dir = root / "auth"  # the NATS auth keys: the servers admit no anonymous client
+        self.keys = natsauth.init(self.auth_dir)
 
     @property
     def url(self) -> str:
@@ -54,8 +57,9 @@ class NatsCluster:
         self.ports, self.route_ports = ports[:self.size], ports[self.size:]
         for i in range(self.size):
             self.root.joinpath(f"n{i}").mkdir(parents=True, exist_ok=True)
-            (self.root / f"n{i}" / "nats.conf").write_text(NATS_CONFIG)
+            (self.root / f"n{i}" / "nats.conf").write_text(NATS_CONFIG + self.keys.server_config())
             self.restart(i)
+        remember(self.url, self.keys.platform_credentials())
         asyncio.run(self._await_jetstream(timeout_s))
         return self
 
@@ -77,7 +81,7 @@ class NatsCluster:
         deadline = time.monotonic() + timeout_s
         while True:
             with contextlib.suppress(Exception):
-                nc = await nats.connect(servers=self.url.split(","), connect_timeout=2, max_reconnect_attempts=1)
+                nc = await connect(self.url, connect_timeout=2, max_reconnect_attempts=1)
                 try:
                     info = await nc.jetstream().account_info()
                     if info is not None:
@@ -95,7 +99,14 @@ class NatsCluster:
         proc.wait()
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        """One of Ember's processes, connected to this cluster, its output in ``<root>/<name>.log``."""
+        """One of Ember's processes, connected to this cluster, its output in ``<root>/<name>.log``. A control
+        plane is given the auth keys, and a node agent credentials of its own (node ``--node-id``, else ``name``)."""
+        if cmd[:2] == ["-m", "ember_platform"]:
+            cmd = [*cmd, "--nats-auth-dir", str(self.auth_dir)]
+        elif cmd[:2] == ["-m", "ember_runtime"]:
+            node_id = cmd[cmd.index("--node-id") + 1] if "--node-id" in cmd else name
+            creds = write_file(self.root / "creds" / f"{node_id}.creds", self.keys.node_credentials(node_id))
+            cmd = [*cmd, "--nats-creds", str(creds)] + ([] if "--node-id" in cmd else ["--node-id", node_id])
         log = (self.root / f"{name}.log").open("ab")
         proc = subprocess.Popen([sys.executable, *cmd], stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ember.dev.embedded import EmbeddedPlatform
+from support.natsconn import remember
 
 
 class TestPlatform(EmbeddedPlatform):
@@ -15,6 +16,10 @@ class TestPlatform(EmbeddedPlatform):
     and a control plane killed."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
+
+    def _start_nats(self, timeout_s: float, port: int = -1) -> None:
+        super()._start_nats(timeout_s, port)
+        remember(self.nats_url, self.nats_credentials)  # tests that talk to NATS act as the control plane
 
     def restart_nats(self, timeout_s: float = 30.0) -> None:
         """Stop nats-server and start it again on the same port and store (JetStream state survives)."""
@@ -30,6 +35,7 @@ class TestPlatform(EmbeddedPlatform):
         sandboxes where this machine allows them, unless ``sandbox`` is false."""
         cmd = [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url, "--node-id", node_id,
                "--state-dir", str(self.state_dir / f"node-{node_id}"),
+               "--nats-creds", str(self.node_credentials(node_id)),
                "--sandbox-if-possible" if sandbox else "--insecure-no-sandbox"]
         return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
 
@@ -38,8 +44,8 @@ class TestPlatform(EmbeddedPlatform):
         url_file = self.state_dir / f"{name}.url"
         url_file.unlink(missing_ok=True)
         proc = self._spawn(name, [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
-                                  "--host", self.host, "--port", "0", "--url-file", str(url_file),
-                                  "--bootstrap-token-file", str(self.state_dir / "token")])
+                                  "--nats-auth-dir", str(self.auth_dir), "--host", self.host, "--port", "0",
+                                  "--url-file", str(url_file), "--bootstrap-token-file", str(self.state_dir / "token")])
         return str(self._await(lambda: url_file.read_text() if url_file.exists() else None, proc, name, timeout_s))
 
     def kill(self, name: str) -> None:

@@ -11,7 +11,9 @@ inbox and turn of their loop). Under load, calls arrive in bursts (a batch's cal
 together), so a message carries many calls each way: the per-message costs of the NATS client, the server
 and the replica are paid per burst rather than per call. A call alone still goes out at once.
 
-Protocol: each frame carries a reply inbox of the gateway's own (``<inbox>.<frame id>``). A replica that takes
+Protocol: each frame carries a reply inbox of the gateway's own (``<inbox>.<app>.<frame id>``, the id random:
+a replica can publish answers only under its own app, and only to the frames it was sent; an answer for a call
+that its frame did not carry is dropped). A replica that takes
 a call and has not answered it within a few milliseconds acks it (an ``Answer`` with ``ack`` set to its
 id; a fast answer needs no ack, which saves a message on the common path) and later sends the answer.
 So the gateway knows which replica holds each call and does not lose a call to a replica that dies:
@@ -25,8 +27,8 @@ So the gateway knows which replica holds each call and does not lose a call to a
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
+import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine
@@ -71,7 +73,7 @@ class Router:
     def __init__(self, nc: Client, replica_alive: Callable[[str], bool]) -> None:
         self._nc = nc
         self._alive = replica_alive
-        self._inbox = ""
+        self._inbox = ""  # answers arrive under <inbox>.<app>.<frame token>
         self._waiting: dict[str, _Pending] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
         self.received: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls received, ever
@@ -81,11 +83,10 @@ class Router:
         self._subs: list[Subscription] = []
         self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
         self._frames: dict[str, _Frame] = {}  # frame id -> the calls it carried that still wait
-        self._frame_ids = itertools.count()
 
     async def start(self) -> None:
-        self._inbox = self._nc.new_inbox()
-        self._subs = [await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_answers),
+        self._inbox = subjects.answers_inbox(secrets.token_hex(8))
+        self._subs = [await self._nc.subscribe(f"{self._inbox}.*.*", cb=self._on_answers),
                       await self._nc.subscribe(subjects.STATS_ALL, cb=self._on_report)]
 
     @property
@@ -173,7 +174,7 @@ class Router:
             calls = [p for p in queued if p.queued]  # not those whose caller left before this
             sizes = [len(p.invocation.input) for p in calls]
             for frame in split_frames(calls, sizes, self._nc.max_payload) if calls else ():
-                frame_id = f"{next(self._frame_ids):x}"
+                frame_id = f"{frame[0].what.partition('.')[0]}.{secrets.token_hex(8)}"  # <app>.<unguessable>
                 self._frames[frame_id] = _Frame(frame, len(frame))
                 for pending in frame:
                     pending.queued, pending.frame = False, frame_id
@@ -206,7 +207,7 @@ class Router:
 
     async def _on_answers(self, msg: Msg) -> None:
         if msg.headers and msg.headers.get("Status") == "503":  # no responders: no replica is subscribed yet
-            for pending in self._in_frame(msg.subject.rpartition(".")[2]):
+            for pending in self._in_frame(msg.subject[len(self._inbox) + 1:]):
                 pending.deliver(NO_RESPONDERS)
             return
         try:
@@ -214,9 +215,10 @@ class Router:
         except Exception as exc:  # the calls are resent when no answer comes
             log.warning("undecodable answers on %s: %s", msg.subject, exc)
             return
+        frame_id = msg.subject[len(self._inbox) + 1:]
         for answer in answers:
             waiting = self._waiting.get(answer.call_id)
-            if waiting is not None:
+            if waiting is not None and waiting.frame == frame_id:  # only the replica sent the call answers it
                 waiting.deliver(answer)
 
     async def _cancel(self, replica_id: str, call_id: str) -> None:

@@ -11,6 +11,11 @@ import time
 import uuid
 from functools import partial
 from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats import errors as nats_errors
+from nats.aio.msg import Msg
 
 from ember.wire import (
     LogLine,
@@ -21,9 +26,11 @@ from ember.wire import (
     ZygoteAssignment,
     assignment_decoder,
     encoder,
+    replica_decoder,
     subjects,
 )
-from ember.wire.jetstream import NODE_HEARTBEAT_S, KVMirror, connect, ensure_buckets
+from ember.wire.jetstream import NODE_HEARTBEAT_S, BucketsMissingError, KVMirror, Stores, connect, ensure_buckets
+from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import numa
 from ember_runtime.agent import sandbox as sandboxes
@@ -49,16 +56,22 @@ class NodeAgent:
     """
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
-                 inventory: Path | None = None, sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
+                 inventory: Path | None = None, creds: NatsCredentials | None = None,
+                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
         self.nats_url = nats_url
+        self.creds = creds  # this node's NATS credentials; its replicas' are derived from them
         self.state_dir = state_dir
-        self.node_id = node_id or f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        self.node_id = node_id or (creds.user[len(NODE_USER_PREFIX):] if creds else None) or \
+            f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
+        if creds is not None and creds.user != node_user(self.node_id):
+            raise ValueError(f"the NATS credentials are node {creds.user!r}'s, not node {self.node_id!r}'s")
         self.inventory = inventory
         self.devices = inventory_source.load(inventory)
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
+        self._leaving: dict[str, ReplicaSlot] = {}  # replica id -> a slot being stopped
         self._background: set[asyncio.Task[None]] = set()
         self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
         self._slot_bundles: dict[SlotKey, str] = {}  # the bundle each running slot was started from
@@ -71,9 +84,13 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
-        nc = await connect(self.nats_url, f"ember-agent-{self.node_id}")
-        stores = await ensure_buckets(nc.jetstream())
+        nc = await connect(self.nats_url, f"ember-agent-{self.node_id}", self.creds, wait_s=-1)
+        stores = await _open_buckets(nc, stop)
+        if stores is None:  # stopped before the control plane came
+            await nc.close()
+            return
         self._nc, self._stores = nc, stores
+        status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
         self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
         self.cgroups = MemoryCgroups.for_agent()
         self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
@@ -95,6 +112,8 @@ class NodeAgent:
                     w.cancel()
         finally:
             await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await status_sub.unsubscribe()
             self.slots.clear()
             await self.zygotes.stop()
             for task in (heartbeat, watch):
@@ -133,9 +152,11 @@ class NodeAgent:
         doomed = [self.slots.pop(key) for key in [k for k in self.slots if k not in want]]
         for slot in doomed:
             log.info("stopping %s", slot.replica_id)
+            self._leaving[slot.replica_id] = slot  # its reports while it drains are still relayed
         await asyncio.gather(*(slot.stop() for slot in doomed))  # together: each may take its drain grace
         for slot in doomed:
             self.host_memory.release(slot.replica_id)
+            self._leaving.pop(slot.replica_id, None)
         # Together: a bundle being fetched for one replica does not hold up the others.
         await asyncio.gather(*(self._start(key, assigned) for key, assigned in want.items() if key not in self.slots))
 
@@ -178,6 +199,8 @@ class NodeAgent:
     def _env(self, slot: SlotAssignment) -> dict[str, str]:
         """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
         env = {"EMBER_DEVICE": "cpu"}
+        if self.creds is not None:
+            env[CREDS_ENV] = replica_credentials(self.creds, slot.replica_id).encode().decode()
         if slot.gpu_uuids:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(slot.gpu_uuids)
             if slot.memory_mb:
@@ -185,6 +208,23 @@ class NodeAgent:
             if self.inventory is None:
                 env["EMBER_DEVICE"] = "cuda:0"
         return env
+
+    async def _on_replica_status(self, msg: Msg) -> None:
+        """A replica of this node reports its state: written to ``ember_replicas`` under the identity the agent
+        gave it (whatever the message says); an empty message: the replica is leaving. Others' are ignored."""
+        replica_id = msg.subject.split(".")[2]
+        slot = next((s for k, s in self.slots.items() if k.replica_id == replica_id), None) \
+            or self._leaving.get(replica_id)
+        if slot is None:
+            return
+        with contextlib.suppress(Exception):
+            if not msg.data:
+                await self._stores.replicas.delete(replica_id)
+                return
+            k = slot.key
+            status = msgspec.structs.replace(replica_decoder.decode(msg.data), replica_id=replica_id,
+                                             node_id=self.node_id, app=k.app, service=k.service, version=k.version)
+            await self._stores.replicas.put(replica_id, encoder.encode(status))
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         decided = time.time()
@@ -276,3 +316,19 @@ class NodeAgent:
         if self.inventory is None or not slot.gpu_uuids:
             return {}
         return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}
+
+
+async def _open_buckets(nc: Any, stop: asyncio.Event) -> Stores | None:
+    """Ember's buckets, once the control plane has created them (an agent may start first; it may not create)."""
+    said = False
+    while True:
+        try:
+            return await ensure_buckets(nc.jetstream(), create=False)
+        except (BucketsMissingError, nats_errors.TimeoutError) as exc:  # a cluster may still be creating them
+            if not said:
+                log.info("waiting for the control plane to create Ember's buckets (%s)", exc or type(exc).__name__)
+                said = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+        if stop.is_set():
+            return None

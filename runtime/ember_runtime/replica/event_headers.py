@@ -32,7 +32,6 @@ from dataclasses import dataclass
 
 from ember._errors import InvalidInputError
 from ember.wire import CALL_ID_HEADER, DEADLINE_HEADER, EVENT_REPLY_TO_HEADER
-from ember.wire.validate import reserved_root
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 MAX_CALL_ID = 128
@@ -81,7 +80,7 @@ def queued_delivery(headers: dict[str, str], default_id: str) -> Delivery:
     return _delivery(call_id, deadline, problem or late)
 
 
-def event_delivery(headers: dict[str, str], scope: str, default_id: str) -> Delivery:
+def event_delivery(headers: dict[str, str], scope: str, default_id: str, result_subject: str | None = None) -> Delivery:
     """A message of a function's event stream; ``Ember-Call-Id`` is ignored (see the module's docstring)."""
     raw_id = headers.get(MSG_ID_HEADER)
     call_id, problem = default_id, None
@@ -90,7 +89,7 @@ def event_delivery(headers: dict[str, str], scope: str, default_id: str) -> Deli
         if problem is None:
             call_id = f"ev-{scope}-{raw_id}"
     deadline, late = _deadline(headers)
-    misdirected = _reply_to(headers)[1]
+    misdirected = _reply_to(headers, result_subject)[1]
     return _delivery(call_id, deadline, problem or late or misdirected)
 
 
@@ -119,12 +118,14 @@ def _deadline(headers: dict[str, str]) -> tuple[float, InvalidInputError | None]
     return value, None
 
 
-def reply_subject(headers: dict[str, str]) -> str | None:
+def reply_subject(headers: dict[str, str], result_subject: str | None = None) -> str | None:
     """The message's ``Ember-Reply-To`` if it is one a result may be published to, else None."""
-    return _reply_to(headers)[0]
+    return _reply_to(headers, result_subject)[0]
 
 
-def _reply_to(headers: dict[str, str]) -> tuple[str | None, InvalidInputError | None]:
+def _reply_to(headers: dict[str, str], result_subject: str | None) -> tuple[str | None, InvalidInputError | None]:
+    """A result goes to a requester's inbox (``_INBOX.<...>``) or to the function's own ``result_subject``: a
+    replica's NATS permissions let it publish nowhere else."""
     raw = headers.get(EVENT_REPLY_TO_HEADER)
     if not raw:
         return None, None
@@ -132,10 +133,11 @@ def _reply_to(headers: dict[str, str]) -> tuple[str | None, InvalidInputError | 
     if len(raw) > MAX_SUBJECT_CHARS or not all(_SUBJECT_TOKEN.fullmatch(t) for t in tokens):
         return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"a result subject is a NATS subject of at most "
                           f"{MAX_SUBJECT_CHARS} characters, without wildcards or spaces")
-    if reserved_root(tokens[0]) and tokens[0] != "_INBOX":  # an inbox is where a requester waits for its result
-        return None, _bad(EVENT_REPLY_TO_HEADER, raw, "results cannot be published to Ember's or the server's "
-                          "own subjects")
-    return raw, None
+    if (tokens[0] == "_INBOX" and len(tokens) > 1) or raw == result_subject:
+        return raw, None
+    elsewhere = f" or to the function's result_subject {result_subject!r}" if result_subject else ""
+    return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"results are published to a requester's inbox (_INBOX.<...>)"
+                      f"{elsewhere}, nowhere else")
 
 
 def _bad(header: str, value: str, why: str) -> InvalidInputError:

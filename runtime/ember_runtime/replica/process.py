@@ -35,7 +35,8 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore
-from ember.wire.jetstream import Stores, connect, ensure_buckets
+from ember.wire.jetstream import connect, ensure_buckets
+from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember_runtime import hostpid
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
@@ -44,6 +45,7 @@ from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
 
 log = logging.getLogger("ember.replica")
+CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may take a moment to admit it
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
@@ -76,14 +78,12 @@ class Replica:
         self.stop = asyncio.Event()
         self.stuck = False
 
-    async def run(self, nc: Any = None, stores: Stores | None = None) -> int:
-        """Set up, serve until stopped, drain. ``nc`` and ``stores``: a connection made before the replica
-        knew its identity (a zygote's spare connects while it waits for a request)."""
+    async def run(self, creds: NatsCredentials | None = None) -> int:
+        """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
-        if nc is None or stores is None:
-            nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}")
-            stores = await ensure_buckets(nc.jetstream())
-        self.kv = stores.replicas
+        nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S)
+        stores = await ensure_buckets(nc.jetstream(), create=False)  # its agent saw them: they exist
+        self.kv = StatusRelay(nc, self.args.replica_id)
         self.calls = CallStore(nc.jetstream(), stores)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
@@ -328,17 +328,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None, nc: Any = None,
-                stores: Stores | None = None) -> int:
-    """Run a replica on the running loop until SIGTERM; ``preloaded`` (and maybe a connection) when it was
-    forked from a zygote (see ``ember_runtime.zygote``)."""
+async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None) -> int:
+    """Run a replica on the running loop until SIGTERM; ``preloaded`` when it was forked from a zygote (see
+    ``ember_runtime.zygote``). Its NATS credentials leave the environment before any of the app's code runs."""
+    creds = take_from_env()
     replica = Replica(args, preloaded)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, replica.stop.set)
     if args.exit_with:
         _exit_with(loop, args.exit_with, replica.stop)
-    return await replica.run(nc, stores)
+    return await replica.run(creds)
 
 
 def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
@@ -383,3 +383,20 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(code)
     return code
 
+
+class StatusRelay:
+    """Where a replica reports its state: its own status subject, which its node agent writes to
+    ``ember_replicas`` (a replica may write no bucket). The same two calls as the bucket's."""
+
+    def __init__(self, nc: Any, replica_id: str) -> None:
+        self._nc = nc
+        self._subject = subjects.replica_status(replica_id)
+
+    async def put(self, _key: str, value: bytes) -> None:
+        await self._nc.publish(self._subject, value)
+        await self._nc.flush()
+
+    async def delete(self, _key: str) -> None:
+        """The replica is leaving: the agent removes its entry (an empty message)."""
+        await self._nc.publish(self._subject, b"")
+        await self._nc.flush()

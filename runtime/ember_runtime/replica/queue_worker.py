@@ -176,7 +176,8 @@ class QueueWorker:
         if not self._events:
             return queued_delivery(headers, f"{self._stream.lower()}-{seq}")
         stored_at = microseconds(msg.metadata.timestamp)  # when it was stored: the same on every redelivery
-        return event_delivery(headers, self._scope, default_event_id(self._scope, stored_at, seq))
+        return event_delivery(headers, self._scope, default_event_id(self._scope, stored_at, seq),
+                              self._endpoint.spec.result_subject)
 
     async def _take(self, msg: Msg) -> None:
         delivery = self._delivery(msg)
@@ -280,7 +281,8 @@ class QueueWorker:
         await msg.ack()
 
     async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:
-        target = reply_subject(msg.headers or {}) or self._endpoint.spec.result_subject
+        result_subject = self._endpoint.spec.result_subject
+        target = reply_subject(msg.headers or {}, result_subject) or result_subject
         if target:
             body = output if info is None else encoder.encode(info)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,

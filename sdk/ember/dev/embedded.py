@@ -8,9 +8,11 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from types import TracebackType
 
@@ -18,6 +20,7 @@ import httpx
 
 from ember._errors import UnavailableError
 from ember._procs import die_with_parent
+from ember.wire.natscreds import NatsCredentials, read_file
 from ember.wire.tokens import new_token, parse_token
 
 NATS_CONFIG = "max_payload: 8MB\n"
@@ -48,19 +51,45 @@ class EmbeddedPlatform:
         self.url = ""
         self.nats_url = ""
         self.token = ""  # an admin token, kept in <state_dir>/token (mode 0600): the same across restarts
+        self.node_id = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
 
+    @property
+    def auth_dir(self) -> Path:
+        """The NATS auth keys (``python -m ember_platform.natsauth``): this NATS admits no anonymous client."""
+        return self.state_dir / "nats-auth"
+
+    @property
+    def nats_credentials(self) -> NatsCredentials:
+        """The control plane's own NATS credentials: for tools and tests that act as the platform."""
+        return read_file(self.auth_dir / "platform.nk")
+
+    def node_credentials(self, node_id: str) -> Path:
+        """Write node ``node_id``'s NATS credentials file (mode 0600) under the state dir; its path."""
+        path = self.state_dir / "nats-creds" / f"{node_id}.creds"
+        self._natsauth("node-creds", str(self.auth_dir), node_id, str(path))
+        return path
+
+    def _natsauth(self, *args: str) -> None:
+        proc = subprocess.run([sys.executable, "-m", "ember_platform.natsauth", *args], capture_output=True,
+                              text=True, check=False, timeout=60)
+        if proc.returncode:
+            raise UnavailableError(f"setting up NATS auth failed: {proc.stderr.strip()[-500:]}")
+
     def start(self, timeout_s: float = 60.0) -> EmbeddedPlatform:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
+            self._natsauth("init", str(self.auth_dir))
             self._start_nats(timeout_s)
             self._start_platform(timeout_s)
             self._spawn("agent", [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url,
-                                  "--state-dir", str(self.state_dir / "node"), "--sandbox-if-possible"])
+                                  "--state-dir", str(self.state_dir / "node"), "--node-id", self.node_id,
+                                  "--nats-creds", str(self.node_credentials(self.node_id)),
+                                  "--sandbox-if-possible"])
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
@@ -78,7 +107,7 @@ class EmbeddedPlatform:
 
     def _start_nats(self, timeout_s: float, port: int = -1) -> None:
         conf = self.state_dir / "nats.conf"
-        conf.write_text(NATS_CONFIG)
+        conf.write_text(NATS_CONFIG + (self.auth_dir / "auth.conf").read_text())
         log = self.log_dir / "nats.log"
         offset = log.stat().st_size if log.exists() else 0
         proc = self._spawn("nats", [nats_server_binary(), "-a", self.host, "-p", str(port), "-js",
@@ -93,6 +122,7 @@ class EmbeddedPlatform:
         self.token = admin_token(token_file)
         proc = self._spawn("platform", [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
                                         "--bootstrap-token-file", str(token_file),
+                                        "--nats-auth-dir", str(self.auth_dir),
                                         "--host", self.host, "--port", str(self.http_port),
                                         "--url-file", str(url_file)])
         self.url = self._await(lambda: url_file.read_text() if url_file.exists() else None, proc,

@@ -11,5 +11,5 @@ HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
 
 # Events: headers a publisher may set, and those of the result message.
-EVENT_REPLY_TO_HEADER = "Ember-Reply-To"  # publish the result here (overrides the function's result_subject)
+EVENT_REPLY_TO_HEADER = "Ember-Reply-To"  # a requester's inbox (_INBOX.<...>): the result goes there
 EVENT_STATUS_HEADER = "Ember-Status"  # on a result: "succeeded" (body: the output) or "failed" (body: ErrorInfo)

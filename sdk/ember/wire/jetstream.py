@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Generic, TypeVar
 
 import nats
+from nats import errors as nats_errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -23,6 +24,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from nats.js.object_store import ObjectStore
 
 from ember.wire import subjects
+from ember.wire.natscreds import NatsCredentials
 
 T = TypeVar("T")
 log = logging.getLogger("ember.nats")
@@ -43,16 +45,32 @@ INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the server cannot reserve 
 MIN_FALLBACK_BYTES = MiB  # halving a limit that the server cannot reserve stops here
 
 
-async def connect(url: str, name: str) -> Client:
-    """Connect with reconnects forever: a platform or agent outlives a NATS restart. ``url`` may list several
-    servers of a cluster, comma-separated; the client moves to another when one goes (and learns the others
-    from the cluster)."""
+async def connect(url: str, name: str, creds: NatsCredentials | None = None, *,
+                  wait_s: float = 0.0) -> Client:
+    """Connect as ``creds`` with reconnects forever: a platform or agent outlives a NATS restart. ``url`` may list
+    several servers of a cluster, comma-separated; the client moves to another when one goes (and learns the
+    others from the cluster). Errors the server sends later, such as a permissions violation, are logged.
+
+    The first connection is tried again for ``wait_s`` seconds (-1: until it succeeds): a node agent or replica
+    is admitted by a control plane (the auth callout), which may not be up yet."""
     async def on_error(exc: Exception) -> None:
         log.warning("nats: %s", exc)
 
     servers = [u.strip() for u in url.split(",") if u.strip()]
-    return await nats.connect(servers=servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              error_cb=on_error, connect_timeout=5)
+    options = creds.connect_options() if creds is not None else {}
+    deadline = asyncio.get_running_loop().time() + wait_s
+    said = False
+    while True:
+        try:
+            return await nats.connect(servers=servers, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                                      error_cb=on_error, connect_timeout=5, **options)
+        except (nats_errors.Error, OSError, TimeoutError) as exc:
+            if wait_s >= 0 and asyncio.get_running_loop().time() >= deadline:
+                raise
+            if not said:
+                log.warning("cannot connect to NATS yet (%s: %s); trying again", type(exc).__name__, exc)
+                said = True
+            await asyncio.sleep(0.5)
 
 
 def js_replicas() -> int:
@@ -151,13 +169,18 @@ class Stores:
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
 
 
-async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = None) -> Stores:
+class BucketsMissingError(RuntimeError):
+    """Ember's buckets are not there yet, and this process may not create them (only the control plane may)."""
+
+
+async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = None, *, create: bool = True) -> Stores:
     """Create (or open) Ember's streams, KV buckets and object stores; idempotent.
 
     What is created gets ``limits`` (``StorageLimits.from_env()`` when not given), the smallest first, so that
     on a server with little file storage the big stores are the ones cut down (see ``_reserving``). What exists
     is opened as it is: only the platform brings existing ones to its limits (``apply_limits``), so that
-    processes started with other settings never undo each other's.
+    processes started with other settings never undo each other's. With ``create`` false (a node agent or a
+    replica, whose NATS permissions allow opening but not creating), ``BucketsMissingError`` names what is missing.
     """
     lim = (limits or StorageLimits.from_env()).streams()
     copies = js_replicas()
@@ -199,9 +222,11 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     # All opened at once: each is a JetStream API round trip, and a replica waits for them before it serves.
     opened: list[Any] = list(await asyncio.gather(*(_open(open_) for _, open_, _ in openers)))
     missing = [i for i, found in enumerate(opened) if found is None]
+    if missing and not create:
+        raise BucketsMissingError(f"not created yet: {', '.join(openers[i][0] for i in missing)}")
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
-        name, open_, create = openers[i]
-        opened[i] = await _create(name, lim[name]["max_bytes"], open_, create)
+        name, open_, make = openers[i]
+        opened[i] = await _create(name, lim[name]["max_bytes"], open_, make)
     deployments, replicas, nodes, assignments, calls, tokens, bundles, results, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
                   bundles=bundles, results=results, tokens=tokens)

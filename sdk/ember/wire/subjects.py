@@ -36,6 +36,11 @@ def _token(value: str, what: str) -> str:
     return value
 
 
+def check_token(value: str, what: str) -> str:
+    """``value`` if it is one subject token (letters, digits, '-', '_'), else ``ValueError`` naming ``what``."""
+    return _token(value, what)
+
+
 def _fn_token(name: str) -> str:
     # "Classifier.predict" -> "Classifier-predict": '.' separates subject levels, and Python names
     # never contain '-', so the mapping is one-to-one.
@@ -58,6 +63,28 @@ def replica_invoke(replica_id: str) -> str:
 def replica_cancel(replica_id: str) -> str:
     """Call ids whose callers went away, for the replica holding them."""
     return f"ember.replica.{_token(replica_id, 'replica id')}.cancel"
+
+
+@lru_cache(maxsize=4096)
+def replica_status(replica_id: str) -> str:
+    """A replica's own state, which its node agent writes to ``ember_replicas`` (a replica writes no bucket)."""
+    return f"ember.replica.{_token(replica_id, 'replica id')}.status"
+
+
+REPLICA_STATUS_ALL = "ember.replica.*.status"
+
+# Answers to synchronous calls: ``<root>.<gateway id>.<app>.<frame token>``. A replica may publish only under its
+# own app, and a frame's token is random, so it can answer only the frames it was sent.
+ANSWERS_ROOT = "_EMBER.answers"
+
+
+def answers_inbox(gateway_id: str) -> str:
+    return f"{ANSWERS_ROOT}.{_token(gateway_id, 'gateway id')}"
+
+
+def answers_of_app(app: str) -> str:
+    """Every gateway's answer subjects of one app's frames (a replica's publish permission)."""
+    return f"{ANSWERS_ROOT}.*.{_token(app, 'app')}.*"
 
 
 def replica_group(app: str, service: str, version: int) -> str:

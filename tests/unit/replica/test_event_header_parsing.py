@@ -93,10 +93,24 @@ def test_a_bad_reply_subject_fails_the_event(value):
     assert reply_subject(headers) is None  # its failure goes to the function's result subject
 
 
-@pytest.mark.parametrize("value", ["results", "results.mine", "_INBOX.abc123", "emberish.x", "a-b_c.D9"])
-def test_a_plain_reply_subject_is_used(value):
+@pytest.mark.parametrize("value", ["_INBOX.abc123", "_INBOX.abc.def"])
+def test_a_requesters_inbox_is_used(value):
     assert reply_subject({"Ember-Reply-To": value}) == value
     assert event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT).problem is None
+
+
+def test_the_functions_own_result_subject_is_used():
+    assert reply_subject({"Ember-Reply-To": "results.mine"}, "results.mine") == "results.mine"
+    assert event_delivery({"Ember-Reply-To": "results.mine"}, SCOPE, DEFAULT, "results.mine").problem is None
+
+
+@pytest.mark.parametrize("value", ["results", "results.mine", "emberish.x", "a-b_c.D9", "_INBOX"])
+def test_any_other_subject_fails_the_event(value):
+    # A replica's NATS permissions allow results only to inboxes and its function's result subject: anywhere else
+    # is refused here, with the reason, rather than lost to a permissions violation.
+    delivery = event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT, "results.ours")
+    assert delivery.problem is not None and "nowhere else" in str(delivery.problem)
+    assert reply_subject({"Ember-Reply-To": value}, "results.ours") is None
 
 
 def test_queued_calls_keep_the_id_the_platform_set():

@@ -1,0 +1,123 @@
+"""The auth callout: nats-server asks the control plane about every client that is not the control plane.
+
+The server publishes an authorization request (a JWT it signed) on ``$SYS.REQ.USER.AUTH``; every control plane
+answers from a queue group, so a standby answers as well as the active one. The answer is a JWT signed with the
+callout key the servers trust, carrying the user's permissions, or an error (the client is refused).
+
+- ``node.<node id>`` with the password derived for that node: a node agent (``permissions.node``);
+- ``replica.<node id>.<replica id>`` with the password its agent derived: a replica, if the scheduler assigned
+  that replica to that node; its permissions are its app's and functions' (``permissions.replica``). A replica
+  no longer assigned is refused, so stopping a replica revokes its credentials.
+
+Anyone else, and an anonymous client, is refused.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from ember.wire import Deployment, NodeAssignment, SlotAssignment
+from ember.wire.jetstream import KVMirror
+from ember.wire.natscreds import NODE_USER_PREFIX, REPLICA_USER_PREFIX, replica_password
+from ember_platform.natsauth import jwt, permissions
+from ember_platform.natsauth.keys import AuthKeys, node_inbox
+
+log = logging.getLogger("ember.natsauth")
+AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
+QUEUE = "ember-auth"
+MAX_USER = 200
+
+
+class Refused(Exception):
+    """Why a client is refused (sent back to the server, which logs it; the client sees an authorization error)."""
+
+
+class AuthCallout:
+    def __init__(self, nc: Client, keys: AuthKeys, assignments: KVMirror[NodeAssignment],
+                 deployments: KVMirror[Deployment]) -> None:
+        self._nc = nc
+        self._keys = keys
+        self._issuer = keys.issuer
+        self._assignments = assignments
+        self._deployments = deployments
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        await self._assignments.start()
+        self._sub = await self._nc.subscribe(AUTH_SUBJECT, queue=QUEUE, cb=self._on_request)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+        await self._assignments.stop()
+
+    async def _on_request(self, msg: Msg) -> None:
+        try:
+            request = jwt.decode(msg.data.decode())
+            nats = request["nats"]
+            user_nkey, server_id = str(nats["user_nkey"]), str(nats["server_id"]["id"])
+            if request.get("iss") != server_id:
+                raise jwt.JwtError("an authorization request not signed by its server")
+            opts = nats.get("connect_opts") or {}
+        except (jwt.JwtError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            log.warning("ignored an authorization request that is not one: %s", exc)
+            return
+        claims: dict[str, Any] = {"sub": user_nkey, "aud": server_id}
+        user = str(opts.get("user") or "")
+        try:
+            name, perms = self.authorize(user, str(opts.get("pass") or ""))
+            user_jwt = jwt.encode({"sub": user_nkey, "aud": "$G", "name": name, "nats": perms}, self._issuer)
+            claims["nats"] = {"jwt": user_jwt, "type": "authorization_response", "version": 2}
+        except Refused as exc:
+            shown = user[:80] if user.isprintable() else repr(user[:80])
+            log.warning("refused NATS client %r: %s", shown or "(anonymous)", exc)
+            claims["nats"] = {"error": str(exc), "type": "authorization_response", "version": 2}
+        await msg.respond(jwt.encode(claims, self._issuer).encode())
+
+    def authorize(self, user: str, password: str) -> tuple[str, dict[str, Any]]:
+        """The user's name and permissions, or ``Refused``."""
+        if not user or len(user) > MAX_USER:
+            raise Refused("no credentials" if not user else "user name too long")
+        if user.startswith(NODE_USER_PREFIX):
+            node_id = user[len(NODE_USER_PREFIX):]
+            self._check(password, self._node_password(node_id))
+            return user, permissions.node(node_id, node_inbox(node_id))
+        if user.startswith(REPLICA_USER_PREFIX):
+            node_id, _, replica_id = user[len(REPLICA_USER_PREFIX):].partition(".")
+            expected = replica_password(self._node_password(node_id), replica_id)
+            self._check(password, expected)  # before anything is looked up: no probing of what is assigned
+            slot = self._slot(node_id, replica_id)
+            return user, permissions.replica(replica_id, slot.app, slot.version, self._functions(slot))
+        raise Refused("unknown user")
+
+    def _node_password(self, node_id: str) -> str:
+        try:
+            return self._keys.node_password(node_id)
+        except ValueError:
+            raise Refused("not a node id") from None
+
+    @staticmethod
+    def _check(given: str, expected: str) -> None:
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise Refused("wrong password")
+
+    def _slot(self, node_id: str, replica_id: str) -> SlotAssignment:
+        assignment = self._assignments.items.get(node_id)
+        for slot in assignment.slots if assignment else ():
+            if slot.replica_id == replica_id:
+                return slot
+        raise Refused(f"replica {replica_id} is not assigned to node {node_id}")
+
+    def _functions(self, slot: SlotAssignment) -> list[tuple[str, bool, str | None]]:
+        deployment = self._deployments.items.get(slot.app)
+        services = deployment.manifest.services if deployment else []
+        for service in services:
+            if service.name == slot.service:
+                return [(fn.name, bool(fn.on), fn.result_subject) for fn in service.functions]
+        raise Refused(f"app {slot.app} has no service {slot.service}")

@@ -1,0 +1,84 @@
+"""What each kind of component may publish and subscribe to, as the ``nats`` part of a user JWT.
+
+Pure functions of names: the callout fills them in for the component that connects. The control plane itself
+is not here: it is the server's one configured user, with every permission.
+
+A replica of app A may receive only its own functions' calls (synchronous, queued and events), answer on its
+app's answer subjects, write call records and results, publish its own status and its functions' load reports
+and dead letters, and publish event results to its functions' result subjects or to a requester's inbox. It
+cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ember.wire import subjects
+from ember.wire.natscreds import replica_inbox
+
+_UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2}
+_JS = "$JS.API"
+# A stream's configuration and counts (never its messages): every process opens Ember's buckets by name.
+_STREAM_INFO = f"{_JS}.STREAM.INFO.*"
+_STREAM_NAMES = f"{_JS}.STREAM.NAMES"  # nats-py looks a stream up by subject before reading an object
+
+
+def _user(pub: Iterable[str], sub: Iterable[str]) -> dict[str, Any]:
+    return {"pub": {"allow": sorted(set(pub))}, "sub": {"allow": sorted(set(sub))}, **_UNLIMITED}
+
+
+def _kv(bucket: str) -> str:
+    return f"KV_{bucket}"
+
+
+def _obj(bucket: str) -> str:
+    return f"OBJ_{bucket}"
+
+
+def _reader(stream: str) -> list[str]:
+    """Read a stream through consumers of one's own (a KV watch, an object's chunks): create, ask, delete."""
+    return [f"{_JS}.CONSUMER.*.{stream}", f"{_JS}.CONSUMER.*.{stream}.>", f"$JS.FC.{stream}.>"]
+
+
+Function = tuple[str, bool, str | None]  # name, bound to events, result subject
+
+
+def replica(replica_id: str, app: str, version: int, functions: Iterable[Function]) -> dict[str, Any]:
+    """A replica of ``app`` serving ``functions``: (name, bound to events, result subject) each."""
+    calls, results = _kv(subjects.CALLS_BUCKET), _obj(subjects.RESULTS_STORE)
+    pub = {
+        subjects.answers_of_app(app), subjects.replica_status(replica_id), "_INBOX.>", _STREAM_INFO, _STREAM_NAMES,
+        f"{_JS}.DIRECT.GET.{calls}.>", f"{_JS}.STREAM.MSG.GET.{calls}", f"$KV.{subjects.CALLS_BUCKET}.>",
+        f"{_JS}.DIRECT.GET.{results}.>", f"{_JS}.STREAM.MSG.GET.{results}",
+        f"$O.{subjects.RESULTS_STORE}.>", f"{_JS}.STREAM.MSG.DELETE.{subjects.DEAD_STREAM}",
+    }
+    sub = {subjects.replica_invoke(replica_id), subjects.replica_cancel(replica_id),
+           f"{replica_inbox(replica_id)}.>"}
+    for name, events, result_subject in functions:
+        durable = subjects.calls_consumer(app, name)
+        streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(app, name)] if events else [])
+        for stream in streams:
+            pub |= {f"{_JS}.CONSUMER.MSG.NEXT.{stream}.{durable}", f"{_JS}.CONSUMER.INFO.{stream}.{durable}",
+                    f"$JS.ACK.{stream}.{durable}.>"}
+        pub |= {subjects.stats(app, name), subjects.dead(app, name)}
+        if result_subject:
+            pub.add(result_subject)
+        sub.add(subjects.invoke(app, name, version))
+    return _user(pub, sub)
+
+
+def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
+    """A node agent: reads what is assigned to it and the bundles, writes its node's info and its replicas'
+    states, and publishes their output lines."""
+    assignments, bundles = _kv(subjects.ASSIGNMENTS_BUCKET), _obj(subjects.BUNDLES_STORE)
+    pub = {
+        f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
+        *_reader(assignments),
+        f"{_JS}.DIRECT.GET.{assignments}.>",
+        f"$KV.{subjects.NODES_BUCKET}.{node_id}", f"$KV.{subjects.REPLICAS_BUCKET}.*",
+        f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
+        subjects.LOGS_ALL,
+    }
+    sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL}
+    return _user(pub, sub)

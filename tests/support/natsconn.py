@@ -1,0 +1,24 @@
+"""Tests that talk to NATS directly act as the control plane: with its credentials (Ember's NATS admits no
+anonymous client). ``remember`` is told each server's credentials when it starts; ``connect`` finds them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import nats
+
+from ember.wire.natscreds import NatsCredentials
+
+_CREDENTIALS: dict[str, NatsCredentials] = {}
+
+
+def remember(url: str, creds: NatsCredentials) -> None:
+    for server in url.split(","):
+        _CREDENTIALS[server.strip()] = creds
+
+
+async def connect(url: str = "", *, servers: list[str] | None = None, **options: Any) -> nats.NATS:
+    """``nats.connect`` to ``url`` (or ``servers``) as the control plane of the Ember that runs there."""
+    listed = servers or [u.strip() for u in url.split(",")]
+    creds = next((_CREDENTIALS[u] for u in listed if u in _CREDENTIALS), None)
+    return await nats.connect(servers=listed, **(creds.connect_options() if creds else {}), **options)
