@@ -129,6 +129,8 @@ ROOM_RULES = [
                                   "ember_platform.platform"]),
     ("ember_platform.calls", ["ember_platform.gateway", "ember_platform.control", "ember_platform.platform"]),
     ("ember_platform.control", ["ember_platform.gateway", "ember_platform.platform"]),
+    ("ember_platform.natsauth", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
+                                 "ember_platform.scheduler", "ember_platform.platform"]),
     # who may do what: below the gateway (which checks it) and beside the call path and the control loop
     ("ember_platform.auth", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
                              "ember_platform.scheduler", "ember_platform.platform"]),
