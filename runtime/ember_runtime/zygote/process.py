@@ -44,7 +44,6 @@ import msgspec
 
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
-from ember.wire.jetstream import connect, ensure_buckets
 from ember_runtime import hostpid
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
 from ember_runtime.replica.endpoint import prepare
@@ -225,11 +224,10 @@ def _wait_then_serve(channel: socket.socket, preloaded: Preloaded, nats_url: str
 
 
 async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> int:
-    """Connect to NATS and open the buckets, then wait for a request and become the replica it describes.
-    Nothing here touches a device: ``CUDA_VISIBLE_DEVICES`` and the rest come with the request."""
+    """Wait for a request and become the replica it describes. Nothing here touches a device or NATS:
+    ``CUDA_VISIBLE_DEVICES``, the replica's own NATS credentials and the rest come with the request (a replica
+    connects as itself, which it is only once asked)."""
     loop = asyncio.get_running_loop()
-    nc = await connect(nats_url, f"ember-replica-spare-{os.getpid()}")
-    stores = await ensure_buckets(nc.jetstream())
     channel.setblocking(False)
     asked: asyncio.Future[None] = loop.create_future()
 
@@ -243,7 +241,6 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
     data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 3)
     channel.close()
     if not data or len(fds) != 3:  # the zygote stopped (or died) before this spare was needed
-        await nc.close()
         return 0
     request = msgspec.json.decode(data, type=ForkRequest)
     with socket.socket(fileno=fds[2]) as conn:  # the agent's connection: answer, and learn the pid on the node
@@ -261,7 +258,7 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, request.cpus)
     _apply_thread_count()
-    return await replica.serve(replica.parse_args(request.argv), preloaded, nc, stores)
+    return await replica.serve(replica.parse_args(request.argv), preloaded)
 
 
 def _agent_gone(loop: asyncio.AbstractEventLoop, lifeline: int) -> None:
@@ -320,7 +317,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--listen-fd", type=int, required=True,
                    help="the listening Unix socket (bound by the agent) on which fork requests come")
     p.add_argument("--lifeline-fd", type=int, default=-1, help="closes when the agent is gone: stop")
-    p.add_argument("--nats", required=True, help="NATS URL: each spare child connects before it is asked for")
+    p.add_argument("--nats", required=True, help="NATS URL (unused: each replica is told its own)")
     return p.parse_args(argv)
 
 
