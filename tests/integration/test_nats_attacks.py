@@ -100,3 +100,24 @@ def test_a_replicas_credentials_are_refused_once_it_is_no_longer_assigned(platfo
     assert http.delete("/v1/apps/shortlived").status_code == 204
     wait_for(lambda: "Authorization" in asyncio.run(_try_connect(platform.nats_url, creds)), timeout_s=60,
              what="the stopped replica's credentials to be refused")
+
+
+def test_the_callers_credentials_are_not_handed_to_embers_processes(platform, monkeypatch):
+    # `ember dev` tells its user to export EMBER_TOKEN; the processes it starts must not inherit it.
+    monkeypatch.setenv("EMBER_TOKEN", "ember_callers_own_token")
+    monkeypatch.setenv("EMBER_NATS_CREDS", '{"user":"someone"}')
+    agent = platform.add_agent("env-check")
+    try:
+        environ = wait_for(lambda: _environ(agent.pid), timeout_s=30, what="the agent's environment")
+        assert b"PYTHONUNBUFFERED=1" in environ  # read the right process
+        assert b"ember_callers_own_token" not in environ and b"EMBER_NATS_CREDS=" not in environ
+    finally:
+        platform.kill("agent-env-check")
+
+
+def _environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read() or None
+    except OSError:
+        return None

@@ -25,6 +25,7 @@ from ember.wire.tokens import new_token, parse_token
 
 NATS_CONFIG = "max_payload: 8MB\n"
 _READY_LINE = "Listening for client connections on "
+_NOT_INHERITED = frozenset({"EMBER_TOKEN", "EMBER_NATS_CREDS", "EMBER_NATS_CREDS_FILE"})
 
 
 def nats_server_binary() -> str:
@@ -98,7 +99,9 @@ class EmbeddedPlatform:
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("ab")
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Not the caller's own credentials: a user who exported EMBER_TOKEN (as `ember dev` suggests) must not hand
+        # it to the agent, the control plane or nats-server.
+        env = {**{k: v for k, v in os.environ.items() if k not in _NOT_INHERITED}, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, preexec_fn=die_with_parent)
         log.close()
