@@ -8,6 +8,7 @@ Clients without credentials, with forged ones, or with those of a stopped replic
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats
 import pytest
@@ -121,3 +122,39 @@ def _environ(pid: int) -> bytes | None:
             return fh.read() or None
     except OSError:
         return None
+
+
+def test_a_node_speaks_only_for_its_own_replicas_in_the_logs(platform, http, hello):
+    """A node agent may publish log lines only on its own node's subjects; a line it publishes naming another
+    node's replica is dropped, and any other line is shown with the node that published it."""
+    victim = hello.services[0].replicas[0].replica_id
+    service = hello.services[0].name
+    forger = read_file(platform.node_credentials("forger"))
+
+    async def forge() -> str:
+        nc = await nats.connect(platform.nats_url, **forger.connect_options())
+        errors: list[str] = []
+
+        def line(replica_id: str, text: str) -> bytes:
+            return b'{"replica_id":"%s","stream":"stdout","line":"%s","ts":%f}' % (
+                replica_id.encode(), text.encode(), time.time())
+
+        try:
+            await nc.publish(subjects.logs("hello", service, platform.node_id), line(victim, "FORGED AS THE NODE"))
+            await nc.flush()
+            await asyncio.sleep(0.3)
+            errors.append(repr(nc.last_error))
+            await nc.publish(subjects.logs("hello", service, "forger"), line(victim, "FORGED FOR ITS REPLICA"))
+            await nc.publish(subjects.logs("hello", service, "forger"), line("made-up", "SIGNED BY THE FORGER"))
+            await nc.flush()
+        finally:
+            await nc.close()
+        return errors[0]
+
+    assert "permissions violation" in asyncio.run(forge()).lower()
+    signed = wait_for(lambda: [entry for entry in http.get("/v1/apps/hello/logs", params={"limit": 5000}).json()
+                               if entry["line"] == "SIGNED BY THE FORGER"] or None, timeout_s=30,
+                      what="the forger's own line")
+    assert signed[0]["node_id"] == "forger"
+    lines = [entry["line"] for entry in http.get("/v1/apps/hello/logs", params={"limit": 5000}).json()]
+    assert "FORGED AS THE NODE" not in lines and "FORGED FOR ITS REPLICA" not in lines

@@ -188,13 +188,22 @@ class Registry:
     # -- logs --------------------------------------------------------------------------------------
 
     async def _on_log(self, msg: Msg) -> None:
+        """A line from a node agent: ``ember.logs.<app>.<service>.<node>`` (NATS lets only that node's agent
+        publish there). It is kept with that node, and dropped if it names a replica that runs elsewhere: a node
+        speaks only for its own replicas. (Four-token subjects: lines stored before nodes were named.)"""
         parts = msg.subject.split(".")
-        if len(parts) != 4:
+        if len(parts) not in (4, 5):
             return
         try:
             line = log_decoder.decode(msg.data)
         except msgspec.MsgspecError:
             return
+        if len(parts) == 5:
+            node = parts[4]
+            replica = self.replicas.items.get(line.replica_id)
+            if replica is not None and replica.node_id != node:
+                return
+            line = msgspec.structs.replace(line, node_id=node)
         self._logs[(parts[2], parts[3])].append(line)
 
     def logs(self, app: str, service: str | None, since: float, limit: int) -> list[LogLine]:

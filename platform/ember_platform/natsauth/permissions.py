@@ -78,7 +78,7 @@ def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
         f"{_JS}.DIRECT.GET.{assignments}.>",
         f"$KV.{subjects.NODES_BUCKET}.{node_id}", f"$KV.{subjects.REPLICAS_BUCKET}.*",
         f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
-        subjects.LOGS_ALL,
+        subjects.node_logs(node_id),
     }
     sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL}
     return _user(pub, sub)

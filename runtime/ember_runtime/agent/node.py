@@ -176,7 +176,7 @@ class NodeAgent:
     def _zygote_event(self, app: str, service: str, line: str) -> None:
         """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
         event = LogLine(replica_id=f"zygote@{self.node_id}", stream="agent", line=line, ts=time.time())
-        publish = self._nc.publish(subjects.logs(app, service), encoder.encode(event))
+        publish = self._nc.publish(subjects.logs(app, service, self.node_id), encoder.encode(event))
         task = asyncio.get_running_loop().create_task(publish)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

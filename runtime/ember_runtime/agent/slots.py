@@ -238,7 +238,7 @@ class ReplicaSlot:
     async def _publish(self, stream: Literal["stdout", "stderr", "agent"], line: str) -> None:
         """One line of the replica's log stream (``agent``: what the agent did to it)."""
         with contextlib.suppress(Exception):
-            await self._nc.publish(subjects.logs(self.key.app, self.key.service), encoder.encode(
+            await self._nc.publish(subjects.logs(self.key.app, self.key.service, self._node_id), encoder.encode(
                 LogLine(replica_id=self.replica_id, stream=stream, line=line, ts=time.time())))
 
     def _exit_reason(self, code: int) -> str:

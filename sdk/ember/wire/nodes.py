@@ -176,3 +176,4 @@ class LogLine(msgspec.Struct, frozen=True, kw_only=True):
     stream: Literal["stdout", "stderr", "agent"]
     line: str
     ts: float
+    node_id: str = ""  # set by the control plane from the subject the line came on, not by its publisher

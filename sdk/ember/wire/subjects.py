@@ -92,9 +92,15 @@ def replica_group(app: str, service: str, version: int) -> str:
     return f"{_token(app, 'app')}.{_token(service, 'service')}.v{version}"
 
 
-def logs(app: str, service: str) -> str:
-    """Log lines of the replicas of one service."""
-    return f"ember.logs.{_token(app, 'app')}.{_token(service, 'service')}"
+def logs(app: str, service: str, node_id: str) -> str:
+    """Log lines of the replicas of one service, published by the agent of node ``node_id`` (the only one whose
+    NATS permissions allow this subject: a line is shown with the node that published it)."""
+    return f"ember.logs.{_token(app, 'app')}.{_token(service, 'service')}.{_token(node_id, 'node id')}"
+
+
+def node_logs(node_id: str) -> str:
+    """Every log subject one node agent may publish to."""
+    return f"ember.logs.*.*.{_token(node_id, 'node id')}"
 
 
 LOGS_ALL = "ember.logs.>"

@@ -26,14 +26,15 @@ def test_method_names_are_one_token() -> None:
 def test_other_subjects() -> None:
     assert subjects.replica_invoke("r-1_a") == "ember.replica.r-1_a.invoke"
     assert subjects.replica_group("digits", "Classifier", 2) == "digits.Classifier.v2"
-    assert subjects.logs("digits", "Classifier") == "ember.logs.digits.Classifier"
+    assert subjects.logs("digits", "Classifier", "gpu-01") == "ember.logs.digits.Classifier.gpu-01"
+    assert subjects.node_logs("gpu-01") == "ember.logs.*.*.gpu-01"
     assert subjects.calls("hello", "greet", tenant="t1") == "ember.calls.t1.hello.greet"
     assert subjects.stats("hello", "greet") == "ember.stats.hello.greet"
 
 
 def test_logs_wildcard_covers_every_log_subject() -> None:
     assert subjects.LOGS_ALL == "ember.logs.>"
-    assert subjects.logs("a", "b").startswith(subjects.LOGS_ALL[:-1])
+    assert subjects.logs("a", "b", "n").startswith(subjects.LOGS_ALL[:-1])
 
 
 @pytest.mark.parametrize("name", [subjects.DEPLOYMENTS_BUCKET, subjects.REPLICAS_BUCKET, subjects.NODES_BUCKET,
@@ -49,8 +50,9 @@ BUILDERS: dict[str, Callable[[str], str]] = {
     "replica": subjects.replica_invoke,
     "group-app": lambda t: subjects.replica_group(t, "svc", 1),
     "group-service": lambda t: subjects.replica_group("app", t, 1),
-    "logs-app": lambda t: subjects.logs(t, "svc"),
-    "logs-service": lambda t: subjects.logs("app", t),
+    "logs-app": lambda t: subjects.logs(t, "svc", "n"),
+    "logs-service": lambda t: subjects.logs("app", t, "n"),
+    "logs-node": lambda t: subjects.logs("app", "svc", t),
     "calls-app": lambda t: subjects.calls(t, "f"),
     "calls-tenant": lambda t: subjects.calls("app", "f", tenant=t),
     "stats-app": lambda t: subjects.stats(t, "f"),
