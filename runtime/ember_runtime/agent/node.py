@@ -72,6 +72,7 @@ class NodeAgent:
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
         self._leaving: dict[str, ReplicaSlot] = {}  # replica id -> a slot being stopped
+        self._starting: dict[SlotKey, asyncio.Task[None]] = {}  # replicas whose bundle is being fetched
         self._background: set[asyncio.Task[None]] = set()
         self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
         self._slot_bundles: dict[SlotKey, str] = {}  # the bundle each running slot was started from
@@ -111,6 +112,10 @@ class NodeAgent:
                 for w in waits:
                     w.cancel()
         finally:
+            starting = list(self._starting.values())
+            for start in starting:
+                start.cancel()
+            await asyncio.gather(*starting, return_exceptions=True)
             await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
             with contextlib.suppress(Exception):
                 await status_sub.unsubscribe()
@@ -149,6 +154,8 @@ class NodeAgent:
     async def _reconcile(self) -> None:
         await self._reconcile_zygotes()
         want = self.desired()
+        for key in [k for k in self._starting if k not in want]:  # unassigned while its bundle was fetched
+            self._starting.pop(key).cancel()
         doomed = [self.slots.pop(key) for key in [k for k in self.slots if k not in want]]
         for slot in doomed:
             log.info("stopping %s", slot.replica_id)
@@ -157,8 +164,19 @@ class NodeAgent:
         for slot in doomed:
             self.host_memory.release(slot.replica_id)
             self._leaving.pop(slot.replica_id, None)
-        # Together: a bundle being fetched for one replica does not hold up the others.
-        await asyncio.gather(*(self._start(key, assigned) for key, assigned in want.items() if key not in self.slots))
+        # Each start in a task of its own: a bundle being fetched for one replica holds up neither the others nor
+        # the next reconcile (a replica assigned meanwhile starts, one unassigned meanwhile is stopped).
+        for key, assigned in want.items():
+            if key not in self.slots and key not in self._starting:
+                task = asyncio.create_task(self._start(key, assigned), name=f"start-{key.replica_id}")
+                self._starting[key] = task
+                task.add_done_callback(partial(self._started, key))
+
+    def _started(self, key: SlotKey, task: asyncio.Task[None]) -> None:
+        if self._starting.get(key) is task:
+            del self._starting[key]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("starting %s failed", key.replica_id, exc_info=task.exception())
 
     async def _collect_bundles(self) -> None:
         """Keep the bundle cache within its budget (EMBER_NODE_BUNDLE_CACHE_BYTES), after a fetch and every
@@ -234,6 +252,7 @@ class NodeAgent:
             await self._report_unstarted(slot, reason)  # kept in view while it waits (the bucket forgets it)
             return
         try:
+            await _test_fetch_delay(slot.app)
             bundle = await self.bundles.get(slot.bundle_sha256)
         except Exception as exc:
             await self._fetch_failed(slot, failures + 1, exc)
@@ -332,3 +351,14 @@ async def _open_buckets(nc: Any, stop: asyncio.Event) -> Stores | None:
             await asyncio.wait_for(stop.wait(), 1.0)
         if stop.is_set():
             return None
+
+
+# Test-only: EMBER_TEST_FETCH_DELAY="<app>:<seconds>" holds the fetch of that app's bundles, to prove that a slow
+# fetch holds up no other replica. Read once, here; unset in any real deployment.
+_FETCH_DELAY = os.environ.get("EMBER_TEST_FETCH_DELAY", "").partition(":")
+
+
+async def _test_fetch_delay(app: str) -> None:
+    if _FETCH_DELAY[0] and app == _FETCH_DELAY[0]:
+        log.warning("test hook: holding the fetch of %s's bundle for %s s", app, _FETCH_DELAY[2])
+        await asyncio.sleep(float(_FETCH_DELAY[2]))

@@ -1,0 +1,42 @@
+"""A node agent fetches each replica's bundle on its own: a fetch that takes long holds up no other replica, not
+even one assigned while it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.platform import TestPlatform
+from support.polling import wait_for
+
+from ember._client import Transport
+from ember._deploy import deploy
+
+pytestmark = pytest.mark.integration
+
+APP = "import ember\napp = ember.App({name!r})\n\n\n@app.function()\ndef ping(x: int) -> int:\n    return x + {n}\n"
+
+
+def _app(folder: Path, name: str, n: int) -> Path:
+    folder.mkdir()
+    (folder / f"{name}.py").write_text(APP.format(name=name, n=n))
+    return folder / f"{name}.py"
+
+
+def test_a_slow_bundle_fetch_holds_up_no_other_replica(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("EMBER_TEST_FETCH_DELAY", "slowfetch:600")  # the node's fetch of this app's bundle hangs
+    slow, fast = _app(tmp_path / "slow", "slowfetch", 1), _app(tmp_path / "fast", "quickfetch", 2)
+    with TestPlatform(tmp_path / "state") as ember:
+        transport = Transport(ember.url, token=ember.token)
+        try:
+            deploy(slow, transport=transport, wait=False)
+            log = ember.log_dir / "agent.log"
+            wait_for(lambda: "holding the fetch of slowfetch" in log.read_text(), timeout_s=60,
+                     what="the agent to begin the slow fetch")
+            # Assigned while the other fetch hangs: it starts and serves (the old agent waited for every fetch).
+            deploy(fast, transport=transport, timeout_s=90)
+            assert transport.json("POST", "/v1/quickfetch/ping", json=40) == 42
+            assert "starting slowfetch" not in log.read_text()  # still fetching
+            assert transport.request("DELETE", "/v1/apps/slowfetch").status_code == 204
+        finally:
+            transport.close()
