@@ -18,6 +18,7 @@ from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
 from ember_platform.natsauth import keys as auth_keys
 from ember_platform.natsauth.callout import AuthCallout
+from ember_platform.quotas.store import QuotaStore
 
 
 class Platform:
@@ -28,11 +29,12 @@ class Platform:
         self.router = Router(nc, registry.replica_alive)
         self.calls = registry.calls
         self.validators = Validators()
+        self.quotas = QuotaStore(registry.stores.quotas)
         self.control = ControlLoop(registry, registry.stores,
                                    gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
-                                   lease=Lease(nc.jetstream()))
+                                   lease=Lease(nc.jetstream()), quotas=self.quotas.all)
         self.callout: AuthCallout | None = None
         self.tokens = TokenStore(registry.stores.tokens, enabled=settings.auth)
         self.first_token: str | None = None  # an installation's first admin token, created by this start
@@ -46,6 +48,7 @@ class Platform:
             await registry.start()
             platform = cls(settings, nc, registry)
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
+            await platform.quotas.start()
             if keys is not None:
                 platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
                                                                   assignment_decoder.decode), registry.deployments)
@@ -65,6 +68,7 @@ class Platform:
         await self.router.stop()
         await self.registry.stop()
         await self.tokens.stop()
+        await self.quotas.stop()
         await self.nc.drain()
 
     def ready(self) -> bool:

@@ -111,6 +111,14 @@ class OverloadedError(EmberError):
     http_status = 429
 
 
+class RateLimitedError(OverloadedError):
+    """A quota refused the call: its request rate or its concurrent calls are used up (HTTP 429, code
+    ``rate_limited``); retry after ``retry_after_s``. An ``OverloadedError``, so that code catching that catches it."""
+
+    code = "rate_limited"
+    http_status = 429
+
+
 class UnavailableError(EmberError):
     """No replica became ready within the call's deadline; retry after ``retry_after_s``."""
 
@@ -145,8 +153,8 @@ class PlatformUnreachableError(EmberError, builtins.ConnectionError):
 _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
     for cls in (EmberError, InvalidSpecError, BadRequestError, UnauthenticatedError, ForbiddenError, NotFoundError,
-                ConflictError, InvalidInputError, PayloadTooLargeError, OverloadedError, UnavailableError,
-                DeadlineExceededError, RemoteError, PlatformUnreachableError)
+                ConflictError, InvalidInputError, PayloadTooLargeError, OverloadedError, RateLimitedError,
+                UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError)
 }
 
 # The public name (``ember.ConnectionError``), kept for compatibility; inside Ember the class goes by the name

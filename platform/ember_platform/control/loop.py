@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -38,10 +39,12 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
+from ember.wire.quotas import Quota
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
+from ember_platform.quotas.caps import Want, cap, replica_gpu_mb
 from ember_platform.scheduler import (
     AutoscaleConfig,
     AutoscaleState,
@@ -67,6 +70,7 @@ log = logging.getLogger("ember.control")
 TICK_S = 0.5
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
+T = TypeVar("T")
 
 
 @dataclass
@@ -76,6 +80,7 @@ class ServiceState:
     unschedulable: str = ""  # why the last placement failed, for `ember status`
     desired: int = 0
     arrival_rate: float = 0.0  # calls per second to the current version, as last measured
+    quota: str = ""  # why a quota holds the service below what it wants, for `ember status`
 
 
 @dataclass
@@ -100,6 +105,7 @@ class ControlLoop:
     move_budget: MoveBudget = field(default_factory=MoveBudget)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
     lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
+    quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
 
     async def start(self) -> None:
         self.preloader = Preloader(demand=self._arrival_rate)
@@ -172,41 +178,71 @@ class ControlLoop:
         await self._refresh_pending(deployments)
         _drop(plan, lambda s: s.app not in deployments)
         self._finish_moves(plan, now)
+        services = [(dep, svc) for dep in deployments.values() for svc in dep.manifest.services]
+        wanted = {(dep.app, svc.name): (dep, svc, n) for dep, svc in services
+                  if (n := self._isolated(dep, svc, functools.partial(self._want, plan, dep, svc, now))) is not None}
+        targets = self._capped(wanted, nodes)
         requests: list[tuple[PlacementRequest, SlotAssignment]] = []
-        for dep in deployments.values():
-            for svc in dep.manifest.services:
-                requests += await self._reconcile_isolated(plan, dep, svc, now)
+        for dep, svc in services:
+            if (dep.app, svc.name) in targets:
+                requests += self._isolated(dep, svc, functools.partial(
+                    self._reconcile_service, plan, dep, svc, targets[(dep.app, svc.name)]), last=True) or []
         snapshot = _snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
 
-    async def _reconcile_isolated(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
-                                  now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
-        """One service's reconcile, so that a service whose reconcile raises (a manifest that got past the
-        validator, a bug) is skipped and shown as failed while every other service is still placed and scaled."""
+    def _isolated(self, dep: Deployment, svc: ServiceSpec, step: Callable[[], T], last: bool = False) -> T | None:
+        """One step of one service's reconcile, so that a service whose reconcile raises (a manifest that got past
+        the validator, a bug) is skipped and shown as failed while every other service is still placed and scaled."""
         key = (dep.app, svc.name)
         try:
-            wanted = await self._reconcile_service(plan, dep, svc, now)
+            result = step()
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
             if self.failures.get(key) != reason:
                 log.exception("%s.%s (v%d) cannot be reconciled; skipping it", dep.app, svc.name, dep.version)
             self.failures[key] = reason
-            return []
-        self.failures.pop(key, None)
-        return wanted
+            return None
+        if last:
+            self.failures.pop(key, None)
+        return result
 
-    async def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
-                                 now: float) -> list[tuple[PlacementRequest, SlotAssignment]]:
-        replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
-        current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
+    def _want(self, plan: Plan, dep: Deployment, svc: ServiceSpec, now: float) -> int:
+        """The autoscaler's count for ``svc``, before quotas."""
         state = self.services.get((dep.app, svc.name))
         if state is None:  # first seen here: a new service, or this control plane restarted or took over
-            autoscale = initial_state(_config(dep, svc), running=len(current))
-            state = self.services[(dep.app, svc.name)] = ServiceState(autoscale=autoscale)
-        target = self._target(state, dep, svc, replicas, now)
+            running = len(_slots(plan, dep.app, svc.name, lambda v: v == dep.version))
+            state = self.services[(dep.app, svc.name)] = ServiceState(
+                autoscale=initial_state(_config(dep, svc), running=running))
+        replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
+        return self._target(state, dep, svc, replicas, now)
+
+    def _capped(self, wanted: dict[tuple[str, str], tuple[Deployment, ServiceSpec, int]],
+                nodes: dict[str, NodeInfo]) -> dict[tuple[str, str], int]:
+        """The counts ``wanted`` within the apps quotas' ``max_replicas`` and ``max_gpu_memory_mb``
+        (``quotas.caps``); a service held back says why in its state, and once in the log."""
+        devices = [d for n in nodes.values() for d in n.devices]
+        wants = [Want(app=dep.app, service=svc.name, minimum=_config(dep, svc).min_replicas, wanted=n,
+                      gpu_mb=replica_gpu_mb(request_from_spec(svc), devices))
+                 for _, (dep, svc, n) in sorted(wanted.items(), key=lambda kv: kv[0])]
+        targets = {}
+        for key, capped in cap(self.quotas(), wants).items():
+            state = self.services[key]
+            if capped.reason != state.quota:
+                if capped.reason:
+                    log.warning("%s.%s: %s", *key, capped.reason)
+                else:
+                    log.info("%s.%s: no longer held back by a quota", *key)
+            state.quota, state.desired, targets[key] = capped.reason, capped.allowed, capped.allowed
+        return targets
+
+    def _reconcile_service(self, plan: Plan, dep: Deployment, svc: ServiceSpec,
+                           target: int) -> list[tuple[PlacementRequest, SlotAssignment]]:
+        replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
+        current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
+        state = self.services[(dep.app, svc.name)]
         ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
         if ready_now >= target or target == 0:  # the new version serves: old versions go
             _drop(plan, lambda s: s.app == dep.app and s.service == svc.name and s.version != dep.version)

@@ -121,6 +121,6 @@ def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[Replica
         crashed=sum(r.state in ("crashed", "failed") for r in current),
         queue_depth=sum(f.queue_depth for r in mine for f in r.functions),
         pending=sum(pending.get((dep.app, f.name), 0) for f in svc.functions),
-        unschedulable=state.unschedulable if state is not None else "",
+        unschedulable=state.unschedulable if state is not None else "", quota=state.quota if state is not None else "",
         failure=failure or next((r.message for r in current if r.state == "failed" and r.message), ""))
 

@@ -56,13 +56,18 @@ async def invoke(request: Request) -> Response | JsonAnswer:
     except NotFoundError:
         authorize(request, INVOKE, app)  # without a token, nobody learns which apps exist
         raise
-    if not fn.public:
-        authorize(request, INVOKE, app)
+    token_id = "" if fn.public else authorize(request, INVOKE, app).token_id
     timeout_s = _timeout(request, svc.timeout_s)
     body = validator.check(await read_body(request, platform.settings.max_body_bytes))
+    held = platform.quotas.limiter.admit(app, token_id)  # 429 over a quota; None when none applies (a dict check)
     call_id = os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
-    call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id, deadline=time.time() + timeout_s)
-    reply = await _unless_disconnected(request, call)
+    try:
+        call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id,
+                                    deadline=time.time() + timeout_s)
+        reply = await _unless_disconnected(request, call)
+    finally:
+        if held is not None:  # however the call ended: answered, failed, timed out, client gone
+            held.release()
     if reply is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
     if reply.error is not None:
@@ -124,7 +129,12 @@ async def spawn(request: Request) -> Response:
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise BadRequestError("Idempotency-Key is 1 to 256 characters", field="Idempotency-Key")
-    reply = await platform.calls.submit(app, fn.name, body, key=key, deadline=deadline)
+    held = platform.quotas.limiter.admit(app, principal_of(request).token_id)  # rate; concurrency while submitting
+    try:
+        reply = await platform.calls.submit(app, fn.name, body, key=key, deadline=deadline)
+    finally:
+        if held is not None:
+            held.release()
     return json_response(reply, 202)
 
 

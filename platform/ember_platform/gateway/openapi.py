@@ -36,6 +36,9 @@ from ember.wire import (
     ErrorBody,
     FunctionSpec,
     LogLine,
+    Quota,
+    QuotaRequest,
+    QuotaView,
     ReplayReply,
     ReplayRequest,
     ScaleRequest,
@@ -46,6 +49,7 @@ from ember.wire import (
     TokenRequest,
     encoder,
 )
+from ember.wire.quotas import QUOTA_NAME
 from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
@@ -69,6 +73,7 @@ _BODIES: dict[str, Any] = {
     "ReplayRequest": ReplayRequest, "ReplayReply": ReplayReply, "ScaleRequest": ScaleRequest,
     "ServiceStatus": ServiceStatus, "StatusView": StatusView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
+    "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -90,7 +95,8 @@ _ERRORS = {
     409: "conflict: the call already runs or has finished, or an Idempotency-Key reused with another body",
     413: "payload_too_large: the body is over the limit",
     422: "invalid_input: the body does not fit its type (`field` is its JSON path)",
-    429: "overloaded: the replica's queue is full or the deadline would be missed (Retry-After)",
+    429: "overloaded: the replica's queue is full or the deadline would be missed; rate_limited: a quota's rate "
+         "or concurrent calls are used up (Retry-After)",
     500: "user_error: the function raised (`type` is the exception's class)",
     503: "unavailable: no replica became ready in time (Retry-After)",
     504: "deadline_exceeded: the call did not finish within its deadline",
@@ -100,7 +106,7 @@ _BEARER = {"type": "http", "scheme": "bearer", "bearerFormat": "ember_<id>_<secr
            "description": "an Ember token (`ember token create`, `ember login`, EMBER_TOKEN)"}
 _NEEDS = {"admin": " with the admin scope", "deploy": " with the deploy scope", "invoke": " with the invoke scope",
           "read": " with the read scope (deploy implies it)", "token": ""}
-_SPAWN_ERRORS = (400, 404, 405, 409, 413, 422, 503)
+_SPAWN_ERRORS = (400, 404, 405, 409, 413, 422, 429, 503)
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -122,6 +128,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "call_id": ("a queued call's id", _string(CALL_ID, MAX_CALL_ID)),
     "sha256": ("the bundle's lowercase hex sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}),
     "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
+    "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
 }
 
 
@@ -220,6 +227,12 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("DELETE", "/v1/tokens/{token_id}"): (
         "Revoke a token (admin): it fails at its next request", (200, "the revoked token's record",
                                                                   _ref("TokenInfo"), JSON), (400, 404), [], None),
+    ("GET", "/v1/quotas"): ("List the quotas, with what each uses now (admin)",
+                            (200, "the quotas and their usage", _ref("QuotaList"), JSON), (), [], None),
+    ("PUT", "/v1/quotas/{quota}"): ("Set a quota (admin)", (200, "the quota", _ref("Quota"), JSON),
+                                    (400, 413, 422), [], _json_body(_ref("QuotaRequest"))),
+    ("DELETE", "/v1/quotas/{quota}"): ("Remove a quota (admin)", (200, "the removed quota", _ref("Quota"), JSON),
+                                       (404, 422), [], None),
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),

@@ -13,6 +13,7 @@ subject names (``subjects``) are modules of their own.
 | ``calls`` | ``ErrorInfo``, ``Invocation`` / ``Answer`` (synchronous), ``CallRecord`` and dead letters (queued) |
 | ``views`` | what ``GET /v1/apps`` and ``GET /v1/status`` show |
 | ``tokens`` | bearer tokens: their format, their records, the bodies of ``/v1/tokens`` |
+| ``quotas`` | quotas: their records, usage, the bodies of ``/v1/quotas`` |
 | ``headers`` | NATS and HTTP header names |
 | ``frames`` | ``split_frames`` and the per-loop-turn ``Outbox`` |
 | ``errors`` | ``EmberError`` <-> ``ErrorInfo`` |
@@ -72,6 +73,7 @@ from ember.wire.nodes import (
     ZygoteState,
     ZygoteStatus,
 )
+from ember.wire.quotas import Quota, QuotaRequest, QuotaUsage, QuotaView
 from ember.wire.specs import (
     RESERVED_APP_NAMES,
     Batch,
@@ -133,6 +135,10 @@ __all__ = [
     "NodeReplicaView",
     "NodeView",
     "Outbox",
+    "Quota",
+    "QuotaRequest",
+    "QuotaUsage",
+    "QuotaView",
     "ReplayReply",
     "ReplayRequest",
     "ReplicaState",

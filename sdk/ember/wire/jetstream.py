@@ -101,6 +101,7 @@ class StorageLimits:
     control_kv_max_value_bytes: int = 4 * MiB  # one value in those four buckets
     logs_stream_max_bytes: int = 128 * MiB  # EMBER_LOGS: replicas' output (also kept at most LOG_TTL_S)
     tokens_kv_max_bytes: int = 16 * MiB  # ember_tokens: bearer tokens' records (a few hundred bytes each)
+    quotas_kv_max_bytes: int = 4 * MiB  # ember_quotas: quotas (a few hundred bytes each)
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -134,6 +135,7 @@ class StorageLimits:
             subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
             kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
             kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
+            kv_stream(subjects.QUOTAS_BUCKET): {"max_bytes": self.quotas_kv_max_bytes, "max_msg_size": 64 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
                                                     "max_age": RESULTS_TTL_S},
@@ -167,6 +169,7 @@ class Stores:
     bundles: ObjectStore  # <sha256> -> bundle archive
     results: ObjectStore  # <call id> -> an output too large for KV
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
+    quotas: KeyValue  # <quota name> -> wire.Quota (read and written by the control plane only)
 
 
 class BucketsMissingError(RuntimeError):
@@ -208,6 +211,7 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
         kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
         kv(subjects.TOKENS_BUCKET, storage=StorageType.FILE),
+        kv(subjects.QUOTAS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
         objects(subjects.RESULTS_STORE),
         stream(StreamConfig(
@@ -227,9 +231,9 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, make = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, make)
-    deployments, replicas, nodes, assignments, calls, tokens, bundles, results, _, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, tokens, quotas, bundles, results, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
-                  bundles=bundles, results=results, tokens=tokens)
+                  bundles=bundles, results=results, tokens=tokens, quotas=quotas)
 
 
 _Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create

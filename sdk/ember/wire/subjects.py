@@ -26,6 +26,7 @@ CALLS_BUCKET = "ember_calls"  # keys: s.<call id> (status), r.<call id> (result,
 RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result too large for KV
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 TOKENS_BUCKET = "ember_tokens"  # key: <token id>             value: wire.StoredToken (the control plane's alone)
+QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota (the control plane's alone)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -84,6 +84,7 @@ class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
     pending: int = 0  # calls waiting in the functions' durable queues
     unschedulable: str = ""  # why the last placement failed; empty when it did not
     failure: str = ""  # why the control loop could not reconcile the service (it is skipped); empty when it could
+    quota: str = ""  # why a quota holds it below what it wants (a placement refusal); empty when none does
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):

@@ -41,6 +41,8 @@ def test_what_the_routes_need():
     assert table[("POST", "/v1/tokens")] == table[("GET", "/v1/tokens")] == "admin"
     assert table[("DELETE", "/v1/tokens/{token_id}")] == "admin"
     assert table[("GET", "/v1/tokens/self")] == "token"
+    assert table[("PUT", "/v1/quotas/{quota}")] == table[("GET", "/v1/quotas")] == "admin"
+    assert table[("DELETE", "/v1/quotas/{quota}")] == "admin"
     assert table[("PUT", "/v1/bundles/{sha256}")] == table[("POST", "/v1/apps/{app}/deployments")] == "deploy"
     assert table[("POST", "/v1/apps/{app}/scale")] == table[("DELETE", "/v1/apps/{app}")] == "deploy"
     assert table[("POST", "/v1/{app}/{name}")] == table[("POST", "/v1/{app}/{name}/spawn")] == "invoke"

@@ -21,6 +21,7 @@ TABLE = [
     ("invalid_input", ember.InvalidInputError, 422),
     ("payload_too_large", ember.PayloadTooLargeError, 413),
     ("overloaded", ember.OverloadedError, 429),
+    ("rate_limited", ember.RateLimitedError, 429),
     ("unavailable", ember.UnavailableError, 503),
     ("deadline_exceeded", ember.DeadlineExceededError, 504),
     ("user_error", ember.RemoteError, 500),

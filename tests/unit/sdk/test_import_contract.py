@@ -134,6 +134,9 @@ ROOM_RULES = [
     # who may do what: below the gateway (which checks it) and beside the call path and the control loop
     ("ember_platform.auth", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
                              "ember_platform.scheduler", "ember_platform.platform"]),
+    # quotas: below the gateway (which admits calls against them) and the control loop (which caps replicas)
+    ("ember_platform.quotas", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
+                               "ember_platform.scheduler", "ember_platform.natsauth", "ember_platform.platform"]),
     ("ember_runtime.batching", ["ember_runtime.agent", "ember_runtime.replica", "ember_runtime.zygote"]),
     ("ember_runtime.agent", ["ember_runtime.replica", "ember_runtime.batching", "ember_runtime.zygote.process"]),
     ("ember_runtime.replica", ["ember_runtime.agent", "ember_runtime.zygote"]),
@@ -193,6 +196,10 @@ def test_there_is_no_import_circle() -> None:
     ("ember.wire", "starlette"),
     ("ember_platform.auth", "starlette"),
     ("ember_platform.auth.scopes", "nats"),
+    ("ember_platform.quotas", "starlette"),
+    ("ember_platform.quotas.rules", "nats"),
+    ("ember_platform.quotas.limiter", "nats"),
+    ("ember_platform.quotas.caps", "nats"),
 ])
 def test_pure_rooms_stay_off_the_network(room: str, library: str) -> None:
     users = sorted(name for name, path in MODULES.items() if _in(name, room)

@@ -24,6 +24,7 @@ PUBLIC = [
     "NotFoundError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "RateLimitedError",
     "RemoteError",
     "Retries",
     "UnauthenticatedError",

@@ -10,7 +10,7 @@ from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_dif
 
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
                 "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
-                "KV_ember_tokens"}
+                "KV_ember_tokens", "KV_ember_quotas"}
 
 
 def test_every_stream_has_a_size_limit() -> None:
@@ -21,6 +21,7 @@ def test_every_stream_has_a_size_limit() -> None:
     assert streams["OBJ_ember_results"]["max_age"] >= CALL_TTL_S  # a large result never expires before its record
     assert streams["KV_ember_deployments"] == {"max_bytes": 64 * MiB, "max_msg_size": 4 * MiB}
     assert streams["KV_ember_tokens"]["max_bytes"] == 16 * MiB
+    assert streams["KV_ember_quotas"] == {"max_bytes": 4 * MiB, "max_msg_size": 64 * 1024}
 
 
 def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -33,6 +34,8 @@ def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert StorageLimits.env_name("control_kv_max_bytes") == "EMBER_CONTROL_KV_MAX_BYTES"
     monkeypatch.setenv("EMBER_TOKENS_KV_MAX_BYTES", "2000")
     assert StorageLimits.from_env().tokens_kv_max_bytes == 2000
+    monkeypatch.setenv("EMBER_QUOTAS_KV_MAX_BYTES", "3000")
+    assert StorageLimits.from_env().quotas_kv_max_bytes == 3000
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "a lot"])

@@ -62,6 +62,11 @@ SAMPLES: list[msgspec.Struct] = [
                                          created_at=1.0), secret_sha256="ab" * 32, revoked_at=3.0),
     wire.NewToken(token="ember_0a1b2c3d4e5f_" + "x" * 32,
                   info=wire.TokenInfo(id="0a1b2c3d4e5f", name="", scopes=["read"], apps=["*"], created_at=1.0)),
+    wire.QuotaRequest(apps="team-a-*", max_replicas=4, max_gpu_memory_mb=81920, rate_per_s=50.0, burst=100),
+    wire.Quota(name="team-a", token="0a1b2c3d4e5f", max_concurrent_calls=8, created_at=1.0, created_by="admin"),
+    wire.QuotaView(quota=wire.Quota(name="q", apps="*", max_replicas=1),
+                   usage=wire.QuotaUsage(replicas=1, gpu_memory_mb=24576, calls_in_flight=3)),
+    wire.QuotaUsage(),
     wire.SlotAssignment(replica_id="r-1", app="digits", service="Classifier", version=3, index=0,
                         gpu_uuids=["GPU-1"], gpu_indices=[0], numa_node=1, bundle_sha256="ab" * 32,
                         module="classifier"),
@@ -116,7 +121,7 @@ def _wire_types() -> set[type[msgspec.Struct]]:
 
 
 # Bodies users write by hand (``ember scale``, replay requests): a misspelt field is refused, not ignored.
-USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest}
+USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest, wire.QuotaRequest}
 
 
 def test_the_wire_package_exports_every_wire_type() -> None:
