@@ -173,6 +173,10 @@ def test_a_replicas_quota_below_min_replicas_is_shown_and_holds(tmp_path: Path, 
 
         assert admin.delete("/v1/quotas/qt-many").status_code == 200
         wait_for(lambda: service()[0].ready == 3 and not service()[0].quota, 120, "three replicas once it is gone")
+        # a lowered quota scales the running replicas down, as any scale-down
+        assert _put(admin, "qt-many", apps="quota-*", max_replicas=2).status_code == 200
+        wait_for(lambda: len(service()[1]) == 2, 60, "two replicas under the lowered quota")
+        assert service()[0].desired == 2 and "max_replicas 2" in service()[0].quota
     finally:
         admin.delete("/v1/apps/quota-many")
 
