@@ -102,6 +102,7 @@ class StorageLimits:
     logs_stream_max_bytes: int = 128 * MiB  # EMBER_LOGS: replicas' output (also kept at most LOG_TTL_S)
     tokens_kv_max_bytes: int = 16 * MiB  # ember_tokens: bearer tokens' records (a few hundred bytes each)
     quotas_kv_max_bytes: int = 4 * MiB  # ember_quotas: quotas (a few hundred bytes each)
+    secrets_kv_max_bytes: int = 16 * MiB  # ember_secrets: secrets, encrypted (at most 64 KiB each)
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -136,6 +137,7 @@ class StorageLimits:
             kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
             kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.QUOTAS_BUCKET): {"max_bytes": self.quotas_kv_max_bytes, "max_msg_size": 64 * 1024},
+            kv_stream(subjects.SECRETS_BUCKET): {"max_bytes": self.secrets_kv_max_bytes, "max_msg_size": 128 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
                                                     "max_age": RESULTS_TTL_S},
@@ -170,6 +172,7 @@ class Stores:
     results: ObjectStore  # <call id> -> an output too large for KV
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
     quotas: KeyValue  # <quota name> -> wire.Quota (read and written by the control plane only)
+    secrets: KeyValue  # <secret name> -> wire.StoredSecret, values encrypted (the control plane only)
 
 
 class BucketsMissingError(RuntimeError):
@@ -212,6 +215,7 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
         kv(subjects.TOKENS_BUCKET, storage=StorageType.FILE),
         kv(subjects.QUOTAS_BUCKET, storage=StorageType.FILE),
+        kv(subjects.SECRETS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
         objects(subjects.RESULTS_STORE),
         stream(StreamConfig(
@@ -231,9 +235,9 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, make = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, make)
-    deployments, replicas, nodes, assignments, calls, tokens, quotas, bundles, results, _, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, tokens, quotas, secrets, bundles, results, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
-                  bundles=bundles, results=results, tokens=tokens, quotas=quotas)
+                  bundles=bundles, results=results, tokens=tokens, quotas=quotas, secrets=secrets)
 
 
 _Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create

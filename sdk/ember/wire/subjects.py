@@ -27,6 +27,7 @@ RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result 
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 TOKENS_BUCKET = "ember_tokens"  # key: <token id>             value: wire.StoredToken (the control plane's alone)
 QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota (the control plane's alone)
+SECRETS_BUCKET = "ember_secrets"  # key: <secret name>        value: wire.StoredSecret, encrypted (control plane's alone)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -86,6 +87,14 @@ def answers_inbox(gateway_id: str) -> str:
 def answers_of_app(app: str) -> str:
     """Every gateway's answer subjects of one app's frames (a replica's publish permission)."""
     return f"{ANSWERS_ROOT}.*.{_token(app, 'app')}.*"
+
+
+def node_secrets(node_id: str) -> str:
+    """A node agent's requests for the secrets of a replica it starts (answered by a control plane's queue group)."""
+    return f"ember.node.{_token(node_id, 'node id')}.secrets"
+
+
+NODE_SECRETS_ALL = "ember.node.*.secrets"
 
 
 def replica_group(app: str, service: str, version: int) -> str:

@@ -10,7 +10,7 @@ from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_dif
 
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
                 "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
-                "KV_ember_tokens", "KV_ember_quotas"}
+                "KV_ember_tokens", "KV_ember_quotas", "KV_ember_secrets"}
 
 
 def test_every_stream_has_a_size_limit() -> None:
@@ -22,6 +22,7 @@ def test_every_stream_has_a_size_limit() -> None:
     assert streams["KV_ember_deployments"] == {"max_bytes": 64 * MiB, "max_msg_size": 4 * MiB}
     assert streams["KV_ember_tokens"]["max_bytes"] == 16 * MiB
     assert streams["KV_ember_quotas"] == {"max_bytes": 4 * MiB, "max_msg_size": 64 * 1024}
+    assert streams["KV_ember_secrets"] == {"max_bytes": 16 * MiB, "max_msg_size": 128 * 1024}
 
 
 def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +37,8 @@ def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert StorageLimits.from_env().tokens_kv_max_bytes == 2000
     monkeypatch.setenv("EMBER_QUOTAS_KV_MAX_BYTES", "3000")
     assert StorageLimits.from_env().quotas_kv_max_bytes == 3000
+    monkeypatch.setenv("EMBER_SECRETS_KV_MAX_BYTES", "4000")
+    assert StorageLimits.from_env().secrets_kv_max_bytes == 4000
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "a lot"])
