@@ -15,6 +15,7 @@ from ember import _loop as ember_loop
 from ember_platform.auth.bootstrap import first_token_banner, loopback_only, read_token_file
 from ember_platform.config import Settings
 from ember_platform.gateway.asgi import create_app
+from ember_platform.secrets.key import SecretsKeyError, read_key
 
 
 def main() -> None:
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--bootstrap-token-file", type=Path, default=None,
                         help="a file holding an admin token (mode 0600; written first if missing): its record is "
                              "ensured at start ($EMBER_BOOTSTRAP_TOKEN_FILE)")
+    parser.add_argument("--secrets-key-file", type=Path, default=None,
+                        help="the key secrets are encrypted under (a Fernet key, mode 0600); without one, secrets "
+                             "are off ($EMBER_SECRETS_KEY_FILE)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="check no tokens: every request may do everything (refused unless --host is loopback)")
     args = parser.parse_args()
@@ -72,12 +76,21 @@ def _check_auth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             read_token_file(path)
         except (OSError, ValueError) as exc:
             parser.error(f"--bootstrap-token-file: {exc}")
+    key = args.secrets_key_file or (Path(os.environ["EMBER_SECRETS_KEY_FILE"])
+                                    if os.environ.get("EMBER_SECRETS_KEY_FILE") else None)
+    if key is not None:
+        try:
+            read_key(key)
+        except SecretsKeyError as exc:
+            parser.error(f"--secrets-key-file: {exc}")
 
 
 def _auth_settings(args: argparse.Namespace) -> dict[str, Any]:
     settings: dict[str, Any] = {"auth": not args.insecure_no_auth}
     if args.bootstrap_token_file is not None:
         settings["bootstrap_token_file"] = str(args.bootstrap_token_file)
+    if args.secrets_key_file is not None:
+        settings["secrets_key_file"] = str(args.secrets_key_file)
     return settings
 
 

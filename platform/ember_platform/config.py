@@ -27,3 +27,5 @@ class Settings:
     auth: bool = True  # False (--insecure-no-auth, loopback addresses only): no route checks a token
     # An admin token's file (--bootstrap-token-file): its record is ensured at start; written first if missing.
     bootstrap_token_file: str = field(default_factory=lambda: os.environ.get("EMBER_BOOTSTRAP_TOKEN_FILE", ""))
+    # The secrets key's file (--secrets-key-file, mode 0600, a Fernet key): without one, secrets are off (503).
+    secrets_key_file: str = field(default_factory=lambda: os.environ.get("EMBER_SECRETS_KEY_FILE", ""))

@@ -19,6 +19,9 @@ from ember_platform.gateway.body import Validators
 from ember_platform.natsauth import keys as auth_keys
 from ember_platform.natsauth.callout import AuthCallout
 from ember_platform.quotas.store import QuotaStore
+from ember_platform.secrets.key import read_key
+from ember_platform.secrets.server import SecretsServer
+from ember_platform.secrets.store import SecretStore
 
 
 class Platform:
@@ -38,6 +41,9 @@ class Platform:
         self.callout: AuthCallout | None = None
         self.tokens = TokenStore(registry.stores.tokens, enabled=settings.auth)
         self.first_token: str | None = None  # an installation's first admin token, created by this start
+        fernet = read_key(Path(settings.secrets_key_file)) if settings.secrets_key_file else None
+        self.secrets = SecretStore(registry.stores.secrets, fernet)
+        self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -49,6 +55,8 @@ class Platform:
             platform = cls(settings, nc, registry)
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
             await platform.quotas.start()
+            await platform.secrets.start()
+            await platform.secrets_server.start()
             if keys is not None:
                 platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
                                                                   assignment_decoder.decode), registry.deployments)
@@ -69,6 +77,8 @@ class Platform:
         await self.registry.stop()
         await self.tokens.stop()
         await self.quotas.stop()
+        await self.secrets_server.stop()
+        await self.secrets.stop()
         await self.nc.drain()
 
     def ready(self) -> bool:

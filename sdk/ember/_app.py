@@ -19,6 +19,7 @@ from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
+from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.validate import (
     APP_NAME,
     MAX_BUFFER_REPLICAS,
@@ -72,14 +73,16 @@ class App:
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
                  buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
-                 public: bool = False) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 public: bool = False, secrets: list[str] | None = None,
+                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
                  scaledown_window_s: float = 60.0, memory: int | str | None = None,
-                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False) -> Any:
+                 target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
+                 secrets: list[str] | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -105,6 +108,8 @@ class App:
                 that takes longer counts as a failed setup (three in a row and the version is failed).
             public: its synchronous call (``POST /v1/<app>/<fn>``) needs no token: a public endpoint. Its spawn,
                 its calls' records, logs and everything else of the app still need one.
+            secrets: names of secrets (``ember secret set hf HF_TOKEN=...``) whose keys its replicas get as
+                environment variables: ``os.environ["HF_TOKEN"]``. Each must exist when the app is pushed.
         """
         if fn is not None:
             return self.function()(fn)
@@ -112,6 +117,7 @@ class App:
         resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.function", memory)
         resources |= _startup("@app.function", startup_timeout_s)
+        resources |= _secrets("@app.function", secrets)
         _check_batch("@app.function", batch, cost)
         _check_public("@app.function", public)
         triggers = _check_events("@app.function", on, result_subject)
@@ -134,7 +140,8 @@ class App:
     def model(self, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
               timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
               scaledown_window_s: float = 60.0, memory: int | str | None = None,
-              target_p95_ms: float | None = None, startup_timeout_s: float = 600.0) -> Callable[[C], C]:
+              target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
+              secrets: list[str] | None = None) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -149,6 +156,7 @@ class App:
         resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s, target_p95_ms)
         resources |= _host_memory("@app.model", memory)
         resources |= _startup("@app.model", startup_timeout_s)
+        resources |= _secrets("@app.model", secrets)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -349,6 +357,22 @@ def _startup(where: str, startup_timeout_s: Any) -> dict[str, Any]:
             or not 0 < startup_timeout_s <= MAX_TIMEOUT_S:
         raise InvalidSpecError(f"{where}(startup_timeout_s={startup_timeout_s!r}): seconds in (0, {MAX_TIMEOUT_S:g}]")
     return {"startup_timeout_s": float(startup_timeout_s)}
+
+
+def _secrets(where: str, secrets: Any) -> dict[str, Any]:
+    """``secrets=``: a list of secret names; None: none."""
+    if secrets is None:
+        return {}
+    if isinstance(secrets, str) or not isinstance(secrets, list | tuple) \
+            or not all(isinstance(n, str) for n in secrets):
+        raise InvalidSpecError(f"{where}(secrets={secrets!r}): a list of secret names, e.g. secrets=['hf']")
+    for name in secrets:
+        problem = name_problem(name)
+        if problem:
+            raise InvalidSpecError(f"{where}(secrets=...): {problem}")
+    if len(set(secrets)) != len(secrets) or len(secrets) > MAX_SECRETS_PER_SERVICE:
+        raise InvalidSpecError(f"{where}(secrets={secrets!r}): at most {MAX_SECRETS_PER_SERVICE} names, each once")
+    return {"secrets": list(secrets)}
 
 
 def _host_memory(where: str, memory: Any) -> dict[str, Any]:

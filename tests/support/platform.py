@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ember.dev.embedded import EmbeddedPlatform
+from ember.dev.embedded import EmbeddedPlatform, secrets_key
 from support.natsconn import remember
 
 
@@ -45,7 +45,8 @@ class TestPlatform(EmbeddedPlatform):
         url_file.unlink(missing_ok=True)
         proc = self._spawn(name, [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
                                   "--nats-auth-dir", str(self.auth_dir), "--host", self.host, "--port", "0",
-                                  "--url-file", str(url_file), "--bootstrap-token-file", str(self.state_dir / "token")])
+                                  "--url-file", str(url_file), "--bootstrap-token-file", str(self.state_dir / "token"),
+                                  "--secrets-key-file", str(secrets_key(self.state_dir / "secrets.key"))])
         return str(self._await(lambda: url_file.read_text() if url_file.exists() else None, proc, name, timeout_s))
 
     def kill(self, name: str) -> None:

@@ -19,7 +19,7 @@ from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
 from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
 from ember_platform.config import Settings
-from ember_platform.gateway import apps, calls, health, metrics, openapi, quotas, status, tokens
+from ember_platform.gateway import apps, calls, health, metrics, openapi, quotas, secrets, status, tokens
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform.gateway.guard import OPEN, TOKEN, route
 from ember_platform.platform import Platform
@@ -46,6 +46,9 @@ ROUTES = [
     route("/v1/quotas", quotas.list_quotas, "GET", ADMIN),
     route("/v1/quotas/{quota}", quotas.put_quota, "PUT", ADMIN),
     route("/v1/quotas/{quota}", quotas.delete_quota, "DELETE", ADMIN),
+    route("/v1/secrets", secrets.list_secrets, "GET", ADMIN),
+    route("/v1/secrets/{secret}", secrets.put_secret, "PUT", ADMIN),
+    route("/v1/secrets/{secret}", secrets.delete_secret, "DELETE", ADMIN),
     route("/v1/calls/{call_id}", calls.get_call, "GET", INVOKE),  # and invoke on the call's app: checked inside
     route("/v1/calls/{call_id}", calls.cancel_call, "DELETE", INVOKE),
     route("/v1/{app}/{name}/spawn", calls.spawn, "POST", INVOKE),

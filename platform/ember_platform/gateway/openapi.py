@@ -50,6 +50,7 @@ from ember.wire import (
     encoder,
 )
 from ember.wire.quotas import QUOTA_NAME
+from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
@@ -74,6 +75,7 @@ _BODIES: dict[str, Any] = {
     "ServiceStatus": ServiceStatus, "StatusView": StatusView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
+    "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -129,6 +131,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "sha256": ("the bundle's lowercase hex sha256", {"type": "string", "pattern": "^[0-9a-f]{64}$"}),
     "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
     "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
+    "secret": ("a secret's name", _string(SECRET_NAME, 63)),
 }
 
 
@@ -233,6 +236,13 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                     (400, 413, 422), [], _json_body(_ref("QuotaRequest"))),
     ("DELETE", "/v1/quotas/{quota}"): ("Remove a quota (admin)", (200, "the removed quota", _ref("Quota"), JSON),
                                        (404, 422), [], None),
+    ("GET", "/v1/secrets"): ("List the secrets (admin): names, keys and times, never values",
+                             (200, "the secrets", _ref("SecretList"), JSON), (503,), [], None),
+    ("PUT", "/v1/secrets/{secret}"): ("Set a secret (admin): its keys and values, replacing any before",
+                                      (200, "the secret, without values", _ref("SecretView"), JSON),
+                                      (400, 413, 422, 503), [], _json_body(_ref("SecretRequest"))),
+    ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422), [],
+                                         None),
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),

@@ -70,7 +70,7 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
 
 def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
     """A node agent: reads what is assigned to it and the bundles, writes its node's info and its replicas'
-    states, and publishes their output lines."""
+    states, publishes their output lines, and asks for its replicas' secrets (a control plane answers)."""
     assignments, bundles = _kv(subjects.ASSIGNMENTS_BUCKET), _obj(subjects.BUNDLES_STORE)
     pub = {
         f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
@@ -78,7 +78,7 @@ def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
         f"{_JS}.DIRECT.GET.{assignments}.>",
         f"$KV.{subjects.NODES_BUCKET}.{node_id}", f"$KV.{subjects.REPLICAS_BUCKET}.*",
         f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
-        subjects.node_logs(node_id),
+        subjects.node_logs(node_id), subjects.node_secrets(node_id),
     }
     sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL}
     return _user(pub, sub)

@@ -38,6 +38,7 @@ from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
 from ember_runtime.agent.memory_watch import UsageWatcher
+from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
 from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
 
@@ -91,6 +92,7 @@ class NodeAgent:
             await nc.close()
             return
         self._nc, self._stores = nc, stores
+        self._secrets = SecretsFetcher(nc, self.node_id)
         status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
         self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
         self.cgroups = MemoryCgroups.for_agent()
@@ -258,13 +260,21 @@ class NodeAgent:
             await self._fetch_failed(slot, failures + 1, exc)
             return
         self._fetch_failures.pop(slot.bundle_sha256, None)
+        try:
+            secrets = await self._secrets.get(slot)
+        except SecretsUnavailable as exc:
+            if not exc.waiting:
+                log.warning("%s (replica %s)", exc, slot.replica_id)
+            await self._report_unstarted(slot, str(exc))
+            return
         pin = self._pinning(slot)
         env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes,
-                              startup_timeout_s=slot.startup_timeout_s, confinement=self._confinement(slot),
+                              startup_timeout_s=slot.startup_timeout_s,
+                              confinement=self._confinement(slot, secrets),
                               verify=partial(self.bundles.verify, slot.bundle_sha256))
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
@@ -272,13 +282,13 @@ class NodeAgent:
         self._count_host_memory(slot)
         replica.start()
 
-    def _confinement(self, slot: SlotAssignment) -> sandboxes.Confinement:
-        """The replica's sandbox, with the device nodes of its GPUs (a declared inventory has none) and its
-        memory limit."""
+    def _confinement(self, slot: SlotAssignment, secrets: dict[str, str]) -> sandboxes.Confinement:
+        """The replica's sandbox, with the device nodes of its GPUs (a declared inventory has none), its
+        memory limit and its app's secrets (its environment only)."""
         gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
         devices = sandboxes.gpu_devices(gpus) if self.inventory is None else ()
         return sandboxes.Confinement(sandbox=self.sandbox, devices=devices, memory_mb=slot.host_memory_mb,
-                                     cgroups=self.cgroups)
+                                     cgroups=self.cgroups, secrets=secrets)
 
     async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:
         """Try the bundle again later, backing off, and say why on the replica's status (``ember status`` and

@@ -4,6 +4,7 @@ as child processes of this one. ``ember dev``, ``make demo`` and the integration
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import shutil
@@ -125,6 +126,7 @@ class EmbeddedPlatform:
         self.token = admin_token(token_file)
         proc = self._spawn("platform", [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
                                         "--bootstrap-token-file", str(token_file),
+                                        "--secrets-key-file", str(secrets_key(self.state_dir / "secrets.key")),
                                         "--nats-auth-dir", str(self.auth_dir),
                                         "--host", self.host, "--port", str(self.http_port),
                                         "--url-file", str(url_file)])
@@ -197,3 +199,12 @@ def admin_token(path: Path) -> str:
         fh.write(token + "\n")
     os.chmod(path, 0o600)
     return token
+
+
+def secrets_key(path: Path) -> Path:
+    """``path``, holding the platform's secrets key (a Fernet key), written there once with mode 0600."""
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(base64.urlsafe_b64encode(os.urandom(32)) + b"\n")
+    return path

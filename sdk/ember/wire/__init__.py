@@ -14,6 +14,7 @@ subject names (``subjects``) are modules of their own.
 | ``views`` | what ``GET /v1/apps`` and ``GET /v1/status`` show |
 | ``tokens`` | bearer tokens: their format, their records, the bodies of ``/v1/tokens`` |
 | ``quotas`` | quotas: their records, usage, the bodies of ``/v1/quotas`` |
+| ``secrets`` | secrets: their records (encrypted), the bodies of ``/v1/secrets``, a node's request for them |
 | ``headers`` | NATS and HTTP header names |
 | ``frames`` | ``split_frames`` and the per-loop-turn ``Outbox`` |
 | ``errors`` | ``EmberError`` <-> ``ErrorInfo`` |
@@ -74,6 +75,7 @@ from ember.wire.nodes import (
     ZygoteStatus,
 )
 from ember.wire.quotas import Quota, QuotaRequest, QuotaUsage, QuotaView
+from ember.wire.secrets import SecretRequest, SecretsAnswer, SecretsRequest, SecretView, StoredSecret
 from ember.wire.specs import (
     RESERVED_APP_NAMES,
     Batch,
@@ -146,6 +148,10 @@ __all__ = [
     "Retries",
     "ScaleBounds",
     "ScaleRequest",
+    "SecretRequest",
+    "SecretView",
+    "SecretsAnswer",
+    "SecretsRequest",
     "ServiceSpec",
     "ServiceStatus",
     "ServiceView",
@@ -154,6 +160,7 @@ __all__ = [
     "StartKind",
     "StartPhases",
     "StatusView",
+    "StoredSecret",
     "StoredToken",
     "TokenInfo",
     "TokenRequest",

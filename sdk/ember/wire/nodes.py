@@ -52,6 +52,7 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     host_memory_mb: int = 0  # host memory the replica reserved; 0: not declared
     cpu_millis: int = 0  # CPU the replica reserved; 0: not declared
     startup_timeout_s: float = 0.0  # the service's; 0: no limit
+    secrets: bool = False  # the service declares secrets: its agent asks a control plane for them at start
 
 
 class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -86,7 +86,8 @@ class Retries(msgspec.Struct, frozen=True, kw_only=True):
 
 # The first path segments of the HTTP API's own routes under /v1 (and the probes'): no app may take one as its name,
 # so that ``POST /v1/<app>/<fn>`` never shadows a route of the API.
-RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "quotas", "readyz", "status", "tokens"})
+RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "quotas", "readyz", "secrets", "status",
+                                "tokens"})
 
 InputMode = Literal["none", "single", "kwargs"]
 
@@ -125,6 +126,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     memory_mb: int = 0  # host memory one replica needs (memory=); 0: not declared
     target_p95_ms: float | None = None  # latency (queue wait + run) the autoscaler keeps p95 under; None: no target
     startup_timeout_s: float = 600.0  # a replica's import and setup, at most; longer counts as a failed setup
+    secrets: list[str] = []  # names of secrets whose keys and values its replicas get as environment variables
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

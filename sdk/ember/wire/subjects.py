@@ -27,7 +27,7 @@ RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result 
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 TOKENS_BUCKET = "ember_tokens"  # key: <token id>             value: wire.StoredToken (the control plane's alone)
 QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota (the control plane's alone)
-SECRETS_BUCKET = "ember_secrets"  # key: <secret name>        value: wire.StoredSecret, encrypted (control plane's alone)
+SECRETS_BUCKET = "ember_secrets"  # key: <secret name>      value: wire.StoredSecret, encrypted (control plane only)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 from ember._errors import InvalidInputError
 from ember._resources import MAX_GPUS
+from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.specs import RESERVED_APP_NAMES, FunctionSpec, Manifest, ServiceSpec
 
 APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
@@ -90,6 +91,18 @@ def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
             yield f"{at}.gpu_types[{i}]", f"GPU type {kind!r}: letters, digits, '-' and '_'"
     if svc.gpu is not None and svc.gpu_count != max(svc.gpu.count, 1):
         yield f"{at}.gpu_count", f"gpu_count={svc.gpu_count} disagrees with gpu.count={svc.gpu.count}"
+    yield from _secrets(svc.secrets, f"{at}.secrets")
+
+
+def _secrets(names: list[str], at: str) -> Iterator[Problem]:
+    if len(names) > MAX_SECRETS_PER_SERVICE:
+        yield at, f"a service names at most {MAX_SECRETS_PER_SERVICE} secrets, not {len(names)}"
+    for i, name in enumerate(names):
+        problem = name_problem(name)
+        if problem:
+            yield f"{at}[{i}]", problem
+        elif name in names[:i]:
+            yield f"{at}[{i}]", f"secret {name!r} is named twice"
 
 
 def _function_problems(fn: FunctionSpec, svc: ServiceSpec, at: str) -> Iterator[Problem]:

@@ -47,6 +47,11 @@ def attack(target: str) -> dict:
         await attempt("log as another app", lambda: nc.publish(f"ember.logs.{target}.default", forged))
         await attempt("report as another replica", lambda: nc.publish("ember.replica.someone-else.status", b"{}"))
         await attempt("purge the call queue", lambda: request("$JS.API.STREAM.PURGE.EMBER_CALLS", b"{}"))
+        node = str(nc.options.get("user") or "replica.x.y").split(".")[1]  # its own node, as its user says
+        await attempt("ask for its node's secrets", lambda: request(
+            f"ember.node.{node}.secrets", b'{"replica_id":"%s"}' % target.encode()))
+        await attempt("read a secret", lambda: request(
+            f"$JS.API.DIRECT.GET.KV_ember_secrets.$KV.ember_secrets.{target}"))
         return seen
 
     return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)

@@ -121,3 +121,17 @@ def test_jwts_are_signed_and_checked():
         jwt.decode(f"{header}.{other}.{sig}")  # a body that was not signed
     with pytest.raises(jwt.JwtError):
         jwt.decode("not.a.jwt")
+
+
+def test_only_a_node_asks_for_secrets_and_only_for_its_own_node(auth):
+    callout = _callout(auth)
+    node = auth.node_credentials("n1")
+    _, perms = callout.authorize(node.user, node.password)
+    assert _allowed(perms, "pub", "ember.node.n1.secrets")
+    assert not _allowed(perms, "pub", "ember.node.n2.secrets")
+    assert not _allowed(perms, "pub", "$JS.API.DIRECT.GET.KV_ember_secrets.hf")
+    replica = replica_credentials(node, "r1")
+    _, perms = callout.authorize(replica.user, replica.password)
+    assert not _allowed(perms, "pub", "ember.node.n1.secrets")
+    assert not _allowed(perms, "pub", "$JS.API.DIRECT.GET.KV_ember_secrets.hf")
+    assert not _allowed(perms, "pub", "$JS.API.CONSUMER.CREATE.KV_ember_secrets")

@@ -137,6 +137,10 @@ ROOM_RULES = [
     # quotas: below the gateway (which admits calls against them) and the control loop (which caps replicas)
     ("ember_platform.quotas", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
                                "ember_platform.scheduler", "ember_platform.natsauth", "ember_platform.platform"]),
+    # secrets: below the gateway (its routes, the deploy check) and beside the auth callout
+    ("ember_platform.secrets", ["ember_platform.gateway", "ember_platform.calls", "ember_platform.control",
+                                "ember_platform.scheduler", "ember_platform.natsauth", "ember_platform.quotas",
+                                "ember_platform.platform"]),
     ("ember_runtime.batching", ["ember_runtime.agent", "ember_runtime.replica", "ember_runtime.zygote"]),
     ("ember_runtime.agent", ["ember_runtime.replica", "ember_runtime.batching", "ember_runtime.zygote.process"]),
     ("ember_runtime.replica", ["ember_runtime.agent", "ember_runtime.zygote"]),
@@ -200,6 +204,10 @@ def test_there_is_no_import_circle() -> None:
     ("ember_platform.quotas.rules", "nats"),
     ("ember_platform.quotas.limiter", "nats"),
     ("ember_platform.quotas.caps", "nats"),
+    ("ember_platform.secrets", "starlette"),
+    ("ember_platform.secrets.checks", "nats"),
+    ("ember.wire", "cryptography"),
+    ("ember_runtime", "cryptography"),
 ])
 def test_pure_rooms_stay_off_the_network(room: str, library: str) -> None:
     users = sorted(name for name, path in MODULES.items() if _in(name, room)

@@ -2,10 +2,12 @@
 
 import math
 
+import msgspec
 import pytest
 
 import ember
 from ember.wire import FunctionSpec, ServiceSpec
+from ember.wire.validate import manifest_problems
 
 
 def _spec(app: ember.App, name: str) -> ServiceSpec:
@@ -206,8 +208,9 @@ def test_latency_target_rejected(target: object) -> None:
 
 def test_new_service_spec_fields_go_last_with_defaults() -> None:
     # Schemas only grow: an older peer's manifest (without them) still decodes.
-    assert ServiceSpec.__struct_fields__[-2:] == ("target_p95_ms", "startup_timeout_s")
-    assert ServiceSpec.__struct_defaults__[-2:] == (None, 600.0)
+    assert ServiceSpec.__struct_fields__[-3:] == ("target_p95_ms", "startup_timeout_s", "secrets")
+    assert ServiceSpec.__struct_defaults__[-3:-1] == (None, 600.0)
+    assert ServiceSpec(name="f", kind="function", functions=[]).secrets == []
 
 
 def test_model_resources_are_validated_like_functions() -> None:
@@ -651,3 +654,23 @@ def test_a_bad_host_memory_names_the_argument(memory) -> None:
             @ember.method
             def f(self, x: int) -> int:
                 return x
+
+
+def test_secrets_are_names_checked_at_once_and_by_the_validator() -> None:
+    app = ember.App("with-secrets")
+
+    @app.function(secrets=["hf", "db-1"])
+    def f(x: int) -> int:
+        return x
+
+    assert _spec(app, "f").secrets == ["hf", "db-1"]
+    for bad in ("hf", ["HF"], ["a b"], ["hf", "hf"], [1]):
+        with pytest.raises(ember.InvalidSpecError, match=r"@app\.function\(secrets="):
+            app.function(secrets=bad)  # type: ignore[arg-type]
+    with pytest.raises(ember.InvalidSpecError, match=r"@app\.model\(secrets="):
+        app.model(secrets=["Bad"])
+    manifest = app.manifest("m")
+    svc = msgspec.structs.replace(manifest.services[0], secrets=["ok", "Not_ok", "ok"])
+    problems = list(manifest_problems(msgspec.structs.replace(manifest, services=[svc])))
+    at = "$.manifest.services[0].secrets"
+    assert [field for field, _ in problems] == [f"{at}[1]", f"{at}[2]"]

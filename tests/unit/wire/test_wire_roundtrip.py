@@ -64,6 +64,12 @@ SAMPLES: list[msgspec.Struct] = [
                   info=wire.TokenInfo(id="0a1b2c3d4e5f", name="", scopes=["read"], apps=["*"], created_at=1.0)),
     wire.QuotaRequest(apps="team-a-*", max_replicas=4, max_gpu_memory_mb=81920, rate_per_s=50.0, burst=100),
     wire.Quota(name="team-a", token="0a1b2c3d4e5f", max_concurrent_calls=8, created_at=1.0, created_by="admin"),
+    wire.SecretRequest(values={"HF_TOKEN": "hf_x"}),
+    wire.StoredSecret(name="hf", keys=["HF_TOKEN"], ciphertext="gAAAA", created_at=1.0, updated_at=2.0, updated_by="a"),
+    wire.SecretView(name="hf", keys=["HF_TOKEN"], created_at=1.0, updated_at=2.0),
+    wire.SecretsRequest(replica_id="r-1"),
+    wire.SecretsAnswer(env={"HF_TOKEN": "hf_x"}),
+    wire.SecretsAnswer(error="not assigned"),
     wire.QuotaView(quota=wire.Quota(name="q", apps="*", max_replicas=1),
                    usage=wire.QuotaUsage(replicas=1, gpu_memory_mb=24576, calls_in_flight=3)),
     wire.QuotaUsage(),
@@ -121,7 +127,7 @@ def _wire_types() -> set[type[msgspec.Struct]]:
 
 
 # Bodies users write by hand (``ember scale``, replay requests): a misspelt field is refused, not ignored.
-USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest, wire.QuotaRequest}
+USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest, wire.QuotaRequest, wire.SecretRequest}
 
 
 def test_the_wire_package_exports_every_wire_type() -> None:

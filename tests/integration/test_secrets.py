@@ -1,0 +1,157 @@
+"""Secrets against the real platform: set over HTTP (admin only), delivered to a replica's environment at its
+start, never shown (not in the list, the app, the status, the logs, the deployment's KV entry, nor in clear in
+their own bucket); a replica may not ask for them, and a node only for its own replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+
+import httpx
+import msgspec
+import nats
+import pytest
+from support.auth import bearer
+from support.natsconn import connect as admin_connect
+
+from ember._client import Transport
+from ember._deploy import deploy
+from ember._errors import InvalidInputError
+from ember.wire import NewToken, SecretsAnswer, SecretsRequest, SecretView, encoder, subjects
+from ember.wire.natscreds import read_file
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+
+APP = '''import os
+import ember
+app = ember.App("{name}")
+
+@app.function(secrets=["{secret}"])
+def reveal(key: str) -> str:
+    return os.environ.get(key, "<unset>")
+
+@app.function()
+def plain(key: str) -> str:
+    return os.environ.get(key, "<unset>")
+'''
+
+
+def _app(tmp_path: Path, name: str, secret: str) -> Path:
+    folder = tmp_path / name
+    folder.mkdir()
+    path = folder / f"{name.replace('-', '_')}.py"
+    path.write_text(APP.format(name=name, secret=secret))
+    return path
+
+
+def test_a_secret_reaches_its_replicas_environment_and_nothing_else(platform, http: httpx.Client,
+                                                                    transport: Transport, tmp_path: Path) -> None:
+    value = f"hf_{uuid.uuid4().hex}"
+    put = http.put("/v1/secrets/st-hf", json={"values": {"HF_TOKEN": value, "OTHER_KEY": "two"}})
+    assert put.status_code == 200, put.text
+    assert value not in put.text and msgspec.json.decode(put.content, type=SecretView).keys == ["HF_TOKEN",
+                                                                                                  "OTHER_KEY"]
+    try:
+        deploy(_app(tmp_path, "secret-user", "st-hf"), transport=transport, timeout_s=120)
+        assert http.post("/v1/secret-user/reveal", json="HF_TOKEN").json() == value
+        assert http.post("/v1/secret-user/reveal", json="OTHER_KEY").json() == "two"
+        assert http.post("/v1/secret-user/plain", json="HF_TOKEN").json() == "<unset>"  # it did not declare it
+
+        listed = http.get("/v1/secrets")
+        assert listed.status_code == 200 and value not in listed.text
+        assert {v.name: v.keys for v in msgspec.json.decode(listed.content, type=list[SecretView])}["st-hf"] == [
+            "HF_TOKEN", "OTHER_KEY"]
+        for path in ("/v1/apps/secret-user", "/v1/status", "/v1/apps/secret-user/logs", "/metrics"):
+            answer = http.get(path)
+            assert answer.status_code == 200 and value not in answer.text, path
+        for log in Path(platform.log_dir).rglob("*"):
+            if log.is_file():
+                assert value.encode() not in log.read_bytes(), log
+        deployment, stored = asyncio.run(_raw(platform.nats_url, "secret-user", "st-hf"))
+        assert b"st-hf" in deployment and value.encode() not in deployment
+        assert b"HF_TOKEN" in stored and value.encode() not in stored  # the value is encrypted at rest
+    finally:
+        http.delete("/v1/apps/secret-user")
+        http.delete("/v1/secrets/st-hf")
+
+
+def test_pushing_an_app_that_names_a_missing_secret_is_a_422_naming_it(http: httpx.Client, transport: Transport,
+                                                                       tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError) as caught:
+        deploy(_app(tmp_path, "secret-missing", "st-nowhere"), transport=transport, timeout_s=60)
+    assert caught.value.field == "$.manifest.services[0].secrets[0]" and "st-nowhere" in caught.value.message
+    assert http.get("/v1/apps/secret-missing").status_code == 404
+
+
+def test_the_routes_are_the_admins_and_check_what_they_are_given(http: httpx.Client) -> None:
+    made = http.post("/v1/tokens", json={"scopes": ["deploy", "invoke", "read"], "apps": ["*"]})
+    deployer = msgspec.json.decode(made.content, type=NewToken).token
+    for method, path in (("GET", "/v1/secrets"), ("PUT", "/v1/secrets/st-x"), ("DELETE", "/v1/secrets/st-x")):
+        answer = httpx.request(method, f"{http.base_url}{path}", headers=bearer(deployer), json={"values": {"A": "b"}})
+        assert answer.status_code == 403, (method, path, answer.text)
+        assert httpx.request(method, f"{http.base_url}{path}").status_code == 401
+    bad = [
+        ("/v1/secrets/Bad_Name", {"values": {"A": "b"}}, 422, "secret"),
+        ("/v1/secrets/st-x", {"values": {"lower": "b"}}, 422, "$.values.lower"),
+        ("/v1/secrets/st-x", {"values": {"EMBER_NATS_CREDS": "b"}}, 422, "$.values.EMBER_NATS_CREDS"),
+        ("/v1/secrets/st-x", {"values": {"LD_PRELOAD": "/x.so"}}, 422, "$.values.LD_PRELOAD"),
+        ("/v1/secrets/st-x", {"values": {"PATH": "/x"}}, 422, "$.values.PATH"),
+        ("/v1/secrets/st-x", {"values": {}}, 422, "$.values"),
+        ("/v1/secrets/st-x", {"values": {"A": 1}}, 422, None),
+        ("/v1/secrets/st-x", {"values": {"A": "b"}, "extra": 1}, 422, None),
+        ("/v1/secrets/st-x", {"values": {"A": "x" * 40_000}}, 413, None),
+        ("/v1/secrets/st-x", {"values": {f"K{i}": "v" for i in range(100)}}, 413, None),
+    ]
+    for path, body, status, field in bad:
+        answer = http.put(path, json=body)
+        assert answer.status_code == status, (body if len(str(body)) < 200 else path, answer.text[:300])
+        if field is not None:
+            assert answer.json()["error"]["field"] == field
+    assert http.put("/v1/secrets/st-x", content=b"{not json").status_code == 400
+    assert http.delete("/v1/secrets/st-never-set").status_code == 404
+    assert "st-x" not in http.get("/v1/secrets").text
+
+
+def test_a_node_gets_secrets_only_for_a_replica_assigned_to_it(platform, http: httpx.Client, transport: Transport,
+                                                              tmp_path: Path) -> None:
+    assert http.put("/v1/secrets/st-node", json={"values": {"NODE_KEY": "sesame"}}).status_code == 200
+    try:
+        view = deploy(_app(tmp_path, "secret-node", "st-node"), transport=transport, timeout_s=120)
+        replica = next(r.replica_id for s in view.services if s.name == "reveal" for r in s.replicas)
+        forger = read_file(platform.node_credentials("st-forger"))
+        own, other = asyncio.run(_ask(platform.nats_url, forger, replica, platform.node_id))
+        assert own.env == {} and "not assigned" in own.error
+        assert "permissions violation" in other.lower()
+    finally:
+        http.delete("/v1/apps/secret-node")
+        http.delete("/v1/secrets/st-node")
+
+
+async def _ask(url: str, creds, replica_id: str, real_node: str) -> tuple[SecretsAnswer, str]:
+    """As node ``st-forger``: its own subject, asking for another node's replica; then the real node's subject."""
+    nc = await nats.connect(url, **creds.connect_options())
+    try:
+        asked = encoder.encode(SecretsRequest(replica_id=replica_id))
+        msg = await nc.request(subjects.node_secrets("st-forger"), asked, timeout=10)
+        own = msgspec.json.decode(msg.data, type=SecretsAnswer)
+        try:
+            await nc.request(subjects.node_secrets(real_node), asked, timeout=2)
+            other = "answered"
+        except Exception as exc:
+            other = f"{type(exc).__name__}: {nc.last_error!r}"
+        return own, other
+    finally:
+        await nc.close()
+
+
+async def _raw(url: str, app: str, secret: str) -> tuple[bytes, bytes]:
+    nc = await admin_connect(url)
+    try:
+        js = nc.jetstream()
+        deployment = (await (await js.key_value(subjects.DEPLOYMENTS_BUCKET)).get(app)).value or b""
+        stored = (await (await js.key_value(subjects.SECRETS_BUCKET)).get(secret)).value or b""
+        return deployment, stored
+    finally:
+        await nc.close()
