@@ -5,6 +5,9 @@ their own bucket); a replica may not ask for them, and a node only for its own r
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -155,3 +158,23 @@ async def _raw(url: str, app: str, secret: str) -> tuple[bytes, bytes]:
         return deployment, stored
     finally:
         await nc.close()
+
+
+def test_the_cli_sets_lists_and_removes_with_values_kept_out_of_argv(platform, tmp_path: Path) -> None:
+    value_file = tmp_path / "token.txt"
+    value_file.write_text("from-a-file\n")
+    env = {**os.environ, "EMBER_URL": platform.url, "EMBER_TOKEN": platform.token}
+
+    def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "ember.cli", "secret", *args], input=stdin, capture_output=True,
+                              text=True, timeout=120, env=env)
+
+    made = cli("set", "st-cli", f"FILE_KEY=@{value_file}", "STDIN_KEY=-", "PLAIN_KEY=visible", stdin="from-stdin\n")
+    assert made.returncode == 0, made.stderr
+    assert "FILE_KEY" in made.stdout and "from-a-file" not in made.stdout
+    listed = cli("ls")
+    assert "st-cli" in listed.stdout and "STDIN_KEY" in listed.stdout and "from-stdin" not in listed.stdout
+    refused = cli("set", "st-cli", "EMBER_DEVICE=cuda")
+    assert refused.returncode == 1 and "EMBER_DEVICE" in refused.stderr
+    assert cli("rm", "st-cli").returncode == 0
+    assert "st-cli" not in cli("ls").stdout

@@ -6,13 +6,13 @@ import argparse
 import sys
 
 from ember._errors import EmberError
-from ember.cli import apps, call, calls, dev, login, logs, push, quota, scale, status, token
+from ember.cli import apps, call, calls, dev, login, logs, push, quota, scale, secret, status, token
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, push, apps, call, calls, logs, status, scale, login, token, quota):
+    for module in (dev, push, apps, call, calls, logs, status, scale, login, token, quota, secret):
         module.register(sub)
     return parser
 
