@@ -178,3 +178,36 @@ def test_the_cli_sets_lists_and_removes_with_values_kept_out_of_argv(platform, t
     assert refused.returncode == 1 and "EMBER_DEVICE" in refused.stderr
     assert cli("rm", "st-cli").returncode == 0
     assert "st-cli" not in cli("ls").stdout
+
+
+SNAPPED = '''import os
+import ember
+app = ember.App("secret-snap")
+
+@app.model(secrets=["st-snap"])
+class Model:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.at_snap = os.environ.get("SNAP_KEY", "<unset>")  # in the zygote: no secrets there
+
+    @ember.method
+    def reveal(self, key: str) -> list:
+        return [self.at_snap, os.environ.get(key, "<unset>")]
+'''
+
+
+def test_a_replica_forked_from_a_zygote_gets_its_secrets_in_the_fork_request(http: httpx.Client,
+                                                                            transport: Transport,
+                                                                            tmp_path: Path) -> None:
+    assert http.put("/v1/secrets/st-snap", json={"values": {"SNAP_KEY": "forked-value"}}).status_code == 200
+    folder = tmp_path / "secret-snap"
+    folder.mkdir()
+    (folder / "secret_snap.py").write_text(SNAPPED)
+    try:
+        view = deploy(folder / "secret_snap.py", transport=transport, timeout_s=180)
+        (replica,) = [r for s in view.services for r in s.replicas]
+        assert replica.start is not None and replica.start.kind == "zygote"
+        assert http.post("/v1/secret-snap/Model.reveal", json="SNAP_KEY").json() == ["<unset>", "forked-value"]
+    finally:
+        http.delete("/v1/apps/secret-snap")
+        http.delete("/v1/secrets/st-snap")
