@@ -241,8 +241,8 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("PUT", "/v1/secrets/{secret}"): ("Set a secret (admin): its keys and values, replacing any before",
                                       (200, "the secret, without values", _ref("SecretView"), JSON),
                                       (400, 413, 422, 503), [], _json_body(_ref("SecretRequest"))),
-    ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422), [],
-                                         None),
+    ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422, 503),
+                                         [], None),
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),

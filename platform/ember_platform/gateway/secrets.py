@@ -20,17 +20,20 @@ _request_decoder = msgspec.json.Decoder(SecretRequest)
 async def put_secret(request: Request) -> Response:
     platform = platform_of(request)
     name = check_name(request.path_params["secret"], field="secret")
-    platform.secrets.fernet  # noqa: B018 - 503 naming the setting before reading a body
+    platform.secrets.require_key()  # before reading a body
     req = decode_json(_request_decoder, await read_body(request, _MAX_SECRET_BODY))
     return json_response(await platform.secrets.put(name, req.values, principal_of(request).token_id))
 
 
 async def list_secrets(request: Request) -> Response:
-    return json_response(platform_of(request).secrets.views())
+    secrets = platform_of(request).secrets
+    secrets.require_key()
+    return json_response(secrets.views())
 
 
 async def delete_secret(request: Request) -> Response:
     platform = platform_of(request)
     name = check_name(request.path_params["secret"], field="secret")
+    platform.secrets.require_key()
     await platform.secrets.delete(name, principal_of(request).token_id)
     return Response(status_code=204)

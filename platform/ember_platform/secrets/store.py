@@ -45,6 +45,10 @@ class SecretStore:
                                    "of mode 0600 holding a Fernet key)")
         return self._fernet
 
+    def require_key(self) -> None:
+        """Nothing, or the 503 of a control plane without a secrets key (every secrets route answers it)."""
+        self.fernet  # noqa: B018 - the property raises
+
     def views(self) -> list[SecretView]:
         return [view(s) for s in sorted(self.mirror.items.values(), key=lambda s: s.name)]
 

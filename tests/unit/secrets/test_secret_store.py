@@ -45,7 +45,7 @@ def test_another_key_cannot_decrypt_and_no_key_is_a_503_naming_the_setting() -> 
     with pytest.raises(InvalidInputError, match="another one"):
         other.env(["hf"])
     with pytest.raises(UnavailableError, match="EMBER_SECRETS_KEY_FILE"):
-        _store(None).fernet  # noqa: B018
+        _store(None).require_key()
 
 
 @pytest.mark.parametrize("key", ["lower", "1ABC", "A-B", "EMBER_X", "PATH", "HOME", "PYTHONPATH", "LD_PRELOAD",
