@@ -2,7 +2,7 @@
 
 | scope | allows |
 | --- | --- |
-| ``admin`` | everything, on every app: tokens (and, later, secrets, quotas, nodes) |
+| ``admin`` | everything, on every app: tokens, secrets and quotas |
 | ``deploy`` | push (upload a bundle, deploy), scale, delete an app; it implies ``read`` (a push watches its rollout) |
 | ``invoke`` | call, spawn, read and cancel the calls of its apps, replay their dead letters |
 | ``read`` | list and show apps, status, logs, metrics, dead letters, the OpenAPI document |
