@@ -23,7 +23,7 @@ import msgspec
 import nkeys
 
 from ember.wire import subjects
-from ember.wire.natscreds import NatsCredentials, node_user, read_file, write_file
+from ember.wire.natscreds import NatsCredentials, node_user, read_file, read_private, write_file, write_private
 from ember_platform.natsauth.jwt import new_key
 
 PLATFORM_SEED_FILE = "platform.nk"
@@ -93,27 +93,12 @@ def init(directory: Path) -> AuthKeys:
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
     write_file(directory / PLATFORM_SEED_FILE, keys.platform_credentials())
-    _write_private(directory / CALLOUT_FILE, msgspec.json.encode(_Callout(keys.issuer_seed, keys.secret)))
-    _write_private(directory / SERVER_CONF_FILE, keys.server_config().encode())
+    write_private(directory / CALLOUT_FILE, msgspec.json.encode(_Callout(keys.issuer_seed, keys.secret)))
+    write_private(directory / SERVER_CONF_FILE, keys.server_config().encode())
     return keys
 
 
 def load(directory: Path) -> AuthKeys:
     platform = read_file(directory / PLATFORM_SEED_FILE)
-    callout = msgspec.json.decode(read_file_bytes(directory / CALLOUT_FILE), type=_Callout)
+    callout = msgspec.json.decode(read_private(directory / CALLOUT_FILE), type=_Callout)
     return AuthKeys(platform_seed=platform.nkey_seed, issuer_seed=callout.issuer_seed, secret=callout.secret)
-
-
-def read_file_bytes(path: Path) -> bytes:
-    if path.stat().st_mode & 0o077:
-        raise PermissionError(f"{path} may be read by others; chmod 600 it")
-    return path.read_bytes()
-
-
-def _write_private(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.unlink(missing_ok=True)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    tmp.replace(path)

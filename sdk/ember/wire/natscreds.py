@@ -68,29 +68,37 @@ def decode(data: bytes | str) -> NatsCredentials:
         raise CredentialsError(f"not NATS credentials: {exc}") from None
 
 
-def read_file(path: Path) -> NatsCredentials:
-    """Credentials from a file that only its owner may read (like an ssh key: a readable one is refused)."""
+def read_private(path: Path) -> bytes:
+    """A file that only its owner may read (like an ssh key: one others can read is refused)."""
     try:
         mode = path.stat().st_mode
         data = path.read_bytes()
     except OSError as exc:
-        raise CredentialsError(f"cannot read NATS credentials from {path}: {exc.strerror}") from None
+        raise CredentialsError(f"cannot read {path}: {exc.strerror}") from None
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise CredentialsError(f"NATS credentials {path} may be read by others (mode {stat.S_IMODE(mode):o}); "
-                               f"chmod 600 it")
-    return decode(data)
+        raise CredentialsError(f"{path} may be read by others (mode {stat.S_IMODE(mode):o}); chmod 600 it")
+    return data
 
 
-def write_file(path: Path, creds: NatsCredentials) -> Path:
-    """Write credentials to ``path`` with mode 0600 (created so, never readable by others for an instant)."""
+def write_private(path: Path, data: bytes) -> Path:
+    """Write ``path`` with mode 0600 (created so: never readable by others for an instant)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as fh:
-        fh.write(creds.encode())
+        fh.write(data)
     tmp.replace(path)
     return path
+
+
+def read_file(path: Path) -> NatsCredentials:
+    """NATS credentials from a file only its owner may read."""
+    return decode(read_private(path))
+
+
+def write_file(path: Path, creds: NatsCredentials) -> Path:
+    return write_private(path, creds.encode())
 
 
 def take_from_env() -> NatsCredentials | None:
@@ -98,11 +106,6 @@ def take_from_env() -> NatsCredentials | None:
     replica starts (or the user's code) finds them there."""
     raw = os.environ.pop(CREDS_ENV, None)
     return decode(raw) if raw else None
-
-
-def from_env_file() -> NatsCredentials | None:
-    path = os.environ.get(CREDS_FILE_ENV)
-    return read_file(Path(path)) if path else None
 
 
 def node_user(node_id: str) -> str:
