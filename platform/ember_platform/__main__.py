@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 
+from ember import _logging
 from ember import _loop as ember_loop
 from ember_platform.auth.bootstrap import first_token_banner, loopback_only, read_token_file
 from ember_platform.config import Settings
@@ -32,11 +33,13 @@ def main() -> None:
     parser.add_argument("--secrets-key-file", type=Path, default=None,
                         help="the key secrets are encrypted under (a Fernet key, mode 0600); without one, secrets "
                              "are off ($EMBER_SECRETS_KEY_FILE)")
+    parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
+                        help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="check no tokens: every request may do everything (refused unless --host is loopback)")
     args = parser.parse_args()
     _check_auth(parser, args)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s platform %(levelname)s %(message)s")
+    _logging.configure("platform", args.log_format)
     overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import signal
 from pathlib import Path
 
+from ember import _logging
 from ember import _loop as ember_loop
 from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
 from ember_runtime.agent.node import NodeAgent
@@ -25,6 +25,8 @@ def main() -> None:
     parser.add_argument("--nats-creds", type=Path, default=os.environ.get(CREDS_FILE_ENV) or None,
                         help="this node's NATS credentials file, mode 0600 (`python -m ember_platform.natsauth "
                              f"node-creds`; default: ${CREDS_FILE_ENV})")
+    parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
+                        help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -32,7 +34,7 @@ def main() -> None:
                             help="sandbox replicas where the kernel allows it, else run them unsandboxed with a "
                                  "warning (`ember dev`); by default the agent refuses to start without sandboxes")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s agent %(levelname)s %(message)s")
+    _logging.configure("agent", args.log_format)
     try:
         sandbox = Sandbox.for_node(args.sandbox)
     except SandboxUnavailable as exc:

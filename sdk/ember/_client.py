@@ -148,6 +148,16 @@ class Transport:
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         return msgspec.json.decode(self.request(method, path, **kwargs).content)
 
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        """A request whose answer is read as it comes (``response.iter_lines()``); a non-2xx answer raises the
+        matching EmberError before the body is handed over."""
+        with _mapped_errors(self.url, method, path), self._client.stream(method, path, **kwargs) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise _error_from(response)
+            yield response
+
 
 class AsyncTransport:
     """The async twin of :class:`Transport`, owned by one operation: ``async with AsyncTransport() as t``.

@@ -37,7 +37,8 @@ BOUNDED = settings(max_examples=MAX_EXAMPLES, derandomize=True, database=None, d
                    phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
 # (method, path) of the operations whose {app} is never a deployed app (see the module's docstring).
 SHARED_STATE = {("DELETE", "/v1/apps/{app}"), ("POST", "/v1/apps/{app}/scale"),
-                ("POST", "/v1/apps/{app}/deployments"), ("POST", "/v1/apps/{app}/dead/replay")}
+                ("POST", "/v1/apps/{app}/deployments"), ("POST", "/v1/apps/{app}/dead/replay"),
+                ("POST", "/v1/apps/{app}/promote"), ("POST", "/v1/apps/{app}/rollback")}
 NOT_DEPLOYED = "openapi-not-deployed"
 # A call given a deadline shorter than this may end 504 (deadline_exceeded), the documented answer to a deadline no call
 # can meet, not a server fault (see test_a_deadline_too_short_for_any_call_is_a_504).
@@ -149,6 +150,8 @@ def _run(operation: Any, mode: GenerationMode, session: requests.Session, url: s
             case.path_parameters["app"] = NOT_DEPLOYED
         if case.path == "/v1/tokens/{token_id}" and case.path_parameters.get("token_id") in own_ids:
             case.path_parameters["token_id"] = "0"  # never revoke the token this run authenticates with
+        if case.path == "/v1/apps/{app}/logs" and isinstance(case.query, dict):
+            case.query.pop("follow", None)  # a followed stream never ends by itself (test_logs_follow covers it)
         response = case.call(base_url=url, session=session, timeout=30)
         sent[0] += 1
         what = (f"{case.method} {response.request.url} {dict(response.request.headers)} "

@@ -38,6 +38,7 @@ from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
 from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
+from ember_platform.control.logfeed import LogFeed, LogFilter
 
 LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
 
@@ -53,6 +54,7 @@ class Registry:
         self.replicas: KVMirror[ReplicaStatus]
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
         self._log_sub: Any = None
+        self.log_feed = LogFeed()  # the clients following the logs (``ember logs -f``)
         self._deploy_lock = asyncio.Lock()
         self._ack_wait_s = ack_wait_s
         self._refresh_after_s = gc_grace_s() / 2  # an older stored copy of an uploaded bundle is written again
@@ -205,10 +207,12 @@ class Registry:
                 return
             line = msgspec.structs.replace(line, node_id=node)
         self._logs[(parts[2], parts[3])].append(line)
+        self.log_feed.publish(parts[2], parts[3], line)
 
-    def logs(self, app: str, service: str | None, since: float, limit: int) -> list[LogLine]:
-        lines = [line for (a, s), buf in self._logs.items() if a == app and service in (None, s) for line in buf
-                 if line.ts > since]
+    def logs(self, flt: LogFilter, limit: int) -> list[LogLine]:
+        """The last ``limit`` kept lines that ``flt`` wants, oldest first."""
+        lines = [line for (a, s), buf in self._logs.items() if a == flt.app and flt.service in (None, s)
+                 for line in buf if flt.matches(a, s, line)]
         lines.sort(key=lambda line: line.ts)
         return lines[-limit:]
 

@@ -1,4 +1,4 @@
-"""App routes: bundles, deployments, listing, showing and deleting apps, and their replicas' logs."""
+"""App routes: bundles, deployments, listing, showing and deleting apps (their logs: ``gateway.logs``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._bundle import BundleTooLargeError, check_bundle
-from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, NotFoundError, PayloadTooLargeError
+from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
 from ember.wire.secrets import name_problem
 from ember_platform.config import Settings
@@ -94,18 +94,6 @@ async def delete_app(request: Request) -> Response:
     await platform_of(request).registry.delete(request.path_params["app"])
     return Response(status_code=204)
 
-
-
-async def app_logs(request: Request) -> Response:
-    registry = platform_of(request).registry
-    app = request.path_params["app"]
-    view = registry.view(app)  # 404 for an unknown app
-    since, limit = log_window(request.query_params)
-    service = request.query_params.get("service") or None
-    if service is not None and service not in (names := [s.name for s in view.services]):
-        shown = service if len(service) <= 80 else service[:80] + "..."
-        raise NotFoundError(f"app {app!r} has no service {shown!r} (it has: {', '.join(names)})")
-    return json_response(registry.logs(app, service, since, limit))
 
 
 def log_window(query: Mapping[str, str]) -> tuple[float, int]:

@@ -195,8 +195,14 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON), (400, 413, 422), [],
         _json_body(_ref("DeployRequest"))),
     ("GET", "/v1/apps/{app}/logs"): (
-        "Recent replica output", (200, "log lines, oldest first", _ref("LogLines"), JSON), (400, 404),
+        "Replica output: the kept lines, or with follow=true those then each new line as it comes (Server-Sent "
+        "Events for Accept: text/event-stream, else newline-delimited JSON)",
+        (200, "log lines, oldest first", _ref("LogLines"), JSON), (400, 404, 429),
         [_SERVICE_QUERY, _query("since", "only lines after this timestamp", {"type": "number", "minimum": 0}),
+         _query("until", "only lines up to this timestamp", {"type": "number", "minimum": 0}),
+         _query("replica", "only this replica's lines", {"type": "string", "maxLength": 128}),
+         _query("stream", "only this stream's lines", {"enum": ["stdout", "stderr", "agent"]}),
+         _query("follow", "keep the answer open and push each new line", {"type": "boolean"}),
          _query("limit", "at most this many lines", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES})],
         None),
     ("GET", "/v1/apps/{app}/dead"): (
