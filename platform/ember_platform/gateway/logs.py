@@ -4,8 +4,8 @@ it comes (Server-Sent Events when the client accepts ``text/event-stream``, else
 Filters: ``service``, ``replica``, ``stream`` (stdout, stderr or agent), ``since`` (exclusive) and ``until``
 (inclusive, timestamps); ``limit`` lines (the last ones). A follower first gets the kept lines its filter wants (at
 most ``limit``), then each new one, and a keep-alive (an SSE comment, or an empty line) after ``KEEPALIVE_S`` of
-quiet. Its token is checked again before each delivery, so a revoked or expired token ends the stream. A follower that falls behind loses
-the oldest lines it has not read and gets a ``dropped`` event saying how many.
+quiet. Its token is checked again before each delivery, so a revoked or expired token ends the stream. A follower
+that falls behind loses the oldest lines it has not read and gets a ``dropped`` event saying how many.
 """
 
 from __future__ import annotations
