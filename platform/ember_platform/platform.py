@@ -16,6 +16,7 @@ from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
+from ember_platform.metrics.calls import CallMetrics
 from ember_platform.natsauth import keys as auth_keys
 from ember_platform.natsauth.callout import AuthCallout
 from ember_platform.quotas.store import QuotaStore
@@ -32,6 +33,7 @@ class Platform:
         self.router = Router(nc, registry.replica_alive)
         self.calls = registry.calls
         self.validators = Validators()
+        self.call_metrics = CallMetrics()  # the call path's counters (GET /metrics)
         self.quotas = QuotaStore(registry.stores.quotas)
         self.control = ControlLoop(registry, registry.stores,
                                    gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],

@@ -19,15 +19,20 @@ from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
 from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
 from ember_platform.config import Settings
-from ember_platform.gateway import apps, calls, health, logs, metrics, openapi, quotas, secrets, status, tokens
+from ember_platform.console import routes as console
+from ember_platform.gateway import apps, calls, health, logs, metrics, openapi, quotas, secrets, stats, status, tokens
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform.gateway.guard import OPEN, TOKEN, route
 from ember_platform.platform import Platform
 
+INVOKE_METERED = metrics.metered(calls.invoke)  # the synchronous call, counted for GET /metrics
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
     route("/readyz", health.readyz, "GET", OPEN),
     route("/metrics", metrics.metrics, "GET", READ),
+    route("/ui", console.index, "GET", OPEN),  # the console's static shell; its data needs a token
+    route("/ui/{name}", console.asset, "GET", OPEN),
+    route("/v1/stats", stats.get_stats, "GET", READ),
     route("/openapi.json", openapi.document, "GET", READ),
     route("/v1/bundles/{sha256}", apps.put_bundle, "PUT", DEPLOY),
     route("/v1/apps", apps.list_apps, "GET", READ),
@@ -52,7 +57,7 @@ ROUTES = [
     route("/v1/calls/{call_id}", calls.get_call, "GET", INVOKE),  # and invoke on the call's app: checked inside
     route("/v1/calls/{call_id}", calls.cancel_call, "DELETE", INVOKE),
     route("/v1/{app}/{name}/spawn", calls.spawn, "POST", INVOKE),
-    route("/v1/{app}/{name}", calls.invoke, "POST", INVOKE),  # checks itself: a public function needs no token
+    route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token
 ]
 
 
@@ -98,7 +103,7 @@ class Gateway:
                 scope["app"] = self.app
                 scope["path_params"] = {"app": parts[2], "name": parts[3]}
                 try:
-                    response = await calls.invoke(Request(scope, receive))
+                    response = await INVOKE_METERED(Request(scope, receive))
                 except EmberError as exc:
                     response = ember_error_response(exc)
                 await response(scope, receive, send)

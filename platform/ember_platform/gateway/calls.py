@@ -33,6 +33,7 @@ from ember_platform.calls.durable import DEAD_PAGE, MAX_DEAD_PAGE, check_call_id
 from ember_platform.gateway.body import InputValidator, decode_json, header, read_body
 from ember_platform.gateway.errors import error_response
 from ember_platform.gateway.guard import authorize, checks_itself, principal_of
+from ember_platform.gateway.metrics import CALLED
 from ember_platform.gateway.responses import JsonAnswer, json_response, platform_of
 from ember_platform.platform import Platform
 
@@ -56,6 +57,7 @@ async def invoke(request: Request) -> Response | JsonAnswer:
     except NotFoundError:
         authorize(request, INVOKE, app)  # without a token, nobody learns which apps exist
         raise
+    request.scope[CALLED] = (app, fn.name, dep.version)  # what GET /metrics counts this call under
     token_id = "" if fn.public else authorize(request, INVOKE, app).token_id
     timeout_s = _timeout(request, svc.timeout_s)
     body = validator.check(await read_body(request, platform.settings.max_body_bytes))

@@ -51,6 +51,7 @@ from ember.wire import (
 )
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
+from ember.wire.stats import StatsView
 from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
@@ -72,7 +73,8 @@ _BODIES: dict[str, Any] = {
     "ErrorBody": ErrorBody, "AppList": list[AppView], "AppView": AppView, "Deployment": Deployment,
     "DeployRequest": DeployRequest, "LogLines": list[LogLine], "DeadLetters": list[DeadLetter],
     "ReplayRequest": ReplayRequest, "ReplayReply": ReplayReply, "ScaleRequest": ScaleRequest,
-    "ServiceStatus": ServiceStatus, "StatusView": StatusView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
+    "ServiceStatus": ServiceStatus, "StatusView": StatusView,
+    "StatsView": StatsView, "CallRecord": CallRecord, "SpawnReply": SpawnReply,
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
     "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
@@ -180,6 +182,12 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                          (200, "ready (503 with the same shape when not)", _ref("Readiness"), JSON), (), [], None),
     ("GET", "/metrics"): ("Prometheus metrics", (200, "metrics in Prometheus' text format", {"type": "string"},
                                                  "text/plain"), (), [], None),
+    ("GET", "/ui"): ("The web console's page (open; its data needs a token, given as /ui#token=...)",
+                     (200, "the page", {"type": "string"}, "text/html"), (400,), [], None),
+    ("GET", "/ui/{name}"): ("One of the web console's static files", (200, "the file", {"type": "string"},
+                                                                       "text/plain"), (400, 404), [], None),
+    ("GET", "/v1/stats"): ("Each function's recent call rate, error share, p50 and p99 at the gateway",
+                           (200, "per function, one point per interval", _ref("StatsView"), JSON), (), [], None),
     ("GET", "/openapi.json"): ("This document", (200, "an OpenAPI 3.1 document", {"type": "object"}, JSON), (), [],
                                None),
     ("PUT", "/v1/bundles/{sha256}"): (

@@ -458,3 +458,36 @@ def _optional(nvml: Any, read: Callable[[], T], default: T) -> T:
 
 def _text(value: str | bytes) -> str:
     return value if isinstance(value, str) else value.decode()
+
+
+def _busy(nvml: Any, handle: Any) -> float:
+    return float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu) / 100
+
+
+def sample_usage(devices: list[Device], nvml: Any = None) -> list[Device]:
+    """``devices`` with their utilisation and free memory sampled again from NVML (for metrics and the console);
+    unchanged without a driver, or for a device NVML no longer lists."""
+    if nvml is None:
+        try:
+            import pynvml
+        except ImportError:
+            return devices
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return devices
+    try:
+        now = {}
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            busy = _optional(nvml, partial(_busy, nvml, handle), 0.0)
+            now[_text(nvml.nvmlDeviceGetUUID(handle))] = (busy, int(memory.free) >> 20)
+    except nvml.NVMLError as exc:
+        log.warning("NVML could not sample the GPUs' usage: %s", exc)
+        return devices
+    finally:
+        nvml.nvmlShutdown()
+    return [msgspec.structs.replace(d, utilization=now[d.uuid][0], memory_free_mb=now[d.uuid][1])
+            if d.kind == "gpu" and not d.mig_profile and d.uuid in now else d for d in devices]

@@ -131,6 +131,7 @@ class UsageWatcher:
         self.slots = slots
         self.watch = watch or MemoryWatch()
         self.every_s = every_s
+        self.last_usage: dict[str, dict[str, int]] = {}  # replica id -> device uuid -> MB, as last sampled
 
     async def run(self, stop: asyncio.Event) -> None:
         """Until ``stop``; a failed sample is logged once per distinct error, and the watch goes on."""
@@ -151,6 +152,7 @@ class UsageWatcher:
         slots = {slot.replica_id: slot for slot in self.slots()}
         reservations = [r for slot in slots.values() if (r := slot.reservation()) is not None]
         usage = await asyncio.to_thread(self._measure, reservations) if reservations else {}
+        self.last_usage = usage
         breaches = self.watch.observe(reservations, usage)
         for breach in breaches:
             await slots[breach.replica_id].restart(breach.message(), pid=breach.pid)

@@ -68,6 +68,7 @@ class NodeAgent:
             raise ValueError(f"the NATS credentials are node {creds.user!r}'s, not node {self.node_id!r}'s")
         self.inventory = inventory
         self.devices = inventory_source.load(inventory)
+        self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory of replicas that share GPUs
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
@@ -101,8 +102,9 @@ class NodeAgent:
         await self.assignments.start()
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
         usage = self._usage_source()
-        watch = asyncio.create_task(UsageWatcher(usage, self.slots.values).run(stop), name="gpu-memory-watch") \
-            if usage is not None else None
+        self.usage_watcher = UsageWatcher(usage, self.slots.values) if usage is not None else None
+        watch = asyncio.create_task(self.usage_watcher.run(stop), name="gpu-memory-watch") \
+            if self.usage_watcher is not None else None
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
         try:
             while not stop.is_set():
@@ -136,10 +138,14 @@ class NodeAgent:
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
+            if self.inventory is None and any(d.kind == "gpu" for d in self.devices):  # NVML: busy, memory now
+                self.devices = await asyncio.to_thread(inventory_source.sample_usage, self.devices)
+            watcher = self.usage_watcher
             info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
-                            zygotes=self.zygotes.statuses())
+                            zygotes=self.zygotes.statuses(),
+                            replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {})
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
             except Exception as exc:

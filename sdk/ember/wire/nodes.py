@@ -33,6 +33,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     bundles: list[str] = []  # bundle / snapshot keys cached on the node
     host_memory_reserved_mb: int = 0  # what the node's replicas reserved of memory_mb
     zygotes: list[ZygoteStatus] = []  # the preloaded zygotes the node holds
+    # replica id -> device uuid -> MB of GPU memory its processes use, as last sampled (replicas sharing a GPU)
+    replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
 
 
 class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ember_platform.gateway import calls, guard
 from ember_platform.gateway.asgi import ROUTES
 
-OPEN_PATHS = {"/healthz", "/readyz"}
+OPEN_PATHS = {"/healthz", "/readyz", "/ui", "/ui/{name}"}  # the probes, and the console's static files
 NEEDS = {"token", "admin", "deploy", "invoke", "read"}
 
 
@@ -19,7 +19,7 @@ def test_every_route_declares_what_it_needs():
     assert undeclared == []
 
 
-def test_only_the_probes_are_open():
+def test_only_the_probes_and_the_console_s_static_files_are_open():
     assert {path for _, path, need in _routes() if need == guard.OPEN} == OPEN_PATHS
     assert all(need in NEEDS for _, path, need in _routes() if path not in OPEN_PATHS)
 
@@ -49,5 +49,5 @@ def test_what_the_routes_need():
     assert table[("GET", "/v1/calls/{call_id}")] == table[("DELETE", "/v1/calls/{call_id}")] == "invoke"
     assert table[("POST", "/v1/apps/{app}/dead/replay")] == "invoke"
     for path in ("/v1/apps", "/v1/apps/{app}", "/v1/apps/{app}/logs", "/v1/apps/{app}/dead", "/v1/status",
-                 "/metrics", "/openapi.json"):
+                 "/metrics", "/openapi.json", "/v1/stats"):
         assert table[("GET", path)] == "read", path
