@@ -1,26 +1,45 @@
-# Ember for GPU hosts: the control plane or a node agent, chosen by the command.
+# Ember for GPU hosts: one image for the control plane and the node agent, chosen by the command.
 #   docker build --build-arg TORCH_INDEX_URL=<PyTorch's cu124 wheel index> -t ember .
 #   docker run --net=host ember python -m ember_platform --nats nats://NATS_HOST:4222 --host 0.0.0.0
 #   docker run --net=host --gpus all ember python -m ember_runtime --nats nats://NATS_HOST:4222
-# Not built in CI (no Docker engine there); keep it to these few steps.
-FROM nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
+# Two stages: the first builds the Python environment with compilers at hand; the image keeps only that
+# environment, the interpreter, tini and the CA certificates. It runs as user ember (uid 10001) under tini,
+# which forwards signals and reaps orphaned processes (replicas' children), with or without `docker run --init`.
+# Checked in tests/unit/deploy/test_dockerfile.py (no Docker engine in CI).
+ARG BASE_IMAGE=nvidia/cuda:12.4.1-cudnn-runtime-ubuntu22.04
 
-ENV DEBIAN_FRONTEND=noninteractive PYTHONUNBUFFERED=1
-RUN apt-get update && apt-get install -y --no-install-recommends python3.11 python3.11-venv \
+FROM ${BASE_IMAGE} AS build
+ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        python3.11 python3.11-venv python3.11-dev build-essential \
     && rm -rf /var/lib/apt/lists/* \
     && python3.11 -m venv /opt/ember
 ENV PATH=/opt/ember/bin:$PATH
-
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sdk sdk
 COPY platform platform
 COPY runtime runtime
 # The CUDA build of torch first (from PyTorch's wheel index for CUDA 12.4, passed as TORCH_INDEX_URL),
-# so that the gpu extra does not pull another build.
+# so that the gpu extra does not pull another build. A wheel install, not an editable one: /src stays here.
 ARG TORCH_INDEX_URL
-RUN pip install --no-cache-dir torch ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-    && pip install --no-cache-dir '.[gpu]'
+RUN pip install torch ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
+    && pip install '.[gpu]'
 
+FROM ${BASE_IMAGE}
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update && apt-get install -y --no-install-recommends python3.11 tini ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && groupadd --system --gid 10001 ember \
+    && useradd --system --uid 10001 --gid ember --home-dir /home/ember --create-home --shell /usr/sbin/nologin ember \
+    && install -d -o ember -g ember -m 0750 /var/lib/ember
+COPY --from=build /opt/ember /opt/ember
+COPY deploy/docker/healthcheck.py /opt/ember/healthcheck.py
+ENV PATH=/opt/ember/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 EMBER_STATE_DIR=/var/lib/ember
+USER 10001:10001
+WORKDIR /home/ember
 EXPOSE 8700
+# The control plane: healthy while /healthz answers; the node agent (no port): while it runs.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python", "/opt/ember/healthcheck.py"]
+ENTRYPOINT ["/usr/bin/tini", "--"]
 CMD ["python", "-m", "ember_platform", "--host", "0.0.0.0", "--port", "8700"]
