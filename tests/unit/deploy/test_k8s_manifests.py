@@ -260,3 +260,35 @@ def test_agent_takes_all_gpus_of_the_nodes_it_is_placed_on() -> None:
     assert state["hostPath"] == {"path": "/var/lib/ember", "type": "DirectoryOrCreate"}
     policy = find("NetworkPolicy", "ember-agent-no-ingress")
     assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}  # no rule: nothing comes in
+
+
+def _readme_secrets(text: str) -> dict[tuple[str, str], set[str]]:
+    """The Secrets the README's Kubernetes quickstart creates: (namespace, name) -> keys ("*": a folder's files)."""
+    section = text[text.index("## Kubernetes"):]
+    section = section[:section.index("\n## ", 1)].replace("\\\n", " ")
+    made: dict[tuple[str, str], set[str]] = {}
+    for line in section.splitlines():
+        words = line.split("#")[0].split()
+        if "create" in words and "secret" in words and "--dry-run=client" not in words:
+            namespace = words[words.index("-n") + 1]
+            name = words[words.index("generic") + 1]
+            keys = set()
+            for word in words:
+                if word.startswith("--from-file="):
+                    source = word.removeprefix("--from-file=")
+                    key, _, path = source.rpartition("=")
+                    keys.add(key or ("*" if path.endswith("/") else Path(path).name))
+            made[(namespace, name)] = keys
+    return made
+
+
+def test_the_readme_creates_every_secret_the_workloads_mount() -> None:
+    readme = (REPO / "README.md").read_text()
+    made = _readme_secrets(readme)
+    wrong = _readme_secrets(readme.replace("--from-file=token=./admin-token", "--from-file=./admin-token"))
+    assert wrong[("ember", "ember-bootstrap-token")] == {"admin-token"}  # a key the Deployment does not mount
+    for workload in (find("Deployment", "ember-platform"), find("DaemonSet", "ember-agent")):
+        namespace = workload["metadata"]["namespace"]
+        for name, key in _secret_refs(workload):
+            assert (namespace, name) in made, f"the README does not create {namespace}/{name}"
+            assert key in made[(namespace, name)] or made[(namespace, name)] == {"*"}, (name, key)
