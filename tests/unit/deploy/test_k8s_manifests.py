@@ -29,7 +29,8 @@ def _id(item: tuple[Path, dict[str, Any]]) -> str:
 @pytest.mark.parametrize("item", OBJECTS, ids=[_id(o) for o in OBJECTS])
 def test_every_object_validates_against_the_kubernetes_schema(item: tuple[Path, dict[str, Any]]) -> None:
     _, doc = item
-    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+    kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)  # the oldest release supported
+    kubernetes_validate.validate(doc, kubernetes_validate.utils.latest_version(), strict=True)  # and the newest
 
 
 def test_the_schemas_are_strict_and_shipped_with_the_package() -> None:
