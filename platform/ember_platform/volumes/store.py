@@ -1,0 +1,235 @@
+"""The volume store: versions in the ``ember_volumes`` bucket (``<name>.<version>``, mirrored in memory by every
+control plane), chunks in the ``ember_volume_chunks`` object store under their sha256.
+
+Version numbers only grow: ``<name>.last`` keeps the last one given, and outlives a removal, so that a number
+never means two contents (a deployment pinned to ``weights@v3`` cannot get other files after a remove and a put).
+Removing a volume deletes the chunks that no other version uses, and those uploaded more than ``grace_s`` ago
+that no version uses (an abandoned put's); a put in progress (uploaded recently, not yet committed) is spared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+import msgspec
+from nats.js import api
+from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
+from nats.js.errors import NotFoundError as JsNotFound
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from ember._errors import ConflictError, InvalidInputError, NotFoundError, PayloadTooLargeError
+from ember.wire import Deployment, Manifest, ServiceSpec, encoder
+from ember.wire.jetstream import KVMirror
+from ember.wire.volumes import VolumeFile, VolumeFileView, VolumeMount, VolumeVersion, VolumeView
+from ember_platform.control.bundle_gc import upload_time
+from ember_platform.volumes.checks import check_files, chunks_of, unreferenced
+
+log = logging.getLogger("ember.volumes")
+_version_decoder = msgspec.json.Decoder(VolumeVersion)
+GC_GRACE_S = 1800.0  # an unreferenced chunk younger than this may belong to a put in progress
+_LOOKUPS = 32  # chunk lookups in flight at once
+
+
+def _decode(raw: bytes) -> VolumeVersion | int:
+    return int(raw) if raw.isdigit() else _version_decoder.decode(raw)
+
+
+def no_such_volume(name: str) -> NotFoundError:
+    """The 404 of a volume that does not exist, word for word that of one the token does not see."""
+    return NotFoundError(f"no volume named {name!r} (`ember volume ls` lists them)")
+
+
+def object_chunk_bytes(max_payload: int) -> int:
+    """The object store's own chunk size (one NATS message): big, for fewer acknowledged publishes."""
+    return max(64 * 1024, min(4 * 1024 * 1024, max_payload // 2))
+
+
+class VolumeStore:
+    def __init__(self, kv: KeyValue, chunks: ObjectStore, *, max_value_bytes: int, max_payload: int,
+                 grace_s: float = GC_GRACE_S) -> None:
+        self._kv = kv
+        self._chunks = chunks
+        self._max_value_bytes = max_value_bytes
+        self._chunk_meta = api.ObjectMetaOptions(max_chunk_size=object_chunk_bytes(max_payload))
+        self.grace_s = grace_s
+        self.mirror: KVMirror[VolumeVersion | int] = KVMirror(kv, _decode)
+        self._commit = asyncio.Lock()
+
+    async def start(self) -> None:
+        await self.mirror.start()
+
+    async def stop(self) -> None:
+        await self.mirror.stop()
+
+    # --- chunks -----------------------------------------------------------------------------------------------
+
+    async def put_chunk(self, sha: str, data: bytes) -> bool:
+        """Store one chunk (its hash checked: 422 otherwise); False when it was there already."""
+        digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
+        if digest != sha:
+            raise InvalidInputError(f"the chunk's content hashes to {digest}, not the {sha} in the URL",
+                                    field="$body")
+        if await self._size_of(sha) is not None:
+            return False
+        await self._chunks.put(sha, data, meta=api.ObjectMeta(name=sha, options=self._chunk_meta))
+        return True
+
+    async def _size_of(self, sha: str) -> int | None:
+        info = await self._info(sha)
+        return None if info is None else int(info.size or 0)
+
+    async def _info(self, sha: str) -> api.ObjectInfo | None:
+        try:
+            info = await self._chunks.get_info(sha)
+        except (ObjectNotFoundError, JsNotFound):
+            return None
+        return None if info.deleted else info
+
+    async def missing(self, shas: list[str]) -> list[str]:
+        """Those of ``shas`` not stored, in their order."""
+        sizes = await self._sizes(shas)
+        return [sha for sha in dict.fromkeys(shas) if sizes[sha] is None]
+
+    async def _sizes(self, shas: Iterable[str]) -> dict[str, int | None]:
+        gate = asyncio.Semaphore(_LOOKUPS)
+
+        async def one(sha: str) -> int | None:
+            async with gate:
+                return await self._size_of(sha)
+
+        unique = list(dict.fromkeys(shas))
+        return dict(zip(unique, await asyncio.gather(*(one(s) for s in unique)), strict=True))
+
+    # --- versions ---------------------------------------------------------------------------------------------
+
+    def versions(self, name: str) -> list[VolumeVersion]:
+        """The kept versions of ``name``, oldest first."""
+        found = [v for k, v in self.mirror.items.items() if isinstance(v, VolumeVersion) and k.split(".")[0] == name]
+        return sorted(found, key=lambda v: v.version)
+
+    def latest(self, name: str) -> VolumeVersion | None:
+        found = self.versions(name)
+        return found[-1] if found else None
+
+    def names(self) -> list[str]:
+        return sorted({v.name for v in self.mirror.items.values() if isinstance(v, VolumeVersion)})
+
+    async def commit(self, name: str, files: list[VolumeFile], max_chunk_bytes: int) -> VolumeVersion:
+        """A new version of ``name`` made of ``files``, whose chunks must all be stored (409 naming the first
+        missing) and add up to each file's size (422)."""
+        check_files(files, max_chunk_bytes)
+        sizes = await self._sizes(chunks_of(files))
+        for i, f in enumerate(files):
+            for j, sha in enumerate(f.chunks):
+                if sizes[sha] is None:
+                    gone = sum(1 for s in sizes.values() if s is None)
+                    raise ConflictError(f"{gone} chunk(s) are not uploaded, {sha} first: put them, then commit "
+                                        "(`ember volume put` does both)", field=f"$.files[{i}].chunks[{j}]")
+            held = sum(sizes[sha] or 0 for sha in f.chunks)
+            if held != f.size:
+                raise InvalidInputError(f"the chunks of {f.path!r} hold {held} bytes, not {f.size}",
+                                        field=f"$.files[{i}].size")
+        async with self._commit:
+            number = max([self._last(name), *(v.version for v in self.versions(name))]) + 1
+            version = VolumeVersion(name=name, version=number, files=files, size=sum(f.size for f in files),
+                                    created_at=time.time())
+            raw = encoder.encode(version)
+            if len(raw) > self._max_value_bytes:
+                raise PayloadTooLargeError(f"this version's manifest is {len(raw)} bytes, over the "
+                                           f"{self._max_value_bytes}-byte limit (EMBER_VOLUMES_KV_MAX_VALUE_BYTES): "
+                                           "fewer files, or larger chunks", field="$.files")
+            while True:
+                try:
+                    revision = await self._kv.create(f"{name}.{number}", raw)
+                    break
+                except KeyWrongLastSequenceError:  # another control plane took this number
+                    number += 1
+                    version = msgspec.structs.replace(version, version=number)
+                    raw = encoder.encode(version)
+            self.mirror.record(f"{name}.{number}", version, revision)
+            self.mirror.record(f"{name}.last", number, await self._kv.put(f"{name}.last", str(number).encode()))
+        log.info("volume %s: version %d, %d files, %d bytes", name, number, len(files), version.size)
+        return version
+
+    def _last(self, name: str) -> int:
+        last = self.mirror.items.get(f"{name}.last")
+        return last if isinstance(last, int) else 0
+
+    async def remove(self, name: str, deployments: Iterable[Deployment]) -> list[str]:
+        """Remove every version of ``name`` (409 while a current deployment mounts it); returns the chunks
+        deleted: its own that no other version uses, and unused ones older than ``grace_s``."""
+        doomed = self.versions(name)
+        if not doomed:
+            raise no_such_volume(name)
+        users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
+        if users:
+            raise ConflictError(f"volume {name!r} is mounted by the current version of {', '.join(users)}: push "
+                                "them without it (or delete them) first", field="volume")
+        for v in doomed:
+            await self._kv.purge(f"{v.name}.{v.version}")
+            self.mirror.record(f"{v.name}.{v.version}", None, 1 << 62)
+        return await self.collect(chunks_of(f for v in doomed for f in v.files))
+
+    async def collect(self, freed: Iterable[str] = ()) -> list[str]:
+        """Delete the chunks that no kept version uses: those of ``freed`` whatever their age, the others once
+        older than ``grace_s``."""
+        freed = set(freed)
+        now = time.time()
+        old = set()
+        try:
+            for info in await self._chunks.list():
+                if info.name and not info.deleted and now - upload_time(info.mtime) >= self.grace_s:
+                    old.add(info.name)
+        except Exception as exc:  # an empty store answers "not found"
+            log.debug("listing volume chunks: %s", exc)
+        kept = [v.files for v in self.mirror.items.values() if isinstance(v, VolumeVersion)]
+        doomed = sorted(unreferenced(freed | old, kept))
+        for sha in doomed:
+            try:
+                await self._chunks.delete(sha)
+            except (ObjectNotFoundError, JsNotFound):
+                continue
+        if doomed:
+            log.info("volumes: deleted %d chunk(s) no version uses", len(doomed))
+        return doomed
+
+    # --- views and deployments --------------------------------------------------------------------------------
+
+    def view(self, name: str, deployments: Iterable[Deployment], *, detail: bool = False) -> VolumeView:
+        kept = self.versions(name)
+        if not kept:
+            raise no_such_volume(name)
+        last = kept[-1]
+        users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
+        return VolumeView(name=name, version=last.version, size=last.size, file_count=len(last.files),
+                          created_at=last.created_at, versions=[v.version for v in kept],
+                          files=[VolumeFileView(path=f.path, size=f.size) for f in last.files] if detail else [],
+                          used_by=users)
+
+    def pin(self, manifest: Manifest, sees: Callable[[str], bool]) -> Manifest:
+        """``manifest`` with every mount pinned to a version: the latest for 0. A volume that does not exist,
+        or that the pushing token does not see, is a 422 naming the field."""
+        services: list[ServiceSpec] = []
+        for i, svc in enumerate(manifest.services):
+            pinned: list[VolumeMount] = []
+            for j, mount in enumerate(svc.volumes):
+                at = f"$.manifest.services[{i}].volumes[{j}]"
+                kept = {v.version for v in self.versions(mount.name)} if sees(mount.name) else set()
+                if not kept:
+                    raise InvalidInputError(f"volume {mount.name!r} does not exist: put it first (`ember volume put "
+                                            f"{mount.name} PATH...`; `ember volume ls` lists them)", field=f"{at}.name")
+                if mount.version and mount.version not in kept:
+                    raise InvalidInputError(f"volume {mount.name!r} has no version {mount.version} (it keeps "
+                                            f"{', '.join(map(str, sorted(kept)))})", field=f"{at}.version")
+                pinned.append(msgspec.structs.replace(mount, version=mount.version or max(kept)))
+            services.append(msgspec.structs.replace(svc, volumes=pinned))
+        return msgspec.structs.replace(manifest, services=services)
+
+
+def mounts_of(manifest: Manifest) -> list[VolumeMount]:
+    return [m for svc in manifest.services for m in svc.volumes]
