@@ -19,6 +19,8 @@ from support.paths import REPO
 from yamllint import config as yamllint_config
 from yamllint import linter
 
+from ember_platform.gateway import asgi, health
+
 OBJECTS = [(path, doc) for path in manifest_files() for doc in documents(path)]
 
 
@@ -172,8 +174,6 @@ def test_the_files_the_flags_name_are_the_ones_the_init_step_writes() -> None:
 
 
 def test_probes_ask_open_routes_that_exist_on_the_served_port() -> None:
-    from ember_platform.gateway import asgi, health
-
     deployment = find("Deployment", "ember-platform")
     c = container(deployment, "platform")
     routes = {(r.path, method): r.endpoint for r in asgi.ROUTES for method in (r.methods or ())}
