@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import copy
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,11 @@ from support.paths import REPO
 from yamllint import config as yamllint_config
 from yamllint import linter
 
+from ember.wire.natscreds import CredentialsError
+from ember_platform.auth.bootstrap import read_token_file
 from ember_platform.gateway import asgi, health
+from ember_platform.natsauth import keys
+from ember_platform.secrets.key import read_key, write_key
 
 OBJECTS = [(path, doc) for path in manifest_files() for doc in documents(path)]
 
@@ -293,3 +298,26 @@ def test_the_readme_creates_every_secret_the_workloads_mount() -> None:
         for name, key in _secret_refs(workload):
             assert (namespace, name) in made, f"the README does not create {namespace}/{name}"
             assert key in made[(namespace, name)] or made[(namespace, name)] == {"*"}, (name, key)
+
+
+def test_the_copy_step_makes_files_ember_accepts_from_a_secret_volume(tmp_path: Path) -> None:
+    secrets, run = tmp_path / "secrets", tmp_path / "run"
+    keys.init(tmp_path / "made")  # what the operator made, then put in the Secrets
+    (secrets / "nats-auth").mkdir(parents=True)
+    for name in ("platform.nk", "callout.json"):
+        (secrets / "nats-auth" / name).write_bytes((tmp_path / "made" / name).read_bytes())
+    (secrets / "bootstrap-token").write_text(read_token_file(tmp_path / "made" / "token") + "\n")
+    (secrets / "secrets.key").write_bytes(write_key(tmp_path / "made" / "secrets.key").read_bytes())
+    for path in secrets.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o444)  # the projected volume's defaultMode
+    with pytest.raises(CredentialsError, match="may be read by others"):
+        keys.load(secrets / "nats-auth")  # why the copy step exists
+    run.mkdir()
+    script = container(find("Deployment", "ember-platform"), "credentials")["command"][-1]
+    script = script.replace("/secrets/", f"{secrets}/").replace("/run/ember/", f"{run}/")
+    done = subprocess.run(["/bin/sh", "-ec", script], capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert keys.load(run / "nats-auth").platform_public == keys.load(tmp_path / "made").platform_public
+    read_key(run / "secrets.key")
+    assert read_token_file(run / "bootstrap-token").startswith("ember_")
+    assert {oct(p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_file()} == {"0o400"}
