@@ -99,10 +99,9 @@ def test_every_mounted_secret_is_described_with_its_keys() -> None:
         for name, key in _secret_refs(workload):
             assert (namespace, name) in described, f"{name} is mounted but not in secrets.example.yaml"
             assert key == "*" or key in described[(namespace, name)]
-    for keys in described.values():  # placeholders only: never a value that could be a real credential
-        assert keys
+    assert all(described.values())
     values = [v for doc in documents(K8S / "secrets.example.yaml") for v in doc["stringData"].values()]
-    assert all(v.startswith("REPLACE") for v in values)
+    assert all(v.startswith("REPLACE") for v in values)  # placeholders only, never a value that could be real
 
 
 class _Parsed(Exception):
