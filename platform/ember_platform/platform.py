@@ -12,6 +12,7 @@ from ember_platform.auth.bootstrap import bootstrap
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.calls.router import Router
 from ember_platform.config import Settings
+from ember_platform.control.builds import Builds
 from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
@@ -45,7 +46,13 @@ class Platform:
         self.first_token: str | None = None  # an installation's first admin token, created by this start
         fernet = read_key(Path(settings.secrets_key_file)) if settings.secrets_key_file else None
         self.secrets = SecretStore(registry.stores.secrets, fernet)
+        self.volumes = VolumeStore(registry.stores.volumes, registry.stores.volume_chunks,
+                                   max_value_bytes=StorageLimits.from_env().volumes_kv_max_value_bytes,
+                                   max_payload=nc.max_payload)
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
+        self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle)  # images, locked and built at push
+        self.relay = Relay(nc, registry, self.validators, self.router, self.calls, lambda: self.quotas.limiter,
+                           registry.stores.assignments)  # calls between functions, from replicas
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
@@ -58,7 +65,9 @@ class Platform:
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
             await platform.quotas.start()
             await platform.secrets.start()
+            await platform.volumes.start()
             await platform.secrets_server.start()
+            await platform.builds.start()
             if keys is not None:
                 platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
                                                                   assignment_decoder.decode), registry.deployments)
@@ -80,7 +89,9 @@ class Platform:
         await self.tokens.stop()
         await self.quotas.stop()
         await self.secrets_server.stop()
+        await self.builds.stop()
         await self.secrets.stop()
+        await self.volumes.stop()
         await self.nc.drain()
 
     def ready(self) -> bool:

@@ -32,8 +32,12 @@ from ember._errors import (
 )
 from ember._function_call import FunctionCall
 from ember._handles import Function, FunctionHandle, MethodHandle, lookup
+from ember._image import Image
+from ember._inner import CallContext, current_call
 from ember._setup import setup
+from ember._tensor import Tensor
 from ember._version import __version__
+from ember._volume import Volume, mounted
 from ember.wire import Batch, Retries
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "Function",
     "FunctionCall",
     "FunctionHandle",
+    "Image",
     "InvalidInputError",
     "InvalidSpecError",
     "MethodHandle",

@@ -14,6 +14,7 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
+from ember._image import Image, image_spec
 from ember._resources import GpuRequest, parse_gpu
 from ember._setup import has_snap_setup, members
 from ember._types import CallIO
@@ -54,12 +55,27 @@ class App:
         ...     return f"Hello, {name}!"
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, calls: list[str] | None = None, image: Image | None = None) -> None:
+        """Args:
+            name: the app's name, in its URLs: ``POST /v1/<name>/<fn>``.
+            calls: other apps whose functions this app's code calls (``ember.lookup("digits", "predict")
+                .remote(x)`` in a function): the platform refuses a call from a replica to an app not named here
+                (its own app and ``public=True`` functions need no naming), and the push needs a token that may
+                invoke each app named.
+            image: the ``ember.Image`` its functions and models run in, unless one names its own (``image=``);
+                default: the nodes' own environment.
+        """
         if not isinstance(name, str) or not APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
             raise InvalidSpecError(
                 f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
                 f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")
+        called = [] if calls is None else calls
+        if not isinstance(called, list | tuple) or not all(isinstance(a, str) and APP_NAME.fullmatch(a)
+                                                            for a in called):
+            raise InvalidSpecError(f"App({name!r}, calls={calls!r}): give a list of app names")
         self.name = name
+        self.calls = sorted(set(called) - {name})
+        self.image = image_spec("App", image)
         self._services: dict[str, _Service] = {}
 
     def __repr__(self) -> str:
@@ -74,6 +90,8 @@ class App:
                  buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
                  public: bool = False, secrets: list[str] | None = None,
+                 volumes: dict[str, Volume] | None = None, image: Image | None = None,
+                 max_body_bytes: int | None = None,
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
@@ -82,7 +100,8 @@ class App:
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
                  scaledown_window_s: float = 60.0, memory: int | str | None = None,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
-                 secrets: list[str] | None = None) -> Any:
+                 secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
+                 image: Image | None = None, max_body_bytes: int | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         Args:
@@ -110,6 +129,12 @@ class App:
                 its calls' records, logs and everything else of the app still need one.
             secrets: names of secrets (``ember secret set hf HF_TOKEN=...``) whose keys its replicas get as
                 environment variables: ``os.environ["HF_TOKEN"]``. Each must exist when the app is pushed.
+            volumes: ``{"/weights": ember.Volume("digits-weights")}``: volumes mounted read-only at those paths in
+                its replicas (``ember.mounted("/weights")`` is where a replica without a sandbox finds one). A push
+                pins each to its latest version (or ``Volume(..., version=N)``); each must exist then.
+            image: the ``ember.Image`` its replicas run in, instead of the app's.
+            max_body_bytes: the largest request body its calls take, in bytes (default: the platform's,
+                ``EMBER_MAX_BODY_BYTES``, 4 MiB); at most the platform's cap (``EMBER_MAX_BODY_CAP_BYTES``).
         """
         if fn is not None:
             return self.function()(fn)
@@ -118,8 +143,11 @@ class App:
         resources |= _host_memory("@app.function", memory)
         resources |= _startup("@app.function", startup_timeout_s)
         resources |= _secrets("@app.function", secrets)
+        resources |= volume_mounts("@app.function", volumes)
+        resources |= self._image("@app.function", image)
         _check_batch("@app.function", batch, cost)
         _check_public("@app.function", public)
+        body_limit = _body_limit("@app.function", max_body_bytes)
         triggers = _check_events("@app.function", on, result_subject)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
@@ -141,7 +169,8 @@ class App:
               timeout_s: float = 60.0, retries: int | Retries = 0, buffer_replicas: int = 0,
               scaledown_window_s: float = 60.0, memory: int | str | None = None,
               target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
-              secrets: list[str] | None = None) -> Callable[[C], C]:
+              secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
+              image: Image | None = None) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         Example:
@@ -157,6 +186,8 @@ class App:
         resources |= _host_memory("@app.model", memory)
         resources |= _startup("@app.model", startup_timeout_s)
         resources |= _secrets("@app.model", secrets)
+        resources |= volume_mounts("@app.model", volumes)
+        resources |= self._image("@app.model", image)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -175,6 +206,11 @@ class App:
             return cls
 
         return decorate
+
+    def _image(self, where: str, image: Image | None) -> dict[str, Any]:
+        """``image=`` of a decorator, else the app's image: the service's ``image`` field."""
+        spec = image_spec(where, image) if image is not None else self.image
+        return {"image": spec} if spec is not None else {}
 
     def _register(self, spec: ServiceSpec, target: Any) -> None:
         if spec.name in self._services:

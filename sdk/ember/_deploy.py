@@ -10,6 +10,7 @@ from pathlib import Path
 
 import msgspec
 
+from ember._build import build_images, plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport, default_transport
 from ember._errors import InvalidSpecError, NotFoundError, RemoteError, UnavailableError
@@ -40,12 +41,15 @@ def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, 
     transport = transport or default_transport()
     path = Path(path).resolve()
     say(f"inspecting {path.name}", None)
-    manifest = inspect_app(path, app_name)
+    found = plan_images(path, app_name)
     bundle = build_bundle(path.parent)
     say(f"bundle {bundle.sha256[:12]}: {len(bundle.files)} files, {len(bundle.data) / 1024:.1f} KiB", None)
     transport.request("PUT", f"/v1/bundles/{bundle.sha256}", content=bundle.data,
                       headers={"content-type": "application/gzip"})
-    body = encoder.encode(DeployRequest(bundle_sha256=bundle.sha256, manifest=manifest))
+    manifest = found.manifest  # an app with images: read on the platform, inside its image
+    if found.images or manifest is None:
+        manifest = build_images(transport, found, bundle.sha256, lambda line: say(line, None))
+    body = encoder.encode(DeployRequest(bundle_sha256=bundle.sha256, manifest=manifest, canary_percent=canary_percent))
     dep = msgspec.json.decode(
         transport.request("POST", f"/v1/apps/{manifest.app}/deployments", content=body,
                           headers={"content-type": "application/json"}).content, type=Deployment)

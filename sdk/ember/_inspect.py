@@ -1,7 +1,9 @@
 """``python -m ember._inspect app.py``: import an app and print its manifest as JSON.
 
 ``ember push`` runs this in a subprocess so that importing user code (and its heavy imports) never
-happens in the CLI's own process.
+happens in the CLI's own process. With ``--images`` it imports the app with the modules this machine lacks
+stood in for (``ember._lenient``) and prints its images (``ember._plan.ImagePlan``): the platform then reads the
+manifest by importing the app inside its image, on a node (``python -m ember._inspect`` with the image's Python).
 """
 
 from __future__ import annotations
@@ -10,13 +12,24 @@ import sys
 
 from ember._errors import EmberError
 from ember._loader import find_app, import_app_file
+from ember._plan import plan
 from ember.wire import encoder
 
 
 def main(argv: list[str]) -> int:
+    lenient = bool(argv) and argv[0] == "--images"
+    argv = argv[1:] if lenient else argv
     if len(argv) not in (1, 2):
-        print("usage: python -m ember._inspect APP_FILE [APP_NAME]", file=sys.stderr)
+        print("usage: python -m ember._inspect [--images] APP_FILE [APP_NAME]", file=sys.stderr)
         return 2
+    if lenient:
+        try:
+            found = plan(argv)
+        except EmberError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        sys.stdout.buffer.write(encoder.encode(found) + b"\n")
+        return 0
     try:
         module, name = import_app_file(argv[0])
         app = find_app(module, argv[1] if len(argv) == 2 else None)

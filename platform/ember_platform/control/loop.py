@@ -264,7 +264,8 @@ class ControlLoop:
         return [(_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, i)),
                  SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=i,
                                 bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
-                                startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets)))
+                                startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets),
+                                volumes=svc.volumes, image=svc.image))
                 for i in missing]
 
     def _target(self, state: ServiceState, dep: Deployment, svc: ServiceSpec,

@@ -14,7 +14,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from ember.wire import Deployment, NodeInfo, SlotAssignment, ZygoteAssignment
+from ember.wire import Deployment, NodeInfo, SlotAssignment, VolumeMount, ZygoteAssignment
+from ember.wire.images import ImageSpec
 from ember_platform.scheduler import Snapshot, request_from_spec
 from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, likely_nodes, plan_preload
 from ember_platform.scheduler.request import PlacementRequest
@@ -87,7 +88,9 @@ class Preloader:
                         current=current))
                     assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
                                                         bundle_sha256=_bundle_of(dep, version, plan),
-                                                        module=dep.manifest.module)
+                                                        module=dep.manifest.module,
+                                                        volumes=_volumes_of(dep, svc.name, version, plan),
+                                                        image=_image_of(dep, svc.name, version, plan))
         held = {nid: frozenset(ZygoteKey(z.app, z.service, z.version) for z in self._plan.get(nid, ()))
                 for nid in nodes}
         budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
@@ -99,6 +102,24 @@ def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:
     """Another version's measured size, else the default."""
     sizes = [mb for k, mb in measured.items() if (k.app, k.service) == (key.app, key.service)]
     return max(sizes) if sizes else DEFAULT_ZYGOTE_MB
+
+
+def _volumes_of(dep: Deployment, service: str, version: int,
+                plan: Mapping[str, list[SlotAssignment]]) -> list[VolumeMount]:
+    """The volumes a version's zygote mounts: the deployment's for its version, else its running slots'."""
+    if version == dep.version:
+        return next((s.volumes for s in dep.manifest.services if s.name == service), [])
+    return next((s.volumes for slots in plan.values() for s in slots
+                 if s.app == dep.app and s.service == service and s.version == version), [])
+
+
+def _image_of(dep: Deployment, service: str, version: int,
+              plan: Mapping[str, list[SlotAssignment]]) -> ImageSpec | None:
+    """The image a version's zygote runs in: the deployment's for its version, else its running slots'."""
+    if version == dep.version:
+        return next((s.image for s in dep.manifest.services if s.name == service), None)
+    return next((s.image for slots in plan.values() for s in slots
+                 if s.app == dep.app and s.service == service and s.version == version), None)
 
 
 def _bundle_of(dep: Deployment, version: int, plan: Mapping[str, list[SlotAssignment]]) -> str:

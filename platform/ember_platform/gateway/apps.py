@@ -11,10 +11,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._bundle import BundleTooLargeError, check_bundle
-from ember._errors import BadRequestError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
+from ember._errors import BadRequestError, ForbiddenError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
 from ember.wire.secrets import name_problem
+from ember_platform.auth.scopes import INVOKE, Principal
 from ember_platform.config import Settings
+from ember_platform.control.builds import check_locked
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.patterns import schema_patterns
@@ -72,6 +74,10 @@ async def deploy(request: Request) -> Response:
     req = decode_json(_deploy_decoder, body)
     _check_patterns(req.manifest)
     _check_secrets(platform.secrets, req.manifest)
+    _check_body_limits(platform.settings, req.manifest)
+    _check_calls(principal_of(request), req.manifest)
+    check_locked(req.manifest)
+    req = msgspec.structs.replace(req, manifest=platform.volumes.pin(req.manifest, principal_of(request).sees))
     dep = await platform.registry.deploy(request.path_params["app"], req)
     return json_response(dep, 201)
 

@@ -20,7 +20,23 @@ from ember.wire import RESERVED_APP_NAMES
 from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
 from ember_platform.config import Settings
 from ember_platform.console import routes as console
-from ember_platform.gateway import apps, calls, health, logs, metrics, openapi, quotas, secrets, stats, status, tokens
+from ember_platform.gateway import (
+    apps,
+    builds,
+    calls,
+    health,
+    logs,
+    metrics,
+    oip,
+    openapi,
+    quotas,
+    rollouts,
+    secrets,
+    stats,
+    status,
+    tokens,
+    volumes,
+)
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform.gateway.guard import OPEN, TOKEN, route
 from ember_platform.platform import Platform
@@ -39,6 +55,8 @@ ROUTES = [
     route("/v1/apps/{app}", apps.get_app, "GET", READ),
     route("/v1/apps/{app}", apps.delete_app, "DELETE", DEPLOY),
     route("/v1/apps/{app}/deployments", apps.deploy, "POST", DEPLOY),
+    route("/v1/apps/{app}/builds", builds.start_build, "POST", DEPLOY),
+    route("/v1/apps/{app}/builds/{build_id}", builds.get_build, "GET", DEPLOY),
     route("/v1/apps/{app}/logs", logs.app_logs, "GET", READ),
     route("/v1/apps/{app}/dead", calls.dead_letters, "GET", READ),
     route("/v1/apps/{app}/dead/replay", calls.replay_dead, "POST", INVOKE),

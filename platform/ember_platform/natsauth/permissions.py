@@ -78,7 +78,16 @@ def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
         f"{_JS}.DIRECT.GET.{assignments}.>",
         f"$KV.{subjects.NODES_BUCKET}.{node_id}", f"$KV.{subjects.REPLICAS_BUCKET}.*",
         f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
-        subjects.node_logs(node_id), subjects.node_secrets(node_id),
+        subjects.node_logs(node_id), subjects.node_secrets(node_id), subjects.node_build_events(node_id),
+        *_volume_reader(),
     }
-    sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL}
+    sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL, subjects.node_builds(node_id)}
     return _user(pub, sub)
+
+
+def _volume_reader() -> list[str]:
+    """Read volumes' versions (by key) and chunks (an object's chunks, through a consumer of one's own): no
+    publish to ``$KV.ember_volumes`` or ``$O.ember_volume_chunks``, so no write and no delete."""
+    versions, chunks = _kv(subjects.VOLUMES_BUCKET), _obj(subjects.VOLUME_CHUNKS_STORE)
+    return [f"{_JS}.DIRECT.GET.{versions}.>", f"{_JS}.STREAM.MSG.GET.{versions}",
+            f"{_JS}.DIRECT.GET.{chunks}.>", f"{_JS}.STREAM.MSG.GET.{chunks}", *_reader(chunks)]

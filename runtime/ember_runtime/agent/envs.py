@@ -8,7 +8,7 @@ Layout of the cache (``<state dir>/envs``, written by the agent alone; sandboxes
 | ``<sha256>/`` | one environment (a virtual environment), named by ``image_hash`` of its locked image |
 | ``<sha256>/.ember-ready`` | written last: an environment without it is unfinished and built again |
 | ``<sha256>/.ember-build.log`` | uv's output of its build |
-| ``runtime/<key>/`` | Ember's runtime layer: ``ember``, ``ember_runtime`` and their dependencies, linked from the agent |
+| ``runtime/<key>/`` | Ember's runtime layer: ``ember``, ``ember_runtime`` and their dependencies, linked |
 | ``uv-cache/`` | uv's download and wheel cache, shared by every build of the node |
 | ``builds.log`` | one line per environment built: its hash and how long it took |
 

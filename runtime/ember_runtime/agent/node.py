@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -37,6 +38,7 @@ from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
+from ember_runtime.agent.images import NodeImages
 from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
@@ -81,9 +83,15 @@ class NodeAgent:
         self._zygote_bundles: set[str] = set()  # the bundles of the zygotes held
         self.sandbox = sandbox  # replicas and zygotes run in it (see ``sandbox``), when enabled
         self.cgroups: MemoryCgroups | None = None
+        self.images = NodeImages(state_dir, sandbox)  # image environments, and the builds asked at push time
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event, sandbox_=sandbox,
-                                  verify=lambda sha256: self.bundles.verify(sha256))
+                                  verify=lambda sha256: self.bundles.verify(sha256),
+                                  mounts=self._zygote_mounts)
         self._wake = asyncio.Event()
+        self._volume_failures: dict[str, tuple[int, float, str]] = {}  # volumes -> (failures, next try, why)
+        self._volumes_checked_at = 0.0
+        self._slot_volumes: dict[SlotKey, list[VolumeMount]] = {}  # the volumes each running slot mounts
+        self._zygote_volumes: list[VolumeMount] = []  # the volumes of the zygotes held
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
@@ -100,6 +108,7 @@ class NodeAgent:
         self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
                                                               on_change=lambda *_: self._wake.set())
         await self.assignments.start()
+        await self.images.start(nc, self.node_id, self.bundles)
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
         usage = self._usage_source()
         self.usage_watcher = UsageWatcher(usage, self.slots.values) if usage is not None else None
@@ -125,6 +134,7 @@ class NodeAgent:
                 await status_sub.unsubscribe()
             self.slots.clear()
             await self.zygotes.stop()
+            await self.images.stop()
             for task in (heartbeat, watch):
                 if task is not None:
                     task.cancel()
@@ -144,7 +154,8 @@ class NodeAgent:
             info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
-                            zygotes=self.zygotes.statuses(),
+                            zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
+                            environments=self.images.cache.cached(),
                             replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {})
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
@@ -198,6 +209,39 @@ class NodeAgent:
             await self.bundles.maybe_evict(in_use)
         except Exception:
             log.exception("the bundle cache could not be cut down to its budget")
+        await self.images.collect(assignment, self.slots)
+        await self._collect_volumes(assignment)
+
+    async def _collect_volumes(self, assignment: NodeAssignment | None) -> None:
+        """Every minute: check the cached volumes that replicas use (a stat of each file; a change is hashed and
+        repaired, see ``volumes``), and keep the cache within its budget, never removing one in use."""
+        now = time.monotonic()
+        if now - self._volumes_checked_at < VOLUME_CHECK_EVERY_S:
+            return
+        self._volumes_checked_at = now
+        self._slot_volumes = {k: v for k, v in self._slot_volumes.items() if k in self.slots}
+        used = {m.key: m for ms in self._slot_volumes.values() for m in ms}
+        used |= {m.key: m for m in self._zygote_volumes}
+        if assignment is not None:
+            used |= {m.key: m for s in assignment.slots for m in s.volumes}
+        try:
+            for mount in used.values():
+                if self.volumes.has(mount):
+                    await self.volumes.ensure(mount)
+            await self.volumes.evict(set(used))
+        except Exception:
+            log.exception("the volume cache could not be checked or cut down to its budget")
+
+    async def _mounts(self, volumes: list[VolumeMount]) -> tuple[tuple[Path, str], ...]:
+        """Each volume fetched (once per node) and checked, as (cache folder, mount path)."""
+        mounts = tuple([(await self.volumes.ensure(m), m.path) for m in volumes])
+        problems = sandboxes.mount_problems(mounts, self.sandbox.python_roots)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return mounts
+
+    async def _zygote_mounts(self, z: ZygoteAssignment) -> tuple[tuple[Path, str], ...]:
+        return await self._mounts(z.volumes)
 
     def _zygote_event(self, app: str, service: str, line: str) -> None:
         """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
@@ -212,15 +256,19 @@ class NodeAgent:
         ahead: the artifact cache), and only those."""
         assignment = self.assignments.items.get(self.node_id)
         wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]] = {}
+        interpreters, waiting = self.images.interpreters(assignment.zygotes if assignment is not None else [])
         for z in assignment.zygotes if assignment is not None else []:
+            if (z.app, z.service, z.version) in waiting:  # its image's environment is being built first
+                continue
             try:
                 bundle = await self.bundles.get(z.bundle_sha256)
             except Exception:
                 log.exception("cannot fetch bundle %s of %s for its zygote", z.bundle_sha256[:12], z.app)
                 continue
             wanted[(z.app, z.service, z.version)] = (z, bundle)
-        await self.zygotes.reconcile(wanted)
+        await self.zygotes.reconcile(wanted, interpreters)
         self._zygote_bundles = {z.bundle_sha256 for z, _ in wanted.values()}
+        self._zygote_volumes = [m for z, _ in wanted.values() for m in z.volumes]
 
     def _env(self, slot: SlotAssignment) -> dict[str, str]:
         """What the replica sees: only its devices; on a declared (virtual) inventory it runs on the CPU."""
@@ -273,17 +321,31 @@ class NodeAgent:
                 log.warning("%s (replica %s)", exc, slot.replica_id)
             await self._report_unstarted(slot, str(exc))
             return
+        mounts = await self._slot_mounts(slot)
+        if mounts is None:
+            return
+        image = None
+        if slot.image is not None:  # its image's environment, built here once (another start may be building it)
+            image = await self.images.prepare(slot, partial(self._report_unstarted, slot))
+            if image is None:
+                return
         pin = self._pinning(slot)
-        env = {**self._env(slot), **self._virtual_env(slot), **numa.thread_env(pin.cpus, os.environ)}
+        env = {**(slot.image.env if slot.image else {}), **self._env(slot), **self._virtual_env(slot),
+               **numa.thread_env(pin.cpus, os.environ), **sandboxes.volume_env(mounts, sandboxed=self.sandbox.enabled)}
+        confinement = dataclasses.replace(self._confinement(slot, secrets), mounts=mounts)
+        if image is not None:
+            confinement = dataclasses.replace(confinement, readonly=image.readonly)
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes,
                               startup_timeout_s=slot.startup_timeout_s,
-                              confinement=self._confinement(slot, secrets),
-                              verify=partial(self.bundles.verify, slot.bundle_sha256))
+                              confinement=confinement, verify=partial(self.bundles.verify, slot.bundle_sha256),
+                              python=image.python if image is not None else None)
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
+        self._slot_volumes[key] = list(slot.volumes)
+        self.images.running[key] = slot.image
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)
         replica.start()

@@ -86,6 +86,8 @@ class Jail:
     devices: tuple[str, ...] = ()  # device nodes bound in (a replica's GPUs)
     writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (test hooks, a virtual GPU table)
     outlive_command: bool = False  # a zygote: its forked replicas live on when it exits (no --die-with-parent)
+    readonly: tuple[Path, ...] = ()  # bound read-only at the same path: an image's environment and what it needs
+    mounts: tuple[tuple[Path, str], ...] = ()  # (folder on the node, path inside): volumes, bound read-only
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,9 @@ class Sandbox:
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", HOME]  # before what goes in them
         for root in self.python_roots:
             args += ["--ro-bind", str(root), str(root)]
+        for path in jail.readonly:
+            if not any(path.is_relative_to(root) for root in self.python_roots):
+                args += ["--ro-bind", str(path), str(path)]
         for device in jail.devices:
             args += ["--dev-bind-try", device, device]
         for folder in jail.writable:
@@ -171,9 +176,12 @@ class Confinement:
     memory_mb: int = 0
     cgroups: MemoryCgroups | None = None
     secrets: Mapping[str, str] = field(default_factory=dict)
+    readonly: tuple[Path, ...] = ()  # its image's environment (see ``envs.Env.readonly``)
+    mounts: tuple[tuple[Path, str], ...] = ()  # its volumes: (cache folder, mount path)
 
     def jail(self, bundle: Path, env: Mapping[str, str]) -> Jail:
-        return Jail(bundle=bundle, devices=self.devices, writable=writable_folders(env))
+        return Jail(bundle=bundle, devices=self.devices, writable=writable_folders(env), readonly=self.readonly,
+                    mounts=self.mounts)
 
 
 NOT_CONFINED = Confinement()

@@ -58,8 +58,9 @@ class ReplicaSlot:
                  gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
                  zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0,
                  confinement: sandbox.Confinement = sandbox.NOT_CONFINED,
-                 verify: Callable[[], Awaitable[Path]] | None = None) -> None:
+                 verify: Callable[[], Awaitable[Path]] | None = None, python: Path | None = None) -> None:
         self.key = key
+        self._python = str(python) if python is not None else sys.executable  # its image's interpreter, or ours
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
         self._env = env
@@ -189,7 +190,7 @@ class ReplicaSlot:
         self._cgroup = jail.cgroups.prepare(f"replica-{self.replica_id}", jail.memory_mb) if jail.cgroups else None
         preexec = partial(sandbox.prepare_child, self._cpus, cgroup=MemoryCgroups.joiner(self._cgroup))
         env = sandbox.environment(self._env, sandboxed=jail.sandbox.enabled, secrets=jail.secrets)
-        command = [sys.executable, "-m", "ember_runtime.hostpid", "ember_runtime.replica",
+        command = [self._python, "-m", "ember_runtime.hostpid", "ember_runtime.replica",
                    *self._argv(kind, decided, fetch_s)]
         if not jail.sandbox.enabled:
             return await asyncio.create_subprocess_exec(

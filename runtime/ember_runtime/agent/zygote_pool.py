@@ -23,7 +23,8 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,16 @@ BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
 RETRY_MAX_S = 60.0
 UNKNOWN_EXIT = 255  # the zygote went away before it could report its child's exit code
+
+
+@dataclass(frozen=True)
+class Interpreter:
+    """What a zygote of a version with an image runs: its environment's Python, what its sandbox must see read-only,
+    the image's environment variables."""
+
+    python: str
+    readonly: tuple[Path, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 class ZygoteError(Exception):
@@ -114,8 +125,11 @@ class Zygote:
 
     def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
                  on_event: Event | None = None, *, sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX,
-                 lifeline: int = -1, verify: Verify | None = None) -> None:
+                 lifeline: int = -1, verify: Verify | None = None, interpreter: Interpreter | None = None,
+                 mounts: Mounts | None = None) -> None:
         self.assignment = assignment
+        self._mounts = mounts
+        self._interpreter = interpreter or Interpreter(python=sys.executable)
         self._nats_url = nats_url
         self._on_event = on_event
         self.key: ZygoteKey = (assignment.app, assignment.service, assignment.version)
@@ -158,15 +172,18 @@ class Zygote:
         fds = (listener.fileno(), theirs.fileno(), self._lifeline)
         enabled = self._sandbox.enabled
         bundle = sandbox.BUNDLE if enabled else str(self._bundle)
-        cmd = [sys.executable, "-m", "ember_runtime.zygote", "--bundle", bundle, "--module", self.assignment.module,
+        cmd = [self._interpreter.python, "-m", "ember_runtime.zygote", "--bundle", bundle,
+               "--module", self.assignment.module,
                "--app", self.assignment.app,
                "--service", self.assignment.service, "--listen-fd", str(listener.fileno()),
                "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url]
-        env = {**sandbox.environment({}, sandboxed=enabled), hostpid.FD_ENV: str(theirs.fileno())}
+        env = {**sandbox.environment(dict(self._interpreter.env), sandboxed=enabled),
+               hostpid.FD_ENV: str(theirs.fileno()), **sandbox.volume_env(mounts, sandboxed=enabled)}
         preexec = partial(sandbox.prepare_child, None)
         try:
             if enabled:
-                jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True)
+                jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True,
+                                    readonly=self._interpreter.readonly, mounts=mounts)
                 proc: asyncio.subprocess.Process | sandbox.SandboxedProcess = await sandbox.start(
                     self._sandbox, cmd, jail, env, preexec, pass_fds=fds)
             else:
@@ -392,8 +409,10 @@ class ZygotePool:
                 await asyncio.wait_for(zygote.settled.wait(), wait_s)
         return zygote if zygote is not None and zygote.ready else None
 
-    async def reconcile(self, wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]]) -> None:
-        """Build what is wanted and missing (or dead, after a delay), stop what is no longer wanted."""
+    async def reconcile(self, wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]],
+                        interpreters: Mapping[ZygoteKey, Interpreter] | None = None) -> None:
+        """Build what is wanted and missing (or dead, after a delay), stop what is no longer wanted; a version with
+        an image in its environment (``interpreters``)."""
         for key in [k for k in self._zygotes if k not in wanted]:
             log.info("removing zygote %s.%s v%d", *key)
             await self._zygotes.pop(key).stop()
@@ -416,7 +435,7 @@ class ZygotePool:
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url,
                                  self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
-                                 verify=self._verify)
+                                 verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts)
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()

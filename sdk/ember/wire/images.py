@@ -254,6 +254,6 @@ class BuildView(msgspec.Struct, frozen=True, kw_only=True):
     lines: list[str] = []
     next_line: int = 0  # ask again with ?since=next_line
     error: str = ""
-    manifest: msgspec.Raw | None = None
+    manifest_json: str = ""  # once ready: the manifest (JSON) read inside the image, its images locked
     started_at: float = 0.0
     finished_at: float = 0.0

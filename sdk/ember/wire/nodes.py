@@ -7,6 +7,9 @@ from typing import Literal
 
 import msgspec
 
+from ember.wire.images import ImageSpec
+from ember.wire.volumes import VolumeMount
+
 
 class Device(msgspec.Struct, frozen=True, kw_only=True):
     kind: Literal["cpu", "gpu"]
@@ -33,6 +36,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     bundles: list[str] = []  # bundle / snapshot keys cached on the node
     host_memory_reserved_mb: int = 0  # what the node's replicas reserved of memory_mb
     zygotes: list[ZygoteStatus] = []  # the preloaded zygotes the node holds
+    volumes: list[str] = []  # volume versions cached on the node, as ``name@vN`` (placement prefers them)
+    environments: list[str] = []  # image environments (their sha256) built on the node
     # replica id -> device uuid -> MB of GPU memory its processes use, as last sampled (replicas sharing a GPU)
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
 
@@ -55,6 +60,8 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     cpu_millis: int = 0  # CPU the replica reserved; 0: not declared
     startup_timeout_s: float = 0.0  # the service's; 0: no limit
     secrets: bool = False  # the service declares secrets: its agent asks a control plane for them at start
+    volumes: list[VolumeMount] = []  # fetched into the node's volume cache before it starts, mounted read-only
+    image: ImageSpec | None = None  # its locked image: the node builds (or reuses) its environment before it starts
 
 
 class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +73,9 @@ class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
     version: int
     bundle_sha256: str
     module: str
+    volumes: list[VolumeMount] = []  # fetched before the zygote is built, mounted in its sandbox
+    image: ImageSpec | None = None  # the zygote runs in this image's environment
+
 
 ZygoteState = Literal["building", "ready", "failed"]
 

@@ -9,6 +9,9 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._resources import GpuRequest
+from ember.wire.images import ImageSpec
+from ember.wire.tensors import TensorSignature
+from ember.wire.volumes import VolumeMount
 
 
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,6 +130,8 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     target_p95_ms: float | None = None  # latency (queue wait + run) the autoscaler keeps p95 under; None: no target
     startup_timeout_s: float = 600.0  # a replica's import and setup, at most; longer counts as a failed setup
     secrets: list[str] = []  # names of secrets whose keys and values its replicas get as environment variables
+    volumes: list[VolumeMount] = []  # volumes mounted read-only in its replicas (pinned to a version at deploy)
+    image: ImageSpec | None = None  # its Python environment (locked at push); None: the node's own
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

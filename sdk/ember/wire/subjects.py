@@ -97,6 +97,19 @@ def node_secrets(node_id: str) -> str:
 NODE_SECRETS_ALL = "ember.node.*.secrets"
 
 
+def node_builds(node_id: str) -> str:
+    """Builds a control plane asks of one node (``wire.images.BuildRequest``): only that node's agent may read them."""
+    return f"ember.node.{_token(node_id, 'node id')}.build"
+
+
+def node_build_events(node_id: str) -> str:
+    """A node's word on the builds it runs (``wire.images.BuildEvent``): only that node's agent may publish here."""
+    return f"ember.node.{_token(node_id, 'node id')}.build-events"
+
+
+NODE_BUILD_EVENTS_ALL = "ember.node.*.build-events"
+
+
 def replica_group(app: str, service: str, version: int) -> str:
     """Queue group shared by the replicas of one service version."""
     return f"{_token(app, 'app')}.{_token(service, 'service')}.v{version}"

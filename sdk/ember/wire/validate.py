@@ -15,8 +15,12 @@ from collections.abc import Iterator
 
 from ember._errors import InvalidInputError
 from ember._resources import MAX_GPUS
+from ember.wire.images import image_problems
 from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.specs import RESERVED_APP_NAMES, FunctionSpec, Manifest, ServiceSpec
+from ember.wire.tensors import DATATYPES, MAX_TENSOR_RANK
+from ember.wire.volumes import MAX_VOLUMES_PER_SERVICE, VolumeMount, mount_problem
+from ember.wire.volumes import name_problem as volume_name_problem
 
 APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -92,6 +96,26 @@ def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
     if svc.gpu is not None and svc.gpu_count != max(svc.gpu.count, 1):
         yield f"{at}.gpu_count", f"gpu_count={svc.gpu_count} disagrees with gpu.count={svc.gpu.count}"
     yield from _secrets(svc.secrets, f"{at}.secrets")
+    yield from _volumes(svc.volumes, f"{at}.volumes")
+    if svc.image is not None:
+        yield from image_problems(svc.image, f"{at}.image")
+
+
+def _volumes(mounts: list[VolumeMount], at: str) -> Iterator[Problem]:
+    if len(mounts) > MAX_VOLUMES_PER_SERVICE:
+        yield at, f"a service mounts at most {MAX_VOLUMES_PER_SERVICE} volumes, not {len(mounts)}"
+    for i, mount in enumerate(mounts):
+        problem = mount_problem(mount.path)
+        if problem:
+            yield f"{at}[{i}].path", problem
+        elif any(m.path == mount.path or mount.path.startswith(m.path + "/") or m.path.startswith(mount.path + "/")
+                 for m in mounts[:i]):
+            yield f"{at}[{i}].path", f"mount path {mount.path!r} is the same as, or inside, another volume's"
+        problem = volume_name_problem(mount.name)
+        if problem:
+            yield f"{at}[{i}].name", problem
+        if isinstance(mount.version, bool) or not 0 <= mount.version < 2**53:
+            yield f"{at}[{i}].version", f"version={mount.version!r}: a whole number, 0 for the latest"
 
 
 def _secrets(names: list[str], at: str) -> Iterator[Problem]:

@@ -18,6 +18,7 @@ PUBLIC = [
     "Function",
     "FunctionCall",
     "FunctionHandle",
+    "Image",
     "InvalidInputError",
     "InvalidSpecError",
     "MethodHandle",

@@ -1,0 +1,213 @@
+"""Builds at push time: a control plane asks this node (``ember.node.<id>.build``) to lock an app's images, build
+their environments, and read the app's manifest by importing it inside its image, in a sandbox like a replica's.
+
+The node says how it goes on ``ember.node.<id>.build-events`` (uv's output, line by line, then the end: the
+manifest with its images locked, or the error). The pushing machine never imports the app with its own Python, so
+it needs none of the packages the image installs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ember.wire import Manifest, encoder, subjects
+from ember.wire.images import BUILD_ID, MAX_LOG_LINE, SHA256, BuildEvent, BuildRequest, ImageSpec
+from ember.wire.validate import APP_NAME, MODULE_NAME, manifest_problems
+from ember_runtime.agent import sandbox as sandboxes
+from ember_runtime.agent.envs import BuildError, Env, EnvCache
+
+log = logging.getLogger("ember.agent")
+INSPECT_TIMEOUT_S = 300.0
+MAX_MANIFEST_BYTES = 2 * 1024 * 1024
+MAX_CONCURRENT = 2
+FLUSH_S = 0.2
+_request = msgspec.json.Decoder(BuildRequest)
+_manifest = msgspec.json.Decoder(Manifest)
+
+
+class Builder:
+    def __init__(self, nc: Any, node_id: str, cache: EnvCache, bundles: Any,
+                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
+        self._nc = nc
+        self._node_id = node_id
+        self._cache = cache
+        self._bundles = bundles
+        self._sandbox = sandbox
+        self._sub: Any = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT)
+
+    async def start(self) -> None:
+        self._sub = await self._nc.subscribe(subjects.node_builds(self._node_id), cb=self._on_request)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _on_request(self, msg: Any) -> None:
+        try:
+            request = _request.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("a build request that is not one: %s", exc)
+            return
+        if not BUILD_ID.fullmatch(request.build_id):
+            log.warning("a build request with a malformed id")
+            return
+        task = asyncio.get_running_loop().create_task(self._run(request), name=f"build-{request.build_id[:8]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, request: BuildRequest) -> None:
+        out = _Events(self._nc, self._node_id, request.build_id)
+        flusher = asyncio.get_running_loop().create_task(out.run())
+        try:
+            async with self._slots:
+                manifest = await self._build(request, out.say)
+            out.finish(BuildEvent(build_id=request.build_id, state="ready",
+                                  manifest_json=encoder.encode(manifest).decode()))
+        except BuildError as exc:
+            out.finish(BuildEvent(build_id=request.build_id, state="failed", error=str(exc)[:8000]))
+        except Exception as exc:
+            log.exception("build %s failed", request.build_id[:8])
+            out.finish(BuildEvent(build_id=request.build_id, state="failed", error=f"{type(exc).__name__}: {exc}"))
+        finally:
+            await flusher
+
+    async def _build(self, request: BuildRequest, say: Any) -> Manifest:
+        _check(request)
+        locked: list[ImageSpec] = []
+        envs: list[Env] = []
+        for i, image in enumerate(request.images):
+            say(f"image {i + 1}/{len(request.images)}: {', '.join(image.packages) or 'no packages'}")
+            locked.append(await self._cache.lock(image, say))
+            say(f"locked as {locked[-1].sha256[:12]}: " + ", ".join(
+                line.split(" ")[0] for line in locked[-1].lock.splitlines() if "==" in line))
+            envs.append(await self._cache.ensure(locked[-1], say))
+        say(f"fetching bundle {request.bundle_sha256[:12]}")
+        bundle = await self._bundles.get(request.bundle_sha256)
+        say(f"importing {request.module} inside its image to read its manifest")
+        image = locked[request.inspect_in]
+        raw = await self._inspect(bundle, request, envs[request.inspect_in], image)
+        return _with_locks(_decode(raw), request, locked)
+
+    async def _inspect(self, bundle: Path, request: BuildRequest, env: Env, image: ImageSpec) -> bytes:
+        """``python -m ember._inspect`` with the image's interpreter, in a sandbox as a replica's (no credentials)."""
+        enabled = self._sandbox.enabled
+        root = sandboxes.BUNDLE if enabled else str(bundle)
+        app_file = f"{root}/{request.module.replace('.', '/')}.py"
+        command = [str(env.python), "-m", "ember._inspect", app_file, request.app]
+        variables = sandboxes.environment(dict(image.env), sandboxed=enabled)
+        preexec = partial(sandboxes.prepare_child, None)
+        proc: Any
+        if enabled:
+            jail = sandboxes.Jail(bundle=bundle, readonly=env.readonly)
+            proc = await sandboxes.start(self._sandbox, command, jail, variables, preexec)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=bundle, env=variables, start_new_session=True,
+                preexec_fn=preexec)
+        try:
+            out, err = await asyncio.wait_for(asyncio.gather(proc.stdout.read(MAX_MANIFEST_BYTES),
+                                                             proc.stderr.read(64 * 1024)), INSPECT_TIMEOUT_S)
+            code = await proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                proc.send_signal(9)
+            await proc.wait()
+            raise
+        if code != 0:
+            text = err.decode(errors="replace").strip()
+            raise BuildError(f"importing {request.module} inside its image failed:\n{text[-4000:] or f'exit {code}'}")
+        return bytes(out)
+
+
+def _check(request: BuildRequest) -> None:
+    if not APP_NAME.fullmatch(request.app) or not SHA256.fullmatch(request.bundle_sha256) \
+            or not MODULE_NAME.fullmatch(request.module) or len(request.module) > 200:
+        raise BuildError("the build request names no valid app, bundle or module")
+    if not 1 <= len(request.images) <= 16 or not 0 <= request.inspect_in < len(request.images):
+        raise BuildError("a build locks 1 to 16 images and imports the app in one of them")
+
+
+def _decode(raw: bytes) -> Manifest:
+    try:
+        return _manifest.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BuildError(f"the app's manifest, read inside its image, is not one: {exc}") from exc
+
+
+def _with_locks(manifest: Manifest, request: BuildRequest, locked: list[ImageSpec]) -> Manifest:
+    """The manifest with each service's image replaced by its lock (its own environment variables kept)."""
+    if manifest.app != request.app or manifest.module != request.module:
+        raise BuildError(f"the file defines app {manifest.app!r}, not {request.app!r}")
+    by_declared = {_key(d): lock for d, lock in zip(request.images, locked, strict=True)}
+    services = []
+    for service in manifest.services:
+        if service.image is None:
+            services.append(service)
+            continue
+        lock = by_declared.get(_key(service.image))
+        if lock is None:
+            raise BuildError(f"service {service.name}: its image is not the one declared when the app was read on "
+                             "the pushing machine (does it depend on a package only the image has?)")
+        services.append(msgspec.structs.replace(service, image=msgspec.structs.replace(lock, env=service.image.env)))
+    result = msgspec.structs.replace(manifest, services=services)
+    for field, problem in manifest_problems(result, "$"):
+        raise BuildError(f"the manifest read inside the image: {field}: {problem}")
+    return result
+
+
+def _key(image: ImageSpec) -> bytes:
+    return encoder.encode(image.declared())
+
+
+class _Events:
+    """A build's log lines, published in small batches; then its end."""
+
+    def __init__(self, nc: Any, node_id: str, build_id: str) -> None:
+        self._nc = nc
+        self._subject = subjects.node_build_events(node_id)
+        self._id = build_id
+        self._lines: list[str] = []
+        self._end: BuildEvent | None = None
+        self._wake = asyncio.Event()
+
+    def say(self, line: str) -> None:
+        self._lines.append(line[:MAX_LOG_LINE])
+        if len(self._lines) >= 50:
+            self._wake.set()
+
+    def finish(self, event: BuildEvent) -> None:
+        self._end = event
+        self._wake.set()
+
+    async def run(self) -> None:
+        last = time.monotonic()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), FLUSH_S)
+            self._wake.clear()
+            lines, self._lines = self._lines, []
+            if lines or time.monotonic() - last > 5.0:  # a heartbeat while uv is quiet: the build is alive
+                await self._publish(BuildEvent(build_id=self._id, lines=lines))
+                last = time.monotonic()
+            if self._end is not None:
+                await self._publish(self._end)
+                return
+
+    async def _publish(self, event: BuildEvent) -> None:
+        with contextlib.suppress(Exception):
+            await self._nc.publish(self._subject, encoder.encode(event))

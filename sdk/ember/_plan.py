@@ -1,0 +1,35 @@
+"""What ``ember push`` learns of an app on a machine that may lack its image's packages (``ember._lenient``)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ember._lenient import missing_modules_stubbed
+from ember._loader import find_app, import_app_file
+from ember.wire import Manifest
+from ember.wire.images import ImageSpec
+
+
+class ImagePlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``ember push`` learns of an app without its packages: its name, its images, and what was missing."""
+
+    app: str
+    module: str
+    images: list[ImageSpec]  # each distinct image once
+    inspect_in: int = 0  # the image the manifest is read in: the app's own, else the first
+    missing: list[str] = []  # top-level modules this machine lacks, stood in for
+    manifest: Manifest | None = None  # when nothing was missing: the manifest, read here
+
+
+def plan(argv: list[str]) -> ImagePlan:
+    with missing_modules_stubbed() as missing:
+        module, name = import_app_file(argv[0])
+        app = find_app(module, argv[1] if len(argv) == 2 else None)
+        images: list[ImageSpec] = []
+        for spec in app.services.values():
+            if spec.image is not None and spec.image not in images:
+                images.append(spec.image)
+        manifest = None if missing else app.manifest(name)
+    inspect_in = images.index(app.image) if app.image in images else 0
+    return ImagePlan(app=app.name, module=name, images=images, inspect_in=inspect_in, missing=list(missing),
+                     manifest=manifest)

@@ -1,0 +1,283 @@
+"""Images against the real platform, offline: two versions of a throwaway package are wheels in a local folder
+(the node's operator allows it: EMBER_IMAGE_LOCAL_INDEXES); apps pin one or the other.
+
+This test process does not have the package: every push here is one from a machine that lacks what the app's top
+level imports, and the manifest is read on the platform inside the app's image."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from support import natsconn
+from support.platform import TestPlatform
+from support.polling import wait_for
+from support.wheels import PACKAGE, write_wheel
+
+import ember
+from ember._client import Transport
+from ember._deploy import app_view
+from ember._errors import InvalidSpecError, NotFoundError
+from ember.wire import Deployment, Manifest, StatusView
+
+pytestmark = pytest.mark.integration
+
+APP = '''
+import os
+import sys
+
+import ember
+import {package}                      # only the image has it
+from {package} import hello
+
+image = (ember.Image(find_links=[{wheels!r}], no_index=True).pip_install("{package}=={version}")
+         .env({{"PROBE_GREETING": "hi"}}))
+app = ember.App({app!r}, image=image)
+
+
+@app.function(min_replicas={replicas})
+def report() -> dict:
+    return {{"version": {package}.__version__, "hello": hello(), "python": sys.executable,
+             "greeting": os.environ.get("PROBE_GREETING", "")}}
+
+
+@app.model(min_replicas=1)
+class Snap:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.loaded = {package}.__version__
+        self.built_by = int(os.environ.get("EMBER_HOST_PID") or os.getpid())
+
+    @ember.method
+    def which(self) -> dict:
+        return {{"version": self.loaded, "built_by": self.built_by}}
+'''
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    write_wheel(folder, version="1.0")
+    write_wheel(folder, version="2.0")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[TestPlatform]:
+    state = tmp_path_factory.mktemp("ember-images")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EMBER_IMAGE_LOCAL_INDEXES", str(wheels))
+        with TestPlatform(state) as running:
+            yield running
+
+
+@pytest.fixture(scope="module")
+def client(node: TestPlatform) -> Iterator[Transport]:
+    t = Transport(node.url, token=node.token)
+    yield t
+    t.close()
+
+
+def write_app(folder: Path, app: str, version: str, wheels: Path, replicas: int = 1) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "probe_app.py"
+    path.write_text(APP.format(package=PACKAGE, wheels=str(wheels), version=version, app=app, replicas=replicas))
+    return path
+
+
+def builds(node: TestPlatform) -> list[str]:
+    """One line per environment the node built: ``<sha256> <seconds>``."""
+    log = node.state_dir / "node" / "envs" / "builds.log"
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def call(client: Transport, app: str, fn: str) -> dict:
+    return client.json("POST", f"/v1/{app}/{fn}", json={})  # type: ignore[no-any-return]
+
+
+def test_two_apps_pin_two_versions_side_by_side_pushed_from_a_machine_without_the_package(tmp_path, node, client,
+                                                                                          wheels):
+    assert importlib.util.find_spec(PACKAGE) is None  # this client lacks the package the apps import
+    lines: list[str] = []
+    one = ember.deploy(write_app(tmp_path / "one", "probe-one", "1.0", wheels, replicas=2), transport=client,
+                       timeout_s=240, progress=lambda line, _view: lines.append(line))
+    two = ember.deploy(write_app(tmp_path / "two", "probe-two", "2.0", wheels), transport=client, timeout_s=240)
+    assert one.version >= 1 and two.version >= 1
+    first, second = call(client, "probe-one", "report"), call(client, "probe-two", "report")
+    assert first["version"] == "1.0" and first["hello"] == f"{PACKAGE} 1.0"
+    assert second["version"] == "2.0" and second["hello"] == f"{PACKAGE} 2.0"
+    assert first["python"] != second["python"] and "/envs/" in first["python"]  # each its own environment
+    assert first["greeting"] == "hi"  # the image's environment variables
+    assert any("building" in line for line in lines) and any(f"+ {PACKAGE}==1.0" in line for line in lines)
+
+    # The zygote of each image's snap model is built inside that image, and replicas fork from it.
+    assert call(client, "probe-one", "Snap.which")["version"] == "1.0"
+    assert call(client, "probe-two", "Snap.which")["version"] == "2.0"
+    status = msgspec.json.decode(client.request("GET", "/v1/status", params={"app": "probe-two"}).content,
+                                 type=StatusView)
+    zygote = wait_for(lambda: next((z for n in status.nodes for z in n.zygotes if z.app == "probe-two"
+                                    and z.state == "ready"), None) or _refresh_zygote(client), timeout_s=120,
+                      what="the zygote of probe-two, built in its image")
+    answer = wait_for(lambda: (a := call(client, "probe-two", "Snap.which")) and a["built_by"] == zygote.pid and a,
+                      timeout_s=60, what="a replica forked from the image's zygote")
+    assert answer["version"] == "2.0"
+
+
+def _refresh_zygote(client: Transport):  # type: ignore[no-untyped-def]
+    status = msgspec.json.decode(client.request("GET", "/v1/status", params={"app": "probe-two"}).content,
+                                 type=StatusView)
+    return next((z for n in status.nodes for z in n.zygotes if z.app == "probe-two" and z.state == "ready"), None)
+
+
+def test_an_environment_is_built_once_per_node_and_reused_across_versions(tmp_path, node, client, wheels):
+    path = write_app(tmp_path / "reuse", "probe-reuse", "2.0", wheels, replicas=2)
+    first = ember.deploy(path, transport=client, timeout_s=240)
+    sha = next(s.image.sha256 for s in _manifest(node, "probe-reuse").services if s.image)
+    built = [line for line in builds(node) if line.startswith(sha)]
+    assert len(built) == 1  # two replicas, a zygote and the push's build: one environment, built once
+    ready = [r for s in app_view(client, "probe-reuse").services for r in s.replicas if r.state == "ready"]
+    assert len(ready) >= 3
+
+    path.write_text(path.read_text() + "\n# a new version, the same lock\n")
+    second = ember.deploy(path, transport=client, timeout_s=240)
+    assert second.version == first.version + 1
+    assert next(s.image.sha256 for s in _manifest(node, "probe-reuse").services if s.image) == sha
+    assert [line for line in builds(node) if line.startswith(sha)] == built  # not built again
+    client.request("DELETE", "/v1/apps/probe-reuse")
+
+
+def _manifest(node: TestPlatform, app: str) -> Manifest:
+    """The deployed manifest, read as the control plane stores it (the app's view does not carry images)."""
+
+    async def read() -> Manifest:
+        nc = await natsconn.connect(node.nats_url)
+        try:
+            kv = await nc.jetstream().key_value("ember_deployments")
+            return msgspec.json.decode((await kv.get(app)).value, type=Deployment).manifest
+        finally:
+            await nc.close()
+
+    return asyncio.run(read())
+
+
+def test_a_missing_package_fails_the_push_naming_it(tmp_path, node, client, wheels):
+    path = write_app(tmp_path / "missing", "probe-missing", "3.0", wheels)
+    with pytest.raises(InvalidSpecError) as caught:
+        ember.deploy(path, transport=client, timeout_s=120)
+    assert f"{PACKAGE}==3.0" in str(caught.value) and "cannot resolve" in str(caught.value)
+    with pytest.raises(NotFoundError):
+        app_view(client, "probe-missing")  # nothing was deployed
+
+
+def test_an_app_without_image_that_imports_a_missing_package_is_refused_clearly(tmp_path, client):
+    path = tmp_path / "bare.py"
+    path.write_text(f"import ember\nimport {PACKAGE}\napp = ember.App('probe-bare')\n\n"
+                    "@app.function()\ndef f() -> int:\n    return 1\n")
+    with pytest.raises(InvalidSpecError, match=f"needs {PACKAGE}.*no image"):
+        ember.deploy(path, transport=client, timeout_s=60)
+
+
+def test_a_pin_that_would_break_embers_runtime_fails_at_push(tmp_path, client, wheels):
+    path = tmp_path / "clash.py"
+    path.write_text(f"import ember\nimage = ember.Image(find_links=[{str(wheels)!r}], no_index=True)"
+                    ".pip_install('msgspec<0.10')\napp = ember.App('probe-clash', image=image)\n\n"
+                    "@app.function()\ndef f() -> int:\n    return 1\n")
+    with pytest.raises(InvalidSpecError, match="msgspec"):
+        ember.deploy(path, transport=client, timeout_s=60)
+
+
+# ---- attacks on the routes and the node
+
+
+def _upload(client: Transport, tmp_path: Path) -> str:
+    from ember._bundle import build_bundle
+
+    (tmp_path / "b").mkdir(exist_ok=True)
+    (tmp_path / "b" / "x.py").write_text("import ember\napp = ember.App('probe-x')\n")
+    bundle = build_bundle(tmp_path / "b")
+    client.request("PUT", f"/v1/bundles/{bundle.sha256}", content=bundle.data,
+                   headers={"content-type": "application/gzip"})
+    return bundle.sha256
+
+
+def _post_build(http_client, sha: str, image: dict, **extra):  # type: ignore[no-untyped-def]
+    return http_client.post("/v1/apps/probe-x/builds",
+                            json={"bundle_sha256": sha, "module": "x", "images": [image], **extra})
+
+
+@pytest.fixture(scope="module")
+def http(node: TestPlatform):  # type: ignore[no-untyped-def]
+    import httpx
+
+    with httpx.Client(base_url=node.url, headers={"Authorization": f"Bearer {node.token}"}, timeout=30) as c:
+        yield c
+
+
+@pytest.mark.parametrize(("image", "field"), [
+    ({"packages": ["emberprobe @ file:///etc/passwd"]}, "$.images[0].packages[0]"),
+    ({"packages": ["../../outside"]}, "$.images[0].packages[0]"),
+    ({"packages": ["-e /"]}, "$.images[0].packages[0]"),
+    ({"packages": ["x --index-url=https://evil"]}, "$.images[0].packages[0]"),
+    ({"packages": ["ember==0.1"]}, "$.images[0].packages[0]"),
+    ({"env": {"A=B": "1"}}, "$.images[0].env"),
+    ({"env": {"A\u0000B": "1"}}, "$.images[0].env"),
+    ({"env": {"HF_TOKEN": "hf_abc"}}, "$.images[0].env"),
+    ({"env": {"LD_PRELOAD": "/tmp/x.so"}}, "$.images[0].env"),
+    ({"find_links": ["file:///etc"]}, "$.images[0].find_links[0]"),
+    ({"find_links": ["/srv/../etc"]}, "$.images[0].find_links[0]"),
+    ({"index_url": "ftp://mirror"}, "$.images[0].index_url"),
+    ({"python": "../3.11"}, "$.images[0].python"),
+    ({"lock": "x==1", "sha256": "../../../etc"}, "$.images[0].lock"),
+])
+def test_hostile_images_are_refused_naming_the_field(tmp_path, client, http, image, field):
+    sha = _upload(client, tmp_path)
+    response = _post_build(http, sha, image)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["field"] == field
+
+
+def test_a_forged_lock_or_hash_is_refused_at_deploy(tmp_path, client, http):
+    sha = _upload(client, tmp_path)
+    service = {"name": "f", "kind": "function",
+               "functions": [{"name": "f", "attr": "f", "input_mode": "none"}]}
+    forged = [
+        ({"lock": "emberprobe==1.0\n", "sha256": "../../etc/passwd"}, "sha256"),
+        ({"lock": "emberprobe==1.0\n", "sha256": "0" * 64}, "sha256"),
+        ({"lock": "emberprobe @ file:///etc/passwd\n", "sha256": "0" * 64}, "lock"),
+        ({"packages": ["emberprobe"]}, "lock"),  # not locked at all
+    ]
+    for image, field in forged:
+        manifest = {"app": "probe-x", "module": "x", "services": [{**service, "image": image}]}
+        response = http.post("/v1/apps/probe-x/deployments", json={"bundle_sha256": sha, "manifest": manifest})
+        assert response.status_code == 422, (image, response.text)
+        assert response.json()["error"]["field"].startswith("$.manifest.services[0].image"), response.text
+        assert response.json()["error"]["field"].endswith(field), response.text
+
+
+def test_a_local_folder_the_operator_did_not_allow_is_refused_by_the_node(tmp_path, client, http):
+    sha = _upload(client, tmp_path)
+    response = _post_build(http, sha, {"packages": ["emberprobe"], "find_links": [str(tmp_path)], "no_index": True})
+    assert response.status_code == 202, response.text
+    build_id = response.json()["build_id"]
+    view = wait_for(lambda: (v := http.get(f"/v1/apps/probe-x/builds/{build_id}").json())["state"] == "failed" and v,
+                    timeout_s=60, what="the build to fail")
+    assert "EMBER_IMAGE_LOCAL_INDEXES" in view["error"]
+
+
+def test_build_routes_refuse_bad_ids_and_other_apps_builds(tmp_path, client, http):
+    for bad in ("..%2f..%2fetc", "0" * 31, "Z" * 32):
+        assert http.get(f"/v1/apps/probe-x/builds/{bad}").status_code in (400, 404)
+    assert http.get(f"/v1/apps/probe-x/builds/{'0' * 32}?since=-1").status_code == 400
+    sha = _upload(client, tmp_path)
+    started = _post_build(http, sha, {"packages": ["emberprobe"], "find_links": [str(tmp_path)], "no_index": True})
+    build_id = started.json()["build_id"]
+    assert http.get(f"/v1/apps/other-app/builds/{build_id}").status_code == 404  # a build is its app's alone
+    assert http.post("/v1/apps/probe-x/builds", content=b"x" * (2 * 1024 * 1024)).status_code == 413
+    assert http.post("/v1/apps/probe-x/builds", json={"bundle_sha256": "0" * 64, "module": "x",
+                                                      "images": [{}]}).status_code == 422  # never uploaded
+    assert os.environ.get("EMBER_IMAGE_LOCAL_INDEXES") is None  # the agent's setting, not this process's

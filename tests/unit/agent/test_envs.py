@@ -1,0 +1,113 @@
+"""The node's environment cache with the real ``uv``, offline: wheels of a throwaway package in a local folder."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import msgspec
+import pytest
+from support.wheels import PACKAGE, write_wheel
+
+from ember.wire.images import ImageSpec
+from ember_runtime.agent.envs import READY, BuildError, EnvCache
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("wheels")
+    for version in ("1.0", "2.0"):
+        write_wheel(folder, version=version)
+    return folder
+
+
+def image(wheels: Path, version: str) -> ImageSpec:
+    return ImageSpec(packages=[f"{PACKAGE}=={version}"], find_links=[str(wheels)], no_index=True)
+
+
+def run_in(env_python: Path, code: str) -> str:
+    done = subprocess.run([str(env_python), "-c", code], capture_output=True, text=True, check=True,
+                          env={"PATH": os.defpath})
+    return done.stdout.strip()
+
+
+def test_a_locked_image_is_built_once_and_runs_embers_runtime_beside_its_own_pins(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+
+    async def go() -> tuple[ImageSpec, list]:
+        locked = await cache.lock(image(wheels, "1.0"))
+        envs = await asyncio.gather(*(cache.ensure(locked) for _ in range(4)))  # concurrent starts
+        return locked, envs
+
+    locked, envs = asyncio.run(go())
+    assert f"{PACKAGE}==1.0" in locked.lock and "--hash=sha256:" in locked.lock and locked.python
+    assert cache.builds == 1 and len({e.path for e in envs}) == 1  # one build for four starts
+    env = envs[0]
+    assert env.path.name == locked.sha256 and (env.path / READY).is_file()
+    assert run_in(env.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "1.0"
+    # Ember's runtime is importable inside, after the app's own packages on sys.path
+    out = run_in(env.python, "import sys, ember, ember_runtime.replica.process, msgspec, nats; "
+                             "print(sys.path.index([p for p in sys.path if p.endswith('site-packages')][0]) "
+                             "< sys.path.index([p for p in sys.path if '/runtime/' in p][0]))")
+    assert out == "True"
+    assert cache.cached() == [locked.sha256]
+    asyncio.run(cache.ensure(locked))
+    assert cache.builds == 1  # found ready: not built again
+
+
+def test_a_missing_version_and_a_pin_against_embers_runtime_fail_the_lock_naming_them(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    with pytest.raises(BuildError, match=rf"(?s)cannot resolve {PACKAGE}.*{PACKAGE}==3\.0"):
+        asyncio.run(cache.lock(image(wheels, "3.0")))
+    clash = msgspec.structs.replace(image(wheels, "1.0"), packages=["msgspec<0.10"])
+    with pytest.raises(BuildError, match="msgspec"):
+        asyncio.run(cache.lock(clash))
+
+
+def test_a_node_refuses_what_it_was_not_meant_to_build(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with pytest.raises(BuildError, match="EMBER_IMAGE_LOCAL_INDEXES"):
+        asyncio.run(cache.lock(msgspec.structs.replace(image(wheels, "1.0"), find_links=[str(elsewhere)])))
+    with pytest.raises(BuildError, match="EMBER_IMAGE_LOCAL_INDEXES"):  # a link out of the allowed folder
+        (wheels / "out").symlink_to(elsewhere) if not (wheels / "out").exists() else None
+        asyncio.run(cache.lock(msgspec.structs.replace(image(wheels, "1.0"), find_links=[str(wheels / "out")])))
+    locked = asyncio.run(cache.lock(image(wheels, "1.0")))
+    for forged in (msgspec.structs.replace(locked, sha256="../../../tmp/x"),
+                   msgspec.structs.replace(locked, sha256="0" * 64),
+                   msgspec.structs.replace(locked, lock=locked.lock + "other==1\n"),
+                   msgspec.structs.replace(locked, lock="", sha256="")):
+        with pytest.raises(BuildError):
+            asyncio.run(cache.ensure(forged))
+    assert not (tmp_path / "tmp").exists() and cache.builds == 0
+
+
+def test_an_unfinished_environment_is_built_again(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    locked = asyncio.run(cache.lock(image(wheels, "2.0")))
+    half = cache.root / locked.sha256
+    (half / "bin").mkdir(parents=True)  # a crash mid-build: no ready mark
+    env = asyncio.run(cache.ensure(locked))
+    assert cache.builds == 1 and run_in(env.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "2.0"
+
+
+def test_the_cache_is_collected_least_recently_used_first_never_what_is_in_use(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+
+    async def build(version: str) -> str:
+        return (await cache.ensure(await cache.lock(image(wheels, version)))).sha256
+
+    one, two = asyncio.run(build("1.0")), asyncio.run(build("2.0"))
+    old = time.time() - 3600
+    os.utime(cache.root / one / READY, (old, old))  # one was used longest ago
+    cache.budget = 1
+    assert cache.collect(in_use={one}) == [two]  # over budget, but one is in use: the other goes
+    assert cache.cached() == [one]
+    assert cache.collect(in_use=set()) == [one] and cache.cached() == []
+    cache.budget = 10**12
+    asyncio.run(build("1.0"))
+    assert cache.collect(in_use=set()) == []  # within budget: nothing goes
