@@ -17,11 +17,18 @@ class Settings:
     # answers the servers' auth callout. Empty: connect anonymously, to a server that allows it (tests of parts).
     nats_auth_dir: str = field(default_factory=lambda: os.environ.get("EMBER_NATS_AUTH_DIR", ""))
     max_body_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BODY_BYTES", 4 * 1024 * 1024))
+    # The most a function's max_body_bytes= may ask for (and what one NATS message carries bounds it too).
+    max_body_cap_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BODY_CAP_BYTES", 64 * 1024 * 1024))
     max_bundle_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_BYTES", 256 * 1024 * 1024))
     max_deploy_bytes: int = field(default_factory=lambda: _env_int("EMBER_MAX_DEPLOY_BYTES", 1024 * 1024))
     max_bundle_unpacked_bytes: int = field(
         default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_UNPACKED_BYTES", 512 * 1024 * 1024))
     max_bundle_files: int = field(default_factory=lambda: _env_int("EMBER_MAX_BUNDLE_FILES", 10_000))
+    # One chunk of a volume's file in one PUT (EMBER_MAX_VOLUME_CHUNK_BYTES); at most the client's 8 MiB pays off.
+    max_volume_chunk_bytes: int = field(
+        default_factory=lambda: _env_int("EMBER_MAX_VOLUME_CHUNK_BYTES", 8 * 1024 * 1024))
+    max_volume_commit_bytes: int = field(
+        default_factory=lambda: _env_int("EMBER_MAX_VOLUME_COMMIT_BYTES", 16 * 1024 * 1024))
     ack_wait_s: float = field(default_factory=lambda: float(os.environ.get("EMBER_ACK_WAIT_S", 30)))
     log_lines_kept: int = 2000
     auth: bool = True  # False (--insecure-no-auth, loopback addresses only): no route checks a token

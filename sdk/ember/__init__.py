@@ -12,9 +12,10 @@ queue a call with ``call = greet.spawn("Ada")`` and fetch its result with ``call
 """
 
 from ember._app import App, method
-from ember._deploy import deploy
+from ember._deploy import deploy, promote, rollback
 from ember._errors import (
     BadRequestError,
+    CallCycleError,
     ConflictError,
     ConnectionError,
     DeadlineExceededError,
@@ -44,6 +45,8 @@ __all__ = [
     "App",
     "BadRequestError",
     "Batch",
+    "CallContext",
+    "CallCycleError",
     "ConflictError",
     "ConnectionError",
     "DeadlineExceededError",
@@ -62,11 +65,17 @@ __all__ = [
     "RateLimitedError",
     "RemoteError",
     "Retries",
+    "Tensor",
     "UnauthenticatedError",
     "UnavailableError",
+    "Volume",
     "__version__",
+    "current_call",
     "deploy",
     "lookup",
     "method",
+    "mounted",
+    "promote",
+    "rollback",
     "setup",
 ]

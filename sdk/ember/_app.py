@@ -14,21 +14,26 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
-from ember._image import Image, image_spec
+from ember._image import Image, image_field, image_spec
 from ember._resources import GpuRequest, parse_gpu
 from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
+from ember._volume import Volume
+from ember._volume import mounts as volume_mounts
 from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
 from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.validate import (
     APP_NAME,
+    MAX_BODY_BYTES,
     MAX_BUFFER_REPLICAS,
+    MAX_CONCURRENCY,
     MAX_HOST_MEMORY_MB,
     MAX_REPLICAS,
     MAX_SCALEDOWN_WINDOW_S,
     MAX_TIMEOUT_S,
     PY_NAME,
+    STREAM_BATCH_PROBLEM,
     manifest_problems,
     subject_problem,
 )
@@ -91,7 +96,7 @@ class App:
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
                  public: bool = False, secrets: list[str] | None = None,
                  volumes: dict[str, Volume] | None = None, image: Image | None = None,
-                 max_body_bytes: int | None = None,
+                 max_body_bytes: int | None = None, max_concurrency: int = 1,
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
@@ -101,8 +106,11 @@ class App:
                  scaledown_window_s: float = 60.0, memory: int | str | None = None,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
                  secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
-                 image: Image | None = None, max_body_bytes: int | None = None) -> Any:
+                 image: Image | None = None, max_body_bytes: int | None = None, max_concurrency: int = 1) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
+
+        A generator (or async generator) streams its items to the caller (``.remote_gen()``, or Server-Sent Events /
+        NDJSON over HTTP); an ``async def`` function runs on the replica's event loop.
 
         Args:
             gpu: ``None`` (CPU), a GPU count, a GPU type (``"A10G"``, ``"H100:2"``) or a list of types.
@@ -135,6 +143,9 @@ class App:
             image: the ``ember.Image`` its replicas run in, instead of the app's.
             max_body_bytes: the largest request body its calls take, in bytes (default: the platform's,
                 ``EMBER_MAX_BODY_BYTES``, 4 MiB); at most the platform's cap (``EMBER_MAX_BODY_CAP_BYTES``).
+            max_concurrency: calls one replica runs at once (1 to 1024): sync code in a pool of that many threads,
+                ``async def`` code that many at a time on the event loop. The router and the autoscaler count
+                a replica as that many slots.
         """
         if fn is not None:
             return self.function()(fn)
@@ -144,21 +155,25 @@ class App:
         resources |= _startup("@app.function", startup_timeout_s)
         resources |= _secrets("@app.function", secrets)
         resources |= volume_mounts("@app.function", volumes)
-        resources |= self._image("@app.function", image)
+        resources |= image_field("@app.function", image, self.image)
         _check_batch("@app.function", batch, cost)
         _check_public("@app.function", public)
         body_limit = _body_limit("@app.function", max_body_bytes)
+        concurrency = _check_concurrency("@app.function", max_concurrency)
         triggers = _check_events("@app.function", on, result_subject)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
                 raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
             _check_name("@app.function()", raw.__name__)
+            _check_streaming("@app.function", raw, batch)
             io = CallIO.of(raw, batched=batch is not None, is_method=False)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
             function = _function_spec(raw.__name__, raw.__name__, io, batch)
-            function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject, public=public)
+            function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject, public=public,
+                                               max_body_bytes=body_limit)
+            function = _executing(function, raw, concurrency)
             spec = ServiceSpec(name=raw.__name__, kind="function", functions=[function], **resources)
             self._register(spec, handle)
             return handle
@@ -170,8 +185,11 @@ class App:
               scaledown_window_s: float = 60.0, memory: int | str | None = None,
               target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
               secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
-              image: Image | None = None) -> Callable[[C], C]:
+              image: Image | None = None, max_concurrency: int = 1) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
+
+        ``max_concurrency``: calls each method runs at once in one replica (see ``App.function``); generator
+        methods stream, ``async def`` ones run on the replica's event loop.
 
         Example:
             >>> @app.model(gpu=1)
@@ -187,7 +205,8 @@ class App:
         resources |= _startup("@app.model", startup_timeout_s)
         resources |= _secrets("@app.model", secrets)
         resources |= volume_mounts("@app.model", volumes)
-        resources |= self._image("@app.model", image)
+        resources |= image_field("@app.model", image, self.image)
+        concurrency = _check_concurrency("@app.model", max_concurrency)
 
         def decorate(cls: C) -> C:
             if not inspect.isclass(cls):
@@ -197,8 +216,9 @@ class App:
             methods = {name: m for name, m in members(cls) if isinstance(m, _MethodDef)}
             if not methods:
                 raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")
-            functions = [msgspec.structs.replace(_function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch),
-                                                 public=m.public) for name, m in methods.items()]
+            functions = [_executing(msgspec.structs.replace(
+                _function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch), public=m.public,
+                max_body_bytes=m.max_body_bytes), m.raw, concurrency) for name, m in methods.items()]
             spec = ServiceSpec(name=cls.__name__, kind="class", functions=functions, snap=has_snap_setup(cls),
                                **resources)
             cls.__ember_app__ = self.name  # type: ignore[attr-defined]
@@ -206,11 +226,6 @@ class App:
             return cls
 
         return decorate
-
-    def _image(self, where: str, image: Image | None) -> dict[str, Any]:
-        """``image=`` of a decorator, else the app's image: the service's ``image`` field."""
-        spec = image_spec(where, image) if image is not None else self.image
-        return {"image": spec} if spec is not None else {}
 
     def _register(self, spec: ServiceSpec, target: Any) -> None:
         if spec.name in self._services:
@@ -228,7 +243,8 @@ class App:
     def manifest(self, module: str) -> Manifest:
         """The app's specs, as deployed; ``module`` is the app file's import name in its bundle."""
         manifest = Manifest(app=self.name, module=module, services=[s.spec for s in self._services.values()],
-                            sdk_version=__version__, python=f"{sys.version_info[0]}.{sys.version_info[1]}")
+                            sdk_version=__version__, python=f"{sys.version_info[0]}.{sys.version_info[1]}",
+                            calls=self.calls)
         for field, message in manifest_problems(manifest, "$"):  # what the platform will check again
             raise InvalidSpecError(f"app {self.name!r}, {field}: {message}")
         return manifest
@@ -237,12 +253,15 @@ class App:
 class _MethodDef:
     """What ``@ember.method`` leaves in a class body; a descriptor that hands out method handles."""
 
+    max_body_bytes = 0  # max_body_bytes= of @ember.method; 0: the platform's default
+
     def __init__(self, raw: Callable[..., Any], batch: Batch | None, cost: Callable[[Any], float] | None,
                  public: bool = False) -> None:
         self.raw = raw
         self.batch = batch
         self.cost = cost
         self.public = public
+        _check_streaming("@ember.method", raw, batch)
         self.io = CallIO.of(raw, batched=batch is not None, is_method=True)
         self.attr = raw.__name__
         self.__doc__ = raw.__doc__
@@ -259,25 +278,29 @@ class _MethodDef:
 @overload
 def method(fn: Callable[..., Any], /) -> Any: ...
 @overload
-def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None, public: bool = False
-           ) -> Callable[[Callable[..., Any]], Any]: ...
+def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None, public: bool = False,
+           max_body_bytes: int | None = None) -> Callable[[Callable[..., Any]], Any]: ...
 
 
 def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any], float] | None = None,
-           public: bool = False) -> Any:
+           public: bool = False, max_body_bytes: int | None = None) -> Any:
     """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs.
 
     ``cost=`` gives the cost of one input of a batched method (batches stay under ``batch.max_cost``).
     ``public=True``: its synchronous call (``POST /v1/<app>/<Class>.<method>``) needs no token.
+    ``max_body_bytes``: the largest request body its calls take (default: the platform's, 4 MiB).
     """
     _check_batch("@ember.method", batch, cost)
     _check_public("@ember.method", public)
+    body_limit = _body_limit("@ember.method", max_body_bytes)
 
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
         _check_name("@ember.method", raw.__name__)
-        return _MethodDef(raw, batch, cost, public)
+        definition = _MethodDef(raw, batch, cost, public)
+        definition.max_body_bytes = body_limit
+        return definition
 
     return decorate(fn) if fn is not None else decorate
 
@@ -294,7 +317,8 @@ def method_def(cls: type, attr: str) -> _MethodDef:
 def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> FunctionSpec:
     try:
         return FunctionSpec(name=name, attr=attr, input_mode=io.mode, params=io.params,
-                            input_schema=io.input_schema(), output_schema=io.output_schema(), batch=batch)
+                            input_schema=io.input_schema(), output_schema=io.output_schema(), batch=batch,
+                            tensors=io.tensor_signature())
     except TypeError as exc:
         raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
 
@@ -312,6 +336,17 @@ def _check_events(where: str, on: Any, result_subject: Any) -> list[str]:
     return subjects
 
 
+def _body_limit(where: str, max_body_bytes: Any) -> int:
+    """``max_body_bytes=``: a size in bytes (at most ``MAX_BODY_BYTES``; the platform may cap it lower); None: 0,
+    the platform's default."""
+    if max_body_bytes is None:
+        return 0
+    if not _int_in(max_body_bytes, 1, MAX_BODY_BYTES):
+        raise InvalidSpecError(f"{where}(max_body_bytes={max_body_bytes!r}): a whole number of bytes from 1 to "
+                               f"{MAX_BODY_BYTES} (the platform may allow less: EMBER_MAX_BODY_CAP_BYTES)")
+    return int(max_body_bytes)
+
+
 def _check_public(where: str, public: Any) -> None:
     if not isinstance(public, bool):
         raise InvalidSpecError(f"{where}(public={public!r}): public is True or False")
@@ -322,6 +357,26 @@ def _check_name(where: str, name: str) -> None:
         raise InvalidSpecError(
             f"{where}: {name!r} cannot name an endpoint; use an ASCII Python name (letters, digits, '_'), "
             "defined with `def` or `class`")
+
+
+def _check_concurrency(where: str, max_concurrency: Any) -> int:
+    if not _int_in(max_concurrency, 1, MAX_CONCURRENCY):
+        raise InvalidSpecError(f"{where}(max_concurrency={max_concurrency!r}): the calls one replica runs at once, "
+                               f"an int from 1 to {MAX_CONCURRENCY}")
+    return int(max_concurrency)
+
+
+def _check_streaming(where: str, raw: Callable[..., Any], batch: Any) -> None:
+    if batch is not None and (inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw)):
+        raise InvalidSpecError(f"{where}(batch=...) on {raw.__qualname__}(): {STREAM_BATCH_PROBLEM}")
+
+
+def _executing(spec: FunctionSpec, raw: Callable[..., Any], max_concurrency: int) -> FunctionSpec:
+    """``spec`` with how the replica runs ``raw``: streaming (a generator), on the event loop (``async``), how
+    many calls at once."""
+    return msgspec.structs.replace(
+        spec, stream=inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw),
+        is_async=inspect.iscoroutinefunction(raw) or inspect.isasyncgenfunction(raw), max_concurrency=max_concurrency)
 
 
 def _check_batch(where: str, batch: Any, cost: Any = None) -> None:

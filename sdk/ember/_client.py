@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 from urllib.parse import quote
 
 import msgspec
@@ -60,15 +60,28 @@ class Op(Generic[T]):
     read_timeout_s: float | None = None  # None: the transport's default
 
 
+class RawBody(bytes):
+    """A call's body that is its one ``bytes`` argument itself, sent as ``application/octet-stream`` (no base64)."""
+
+
+class RawOutput(bytes):
+    """A call's result that came as ``application/octet-stream``: the ``bytes`` the function returned."""
+
+
 def invoke_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None) -> Op[bytes]:
-    """``POST /v1/<app>/<name>``: a synchronous call; answers the result as raw JSON."""
-    return Op("POST", f"/v1/{app}/{name}", bytes, content=body, headers=_call_headers(timeout_s))
+    """``POST /v1/<app>/<name>``: a synchronous call; answers the result as raw JSON (or as a ``RawOutput``, for a
+    ``RawBody`` whose function returns bytes)."""
+    return Op("POST", f"/v1/{app}/{name}", _as_is, content=body, headers=_call_headers(timeout_s, body))
+
+
+def _as_is(content: bytes) -> bytes:
+    return content  # a RawOutput stays one
 
 
 def spawn_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None,
              idempotency_key: str | None = None) -> Op[SpawnReply]:
     """``POST /v1/<app>/<name>/spawn``: queue a call; answers its id."""
-    headers = _call_headers(timeout_s)
+    headers = _call_headers(timeout_s, body)
     if idempotency_key is not None:
         headers[IDEMPOTENCY_HEADER] = idempotency_key
     return Op("POST", f"/v1/{app}/{name}/spawn", _spawn_decoder.decode, content=body, headers=headers)
@@ -101,8 +114,10 @@ def replay_op(app: str, name: str, call_ids: list[str] | None = None) -> Op[Repl
               headers={"content-type": "application/json"})
 
 
-def _call_headers(timeout_s: float | None) -> dict[str, str]:
+def _call_headers(timeout_s: float | None, body: bytes = b"") -> dict[str, str]:
     headers = {"content-type": "application/json"}
+    if isinstance(body, RawBody):
+        headers = {"content-type": "application/octet-stream", "accept": "application/octet-stream, application/json"}
     if timeout_s is not None:
         headers[HTTP_TIMEOUT_HEADER] = str(timeout_s)
     return headers
@@ -137,7 +152,7 @@ class Transport:
 
     def send(self, op: Op[T]) -> T:
         """Send one typed request; a non-2xx answer raises the matching EmberError."""
-        return op.decode(self.request(op.method, op.path, **_request_kwargs(op)).content)
+        return op.decode(_content(self.request(op.method, op.path, **_request_kwargs(op))))
 
     def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """An HTTP request to the platform; a non-2xx answer raises the matching EmberError."""
@@ -178,7 +193,10 @@ class AsyncTransport:
 
     @classmethod
     def like(cls, transport: Transport | None) -> AsyncTransport:
-        """An async transport to the platform and with the token of ``transport`` (the defaults when None)."""
+        """An async transport to the platform and with the token of ``transport`` (the defaults when None: inside a
+        replica, its own transport over NATS)."""
+        if transport is None and inner is not None:
+            return inner.aio()
         return cls(transport.url, token=transport.token) if transport is not None else cls()
 
     async def __aenter__(self) -> AsyncTransport:
@@ -193,13 +211,20 @@ class AsyncTransport:
 
     async def send(self, op: Op[T]) -> T:
         """Send one typed request; a non-2xx answer raises the matching EmberError."""
-        return op.decode((await self.request(op.method, op.path, **_request_kwargs(op))).content)
+        return op.decode(_content(await self.request(op.method, op.path, **_request_kwargs(op))))
 
     async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """An HTTP request to the platform; a non-2xx answer raises the matching EmberError."""
         with _mapped_errors(self.url, method, path):
             response = await self._client.request(method, path, **kwargs)
         return _checked(response)
+
+
+def _content(response: httpx.Response) -> bytes:
+    """The answer's body; marked as a ``RawOutput`` when it is raw bytes, not JSON."""
+    if response.headers.get("content-type") == "application/octet-stream":
+        return RawOutput(response.content)
+    return response.content
 
 
 def _auth_headers(token: str) -> dict[str, str]:
@@ -265,8 +290,21 @@ def _close_transports() -> None:
         _transports.clear()
 
 
+class InnerTransports(Protocol):
+    """The transports of code running inside a replica (``ember._inner``): over its NATS connection, not HTTP."""
+
+    def sync(self) -> Transport: ...
+
+    def aio(self) -> AsyncTransport: ...
+
+
+inner: InnerTransports | None = None  # set by the replica that runs this process (``ember._inner.install``)
+
+
 def default_transport() -> Transport:
-    """The shared transport for the current ``EMBER_URL`` and token."""
+    """The shared transport for the current ``EMBER_URL`` and token; inside a replica, its own over NATS."""
+    if inner is not None:
+        return inner.sync()
     url = platform_url()
     key = (url, platform_token(url) or "")
     with _lock:

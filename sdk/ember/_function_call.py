@@ -16,7 +16,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
 import msgspec
 
-from ember._client import AsyncTransport, Transport, cancel_op, default_transport, record_op
+from ember._client import AsyncTransport, RawOutput, Transport, cancel_op, default_transport, record_op
 from ember._errors import ConflictError, DeadlineExceededError
 from ember._types import CallIO
 from ember.wire import FINAL_STATUSES, CallRecord, CallStatus, ErrorInfo, error_from_info
@@ -92,7 +92,10 @@ def verb(aio: Callable[Concatenate[S, P], A]) -> Callable[[Callable[Concatenate[
 
 
 def decode_output(io: CallIO | None, raw: bytes) -> Any:
-    """A call's JSON result, as the function's declared output type when the handle knows it."""
+    """A call's JSON result, as the function's declared output type when the handle knows it (raw bytes as they
+    came)."""
+    if isinstance(raw, RawOutput):
+        return bytes(raw)
     return io.decode_output(raw) if io is not None else msgspec.json.decode(raw)
 
 

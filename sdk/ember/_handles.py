@@ -8,11 +8,10 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, Self, TypeVar
 
-import msgspec
-
 from ember._client import (
     AsyncTransport,
     Op,
+    RawBody,
     Transport,
     dead_letters_op,
     default_transport,
@@ -24,6 +23,7 @@ from ember._function_call import FunctionCall, astream, check_concurrency, decod
 from ember._setup import run_setup
 from ember._types import CallIO
 from ember.wire import DeadLetter, SpawnReply
+from ember.wire.codec import json_args_encoder
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -195,11 +195,14 @@ class FunctionHandle:
         return self._encode((x,), {})
 
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+        one = args[0] if len(args) == 1 and not kwargs else None
+        if isinstance(one, bytes | bytearray | memoryview) and (self._io is None or self._io.takes_bytes):
+            return RawBody(one)  # sent as it is, application/octet-stream
         if self._io is not None:
             return self._io.encode_args(args, kwargs)
         if (args and kwargs) or len(args) > 1:
             raise TypeError("pass one positional input, or keyword arguments")
-        return msgspec.json.encode(args[0] if args else kwargs)
+        return json_args_encoder.encode(args[0] if args else kwargs)
 
     def _invoke_op(self, body: bytes) -> Op[bytes]:
         if self._options.idempotency_key is not None:

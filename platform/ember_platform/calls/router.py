@@ -40,8 +40,22 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember.wire import Answer, Invocation, Outbox, answers_decoder, encoder, load_decoder, split_frames, subjects
+from ember.wire import (
+    Answer,
+    Invocation,
+    Outbox,
+    answers_decoder,
+    encoder,
+    is_json_frame,
+    load_decoder,
+    packed_answers_decoder,
+    packed_encoder,
+    split_frames,
+    subjects,
+)
+from ember.wire.calls import Hop
 from ember_platform.calls.choice import LoadBoard, choose
 
 log = logging.getLogger("ember.router")
@@ -50,6 +64,7 @@ NO_REPLICA_POLL_S = 0.05
 ACK_TIMEOUT_S = 2.0
 LIVENESS_CHECK_S = 0.25
 MAX_ATTEMPTS = 3
+_UNTRACED: dict[str, str] = {}  # an Invocation's trace context when tracing is off (never written to)
 
 
 class _Retry(Exception):
@@ -82,6 +97,7 @@ class Router:
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
         self._subs: list[Subscription] = []
         self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
+        self._packed: Outbox[str, _Pending] = Outbox(self._packed_frame)  # the same, for msgpack frames
         self._frames: dict[str, _Frame] = {}  # frame id -> the calls it carried that still wait
 
     async def start(self) -> None:
@@ -92,7 +108,7 @@ class Router:
     @property
     def idle(self) -> bool:
         """Nothing held: no call waiting, queued or counted in a frame."""
-        return not self._waiting and not self._frames and not self._outbox
+        return not self._waiting and not self._frames and not self._outbox and not self._packed
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -112,13 +128,18 @@ class Router:
         return choose(candidates, self._sent)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
-                   deadline: float) -> Answer:
+                   deadline: float, chain: list[Hop] | None = None, packed: bool = False,
+                   compact: bool = False) -> Answer:
         """Send the call and wait for its answer; if this is cancelled (the caller went away), the replica
-        holding the call is told to drop it."""
+        holding the call is told to drop it. ``chain``: the calls waiting on this one (a call between functions).
+        ``packed``: ``body`` is msgpack, and the call travels in a msgpack frame (its answer's output is msgpack too;
+        ``compact``: arrays in it as compact tensors)."""
         group_subject = subjects.invoke(app, function, version)
         tried: set[str] = set()
+        trace = tracing.current_headers({"ember.call_id": call_id}) if tracing.ON else _UNTRACED
         pending = _Pending(f"{app}.{function}", Invocation(call_id=call_id, function=function, deadline=deadline,
-                                                           input=msgspec.Raw(body)))
+                                                           input=msgspec.Raw(body), chain=chain or [],
+                                                           compact=compact, trace=trace), packed=packed)
         self._waiting[call_id] = pending
         load_key = (app, function.split(".")[0])
         self.received[load_key] += 1
@@ -164,11 +185,16 @@ class Router:
 
     def _send(self, subject: str, pending: _Pending) -> None:
         """Queue the call for ``subject``; the frames go out once the calls of this turn of the loop are in."""
-        self._outbox.put(subject, pending)
+        (self._packed if pending.packed else self._outbox).put(subject, pending)
         pending.queued = True
 
-    def _frame(self, outbox: dict[str, list[_Pending]]) -> Coroutine[Any, Any, None] | None:
-        """The calls of one turn of the loop, in frames; the coroutine that sends them."""
+    def _packed_frame(self, outbox: dict[str, list[_Pending]]) -> Coroutine[Any, Any, None] | None:
+        return self._frame(outbox, packed_encoder)
+
+    def _frame(self, outbox: dict[str, list[_Pending]],
+               codec: msgspec.json.Encoder | msgspec.msgpack.Encoder = encoder) -> Coroutine[Any, Any, None] | None:
+        """The calls of one turn of the loop, in frames (JSON, or msgpack with ``packed_encoder``); the coroutine
+        that sends them."""
         frames = []
         for subject, queued in outbox.items():
             calls = [p for p in queued if p.queued]  # not those whose caller left before this
@@ -178,7 +204,7 @@ class Router:
                 self._frames[frame_id] = _Frame(frame, len(frame))
                 for pending in frame:
                     pending.queued, pending.frame = False, frame_id
-                frames.append((subject, frame_id, encoder.encode([p.invocation for p in frame])))
+                frames.append((subject, frame_id, codec.encode([p.invocation for p in frame])))
         return self._publish(frames) if frames else None
 
     async def _publish(self, frames: list[tuple[str, str, bytes]]) -> None:
@@ -211,7 +237,7 @@ class Router:
                 pending.deliver(NO_RESPONDERS)
             return
         try:
-            answers = answers_decoder.decode(msg.data)
+            answers = (answers_decoder if is_json_frame(msg.data) else packed_answers_decoder).decode(msg.data)
         except Exception as exc:  # the calls are resent when no answer comes
             log.warning("undecodable answers on %s: %s", msg.subject, exc)
             return
@@ -275,6 +301,7 @@ class _Pending:
 
     what: str
     invocation: Invocation
+    packed: bool = False  # travels in msgpack frames
     holder: str = ""
     sent_to: str = ""
     queued: bool = False  # in the outbox: its frame has not been sent yet

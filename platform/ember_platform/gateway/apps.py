@@ -68,6 +68,26 @@ def _check_secrets(secrets: SecretStore, manifest: Manifest) -> None:
                                         field=f"$.manifest.services[{i}].secrets[{j}]")
 
 
+def _check_calls(principal: Principal, manifest: Manifest) -> None:
+    """An app's code may call only the apps its pusher may invoke: 403 naming the first other app in
+    ``App(calls=[...])`` that the token cannot (one it does not see is named too: the pusher wrote its name)."""
+    for i, app in enumerate(manifest.calls):
+        if app != manifest.app and not (principal.may(INVOKE) and principal.sees(app)):
+            raise ForbiddenError(f"this app calls app {app[:80]!r} (App(calls=...)), which this token may not invoke; "
+                                 "push with a token that holds 'invoke' on it", field=f"$.manifest.calls[{i}]")
+
+
+def _check_body_limits(settings: Settings, manifest: Manifest) -> None:
+    """A function's ``max_body_bytes`` within the platform's cap (``EMBER_MAX_BODY_CAP_BYTES``): 422 naming it."""
+    for i, svc in enumerate(manifest.services):
+        for j, fn in enumerate(svc.functions):
+            if fn.max_body_bytes > settings.max_body_cap_bytes:
+                raise InvalidInputError(
+                    f"max_body_bytes={fn.max_body_bytes} of {fn.name} is over this platform's cap of "
+                    f"{settings.max_body_cap_bytes} bytes (EMBER_MAX_BODY_CAP_BYTES)",
+                    field=f"$.manifest.services[{i}].functions[{j}].max_body_bytes")
+
+
 async def deploy(request: Request) -> Response:
     platform = platform_of(request)
     body = await read_body(request, platform.settings.max_deploy_bytes)  # a manifest and a sha, not a bundle

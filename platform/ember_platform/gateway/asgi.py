@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
+from ember import _tracing as tracing
 from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
 from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
@@ -39,9 +40,12 @@ from ember_platform.gateway import (
 )
 from ember_platform.gateway.errors import ember_error_handler, ember_error_response, http_error_handler
 from ember_platform.gateway.guard import OPEN, TOKEN, route
+from ember_platform.gateway.tracing import traced
 from ember_platform.platform import Platform
 
 INVOKE_METERED = metrics.metered(calls.invoke)  # the synchronous call, counted for GET /metrics
+INVOKE_TRACED = traced(INVOKE_METERED, "ember.gateway", "/v1/{app}/{name}")  # and in a span, when tracing is on
+OIP_INFER = traced(oip.infer, "ember.gateway", "/v2/models/{model}/infer")
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
     route("/readyz", health.readyz, "GET", OPEN),
@@ -61,6 +65,8 @@ ROUTES = [
     route("/v1/apps/{app}/dead", calls.dead_letters, "GET", READ),
     route("/v1/apps/{app}/dead/replay", calls.replay_dead, "POST", INVOKE),
     route("/v1/apps/{app}/scale", status.scale, "POST", DEPLOY),
+    route("/v1/apps/{app}/promote", rollouts.promote, "POST", DEPLOY),
+    route("/v1/apps/{app}/rollback", rollouts.rollback, "POST", DEPLOY),
     route("/v1/status", status.get_status, "GET", READ),
     route("/v1/tokens", tokens.create_token, "POST", ADMIN),
     route("/v1/tokens", tokens.list_tokens, "GET", ADMIN),
@@ -69,12 +75,28 @@ ROUTES = [
     route("/v1/quotas", quotas.list_quotas, "GET", ADMIN),
     route("/v1/quotas/{quota}", quotas.put_quota, "PUT", ADMIN),
     route("/v1/quotas/{quota}", quotas.delete_quota, "DELETE", ADMIN),
+    route("/v1/volumes", volumes.list_volumes, "GET", READ),
+    route("/v1/volumes/-/chunks/{sha256}", volumes.put_chunk, "PUT", DEPLOY),
+    route("/v1/volumes/-/chunks/missing", volumes.missing_chunks, "POST", DEPLOY),
+    route("/v1/volumes/{volume}", volumes.get_volume, "GET", READ),  # and the volume's name: checked inside
+    route("/v1/volumes/{volume}", volumes.delete_volume, "DELETE", DEPLOY),
+    route("/v1/volumes/{volume}/versions", volumes.commit_version, "POST", DEPLOY),
     route("/v1/secrets", secrets.list_secrets, "GET", ADMIN),
     route("/v1/secrets/{secret}", secrets.put_secret, "PUT", ADMIN),
     route("/v1/secrets/{secret}", secrets.delete_secret, "DELETE", ADMIN),
     route("/v1/calls/{call_id}", calls.get_call, "GET", INVOKE),  # and invoke on the call's app: checked inside
     route("/v1/calls/{call_id}", calls.cancel_call, "DELETE", INVOKE),
-    route("/v1/{app}/{name}/spawn", calls.spawn, "POST", INVOKE),
+    route("/v2", oip.server_metadata, "GET", READ),  # the Open Inference Protocol: the /v2 routes check themselves
+    route("/v2/health/live", oip.live, "GET", OPEN),
+    route("/v2/health/ready", oip.ready, "GET", OPEN),
+    route("/v2/repository/index", oip.repository_index, "POST", READ),
+    route("/v2/models/{model}", oip.model_metadata, "GET", READ),
+    route("/v2/models/{model}/versions/{version}", oip.model_metadata, "GET", READ),
+    route("/v2/models/{model}/ready", oip.model_ready, "GET", READ),
+    route("/v2/models/{model}/versions/{version}/ready", oip.model_ready, "GET", READ),
+    route("/v2/models/{model}/infer", OIP_INFER, "POST", INVOKE),  # a public function's needs no token
+    route("/v2/models/{model}/versions/{version}/infer", OIP_INFER, "POST", INVOKE),
+    route("/v1/{app}/{name}/spawn", traced(calls.spawn, "ember.spawn", "/v1/{app}/{name}/spawn"), "POST", INVOKE),
     route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token
 ]
 
@@ -112,6 +134,7 @@ class Gateway:
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
+        self._invoke = INVOKE_TRACED if tracing.ON else INVOKE_METERED  # untraced: not even a test per call
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
@@ -121,7 +144,7 @@ class Gateway:
                 scope["app"] = self.app
                 scope["path_params"] = {"app": parts[2], "name": parts[3]}
                 try:
-                    response = await INVOKE_METERED(Request(scope, receive))
+                    response = await self._invoke(Request(scope, receive))
                 except EmberError as exc:
                     response = ember_error_response(exc)
                 await response(scope, receive, send)

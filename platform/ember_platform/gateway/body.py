@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from jsonschema.exceptions import ValidationError, best_match
@@ -12,7 +12,7 @@ from ember._errors import BadRequestError, InvalidInputError, PayloadTooLargeErr
 from ember._types import invalid_input
 from ember.wire import Deployment, FunctionSpec
 from ember_platform.gateway.patterns import SafeValidator
-from ember_platform.gateway.schema import decoder_for
+from ember_platform.gateway.schema import decoders_for
 
 T = TypeVar("T")
 
@@ -79,8 +79,44 @@ class InputValidator:
     def __init__(self, spec: FunctionSpec) -> None:
         self.mode = spec.input_mode
         needs_check = bool(spec.input_schema) and self.mode != "none"
-        self._fast = decoder_for(spec.input_schema) if needs_check else None
+        decoders = decoders_for(spec.input_schema) if needs_check else None
+        self._fast, self._fast_packed = decoders if decoders is not None else (None, None)
         self._schema = SafeValidator(spec.input_schema) if needs_check and self._fast is None else None
+
+    def check_packed(self, body: bytes) -> bytes:
+        """Return a msgpack body to forward (an empty map for a function without inputs) or raise a 400/422 error."""
+        if self.mode == "none" and not body:
+            return _EMPTY_MAP
+        try:
+            if self._fast_packed is not None:
+                self._fast_packed.decode(body)
+                return body
+            value = msgspec.msgpack.decode(body)
+        except msgspec.ValidationError as exc:
+            raise invalid_input(exc) from exc
+        except (msgspec.DecodeError, RecursionError) as exc:
+            raise BadRequestError(f"malformed msgpack body: {exc}") from exc
+        if self.mode == "none":
+            if value not in ({}, None):
+                raise InvalidInputError("this function takes no inputs; send an empty body or {}", field="$")
+            return _EMPTY_MAP
+        if self._schema is not None:
+            first = next(self._schema.iter_errors(_as_json(value)), None)
+            if first is not None:
+                error = best_match([first])
+                raise InvalidInputError(_message(error), field=_field(error))
+        return body
+
+    def to_packed(self, checked: bytes) -> bytes | None:
+        """A checked JSON body as msgpack, when its schema has a typed decoder (bytes then become ``bin``); None when
+        it has not (the call then travels as JSON)."""
+        if self.mode == "none":
+            return _EMPTY_MAP
+        if self._fast is not None:
+            return msgspec.msgpack.encode(self._fast.decode(checked))
+        if self._schema is None:  # no schema: nothing typed to lose
+            return msgspec.msgpack.encode(msgspec.json.decode(checked))
+        return None
 
     def check(self, body: bytes) -> bytes:
         """Return the body to forward (``{}`` for a function without inputs) or raise a 400/422 error."""
@@ -108,6 +144,14 @@ class InputValidator:
                 error = best_match([first])
                 raise InvalidInputError(_message(error), field=_field(error))
         return body
+
+
+_EMPTY_MAP = msgspec.msgpack.encode({})
+
+
+def _as_json(value: Any) -> Any:
+    """A decoded msgpack value as JSON sees it (``bin`` as base64 strings), for the generic schema check."""
+    return msgspec.json.decode(msgspec.json.encode(value))
 
 
 def _field(error: ValidationError) -> str:

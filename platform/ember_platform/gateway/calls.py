@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import re
 import time
 from collections.abc import Coroutine
@@ -20,6 +21,7 @@ from ember.wire import (
     HTTP_BATCH_SIZE_HEADER,
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
+    HTTP_VERSION_HEADER,
     RESERVED_APP_NAMES,
     CallRecord,
     Deployment,
@@ -30,6 +32,8 @@ from ember.wire import (
 )
 from ember_platform.auth.scopes import INVOKE
 from ember_platform.calls.durable import DEAD_PAGE, MAX_DEAD_PAGE, check_call_id, no_such_call
+from ember_platform.control import rollout
+from ember_platform.gateway import binary
 from ember_platform.gateway.body import InputValidator, decode_json, header, read_body
 from ember_platform.gateway.errors import error_response
 from ember_platform.gateway.guard import authorize, checks_itself, principal_of
@@ -41,40 +45,51 @@ T = TypeVar("T")
 _CALL_ID = HTTP_CALL_ID_HEADER.lower().encode()
 _BATCH_SIZE = HTTP_BATCH_SIZE_HEADER.lower().encode()
 _TIMEOUT = HTTP_TIMEOUT_HEADER.lower().encode()
+_VERSION = HTTP_VERSION_HEADER.lower().encode()
 _replay_decoder = msgspec.json.Decoder(ReplayRequest)
 # A function's name: a Python identifier, or ``Class.method`` for a class model's method.
 FUNCTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}(?:\.[A-Za-z_][A-Za-z0-9_]{0,127})?")
 
 
 @checks_itself(INVOKE)
-async def invoke(request: Request) -> Response | JsonAnswer:
+async def invoke(request: Request) -> Response | JsonAnswer | binary.BodyAnswer:
     """``POST /v1/<app>/<name>``: check the token (a ``public=True`` function needs none), validate, route to a
     replica, answer with its JSON result."""
     platform = platform_of(request)
-    app, name = request.path_params["app"], request.path_params["name"]
+    app, pinned = split_app(request.path_params["app"])
+    name = request.path_params["name"]
     try:
-        dep, svc, fn, validator = _function(platform, app, name)
+        dep, svc, fn, validator = _function(platform, app, name, pinned)
     except NotFoundError:
         authorize(request, INVOKE, app)  # without a token, nobody learns which apps exist
         raise
     request.scope[CALLED] = (app, fn.name, dep.version)  # what GET /metrics counts this call under
     token_id = "" if fn.public else authorize(request, INVOKE, app).token_id
     timeout_s = _timeout(request, svc.timeout_s)
-    body = validator.check(await read_body(request, platform.settings.max_body_bytes))
+    formats = binary.negotiate(request, fn)  # None: JSON in and out
+    raw = await binary.read_call_body(request, platform, app, fn)
+    body, packed = (validator.check(raw), False) if formats is None else binary.prepare(validator, formats, raw)
     held = platform.quotas.limiter.admit(app, token_id)  # 429 over a quota; None when none applies (a dict check)
     call_id = os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
     try:
         call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id,
-                                    deadline=time.time() + timeout_s)
+                                    deadline=time.time() + timeout_s, packed=packed)
         reply = await _unless_disconnected(request, call)
     finally:
         if held is not None:  # however the call ended: answered, failed, timed out, client gone
             held.release()
     if reply is None:
         return Response(status_code=499)  # the client is gone; nobody reads this
+    version = b"%d" % dep.version  # which version answered (a rollout or canary splits the calls)
     if reply.error is not None:
-        return error_response(msgspec.structs.replace(reply.error, call_id=call_id))
-    return JsonAnswer(bytes(reply.output), [(_CALL_ID, call_id.encode()), (_BATCH_SIZE, b"%d" % reply.batch_size)])
+        response = error_response(msgspec.structs.replace(reply.error, call_id=call_id))
+        response.headers[HTTP_VERSION_HEADER] = version.decode()
+        return response
+    headers = [(_CALL_ID, call_id.encode()), (_BATCH_SIZE, b"%d" % reply.batch_size), (_VERSION, version)]
+    if formats is not None or packed:
+        wanted = formats.answer if formats is not None else "json"
+        return binary.BodyAnswer(binary.answer_body(reply.output, packed, wanted), wanted, headers)
+    return JsonAnswer(bytes(reply.output), headers)
 
 
 
@@ -121,19 +136,22 @@ async def _unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -
 
 
 async def spawn(request: Request) -> Response:
-    """``POST /v1/<app>/<name>/spawn``: validate, queue durably, answer 202 with the call id."""
+    """``POST /v1/<app>[@<version>]/<name>/spawn``: validate, queue durably, answer 202 with the call id."""
     platform = platform_of(request)
-    app, name = request.path_params["app"], request.path_params["name"]
-    _, _, fn, validator = _function(platform, app, name)
+    app, pinned = split_app(request.path_params["app"])
+    name = request.path_params["name"]
+    dep, _, fn, validator = _function(platform, app, name, pinned)
     raw_timeout = request.headers.get(HTTP_TIMEOUT_HEADER)
     deadline = time.time() + _timeout(request, float("inf")) if raw_timeout is not None else float("inf")
-    body = validator.check(await read_body(request, platform.settings.max_body_bytes))
+    formats = binary.negotiate(request, fn)
+    body = binary.to_json(validator, formats, await binary.read_call_body(request, platform, app, fn))
     key = request.headers.get("idempotency-key")
     if key is not None and not 0 < len(key) <= 256:
         raise BadRequestError("Idempotency-Key is 1 to 256 characters", field="Idempotency-Key")
     held = platform.quotas.limiter.admit(app, principal_of(request).token_id)  # rate; concurrency while submitting
     try:
-        reply = await platform.calls.submit(app, fn.name, body, key=key, deadline=deadline)
+        reply = await platform.calls.submit(app, fn.name, body, key=key, deadline=deadline,
+                                            version=dep.version if pinned is not None else None)
     finally:
         if held is not None:
             held.release()
@@ -217,12 +235,21 @@ def check_function_name(name: str, field: str) -> str:
     return name
 
 
-def _function(platform: Platform, app: str, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:
-    """The function a call names and its input validator. A first segment that names an API route (``POST
-    /v1/apps/x``) is that route's, not an app's: 405, as the route table answers other methods."""
+def split_app(segment: str) -> tuple[str, int | None]:
+    """``<app>`` or ``<app>@<version>`` (a call pinned to a version): the app and the version; a version that is
+    not a whole number from 1 is a 422 naming ``version``."""
+    app, at, raw = segment.partition("@")
+    return app, rollout.parse_version(raw) if at else None
+
+
+def _function(platform: Platform, app: str, name: str,
+              pinned: int | None = None) -> tuple[Deployment, ServiceSpec, FunctionSpec, InputValidator]:
+    """The function a call names (in the version it pins, else the one the traffic split draws) and its input
+    validator. A first segment that names an API route (``POST /v1/apps/x``) is that route's, not an app's: 405,
+    as the route table answers other methods."""
     if app in RESERVED_APP_NAMES:
         raise HTTPException(405)
-    dep, svc, fn = platform.registry.resolve(app, name)
+    dep, svc, fn = platform.registry.route(app, name, pinned, random.random())
     return dep, svc, fn, platform.validators.of(dep, fn)
 
 

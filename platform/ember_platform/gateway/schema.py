@@ -29,8 +29,16 @@ class Unsupported(Exception):
 
 def decoder_for(schema: dict[str, Any]) -> msgspec.json.Decoder[Any] | None:
     """A decoder that accepts exactly what ``schema`` accepts, or None if the schema is not convertible."""
+    decoders = decoders_for(schema)
+    return decoders[0] if decoders is not None else None
+
+
+def decoders_for(schema: dict[str, Any]) -> tuple[msgspec.json.Decoder[Any], msgspec.msgpack.Decoder[Any]] | None:
+    """A JSON and a msgpack decoder that accept exactly what ``schema`` accepts (a base64 string in JSON is raw
+    bytes in msgpack), or None if the schema is not convertible."""
     try:
-        return msgspec.json.Decoder(_Converter(schema.get("$defs", {})).convert(schema))
+        tp = _Converter(schema.get("$defs", {})).convert(schema)
+        return msgspec.json.Decoder(tp), msgspec.msgpack.Decoder(tp)
     except (Unsupported, TypeError, ValueError):
         return None
 
@@ -61,6 +69,9 @@ class _Converter:
 
     def _typed(self, kind: Any, node: dict[str, Any]) -> Any:
         known = _IGNORED | set(_META_KEYS) | {"type", "items", "properties", "required", "additionalProperties"}
+        if kind == "string" and node.get("contentEncoding") == "base64" and not set(node) - _IGNORED - {
+                "type", "contentEncoding"}:
+            return bytes  # msgspec's bytes: base64 in JSON, raw in msgpack (a length bound takes the generic path)
         if set(node) - known or node.get("format"):
             raise Unsupported(node)
         base: Any

@@ -9,17 +9,21 @@ from typing import Any
 import msgspec
 
 from ember._errors import EmberError, RemoteError
-from ember.wire import Answer, Outbox, encode_output, encoder, error_info, split_frames
+from ember.wire import Answer, Outbox, encode_output, encoder, error_info, packed_encoder, split_frames
 
 log = logging.getLogger("ember.replica")
 ACK_DELAY_S = 0.01  # calls answered sooner are never acked
+_NIL = msgspec.Raw(b"\xc0")
 
 
-def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: int) -> Answer:
-    """The answer to one call: its output as JSON, or its error (an output that is not JSON-able is one)."""
+def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: int, codec: str = "json",
+              compact: bool = False) -> Answer:
+    """The answer to one call: its output as JSON (or msgpack, for a msgpack frame; arrays as compact tensors with
+    ``compact``), or its error (an output that is not JSON-able is one)."""
     if error is None:
         try:
-            return Answer(call_id=call_id, output=msgspec.Raw(encode_output(output)), batch_size=batch_size)
+            return Answer(call_id=call_id, output=msgspec.Raw(encode_output(output, codec, compact)),
+                          batch_size=batch_size)
         except RemoteError as exc:
             error = exc
     return Answer(call_id=call_id, error=error_info(error, call_id), batch_size=batch_size)
@@ -38,38 +42,44 @@ class Answers:
     def __init__(self, nc: Any, replica_id: str) -> None:
         self._nc = nc
         self._replica_id = replica_id
-        self._held: dict[str, str] = {}  # call id -> reply inbox, for calls not answered yet
+        self._held: dict[str, tuple[str, bool]] = {}  # call id -> reply inbox and codec, for calls not answered yet
         self._sweep: asyncio.TimerHandle | None = None
-        self._outbox: Outbox[str, Answer] = Outbox(self._publish)  # reply inbox -> answers of this turn
+        # (reply inbox, msgpack?) -> answers of this turn: answers go back in the codec of the frame they answer
+        self._outbox: Outbox[tuple[str, bool], Answer] = Outbox(self._publish)
 
-    def hold(self, reply: str, call_id: str) -> None:
-        self._held[call_id] = reply
+    def hold(self, reply: str, call_id: str, packed: bool = False) -> None:
+        self._held[call_id] = reply, packed
         if self._sweep is None:
             self._sweep = asyncio.get_running_loop().call_later(ACK_DELAY_S, self._ack_held)
 
-    def answer(self, reply: str, answer: Answer) -> None:
+    def answer(self, reply: str, answer: Answer, packed: bool = False) -> None:
+        """Send ``answer`` (its output encoded as JSON, or as msgpack when ``packed``) to ``reply``."""
         self._held.pop(answer.call_id, None)
         if reply:  # a frame sent without a reply inbox wants no answers
-            self._outbox.put(reply, answer)
+            self._outbox.put((reply, packed), answer)
 
     def _ack_held(self) -> None:
         self._sweep = None
         held, self._held = self._held, {}
-        for call_id, reply in held.items():
+        for call_id, (reply, packed) in held.items():
             if reply:
-                self._outbox.put(reply, Answer(call_id=call_id, ack=self._replica_id))
+                self._outbox.put((reply, packed), Answer(call_id=call_id, ack=self._replica_id))
 
-    async def _publish(self, outbox: dict[str, list[Answer]]) -> None:
+    async def _publish(self, outbox: dict[tuple[str, bool], list[Answer]]) -> None:
         limit = self._nc.max_payload
-        for reply, answers in outbox.items():
+        for (reply, packed), answers in outbox.items():
+            codec = packed_encoder if packed else encoder
+            if packed:  # an ack's or an error's output is JSON's null by default: msgpack's nil here
+                answers = [msgspec.structs.replace(a, output=_NIL) if _is_null(a.output) else a for a in answers]
             sizes = [len(a.output) + (len(a.error.message) if a.error else 0) for a in answers]
             for frame in split_frames(answers, sizes, limit):
-                data = encoder.encode(frame)
+                data = codec.encode(frame)
                 if len(data) > limit:  # one answer alone: its output is too large for a NATS message
                     (answer,) = frame
                     error = RemoteError(f"the output ({len(answer.output)} bytes) is over the {limit}-byte "
                                         "limit of a NATS message", remote_type="ValueError")
-                    data = encoder.encode([answer_of(answer.call_id, None, error, answer.batch_size)])
+                    refusal = answer_of(answer.call_id, None, error, answer.batch_size)
+                    data = codec.encode([msgspec.structs.replace(refusal, output=_NIL) if packed else refusal])
                 try:
                     await self._nc.publish(reply, data)
                 except Exception as exc:  # the gateway resends calls that get no answer
@@ -78,3 +88,7 @@ class Answers:
     async def drain(self) -> None:
         """Send what is queued now (before the connection drains)."""
         await self._outbox.drain()
+
+
+def _is_null(output: msgspec.Raw) -> bool:
+    return len(output) == 4 and bytes(output) == b"null"

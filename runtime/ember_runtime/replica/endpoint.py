@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from ember._app import method_def
@@ -11,10 +13,26 @@ from ember._handles import Function
 from ember._setup import run_setup
 from ember._types import CallIO
 from ember.wire import FunctionSpec, ServiceSpec
+from ember_runtime.replica.streams import StreamSink, collect_async, collect_sync, drain_async, drain_sync
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A streamed call's input: its arguments and where its items go."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    sink: StreamSink
 
 
 class Endpoint:
-    """Decodes one call's body and runs a batch of decoded calls (a batch of one when unbatched)."""
+    """Decodes one call's body and runs a batch of decoded calls (a batch of one when unbatched).
+
+    ``runner`` is what its batcher calls: ``run`` on an executor thread for sync code, the coroutine ``arun`` on
+    the event loop for ``async def`` code. A generator's call streams its items when its input is ``Streamed``
+    (a synchronous call) and returns them as one list otherwise (a queued or event call). A sync function with
+    ``max_concurrency`` above one has a pool of that many threads of its own (``executor``).
+    """
 
     def __init__(self, spec: FunctionSpec, fn: Callable[..., Any], io: CallIO,
                  cost: Callable[[Any], float] | None = None) -> None:
@@ -23,6 +41,18 @@ class Endpoint:
         self._io = io
         self._cost = cost
         self.batched = spec.batch is not None
+        self.executor: ThreadPoolExecutor | None = None
+        if spec.max_concurrency > 1 and not spec.is_async:
+            self.executor = ThreadPoolExecutor(max_workers=spec.max_concurrency,
+                                               thread_name_prefix=f"ember-{spec.name}")
+
+    @property
+    def runner(self) -> Callable[[list[Any]], Any]:
+        return self.arun if self.spec.is_async else self.run
+
+    def close(self) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
 
     def cost_of(self, value: Any) -> float:
         """The user's cost of one decoded input (1 without a cost function)."""
@@ -33,13 +63,37 @@ class Endpoint:
         except Exception as exc:
             raise RemoteError(f"the cost function failed: {exc}", remote_type=type(exc).__name__) from exc
 
-    def decode(self, body: bytes) -> Any:
-        return self._io.decode_item(body) if self.batched else self._io.decode_input(body)
+    def decode(self, body: bytes, codec: str = "json") -> Any:
+        """One call's input (JSON, or msgpack from a msgpack frame) as the function's arguments."""
+        return self._io.decode_item(body, codec) if self.batched else self._io.decode_input(body, codec)
 
     def run(self, values: list[Any]) -> list[Any]:
         if self.batched:
             return self._fn(values)
+        if self.spec.stream:
+            return [self._stream(value) for value in values]
         return [self._fn(*args, **kwargs) for args, kwargs in values]
+
+    def _stream(self, value: tuple[tuple[Any, ...], dict[str, Any]] | Streamed) -> Any:
+        if isinstance(value, Streamed):
+            drain_sync(self._fn(*value.args, **value.kwargs), value.sink)
+            return None
+        args, kwargs = value
+        return collect_sync(self._fn(*args, **kwargs))
+
+    async def arun(self, values: list[Any]) -> list[Any]:
+        if self.batched:
+            return await self._fn(values)  # type: ignore[no-any-return]
+        return [await self._acall(value) for value in values]
+
+    async def _acall(self, value: tuple[tuple[Any, ...], dict[str, Any]] | Streamed) -> Any:
+        if isinstance(value, Streamed):
+            await drain_async(self._fn(*value.args, **value.kwargs), value.sink)
+            return None
+        args, kwargs = value
+        if self.spec.stream:
+            return await collect_async(self._fn(*args, **kwargs))
+        return await self._fn(*args, **kwargs)
 
 
 def prepare(service: ServiceSpec, target: Any) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from ember import _inner as inner
 from ember import _loop as ember_loop
 from ember._errors import EmberError, NotFoundError, UnavailableError
 from ember._loader import find_app, import_app_module
@@ -32,6 +33,8 @@ from ember.wire import (
     StartPhases,
     encoder,
     invocations_decoder,
+    is_json_frame,
+    packed_invocations_decoder,
     subjects,
 )
 from ember.wire.callstore import CallStore
@@ -41,6 +44,7 @@ from ember_runtime import hostpid
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
 from ember_runtime.replica.answers import Answers, answer_of
+from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
 
@@ -84,6 +88,7 @@ class Replica:
         nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S)
         stores = await ensure_buckets(nc.jetstream(), create=False)  # its agent saw them: they exist
         self.kv = StatusRelay(nc, self.args.replica_id)
+        inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection
         self.calls = CallStore(nc.jetstream(), stores)
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
@@ -120,6 +125,7 @@ class Replica:
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
+            inner.uninstall()
             await nc.drain()
             self.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -155,13 +161,15 @@ class Replica:
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
         for endpoint in endpoints:
-            batcher = _batcher_for(endpoint, self.executor)
+            batcher = _batcher_for(endpoint, self.executor, serving(self.args.app, endpoint.spec.name))
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
             kinds = [False, True] if endpoint.spec.on else [False]
-            for events in kinds:
-                worker = QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,
-                                     self.service.retries, events=events)
+            workers = [QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher, self.service.retries,
+                                   events=events) for events in kinds]
+            workers.append(QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,  # pinned calls
+                                       self.service.retries, pinned=self.args.version))
+            for worker in workers:
                 self.workers.append(worker)
                 self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
             served[endpoint.spec.name] = endpoint, batcher
@@ -212,34 +220,37 @@ class Replica:
         """Takes a frame of synchronous calls (see ``ember_platform.calls.router``): each goes to its function's
         batcher, which answers it through ``self.answers``."""
         async def on_frame(msg: Msg) -> None:
+            packed = not is_json_frame(msg.data)  # msgpack: binary or msgpack bodies, answered in msgpack
             try:
-                invocations = invocations_decoder.decode(msg.data)
+                invocations = (packed_invocations_decoder if packed else invocations_decoder).decode(msg.data)
             except msgspec.DecodeError as exc:  # not from a gateway: nobody to answer
                 log.warning("dropped an undecodable frame on %s: %s", msg.subject, exc)
                 return
             for invocation in invocations:
-                self._take(msg.reply, invocation, served.get(invocation.function))
+                self._take(msg.reply, invocation, served.get(invocation.function), packed)
 
         return on_frame
 
-    def _take(self, reply: str, invocation: Invocation, served: tuple[Endpoint, Batcher] | None) -> None:
+    def _take(self, reply: str, invocation: Invocation, served: tuple[Endpoint, Batcher] | None,
+              packed: bool = False) -> None:
         call_id = invocation.call_id
+        codec, compact = ("msgpack" if packed else "json"), invocation.compact
 
         async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
-            self.answers.answer(reply, answer_of(call_id, output, error, batch_size))
+            self.answers.answer(reply, answer_of(call_id, output, error, batch_size, codec, compact), packed)
 
         if served is None:
             error = NotFoundError(f"replica {self.args.replica_id} serves no function {invocation.function!r}")
-            self.answers.answer(reply, answer_of(call_id, None, error, 0))
+            self.answers.answer(reply, answer_of(call_id, None, error, 0, codec), packed)
             return
         endpoint, batcher = served
-        self.answers.hold(reply, call_id)
+        self.answers.hold(reply, call_id, packed)
         try:
-            value = endpoint.decode(invocation.input)
+            value = endpoint.decode(invocation.input, codec)
             batcher.submit(Call(value, invocation.deadline, answer, call_id, "interactive",
-                                endpoint.cost_of(value)))
+                                endpoint.cost_of(value), chain=invocation.chain))
         except EmberError as exc:
-            self.answers.answer(reply, answer_of(call_id, None, exc, 0))
+            self.answers.answer(reply, answer_of(call_id, None, exc, 0, codec), packed)
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck)."""
@@ -307,14 +318,15 @@ class Replica:
                 log.warning("heartbeat failed: %s", exc)
 
 
-def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor) -> Batcher:
+def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
     batch = endpoint.spec.batch
     if batch is None:
-        return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name)
+        return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name,
+                       serving=serves)
     budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
     return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
                    max_cost=batch.max_cost, latency_budget_s=budget, group_by_cost=batch.group_by_cost,
-                   name=endpoint.spec.name)
+                   name=endpoint.spec.name, serving=serves)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

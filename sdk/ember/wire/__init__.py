@@ -18,7 +18,8 @@ subject names (``subjects``) are modules of their own.
 | ``headers`` | NATS and HTTP header names |
 | ``frames`` | ``split_frames`` and the per-loop-turn ``Outbox`` |
 | ``errors`` | ``EmberError`` <-> ``ErrorInfo`` |
-| ``codec`` | the encoder, the hot decoders, ``encode_output`` |
+| ``codec`` | the encoders, the hot decoders (JSON and msgpack frames), ``encode_output`` |
+| ``tensors`` | OIP datatypes, tensor signatures, the compact form of arrays in msgpack frames |
 """
 
 from ember.wire.calls import (
@@ -41,9 +42,13 @@ from ember.wire.codec import (
     encode_output,
     encoder,
     invocations_decoder,
+    is_json_frame,
     load_decoder,
     log_decoder,
     node_decoder,
+    packed_answers_decoder,
+    packed_encoder,
+    packed_invocations_decoder,
     replica_decoder,
 )
 from ember.wire.errors import error_from_info, error_info
@@ -56,6 +61,7 @@ from ember.wire.headers import (
     HTTP_BATCH_SIZE_HEADER,
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
+    HTTP_VERSION_HEADER,
 )
 from ember.wire.nodes import (
     Device,
@@ -84,10 +90,13 @@ from ember.wire.specs import (
     FunctionSpec,
     InputMode,
     Manifest,
+    Release,
     Retries,
+    RolloutRequest,
     ScaleBounds,
     ScaleRequest,
     ServiceSpec,
+    TrafficShare,
 )
 from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest
 from ember.wire.views import (
@@ -98,6 +107,17 @@ from ember.wire.views import (
     ServiceStatus,
     ServiceView,
     StatusView,
+    VersionView,
+)
+from ember.wire.volumes import (
+    ChunksMissing,
+    ChunksQuery,
+    VolumeCommit,
+    VolumeFile,
+    VolumeFileView,
+    VolumeMount,
+    VolumeVersion,
+    VolumeView,
 )
 
 __all__ = [
@@ -110,12 +130,15 @@ __all__ = [
     "HTTP_BATCH_SIZE_HEADER",
     "HTTP_CALL_ID_HEADER",
     "HTTP_TIMEOUT_HEADER",
+    "HTTP_VERSION_HEADER",
     "RESERVED_APP_NAMES",
     "Answer",
     "AppView",
     "Batch",
     "CallRecord",
     "CallStatus",
+    "ChunksMissing",
+    "ChunksQuery",
     "DeadLetter",
     "DeployRequest",
     "Deployment",
@@ -141,11 +164,13 @@ __all__ = [
     "QuotaRequest",
     "QuotaUsage",
     "QuotaView",
+    "Release",
     "ReplayReply",
     "ReplayRequest",
     "ReplicaState",
     "ReplicaStatus",
     "Retries",
+    "RolloutRequest",
     "ScaleBounds",
     "ScaleRequest",
     "SecretRequest",
@@ -164,6 +189,14 @@ __all__ = [
     "StoredToken",
     "TokenInfo",
     "TokenRequest",
+    "TrafficShare",
+    "VersionView",
+    "VolumeCommit",
+    "VolumeFile",
+    "VolumeFileView",
+    "VolumeMount",
+    "VolumeVersion",
+    "VolumeView",
     "ZygoteAssignment",
     "ZygoteState",
     "ZygoteStatus",
@@ -175,9 +208,13 @@ __all__ = [
     "error_from_info",
     "error_info",
     "invocations_decoder",
+    "is_json_frame",
     "load_decoder",
     "log_decoder",
     "node_decoder",
+    "packed_answers_decoder",
+    "packed_encoder",
+    "packed_invocations_decoder",
     "replica_decoder",
     "split_frames",
 ]

@@ -23,14 +23,28 @@ class ErrorBody(msgspec.Struct, frozen=True, kw_only=True):
     error: ErrorInfo
 
 
+class Hop(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """One call of a chain of calls between functions (see ``ember.wire.relay``): which function, and which call."""
+
+    app: str
+    function: str
+    call_id: str = ""
+
+
 class Invocation(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     """One synchronous call, gateway to replica. A NATS message carries a list of them (a frame): the calls the
-    gateway sent to the same subject in one turn of its event loop (see ``ember_platform.calls.router``)."""
+    gateway sent to the same subject in one turn of its event loop (see ``ember_platform.calls.router``).
+
+    A frame is JSON, or msgpack when its calls carry binary or msgpack bodies (no base64 on the way); a JSON frame
+    starts with ``[``, which no msgpack array does (``is_json_frame``). Answers come back in their frame's codec."""
 
     call_id: str
     function: str
     deadline: float  # absolute, seconds since the epoch
-    input: msgspec.Raw = msgspec.Raw(b"null")  # the validated JSON body
+    input: msgspec.Raw = msgspec.Raw(b"null")  # the validated body: JSON in a JSON frame, msgpack in a msgpack one
+    compact: bool = False  # answer arrays as compact tensors (msgpack frames: the Open Inference Protocol's routes)
+    chain: list[Hop] = []  # a call made by functions: the calls waiting on it, outermost first (empty from HTTP)
+    trace: dict[str, str] = {}  # W3C trace context (traceparent, tracestate) of the gateway's span; empty untraced
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

@@ -10,6 +10,7 @@ from ember._errors import RemoteError
 from ember.wire.calls import Answer, Invocation
 from ember.wire.nodes import LoadReport, LogLine, NodeAssignment, NodeInfo, ReplicaStatus
 from ember.wire.specs import Deployment
+from ember.wire.tensors import compact_of
 
 encoder = msgspec.json.Encoder()
 invocations_decoder = msgspec.json.Decoder(list[Invocation])
@@ -22,9 +23,44 @@ assignment_decoder = msgspec.json.Decoder(NodeAssignment)
 load_decoder = msgspec.json.Decoder(LoadReport)
 
 
-def encode_output(value: Any) -> bytes:
-    """A function's output as JSON; ``RemoteError`` (the user's fault, not the platform's) when it is not JSON-able."""
+packed_encoder = msgspec.msgpack.Encoder()
+packed_invocations_decoder = msgspec.msgpack.Decoder(list[Invocation])
+packed_answers_decoder = msgspec.msgpack.Decoder(list[Answer])
+
+
+def is_json_frame(data: bytes) -> bool:
+    """Whether a frame of invocations or answers is JSON (else msgpack): a JSON list starts with ``[``, a byte that
+    starts no msgpack array."""
+    return data[:1] == b"["
+
+
+def _array_like(value: Any) -> Any:
+    """Arrays (numpy's, torch's) and numpy scalars as plain lists and numbers, for JSON and plain msgpack."""
+    tolist = getattr(value, "tolist", None)
+    if tolist is not None and type(value).__module__.partition(".")[0] in ("numpy", "torch"):
+        return tolist()
+    raise TypeError(f"Encoding objects of type {type(value).__name__} is unsupported")
+
+
+def _compact(value: Any) -> Any:
+    """Arrays as compact tensors (msgpack extensions), for the Open Inference Protocol."""
+    if type(value).__module__.partition(".")[0] in ("numpy", "torch"):
+        return compact_of(value)
+    return _array_like(value)
+
+
+json_args_encoder = msgspec.json.Encoder(enc_hook=_array_like)  # a call's arguments, arrays among them
+_output_encoders = {
+    ("json", False): msgspec.json.Encoder(enc_hook=_array_like),
+    ("msgpack", False): msgspec.msgpack.Encoder(enc_hook=_array_like),
+    ("msgpack", True): msgspec.msgpack.Encoder(enc_hook=_compact),
+}
+
+
+def encode_output(value: Any, codec: str = "json", compact: bool = False) -> bytes:
+    """A function's output as JSON (or msgpack; arrays as compact tensors with ``compact``); ``RemoteError`` (the
+    user's fault, not the platform's) when it is not JSON-able."""
     try:
-        return encoder.encode(value)
+        return _output_encoders[codec, compact and codec == "msgpack"].encode(value)
     except (TypeError, ValueError) as exc:
         raise RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__) from exc

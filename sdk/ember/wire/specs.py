@@ -90,7 +90,7 @@ class Retries(msgspec.Struct, frozen=True, kw_only=True):
 # The first path segments of the HTTP API's own routes under /v1 (and the probes'): no app may take one as its name,
 # so that ``POST /v1/<app>/<fn>`` never shadows a route of the API.
 RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "quotas", "readyz", "secrets", "status",
-                                "tokens"})
+                                "tokens", "volumes"})
 
 InputMode = Literal["none", "single", "kwargs"]
 
@@ -108,6 +108,11 @@ class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     on: list[str] = []  # NATS subjects whose messages are invocations (events)
     result_subject: str | None = None  # where an event's result is published, unless the message names one
     public: bool = False  # its synchronous call (POST /v1/<app>/<fn>) needs no token; nothing else of it is public
+    max_body_bytes: int = 0  # the largest request body its calls take (max_body_bytes=); 0: the platform's default
+    tensors: TensorSignature | None = None  # its parameters and result are arrays: an Open Inference Protocol model
+    stream: bool = False  # a generator: its items stream to the caller (SSE or NDJSON); queued calls store the list
+    is_async: bool = False  # ``async def`` (or an async generator): runs on the replica's event loop
+    max_concurrency: int = 1  # calls one replica runs at once (threads for sync code, tasks on the loop for async)
 
 
 class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,6 +147,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True):
     services: list[ServiceSpec]
     sdk_version: str = ""
     python: str = ""
+    calls: list[str] = []  # other apps whose functions its code may call (``App(calls=[...])``); its own always
 
 
 class ScaleBounds(msgspec.Struct, frozen=True, kw_only=True):
@@ -159,8 +165,31 @@ class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     max_replicas: int
 
 
+class Release(msgspec.Struct, frozen=True, kw_only=True):
+    """One version of an app other than its deployment's own, kept for rollback, pinned calls and the replicas
+    that still serve it."""
+
+    version: int
+    bundle_sha256: str
+    manifest: Manifest
+    created_at: float
+
+
+class TrafficShare(msgspec.Struct, frozen=True, kw_only=True):
+    """The share (in percent) of an app's unpinned calls that one of its versions takes."""
+
+    version: int
+    percent: int
+
+
 class Deployment(msgspec.Struct, frozen=True, kw_only=True):
-    """The current version of an app, stored in the deployments KV under the app's name."""
+    """An app's deployment, stored in the deployments KV under the app's name.
+
+    ``version`` (with its bundle and manifest) is the version being rolled out or serving: its replicas are
+    started first; ``traffic`` says which versions take the unpinned calls now. A new version enters ``traffic``
+    only once its minimum replicas are ready (the control loop switches it), so a push never makes calls wait
+    for a cold start. During a canary (``canary_percent``), ``version`` takes that share and ``stable`` the
+    rest until ``ember promote`` or ``ember rollback``."""
 
     app: str
     version: int
@@ -168,6 +197,12 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     manifest: Manifest
     created_at: float
     scale: dict[str, ScaleBounds] = {}  # service name -> bounds set at run time
+    releases: list[Release] = []  # the other versions kept, oldest first (serving ones, then recent ones)
+    traffic: list[TrafficShare] = []  # who takes unpinned calls now; empty: all to ``version``
+    canary_percent: int = 0  # 1..99: ``version`` is a canary that takes this share once ready
+    stable: int = 0  # during a canary, the version that takes the rest
+    switched_at: float = 0.0  # when ``traffic`` last changed (the versions it left drain after a grace period)
+    latest: int = 0  # the highest version ever recorded (a push after a rollback gets the next one)
 
     def bounds(self, service: ServiceSpec) -> tuple[int, int]:
         """The service's (min, max) replicas: set at run time, else from its decorator."""
@@ -176,7 +211,39 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
             return override.min_replicas, override.max_replicas
         return service.min_replicas, service.max_replicas
 
+    def serving(self) -> list[TrafficShare]:
+        """Who takes unpinned calls now (a deployment recorded before rollouts: all to ``version``)."""
+        return self.traffic or [TrafficShare(version=self.version, percent=100)]
+
+    def running(self) -> set[int]:
+        """The versions that have replicas: the one being rolled out and those that take calls."""
+        return {self.version} | {share.version for share in self.serving()}
+
+    def release(self, version: int) -> Release | None:
+        """The version's bundle and manifest, if it is kept."""
+        if version == self.version:
+            return Release(version=self.version, bundle_sha256=self.bundle_sha256, manifest=self.manifest,
+                           created_at=self.created_at)
+        return next((r for r in self.releases if r.version == version), None)
+
+    def at(self, version: int) -> Deployment | None:
+        """This deployment seen as if ``version`` were its own (for the replicas and calls of that version)."""
+        if version == self.version:
+            return self
+        kept = self.release(version)
+        if kept is None:
+            return None
+        return msgspec.structs.replace(self, version=kept.version, bundle_sha256=kept.bundle_sha256,
+                                       manifest=kept.manifest, created_at=kept.created_at)
+
 
 class DeployRequest(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str
     manifest: Manifest
+    canary_percent: int = 0  # 1..99: roll out as a canary taking this share of calls (0: a full rollout)
+
+
+class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """``POST /v1/apps/<app>/rollback`` (``version``: 0 for the one before) and ``.../promote`` (no fields)."""
+
+    version: int = 0

@@ -39,6 +39,11 @@ MAX_SERVICES = 100
 MAX_FUNCTIONS = 100  # per service
 MAX_SUBJECTS = 16  # per function (on=)
 MAX_SUBJECT_LENGTH = 256
+MAX_BODY_BYTES = 1024 * 1024 * 1024  # max_body_bytes= of a function, at most (a platform caps it lower)
+MAX_CALLED_APPS = 64  # App(calls=[...])
+MAX_CONCURRENCY = 1024  # calls one replica may hold at once (max_concurrency=)
+STREAM_BATCH_PROBLEM = ("a streaming (generator) function cannot be batched: each call's items go to its own caller "
+                        "as they come; drop batch=, or return a list instead of yielding")
 
 Problem = tuple[str, str]  # (JSON path of the field, what is wrong)
 
@@ -66,6 +71,18 @@ def manifest_problems(manifest: Manifest, at: str = "$.manifest") -> Iterator[Pr
     yield from _duplicates([s.name for s in manifest.services], f"{at}.services", "service")
     for i, service in enumerate(manifest.services):
         yield from _service_problems(service, f"{at}.services[{i}]")
+    yield from _calls(manifest.calls, f"{at}.calls")
+
+
+def _calls(apps: list[str], at: str) -> Iterator[Problem]:
+    """The apps named in ``App(calls=[...])``: app names, each once, at most ``MAX_CALLED_APPS``."""
+    if len(apps) > MAX_CALLED_APPS:
+        yield at, f"an app may call at most {MAX_CALLED_APPS} other apps, not {len(apps)}"
+    for i, name in enumerate(apps[:MAX_CALLED_APPS]):
+        if not APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
+            yield f"{at}[{i}]", f"{name[:80]!r} is not an app name (1 to 63 lowercase letters, digits and '-')"
+        elif name in apps[:i]:
+            yield f"{at}[{i}]", f"app {name!r} is named twice"
 
 
 def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
@@ -141,18 +158,44 @@ def _function_problems(fn: FunctionSpec, svc: ServiceSpec, at: str) -> Iterator[
     for i, param in enumerate(fn.params):
         if not PY_NAME.fullmatch(param):
             yield f"{at}.params[{i}]", f"parameter {param!r} is not a Python name"
+    if not 0 <= fn.max_body_bytes <= MAX_BODY_BYTES:
+        yield f"{at}.max_body_bytes", f"max_body_bytes={fn.max_body_bytes}: from 1 to {MAX_BODY_BYTES}, or 0"
+    if fn.tensors is not None:
+        yield from _tensor_problems(fn, f"{at}.tensors")
     if len(fn.on) > MAX_SUBJECTS:
         yield f"{at}.on", f"a function binds at most {MAX_SUBJECTS} subjects, not {len(fn.on)}"
     for i, subject in enumerate(fn.on):
         problem = subject_problem(subject, wildcards=True)
         if problem:
             yield f"{at}.on[{i}]", problem
+    yield from _concurrency_problems(fn, at)
     if fn.result_subject is not None:
         problem = subject_problem(fn.result_subject, wildcards=False)
         if problem:
             yield f"{at}.result_subject", problem
         elif not fn.on:
             yield f"{at}.result_subject", "only events have result subjects; bind the function with on= too"
+
+
+def _concurrency_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:
+    if isinstance(fn.max_concurrency, bool) or not 1 <= fn.max_concurrency <= MAX_CONCURRENCY:
+        yield f"{at}.max_concurrency", f"max_concurrency={fn.max_concurrency!r}: an int from 1 to {MAX_CONCURRENCY}"
+    if fn.stream and fn.batch is not None:
+        yield f"{at}.batch", STREAM_BATCH_PROBLEM
+
+
+def _tensor_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:
+    assert fn.tensors is not None
+    if [t.name for t in fn.tensors.inputs] != fn.params:
+        yield f"{at}.inputs", "a function's input tensors are its parameters, in order"
+    if [t.name for t in fn.tensors.outputs] != ["output"]:
+        yield f"{at}.outputs", "a function has one output tensor, named 'output'"
+    for kind, metas in (("inputs", fn.tensors.inputs), ("outputs", fn.tensors.outputs)):
+        for i, meta in enumerate(metas):
+            if meta.datatype and meta.datatype not in DATATYPES:
+                yield f"{at}.{kind}[{i}].datatype", f"datatype {meta.datatype!r}: one of {sorted(DATATYPES)}"
+            if meta.shape is not None and (len(meta.shape) > MAX_TENSOR_RANK or any(d < -1 for d in meta.shape)):
+                yield f"{at}.{kind}[{i}].shape", f"a shape has at most {MAX_TENSOR_RANK} sizes, each -1 or more"
 
 
 def subject_problem(subject: str, *, wildcards: bool) -> str:
