@@ -155,6 +155,12 @@ def image_spec(where: str, image: object) -> ImageSpec | None:
     return image.spec
 
 
+def image_field(where: str, image: object, default: ImageSpec | None) -> dict[str, ImageSpec]:
+    """A decorator's ``image=``, else the app's image: the service spec's ``image`` field."""
+    spec = image_spec(where, image) if image is not None else default
+    return {"image": spec} if spec is not None else {}
+
+
 def _strings(what: str, values: object) -> list[str]:
     if isinstance(values, str) or not isinstance(values, Iterable):
         raise InvalidSpecError(f"Image {what}={values!r}: a list of strings")

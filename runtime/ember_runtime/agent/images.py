@@ -14,6 +14,7 @@ from typing import Any
 from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment
 from ember.wire.images import ImageSpec
 from ember_runtime.agent import sandbox as sandboxes
+from ember_runtime.agent.builder import Builder
 from ember_runtime.agent.envs import BuildError, Env, EnvCache
 from ember_runtime.agent.zygote_pool import Interpreter, ZygoteKey
 
@@ -31,14 +32,12 @@ class NodeImages:
         self.sandbox = sandbox
         self._failures: dict[str, tuple[int, float, str]] = {}  # sha -> (failures in a row, next try, why)
         self._preparing: dict[str, asyncio.Task[Env | None]] = {}
-        self._builder: Any = None
+        self._builder: Builder | None = None
         self.running: dict[Any, ImageSpec | None] = {}  # slot key -> the image a running replica was started with
         self._collected_at = 0.0
         self._builds_seen = 0
 
     async def start(self, nc: Any, node_id: str, bundles: Any) -> None:
-        from ember_runtime.agent.builder import Builder
-
         self._builder = Builder(nc, node_id, self.cache, bundles, self.sandbox)
         await self._builder.start()
 
