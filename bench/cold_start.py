@@ -133,6 +133,18 @@ def deploy(url: str, app_file: Path, app: str) -> int:
         transport.close()
 
 
+def put_weights(url: str) -> None:
+    """The classifier's weights: the ``digits-weights`` volume it mounts."""
+    from ember._client import Transport
+    from ember._volume import put_volume
+
+    transport = Transport(url)
+    try:
+        put_volume("digits-weights", [DIGITS / "weights.pt"], transport=transport)
+    finally:
+        transport.close()
+
+
 def write_apps(folder: Path) -> tuple[Path, Path]:
     for name in ("model.py", "schema.py", "weights.pt"):
         shutil.copy(DIGITS / name, folder / name)
@@ -161,6 +173,7 @@ def run(repeats: int) -> None:
         platform.start()
         os.environ["EMBER_TOKEN"] = platform.token  # for the SDK's transport and the raw calls here
         url = platform.url
+        put_weights(url)
         say(f"platform at {url}")
         for app in ("cs-plain", "cs-snap"):
             callers.append(Caller(url, app))

@@ -289,9 +289,11 @@ def deploy_examples(url: str, token: str,
                     paths: tuple[str, ...] = ("examples/hello/hello.py", "examples/digits/classifier.py")) -> None:
     import ember
     from ember._client import Transport
+    from ember._volume import put_volume
 
     transport = Transport(url, token=token)
     try:
+        put_volume("digits-weights", [ROOT / "examples" / "digits" / "weights.pt"], transport=transport)
         for path in paths:
             say(f"deploying {path}")
             ember.deploy(ROOT / path, transport=transport, timeout_s=180)

@@ -19,6 +19,7 @@ import httpx
 
 import ember
 from ember._client import Transport
+from ember._volume import put_volume
 from ember.dev.embedded import EmbeddedPlatform
 
 HERE = Path(__file__).resolve().parent
@@ -31,6 +32,9 @@ def main() -> int:
         print(f"Ember is up at {platform.url} (NATS {platform.nats_url})\n")
         auth = {"Authorization": f"Bearer {platform.token}"}  # its admin token (also in <state>/token)
         transport = Transport(platform.url, token=platform.token)
+        weights = put_volume("digits-weights", [HERE / "digits" / "weights.pt"], transport=transport)
+        print(f"put volume {weights.name} v{weights.version} ({weights.size:,} bytes): the digits classifier's "
+              "weights, mounted at /weights")
         for app in APPS:
             started = time.monotonic()
             view = ember.deploy(app, transport=transport)

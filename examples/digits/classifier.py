@@ -1,10 +1,11 @@
 """A torch digits classifier served with batching: `ember push examples/digits/classifier.py`.
 
-Weights are produced offline by `train.py` (scikit-learn's bundled digits data) and loaded from a file.
-The weights are loaded once per node, in a zygote (`@ember.setup(snap=True)`); each replica forked from it
-moves them to its own device. `ember.backends.torch` places the model on the replica's device
-(`EMBER_DEVICE`: the CPU, or the GPU the node gave it), stacks each batch onto that device and warms up
-at the batch sizes the replica will see.
+Weights are produced offline by `train.py` (scikit-learn's bundled digits data) and read from the
+`digits-weights` volume, mounted read-only at `/weights` (put it first: `ember volume put digits-weights
+examples/digits/weights.pt`). The weights are loaded once per node, in a zygote (`@ember.setup(snap=True)`);
+each replica forked from it moves them to its own device. `ember.backends.torch` places the model on the
+replica's device (`EMBER_DEVICE`: the CPU, or the GPU the node gave it), stacks each batch onto that device and
+warms up at the batch sizes the replica will see.
 """
 
 from pathlib import Path
@@ -15,11 +16,11 @@ import ember
 from ember.backends import torch as et
 
 app = ember.App("digits")
-WEIGHTS = Path(__file__).resolve().parent / "weights.pt"
+WEIGHTS = ember.Volume("digits-weights")  # see volume.py
 BATCH = ember.Batch(max_size=32, window_ms=5)
 
 
-@app.model(min_replicas=1, timeout_s=30)
+@app.model(min_replicas=1, timeout_s=30, volumes={"/weights": WEIGHTS})
 class Classifier:
     @ember.setup(snap=True)
     def load(self) -> None:
@@ -29,7 +30,7 @@ class Classifier:
         from model import DigitsNet
 
         torch.set_num_threads(1)
-        self.net = et.load_module(DigitsNet, WEIGHTS, device="cpu")
+        self.net = et.load_module(DigitsNet, Path(ember.mounted("/weights")) / "weights.pt", device="cpu")
         self._warm_up()
 
     @ember.setup

@@ -7,16 +7,18 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from ember.wire import assignment_decoder
-from ember.wire.jetstream import KVMirror, connect
+from ember.wire.jetstream import KVMirror, StorageLimits, connect
 from ember_platform.auth.bootstrap import bootstrap
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.calls.router import Router
+from ember_platform.calls.streams import Streams
 from ember_platform.config import Settings
 from ember_platform.control.builds import Builds
 from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
+from ember_platform.gateway.relay import Relay
 from ember_platform.metrics.calls import CallMetrics
 from ember_platform.natsauth import keys as auth_keys
 from ember_platform.natsauth.callout import AuthCallout
@@ -24,6 +26,7 @@ from ember_platform.quotas.store import QuotaStore
 from ember_platform.secrets.key import read_key
 from ember_platform.secrets.server import SecretsServer
 from ember_platform.secrets.store import SecretStore
+from ember_platform.volumes.store import VolumeStore
 
 
 class Platform:
@@ -32,6 +35,7 @@ class Platform:
         self.nc = nc
         self.registry = registry
         self.router = Router(nc, registry.replica_alive)
+        self.streams = Streams(nc, self.router, registry.replica_alive)  # generator functions' calls
         self.calls = registry.calls
         self.validators = Validators()
         self.call_metrics = CallMetrics()  # the call path's counters (GET /metrics)
@@ -73,6 +77,8 @@ class Platform:
                                                                   assignment_decoder.decode), registry.deployments)
                 await platform.callout.start()
             await platform.router.start()
+            await platform.streams.start()
+            await platform.relay.start()
             await platform.control.start()
         except BaseException:
             await nc.close()
@@ -84,6 +90,8 @@ class Platform:
             await self.callout.stop()
         await self.control.stop()
         await self.control.stop_acting()
+        await self.relay.stop()
+        await self.streams.stop()
         await self.router.stop()
         await self.registry.stop()
         await self.tokens.stop()

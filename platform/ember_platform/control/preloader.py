@@ -78,7 +78,8 @@ class Preloader:
                             snapshot = snapshot_of()
                         request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
                                                    function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
-                                                   host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256)
+                                                   host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
+                                                   volumes=tuple(m.key for m in svc.volumes))
                         likely = likely_nodes(snapshot, request, LIKELY_COUNT)
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),

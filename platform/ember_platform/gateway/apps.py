@@ -14,6 +14,7 @@ from ember._bundle import BundleTooLargeError, check_bundle
 from ember._errors import BadRequestError, ForbiddenError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
 from ember.wire.secrets import name_problem
+from ember.wire.validate import check_manifest
 from ember_platform.auth.scopes import INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
@@ -97,6 +98,7 @@ async def deploy(request: Request) -> Response:
     _check_body_limits(platform.settings, req.manifest)
     _check_calls(principal_of(request), req.manifest)
     check_locked(req.manifest)
+    check_manifest(req.manifest)  # before the volumes are looked up, so that a bad mount is named as such
     req = msgspec.structs.replace(req, manifest=platform.volumes.pin(req.manifest, principal_of(request).sees))
     dep = await platform.registry.deploy(request.path_params["app"], req)
     return json_response(dep, 201)

@@ -6,7 +6,9 @@ is not here: it is the server's one configured user, with every permission.
 A replica of app A may receive only its own functions' calls (synchronous, queued and events), answer on its
 app's answer subjects, write call records and results, publish its own status and its functions' load reports
 and dead letters, and publish event results to its functions' result subjects or to a requester's inbox. It
-cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines.
+cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines. Its code
+calls other functions only through its own relay subject (``ember.relay.<replica id>``), which a control plane
+answers after checking the call (``ember_platform.gateway.relay``): it never publishes another app's invoke subjects.
 """
 
 from __future__ import annotations
@@ -48,17 +50,20 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
     """A replica of ``app`` serving ``functions``: (name, bound to events, result subject) each."""
     calls, results = _kv(subjects.CALLS_BUCKET), _obj(subjects.RESULTS_STORE)
     pub = {
-        subjects.answers_of_app(app), subjects.replica_status(replica_id), "_INBOX.>", _STREAM_INFO, _STREAM_NAMES,
+        subjects.answers_of_app(app), subjects.replica_status(replica_id), subjects.relay(replica_id),
+        "_INBOX.>", _STREAM_INFO, _STREAM_NAMES,
         f"{_JS}.DIRECT.GET.{calls}.>", f"{_JS}.STREAM.MSG.GET.{calls}", f"$KV.{subjects.CALLS_BUCKET}.>",
         f"{_JS}.DIRECT.GET.{results}.>", f"{_JS}.STREAM.MSG.GET.{results}",
         f"$O.{subjects.RESULTS_STORE}.>", f"{_JS}.STREAM.MSG.DELETE.{subjects.DEAD_STREAM}",
     }
     sub = {subjects.replica_invoke(replica_id), subjects.replica_cancel(replica_id),
-           f"{replica_inbox(replica_id)}.>"}
+           subjects.replica_credit(replica_id), f"{replica_inbox(replica_id)}.>"}
     for name, events, result_subject in functions:
         durable = subjects.calls_consumer(app, name)
         streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(app, name)] if events else [])
-        for stream in streams:
+        consumers = [(stream, durable) for stream in streams]
+        consumers.append((subjects.CALLS_STREAM, subjects.pinned_calls_consumer(app, name, version)))  # its own only
+        for stream, durable in consumers:
             pub |= {f"{_JS}.CONSUMER.MSG.NEXT.{stream}.{durable}", f"{_JS}.CONSUMER.INFO.{stream}.{durable}",
                     f"$JS.ACK.{stream}.{durable}.>"}
         pub |= {subjects.stats(app, name), subjects.dead(app, name)}
@@ -69,8 +74,9 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
 
 
 def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
-    """A node agent: reads what is assigned to it and the bundles, writes its node's info and its replicas'
-    states, publishes their output lines, and asks for its replicas' secrets (a control plane answers)."""
+    """A node agent: reads what is assigned to it, the bundles and the volumes (never writes either), writes its
+    node's info and its replicas' states, publishes their output lines, and asks for its replicas' secrets (a
+    control plane answers)."""
     assignments, bundles = _kv(subjects.ASSIGNMENTS_BUCKET), _obj(subjects.BUNDLES_STORE)
     pub = {
         f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
@@ -90,4 +96,5 @@ def _volume_reader() -> list[str]:
     publish to ``$KV.ember_volumes`` or ``$O.ember_volume_chunks``, so no write and no delete."""
     versions, chunks = _kv(subjects.VOLUMES_BUCKET), _obj(subjects.VOLUME_CHUNKS_STORE)
     return [f"{_JS}.DIRECT.GET.{versions}.>", f"{_JS}.STREAM.MSG.GET.{versions}",
-            f"{_JS}.DIRECT.GET.{chunks}.>", f"{_JS}.STREAM.MSG.GET.{chunks}", *_reader(chunks)]
+            f"{_JS}.DIRECT.GET.{chunks}", f"{_JS}.DIRECT.GET.{chunks}.>", f"{_JS}.STREAM.MSG.GET.{chunks}",
+            *_reader(chunks)]

@@ -5,7 +5,8 @@ Costs are in GB-equivalents, lower is better, ties broken by node then slot id:
 - the memory a choice leaves unused on a GPU it shares (best-fit keeps large holes free), or, for a
   whole GPU, its size (a small GPU is taken before a large one);
 - ``SPREAD`` for each replica of the same function already on the node, and again on the GPU;
-- minus ``LOCALITY`` on a node that caches the replica's bundle or snapshot;
+- minus ``LOCALITY`` on a node that caches the replica's bundle or snapshot, and ``VOLUME_LOCALITY`` for each
+  volume it mounts that the node caches (a volume is fetched once per node, and may weigh gigabytes);
 - ``OPEN_NODE`` on a node that runs nothing yet (whole empty nodes are kept for replicas that
   need many GPUs);
 - ``NUMA_SPLIT`` for a multi-GPU replica whose GPUs sit on different NUMA nodes.
@@ -26,6 +27,7 @@ from ember_platform.scheduler.snapshot import UNLIMITED, Cluster, GroupKey
 
 SPREAD = 1000.0
 LOCALITY = 8.0
+VOLUME_LOCALITY = 8.0
 OPEN_NODE = 16.0
 NUMA_SPLIT = 1.0
 _WALK = 32  # candidates looked at per slot group once one fits (until then, all are)
@@ -87,7 +89,7 @@ def _fit_single(usage: Usage, index: FreeIndex, item: PlacementRequest, tier: tu
             if best is not None and (seen >= _WALK or _waste_gb(item, group[2], free) >= best.cost):
                 break
             best = _better(best, _single(usage, item, sid))
-    for nid in usage.cluster.bundle_nodes.get(item.bundle, ())[:_LOCAL_NODES]:
+    for nid in _local_nodes(usage, item):
         for sid in usage.cluster.nodes[nid].slots:
             if usage.cluster.slots[sid].group in tier:
                 best = _better(best, _single(usage, item, sid))
@@ -158,7 +160,8 @@ def _fit_host(usage: Usage, index: FreeIndex, item: PlacementRequest) -> Choice 
         best: Choice | None = None
         for seen, (free, nid) in enumerate(index.hosts_from(gpu_nodes, item.host_memory_mb)):
             waste = _host_waste_gb(free - item.host_memory_mb)
-            if best is not None and (seen >= _WALK or waste - LOCALITY >= best.cost):
+            if best is not None and (seen >= _WALK
+                                     or waste - LOCALITY - VOLUME_LOCALITY * len(item.volumes) >= best.cost):
                 break
             if usage.host_fits(nid, item.cpu_millis, item.host_memory_mb):
                 best = _better(best, Choice(waste + _node_cost(usage, item, nid), nid, ()))
@@ -181,9 +184,20 @@ def _slot_cost(usage: Usage, item: PlacementRequest, sid: int, free_mb: int) -> 
 
 
 def _node_cost(usage: Usage, item: PlacementRequest, nid: int) -> float:
-    local = bool(item.bundle) and item.bundle in usage.cluster.nodes[nid].bundles
+    node = usage.cluster.nodes[nid]
+    local = bool(item.bundle) and item.bundle in node.bundles
+    volumes = sum(1 for v in item.volumes if v in node.volumes) if item.volumes and node.volumes else 0
     opens = 0.0 if usage.node_replicas[nid] else OPEN_NODE
-    return SPREAD * usage.replicas_on_node(item.function, nid) - (LOCALITY if local else 0.0) + opens
+    return SPREAD * usage.replicas_on_node(item.function, nid) - (LOCALITY if local else 0.0) \
+        - VOLUME_LOCALITY * volumes + opens
+
+
+def _local_nodes(usage: Usage, item: PlacementRequest) -> list[int]:
+    """The nodes caching the replica's bundle or one of its volumes, looked at besides the best fits."""
+    found = list(usage.cluster.bundle_nodes.get(item.bundle, ())[:_LOCAL_NODES])
+    for key in item.volumes:
+        found += [n for n in usage.cluster.bundle_nodes.get(key, ())[:_LOCAL_NODES] if n not in found]
+    return found
 
 
 def _better(best: Choice | None, other: Choice | None) -> Choice | None:

@@ -23,6 +23,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
     host_memory_mb: int = 1024
     priority: Priority = "interactive"
     bundle: str = ""  # the bundle or snapshot key: nodes caching it are preferred
+    volumes: tuple[str, ...] = ()  # the volumes it mounts (``name@vN``): nodes caching them are preferred
 
 __all__ = ["GpuRequest", "PlacementRequest", "Priority", "Topology", "parse_gpu", "request_from_spec"]
 

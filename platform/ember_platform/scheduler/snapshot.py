@@ -42,6 +42,7 @@ class Node(NamedTuple):
     memory_mb: int
     slots: tuple[int, ...]
     bundles: frozenset[str]
+    volumes: frozenset[str] = frozenset()  # volume versions cached on the node (``name@vN``)
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,13 +89,13 @@ class Cluster:
             slots.extend(own)
             nodes.append(Node(nid, info.node_id, _or_unlimited(info.cpu_cores * 1000),
                               _or_unlimited(info.memory_mb or _cpu_memory(info)), tuple(s.sid for s in own),
-                              frozenset(info.bundles)))
+                              frozenset(info.bundles), frozenset(info.volumes)))
         groups: dict[GroupKey, list[int]] = {}
         bundles: dict[str, list[int]] = {}
         for slot in slots:
             groups.setdefault(slot.group, []).append(slot.sid)
         for node in nodes:
-            for key in sorted(node.bundles):
+            for key in sorted(node.bundles | node.volumes):
                 bundles.setdefault(key, []).append(node.nid)
         return cls(tuple(nodes), tuple(slots), {n.node_id: n.nid for n in nodes},
                    {(nodes[s.nid].node_id, s.uuid): s.sid for s in slots},

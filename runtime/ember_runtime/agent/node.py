@@ -24,6 +24,7 @@ from ember.wire import (
     NodeInfo,
     ReplicaStatus,
     SlotAssignment,
+    VolumeMount,
     ZygoteAssignment,
     assignment_decoder,
     encoder,
@@ -42,10 +43,12 @@ from ember_runtime.agent.images import NodeImages
 from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
+from ember_runtime.agent.volumes import VolumeCache
 from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
 
 log = logging.getLogger("ember.agent")
 RECONCILE_EVERY_S = 2.0
+VOLUME_CHECK_EVERY_S = 60.0  # cached volumes in use are checked (stat, then hashes if changed) this often
 FETCH_BACKOFF_S = (2.0, 300.0)  # a bundle that could not be fetched or unpacked is tried again after 2, 4, ... 300 s
 
 
@@ -104,6 +107,7 @@ class NodeAgent:
         self._secrets = SecretsFetcher(nc, self.node_id)
         status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
         self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
+        self.volumes = VolumeCache(self.state_dir / "volumes", stores.volumes, stores.volume_chunks, nc.jetstream())
         self.cgroups = MemoryCgroups.for_agent()
         self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
                                                               on_change=lambda *_: self._wake.set())
@@ -349,6 +353,27 @@ class NodeAgent:
         log.log(logging.WARNING if pin.warn else logging.INFO, "starting %s (%s)", replica.replica_id, pin.why)
         self._count_host_memory(slot)
         replica.start()
+
+    async def _slot_mounts(self, slot: SlotAssignment) -> tuple[tuple[Path, str], ...] | None:
+        """The replica's volumes, fetched before it starts; None (said on its status, tried again later, backing
+        off) when one cannot be fetched or mounted."""
+        keys = ",".join(m.key for m in slot.volumes)
+        failures, next_try, reason = self._volume_failures.get(keys, (0, 0.0, ""))
+        if time.monotonic() < next_try:
+            await self._report_unstarted(slot, reason)
+            return None
+        try:
+            mounts = await self._mounts(slot.volumes)
+        except Exception as exc:
+            delay = min(FETCH_BACKOFF_S[0] * 2 ** failures, FETCH_BACKOFF_S[1])
+            reason = (f"cannot fetch or mount volume(s) {keys} on node {self.node_id}: {type(exc).__name__}: {exc}; "
+                      f"attempt {failures + 1}, next in {delay:.0f}s")
+            self._volume_failures[keys] = (failures + 1, time.monotonic() + delay, reason)
+            log.warning("%s (replica %s)", reason, slot.replica_id)
+            await self._report_unstarted(slot, reason)
+            return None
+        self._volume_failures.pop(keys, None)
+        return mounts
 
     def _confinement(self, slot: SlotAssignment, secrets: dict[str, str]) -> sandboxes.Confinement:
         """The replica's sandbox, with the device nodes of its GPUs (a declared inventory has none), its

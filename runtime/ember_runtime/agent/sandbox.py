@@ -58,7 +58,10 @@ ALLOWED_ENV = frozenset({
     "EMBER_DEVICE", "EMBER_GPU_MEMORY_MB", "EMBER_VIRTUAL_GPU_PROCESSES", "EMBER_NATS_CREDS", "EMBER_JS_REPLICAS",
     "EMBER_ACK_WAIT_S", "EMBER_TEST_CRASH_AT", "EMBER_TEST_CRASH_DIR",
 })
-ALLOWED_PREFIXES = ("LC_",)
+# OpenTelemetry's settings (``OTEL_*``: the exporter's endpoint and headers, sampling, batching) reach replicas, which
+# then export their spans where the control plane does (see README, "Tracing"); each replica names its own service.
+ALLOWED_PREFIXES = ("LC_", "OTEL_")
+NOT_PASSED = frozenset({"OTEL_SERVICE_NAME"})
 UNSANDBOXED_ONLY = frozenset({"HOME", "USER", "LOGNAME", "TMPDIR"})  # a sandbox has its own
 WRITABLE_ENV = ("EMBER_TEST_CRASH_DIR", "EMBER_VIRTUAL_GPU_PROCESSES")  # folders a replica writes, when set
 
@@ -159,6 +162,8 @@ class Sandbox:
             args += ["--dev-bind-try", device, device]
         for folder in jail.writable:
             args += ["--bind", str(folder), str(folder)]
+        for source, target in jail.mounts:
+            args += ["--ro-bind", str(source), target]
         args += ["--ro-bind", str(jail.bundle), BUNDLE, "--chdir", BUNDLE, "--", *command]
         return args
 
@@ -193,7 +198,8 @@ def environment(own: Mapping[str, str], agent_env: Mapping[str, str] | None = No
     agent gives it: devices, credentials), then the app's ``secrets``."""
     agent_env = os.environ if agent_env is None else agent_env
     kept = {k: v for k, v in agent_env.items()
-            if k in ALLOWED_ENV or k.startswith(ALLOWED_PREFIXES) or (not sandboxed and k in UNSANDBOXED_ONLY)}
+            if (k in ALLOWED_ENV or k.startswith(ALLOWED_PREFIXES) or (not sandboxed and k in UNSANDBOXED_ONLY))
+            and k not in NOT_PASSED}
     env = {**kept, "PYTHONUNBUFFERED": "1", **own, **(secrets or {})}
     if sandboxed:
         env["HOME"] = HOME
@@ -352,3 +358,20 @@ def _child_pid(info: bytes) -> int:
         found: Any = json.loads(info).get("child-pid", 0)
         return int(found)
     return 0
+
+
+def volume_env(mounts: Iterable[tuple[Path, str]], *, sandboxed: bool) -> dict[str, str]:
+    """``EMBER_VOLUMES`` for a replica or zygote (``ember.mounted`` reads it): each mount path and where the
+    process reads it: the path itself in a sandbox, the cache folder without one (no mount namespace)."""
+    table = {target: target if sandboxed else str(source) for source, target in mounts}
+    return {"EMBER_VOLUMES": json.dumps(table, sort_keys=True)} if table else {}
+
+
+def mount_problems(mounts: Iterable[tuple[Path, str]], python: Iterable[Path]) -> list[str]:
+    """Mount paths that would hide this node's Python environment (over or under one of its folders)."""
+    problems = []
+    for _, target in mounts:
+        for root in python:
+            if Path(target) == root or Path(target).is_relative_to(root) or root.is_relative_to(target):
+                problems.append(f"mount path {target!r} is over or under {root}, where replicas' Python lives")
+    return problems

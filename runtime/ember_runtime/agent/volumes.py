@@ -25,11 +25,14 @@ from typing import Any
 
 import msgspec
 
+from ember.wire import subjects
+from ember.wire.jetstream import object_stream
 from ember.wire.volumes import VolumeMount, VolumeVersion, file_problem
 from ember_runtime.agent.bundles import CachedBundle, choose_evictions, make_read_only, remove_tree, tree_digest
 
 log = logging.getLogger("ember.agent.volumes")
 DEFAULT_BUDGET_BYTES = 100 * 1024**3
+STREAM = object_stream(subjects.VOLUME_CHUNKS_STORE)
 AHEAD = 4  # chunks fetched ahead of the one being written (memory: AHEAD + 1 chunks)
 _version_decoder = msgspec.json.Decoder(VolumeVersion)
 
@@ -69,12 +72,13 @@ def budget_from_env() -> int:
 
 
 class VolumeCache:
-    def __init__(self, root: Path, versions: Any, chunks: Any, budget_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, versions: Any, chunks: Any, js: Any, budget_bytes: int | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         self._versions = versions  # the ember_volumes KV bucket
         self._chunks = chunks  # the ember_volume_chunks object store
+        self._js = js
         self.budget_bytes = budget_from_env() if budget_bytes is None else budget_bytes
         self._locks: dict[str, asyncio.Lock] = {}
         self._checked: set[str] = set()  # hashed (or fetched) by this process, its record matching since
@@ -170,8 +174,18 @@ class VolumeCache:
         return sizes
 
     async def _chunk(self, sha: str) -> bytes:
-        result = await self._chunks.get(sha)
-        data: bytes = result.data or b""
+        """One chunk, its object's messages read by direct gets (a request each: no consumer to create, and
+        several times faster than the object store's ``get``), checked against its sha256."""
+        info = await self._chunks.get_info(sha)
+        if info.deleted or not info.nuid:
+            raise VolumeCorrupt(f"chunk {sha} is not in the store")
+        subject = f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.{info.nuid}"
+        parts, seq = [], 1
+        for _ in range(info.chunks or 0):
+            msg = await self._js.get_msg(STREAM, seq=seq, subject=subject, direct=True, next=True)
+            parts.append(msg.data or b"")
+            seq = (msg.seq or seq) + 1
+        data = b"".join(parts)
         digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
         if digest != sha:
             raise VolumeCorrupt(f"chunk {sha} from the store hashes to {digest}")

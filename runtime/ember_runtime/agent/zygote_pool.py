@@ -40,6 +40,7 @@ from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport,
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
 Event = Callable[[str, str, str], None]  # (app, service, line): a zygote's failure, for the app's log stream
+Mounts = Callable[[ZygoteAssignment], Awaitable[tuple[tuple[Path, str], ...]]]  # its volumes: (folder, mount path)
 Verify = Callable[[str], Awaitable[Path]]  # a bundle's sha256 -> its unpacked folder, checked
 BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
@@ -167,6 +168,7 @@ class Zygote:
         """The zygote process, listening on the socket the agent bound, its pid on this node asked for."""
         if self._verify is not None:
             self._bundle = await self._verify(self.assignment.bundle_sha256)
+        mounts = await self._mounts(self.assignment) if self._mounts is not None else ()
         listener = _listen(self._socket)
         ours, theirs = hostpid.socket_pair()
         fds = (listener.fileno(), theirs.fileno(), self._lifeline)
@@ -387,8 +389,10 @@ class ZygotePool:
     """The zygotes this node holds: those in its assignment, built and rebuilt as needed."""
 
     def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None, *,
-                 sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX, verify: Verify | None = None) -> None:
+                 sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX, verify: Verify | None = None,
+                 mounts: Mounts | None = None) -> None:
         self._dir = state_dir / "zygotes"
+        self._mounts = mounts
         self._nats_url = nats_url
         self._on_event = on_event
         self._sandbox = sandbox_

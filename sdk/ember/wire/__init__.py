@@ -80,6 +80,19 @@ from ember.wire.nodes import (
     ZygoteState,
     ZygoteStatus,
 )
+from ember.wire.oip import (
+    IndexRequest,
+    InferInput,
+    InferOutput,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelReady,
+    OipError,
+    RepositoryModel,
+    RequestedOutput,
+    ServerMetadata,
+)
 from ember.wire.quotas import Quota, QuotaRequest, QuotaUsage, QuotaView
 from ember.wire.secrets import SecretRequest, SecretsAnswer, SecretsRequest, SecretView, StoredSecret
 from ember.wire.specs import (
@@ -98,6 +111,7 @@ from ember.wire.specs import (
     ServiceSpec,
     TrafficShare,
 )
+from ember.wire.tensors import CompactTensor, TensorMeta, TensorSignature
 from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest
 from ember.wire.views import (
     AppView,
@@ -139,6 +153,7 @@ __all__ = [
     "CallStatus",
     "ChunksMissing",
     "ChunksQuery",
+    "CompactTensor",
     "DeadLetter",
     "DeployRequest",
     "Deployment",
@@ -149,16 +164,24 @@ __all__ = [
     "FunctionSpec",
     "FunctionStats",
     "Histogram",
+    "IndexRequest",
+    "InferInput",
+    "InferOutput",
+    "InferRequest",
+    "InferResponse",
     "InputMode",
     "Invocation",
     "LoadReport",
     "LogLine",
     "Manifest",
+    "ModelMetadata",
+    "ModelReady",
     "NewToken",
     "NodeAssignment",
     "NodeInfo",
     "NodeReplicaView",
     "NodeView",
+    "OipError",
     "Outbox",
     "Quota",
     "QuotaRequest",
@@ -169,6 +192,8 @@ __all__ = [
     "ReplayRequest",
     "ReplicaState",
     "ReplicaStatus",
+    "RepositoryModel",
+    "RequestedOutput",
     "Retries",
     "RolloutRequest",
     "ScaleBounds",
@@ -177,6 +202,7 @@ __all__ = [
     "SecretView",
     "SecretsAnswer",
     "SecretsRequest",
+    "ServerMetadata",
     "ServiceSpec",
     "ServiceStatus",
     "ServiceView",
@@ -187,6 +213,8 @@ __all__ = [
     "StatusView",
     "StoredSecret",
     "StoredToken",
+    "TensorMeta",
+    "TensorSignature",
     "TokenInfo",
     "TokenRequest",
     "TrafficShare",

@@ -103,6 +103,9 @@ class StorageLimits:
     tokens_kv_max_bytes: int = 16 * MiB  # ember_tokens: bearer tokens' records (a few hundred bytes each)
     quotas_kv_max_bytes: int = 4 * MiB  # ember_quotas: quotas (a few hundred bytes each)
     secrets_kv_max_bytes: int = 16 * MiB  # ember_secrets: secrets, encrypted (at most 64 KiB each)
+    volumes_kv_max_bytes: int = 256 * MiB  # ember_volumes: volumes' versions (their files and chunks' hashes)
+    volumes_kv_max_value_bytes: int = 8 * MiB  # one version's manifest (about 100,000 chunks)
+    volume_chunks_store_max_bytes: int = 16 * GiB  # ember_volume_chunks: volumes' contents
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -142,6 +145,9 @@ class StorageLimits:
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
                                                     "max_age": RESULTS_TTL_S},
             object_stream(subjects.BUNDLES_STORE): {"max_bytes": self.bundles_store_max_bytes},
+            kv_stream(subjects.VOLUMES_BUCKET): {"max_bytes": self.volumes_kv_max_bytes,
+                                                 "max_msg_size": self.volumes_kv_max_value_bytes},
+            object_stream(subjects.VOLUME_CHUNKS_STORE): {"max_bytes": self.volume_chunks_store_max_bytes},
         }
 
 
@@ -173,6 +179,8 @@ class Stores:
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
     quotas: KeyValue  # <quota name> -> wire.Quota (read and written by the control plane only)
     secrets: KeyValue  # <secret name> -> wire.StoredSecret, values encrypted (the control plane only)
+    volumes: KeyValue  # <volume>.<version> -> wire.VolumeVersion
+    volume_chunks: ObjectStore  # <sha256> -> one chunk of a volume's file
 
 
 class BucketsMissingError(RuntimeError):
@@ -218,6 +226,8 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.SECRETS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
         objects(subjects.RESULTS_STORE),
+        kv(subjects.VOLUMES_BUCKET, storage=StorageType.FILE),
+        objects(subjects.VOLUME_CHUNKS_STORE),
         stream(StreamConfig(
             name=subjects.CALLS_STREAM, subjects=[subjects.CALLS_ALL], retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)),
@@ -235,9 +245,11 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, make = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, make)
-    deployments, replicas, nodes, assignments, calls, tokens, quotas, secrets, bundles, results, _, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, tokens, quotas, secrets, bundles, results, volumes, \
+        volume_chunks, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
-                  bundles=bundles, results=results, tokens=tokens, quotas=quotas, secrets=secrets)
+                  bundles=bundles, results=results, tokens=tokens, quotas=quotas, secrets=secrets, volumes=volumes,
+                  volume_chunks=volume_chunks)
 
 
 _Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create

@@ -182,6 +182,7 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     queued: int
     in_flight: int
     per_call_s: float  # the replica's estimate of one call's share of a full batch; 0 until measured
+    slots: int = 1  # calls (batches) it runs at once: its function's max_concurrency; per_call_s counts them
 
 
 class LogLine(msgspec.Struct, frozen=True, kw_only=True):

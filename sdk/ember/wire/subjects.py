@@ -27,6 +27,8 @@ RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result 
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 TOKENS_BUCKET = "ember_tokens"  # key: <token id>             value: wire.StoredToken (the control plane's alone)
 QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota (the control plane's alone)
+VOLUMES_BUCKET = "ember_volumes"  # key: <volume>.<version>   value: wire.VolumeVersion (the files and their chunks)
+VOLUME_CHUNKS_STORE = "ember_volume_chunks"  # object name: <sha256>  value: one chunk of a volume's file
 SECRETS_BUCKET = "ember_secrets"  # key: <secret name>      value: wire.StoredSecret, encrypted (control plane only)
 
 _TOKEN = re.compile(r"[A-Za-z0-9_-]+")
@@ -68,6 +70,12 @@ def replica_cancel(replica_id: str) -> str:
 
 
 @lru_cache(maxsize=4096)
+def replica_credit(replica_id: str) -> str:
+    """Flow control of the streams a replica sends: how many items each stream's reader can take (``StreamCredit``)."""
+    return f"ember.replica.{_token(replica_id, 'replica id')}.credit"
+
+
+@lru_cache(maxsize=4096)
 def replica_status(replica_id: str) -> str:
     """A replica's own state, which its node agent writes to ``ember_replicas`` (a replica writes no bucket)."""
     return f"ember.replica.{_token(replica_id, 'replica id')}.status"
@@ -87,6 +95,15 @@ def answers_inbox(gateway_id: str) -> str:
 def answers_of_app(app: str) -> str:
     """Every gateway's answer subjects of one app's frames (a replica's publish permission)."""
     return f"{ANSWERS_ROOT}.*.{_token(app, 'app')}.*"
+
+
+def relay(replica_id: str) -> str:
+    """Calls a replica's code makes to other functions (``ember.wire.relay``), answered by a control plane. Only that
+    replica may publish here (its NATS permissions), so the subject names the caller."""
+    return f"ember.relay.{_token(replica_id, 'replica id')}"
+
+
+RELAY_ALL = "ember.relay.*"
 
 
 def node_secrets(node_id: str) -> str:
@@ -138,6 +155,17 @@ def calls(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
 def calls_consumer(app: str, function: str) -> str:
     """The durable pull consumer of one function's queued calls."""
     return f"{_token(app, 'app')}--{_fn_token(function)}"
+
+
+def pinned_calls(app: str, function: str, version: int, tenant: str = DEFAULT_TENANT) -> str:
+    """The asynchronous calls of one function pinned to one version (``/v1/<app>@<version>/<fn>/spawn``)."""
+    return f"{calls(app, function, tenant)}.v{int(version)}"
+
+
+def pinned_calls_consumer(app: str, function: str, version: int) -> str:
+    """The durable pull consumer of one version's pinned calls: ``<app>--<fn>--<version>`` (a function's token
+    never is a number, so no other consumer has this name)."""
+    return f"{calls_consumer(app, function)}--{int(version)}"
 
 
 def dead(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:

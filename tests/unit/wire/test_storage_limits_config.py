@@ -10,7 +10,7 @@ from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_dif
 
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
                 "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
-                "KV_ember_tokens", "KV_ember_quotas", "KV_ember_secrets"}
+                "KV_ember_tokens", "KV_ember_quotas", "KV_ember_secrets", "KV_ember_volumes", "OBJ_ember_volume_chunks"}
 
 
 def test_every_stream_has_a_size_limit() -> None:

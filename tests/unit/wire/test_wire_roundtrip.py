@@ -40,6 +40,29 @@ _SERVICE_STATUS = wire.ServiceStatus(app="digits", service="Classifier", version
                                      queue_depth=3, pending=7, unschedulable="no GPU fits")
 
 SAMPLES: list[msgspec.Struct] = [
+    wire.TensorSignature(inputs=[wire.TensorMeta(name="x", datatype="FP32", shape=[-1, 4])],
+                         outputs=[wire.TensorMeta(name="output")]),
+    wire.CompactTensor(datatype="UINT8", shape=[2], data=b"\x00\xff"),
+    wire.InferRequest(id="r1", parameters={"binary_data_output": True},
+                      inputs=[wire.InferInput(name="x", shape=[1, 2], datatype="FP32", data=[1.0, 2.0]),
+                              wire.InferInput(name="y", shape=[2], datatype="INT8",
+                                              parameters={"binary_data_size": 2})],
+                      outputs=[wire.RequestedOutput(name="output", parameters={"binary_data": True})]),
+    wire.InferResponse(model_name="a.f", model_version="2", id="r1",
+                       outputs=[wire.InferOutput(name="output", datatype="FP32", shape=[1], data=[0.5]),
+                                wire.InferOutput(name="output", datatype="FP32", shape=[1],
+                                                 parameters={"binary_data_size": 4})]),
+    wire.ModelMetadata(name="a.f", versions=["2"], platform="ember", inputs=[wire.TensorMeta(name="x")],
+                       outputs=[wire.TensorMeta(name="output", datatype="INT64", shape=[1])]),
+    wire.ModelReady(name="a.f", ready=True),
+    wire.ServerMetadata(name="ember", version="0.1.0", extensions=["binary_tensor_data"]),
+    wire.RepositoryModel(name="a.f", version="2", state="UNAVAILABLE", reason="no replica is ready"),
+    wire.IndexRequest(ready=True),
+    wire.OipError(error="no model named 'x'"),
+    wire.TensorMeta(name="x", datatype="BOOL", shape=[3]),
+    wire.InferInput(name="x", shape=[2, 2], datatype="INT32", data=[[1, 2], [3, 4]]),
+    wire.RequestedOutput(name="output"),
+    wire.InferOutput(name="output", datatype="BOOL", shape=[2], data=[True, False]),
     wire.Batch(max_size=8, window_ms=0.0),
     wire.Batch(max_size=8, window_ms=1.0, latency_budget_ms=20.0, max_cost=4096.0),
     _HIST,
@@ -70,6 +93,15 @@ SAMPLES: list[msgspec.Struct] = [
     wire.SecretsRequest(replica_id="r-1"),
     wire.SecretsAnswer(env={"HF_TOKEN": "hf_x"}),
     wire.SecretsAnswer(error="not assigned"),
+    wire.VolumeMount(path="/weights", name="w", version=2),
+    wire.VolumeFile(path="a/b.pt", size=3, chunks=["a" * 64], executable=True),
+    wire.VolumeCommit(files=[wire.VolumeFile(path="b", size=0, chunks=[])]),
+    wire.VolumeVersion(name="w", version=1, files=[], size=0, created_at=1.0),
+    wire.ChunksQuery(chunks=["b" * 64]),
+    wire.ChunksMissing(missing=[]),
+    wire.VolumeView(name="w", version=1, size=3, file_count=1, created_at=1.0, versions=[1],
+                    files=[wire.VolumeFileView(path="a", size=3)], used_by=["app"]),
+    wire.VolumeFileView(path="a", size=3),
     wire.QuotaView(quota=wire.Quota(name="q", apps="*", max_replicas=1),
                    usage=wire.QuotaUsage(replicas=1, gpu_memory_mb=24576, calls_in_flight=3)),
     wire.QuotaUsage(),
@@ -113,6 +145,15 @@ SAMPLES: list[msgspec.Struct] = [
     _INVOCATION,
     _LOG,
     wire.DeployRequest(bundle_sha256="cd" * 32, manifest=_MANIFEST),
+    wire.DeployRequest(bundle_sha256="cd" * 32, manifest=_MANIFEST, canary_percent=20),
+    wire.RolloutRequest(version=3),
+    wire.TrafficShare(version=2, percent=80),
+    wire.Release(version=1, bundle_sha256="ef" * 32, manifest=_MANIFEST, created_at=1.0),
+    wire.Deployment(app="digits", version=3, bundle_sha256="ab" * 32, manifest=_MANIFEST, created_at=2.0,
+                    releases=[wire.Release(version=2, bundle_sha256="ef" * 32, manifest=_MANIFEST, created_at=1.0)],
+                    traffic=[wire.TrafficShare(version=2, percent=80), wire.TrafficShare(version=3, percent=20)],
+                    canary_percent=20, stable=2, switched_at=3.0, latest=3),
+    wire.VersionView(version=3, percent=20, state="canary", bundle_sha256="ab" * 32, created_at=2.0, ready=1),
     wire.ServiceView(name="Classifier", min_replicas=0, max_replicas=4, functions=["Classifier.predict"],
                      replicas=[_REPLICA]),
     wire.AppView(app="digits", version=3, bundle_sha256="ab" * 32, created_at=1.0,
@@ -127,7 +168,8 @@ def _wire_types() -> set[type[msgspec.Struct]]:
 
 
 # Bodies users write by hand (``ember scale``, replay requests): a misspelt field is refused, not ignored.
-USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest, wire.QuotaRequest, wire.SecretRequest}
+USER_WRITTEN = {wire.ScaleRequest, wire.ReplayRequest, wire.TokenRequest, wire.QuotaRequest, wire.SecretRequest,
+                wire.RolloutRequest, wire.VolumeCommit, wire.ChunksQuery}
 
 
 def test_the_wire_package_exports_every_wire_type() -> None:

@@ -1,0 +1,164 @@
+"""Volumes: how fast a put and a node's fetch move bytes, beside a plain file copy on the same disk, and what a
+1 GiB volume costs a replica's start when the node has it cached and when it has not.
+
+What is measured (one run of the embedded platform: nats-server, control plane, node agent on this machine)
+    * ``copy``   ``shutil.copyfile`` of a file of random bytes to another file in the same folder (the page cache
+                 holds the source, as it does for the put that follows)
+    * ``put``    ``ember.put_volume`` of a fresh file of random bytes (nothing stored yet): read, hashed, sent over
+                 HTTP in 8 MiB chunks, hashed again and stored in JetStream's object store, then committed
+    * ``fetch``  the node's volume cache (``ember_runtime.agent.volumes.VolumeCache``, as the agent runs it)
+                 fetching that version: each chunk from the object store, checked, written to its file, made
+                 read-only; measured in this process with the control plane's NATS credentials
+    Rounds are interleaved (copy, put, fetch on a new file each round); the table shows medians in MB/s and
+    each against the copy. Target: put and fetch at least half the copy's speed.
+
+    * ``start, not cached``  from ``ember push`` of an app mounting a new 1 GiB volume to its replica ready
+                             (the node fetches the volume first)
+    * ``start, cached``      the same for a second app mounting that same version, now in the node's cache
+                             (checked by a stat of its files)
+
+Usage
+    python bench/volumes.py [--mb 256] [--repeats 3] [--start-mb 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+from ember._client import Transport
+from ember._deploy import deploy
+from ember._volume import put_volume
+from ember.dev.embedded import EmbeddedPlatform
+from ember.wire import VolumeMount, subjects
+from ember.wire.jetstream import connect
+from ember_runtime.agent.volumes import VolumeCache
+
+MB = 1024 * 1024
+APP = '''import os
+import ember
+app = ember.App("{app}")
+
+@app.function(volumes={{"/data": ember.Volume("{volume}")}})
+def size() -> int:
+    return os.path.getsize(os.path.join(ember.mounted("/data"), "blob.bin"))
+'''
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def random_file(path: Path, mb: int) -> None:
+    with path.open("wb") as fh:
+        for _ in range(mb // 4):
+            fh.write(os.urandom(4 * MB))
+
+
+async def fetch(url: str, creds: object, root: Path, name: str) -> float:
+    nc = await connect(url, "bench-volumes", creds)  # type: ignore[arg-type]
+    try:
+        js = nc.jetstream()
+        cache = VolumeCache(root, await js.key_value(subjects.VOLUMES_BUCKET),
+                            await js.object_store(subjects.VOLUME_CHUNKS_STORE), js)
+        started = time.perf_counter()
+        await cache.ensure(VolumeMount(path="/data", name=name, version=1))
+        return time.perf_counter() - started
+    finally:
+        await nc.close()
+
+
+def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int,
+               repeats: int) -> dict[str, list[float]]:
+    rates: dict[str, list[float]] = {"copy": [], "put": [], "fetch": []}
+    for i in range(repeats):
+        source = work / f"src-{i}" / "blob.bin"
+        source.parent.mkdir()
+        random_file(source, mb)
+        started = time.perf_counter()
+        shutil.copyfile(source, work / f"copy-{i}.bin")
+        rates["copy"].append(mb / (time.perf_counter() - started))
+        os.unlink(work / f"copy-{i}.bin")
+
+        name = f"bench-{uuid.uuid4().hex[:8]}"
+        started = time.perf_counter()
+        put_volume(name, [source.parent], transport=transport)
+        rates["put"].append(mb / (time.perf_counter() - started))
+
+        seconds = asyncio.run(fetch(plat.nats_url, plat.nats_credentials, work / f"cache-{i}", name))
+        rates["fetch"].append(mb / seconds)
+        shutil.rmtree(work / f"cache-{i}", ignore_errors=True)
+        shutil.rmtree(source.parent)
+        transport.request("DELETE", f"/v1/volumes/{name}")
+        say(f"round {i + 1}: copy {rates['copy'][-1]:.0f}, put {rates['put'][-1]:.0f}, "
+            f"fetch {rates['fetch'][-1]:.0f} MB/s")
+    return rates
+
+
+def starts(transport: Transport, work: Path, mb: int, repeats: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {"start, not cached": [], "start, cached": []}
+    for i in range(repeats):
+        folder = work / f"vol-{i}"
+        folder.mkdir()
+        random_file(folder / "blob.bin", mb)
+        name = f"start-{uuid.uuid4().hex[:8]}"
+        put_volume(name, [folder], transport=transport)
+        shutil.rmtree(folder)
+        apps = []
+        for label in ("start, not cached", "start, cached"):
+            app = f"vs-{uuid.uuid4().hex[:6]}"
+            source = work / app / "app.py"
+            source.parent.mkdir()
+            source.write_text(APP.format(app=app, volume=name))
+            started = time.perf_counter()
+            deploy(source, transport=transport, timeout_s=600)
+            times[label].append(time.perf_counter() - started)
+            apps.append(app)
+        for app in apps:
+            transport.request("DELETE", f"/v1/apps/{app}")
+        say(f"round {i + 1}: push to ready, not cached {times['start, not cached'][-1]:.2f}s, "
+            f"cached {times['start, cached'][-1]:.2f}s")
+        time.sleep(3)  # the replicas drain before the volume goes
+        transport.request("DELETE", f"/v1/volumes/{name}")
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=256, help="size of the file put and fetched (MiB)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--start-mb", type=int, default=1024, help="size of the volume a replica mounts (MiB)")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="ember-bench-volumes-"))
+    try:
+        with EmbeddedPlatform(work / "state") as plat:
+            transport = Transport(plat.url, token=plat.token)
+            rates = throughput(plat, transport, work, args.mb, args.repeats)
+            times = starts(transport, work, args.start_mb, args.repeats)
+            transport.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    copy = statistics.median(rates["copy"])
+    print(f"\nvolumes on {platform.node()} ({os.cpu_count()} CPUs), {args.mb} MiB files, {args.repeats} rounds, "
+          "medians")
+    print(f"  {'':<22} {'MB/s':>8} {'vs copy':>8}")
+    for label, values in rates.items():
+        median = statistics.median(values)
+        print(f"  {label:<22} {median:>8.0f} {median / copy:>8.2f}")
+    print(f"\nreplica start with a {args.start_mb} MiB volume (push to ready), {args.repeats} rounds, medians")
+    for label, values in times.items():
+        print(f"  {label:<22} {statistics.median(values):>7.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
