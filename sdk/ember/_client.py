@@ -11,7 +11,7 @@ import atexit
 import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -31,6 +31,7 @@ from ember.wire import (
     encoder,
     error_from_info,
 )
+from ember.wire.streams import line_decoder
 
 if TYPE_CHECKING:
     import ssl
@@ -76,6 +77,31 @@ def invoke_op(app: str, name: str, body: bytes, *, timeout_s: float | None = Non
 
 def _as_is(content: bytes) -> bytes:
     return content  # a RawOutput stays one
+
+
+def stream_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None) -> Op[bytes]:
+    """``POST /v1/<app>/<name>`` of a streaming (generator) function, read as NDJSON: see ``stream_items``."""
+    headers = {**_call_headers(timeout_s, body), "accept": "application/x-ndjson"}
+    return Op("POST", f"/v1/{app}/{name}", _as_is, content=body, headers=headers)
+
+
+def _item_of(line: bytes | str, what: str) -> bytes | None:
+    """The raw JSON of the item one NDJSON line carries; None at the stream's end; the error a line carries, raised."""
+    try:
+        parsed = line_decoder.decode(line)
+    except msgspec.MsgspecError as exc:
+        raise EmberError(f"{what}: an unreadable line in the stream: {str(line)[:200]!r}") from exc
+    if parsed.error is not None:
+        raise error_from_info(parsed.error)
+    if parsed.end:
+        return None
+    if isinstance(parsed.item, msgspec.Raw):
+        return bytes(parsed.item)
+    raise EmberError(f"{what}: a line in the stream is neither an item, its end nor an error: {str(line)[:200]!r}")
+
+
+def _cut(what: str) -> PlatformUnreachableError:
+    return PlatformUnreachableError(f"{what}: the stream was cut before its end")
 
 
 def spawn_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None,
@@ -173,6 +199,36 @@ class Transport:
                 raise _error_from(response)
             yield response
 
+    def answer_parts(self, op: Op[bytes]) -> Iterator[tuple[bool, bytes]]:
+        """What a call answers, as it comes: ``(False, result)`` once for a plain function; ``(True, item)`` per item
+        for a generator (``op`` should accept NDJSON: see ``stream_op``)."""
+        what = f"{op.method} {self.url}{op.path}"
+        with self.stream(op.method, op.path, **_request_kwargs(op)) as response, \
+                _mapped_errors(self.url, op.method, op.path):
+            if response.headers.get("content-type", "").partition(";")[0] != "application/x-ndjson":
+                yield False, response.read()
+                return
+            for line in response.iter_lines():
+                if line:
+                    item = _item_of(line, what)
+                    if item is None:
+                        return
+                    yield True, item
+        raise _cut(what)
+
+    def stream_items(self, op: Op[bytes]) -> Iterator[bytes]:
+        """The raw JSON items of a streamed call (``stream_op``) as they come; raises the error it ended with."""
+        what = f"{op.method} {self.url}{op.path}"
+        with self.stream(op.method, op.path, **_request_kwargs(op)) as response, \
+                _mapped_errors(self.url, op.method, op.path):
+            for line in response.iter_lines():
+                if line:
+                    item = _item_of(line, what)
+                    if item is None:
+                        return
+                    yield item
+        raise _cut(what)
+
 
 class AsyncTransport:
     """The async twin of :class:`Transport`, owned by one operation: ``async with AsyncTransport() as t``.
@@ -218,6 +274,22 @@ class AsyncTransport:
         with _mapped_errors(self.url, method, path):
             response = await self._client.request(method, path, **kwargs)
         return _checked(response)
+
+    async def stream_items(self, op: Op[bytes]) -> AsyncIterator[bytes]:
+        """The async twin of :meth:`Transport.stream_items`."""
+        what = f"{op.method} {self.url}{op.path}"
+        with _mapped_errors(self.url, op.method, op.path):
+            async with self._client.stream(op.method, op.path, **_request_kwargs(op)) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error_from(response)
+                async for line in response.aiter_lines():
+                    if line:
+                        item = _item_of(line, what)
+                        if item is None:
+                            return
+                        yield item
+        raise _cut(what)
 
 
 def _content(response: httpx.Response) -> bytes:

@@ -90,6 +90,20 @@ class ConflictError(EmberError):
     http_status = 409
 
 
+class CallCycleError(ConflictError):
+    """A function called a function that is already waiting on this very call (``a`` calls ``b`` calls ``a``):
+    its replicas' slots may all be held by the calls waiting, so the call could deadlock; it is refused at once.
+
+    Example:
+        >>> try:
+        ...     other.remote(x)
+        ... except ember.CallCycleError as exc:
+        ...     print(exc)  # names the chain: app-a.f -> app-b.g -> app-a.f
+    """
+
+    code = "call_cycle"
+
+
 class InvalidInputError(EmberError):
     """The input does not match the function's declared type; ``field`` names the culprit."""
 
@@ -153,7 +167,7 @@ class PlatformUnreachableError(EmberError, builtins.ConnectionError):
 _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
     for cls in (EmberError, InvalidSpecError, BadRequestError, UnauthenticatedError, ForbiddenError, NotFoundError,
-                ConflictError, InvalidInputError, PayloadTooLargeError, OverloadedError, RateLimitedError,
+                ConflictError, CallCycleError, InvalidInputError, PayloadTooLargeError, OverloadedError, RateLimitedError,
                 UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError)
 }
 

@@ -6,22 +6,31 @@ a class). When the executor is free the batcher dispatches at once unless waitin
 memory. Model code runs on the executor thread, so the event loop keeps receiving and decoding the next
 calls while a batch runs. Expired calls are answered with a deadline error and never run; cancelled
 calls are dropped; a failing batch is bisected so that only the inputs at fault get the error.
+
+With ``slots`` above one (a function's ``max_concurrency``), up to that many batches run at once: on the
+executor's threads for sync code, as tasks on the event loop for ``async def`` code (``run`` returning a
+coroutine), which never touches the executor.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import heapq
+import inspect
 import itertools
 import math
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, EmberError, OverloadedError, UnavailableError
+from ember_runtime.batching import spans
 from ember_runtime.batching.costmodel import CostModel
 from ember_runtime.batching.isolation import BatchReport, BatchRunner
 from ember_runtime.batching.policy import Limits, QueueView, hold_for
@@ -45,19 +54,24 @@ class Call:
     enqueued_at: float = field(default_factory=time.monotonic)
     cancelled: bool = False
     seq: int = 0  # arrival order, the last tie-breaker of the queue's order
+    chain: list[Any] = field(default_factory=list)  # a call from a function: the calls waiting on it (wire ``Hop``s)
+    span: Any = None  # its ``ember.call`` span, when tracing is on (see ``spans``)
 
     def deadline_mono(self) -> float:
         return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
 
 
 class Batcher:
-    """Batches calls to ``run(values) -> outputs`` (same length), one batch at a time on ``executor``."""
+    """Batches calls to ``run(values) -> outputs`` (same length), ``slots`` batches at a time on ``executor``
+    (or on the event loop when ``run`` is an ``async def``)."""
 
-    def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_size: int, window_s: float,
+    def __init__(self, run: Callable[[list[Any]], Any], *, max_size: int, window_s: float,
                  executor: Executor, max_queue: int = 1024, max_cost: float | None = None,
                  latency_budget_s: float | None = None, cost_model: CostModel | None = None,
-                 group_by_cost: bool = False, name: str = "batcher") -> None:
+                 group_by_cost: bool = False, name: str = "batcher", slots: int = 1,
+                 serving: Callable[[list[Call]], AbstractContextManager[Any]] | None = None) -> None:
         self.name = name
+        self._serving = serving or (lambda _batch: contextlib.nullcontext())
         self.limits = Limits(max_size=max_size, window_s=window_s, max_cost=max_cost,
                              latency_budget_s=latency_budget_s)
         self.max_queue = max_queue
@@ -66,7 +80,12 @@ class Batcher:
         self.metrics = BatcherMetrics()
         self.oom_limit: int | None = None
         self._runner = BatchRunner(run, name)
+        self._async = inspect.iscoroutinefunction(run)
         self._executor = executor
+        self.slots = slots
+        self._running: dict[int, tuple[float, int]] = {}  # batch number -> (start, size), while it runs
+        self._batch_ids = itertools.count()
+        self._tasks: set[asyncio.Task[None]] = set()  # batches running beside the loop (slots > 1)
         self._heap: list[tuple[int, float, int, Call]] = []
         self._by_id: dict[str, Call] = {}
         self._seq = itertools.count()
@@ -75,8 +94,8 @@ class Batcher:
         self._mean_gap = math.inf
         self._last_arrival: float | None = None
         self._busy_until: float | None = None
-        self.in_flight = 0  # calls in the batch that runs now
-        self.running_since: float | None = None  # when the batch that runs now started (monotonic)
+        self.in_flight = 0  # calls in the batches that run now
+        self.running_since: float | None = None  # when the oldest batch that runs now started (monotonic)
         self.room = asyncio.Event()  # set whenever calls leave the queue or a batch ends
 
     # -- intake ------------------------------------------------------------------------------------
@@ -108,6 +127,8 @@ class Batcher:
             return False
         call.cancelled = True
         self.metrics.cancelled += 1
+        if call.span is not None:  # never answered: its span ends here
+            tracing.end(call.span, "cancelled")
         return True
 
     def close(self) -> None:
@@ -130,6 +151,11 @@ class Batcher:
     def queued(self) -> int:
         return len(self._heap)
 
+    @property
+    def vacancy(self) -> int:
+        """Calls that could start now beyond those queued: free slots times the batch size."""
+        return self.capacity * self.slots - len(self._heap) - self.in_flight
+
     def _note_arrival(self, now: float) -> None:
         if self._last_arrival is not None:
             gap = max(now - self._last_arrival, 0.0)
@@ -144,7 +170,7 @@ class Batcher:
         key = (PRIORITY_RANK.get(call.priority, 0), call.deadline)
         ahead = sum(1 for rank, deadline, _, c in self._heap if (rank, deadline) <= key and not c.cancelled)
         cap = self.capacity
-        start = now + self._busy_left(now) + (ahead // cap) * self.model.predict(cap)
+        start = now + self._busy_left(now) + (ahead // (cap * self.slots)) * self.model.predict(cap)
         finish = start + self.model.predict(min(cap, ahead % cap + 1))
         left = call.deadline_mono() - now
         if finish - now > left:
@@ -161,9 +187,18 @@ class Batcher:
         return min(self.limits.max_size, self.oom_limit or self.limits.max_size)
 
     async def run_forever(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _loop(self) -> None:
         while True:
-            if not self._heap:
-                if self._closed:
+            if not self._heap or len(self._running) >= self.slots:
+                if self._closed and not self._heap:
+                    await asyncio.gather(*self._tasks)  # the batches still running finish (drain)
                     return
                 self._wake.clear()
                 await self._wake.wait()
@@ -175,8 +210,14 @@ class Batcher:
                     await asyncio.wait_for(self._wake.wait(), wait)
                 continue
             batch = await self._take()
-            if batch:
+            if not batch:
+                continue
+            if self.slots == 1:
                 await self._execute(batch)
+            else:
+                task = asyncio.create_task(self._execute(batch), name=f"{self.name}-batch")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     def _hold_for(self, now: float) -> float:
         live = [c for *_, c in self._heap if not c.cancelled]
@@ -245,17 +286,19 @@ class Batcher:
         return batch
 
     async def _execute(self, batch: list[Call]) -> None:
-        loop = asyncio.get_running_loop()
-        started = self.running_since = time.monotonic()
-        self._busy_until = started + self.model.predict(len(batch))
-        self.in_flight = len(batch)
-        self.room.set()
+        number, started = self._begin(batch)
+        traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
+            if tracing.ON else None
         try:
-            report: BatchReport = await loop.run_in_executor(self._executor, self._runner, [c.value for c in batch])
+            values = [c.value for c in batch]
+            with self._serving(batch):  # what ``ember.current_call()`` answers in the function (copied to its thread)
+                report: BatchReport = await self._runner.arun(values) if self._async else \
+                    await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
+                                                                     self._runner, values)
         finally:
-            self._busy_until = self.running_since = None
-            self.in_flight = 0
-            self.room.set()
+            self._end(number)
+            if traced is not None:
+                spans.end(traced)
         elapsed = time.monotonic() - started
         if report.clean:
             self.model.observe(len(batch), elapsed)
@@ -268,9 +311,31 @@ class Batcher:
                 self.metrics.failed += 1
             await call.answer(outcome.value, outcome.error, len(batch))
 
+    def _begin(self, batch: list[Call]) -> tuple[int, float]:
+        """Count the batch as running; returns its number and start."""
+        number, started = next(self._batch_ids), time.monotonic()
+        self._running[number] = started, len(batch)
+        self._update_running()
+        return number, started
+
+    def _end(self, number: int) -> None:
+        del self._running[number]
+        self._update_running()
+        self._wake.set()  # a slot is free
+
+    def _update_running(self) -> None:
+        running = self._running.values()
+        self.in_flight = sum(size for _, size in running)
+        self.running_since = min((start for start, _ in running), default=None)
+        # Only once every slot is taken must a new call wait: until the batch that ends first is done.
+        self._busy_until = None if len(self._running) < self.slots else \
+            min(start + self.model.predict(size) for start, size in running)
+        self.room.set()
+
     def _busy_left(self, now: float) -> float:
         return max(0.0, self._busy_until - now) if self._busy_until is not None else 0.0
 
     def _drain_estimate(self) -> float:
         cap = self.capacity
-        return self._busy_left(time.monotonic()) + math.ceil(len(self._heap) / cap) * self.model.predict(cap)
+        return self._busy_left(time.monotonic()) + \
+            math.ceil(len(self._heap) / (cap * self.slots)) * self.model.predict(cap)

@@ -23,6 +23,7 @@ from nats.aio.msg import Msg
 
 from ember import _inner as inner
 from ember import _loop as ember_loop
+from ember import _tracing as tracing
 from ember._errors import EmberError, NotFoundError, UnavailableError
 from ember._loader import find_app, import_app_module
 from ember.wire import (
@@ -40,13 +41,16 @@ from ember.wire import (
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import connect, ensure_buckets
 from ember.wire.natscreds import NatsCredentials, take_from_env
+from ember.wire.streams import credit_decoder
 from ember_runtime import hostpid
+from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
-from ember_runtime.replica.endpoint import Endpoint, build_endpoints
+from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
+from ember_runtime.replica.streams import Streams
 
 log = logging.getLogger("ember.replica")
 CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may take a moment to admit it
@@ -81,6 +85,7 @@ class Replica:
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.stuck = False
+        self.endpoints: list[Endpoint] = []
 
     async def run(self, creds: NatsCredentials | None = None) -> int:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
@@ -128,6 +133,8 @@ class Replica:
             inner.uninstall()
             await nc.drain()
             self.executor.shutdown(wait=False, cancel_futures=True)
+            for endpoint in self.endpoints:
+                endpoint.close()
 
     async def _load(self) -> list[Endpoint]:
         imports_at = time.time()
@@ -157,6 +164,8 @@ class Replica:
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []
         self.answers = Answers(nc, self.args.replica_id)
+        self.streams = Streams(nc, self.args.replica_id)
+        self.endpoints = endpoints
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
@@ -181,6 +190,7 @@ class Replica:
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
+        subs.append(await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit))
         await nc.flush()
         return subs, loops
 
@@ -235,22 +245,43 @@ class Replica:
               packed: bool = False) -> None:
         call_id = invocation.call_id
         codec, compact = ("msgpack" if packed else "json"), invocation.compact
+        span: Any = None  # its ``ember.call`` span, when tracing is on
 
         async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
             self.answers.answer(reply, answer_of(call_id, output, error, batch_size, codec, compact), packed)
+            if span is not None:
+                spans.answered(span, error)
 
         if served is None:
             error = NotFoundError(f"replica {self.args.replica_id} serves no function {invocation.function!r}")
             self.answers.answer(reply, answer_of(call_id, None, error, 0, codec), packed)
             return
         endpoint, batcher = served
+        if endpoint.spec.stream:
+            self._take_stream(reply, invocation, endpoint, batcher, codec)
+            return
         self.answers.hold(reply, call_id, packed)
+        if tracing.ON:
+            span = spans.call(invocation.trace, call_id, invocation.function)
         try:
             value = endpoint.decode(invocation.input, codec)
             batcher.submit(Call(value, invocation.deadline, answer, call_id, "interactive",
-                                endpoint.cost_of(value), chain=invocation.chain))
+                                endpoint.cost_of(value), chain=invocation.chain, span=span))
         except EmberError as exc:
+            if span is not None:
+                spans.answered(span, exc)
             self.answers.answer(reply, answer_of(call_id, None, exc, 0, codec), packed)
+
+    def _take_stream(self, reply: str, invocation: Invocation, endpoint: Endpoint, batcher: Batcher,
+                     codec: str) -> None:
+        """A call of a generator: accepted at once (``ember.wire.streams``), its items sent as they come."""
+        sink = self.streams.open(reply, invocation.call_id, invocation.deadline)
+        try:
+            args, kwargs = endpoint.decode(invocation.input, codec)
+            batcher.submit(Call(Streamed(args, kwargs, sink), invocation.deadline, sink.finish, invocation.call_id,
+                                "interactive", chain=invocation.chain))
+        except EmberError as exc:
+            asyncio.get_running_loop().create_task(sink.finish(None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck)."""
@@ -259,7 +290,8 @@ class Replica:
                 cap = batcher.capacity
                 report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,
                                     version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
-                                    per_call_s=batcher.model.predict(cap) / cap)
+                                    per_call_s=batcher.model.predict(cap) / (cap * batcher.slots),
+                                    slots=batcher.slots)
                 with contextlib.suppress(Exception):
                     await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
             with contextlib.suppress(TimeoutError):
@@ -267,9 +299,17 @@ class Replica:
 
     async def _on_cancel(self, msg: Msg) -> None:
         call_id = msg.data.decode(errors="replace")
+        self.streams.cancel(call_id)  # a stream is running, or queued in its batcher too
         for batcher in self.batchers:
             if batcher.cancel(call_id):
                 return
+
+    async def _on_credit(self, msg: Msg) -> None:
+        try:
+            credit = credit_decoder.decode(msg.data)
+        except msgspec.DecodeError:
+            return
+        self.streams.grant(credit.call_id, credit.upto)
 
     async def _drain(self, subs: list[Any], loops: list[asyncio.Task[None]]) -> None:
         """Stop intake (HTTP subjects and queue pulls), finish what is held within the grace period,
@@ -291,6 +331,8 @@ class Replica:
                                                         retry_after_s=0.1))
         for worker in self.workers:
             await worker.finish()
+        self.streams.cancel_all()  # a stream still running past the grace period: its caller sees it end early
+        await self.streams.drain()
         await self.answers.drain()
         await self.kv.delete(self.args.replica_id)
 
@@ -321,12 +363,13 @@ class Replica:
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
     batch = endpoint.spec.batch
     if batch is None:
-        return Batcher(endpoint.run, max_size=1, window_s=0.0, executor=executor, name=endpoint.spec.name,
-                       serving=serves)
+        return Batcher(endpoint.runner, max_size=1, window_s=0.0, executor=endpoint.executor or executor,
+                       name=endpoint.spec.name, serving=serves, slots=endpoint.spec.max_concurrency)
     budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
-    return Batcher(endpoint.run, max_size=batch.max_size, window_s=batch.window_ms / 1000, executor=executor,
-                   max_cost=batch.max_cost, latency_budget_s=budget, group_by_cost=batch.group_by_cost,
-                   name=endpoint.spec.name, serving=serves)
+    return Batcher(endpoint.runner, max_size=batch.max_size, window_s=batch.window_ms / 1000,
+                   executor=endpoint.executor or executor, max_cost=batch.max_cost, latency_budget_s=budget,
+                   group_by_cost=batch.group_by_cost, name=endpoint.spec.name, serving=serves,
+                   slots=endpoint.spec.max_concurrency)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -344,13 +387,19 @@ async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None) ->
     """Run a replica on the running loop until SIGTERM; ``preloaded`` when it was forked from a zygote (see
     ``ember_runtime.zygote``). Its NATS credentials leave the environment before any of the app's code runs."""
     creds = take_from_env()
+    tracing.setup("ember-replica", {"ember.app": args.app, "ember.service": args.service, "ember.version": args.version,
+                                    "ember.replica_id": args.replica_id, "ember.node_id": args.node_id,
+                                    "service.instance.id": args.replica_id})
     replica = Replica(args, preloaded)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, replica.stop.set)
     if args.exit_with:
         _exit_with(loop, args.exit_with, replica.stop)
-    return await replica.run(creds)
+    try:
+        return await replica.run(creds)
+    finally:
+        tracing.shutdown()  # the last spans, flushed before the process leaves
 
 
 def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:

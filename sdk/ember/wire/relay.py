@@ -1,0 +1,66 @@
+"""Calls between functions: what a replica's code sends on ``ember.relay.<replica id>`` and what it gets back.
+
+A function that calls another (``other.remote()``, ``.spawn()``, ``.map()``, a spawned call's ``.get()``) does not
+go over HTTP: the SDK inside a replica sends a :data:`RelayRequest` over the replica's own NATS connection to its
+relay subject, which only that replica may publish to. A control plane (one queue group) answers: it knows the
+caller from the subject, checks that the caller's app may call the target, validates the input against the target's
+schema, caps the deadline, refuses a cycle, and routes the call as the gateway does. The answer's ``output`` holds
+exactly what the matching HTTP route answers on success (the result's JSON, a ``SpawnReply``, a ``CallRecord``).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ember.wire.calls import ErrorInfo, Hop
+
+MAX_CHAIN = 16  # calls waiting on one another, at most: a deeper chain is refused (each holds a replica's slot)
+
+
+class RelayInvoke(msgspec.Struct, frozen=True, kw_only=True, tag="invoke"):
+    """``other.remote(x)`` from a replica: a synchronous call, answered with the result's JSON."""
+
+    app: str
+    function: str
+    input: msgspec.Raw
+    deadline: float = 0.0  # absolute, seconds since the epoch: the caller's (0: none; the target's timeout_s caps it)
+    caller_function: str = ""  # the replica's function whose call makes this one ("" outside any call)
+    caller_call_id: str = ""
+    chain: list[Hop] = []  # the calls waiting on the caller's call, outermost first, as its replica received them
+
+
+class RelaySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
+    """``other.spawn(x)`` from a replica: queue a call (it starts a chain of its own); answered with a SpawnReply."""
+
+    app: str
+    function: str
+    input: msgspec.Raw
+    timeout_s: float | None = None
+    idempotency_key: str | None = None
+
+
+class RelayRecord(msgspec.Struct, frozen=True, kw_only=True, tag="record"):
+    """A spawned call's record (``FunctionCall.get()``/``.status()``), long-polled up to ``wait_s``."""
+
+    call_id: str
+    wait_s: float = 0.0
+
+
+class RelayCancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
+    """``FunctionCall.cancel()`` from a replica."""
+
+    call_id: str
+
+
+RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel
+
+
+class RelayReply(msgspec.Struct, frozen=True, kw_only=True):
+    """The control plane's answer: ``output`` (what the HTTP route answers) or ``error``."""
+
+    output: msgspec.Raw = msgspec.Raw(b"null")
+    error: ErrorInfo | None = None
+
+
+request_decoder = msgspec.json.Decoder(RelayRequest)  # type: ignore[arg-type]
+reply_decoder = msgspec.json.Decoder(RelayReply)

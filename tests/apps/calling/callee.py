@@ -1,0 +1,35 @@
+"""A test subject for calls between functions: what a called function sees of its call, a slow one, and one that
+calls back into its caller's app (a cycle)."""
+
+import math
+import time
+
+import ember
+
+app = ember.App("fn-callee", calls=["fn-caller"])
+
+
+def _seen() -> dict:
+    call = ember.current_call()
+    assert call is not None
+    remaining = call.remaining_s()
+    return {"remaining_s": remaining if math.isfinite(remaining) else None, "call_id": call.call_id,
+            "chain": [f"{hop.app}.{hop.function}" for hop in call.chain]}
+
+
+@app.function(timeout_s=60)
+def echo(x: int) -> dict:
+    """``x`` back, with the deadline and chain of calls this call carries."""
+    return {"x": x, **_seen()}
+
+
+@app.function(timeout_s=60, min_replicas=1, max_replicas=1)
+def slow(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@app.function(timeout_s=60)
+def back(x: int) -> dict:
+    """Calls ``fn-caller.Caller.cycle``, the function that calls this one: a cycle."""
+    return ember.lookup("fn-caller", "Caller.cycle").remote(x)
