@@ -80,7 +80,8 @@ class InputValidator:
         self.mode = spec.input_mode
         needs_check = bool(spec.input_schema) and self.mode != "none"
         decoders = decoders_for(spec.input_schema) if needs_check else None
-        self._fast, self._fast_packed = decoders if decoders is not None else (None, None)
+        self._fast: msgspec.json.Decoder[Any] | None = decoders[0] if decoders is not None else None
+        self._fast_packed: msgspec.msgpack.Decoder[Any] | None = decoders[1] if decoders is not None else None
         self._schema = SafeValidator(spec.input_schema) if needs_check and self._fast is None else None
 
     def check_packed(self, body: bytes) -> bytes:

@@ -55,7 +55,7 @@ from ember_platform.auth.scopes import INVOKE, READ
 from ember_platform.auth.tokens import TokenRefused
 from ember_platform.gateway import binary, calls
 from ember_platform.gateway.body import header, read_body
-from ember_platform.gateway.guard import authorize, checks_itself, principal_of
+from ember_platform.gateway.guard import Need, authorize, checks_itself, principal_of
 from ember_platform.gateway.responses import platform_of
 from ember_platform.platform import Platform
 
@@ -119,7 +119,7 @@ async def server_metadata(request: Request) -> Response:
 
 # -- models ----------------------------------------------------------------------------------------
 
-def _model(request: Request, need: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+def _model(request: Request, need: Need) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
     """The model a path names (``<app>.<fn>``, in the version it names, else the one the traffic split draws), once
     the request may ``need`` it: a token that does not see the app gets the 404 of a model that does not exist; a
     function that is not a model (its parameters or result are not arrays) is a 404 too."""

@@ -41,6 +41,7 @@ from ember.wire import (
     QuotaView,
     ReplayReply,
     ReplayRequest,
+    RolloutRequest,
     ScaleRequest,
     ServiceStatus,
     SpawnReply,
@@ -48,6 +49,16 @@ from ember.wire import (
     TokenInfo,
     TokenRequest,
     encoder,
+)
+from ember.wire.oip import (
+    IndexRequest,
+    InferRequest,
+    InferResponse,
+    ModelMetadata,
+    ModelReady,
+    OipError,
+    RepositoryModel,
+    ServerMetadata,
 )
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
@@ -78,6 +89,10 @@ _BODIES: dict[str, Any] = {
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
     "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
+    "RolloutRequest": RolloutRequest,
+    "InferRequest": InferRequest, "InferResponse": InferResponse, "ModelMetadata": ModelMetadata,
+    "ModelReady": ModelReady, "ServerMetadata": ServerMetadata, "RepositoryIndex": list[RepositoryModel],
+    "IndexRequest": IndexRequest, "OipError": OipError,
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -98,6 +113,7 @@ _ERRORS = {
     405: "method_not_allowed: a route of the API, not a call",
     409: "conflict: the call already runs or has finished, or an Idempotency-Key reused with another body",
     413: "payload_too_large: the body is over the limit",
+    415: "bad_request: a body of a media type the function cannot take (a raw body for a function not of bytes)",
     422: "invalid_input: the body does not fit its type (`field` is its JSON path)",
     429: "overloaded: the replica's queue is full or the deadline would be missed; rate_limited: a quota's rate "
          "or concurrent calls are used up (Retry-After)",
@@ -105,7 +121,7 @@ _ERRORS = {
     503: "unavailable: no replica became ready in time (Retry-After)",
     504: "deadline_exceeded: the call did not finish within its deadline",
 }
-_CALL_ERRORS = (400, 404, 405, 413, 422, 429, 500, 503, 504)
+_CALL_ERRORS = (400, 404, 405, 413, 415, 422, 429, 500, 503, 504)
 _BEARER = {"type": "http", "scheme": "bearer", "bearerFormat": "ember_<id>_<secret>",
            "description": "an Ember token (`ember token create`, `ember login`, EMBER_TOKEN)"}
 _NEEDS = {"admin": " with the admin scope", "deploy": " with the deploy scope", "invoke": " with the invoke scope",
@@ -134,6 +150,8 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
     "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
     "secret": ("a secret's name", _string(SECRET_NAME, 63)),
+    "model": ("an Open Inference Protocol model: <app>.<function> of a function of arrays", _string(None, 321)),
+    "version": ("the app's version", {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}),
 }
 
 
@@ -224,6 +242,14 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("POST", "/v1/apps/{app}/scale"): (
         "Set a service's replica bounds at run time", (200, "the service's status", _ref("ServiceStatus"), JSON),
         (400, 404, 413, 422), [], _json_body(_ref("ScaleRequest"))),
+    ("POST", "/v1/apps/{app}/promote"): (
+        "Give the canary all of the app's calls; the version it replaces drains and stops",
+        (200, "the app", _ref("AppView"), JSON), (404, 409, 413), [], None),
+    ("POST", "/v1/apps/{app}/rollback"): (
+        "Serve an older kept version again (the one before unless `version` says which): at once if it still "
+        "serves, else once its minimum replicas are ready; the versions it replaces drain and stop",
+        (200, "the app", _ref("AppView"), JSON), (400, 404, 409, 413, 422), [],
+        {"required": False, "content": {JSON: {"schema": _ref("RolloutRequest")}}}),
     ("GET", "/v1/status"): (
         "Nodes, GPUs, replicas and services", (200, "the cluster", _ref("StatusView"), JSON), (404,),
         [_query("app", "only this app's services", {"type": "string"}), _SERVICE_QUERY], None),
@@ -257,6 +283,28 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                       (400, 413, 422, 503), [], _json_body(_ref("SecretRequest"))),
     ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422, 503),
                                          [], None),
+    ("GET", "/v2"): ("Open Inference Protocol: the server's metadata (errors are {\"error\": message})",
+                     (200, "name, version, extensions", _ref("ServerMetadata"), JSON), (401, 403), [], None),
+    ("GET", "/v2/health/live"): ("Open Inference Protocol: the server is live", (200, "live", {}, JSON), (), [],
+                                 None),
+    ("GET", "/v2/health/ready"): ("Open Inference Protocol: the server can take calls (as /readyz)",
+                                  (200, "ready (503 when not)", {}, JSON), (), [], None),
+    ("POST", "/v2/repository/index"): (
+        "Open Inference Protocol: the models of the apps the token sees", (200, "the models",
+                                                                          _ref("RepositoryIndex"), JSON),
+        (400, 401, 403), [], {"required": False, "content": {JSON: {"schema": _ref("IndexRequest")}}}),
+    **{("GET", f"/v2/models/{{model}}{at}"): (
+        "Open Inference Protocol: a model's inputs and output", (200, "its metadata", _ref("ModelMetadata"), JSON),
+        (401, 403, 404), [], None) for at in ("", "/versions/{version}")},
+    **{("GET", f"/v2/models/{{model}}{at}/ready"): (
+        "Open Inference Protocol: whether a replica of the model is ready", (200, "ready (503 when not)",
+                                                                           _ref("ModelReady"), JSON),
+        (401, 403, 404), [], None) for at in ("", "/versions/{version}")},
+    **{("POST", f"/v2/models/{{model}}{at}/infer"): (
+        "Open Inference Protocol: infer (JSON tensors; binary ones after the JSON header, whose length is "
+        "Inference-Header-Content-Length)", (200, "the output tensor", _ref("InferResponse"), JSON),
+        (400, 401, 403, 404, 413, 415, 429, 500, 503, 504), [], _json_body(_ref("InferRequest")))
+       for at in ("", "/versions/{version}")},
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),

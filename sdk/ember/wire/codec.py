@@ -50,7 +50,7 @@ def _compact(value: Any) -> Any:
 
 
 json_args_encoder = msgspec.json.Encoder(enc_hook=_array_like)  # a call's arguments, arrays among them
-_output_encoders = {
+_output_encoders: dict[tuple[str, bool], msgspec.json.Encoder | msgspec.msgpack.Encoder] = {
     ("json", False): msgspec.json.Encoder(enc_hook=_array_like),
     ("msgpack", False): msgspec.msgpack.Encoder(enc_hook=_array_like),
     ("msgpack", True): msgspec.msgpack.Encoder(enc_hook=_compact),

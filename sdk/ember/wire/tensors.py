@@ -73,9 +73,9 @@ def compact_ext(datatype: str, shape: list[int], data: bytes) -> msgspec.msgpack
                                                                                 data=data)))
 
 
-def read_compact(data: bytes | memoryview) -> CompactTensor:
-    """A compact tensor's payload, checked: a known datatype, a shape of whole numbers, exactly its bytes.
-    ``ValueError`` saying what is wrong otherwise."""
+def read_compact(data: Any) -> CompactTensor:
+    """A compact tensor's payload (bytes, or any buffer), checked: a known datatype, a shape of whole numbers,
+    exactly its bytes. ``ValueError`` saying what is wrong otherwise."""
     try:
         tensor = _compact_decoder.decode(data)
     except msgspec.MsgspecError as exc:
@@ -128,7 +128,7 @@ def unpack(datatype: str, data: bytes | memoryview) -> list[Any]:
         return [b != 0 for b in bytes(data)]
     if fmt == "e" or sys.byteorder == "big" or array.array(fmt).itemsize != size:
         return list(struct.unpack(f"<{len(data) // size}{fmt}", data))
-    return memoryview(data).cast(fmt).tolist()
+    return memoryview(data).cast(fmt).tolist()  # type: ignore[call-overload]  # fmt: one of DATATYPES' formats
 
 
 def compact_of(value: Any) -> msgspec.msgpack.Ext:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ember_platform.gateway import calls, guard
 from ember_platform.gateway.asgi import ROUTES
 
-OPEN_PATHS = {"/healthz", "/readyz", "/ui", "/ui/{name}"}  # the probes, and the console's static files
+# the probes (Ember's and the Open Inference Protocol's), and the console's static files
+OPEN_PATHS = {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/ui", "/ui/{name}"}
 NEEDS = {"token", "admin", "deploy", "invoke", "read"}
 
 
@@ -45,9 +46,15 @@ def test_what_the_routes_need():
     assert table[("DELETE", "/v1/quotas/{quota}")] == "admin"
     assert table[("PUT", "/v1/bundles/{sha256}")] == table[("POST", "/v1/apps/{app}/deployments")] == "deploy"
     assert table[("POST", "/v1/apps/{app}/scale")] == table[("DELETE", "/v1/apps/{app}")] == "deploy"
+    assert table[("POST", "/v1/apps/{app}/promote")] == table[("POST", "/v1/apps/{app}/rollback")] == "deploy"
     assert table[("POST", "/v1/{app}/{name}")] == table[("POST", "/v1/{app}/{name}/spawn")] == "invoke"
     assert table[("GET", "/v1/calls/{call_id}")] == table[("DELETE", "/v1/calls/{call_id}")] == "invoke"
     assert table[("POST", "/v1/apps/{app}/dead/replay")] == "invoke"
+    for path in ("/v2", "/v2/models/{model}", "/v2/models/{model}/ready", "/v2/models/{model}/versions/{version}"):
+        assert table[("GET", path)] == "read", path
+    assert table[("POST", "/v2/repository/index")] == "read"
+    assert table[("POST", "/v2/models/{model}/infer")] == "invoke"
+    assert table[("POST", "/v2/models/{model}/versions/{version}/infer")] == "invoke"
     for path in ("/v1/apps", "/v1/apps/{app}", "/v1/apps/{app}/logs", "/v1/apps/{app}/dead", "/v1/status",
                  "/metrics", "/openapi.json", "/v1/stats"):
         assert table[("GET", path)] == "read", path
