@@ -14,7 +14,7 @@ from ember._build import build_images, plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport, default_transport
 from ember._errors import InvalidSpecError, NotFoundError, RemoteError, UnavailableError
-from ember.wire import AppView, Deployment, DeployRequest, Manifest, encoder
+from ember.wire import AppView, Deployment, DeployRequest, Manifest, RolloutRequest, encoder
 
 Progress = Callable[[str, AppView | None], None]
 
@@ -29,13 +29,17 @@ def inspect_app(path: str | Path, app_name: str | None = None) -> Manifest:
 
 
 def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
-           transport: Transport | None = None, progress: Progress | None = None) -> AppView:
-    """Deploy the app defined in ``path`` and (by default) wait until its minimum replicas are ready.
+           transport: Transport | None = None, progress: Progress | None = None, canary_percent: int = 0) -> AppView:
+    """Deploy the app defined in ``path`` and (by default) wait until the new version takes its calls.
 
-    The app's folder is the bundle: every file in it but caches and ``.gitignore``d ones.
+    The app's folder is the bundle: every file in it but caches and ``.gitignore``d ones. A new version is rolled
+    out without downtime: the version before keeps serving until the new one's minimum replicas are ready, then
+    drains. With ``canary_percent`` (1 to 99) the new version takes only that share of calls once ready, until
+    ``promote`` or ``rollback``.
 
     Example:
         >>> ember.deploy("examples/hello/hello.py")
+        >>> ember.deploy("examples/hello/hello.py", canary_percent=10)
     """
     say = progress or (lambda _msg, _view: None)
     transport = transport or default_transport()
@@ -53,7 +57,8 @@ def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, 
     dep = msgspec.json.decode(
         transport.request("POST", f"/v1/apps/{manifest.app}/deployments", content=body,
                           headers={"content-type": "application/json"}).content, type=Deployment)
-    say(f"deployed {dep.app} version {dep.version}", None)
+    say(f"deployed {dep.app} version {dep.version}" + (f" as a {canary_percent}% canary" if canary_percent else ""),
+        None)
     view = app_view(transport, dep.app)
     if wait:
         view = wait_ready(transport, dep.app, dep.version, timeout_s=timeout_s, progress=say)
@@ -64,8 +69,34 @@ def app_view(transport: Transport, app: str) -> AppView:
     return msgspec.json.decode(transport.request("GET", f"/v1/apps/{app}").content, type=AppView)
 
 
+def promote(app: str, *, transport: Transport | None = None) -> AppView:
+    """Give ``app``'s canary all of its calls (once it has as many ready replicas as the version it replaces);
+    that version drains and stops. ``ConflictError`` when the app has no canary.
+
+    Example:
+        >>> ember.promote("hello")
+    """
+    transport = transport or default_transport()
+    return msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/promote").content, type=AppView)
+
+
+def rollback(app: str, *, to: int | None = None, transport: Transport | None = None) -> AppView:
+    """Serve an older kept version of ``app`` again: ``to``, else the one before (during a rollout or a canary, the
+    version that serves). At once when it still serves, else once its replicas are ready; the versions it replaces
+    drain and stop. ``NotFoundError`` for a version the app does not keep.
+
+    Example:
+        >>> ember.rollback("hello", to=3)
+    """
+    transport = transport or default_transport()
+    body = encoder.encode(RolloutRequest(version=to or 0))
+    return msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/rollback", content=body,
+                                                 headers={"content-type": "application/json"}).content, type=AppView)
+
+
 def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float, progress: Progress) -> AppView:
-    """Poll until every service of ``version`` has its minimum ready replicas."""
+    """Poll until every service of ``version`` has its minimum ready replicas and the version takes its calls (a
+    rollout switches once it is ready)."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
@@ -76,6 +107,7 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
         if view.version != version:
             raise UnavailableError(f"app {app!r} moved to version {view.version} while waiting for {version}")
         summary, ready = _readiness(view)
+        ready &= _takes_calls(view)
         if summary != last:
             progress(summary, view)
             last = summary
@@ -88,6 +120,12 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
             raise UnavailableError(f"{app} v{version} not ready after {timeout_s:.0f}s: {summary}",
                                    retry_after_s=5.0)
         time.sleep(0.2)
+
+
+def _takes_calls(view: AppView) -> bool:
+    """Whether the view's version takes calls (a platform that shows no versions switches at once)."""
+    own = next((v for v in view.versions if v.version == view.version), None)
+    return own is None or own.state in ("serving", "canary")
 
 
 def _failed(view: AppView) -> str:

@@ -18,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
+from ember import _tracing as tracing
 from ember._errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
 from ember.wire import (
     CALL_ID_HEADER,
@@ -74,10 +75,40 @@ class Calls:
                 if fn.on:
                     await self._ensure_events(manifest.app, fn.name, fn.on)
 
-    def _consumer(self, app: str, function: str, filter_subject: str | None) -> ConsumerConfig:
-        return ConsumerConfig(durable_name=subjects.calls_consumer(app, function), filter_subject=filter_subject,
-                              ack_policy=AckPolicy.EXPLICIT, ack_wait=self._ack_wait_s, max_deliver=-1,
-                              max_ack_pending=20_000)
+    def _consumer(self, app: str, function: str, filter_subject: str | None, name: str = "") -> ConsumerConfig:
+        return ConsumerConfig(durable_name=name or subjects.calls_consumer(app, function),
+                              filter_subject=filter_subject, ack_policy=AckPolicy.EXPLICIT, ack_wait=self._ack_wait_s,
+                              max_deliver=-1, max_ack_pending=20_000)
+
+    async def ensure_pinned(self, manifest: Manifest, version: int) -> None:
+        """One durable pull consumer per function of ``version`` for the calls spawned pinned to it, which only that
+        version's replicas pull."""
+        for svc in manifest.services:
+            for fn in svc.functions:
+                await self._js.add_consumer(subjects.CALLS_STREAM, self._consumer(
+                    manifest.app, fn.name, subjects.pinned_calls(manifest.app, fn.name, version),
+                    subjects.pinned_calls_consumer(manifest.app, fn.name, version)))
+
+    async def remove_pinned(self, manifest: Manifest, version: int) -> None:
+        """Drop a version's pinned queues (a version no longer kept): what waits there is cancelled first."""
+        for svc in manifest.services:
+            for fn in svc.functions:
+                with contextlib.suppress(JsNotFound):
+                    await self._js.delete_consumer(subjects.CALLS_STREAM,
+                                                   subjects.pinned_calls_consumer(manifest.app, fn.name, version))
+                subject = subjects.pinned_calls(manifest.app, fn.name, version)
+                why = f"version {version} of the app {manifest.app!r} is no longer kept"
+                await self._cancel_queued(manifest.app, fn.name, subject, why)
+                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subject)
+
+    async def pinned_backlog(self, app: str, function: str, version: int) -> int:
+        """Calls pinned to ``version`` of ``app.function`` that wait or run (0 when there is no such queue)."""
+        try:
+            info = await self._js.consumer_info(subjects.CALLS_STREAM,
+                                                subjects.pinned_calls_consumer(app, function, version))
+        except JsNotFound:
+            return 0
+        return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def _ensure_events(self, app: str, function: str, on: list[str]) -> None:
         name = subjects.events_stream(app, function)
@@ -111,8 +142,8 @@ class Calls:
                 await self._cancel_queued(manifest.app, fn.name, subject)
                 await self._js.purge_stream(subjects.CALLS_STREAM, subject=subject)
 
-    async def _cancel_queued(self, app: str, function: str, subject: str) -> None:
-        error = ErrorInfo(code="cancelled", message=f"the app {app!r} was deleted before the call finished")
+    async def _cancel_queued(self, app: str, function: str, subject: str, why: str = "") -> None:
+        error = ErrorInfo(code="cancelled", message=f"{why or f'the app {app!r} was deleted'} before the call finished")
         seq = 1
         while True:
             try:
@@ -132,12 +163,14 @@ class Calls:
 
     # -- calls ---------------------------------------------------------------------------------------
 
-    async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float) -> SpawnReply:
+    async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float,
+                     version: int | None = None) -> SpawnReply:
         """Queue a call under a new random id. An idempotency ``key`` maps to a call id per app in KV (the first
         writer wins; the id is random, not derived from the key): a repeated submit of the same body returns the
         first call's id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by
         JetStream); the same key with another body or function is a ``ConflictError`` (the record keeps the sha256
-        of the first body).
+        of the first body). With ``version`` the call waits in that version's pinned queue, which only its replicas
+        pull.
 
         A publish that fails (NATS unreachable, no ack in time) removes the status this submit created, so that no
         "queued" record waits for a message that never came, and is an ``UnavailableError`` (503, Retry-After):
@@ -163,10 +196,14 @@ class Calls:
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
         headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
+        if tracing.ON:  # the spawn's span: the replica's span of the call is its child
+            headers.update(tracing.current_headers({"ember.call_id": call_id}))
         if math.isfinite(deadline):
             headers[DEADLINE_HEADER] = repr(deadline)
         try:
-            await self._js.publish(subjects.calls(app, function), body, headers=headers)
+            subject = (subjects.calls(app, function) if version is None
+                       else subjects.pinned_calls(app, function, version))
+            await self._js.publish(subject, body, headers=headers)
         except (NatsError, OSError, TimeoutError) as exc:
             if existing is None:
                 with contextlib.suppress(NatsError, OSError, TimeoutError):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import datetime
 import hashlib
+import logging
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -28,6 +30,7 @@ from ember.wire import (
     ScaleBounds,
     ServiceSpec,
     ServiceView,
+    VersionView,
     deployment_decoder,
     encoder,
     log_decoder,
@@ -37,9 +40,11 @@ from ember.wire import (
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
 from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
+from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
 
+log = logging.getLogger("ember.registry")
 LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
 
 
@@ -97,6 +102,36 @@ class Registry:
         known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
         raise NotFoundError(f"app {app!r} has no function {name!r} (it has: {known})")
 
+    def route(self, app: str, name: str, pinned: int | None,
+              draw: float) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+        """The version of ``app`` that takes a call to ``name`` (``pinned``, else drawn by the traffic split with
+        ``draw`` uniform in [0, 1)), seen as that version's deployment, with its service and function.
+        ``NotFoundError`` for an unknown app, version or function, and for a pinned version that has no replicas."""
+        dep = self.deployments.items.get(app)
+        if dep is None:
+            raise NotFoundError(f"no app named {app!r} is deployed")
+        serving = dep.serving()
+        version = pinned if pinned is not None else (serving[0].version if len(serving) == 1
+                                                     else rollout.split(serving, draw))
+        if version != dep.version:
+            running = dep.running()
+            at = dep.at(version) if version in running else None
+            if at is None:
+                kept = sorted(running)
+                what = "has no replicas" if dep.release(version) else "does not exist"
+                raise NotFoundError(f"version {version} of app {app!r} {what} (running: "
+                                    f"{', '.join(f'v{v}' for v in kept)})")
+            dep = at
+        return self._find(dep, name)
+
+    def _find(self, dep: Deployment, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+        for svc in dep.manifest.services:
+            for fn in svc.functions:
+                if fn.name == name:
+                    return dep, svc, fn
+        known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
+        raise NotFoundError(f"app {dep.app!r} (v{dep.version}) has no function {name!r} (it has: {known})")
+
     def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
         fresh_after = time.time() - REPLICA_TTL_S
         return sorted((r for r in self.replicas.items.values()
@@ -144,19 +179,58 @@ class Registry:
         if not await self.has_bundle(request.bundle_sha256):
             raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
                                     field="$.bundle_sha256")
-        kv = self.stores.deployments
         await self.calls.ensure_consumers(request.manifest)
+
+        def push(current: Deployment | None) -> Deployment | None:
+            if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest \
+                    and not request.canary_percent:
+                return None
+            return rollout.record_push(current, app, request, time.time())
+
+        return await self._update(app, push, create=True)
+
+    async def promote(self, app: str) -> Deployment:
+        """The canary takes all traffic (``ember promote``)."""
+        return await self._update(app, lambda dep: rollout.promote(_exists(app, dep), time.time()))
+
+    async def rollback(self, app: str, to: int = 0) -> Deployment:
+        """Version ``to`` (0: the one before) serves again (``ember rollback``)."""
+        return await self._update(app, lambda dep: rollout.rollback(_exists(app, dep), to, time.time()))
+
+    async def switch_traffic(self, app: str, expected: Deployment, version_ready: bool) -> Deployment | None:
+        """The control loop's switch of ``app``'s traffic to its version once ready; None when the deployment is no
+        longer ``expected`` (pushed again meanwhile: the next tick decides) or nothing is to change."""
+        changed = False
+
+        def change(dep: Deployment | None) -> Deployment | None:
+            nonlocal changed
+            if dep != expected:
+                return None
+            switched = rollout.switch(dep, version_ready, time.time())
+            changed = switched is not None
+            return switched
+
+        dep = await self._update(app, change)
+        return dep if changed else None
+
+    async def _update(self, app: str, change: Callable[[Deployment | None], Deployment | None], *,
+                      create: bool = False) -> Deployment:
+        """Write ``change(current)`` with compare-and-set (several control planes may write at once); what it
+        returns None for is left as it is, and returned. ``NotFoundError`` for an app not deployed unless
+        ``create``."""
+        kv = self.stores.deployments
         async with self._deploy_lock:
             for _ in range(10):
                 try:
                     current, revision = _deployment(await kv.get(app))
                 except JsNotFound:
                     current, revision = None, None
-                if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest:
+                if current is None and not create:
+                    raise NotFoundError(f"no app named {app!r} is deployed")
+                dep = change(current)
+                if dep is None:
+                    assert current is not None
                     return current
-                dep = Deployment(app=app, version=(current.version + 1) if current else 1,
-                                 bundle_sha256=request.bundle_sha256, manifest=request.manifest, created_at=time.time(),
-                                 scale=current.scale if current else {})
                 try:
                     if revision is None:
                         written = await kv.create(app, encoder.encode(dep))
@@ -165,8 +239,20 @@ class Registry:
                 except KeyWrongLastSequenceError:
                     continue
                 self.deployments.record(app, dep, written)  # read-your-writes
+                await self._pinned_queues(current, dep)
                 return dep
         raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
+
+    async def _pinned_queues(self, before: Deployment | None, after: Deployment) -> None:
+        """The version ``after`` rolls out has its pinned queues; the versions it no longer keeps lose theirs."""
+        if before is None or before.version != after.version:
+            await self.calls.ensure_pinned(after.manifest, after.version)
+        kept = {r.version for r in after.releases} | {after.version}
+        for gone in [r for r in (before.releases if before else []) if r.version not in kept]:
+            try:
+                await self.calls.remove_pinned(gone.manifest, gone.version)
+            except Exception:  # left behind: deleting the app removes it
+                log.exception("could not remove the pinned queues of %s v%d", after.app, gone.version)
 
     async def delete(self, app: str) -> None:
         if app not in self.deployments.items:
@@ -174,6 +260,9 @@ class Registry:
         current, revision = _deployment(await self.stores.deployments.get(app))
         await self.stores.deployments.delete(app)
         await self.calls.remove(current.manifest)
+        for release in [*current.releases, current.release(current.version)]:
+            if release is not None:
+                await self.calls.remove_pinned(release.manifest, release.version)
         self.deployments.record(app, None, revision + 1)
 
     def view(self, app: str) -> AppView:
@@ -185,7 +274,28 @@ class Registry:
                                 replicas=self.live_replicas(app, s.name))
                     for s in dep.manifest.services]
         return AppView(app=app, version=dep.version, bundle_sha256=dep.bundle_sha256, created_at=dep.created_at,
-                       services=services)
+                       services=services, versions=self._versions(dep))
+
+    def _versions(self, dep: Deployment) -> list[VersionView]:
+        shares = {s.version: s.percent for s in dep.serving()}
+        ready: dict[int, int] = defaultdict(int)
+        live: set[int] = set()
+        for r in self.live_replicas(dep.app):
+            live.add(r.version)
+            ready[r.version] += r.state == "ready"
+        views = []
+        own = dep.release(dep.version)
+        assert own is not None
+        for release in sorted([*dep.releases, own], key=lambda r: -r.version):
+            v = release.version
+            state: Any = ("canary" if v == dep.version and dep.canary_percent and v in shares else
+                          "serving" if v in shares else
+                          "rolling-out" if v == dep.version else
+                          "draining" if v in live else "kept")
+            views.append(VersionView(version=v, percent=shares.get(v, 0), state=state,
+                                     bundle_sha256=release.bundle_sha256, created_at=release.created_at,
+                                     ready=ready[v]))
+        return views
 
     # -- logs --------------------------------------------------------------------------------------
 
@@ -244,6 +354,12 @@ class Registry:
                 self.deployments.record(app, dep, written)
                 return dep
         raise RuntimeError(f"could not scale {app}.{service}: concurrent writers")
+
+
+def _exists(app: str, dep: Deployment | None) -> Deployment:
+    if dep is None:
+        raise NotFoundError(f"no app named {app!r} is deployed")
+    return dep
 
 
 def _deployment(entry: KeyValue.Entry) -> tuple[Deployment, int]:

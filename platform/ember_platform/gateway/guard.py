@@ -67,7 +67,8 @@ def route(path: str, endpoint: Endpoint, method: str, need: Need) -> Route:
     else:
         @functools.wraps(endpoint)
         async def guarded(request: Request) -> Any:
-            authorize(request, need, request.path_params.get("app"))
+            app = request.path_params.get("app")  # a call may pin a version (<app>@<version>): the app is checked
+            authorize(request, need, app.partition("@")[0] if app is not None else None)
             return await endpoint(request)
 
     setattr(guarded, NEED, need)

@@ -116,6 +116,8 @@ class AuthCallout:
 
     def _functions(self, slot: SlotAssignment) -> list[tuple[str, bool, str | None]]:
         deployment = self._deployments.items.get(slot.app)
+        if deployment is not None:  # a replica of another version still serving (a rollout) has that version's
+            deployment = deployment.at(slot.version) or deployment
         services = deployment.manifest.services if deployment else []
         for service in services:
             if service.name == slot.service:

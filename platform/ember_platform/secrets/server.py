@@ -72,6 +72,7 @@ class SecretsServer:
         """The env of ``replica_id``'s secrets, if it is assigned to ``node_id``; else ``Refused``."""
         slot = await self._slot(node_id, replica_id)
         deployment = await self._deployment(slot.app)
+        deployment = deployment.at(slot.version) or deployment  # a version still serving beside a newer one
         for service in deployment.manifest.services:
             if service.name == slot.service:
                 if slot.version != deployment.version:

@@ -24,6 +24,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from ember import _tracing as tracing
 from ember._errors import (
     DeadlineExceededError,
     EmberError,
@@ -43,6 +44,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore, final
+from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.endpoint import Endpoint
 from ember_runtime.replica.event_headers import (
@@ -80,8 +82,12 @@ def _crash_point(point: str, call_id: str) -> None:
 
 class QueueWorker:
     def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
-                 retries: Retries, *, events: bool = False) -> None:
+                 retries: Retries, *, events: bool = False, pinned: int | None = None) -> None:
+        """``events``: the function's event stream; ``pinned``: the calls spawned pinned to this version (see
+        ``subjects.pinned_calls``); neither: its queued calls."""
         self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
+        self._durable = (subjects.pinned_calls_consumer(app, endpoint.spec.name, pinned) if pinned is not None
+                         else subjects.calls_consumer(app, endpoint.spec.name))
         self._scope = event_scope(self._stream)
         self._events = events
         self._js = js
@@ -117,7 +123,7 @@ class QueueWorker:
         try:
             while not self.stop.is_set():
                 # Only what the batcher can start now: the rest stays in JetStream, queued and cancellable.
-                room = self._batcher.capacity - self._batcher.queued - self._batcher.in_flight
+                room = self._batcher.vacancy
                 if room <= 0:
                     self._batcher.room.clear()
                     with contextlib.suppress(TimeoutError):
@@ -147,7 +153,7 @@ class QueueWorker:
         self._held.clear()
 
     async def _bind(self) -> Any:
-        durable = subjects.calls_consumer(self._app, self.function)
+        durable = self._durable
         while not self.stop.is_set():
             try:
                 return await self._js.pull_subscribe_bind(durable=durable, stream=self._stream)
@@ -211,15 +217,30 @@ class QueueWorker:
             await msg.ack()
             return
         self._held[call_id] = msg
+        span = self._span(msg, call_id, attempt) if tracing.ON else None
         try:
-            self._batcher.submit(Call(value, deadline, self._answerer(msg, running), call_id, "batch", cost))
-        except EmberError:
+            self._batcher.submit(Call(value, deadline, self._answerer(msg, running, span), call_id, "batch", cost,
+                                      span=span))
+        except EmberError as exc:
+            if span is not None:
+                spans.answered(span, exc)
             self._held.pop(call_id, None)
             await self._store.set_status(msgspec.structs.replace(running, status="queued"))
             await msg.nak(delay=1.0)
 
-    def _answerer(self, msg: Msg, record: CallRecord) -> Any:
+    def _span(self, msg: Msg, call_id: str, attempt: int) -> Any:
+        """The call's ``ember.call`` span: a child of the ``traceparent`` header its message came with (the spawn's
+        span, or an event publisher's), from when the message was stored (its whole wait) on a first delivery."""
+        now = time.time_ns()
+        stored = min(microseconds(msg.metadata.timestamp) * 1000, now) if attempt == 1 else now
+        return spans.call(msg.headers, call_id, self.function, kind="consumer", start_ns=stored,
+                          attributes={"ember.attempt": attempt, "messaging.system": "nats",
+                                      "messaging.destination.name": self._stream})
+
+    def _answerer(self, msg: Msg, record: CallRecord, span: Any = None) -> Any:
         async def answer(output: Any, error: EmberError | None, _batch_size: int) -> None:
+            if span is not None:
+                spans.answered(span, error)
             task = asyncio.create_task(self._complete(msg, record, output, error))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)

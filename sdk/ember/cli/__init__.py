@@ -6,13 +6,29 @@ import argparse
 import sys
 
 from ember._errors import EmberError
-from ember.cli import apps, call, calls, dev, login, logs, push, quota, scale, secret, status, token
+from ember.cli import (
+    apps,
+    call,
+    calls,
+    dev,
+    login,
+    logs,
+    push,
+    quota,
+    rollout,
+    scale,
+    secret,
+    status,
+    token,
+    ui,
+    volume,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, push, apps, call, calls, logs, status, scale, login, token, quota, secret):
+    for module in (dev, push, rollout, apps, call, calls, logs, status, scale, login, token, quota, secret, volume, ui):
         module.register(sub)
     return parser
 

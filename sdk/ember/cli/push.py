@@ -17,27 +17,44 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--app", dest="app_name", help="which app, when the file defines several")
     p.add_argument("--no-wait", action="store_true", help="return once deployed, without waiting for replicas")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for ready replicas")
+    p.add_argument("--canary", type=_percent, default=0, metavar="PERCENT",
+                   help="roll the new version out as a canary taking PERCENT (1-99) of the calls, until "
+                        "`ember promote` or `ember rollback`")
     p.set_defaults(run=run)
 
 
+def _percent(raw: str) -> int:
+    try:
+        value = int(raw.rstrip("%"))
+    except ValueError:
+        value = -1
+    if not 1 <= value <= 99:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a share of calls from 1 to 99")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
-    view = push_app(args.app_file, app_name=args.app_name, wait=not args.no_wait, timeout_s=args.timeout)
+    view = push_app(args.app_file, app_name=args.app_name, wait=not args.no_wait, timeout_s=args.timeout,
+                    canary_percent=args.canary)
     print_endpoints(view)
     return 0
 
 
-def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0) -> AppView:
+def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
+             canary_percent: int = 0) -> AppView:
     started = time.monotonic()
 
     def progress(message: str, _view: AppView | None) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    return deploy(path, app_name=app_name, wait=wait, timeout_s=timeout_s, progress=progress)
+    return deploy(path, app_name=app_name, wait=wait, timeout_s=timeout_s, progress=progress,
+                  canary_percent=canary_percent)
 
 
 def print_endpoints(view: AppView) -> None:
     url = platform_url()
-    print(f"{view.app} v{view.version} is deployed:")
+    shares = ", ".join(f"v{v.version} {v.percent}%" for v in view.versions if v.percent)
+    print(f"{view.app} v{view.version} is deployed" + (f" (traffic: {shares})" if shares else "") + ":")
     for svc in view.services:
         for fn in svc.functions:
             print(f"  POST {url}/v1/{view.app}/{fn}")

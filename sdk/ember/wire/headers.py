@@ -9,6 +9,7 @@ DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
 HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
+HTTP_VERSION_HEADER = "X-Ember-Version"  # on an answer: the app version that ran the call
 
 # Events: headers a publisher may set, and those of the result message.
 EVENT_REPLY_TO_HEADER = "Ember-Reply-To"  # a requester's inbox (_INBOX.<...>): the result goes there

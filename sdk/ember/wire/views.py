@@ -19,12 +19,29 @@ class ServiceView(msgspec.Struct, frozen=True, kw_only=True):
     replicas: list[ReplicaStatus]
 
 
+class VersionView(msgspec.Struct, frozen=True, kw_only=True):
+    """One kept version of an app: its share of unpinned calls now, and what it is doing.
+
+    ``state``: ``serving`` (takes calls), ``canary`` (takes its share as a canary), ``rolling-out`` (its
+    replicas start; it takes calls once its minimum replicas are ready), ``draining`` (no longer takes calls;
+    its replicas finish what they hold and stop), ``kept`` (no replicas; ``ember rollback --to`` can bring it
+    back)."""
+
+    version: int
+    percent: int
+    state: Literal["serving", "canary", "rolling-out", "draining", "kept"]
+    bundle_sha256: str
+    created_at: float
+    ready: int = 0  # its ready replicas, all services together
+
+
 class AppView(msgspec.Struct, frozen=True, kw_only=True):
     app: str
-    version: int
+    version: int  # the version being rolled out or serving (the newest one asked for)
     bundle_sha256: str
     created_at: float
     services: list[ServiceView]
+    versions: list[VersionView] = []  # every kept version, newest first
 
 
 class DeviceView(msgspec.Struct, frozen=True, kw_only=True):
