@@ -13,6 +13,7 @@ import uvicorn
 
 from ember import _logging
 from ember import _loop as ember_loop
+from ember import _tracing as tracing
 from ember_platform.auth.bootstrap import first_token_banner, loopback_only, read_token_file
 from ember_platform.config import Settings
 from ember_platform.gateway.asgi import create_app
@@ -40,6 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     _check_auth(parser, args)
     _logging.configure("platform", args.log_format)
+    tracing.setup("ember-platform")  # before the app is built: its hot path is chosen traced or not
     overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 
@@ -64,7 +66,10 @@ def main() -> None:
                 tmp.replace(args.url_file)
         await task
 
-    ember_loop.run(serve())
+    try:
+        ember_loop.run(serve())
+    finally:
+        tracing.shutdown()  # the last spans, flushed
 
 
 def _check_auth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -1,0 +1,221 @@
+"""Tracing with OpenTelemetry (the ``tracing`` extra): a call's spans from the gateway, through NATS, to the replica.
+
+Off unless the standard environment asks for it: ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` set, or ``OTEL_TRACES_EXPORTER`` set to ``otlp`` or ``console``; and never
+with ``OTEL_SDK_DISABLED=true``. The exporter then reads the rest of its settings (headers, timeouts, batching:
+``OTEL_BSP_*``; sampling: ``OTEL_TRACES_SAMPLER``; ``OTEL_RESOURCE_ATTRIBUTES``) from the same environment, as every
+OpenTelemetry SDK does. Off, a call costs one test of a module attribute (``tracing.ON``) at each place a span would
+start, and OpenTelemetry is never imported.
+
+The spans of one synchronous call:
+
+- ``ember.gateway`` (server) in the control plane, a child of the client's W3C ``traceparent`` when it sent a
+  valid one (a malformed one is ignored: the call starts a new trace); the gateway sends its own trace context on
+  with the call, inside its ``Invocation`` (several calls share one NATS message, each with its own context);
+- ``ember.call`` (server) in the replica, a child of the gateway's span, from the call's arrival to its answer;
+- ``ember.queue``, a child of ``ember.call``: the time the call waited for its batch, linked to that batch;
+- ``ember.batch``, one per batch, linked to the ``ember.call`` of every call in it (a batch has many callers) and a
+  child of the first of them, so that a lone call's trace holds its whole path;
+- ``ember.run``, a child of ``ember.batch``: the function's run.
+
+A queued call (``.../spawn``) gets ``ember.spawn`` (server) at the gateway, its context travels in the JetStream
+message's ``traceparent`` header, and the replica's ``ember.call`` (consumer) is its child, with the same
+``ember.queue``, ``ember.batch`` and ``ember.run`` below; an event published with a ``traceparent`` header is
+traced the same way from its publisher's span.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+MAX_TRACEPARENT = 256  # version 00 is 55 characters; later versions may add fields
+MAX_TRACESTATE = 512  # the W3C's recommended limit; a longer one is dropped (the trace itself continues)
+_EXPORTERS = ("otlp", "console")
+_KINDS = ("internal", "server", "client", "producer", "consumer")
+log = logging.getLogger(__name__)
+
+ON = False  # True in a process that traces (``setup``): the one test the call path makes when tracing is off
+_tracer: Any = None
+_propagator: Any = None
+
+
+def wanted(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment asks for traces."""
+    env = os.environ if env is None else env
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter:
+        return any(name.strip() in _EXPORTERS for name in exporter.split(","))
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+                or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip())
+
+
+def setup(service_name: str, attributes: Mapping[str, str | int] | None = None) -> bool:
+    """Start tracing in this process if its environment asks for it (see ``wanted``); True when it is on.
+
+    ``service_name`` unless ``OTEL_SERVICE_NAME`` names another; ``attributes`` join the resource (with those of
+    ``OTEL_RESOURCE_ATTRIBUTES``). Without the ``opentelemetry-sdk`` package, or with an exporter it cannot make,
+    it logs why and stays off: tracing never stops a process from serving."""
+    global ON, _tracer
+    if ON or not wanted():
+        return ON
+    try:
+        provider = _provider(service_name, attributes or {})
+    except ImportError as exc:
+        log.warning("tracing is asked for (OTEL_* variables) but %s is not installed: pip install 'ember[tracing]'; "
+                    "tracing stays off", exc.name or exc)
+        return False
+    except Exception as exc:
+        log.warning("tracing stays off: %s: %s", type(exc).__name__, exc)
+        return False
+    from opentelemetry import trace
+
+    trace.set_tracer_provider(provider)
+    _tracer = provider.get_tracer("ember")
+    _propagation()
+    ON = True
+    log.info("tracing on: spans of %s exported (%s)", service_name, os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
+    return True
+
+
+def _provider(service_name: str, attributes: Mapping[str, str | int]) -> Any:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+    names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").lower().split(",") if n.strip()]
+    exporters: list[SpanExporter] = []
+    for name in names:
+        if name == "console":
+            exporters.append(ConsoleSpanExporter())
+        elif name == "otlp":
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            exporters.append(OTLPSpanExporter())
+        elif name != "none":
+            log.warning("OTEL_TRACES_EXPORTER names %r, which Ember does not ship (otlp, console): skipped", name)
+    resource = Resource.create({**attributes, "service.name": os.environ.get("OTEL_SERVICE_NAME") or service_name})
+    provider = TracerProvider(resource=resource)
+    for exporter in exporters:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def _propagation() -> Any:
+    global _propagator
+    if _propagator is None:
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        _propagator = TraceContextTextMapPropagator()
+    return _propagator
+
+
+def shutdown() -> None:
+    """Flush the spans not yet exported and stop the exporter (at a process's exit)."""
+    global ON
+    if not ON:
+        return
+    ON = False
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    try:
+        provider.shutdown()  # type: ignore[attr-defined]
+    except Exception as exc:
+        log.warning("flushing the last spans failed: %s", exc)
+
+
+def parent_from(carrier: Mapping[str, str] | None) -> Any:
+    """The OpenTelemetry ``Context`` that the ``traceparent`` (and ``tracestate``) in ``carrier`` name, or None
+    (a new trace) for a missing or malformed one. ``carrier`` is hostile input (an HTTP request's or a NATS
+    message's headers): the propagator parses it strictly, and an oversized value is not even read.
+    Header names are matched in any case."""
+    if not carrier:
+        return None
+    parent = carrier.get(TRACEPARENT)
+    state = carrier.get(TRACESTATE)
+    if parent is None and isinstance(carrier, dict) and len(carrier) <= 64:  # NATS headers keep their case
+        for key, value in carrier.items():
+            lowered = key.lower() if isinstance(key, str) else ""
+            if lowered == TRACEPARENT:
+                parent = value
+            elif lowered == TRACESTATE:
+                state = value
+    if not isinstance(parent, str) or not parent or len(parent) > MAX_TRACEPARENT:
+        return None
+    clean = {TRACEPARENT: parent}
+    if isinstance(state, str) and state and len(state) <= MAX_TRACESTATE:
+        clean[TRACESTATE] = state
+    context = _propagation().extract(clean)
+    from opentelemetry import trace
+
+    return context if trace.get_current_span(context).get_span_context().is_valid else None
+
+
+def start(name: str, parent: Any = None, *, kind: str = "internal", start_ns: int | None = None,
+          links: list[Any] | None = None, attributes: Mapping[str, Any] | None = None) -> Any:
+    """A started span, a child of ``parent`` (a ``Context``; None: a new trace), linked to the span contexts in
+    ``links``; end it with ``end``."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Link, SpanKind
+
+    span_kind = SpanKind[kind.upper()] if kind in _KINDS else SpanKind.INTERNAL
+    return _tracer.start_span(name, context=parent if parent is not None else Context(), kind=span_kind,
+                              start_time=start_ns, links=[Link(c) for c in links or ()],
+                              attributes=dict(attributes or {}))
+
+
+def end(span: Any, error: str | None = None, end_ns: int | None = None) -> None:
+    """End ``span``; with ``error`` (an Ember error code, say) it is marked failed."""
+    if error:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", error)
+        span.set_status(Status(StatusCode.ERROR, error))
+    span.end(end_time=end_ns)
+
+
+def context_of(span: Any) -> Any:
+    """The ``Context`` whose current span is ``span`` (the parent of its children)."""
+    from opentelemetry import trace
+
+    return trace.set_span_in_context(span)
+
+
+def headers_of(span: Any) -> dict[str, str]:
+    """The ``traceparent`` (and ``tracestate``) that carry ``span`` to another process."""
+    carrier: dict[str, str] = {}
+    _propagation().inject(carrier, context=context_of(span))
+    return carrier
+
+
+def activate(span: Any) -> Any:
+    """Make ``span`` the current one in this task (``current_headers`` reads it); a token for ``deactivate``."""
+    from opentelemetry import context
+
+    return context.attach(context_of(span))
+
+
+def deactivate(token: Any) -> None:
+    from opentelemetry import context
+
+    context.detach(token)
+
+
+def current_headers(attributes: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The trace context of this task's current span, to send on with a call (empty when there is none); the
+    current span is given ``attributes`` first."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if not span.get_span_context().is_valid:
+        return {}
+    if attributes:
+        span.set_attributes(attributes)
+    return headers_of(span)

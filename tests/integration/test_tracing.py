@@ -1,0 +1,183 @@
+"""Traces of real calls: a platform started with ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at an OTLP/HTTP receiver in
+this test, and the spans it receives: the gateway's, continuing the client's ``traceparent``; the replica's call, queue,
+batch and run, carried there through NATS (in the call's frame, or in a queued call's message headers)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from support.auth import authed_client
+from support.otlp import CONSUMER, ERROR, SERVER, Receiver, Span
+from support.platform import TestPlatform
+from support.polling import wait_for
+
+from ember._client import Transport
+from ember._deploy import deploy
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+APP = '''import time
+import ember
+
+app = ember.App("traced")
+
+
+@app.function(batch=ember.Batch(max_size=8, window_ms=50))
+def work(items: list[int]) -> list[int]:
+    time.sleep(0.4)  # the calls that come meanwhile wait, and run together in the next batch
+    return [i * 2 for i in items]
+'''
+
+
+class Traced:
+    def __init__(self, platform: TestPlatform, otlp: Receiver, http: httpx.Client) -> None:
+        self.platform, self.otlp, self.http = platform, otlp, http
+
+    def spans_of(self, trace_id: str) -> list[Span]:
+        return [s for s in self.otlp.snapshot() if s.trace_id == trace_id]
+
+    def one(self, name: str, call_id: str | None = None, **where: object) -> Span | None:
+        """The one span named ``name`` with these fields (and this ``ember.call_id``), if it came yet."""
+        found = [s for s in self.otlp.snapshot() if s.name == name and all(getattr(s, k) == v for k, v in where.items())
+                 and (call_id is None or s.attributes.get("ember.call_id") == call_id)]
+        assert len(found) <= 1, found
+        return found[0] if found else None
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Traced]:
+    state = tmp_path_factory.mktemp("traced")
+    (state / "app").mkdir()
+    (state / "app" / "traced.py").write_text(APP)
+    with Receiver() as otlp, pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint)
+        env.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # milliseconds between exports
+        with TestPlatform(state / "ember") as platform:
+            env.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")  # this process does not trace
+            transport = Transport(platform.url, token=platform.token)
+            deploy(state / "app" / "traced.py", transport=transport, timeout_s=180)
+            transport.close()
+            with authed_client(platform) as http:
+                yield Traced(platform, otlp, http)
+
+
+def client_parent() -> tuple[str, str]:
+    return os.urandom(16).hex(), os.urandom(8).hex()
+
+
+def test_a_call_is_traced_from_the_clients_span_through_nats_to_its_batch_and_run(traced: Traced) -> None:
+    clients = [client_parent() for _ in range(3)]
+
+    def call(n: int) -> httpx.Response:
+        trace_id, span_id = clients[n]
+        return traced.http.post("/v1/traced/work", json=n, headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
+
+    with ThreadPoolExecutor(3) as pool:
+        answers = list(pool.map(call, range(3)))
+    assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+    assert [a.json() for a in answers] == [0, 2, 4]
+
+    def complete() -> bool:
+        spans = traced.otlp.snapshot()
+        names = [{s.name for s in spans if s.trace_id == t} for t, _ in clients]
+        return all({"ember.gateway", "ember.call", "ember.queue"} <= n for n in names) and \
+            sum(s.name == "ember.run" for s in spans) >= 2
+    wait_for(complete, timeout_s=30, what="the spans of three calls")
+
+    batches = {s.span_id: s for s in traced.otlp.snapshot() if s.name == "ember.batch"}
+    together = 0
+    for (trace_id, client_span), answer in zip(clients, answers, strict=True):
+        call_id = answer.headers["x-ember-call-id"]
+        gateway = traced.one("ember.gateway", trace_id=trace_id)
+        assert gateway is not None and gateway.parent_id == client_span and gateway.kind == SERVER
+        assert gateway.service == "ember-platform"
+        assert gateway.attributes["ember.call_id"] == call_id and gateway.attributes["ember.function"] == "work"
+        assert gateway.attributes["http.response.status_code"] == 200
+        replica_call = traced.one("ember.call", trace_id=trace_id)
+        assert replica_call is not None and replica_call.parent_id == gateway.span_id  # across NATS
+        assert replica_call.service == "ember-replica" and replica_call.kind == SERVER
+        assert replica_call.resource["ember.app"] == "traced" and replica_call.resource["ember.replica_id"]
+        assert replica_call.attributes["ember.call_id"] == call_id
+        queue = traced.one("ember.queue", trace_id=trace_id)
+        assert queue is not None and queue.parent_id == replica_call.span_id
+        assert replica_call.start_ns <= queue.start_ns <= queue.end_ns <= replica_call.end_ns
+        [(batch_trace, batch_id)] = queue.links
+        batch = batches[batch_id]
+        assert batch.trace_id == batch_trace and (trace_id, replica_call.span_id) in batch.links
+        assert batch.attributes["ember.batch.size"] == len(batch.links)
+        run = traced.one("ember.run", parent_id=batch.span_id)
+        assert run is not None and run.trace_id == batch.trace_id and batch.start_ns <= run.start_ns
+        together += len(batch.links) > 1
+    assert together >= 2, "the calls that waited did not run in one batch"
+    # The batch of a lone call is in that call's trace: the client's trace holds its whole path.
+    lone = [b for b in batches.values() if len(b.links) == 1 and b.trace_id in {t for t, _ in clients}]
+    assert lone and lone[0].parent_id == lone[0].links[0][1]
+
+
+@pytest.mark.parametrize("bad", [
+    "garbage",
+    "00-" + "0" * 32 + "-" + "1" * 16 + "-01",  # an all-zero trace id is invalid
+    "00-" + "1" * 32 + "-" + "0" * 16 + "-01",  # so is an all-zero span id
+    "ff-" + "1" * 32 + "-" + "1" * 16 + "-01",  # version ff is forbidden
+    "00-" + "A" * 32 + "-" + "1" * 16 + "-01",  # upper case
+    "00-" + "1" * 32 + "-" + "1" * 16 + "-01-more",  # version 00 has four fields
+    "00-" + "1" * 32 + "-" + "1" * 16 + "-01" + "x" * 4000,
+])
+def test_a_malformed_traceparent_is_ignored_and_the_call_starts_a_trace(traced: Traced, bad: str) -> None:
+    answer = traced.http.post("/v1/traced/work", json=5, headers={"traceparent": bad, "tracestate": "a=" + bad})
+    assert answer.status_code == 200 and answer.json() == 10
+    call_id = answer.headers["x-ember-call-id"]
+    gateway = wait_for(lambda: traced.one("ember.gateway", call_id), timeout_s=30,
+                       what="the call's gateway span")
+    assert gateway.parent_id == "" and gateway.trace_id not in bad and int(gateway.trace_id, 16)
+    replica_call = wait_for(lambda: traced.one("ember.call", call_id), timeout_s=30,
+                            what="the call's replica span")
+    assert replica_call.trace_id == gateway.trace_id and replica_call.parent_id == gateway.span_id
+
+
+def test_a_client_error_is_traced_as_the_clients_not_the_servers(traced: Traced) -> None:
+    trace_id, client_span = client_parent()
+    answer = traced.http.post("/v1/traced/work", json="not a number",
+                              headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert answer.status_code == 422
+    gateway = wait_for(lambda: traced.one("ember.gateway", trace_id=trace_id), timeout_s=30, what="the gateway span")
+    assert gateway.parent_id == client_span and gateway.attributes["http.response.status_code"] == 422
+    assert gateway.attributes["error.type"] and gateway.status != ERROR
+    assert not [s for s in traced.spans_of(trace_id) if s.name == "ember.call"]  # it never left the gateway
+
+
+def test_a_spawned_call_is_traced_through_its_queue_message(traced: Traced) -> None:
+    trace_id, client_span = client_parent()
+    submitted = traced.http.post("/v1/traced/work/spawn", json=21,
+                                 headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert submitted.status_code == 202
+    call_id = submitted.json()["call_id"]
+    record = traced.http.get(f"/v1/calls/{call_id}", params={"wait": 60}).json()
+    assert record["status"] == "succeeded" and record["output"] == 42
+
+    def spans() -> dict[str, Span] | None:
+        found = {s.name: s for s in traced.spans_of(trace_id)}
+        return found if {"ember.spawn", "ember.call", "ember.queue"} <= found.keys() else None
+    found = wait_for(spans, timeout_s=30, what="the spawned call's spans")
+    spawn, replica_call, queue = found["ember.spawn"], found["ember.call"], found["ember.queue"]
+    assert spawn.parent_id == client_span and spawn.kind == SERVER and spawn.attributes["ember.call_id"] == call_id
+    assert spawn.attributes["http.response.status_code"] == 202
+    assert replica_call.parent_id == spawn.span_id and replica_call.kind == CONSUMER  # the JetStream message's header
+    assert replica_call.attributes["ember.call_id"] == call_id and replica_call.attributes["ember.attempt"] == 1
+    assert queue.parent_id == replica_call.span_id and queue.start_ns == replica_call.start_ns
+    assert replica_call.start_ns <= spawn.end_ns + 1_000_000_000  # it starts when the message was stored
+    [(_, batch_id)] = queue.links
+    assert traced.one("ember.run", parent_id=batch_id) is not None
+
+
+def test_the_replicas_get_otel_settings_from_their_agent_but_name_their_own_service(traced: Traced,
+                                                                                    tmp_path: Path) -> None:
+    replica = next(s for s in traced.otlp.snapshot() if s.name == "ember.call")
+    assert replica.resource["service.name"] == "ember-replica"
+    assert replica.resource["ember.version"] == 1 and replica.resource["ember.service"] == "work"
+    assert replica.resource["service.instance.id"] == replica.resource["ember.replica_id"]
