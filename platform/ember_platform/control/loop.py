@@ -7,11 +7,11 @@ what to run where, and writes each node's ``NodeAssignment``; node agents run wh
 that stops reporting loses its assignment and its replicas are placed elsewhere; a new version's replicas are
 placed beside the old ones; once its minimum replicas are ready (and, replacing a version that served, at least
 as many as that one had ready, one at least for a canary) the loop switches the app's traffic to it (the
-deployment in KV, see ``rollout``), and the versions that left the traffic are removed ``DRAIN_GRACE_S`` later
-(every gateway routes by then to the new one; each removed replica finishes what it holds). Rebalancing moves are
-make-before-break the same way: the replacement is assigned next to the replica it replaces, which is removed
-once the replacement is ready (or the move is given up after ``MOVE_TIMEOUT_S``); a replacement counts as
-neither a new replica nor one that may be scaled down.
+deployment in KV, see ``rollout`` and ``switching``), and the versions that left the traffic are removed
+``DRAIN_GRACE_S`` later (every gateway routes by then to the new one; each removed replica finishes what it
+holds). Rebalancing moves are make-before-break the same way: the replacement is assigned next to the replica it
+replaces, which is removed once the replacement is ready (or the move is given up after ``MOVE_TIMEOUT_S``); a
+replacement counts as neither a new replica nor one that may be scaled down.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
 from ember.wire.quotas import Quota
-from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
+from ember_platform.control.switching import Switching
 from ember_platform.quotas.caps import Want, cap, replica_gpu_mb
 from ember_platform.scheduler import (
     AutoscaleConfig,
@@ -74,7 +74,6 @@ from ember_platform.scheduler import (
 log = logging.getLogger("ember.control")
 TICK_S = 0.5
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
-DRAIN_GRACE_S = 2.0  # versions that left an app's traffic keep their replicas this long (gateways catch up)
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 T = TypeVar("T")
 
@@ -107,7 +106,6 @@ class ControlLoop:
     js: Any
     services: dict[tuple[str, str], ServiceState] = field(default_factory=dict)
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
-    pinned: dict[tuple[str, int], int] = field(default_factory=dict)  # (app, leaving version) -> pinned backlog
     moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
     move_budget: MoveBudget = field(default_factory=MoveBudget)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
@@ -115,6 +113,7 @@ class ControlLoop:
     quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
 
     async def start(self) -> None:
+        self.switching = Switching(self.registry)
         self.preloader = Preloader(demand=self._arrival_rate)
         self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores.nodes, node_decoder.decode)
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
@@ -186,9 +185,9 @@ class ControlLoop:
         deployments = self.registry.deployments.items
         await self._refresh_pending(deployments)
         _drop(plan, lambda s: s.app not in deployments)
-        await self._refresh_pinned(plan, deployments)
+        await self.switching.refresh_pinned(plan, deployments)
         for dep in deployments.values():
-            _drop_versions_gone(plan, dep, now, {v for (app, v), n in self.pinned.items() if app == dep.app and n})
+            self.switching.drop_gone(plan, dep, now)
         self._finish_moves(plan, now)
         services = [(dep, svc) for dep in deployments.values() for svc in dep.manifest.services]
         wanted = {(dep.app, svc.name): (dep, svc, n) for dep, svc in services
@@ -204,45 +203,7 @@ class ControlLoop:
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
-        await self._switch_traffic(deployments)
-
-    async def _switch_traffic(self, deployments: dict[str, Deployment]) -> None:
-        """Each app whose version now has its replicas ready takes its traffic (written to KV with compare-and-set:
-        every gateway follows)."""
-        for dep in list(deployments.values()):
-            if not rollout.rolling_out(dep):
-                continue
-            try:
-                ready = self._version_ready(dep)
-                switched = await self.registry.switch_traffic(dep.app, dep, ready)
-            except Exception:
-                log.exception("could not switch the traffic of %s to v%d", dep.app, dep.version)
-                continue
-            if switched is not None:
-                shares = ", ".join(f"v{s.version} {s.percent}%" for s in switched.serving())
-                log.info("%s: traffic now %s", dep.app, shares)
-
-    def _version_ready(self, dep: Deployment) -> bool:
-        """Whether every service of ``dep``'s version has the ready replicas its rollout asks for."""
-        for svc in dep.manifest.services:
-            replicas = self.registry.live_replicas(dep.app, svc.name)
-            ready = sum(r.version == dep.version and r.state == "ready" for r in replicas)
-            if ready < max(dep.bounds(svc)[0], self._rollout_floor(dep, svc)):
-                return False
-        return True
-
-    def _rollout_floor(self, dep: Deployment, svc: ServiceSpec) -> int:
-        """The replicas ``svc``'s new version needs before it takes traffic (and keeps while a canary): as many as
-        the versions it replaces have ready (one for a canary, which takes a share), so that no call waits for a cold
-        start; 0 when nothing is to switch or none served."""
-        if not rollout.rolling_out(dep) and not dep.canary_percent:
-            return 0
-        others = {s.version for s in dep.serving()} - {dep.version}
-        replicas = self.registry.live_replicas(dep.app, svc.name)
-        serving = sum(r.version in others and r.state == "ready" for r in replicas)
-        if not serving:
-            return 0
-        return 1 if dep.canary_percent else min(serving, max(dep.bounds(svc)[1], 1))
+        await self.switching.switch(deployments)
 
     def _isolated(self, dep: Deployment, svc: ServiceSpec, step: Callable[[], T], last: bool = False) -> T | None:
         """One step of one service's reconcile, so that a service whose reconcile raises (a manifest that got past
@@ -268,7 +229,7 @@ class ControlLoop:
             state = self.services[(dep.app, svc.name)] = ServiceState(
                 autoscale=initial_state(_config(dep, svc), running=running))
         replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
-        return max(self._target(state, dep, svc, replicas, now), self._rollout_floor(dep, svc))
+        return max(self._target(state, dep, svc, replicas, now), self.switching.floor(dep, svc))
 
     def _capped(self, wanted: dict[tuple[str, str], tuple[Deployment, ServiceSpec, int]],
                 nodes: dict[str, NodeInfo]) -> dict[tuple[str, str], int]:
@@ -355,24 +316,6 @@ class ControlLoop:
                         waiting, known = waiting + (info.num_pending or 0) + (info.num_ack_pending or 0), True
                     if known:
                         self.pending[(dep.app, fn.name)] = waiting
-
-    async def _refresh_pinned(self, plan: Plan, deployments: dict[str, Deployment]) -> None:
-        """Calls spawned pinned to a version that no longer takes traffic but still has replicas: that version
-        keeps them until those calls are done (none is accepted for it any more)."""
-        backlog: dict[tuple[str, int], int] = {}
-        leaving = {(s.app, s.version) for slots in plan.values() for s in slots if s.app in deployments
-                   and s.version not in deployments[s.app].running()}
-        for app, version in sorted(leaving):
-            release = deployments[app].release(version)
-            if release is None:
-                continue
-            try:
-                backlog[(app, version)] = sum([await self.registry.calls.pinned_backlog(app, fn.name, version)
-                                               for svc in release.manifest.services for fn in svc.functions])
-            except Exception:
-                log.exception("could not read the pinned calls of %s v%d", app, version)
-                backlog[(app, version)] = self.pinned.get((app, version), 0)
-        self.pinned = backlog
 
     def _place(self, plan: Plan, snapshot: Snapshot, requests: list[tuple[PlacementRequest, SlotAssignment]],
                ) -> tuple[Snapshot, list[PlacementRequest]]:
@@ -514,16 +457,6 @@ def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:
 def _slots(plan: Plan, app: str, service: str, version_ok: Callable[[int], bool]) -> list[SlotAssignment]:
     return [s for slots in plan.values() for s in slots
             if s.app == app and s.service == service and version_ok(s.version)]
-
-
-def _drop_versions_gone(plan: Plan, dep: Deployment, now: float, busy: set[int]) -> None:
-    """The replicas of ``dep``'s app whose version neither takes its traffic nor is rolled out go, once the traffic
-    switched ``DRAIN_GRACE_S`` ago (each drains: what it holds finishes, queued calls go back to the queue), unless
-    calls pinned to that version (``busy``) still wait for them."""
-    if now - dep.switched_at < DRAIN_GRACE_S:
-        return
-    keep = dep.running() | busy
-    _drop(plan, lambda s: s.app == dep.app and s.version not in keep)
 
 
 def _in(replica_ids: frozenset[str]) -> Callable[[SlotAssignment], bool]:

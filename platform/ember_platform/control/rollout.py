@@ -9,7 +9,7 @@ The rules:
 - a canary (``canary_percent``) takes that share once ready, its ``stable`` version the rest, until it is
   promoted (all traffic) or rolled back (its replicas stop);
 - a rollback makes an older kept version the one to serve: at once when it still serves, else once ready;
-- versions that leave ``traffic`` drain (see ``DRAIN_GRACE_S`` in the control loop) and stop; the last few are
+- versions that leave ``traffic`` drain (see ``switching.DRAIN_GRACE_S``) and stop; the last few are
   kept (bundle and manifest) for rollback and pinned calls.
 """
 

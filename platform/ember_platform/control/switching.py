@@ -1,0 +1,97 @@
+"""The control loop's part in rollouts (see ``rollout`` for the rules): how many replicas a version being rolled out
+needs before it takes traffic, the switch once it has them, and which versions' replicas stay while they drain.
+
+Only the control plane holding the lease runs this; the switch is a compare-and-set on the app's deployment in KV,
+so a standby that took over (or a push meanwhile) never switches on stale state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from ember.wire import Deployment, ServiceSpec, SlotAssignment
+from ember_platform.control import rollout
+from ember_platform.control.registry import Registry
+
+log = logging.getLogger("ember.control")
+DRAIN_GRACE_S = 2.0  # versions that left an app's traffic keep their replicas this long (gateways catch up)
+Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
+
+
+class Switching:
+    """Rollout decisions over the registry's replicas; ``pinned`` holds the backlog of calls pinned to versions that
+    are leaving, refreshed each tick."""
+
+    def __init__(self, registry: Registry) -> None:
+        self.registry = registry
+        self.pinned: dict[tuple[str, int], int] = {}  # (app, leaving version) -> calls pinned to it, not done
+
+    def floor(self, dep: Deployment, svc: ServiceSpec) -> int:
+        """The replicas ``svc``'s new version needs before it takes traffic (and keeps while a canary): as many as
+        the versions it replaces have ready (one for a canary, which takes a share), so that no call waits for a cold
+        start; 0 when nothing is to switch or none served."""
+        if not rollout.rolling_out(dep) and not dep.canary_percent:
+            return 0
+        others = {s.version for s in dep.serving()} - {dep.version}
+        replicas = self.registry.live_replicas(dep.app, svc.name)
+        serving = sum(r.version in others and r.state == "ready" for r in replicas)
+        if not serving:
+            return 0
+        return 1 if dep.canary_percent else min(serving, max(dep.bounds(svc)[1], 1))
+
+    def ready(self, dep: Deployment) -> bool:
+        """Whether every service of ``dep``'s version has the ready replicas its rollout asks for."""
+        for svc in dep.manifest.services:
+            replicas = self.registry.live_replicas(dep.app, svc.name)
+            ready = sum(r.version == dep.version and r.state == "ready" for r in replicas)
+            if ready < max(dep.bounds(svc)[0], self.floor(dep, svc)):
+                return False
+        return True
+
+    async def switch(self, deployments: dict[str, Deployment]) -> None:
+        """Each app whose version now has its replicas ready takes its traffic (written to KV with compare-and-set:
+        every gateway follows)."""
+        for dep in list(deployments.values()):
+            if not rollout.rolling_out(dep):
+                continue
+            try:
+                switched = await self.registry.switch_traffic(dep.app, dep, self.ready(dep))
+            except Exception:
+                log.exception("could not switch the traffic of %s to v%d", dep.app, dep.version)
+                continue
+            if switched is not None:
+                shares = ", ".join(f"v{s.version} {s.percent}%" for s in switched.serving())
+                log.info("%s: traffic now %s", dep.app, shares)
+
+    async def refresh_pinned(self, plan: Plan, deployments: dict[str, Deployment]) -> None:
+        """Calls spawned pinned to a version that no longer takes traffic but still has replicas: that version
+        keeps them until those calls are done (none is accepted for it any more)."""
+        backlog: dict[tuple[str, int], int] = {}
+        leaving = {(s.app, s.version) for slots in plan.values() for s in slots if s.app in deployments
+                   and s.version not in deployments[s.app].running()}
+        for app, version in sorted(leaving):
+            release = deployments[app].release(version)
+            if release is None:
+                continue
+            try:
+                backlog[(app, version)] = sum([await self.registry.calls.pinned_backlog(app, fn.name, version)
+                                               for svc in release.manifest.services for fn in svc.functions])
+            except Exception:
+                log.exception("could not read the pinned calls of %s v%d", app, version)
+                backlog[(app, version)] = self.pinned.get((app, version), 0)
+        self.pinned = backlog
+
+    def drop_gone(self, plan: Plan, dep: Deployment, now: float) -> None:
+        """The replicas of ``dep``'s app whose version neither takes its traffic nor is rolled out go, once the
+        traffic switched ``DRAIN_GRACE_S`` ago (each drains: what it holds finishes, queued calls go back to the
+        queue), unless calls pinned to that version still wait for them."""
+        if now - dep.switched_at < DRAIN_GRACE_S:
+            return
+        keep = dep.running() | {v for (app, v), n in self.pinned.items() if app == dep.app and n}
+        _drop(plan, lambda s: s.app == dep.app and s.version not in keep)
+
+
+def _drop(plan: Plan, doomed: Callable[[SlotAssignment], bool]) -> None:
+    for nid, slots in plan.items():
+        plan[nid] = [s for s in slots if not doomed(s)]
