@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from ember.wire import Deployment, Manifest, StatusView
 pytestmark = pytest.mark.integration
 
 APP = '''
-import os
 import sys
 
 import ember
@@ -42,8 +40,9 @@ app = ember.App({app!r}, image=image)
 
 @app.function(min_replicas={replicas})
 def report() -> dict:
+    envs = os.path.dirname(os.path.dirname(os.path.dirname(sys.executable)))  # <state>/envs/<sha>/bin/python
     return {{"version": {package}.__version__, "hello": hello(), "python": sys.executable,
-             "greeting": os.environ.get("PROBE_GREETING", "")}}
+             "greeting": os.environ.get("PROBE_GREETING", ""), "envs_seen": sorted(os.listdir(envs))}}
 
 
 @app.model(min_replicas=1)
@@ -113,6 +112,9 @@ def test_two_apps_pin_two_versions_side_by_side_pushed_from_a_machine_without_th
     assert second["version"] == "2.0" and second["hello"] == f"{PACKAGE} 2.0"
     assert first["python"] != second["python"] and "/envs/" in first["python"]  # each its own environment
     assert first["greeting"] == "hi"  # the image's environment variables
+    if "replicas run in sandboxes" in (node.log_dir / "agent.log").read_text():  # a sandbox sees its own alone
+        other = Path(second["python"]).parents[1].name
+        assert other not in first["envs_seen"] and Path(first["python"]).parents[1].name in first["envs_seen"]
     assert any("building" in line for line in lines) and any(f"+ {PACKAGE}==1.0" in line for line in lines)
 
     # The zygote of each image's snap model is built inside that image, and replicas fork from it.
@@ -123,8 +125,13 @@ def test_two_apps_pin_two_versions_side_by_side_pushed_from_a_machine_without_th
     zygote = wait_for(lambda: next((z for n in status.nodes for z in n.zygotes if z.app == "probe-two"
                                     and z.state == "ready"), None) or _refresh_zygote(client), timeout_s=120,
                       what="the zygote of probe-two, built in its image")
+    client.request("POST", "/v1/apps/probe-two/scale", json={"service": "Snap", "min_replicas": 2, "max_replicas": 2})
+    forked = wait_for(lambda: [r for s in app_view(client, "probe-two").services for r in s.replicas
+                               if r.state == "ready" and r.start is not None and r.start.kind == "zygote"],
+                      timeout_s=120, what="a replica forked from the image's zygote")
+    assert forked
     answer = wait_for(lambda: (a := call(client, "probe-two", "Snap.which")) and a["built_by"] == zygote.pid and a,
-                      timeout_s=60, what="a replica forked from the image's zygote")
+                      timeout_s=60, what="an answer from the forked replica")
     assert answer["version"] == "2.0"
 
 
@@ -280,4 +287,3 @@ def test_build_routes_refuse_bad_ids_and_other_apps_builds(tmp_path, client, htt
     assert http.post("/v1/apps/probe-x/builds", content=b"x" * (2 * 1024 * 1024)).status_code == 413
     assert http.post("/v1/apps/probe-x/builds", json={"bundle_sha256": "0" * 64, "module": "x",
                                                       "images": [{}]}).status_code == 422  # never uploaded
-    assert os.environ.get("EMBER_IMAGE_LOCAL_INDEXES") is None  # the agent's setting, not this process's
