@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 from collections.abc import AsyncGenerator, Callable, Generator, Iterable
-from contextlib import aclosing
+from contextlib import aclosing, closing
 from dataclasses import dataclass
 from typing import Any, Generic, ParamSpec, Self, TypeVar
+
+import msgspec
 
 from ember._client import (
     AsyncTransport,
@@ -18,6 +20,7 @@ from ember._client import (
     invoke_op,
     replay_op,
     spawn_op,
+    stream_op,
 )
 from ember._function_call import FunctionCall, astream, check_concurrency, decode_output, stream, verb
 from ember._setup import run_setup
@@ -105,6 +108,35 @@ class FunctionHandle:
         """
         op = self._invoke_op(self._encode(args, kwargs))
         return decode_output(self._io, self._sync_transport().send(op))
+
+    def _remote_gen_aio(self, *args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        return self._agen(self._stream_op(self._encode(args, kwargs)))
+
+    async def _agen(self, op: Op[bytes]) -> AsyncGenerator[Any, None]:
+        async with self._async_transport() as transport, aclosing(_stream_items(transport, op)) as items:
+            async for raw in items:
+                yield decode_item(self._io, raw)
+
+    @verb(_remote_gen_aio)
+    def remote_gen(self, *args: Any, **kwargs: Any) -> Generator[Any, None, None]:
+        """Call a generator function and iterate over its items as the replica yields them.
+
+        The call starts on the first ``next()``. Leaving the loop early (``break``, an exception, closing the
+        generator) hangs up, and the platform closes the function's generator: its ``finally`` runs. An error
+        raised by the function after some items is raised here after them.
+
+        Example:
+            >>> for token in generate.remote_gen("Once upon a time"):
+            ...     print(token, end="", flush=True)
+            >>> async for token in generate.remote_gen.aio("Once"): ...   # in async code
+        """
+        op = self._stream_op(self._encode(args, kwargs))
+        return self._gen(op)
+
+    def _gen(self, op: Op[bytes]) -> Generator[Any, None, None]:
+        with closing(_stream_items(self._sync_transport(), op)) as items:
+            for raw in items:
+                yield decode_item(self._io, raw)
 
     async def _spawn_aio(self, *args: Any, **kwargs: Any) -> FunctionCall:
         op = self._spawn_op(self._encode(args, kwargs))
@@ -204,10 +236,21 @@ class FunctionHandle:
             raise TypeError("pass one positional input, or keyword arguments")
         return json_args_encoder.encode(args[0] if args else kwargs)
 
+    def _stream_op(self, body: bytes) -> Op[bytes]:
+        if self._options.idempotency_key is not None:
+            raise TypeError(f"{self!r} has an idempotency_key, which only .spawn() takes; "
+                            "call .remote_gen() on a handle without one")
+        if self._io is not None and not self._io.stream:
+            raise TypeError(f"{self!r} is not a generator: call .remote() for its result")
+        return stream_op(self.app_name, self.function_name, body, timeout_s=self._options.timeout_s)
+
     def _invoke_op(self, body: bytes) -> Op[bytes]:
         if self._options.idempotency_key is not None:
             raise TypeError(f"{self!r} has an idempotency_key, which only .spawn() takes; "
                             "call .remote() or .map() on a handle without one")
+        if self._io is not None and self._io.stream:
+            raise TypeError(f"{self!r} is a generator: iterate over .remote_gen(...) for its items as they come, "
+                            "or .spawn(...).get() for the list of them")
         return invoke_op(self.app_name, self.function_name, body, timeout_s=self._options.timeout_s)
 
     def _spawn_op(self, body: bytes) -> Op[SpawnReply]:
@@ -222,6 +265,19 @@ class FunctionHandle:
 
     def _async_transport(self) -> AsyncTransport:
         return AsyncTransport.like(self._transport)
+
+
+def decode_item(io: CallIO | None, raw: bytes) -> Any:
+    """One streamed item, as the generator's declared item type when the handle knows it."""
+    return msgspec.json.decode(raw, type=io.output_type) if io is not None else msgspec.json.decode(raw)
+
+
+def _stream_items(transport: Any, op: Op[bytes]) -> Any:
+    items = getattr(transport, "stream_items", None)
+    if items is None:
+        raise TypeError("remote_gen() goes over HTTP; inside a replica, call .spawn(...).get() for a generator's "
+                        "list of items")
+    return items(op)
 
 
 class Function(FunctionHandle, Generic[P, R]):

@@ -181,7 +181,7 @@ class CallIO:
 
     def decode_output(self, raw: bytes) -> Any:
         """A whole result (a streaming function's: the list of its items)."""
-        value = msgspec.json.decode(raw, type=list[self.output_type] if self.stream else self.output_type)
+        value = msgspec.json.decode(raw, type=list[self.output_type] if self.stream else self.output_type)  # type: ignore[name-defined]
         if self.output_tensor is not None:
             import numpy as np
 

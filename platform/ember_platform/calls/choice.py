@@ -63,6 +63,6 @@ def choose(candidates: Sequence[LoadReport], sent: Mapping[str, int],
 
     def expected_wait(report: LoadReport) -> float:
         ahead = report.queued + report.in_flight + sent.get(report.replica_id, 0) + 1
-        return ahead * (report.per_call_s if timed else 1.0)
+        return ahead * (report.per_call_s if timed else 1.0 / max(report.slots, 1))  # per_call_s counts the slots
 
     return min(pair, key=expected_wait).replica_id

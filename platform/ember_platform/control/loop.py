@@ -63,13 +63,13 @@ from ember_platform.scheduler import (
     Snapshot,
     build_snapshot,
     desired_replicas,
-    in_flight_target,
     initial_state,
     measure,
     place_and_apply,
     rebalance,
     request_from_spec,
 )
+from ember_platform.scheduler.autoscale import in_flight_target
 
 log = logging.getLogger("ember.control")
 TICK_S = 0.5

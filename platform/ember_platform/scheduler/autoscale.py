@@ -84,6 +84,12 @@ class AutoscaleState(msgspec.Struct, frozen=True, kw_only=True):
     at: float | None = None  # the last tick's time
 
 
+def in_flight_target(max_concurrency: int) -> float:
+    """Calls in flight per replica to aim for: ``target_in_flight``'s default of 2 for a replica that runs one call
+    at a time; 80 % of its slots for one that runs ``max_concurrency`` calls at once."""
+    return max(2.0, 0.8 * max_concurrency)
+
+
 def initial_state(config: AutoscaleConfig, running: int = 0) -> AutoscaleState:
     """The state of a service first seen by this control loop: a new one starts at ``min_replicas``; one that
     already runs ``running`` replicas (a control plane that restarted or took over) keeps them, within its

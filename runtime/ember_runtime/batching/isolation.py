@@ -34,7 +34,7 @@ class BatchReport:
 class BatchRunner:
     """Calls ``run(values) -> outputs`` and isolates failures."""
 
-    def __init__(self, run: Callable[[list[Any]], list[Any]], name: str) -> None:
+    def __init__(self, run: Callable[[list[Any]], Any], name: str) -> None:
         self._run = run
         self._name = name
 
@@ -46,27 +46,54 @@ class BatchRunner:
     def _isolate(self, values: list[Any], report: BatchReport) -> list[Outcome]:
         try:
             outputs = self._run(values)
-        except EmberError as exc:
-            report.clean = False
-            return [Outcome(False, error=exc) for _ in values]
         except Exception as exc:
-            report.clean = False
-            oom = is_out_of_memory(exc)
-            if len(values) == 1:
-                log.error("%s: input failed: %s: %s", self._name, type(exc).__name__, exc, exc_info=not oom)
-                return [Outcome(False, error=_remote(exc))]
-            if oom:
-                half = len(values) // 2
-                report.oom_limit = min(report.oom_limit or half, half)
+            failed = self._failed(exc, values, report)
+            if failed is not None:
+                return failed
             mid = len(values) // 2
             return self._isolate(values[:mid], report) + self._isolate(values[mid:], report)
-        if not isinstance(outputs, list | tuple) or len(outputs) != len(values):
-            got = len(outputs) if isinstance(outputs, list | tuple) else type(outputs).__name__
-            error = RemoteError(f"the batched function returned {got} outputs for {len(values)} inputs; "
-                                "return a list with one output per input", remote_type="BatchSizeMismatch")
-            report.clean = False
-            return [Outcome(False, error=error) for _ in values]
-        return [Outcome(True, value=v) for v in outputs]
+        return _outcomes(outputs, values, report)
+
+    async def arun(self, values: list[Any]) -> BatchReport:
+        """The same for an ``async def`` function (``run`` returns a coroutine), on the event loop."""
+        report = BatchReport(outcomes=[], clean=True)
+        report.outcomes = await self._aisolate(values, report)
+        return report
+
+    async def _aisolate(self, values: list[Any], report: BatchReport) -> list[Outcome]:
+        try:
+            outputs = await self._run(values)
+        except Exception as exc:
+            failed = self._failed(exc, values, report)
+            if failed is not None:
+                return failed
+            mid = len(values) // 2
+            return await self._aisolate(values[:mid], report) + await self._aisolate(values[mid:], report)
+        return _outcomes(outputs, values, report)
+
+    def _failed(self, exc: Exception, values: list[Any], report: BatchReport) -> list[Outcome] | None:
+        """The outcomes of a failed run, or None when the batch is to be split and each half run again."""
+        report.clean = False
+        if isinstance(exc, EmberError):
+            return [Outcome(False, error=exc) for _ in values]
+        oom = is_out_of_memory(exc)
+        if len(values) == 1:
+            log.error("%s: input failed: %s: %s", self._name, type(exc).__name__, exc, exc_info=not oom)
+            return [Outcome(False, error=_remote(exc))]
+        if oom:
+            half = len(values) // 2
+            report.oom_limit = min(report.oom_limit or half, half)
+        return None
+
+
+def _outcomes(outputs: Any, values: list[Any], report: BatchReport) -> list[Outcome]:
+    if not isinstance(outputs, list | tuple) or len(outputs) != len(values):
+        got = len(outputs) if isinstance(outputs, list | tuple) else type(outputs).__name__
+        error = RemoteError(f"the batched function returned {got} outputs for {len(values)} inputs; "
+                            "return a list with one output per input", remote_type="BatchSizeMismatch")
+        report.clean = False
+        return [Outcome(False, error=error) for _ in values]
+    return [Outcome(True, value=v) for v in outputs]
 
 
 def _remote(exc: BaseException) -> RemoteError:

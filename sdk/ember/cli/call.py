@@ -1,4 +1,5 @@
-"""``ember call APP.FN --data '{...}'``: call a function over HTTP and print its JSON result.
+"""``ember call APP.FN --data '{...}'``: call a function over HTTP and print its JSON result (a generator's items,
+one JSON per line, as they come).
 
 With ``--async`` the call is queued instead, and its id printed (see ``ember calls get ID``).
 """
@@ -10,7 +11,7 @@ import sys
 
 import msgspec
 
-from ember._client import default_transport, spawn_op
+from ember._client import default_transport, spawn_op, stream_op
 from ember.cli.output import split_target
 
 
@@ -31,6 +32,6 @@ def run(args: argparse.Namespace) -> int:
     if args.spawn:
         print(default_transport().send(spawn_op(app, fn, body, timeout_s=args.timeout)).call_id)
         return 0
-    raw = default_transport().invoke(app, fn, body, timeout_s=args.timeout)
-    print(msgspec.json.format(raw, indent=2).decode())
+    for streamed, part in default_transport().answer_parts(stream_op(app, fn, body, timeout_s=args.timeout)):
+        print(part.decode() if streamed else msgspec.json.format(part, indent=2).decode(), flush=True)
     return 0

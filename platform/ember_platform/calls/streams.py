@@ -1,0 +1,291 @@
+"""Streamed calls, gateway side: send a generator function's call to a replica and read its items as they come.
+
+The protocol is in ``ember.wire.streams``. The call is routed like a synchronous one (the router's load board,
+power of two choices, else the version's queue group) and resent while no replica accepts it, at most
+``MAX_ATTEMPTS`` times, each attempt with a reply subject of its own (a late accept from an earlier attempt is
+dropped, and that replica told to cancel). Once accepted, the call stays with its replica: an error after that,
+a replica that dies, or the deadline passing ends the stream with an error. The reader grants credit as it
+takes items, so the replica runs at most ``STREAM_WINDOW`` items ahead of the HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from ember._errors import DeadlineExceededError, UnavailableError
+from ember.wire import Invocation, encoder, error_from_info, subjects
+from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, chunk_decoder
+from ember_platform.calls.router import ACK_TIMEOUT_S, LIVENESS_CHECK_S, MAX_ATTEMPTS, NO_REPLICA_POLL_S, Router
+
+log = logging.getLogger("ember.streams")
+MAX_QUEUED_CHUNKS = STREAM_WINDOW + 4  # an honest replica sends no more unread messages than its credit allows
+
+
+class _NoResponders:
+    """No replica was subscribed to take the call."""
+
+
+NO_RESPONDERS = _NoResponders()
+
+
+class Streams:
+    """The gateway's streamed calls in flight, by their reply token; one subscription for all of them."""
+
+    def __init__(self, nc: Client, router: Router, replica_alive: Callable[[str], bool]) -> None:
+        self._nc = nc
+        self.router = router
+        self.alive = replica_alive
+        self.inbox = ""
+        self._open: dict[str, CallStream] = {}  # reply token -> stream
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        self.inbox = subjects.answers_inbox(secrets.token_hex(8))
+        self._sub = await self._nc.subscribe(f"{self.inbox}.*.*", cb=self._on_message)
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+
+    def open(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
+             deadline: float) -> CallStream:
+        """A stream for the call; :meth:`CallStream.start` sends it."""
+        return CallStream(self, self._nc, app, function, version, body, call_id, deadline)
+
+    def listen(self, token: str, stream: CallStream) -> None:
+        self._open[token] = stream
+
+    def forget(self, token: str) -> None:
+        self._open.pop(token, None)
+
+    async def _on_message(self, msg: Msg) -> None:
+        app, _, token = msg.subject[len(self.inbox) + 1:].partition(".")
+        stream = self._open.get(token)
+        if stream is None or stream.app != app:
+            return  # a stream that ended, or an earlier attempt's late message
+        if msg.headers and msg.headers.get("Status") == "503":
+            stream.deliver(token, NO_RESPONDERS)
+            return
+        try:
+            chunk = chunk_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("undecodable stream message on %s: %s", msg.subject, exc)
+            return
+        if chunk.call_id == stream.call_id:
+            stream.deliver(token, chunk)
+
+
+class CallStream:
+    """One streamed call: ``await start()``, then ``await next_items()`` until it returns None; ``aclose()``."""
+
+    def __init__(self, streams: Streams, nc: Client, app: str, function: str, version: int, body: bytes,
+                 call_id: str, deadline: float) -> None:
+        self._streams = streams
+        self._nc = nc
+        self.app, self.function, self.version = app, function, version
+        self.call_id = call_id
+        self.deadline = deadline
+        self._invocation = Invocation(call_id=call_id, function=function, deadline=deadline,
+                                      input=msgspec.Raw(body))
+        self.holder = ""  # the replica that accepted it
+        self.received = 0  # items handed to the reader
+        self.granted = STREAM_WINDOW
+        self.finished = False  # its end or error arrived (or it was given up)
+        self._token = ""
+        self._inbox: deque[StreamChunk | _NoResponders] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._load_key = (app, function.split(".")[0])
+        self._counted = False  # in the router's in-flight count (the autoscaler's gateway load)
+        self._overflow = False
+
+    # -- starting: route, send, wait for an accept ------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Send the call until a replica accepts it; raises the call's error if it fails before streaming."""
+        router = self._streams.router
+        router.received[self._load_key] += 1
+        router.in_flight[self._load_key] += 1
+        self._counted = True
+        tried: set[str] = set()
+        attempts = 0
+        try:
+            while True:
+                target = router.choose(self.app, self.function, self.version, tried)
+                await self._send(target)
+                attempts += 1
+                outcome = await self._accepted(target)
+                if outcome is None:
+                    return
+                if target:
+                    tried.add(target)
+                if isinstance(outcome, _NoResponders):
+                    attempts -= 1
+                    await asyncio.sleep(min(NO_REPLICA_POLL_S, max(self.deadline - time.time(), 0)))
+                    if time.time() >= self.deadline:
+                        raise UnavailableError(f"no replica of {self.app}.{self.function} became ready before the "
+                                               "deadline", retry_after_s=1.0, call_id=self.call_id)
+                    continue
+                if attempts >= MAX_ATTEMPTS:
+                    raise UnavailableError(f"{self.app}.{self.function}: {outcome} (after {attempts} attempts)",
+                                           retry_after_s=1.0, call_id=self.call_id)
+                log.warning("stream %s: %s; sending it again", self.call_id, outcome)
+                if target:
+                    await self._cancel(target)
+        except BaseException:
+            self._done()
+            raise
+
+    async def _send(self, target: str | None) -> None:
+        self._streams.forget(self._token)
+        self._token = secrets.token_hex(8)
+        self._inbox.clear()
+        self._streams.listen(self._token, self)
+        subject = subjects.replica_invoke(target) if target else subjects.invoke(self.app, self.function,
+                                                                                 self.version)
+        try:
+            await self._nc.publish(subject, encoder.encode([self._invocation]),
+                                   reply=f"{self._streams.inbox}.{self.app}.{self._token}")
+        except Exception as exc:
+            raise UnavailableError(f"could not send the call to {self.app}.{self.function}: {exc}",
+                                   retry_after_s=1.0, call_id=self.call_id) from exc
+
+    async def _accepted(self, target: str | None) -> str | _NoResponders | None:
+        """None once accepted; else why to try again. Raises the call's own error (it never streamed)."""
+        left = self.deadline - time.time()
+        try:
+            first = await self._next(min(left, ACK_TIMEOUT_S))
+        except TimeoutError:
+            if left <= ACK_TIMEOUT_S:
+                raise DeadlineExceededError(f"{self.app}.{self.function} did not start streaming within its "
+                                            "deadline", call_id=self.call_id) from None
+            return "no replica accepted the call"
+        if isinstance(first, _NoResponders):
+            return first
+        if first.error is not None:
+            if first.error.code == UnavailableError.code:  # it never ran the call
+                return f"replica {target or '?'} is shutting down"
+            self.finished = True
+            raise error_from_info(msgspec.structs.replace(first.error, call_id=self.call_id))
+        if first.replica:
+            self.holder = first.replica
+            return None
+        self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
+        return None
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+
+    async def next_items(self) -> list[msgspec.Raw] | None:
+        """The next items (at least one), or None at the stream's end; raises the error it ended with."""
+        while True:
+            if self.finished:
+                return None
+            chunk = await self._next_live()
+            if chunk.seq != self.received and (chunk.items or chunk.end):
+                self._fail()
+                raise UnavailableError(f"the stream of {self.app}.{self.function} lost items (expected item "
+                                       f"{self.received}, got {chunk.seq})", call_id=self.call_id)
+            if chunk.error is not None:
+                self.finished = True
+                self._done()
+                raise error_from_info(msgspec.structs.replace(chunk.error, call_id=self.call_id))
+            if chunk.end:
+                self.finished = True
+                self._done()
+                return None
+            if chunk.items:
+                self.received += len(chunk.items)
+                await self._grant()
+                return chunk.items
+
+    async def _next_live(self) -> StreamChunk:
+        """The next message, watching the holder's liveness and the deadline meanwhile."""
+        while True:
+            left = self.deadline - time.time()
+            if left <= 0:
+                self._fail()
+                raise DeadlineExceededError(f"the stream of {self.app}.{self.function} ran past its deadline",
+                                            call_id=self.call_id)
+            try:
+                item = await self._next(min(left, LIVENESS_CHECK_S))
+            except TimeoutError:
+                if self.holder and not self._streams.alive(self.holder):
+                    self._fail()
+                    raise UnavailableError(f"replica {self.holder} died while streaming", retry_after_s=0.1,
+                                           call_id=self.call_id) from None
+                continue
+            if isinstance(item, StreamChunk):
+                return item
+
+    async def _grant(self) -> None:
+        if self.granted - self.received > STREAM_WINDOW // 2 or not self.holder:
+            return
+        self.granted = self.received + STREAM_WINDOW
+        with contextlib.suppress(Exception):  # a lost grant: the replica waits until its deadline at worst
+            await self._nc.publish(subjects.replica_credit(self.holder),
+                                   encoder.encode(StreamCredit(call_id=self.call_id, upto=self.granted)))
+
+    # -- ending ----------------------------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop reading: a stream that has not ended is cancelled on its replica (the generator is closed)."""
+        if not self.finished:
+            self.finished = True
+            if self.holder:
+                await self._cancel(self.holder)
+        self._done()
+
+    def _fail(self) -> None:
+        """Give up on the stream: the reader sees its error; the replica is told by ``aclose``."""
+        self._streams.forget(self._token)
+
+    def _done(self) -> None:
+        self._streams.forget(self._token)
+        if self._counted:
+            self._counted = False
+            in_flight = self._streams.router.in_flight
+            in_flight[self._load_key] -= 1
+            if in_flight[self._load_key] <= 0:
+                del in_flight[self._load_key]
+
+    async def _cancel(self, replica_id: str) -> None:
+        try:
+            await self._nc.publish(subjects.replica_cancel(replica_id), self.call_id.encode())
+        except Exception as exc:  # the replica stops at the deadline, or when its credit runs out, either way
+            log.warning("could not cancel stream %s on %s: %s", self.call_id, replica_id, exc)
+
+    # -- the inbox ---------------------------------------------------------------------------------------------------
+
+    def deliver(self, token: str, item: StreamChunk | _NoResponders) -> None:
+        if token != self._token:
+            return
+        if len(self._inbox) >= MAX_QUEUED_CHUNKS:  # more than any credit allows: not a replica playing by the rules
+            self._overflow = True
+            return
+        self._inbox.append(item)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def _next(self, timeout: float) -> StreamChunk | _NoResponders:
+        if self._overflow:
+            raise UnavailableError(f"the replica of {self.app}.{self.function} sent more than its credit",
+                                   call_id=self.call_id)
+        if not self._inbox:
+            loop = asyncio.get_running_loop()
+            self._waiter = loop.create_future()
+            try:
+                await asyncio.wait_for(self._waiter, max(timeout, 0.0))
+            finally:
+                self._waiter = None
+        return self._inbox.popleft()
+

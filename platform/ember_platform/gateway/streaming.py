@@ -1,0 +1,153 @@
+"""The HTTP side of a streaming (generator) function's synchronous call: its items as they come.
+
+``Accept: text/event-stream`` gets Server-Sent Events: each item is an ``item`` event whose ``data`` is the item's
+JSON and whose ``id`` is its number; the stream ends with an ``end`` event (``{"items": n}``) or, when the
+generator fails after the first item, an ``error`` event (``{"error": {...}}``, the usual error shape).
+``Accept: application/json`` alone gets the items collected into one JSON list (at most ``MAX_COLLECTED_BYTES``).
+Anything else gets newline-delimited JSON (``application/x-ndjson``), one object per line: ``{"item": ...}`` per
+item, then ``{"end": true, "items": n}`` or ``{"error": {...}}``, so that a reader tells a finished stream from a
+cut connection and an item from an error. Chunked transfer either way.
+
+An error before the first item is an ordinary error answer (its 4xx or 5xx). A client that goes away cancels
+the stream: the replica closes the generator, whose ``finally`` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Literal
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ember._errors import EmberError, PayloadTooLargeError
+from ember.wire import HTTP_CALL_ID_HEADER, HTTP_VERSION_HEADER, ErrorBody, encoder, error_info
+from ember_platform.calls.streams import CallStream
+from ember_platform.gateway.binary import UnsupportedMediaType
+from ember_platform.platform import Platform
+from ember_platform.quotas.limiter import Held
+
+Mode = Literal["sse", "ndjson", "json"]
+SSE = "text/event-stream"
+NDJSON = "application/x-ndjson"
+MAX_COLLECTED_BYTES = 64 * 1024 * 1024  # a stream collected into one JSON answer (Accept: application/json)
+MAX_ACCEPT_ITEMS = 32
+
+
+def mode_of(accept: str | None) -> Mode:
+    """How to answer, from the ``Accept`` header (anything unreadable in it counts as no preference)."""
+    wanted = set()
+    for item in (accept or "").split(",")[:MAX_ACCEPT_ITEMS]:
+        media, _, params = item.partition(";")
+        if params.replace(" ", "").lower() in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            continue
+        wanted.add(media.strip().lower())
+    if SSE in wanted:
+        return "sse"
+    if "application/json" in wanted and not wanted & {NDJSON, "application/jsonl", "*/*", "application/*"}:
+        return "json"
+    return "ndjson"
+
+
+async def respond(request: Request, platform: Platform, app: str, function: str, version: int, body: bytes, *,
+                  call_id: str, deadline: float, packed: bool, held: Held | None) -> Response:
+    """Start the stream; answer with its items (see the module's docstring). ``held`` (a quota's concurrency slot)
+    is released when the stream ends, however it ends."""
+    try:
+        if packed:
+            raise UnsupportedMediaType(f"{function} streams its items as JSON; send its input as JSON",
+                                       field="Content-Type")
+        mode = mode_of(request.headers.get("accept"))
+        stream = platform.streams.open(app, function, version, body, call_id=call_id, deadline=deadline)
+        try:
+            await stream.start()
+            first = await stream.next_items()  # errors before the first item are the answer's status
+        except BaseException:
+            await stream.aclose()
+            raise
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+    headers = {HTTP_CALL_ID_HEADER: call_id, HTTP_VERSION_HEADER: str(version)}
+    if mode == "json":
+        try:
+            return Response(await _collect(stream, first), media_type="application/json", headers=headers)
+        finally:
+            await stream.aclose()
+            if held is not None:
+                held.release()
+    headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    events = _sse if mode == "sse" else _ndjson
+    return StreamingResponse(_released(stream, events(stream, first), held), media_type=SSE if mode == "sse"
+                             else NDJSON, headers=headers)
+
+
+async def _released(stream: CallStream, events: AsyncIterator[bytes], held: Held | None) -> AsyncIterator[bytes]:
+    """``events``; however they end (the end, an error, the client gone), the stream is closed and ``held``
+    released."""
+    try:
+        async for event in events:
+            yield event
+    finally:
+        await stream.aclose()
+        if held is not None:
+            held.release()
+
+
+async def _items(stream: CallStream, first: list[msgspec.Raw] | None,
+                 fail: Callable[[EmberError], bytes]) -> AsyncIterator[tuple[int, msgspec.Raw] | bytes]:
+    """The items with their numbers, then the final error's bytes (made by ``fail``) if the stream failed."""
+    number, items = 0, first
+    while items is not None:
+        for item in items:
+            yield number, item
+            number += 1
+        try:
+            items = await stream.next_items()
+        except EmberError as exc:
+            yield fail(exc)
+            return
+
+
+async def _sse(stream: CallStream, first: list[msgspec.Raw] | None) -> AsyncIterator[bytes]:
+    count = 0
+    async for event in _items(stream, first, lambda exc: b"event: error\ndata: %s\n\n" % _error(exc, stream)):
+        if isinstance(event, bytes):
+            yield event
+            return
+        count, item = event[0] + 1, event[1]
+        yield b"event: item\nid: %d\ndata: %s\n\n" % (event[0], bytes(item))
+    yield b"event: end\ndata: {\"items\":%d}\n\n" % count
+
+
+async def _ndjson(stream: CallStream, first: list[msgspec.Raw] | None) -> AsyncIterator[bytes]:
+    count = 0
+    async for event in _items(stream, first, lambda exc: _error(exc, stream) + b"\n"):
+        if isinstance(event, bytes):
+            yield event
+            return
+        count = event[0] + 1
+        yield b'{"item":%s}\n' % bytes(event[1])
+    yield b'{"end":true,"items":%d}\n' % count
+
+
+async def _collect(stream: CallStream, first: list[msgspec.Raw] | None) -> bytes:
+    parts: list[bytes] = []
+    size, items = 2, first
+    while items is not None:
+        for item in items:
+            size += len(item) + 1
+            if size > MAX_COLLECTED_BYTES:
+                raise PayloadTooLargeError(f"the stream is over {MAX_COLLECTED_BYTES} bytes, the most collected into "
+                                           f"one JSON answer; ask for {NDJSON} or {SSE} to read it as it comes",
+                                           call_id=stream.call_id)
+            parts.append(bytes(item))
+        items = await stream.next_items()
+    return b"[" + b",".join(parts) + b"]"
+
+
+def _error(exc: EmberError, stream: CallStream) -> bytes:
+    info = error_info(exc, stream.call_id)
+    return encoder.encode(ErrorBody(error=info))

@@ -1,0 +1,248 @@
+"""Streamed calls in a replica: a generator's items go to the gateway as they come, within the credit it grants.
+
+One :class:`StreamSink` per streamed call (see ``ember.wire.streams`` for the protocol). The generator runs where
+its function runs (a sync one on an executor thread, an async one as a task on the event loop) and hands each
+item to its sink, which frames the items of one turn of the loop into one message. Past the credit the producer
+waits (a sync generator's thread blocks, an async one awaits), so a slow reader never makes the replica buffer
+more than ``STREAM_WINDOW`` items per call. A cancelled call (its caller went away) or one past its deadline
+stops at the next item: the generator is closed, so that its ``finally`` runs; an async generator is cancelled
+at once, wherever it awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+
+from ember._errors import DeadlineExceededError, EmberError, RemoteError
+from ember.wire import encode_output, encoder, error_info
+from ember.wire.frames import FRAME_ITEM_OVERHEAD_BYTES
+from ember.wire.streams import STREAM_WINDOW, StreamChunk
+
+log = logging.getLogger("ember.replica")
+
+
+class StreamClosed(EmberError):
+    """The stream's caller went away: nothing more is sent (never on the wire)."""
+
+    code = "cancelled"
+
+
+class StreamSink:
+    """Where one streamed call's items go: the gateway's reply subject, within its credit."""
+
+    def __init__(self, streams: Streams, reply: str, call_id: str, deadline: float) -> None:
+        self._streams = streams
+        self._loop = asyncio.get_running_loop()
+        self.reply = reply
+        self.call_id = call_id
+        self.deadline = deadline
+        self.granted = STREAM_WINDOW  # items numbered below this may be sent
+        self.produced = 0  # items handed over by the generator (numbered 0 .. produced - 1)
+        self.cancelled = False
+        self.task: asyncio.Task[Any] | None = None  # an async generator's own task, cancelled with the call
+        self._credit = asyncio.Event()
+        self._pending: list[msgspec.Raw] = []  # items of this turn of the loop, not yet framed
+        self._first = 0  # the number of ``_pending[0]``
+        self._flush: asyncio.Handle | None = None
+
+    # -- producer side: any thread (sync generators) or the loop (async ones) ------------------------------------
+
+    def put_threadsafe(self, item: Any) -> None:
+        """Hand one item over from an executor thread; blocks while the reader has no credit left."""
+        raw = self._encode(item)
+        if self.produced >= self.granted or self.cancelled:
+            asyncio.run_coroutine_threadsafe(self._wait_credit(), self._loop).result()
+        self._check_deadline()
+        self.produced += 1
+        self._loop.call_soon_threadsafe(self._queue, raw)
+
+    async def put(self, item: Any) -> None:
+        """Hand one item over on the loop; waits while the reader has no credit left."""
+        raw = self._encode(item)
+        if self.produced >= self.granted or self.cancelled:
+            await self._wait_credit()
+        self._check_deadline()
+        self.produced += 1
+        self._queue(raw)
+
+    def _encode(self, item: Any) -> msgspec.Raw:
+        if self.cancelled:
+            raise StreamClosed("the caller went away")
+        raw = encode_output(item)
+        if len(raw) + FRAME_ITEM_OVERHEAD_BYTES > self._streams.max_payload:
+            raise RemoteError(f"item {self.produced} of the stream ({len(raw)} bytes) is over the "
+                              f"{self._streams.max_payload}-byte limit of a NATS message", remote_type="ValueError")
+        return msgspec.Raw(raw)
+
+    def _check_deadline(self) -> None:
+        if time.time() >= self.deadline:
+            raise DeadlineExceededError("the stream ran past the call's deadline", call_id=self.call_id)
+
+    async def _wait_credit(self) -> None:
+        while not self.cancelled and self.produced >= self.granted:
+            self._credit.clear()
+            left = self.deadline - time.time()
+            if left <= 0:
+                raise DeadlineExceededError("the stream's reader took no more items before the call's deadline",
+                                            call_id=self.call_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._credit.wait(), left)
+        if self.cancelled:
+            raise StreamClosed("the caller went away")
+
+    # -- the loop's side ------------------------------------------------------------------------------------------
+
+    def grant(self, upto: int) -> None:
+        if upto > self.granted:
+            self.granted = upto
+            self._credit.set()
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._credit.set()
+        if self.task is not None:
+            self.task.cancel()
+
+    def accept(self, replica_id: str) -> None:
+        self._streams.send(self.reply, StreamChunk(call_id=self.call_id, replica=replica_id))
+
+    def _queue(self, raw: msgspec.Raw) -> None:
+        if self._flush is None:
+            self._flush = self._loop.call_soon(self._frame)
+        self._pending.append(raw)
+
+    def _frame(self) -> None:
+        self._flush = None
+        pending, self._pending = self._pending, []
+        if pending and not self.cancelled:
+            limit = self._streams.max_payload
+            first, used, items = self._first, 0, list[msgspec.Raw]()
+            for raw in pending:  # cut into messages within the NATS limit
+                if items and used + len(raw) + FRAME_ITEM_OVERHEAD_BYTES > limit:
+                    self._streams.send(self.reply, StreamChunk(call_id=self.call_id, seq=first, items=items))
+                    first, used, items = first + len(items), 0, []
+                items.append(raw)
+                used += len(raw) + FRAME_ITEM_OVERHEAD_BYTES
+            self._streams.send(self.reply, StreamChunk(call_id=self.call_id, seq=first, items=items))
+        self._first += len(pending)
+
+    async def finish(self, _output: Any, error: EmberError | None, _batch_size: int) -> None:
+        """The generator is done (the batcher's answer): send what is pending, then its end or its error."""
+        self._streams.close(self.call_id)
+        if self.cancelled:
+            return
+        if self._flush is not None:
+            self._flush.cancel()
+            self._frame()
+        end = StreamChunk(call_id=self.call_id, seq=self.produced, end=error is None,
+                          error=error_info(error, self.call_id) if error is not None else None)
+        self._streams.send(self.reply, end)
+
+
+class Streams:
+    """A replica's streamed calls in progress, by call id; their messages go out in order, one sender task."""
+
+    def __init__(self, nc: Any, replica_id: str) -> None:
+        self._nc = nc
+        self.replica_id = replica_id
+        self.max_payload: int = nc.max_payload
+        self._open: dict[str, StreamSink] = {}
+        self._outbox: list[tuple[str, bytes]] = []
+        self._sender: asyncio.Task[None] | None = None
+
+    def open(self, reply: str, call_id: str, deadline: float) -> StreamSink:
+        sink = StreamSink(self, reply, call_id, deadline)
+        self._open[call_id] = sink
+        sink.accept(self.replica_id)
+        return sink
+
+    def close(self, call_id: str) -> None:
+        self._open.pop(call_id, None)
+
+    def grant(self, call_id: str, upto: int) -> None:
+        sink = self._open.get(call_id)
+        if sink is not None:
+            sink.grant(upto)
+
+    def cancel(self, call_id: str) -> bool:
+        sink = self._open.pop(call_id, None)
+        if sink is None:
+            return False
+        sink.cancel()
+        return True
+
+    def cancel_all(self) -> None:
+        for call_id in list(self._open):
+            self.cancel(call_id)
+
+    def send(self, reply: str, chunk: StreamChunk) -> None:
+        self._outbox.append((reply, encoder.encode(chunk)))
+        if self._sender is None or self._sender.done():
+            self._sender = asyncio.get_running_loop().create_task(self._send_all(), name="stream-sender")
+
+    async def _send_all(self) -> None:
+        while self._outbox:
+            batch, self._outbox = self._outbox, []
+            for reply, data in batch:
+                try:
+                    await self._nc.publish(reply, data)
+                except Exception as exc:  # the gateway's liveness check ends a stream that gets nothing
+                    log.warning("could not send a stream message to %s: %s", reply, exc)
+
+    async def drain(self) -> None:
+        """Wait until what is queued has been handed to the connection."""
+        while self._sender is not None and not self._sender.done():
+            await asyncio.shield(self._sender)
+
+
+def drain_sync(gen: Iterator[Any], sink: StreamSink) -> None:
+    """Run a sync generator on this (executor) thread, each item to ``sink``; closes it however it ends."""
+    try:
+        for item in gen:
+            sink.put_threadsafe(item)
+    finally:
+        close = getattr(gen, "close", None)
+        if close is not None:
+            close()
+
+
+async def drain_async(agen: AsyncIterator[Any], sink: StreamSink) -> None:
+    """Run an async generator in a task of its own (cancelled with the call), each item to ``sink``."""
+    async def pump() -> None:
+        try:
+            async for item in agen:
+                await sink.put(item)
+        finally:
+            aclose = getattr(agen, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    sink.task = asyncio.create_task(pump(), name=f"stream-{sink.call_id}")
+    try:
+        await sink.task
+    except asyncio.CancelledError:
+        if sink.cancelled and not _cancelling():
+            raise StreamClosed("the caller went away") from None
+        raise
+
+
+def _cancelling() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def collect_sync(gen: Iterator[Any]) -> list[Any]:
+    """A queued call of a streaming function: its items, as one list."""
+    return list(gen)
+
+
+async def collect_async(agen: AsyncIterator[Any]) -> list[Any]:
+    return [item async for item in agen]
+

@@ -1,0 +1,59 @@
+"""Streamed calls on the wire: the items of a generator function, replica to gateway, with flow control.
+
+A streamed call goes out as a one-call frame of ``Invocation``s, like a synchronous one, whose reply subject is
+the gateway's stream inbox for that call (``<stream inbox>.<app>.<token>``). The replica answers with
+``StreamChunk``s on it, in order:
+
+1. at once, an accept (``seq`` 0, no items, ``replica`` naming itself): the gateway now knows whom to send
+   credit and cancellation to, and stops resending the call;
+2. items, numbered from 0 by ``seq`` (the first item's number in the chunk); never past the credit the gateway
+   granted, ``STREAM_WINDOW`` items at first, then more with each ``StreamCredit`` on
+   ``ember.replica.<id>.credit`` as the gateway's client reads them: a slow reader holds up the generator, never
+   the replica's memory;
+3. last, ``end`` (the generator finished) or ``error`` (it raised, or its deadline passed).
+
+A caller that goes away is announced on ``ember.replica.<id>.cancel`` as for a synchronous call: the replica
+closes the generator (its ``finally`` runs) and sends nothing more.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ember.wire.calls import ErrorInfo
+
+STREAM_WINDOW = 32  # items a replica may send beyond what the gateway has handed to its client
+
+
+class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Replica to gateway: items of one streamed call (raw JSON each), or its accept, end or error."""
+
+    call_id: str
+    seq: int = 0  # the number of ``items[0]`` in the call's stream (items are numbered from 0)
+    items: list[msgspec.Raw] = []
+    replica: str = ""  # set on the accept: the replica that holds the call
+    end: bool = False
+    error: ErrorInfo | None = None
+
+
+class StreamCredit(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Gateway to replica: the stream ``call_id`` may send items numbered below ``upto``."""
+
+    call_id: str
+    upto: int
+
+
+chunk_decoder = msgspec.json.Decoder(StreamChunk)
+credit_decoder = msgspec.json.Decoder(StreamCredit)
+
+
+class StreamLine(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of a streamed call's NDJSON answer over HTTP: an item, the end, or the error it ended with."""
+
+    item: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    end: bool = False
+    items: int = 0  # with ``end``: how many items the stream had
+    error: ErrorInfo | None = None
+
+
+line_decoder = msgspec.json.Decoder(StreamLine)

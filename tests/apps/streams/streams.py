@@ -1,0 +1,93 @@
+"""A test subject: generator functions that stream, and functions that hold many calls at once."""
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import msgspec
+
+import ember
+
+app = ember.App("streams")
+
+
+class Tick(msgspec.Struct):
+    i: int
+    at: float  # when the replica produced it (epoch seconds)
+
+
+@app.model(max_concurrency=8, timeout_s=4)
+class Streamer:
+    """Generators of every kind in one replica, which remembers which of its generators were closed."""
+
+    @ember.setup
+    def start(self) -> None:
+        self.closed: list[str] = []
+
+    @ember.method
+    def count(self, n: int, delay: float = 0.0) -> Iterator[Tick]:
+        for i in range(n):
+            if delay:
+                time.sleep(delay)
+            yield Tick(i=i, at=time.time())
+
+    @ember.method
+    def fails_after(self, n: int) -> Iterator[int]:
+        yield from range(n)
+        raise ValueError(f"broke after {n} items")
+
+    @ember.method
+    def forever(self) -> Iterator[int]:
+        i = 0
+        while True:
+            yield i
+            i += 1
+            time.sleep(0.01)
+
+    @ember.method
+    def ticks(self, tag: str) -> Iterator[int]:
+        """Endless; notes ``tag`` once closed."""
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+                time.sleep(0.05)
+        finally:
+            self.closed.append(tag)
+
+    @ember.method
+    async def aticks(self, tag: str) -> AsyncIterator[int]:
+        """The same, as an async generator."""
+        try:
+            i = 0
+            while True:
+                yield i
+                i += 1
+                await asyncio.sleep(0.05)
+        finally:
+            self.closed.append(tag)
+
+    @ember.method
+    def closed_tags(self) -> list[str]:
+        return list(self.closed)
+
+    @ember.method
+    def many(self, n: int) -> Iterator[str]:
+        for i in range(n):
+            yield f"item-{i}"
+
+
+@app.function(max_concurrency=32)
+async def nap(seconds: float) -> str:
+    """Sleeps on the replica's event loop; answers the name of the thread it ran on."""
+    await asyncio.sleep(seconds)
+    return threading.current_thread().name
+
+
+@app.function(max_concurrency=32)
+def doze(seconds: float) -> str:
+    """Sleeps on one of the replica's threads; answers that thread's name."""
+    time.sleep(seconds)
+    return threading.current_thread().name

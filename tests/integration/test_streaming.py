@@ -1,0 +1,208 @@
+"""Streaming outputs and concurrent inputs, end to end: real HTTP, a real nats-server, real replicas."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from support import natsconn
+from support.auth import authed_client
+from support.paths import REPO
+from support.polling import wait_for
+
+import ember
+from ember.wire import AppView, load_decoder, subjects
+
+pytestmark = pytest.mark.integration
+STREAMER = "/v1/streams/Streamer"
+
+
+@pytest.fixture(scope="session")
+def streams(deployed) -> AppView:
+    return deployed(REPO / "tests" / "apps" / "streams" / "streams.py")
+
+
+def _sse_events(response: httpx.Response):
+    """(event, data, seen_at) for each Server-Sent Event as it arrives."""
+    event, data = "message", []
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            event = line[len("event: "):]
+        elif line.startswith("data: "):
+            data.append(line[len("data: "):])
+        elif line == "" and data:
+            yield event, json.loads("\n".join(data)), time.time()
+            event, data = "message", []
+
+
+def _closed_tags(http: httpx.Client) -> list[str]:
+    return http.post(f"{STREAMER}.closed_tags", json={}).json()
+
+
+def test_sse_items_arrive_one_by_one(streams, http):
+    with http.stream("POST", f"{STREAMER}.count", json={"n": 5, "delay": 0.3},
+                     headers={"Accept": "text/event-stream"}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        assert len(response.headers["x-ember-call-id"]) == 32
+        events = list(_sse_events(response))
+    kinds = [kind for kind, _, _ in events]
+    assert kinds == ["item"] * 5 + ["end"]
+    items = [data for kind, data, _ in events if kind == "item"]
+    assert [item["i"] for item in items] == list(range(5))
+    assert events[-1][1] == {"items": 5}
+    first_seen = events[0][2]
+    last_produced = items[-1]["at"]
+    # the first item reached the client before the replica had even produced the last one (1.2 s later)
+    assert first_seen < last_produced - 0.5
+
+
+def test_ndjson_is_the_default(streams, http):
+    with http.stream("POST", f"{STREAMER}.many", json=3) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("application/x-ndjson")
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    assert lines == [{"item": "item-0"}, {"item": "item-1"}, {"item": "item-2"}, {"end": True, "items": 3}]
+
+
+def test_accept_json_alone_collects_the_list(streams, http):
+    response = http.post(f"{STREAMER}.many", json=3, headers={"Accept": "application/json"})
+    assert response.status_code == 200
+    assert response.json() == ["item-0", "item-1", "item-2"]
+
+
+@pytest.mark.parametrize("accept", ["garbage", ",,,;;;", "text/event-stream;q=0", "*/*;q=bad", "\u00e9" * 300,
+                                    ", ".join(["application/json;q=0"] * 100)])
+def test_accept_header_garbage_gets_ndjson(streams, http, accept):
+    response = http.post(f"{STREAMER}.many", json=2, headers={"Accept": accept.encode("utf-8", "replace")})
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/x-ndjson")
+    assert response.text.splitlines()[-1] == '{"end":true,"items":2}'
+
+
+def test_an_error_after_the_first_item_is_the_final_event(streams, http):
+    with http.stream("POST", f"{STREAMER}.fails_after", json=2,
+                     headers={"Accept": "text/event-stream"}) as response:
+        assert response.status_code == 200
+        events = list(_sse_events(response))
+    assert [kind for kind, _, _ in events] == ["item", "item", "error"]
+    error = events[-1][1]["error"]
+    assert error["code"] == "user_error" and error["type"] == "ValueError"
+    assert "broke after 2 items" in error["message"]
+    ndjson = http.post(f"{STREAMER}.fails_after", json=1).text.splitlines()
+    assert json.loads(ndjson[0]) == {"item": 0}
+    assert json.loads(ndjson[-1])["error"]["type"] == "ValueError"
+
+
+def test_an_error_before_the_first_item_is_the_status(streams, http):
+    response = http.post(f"{STREAMER}.fails_after", json=0, headers={"Accept": "text/event-stream"})
+    assert response.status_code == 500
+    assert response.json()["error"]["type"] == "ValueError"
+    bad = http.post(f"{STREAMER}.count", json={"n": "many"})
+    assert bad.status_code == 422
+    assert bad.json()["error"]["field"] == "$.n"
+
+
+@pytest.mark.parametrize("method", ["ticks", "aticks"])
+def test_a_client_that_goes_away_closes_the_generator(streams, platform, method):
+    tag = f"{method}-{time.time_ns()}"
+    with authed_client(platform) as client, client.stream(
+            "POST", f"{STREAMER}.{method}", json=tag, headers={"Accept": "text/event-stream"}) as response:
+        events = _sse_events(response)
+        assert [next(events)[1] for _ in range(3)] == [0, 1, 2]
+    # the connection is closed: the replica closes the generator, whose finally notes the tag
+    with authed_client(platform) as client:
+        wait_for(lambda: tag in _closed_tags(client), timeout_s=10, what=f"{method}'s finally to run")
+
+
+def test_a_stream_that_never_ends_is_bounded_by_the_call_timeout(streams, http):
+    started = time.monotonic()
+    with http.stream("POST", f"{STREAMER}.forever", json={}, headers={"Accept": "text/event-stream"}) as response:
+        events = list(_sse_events(response))
+    took = time.monotonic() - started
+    assert events[-1][0] == "error"
+    assert events[-1][1]["error"]["code"] == "deadline_exceeded"
+    assert len(events) > 10
+    assert took < 4 + 3  # the model's timeout_s, plus slack
+
+
+def test_spawn_of_a_streaming_function_stores_the_list(streams, ember_url):
+    many = ember.lookup("streams", "Streamer.many")
+    assert many.spawn(4).get(timeout=60) == ["item-0", "item-1", "item-2", "item-3"]
+
+
+def test_sdk_remote_gen_yields_typed_items(streams, ember_url, monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "apps" / "streams"))
+    import streams as app_module
+
+    ticks = list(app_module.Streamer.count.remote_gen(3))
+    assert [t.i for t in ticks] == [0, 1, 2]
+    assert all(isinstance(t, app_module.Tick) for t in ticks)
+    with pytest.raises(TypeError, match="remote_gen"):
+        app_module.Streamer.count.remote(3)
+    with pytest.raises(ember.RemoteError, match="broke after 1"):
+        list(app_module.Streamer.fails_after.remote_gen(1))
+    assert list(ember.lookup("streams", "Streamer.many").remote_gen(2)) == ["item-0", "item-1"]
+
+    async def agen() -> list[int]:
+        return [t.i async for t in app_module.Streamer.count.remote_gen.aio(4)]
+
+    assert asyncio.run(agen()) == [0, 1, 2, 3]
+
+
+def test_sdk_leaving_the_loop_closes_the_generator(streams, ember_url, http):
+    ticks = ember.lookup("streams", "Streamer.ticks")
+    tag = f"sdk-{time.time_ns()}"
+    for i in ticks.remote_gen(tag):
+        if i == 2:
+            break
+    wait_for(lambda: tag in _closed_tags(http), timeout_s=10, what="the generator's finally to run")
+
+
+def test_ember_call_prints_items_as_they_come(streams, platform, ember_cli):
+    proc = ember_cli("call", "streams.Streamer.many", "--data", "3", url=platform.url)
+    assert proc.stdout.splitlines() == ['"item-0"', '"item-1"', '"item-2"']
+    env = {**os.environ, "EMBER_URL": platform.url, "EMBER_TOKEN": platform.token}
+    with subprocess.Popen([sys.executable, "-m", "ember.cli", "call", "streams.Streamer.count", "--data",
+                           '{"n": 4, "delay": 0.4}'], stdout=subprocess.PIPE, text=True, env=env) as cli:
+        assert cli.stdout is not None
+        seen = [(json.loads(line), time.time()) for line in cli.stdout]
+    assert [tick["i"] for tick, _ in seen] == [0, 1, 2, 3]
+    assert seen[0][1] < seen[-1][0]["at"]  # printed before the replica produced the last item
+    assert cli.returncode == 0
+
+
+@pytest.mark.parametrize("fn", ["nap", "doze"])
+def test_one_replica_holds_max_concurrency_calls_at_once(streams, http, fn):
+    http.post(f"/v1/streams/{fn}", json=0.0)  # warm
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(lambda _: http.post(f"/v1/streams/{fn}", json=0.2), range(32)))
+    took = time.monotonic() - started
+    assert all(a.status_code == 200 for a in answers)
+    threads = {a.json() for a in answers}
+    if fn == "nap":
+        assert threads == {"MainThread"}  # async def runs on the replica's event loop
+    else:
+        assert len(threads) > 1 and all(t.startswith("ember-doze") for t in threads)
+    assert took < 32 * 0.2 / 4  # one at a time would take 6.4 s
+
+
+def test_load_reports_count_the_slots(streams, platform):
+    async def one_report() -> int:
+        nc = await natsconn.connect(platform.nats_url)
+        try:
+            sub = await nc.subscribe(subjects.stats("streams", "nap"))
+            report = load_decoder.decode((await sub.next_msg(timeout=5)).data)
+            return report.slots
+        finally:
+            await nc.close()
+
+    assert asyncio.run(one_report()) == 32
