@@ -40,19 +40,17 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from http_latency import (  # noqa: E402  (bench/ is not a package)
+from ab import measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
+from http_latency import (  # noqa: E402
     FULL,
     QUICK,
     Plan,
     Target,
     deploy_examples,
     markdown_table,
-    measure,
     say,
     stop_process,
 )
-
-from ember import _loop as ember_loop  # noqa: E402
 
 ECHO_BODY = [json.dumps({"message": "hello", "n": 42}).encode()]
 CHECKS = 200_000
@@ -81,30 +79,6 @@ def check_cost_us() -> float:
     return best
 
 
-def start_control_plane(first: subprocess.Popen[bytes], work: Path, name: str, *auth: str) -> tuple[
-        subprocess.Popen[bytes], str]:
-    """Another control plane, started as ``first`` was (same NATS and settings) but on a free port, with ``auth``
-    in place of the first's ``--bootstrap-token-file``."""
-    from ember._procs import die_with_parent
-
-    args = [str(a) for a in first.args]  # type: ignore[union-attr]
-    for flag in ("--port", "--url-file", "--bootstrap-token-file"):
-        if flag in args:
-            at = args.index(flag)
-            del args[at:at + 2]
-    url_file = work / f"{name}.url"
-    log = (work / f"{name}.log").open("ab")
-    proc = subprocess.Popen([*args, "--port", "0", "--url-file", str(url_file), *auth], stdin=subprocess.DEVNULL,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent)
-    log.close()
-    deadline = time.monotonic() + 60
-    while not url_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"control plane {name} did not start; see {work / (name + '.log')}")
-        time.sleep(0.05)
-    return proc, url_file.read_text()
-
-
 def invoke_token(url: str, admin: str) -> str:
     import httpx
 
@@ -112,25 +86,6 @@ def invoke_token(url: str, admin: str) -> str:
                           headers={"Authorization": f"Bearer {admin}"}, timeout=30)
     response.raise_for_status()
     return str(response.json()["token"])
-
-
-def measure_rounds(checked: Target, unchecked: Target, rounds: int, plan: Plan) -> dict[str, list[float]]:
-    """``rounds`` interleaved rounds: p50 at concurrency 1 and req/s at 64, for each target."""
-    results: dict[str, list[float]] = {"p50 on": [], "p50 off": [], "rps on": [], "rps off": [], "errors on": [],
-                                       "errors off": []}
-
-    async def run() -> None:
-        for r in range(rounds):
-            order = [(checked, "on"), (unchecked, "off")]
-            for target, side in order if r % 2 == 0 else order[::-1]:
-                say(f"round {r + 1}/{rounds}: tokens {side}")
-                one, many = await measure(target, 1, plan), await measure(target, 64, plan)
-                results[f"p50 {side}"].append(one.percentile(50))
-                results[f"rps {side}"].append(many.rps)
-                results[f"errors {side}"].append(one.errors + many.errors)
-
-    ember_loop.run(run())
-    return results
 
 
 def render(results: dict[str, list[float]], check_us: float, rounds: int, same: bool) -> str:
@@ -171,7 +126,7 @@ def run(rounds: int, plan: Plan, same: bool) -> None:
         token = "" if same else invoke_token(on_url, platform.token)
         checked = Target("tokens on", f"{on_url}/v1/hello/echo", ECHO_BODY, is_ember=True, token=token)
         unchecked = Target("tokens off", f"{off_url}/v1/hello/echo", ECHO_BODY, is_ember=True)
-        print(render(measure_rounds(checked, unchecked, rounds, plan), check_us, rounds, same))
+        print(render(measure_rounds(checked, unchecked, rounds, plan, "tokens"), check_us, rounds, same))
     except Exception:
         keep = True
         raise

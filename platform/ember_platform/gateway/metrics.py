@@ -9,6 +9,7 @@ DCGM's and Triton's exporters (see ``ember_platform.metrics.gpu``).
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Any
 
@@ -32,7 +33,13 @@ CALLED = "ember.called"  # where ``calls.invoke`` leaves (app, function, version
 
 def metered(endpoint: Endpoint) -> Endpoint:
     """``endpoint`` (the synchronous call's handler), counting each call it answers in the platform's
-    ``CallMetrics``: by the function and version it named (``CALLED``), and the status code it answered with."""
+    ``CallMetrics``: by the function and version it named (``CALLED``), and the status code it answered with.
+
+    ``EMBER_CALL_METRICS=off`` in the control plane's environment leaves ``endpoint`` as it is: no call is counted
+    (``bench/metrics_cost.py`` measures what counting costs against it)."""
+    if os.environ.get("EMBER_CALL_METRICS", "on").lower() in ("off", "0", "false"):
+        return endpoint
+
     @functools.wraps(endpoint)
     async def counted(request: Request) -> Any:
         started = time.perf_counter()

@@ -70,28 +70,37 @@
   const time = (ts) => new Date(ts * 1000).toLocaleTimeString();
 
   // --- charts ----------------------------------------------------------------------------------------------
-  function lineChart(points, series, { width = 320, height = 90, format = (v) => v.toFixed(1) } = {}) {
+  // A step chart of the last few minutes (at most WINDOW_S seconds, at least MIN_WINDOW_S): each point holds for
+  // the interval that ends at its time.
+  const WINDOW_S = 180;
+  const MIN_WINDOW_S = 30;
+
+  function lineChart(points, series, now, step, { width = 320, height = 90, format = (v) => v.toFixed(1) } = {}) {
     const chart = svg("svg", { class: "chart", width, height, viewBox: `0 0 ${width} ${height}`, role: "img" });
     const pad = { left: 36, right: 4, top: 6, bottom: 14 };
     const w = width - pad.left - pad.right;
     const h = height - pad.top - pad.bottom;
     chart.append(svg("line", { class: "axis", x1: pad.left, y1: pad.top + h, x2: pad.left + w, y2: pad.top + h }));
+    const oldest = points.length ? points[0].t - step : now;
+    const window = Math.min(Math.max(now - oldest, MIN_WINDOW_S), WINDOW_S);
+    const t0 = now - window;
+    points = points.filter((p) => p.t > t0);
     if (points.length === 0) {
       chart.append(svg("text", { x: pad.left + 4, y: pad.top + h / 2 }, "waiting for data"));
       return chart;
     }
-    const t0 = points[0].t;
-    const t1 = Math.max(points[points.length - 1].t, t0 + 1);
     const top = Math.max(...series.flatMap((s) => points.map((p) => p[s.key])), 1e-9);
     chart.append(svg("text", { x: 2, y: pad.top + 8 }, format(top)));
     chart.append(svg("text", { x: 2, y: pad.top + h }, format(0)));
+    chart.append(svg("text", { x: pad.left, y: height - 2 }, `-${Math.round(window)} s`));
+    chart.append(svg("text", { x: width - 30, y: height - 2 }, "now"));
+    const xOf = (t) => (pad.left + (Math.max(t - t0, 0) / window) * w).toFixed(1);
     for (const s of series) {
-      const coords = points.map((p) => {
-        const x = pad.left + ((p.t - t0) / (t1 - t0)) * w;
-        const y = pad.top + h - (p[s.key] / top) * h;
-        return `${x.toFixed(1)},${y.toFixed(1)}`;
+      const coords = points.flatMap((p, i) => {
+        const y = (pad.top + h - (p[s.key] / top) * h).toFixed(1);
+        const from = i > 0 ? points[i - 1].t : p.t - step;
+        return [`${xOf(from)},${y}`, `${xOf(p.t)},${y}`];
       });
-      if (coords.length === 1) coords.unshift(`${pad.left},${coords[0].split(",")[1]}`);
       chart.append(svg("polyline", { class: s.cls, points: coords.join(" "), "data-series": s.key }));
     }
     return chart;
@@ -138,6 +147,7 @@
 
   // --- sections --------------------------------------------------------------------------------------------
   function renderTraffic(stats) {
+    const chart = (points, series, options) => lineChart(points, series, stats.now, stats.interval_s, options);
     const box = $("traffic");
     box.replaceChildren();
     if (stats.functions.length === 0) {
@@ -156,10 +166,10 @@
           el("span", {}, "calls ", el("b", {}, fn.calls)),
           el("span", {}, "errors ", el("b", {}, fn.errors))),
         el("div", { class: "muted" }, "calls per second"));
-      const rate = lineChart(points, [{ key: "rate", cls: "line" }]);
+      const rate = chart(points, [{ key: "rate", cls: "line" }]);
       rate.classList.add("rate-chart");
       card.append(rate, el("div", { class: "muted legend" }, el("span", {}, "latency: p50 (solid), p99 (dashed)")),
-        lineChart(points, [{ key: "p50_s", cls: "p50" }, { key: "p99_s", cls: "p99" }], { format: ms }));
+        chart(points, [{ key: "p50_s", cls: "p50" }, { key: "p99_s", cls: "p99" }], { format: ms }));
       box.append(card);
     }
   }
@@ -226,7 +236,12 @@
         el("td", {}, r.start.kind), el("td", {}, startBar(r.start, scale))));
     }
     table.append(body);
-    const legend = el("div", { class: "legend muted" }, ...PHASES.map((p) => el("span", { class: `phase-${p}` }, p)));
+    const swatch = (phase) => {
+      const box = svg("svg", { width: 10, height: 10, viewBox: "0 0 10 10" });
+      box.append(svg("rect", { class: `phase-${phase}`, x: 0, y: 0, width: 10, height: 10 }));
+      return box;
+    };
+    const legend = el("div", { class: "legend muted" }, ...PHASES.map((p) => el("span", {}, swatch(p), ` ${p}`)));
     box.append(table, legend);
   }
 
