@@ -193,7 +193,7 @@ def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest
         return _invoke(parts[1], parts[2], op, caller, timeout_s)
     if op.method == "POST" and len(parts) == 4 and parts[0] == "v1" and parts[3] == "spawn":
         key = op.headers.get(_client.IDEMPOTENCY_HEADER)
-        return RelaySpawn(app=parts[1], function=parts[2], input=msgspec.Raw(op.content or b"null"),
+        return RelaySpawn(app=parts[1], function=parts[2], input=_json_input(op),
                           timeout_s=timeout_s, idempotency_key=key), SUBMIT_WAIT_S
     if len(parts) == 3 and parts[:2] == ["v1", "calls"] and op.method == "GET":
         wait_s = float(op.params.get("wait", 0))
@@ -212,12 +212,19 @@ def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
     if left <= 0:
         raise DeadlineExceededError(f"no time is left of this call's deadline to call {app}.{function}",
                                     call_id=caller.call_id if caller is not None else None)
-    request = RelayInvoke(app=app, function=function, input=msgspec.Raw(op.content or b"null"),
+    request = RelayInvoke(app=app, function=function, input=_json_input(op),
                           deadline=deadline if math.isfinite(deadline) else 0.0,
                           caller_function=caller.function if caller is not None else "",
                           caller_call_id=caller.call_id if caller is not None else "",
                           chain=list(caller.chain) if caller is not None else [])
     return request, left if math.isfinite(left) else NO_DEADLINE_WAIT_S
+
+
+def _json_input(op: Op[Any]) -> msgspec.Raw:
+    """The op's body as the relay takes it, JSON: a raw ``bytes`` body (``RawBody``) as its base64 string."""
+    if isinstance(op.content, _client.RawBody):
+        return msgspec.Raw(msgspec.json.encode(bytes(op.content)))
+    return msgspec.Raw(op.content or b"null")
 
 
 def _timeout(op: Op[Any]) -> float | None:

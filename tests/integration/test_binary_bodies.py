@@ -121,3 +121,16 @@ def test_numpy_arrays_travel_as_nested_lists_on_embers_own_routes(arrays, http, 
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     assert ember.lookup("arrays", "scale").remote(x=x, factor=np.array([0.5], dtype=np.float32)) == \
         (x * 0.5).tolist()
+
+
+def test_a_queued_call_takes_a_raw_or_msgpack_body(arrays, http):
+    spawned = http.post("/v1/arrays/digest/spawn", content=b"queued bytes", headers=OCTET)
+    assert spawned.status_code == 202, spawned.text
+    record = http.get(f"/v1/calls/{spawned.json()['call_id']}", params={"wait": 30}).json()
+    assert (record["status"], record["output"]) == ("succeeded", hashlib.sha256(b"queued bytes").hexdigest())
+    packed = http.post("/v1/arrays/describe/spawn", content=msgspec.msgpack.encode({"name": "q", "data": b"\x01"}),
+                       headers={"Content-Type": MSGPACK})
+    record = http.get(f"/v1/calls/{packed.json()['call_id']}", params={"wait": 30}).json()
+    assert record["output"] == {"name": "q", "size": 1, "head": "AQ=="}
+    refused = http.post("/v1/arrays/describe/spawn", content=b"\x01", headers=OCTET)
+    assert refused.status_code == 415
