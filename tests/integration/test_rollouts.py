@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.auth import bearer
+from support.platform import TestPlatform
 from support.polling import wait_for
 
 from ember._client import Transport
@@ -61,6 +62,7 @@ class Calls:
     url: str
     token: str
     seen: list[tuple[float, float, int, str]] = field(default_factory=list)
+    spawned: list[str] = field(default_factory=list)  # every tenth call is also queued: they must all succeed
     stop: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
@@ -78,6 +80,9 @@ class Calls:
                 except httpx.HTTPError as exc:
                     status, label = 0, repr(exc)
                 self.seen.append((started, time.monotonic() - started, status, label))
+                if i % 10 == 0:
+                    queued = client.post(f"/v1/{APP}/{FN}/spawn", json=i)
+                    self.spawned.append(queued.json()["call_id"] if queued.status_code == 202 else queued.text)
                 i += 1
 
     def since(self, t: float) -> list[tuple[float, float, int, str]]:
@@ -138,6 +143,10 @@ def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedP
                 pinned = http.post(f"/v1/{APP}@{version}/{FN}", json=i)
                 assert pinned.status_code == 200 and pinned.json()["version"] == label
                 assert pinned.headers["x-ember-version"] == str(version)
+            queued = [http.post(f"/v1/{APP}@{version}/{FN}/spawn", json=i).json()["call_id"] for i in range(5)]
+            for call_id in queued:
+                record = http.get(f"/v1/calls/{call_id}", params={"wait": 60}).json()
+                assert record["status"] == "succeeded" and record["output"]["version"] == label, record
 
         # Promote: v3 takes everything once it has v2's replicas; v2 drains.
         ember_cli("promote", APP, url=platform.url)
@@ -164,6 +173,9 @@ def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedP
     assert slowest < SETUP_S  # no call waited for a replica's setup
     assert during[-1][3] == "one"
     assert Counter(c[3] for c in during).keys() == {"one", "two", "three"}
+    records = [http.get(f"/v1/calls/{call_id}", params={"wait": 60}).json() for call_id in calls.spawned]
+    assert len(records) > 20 and all(r.get("status") == "succeeded" for r in records), \
+        [r for r in records if r.get("status") != "succeeded"][:3]
 
 
 def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, transport: Transport,
@@ -239,6 +251,31 @@ def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, 
     assert http.post(f"/v1/{app}/{FN}", json=1).json()["version"] == "a"
     for name in (app, "others"):
         assert http.delete(f"/v1/apps/{name}").status_code == 204
+
+
+def test_every_control_plane_routes_alike(platform: TestPlatform, transport: Transport, http: httpx.Client,
+                                          tmp_path: Path) -> None:
+    """The traffic split lives in the deployments KV: a second control plane (a standby) answers the same shares,
+    takes a rollback, and routes pinned and unpinned calls as the first does."""
+    app = "twocp"
+    source = tmp_path / f"{app}.py"
+    for label in ("a", "b"):
+        source.write_text(SOURCE.format(app=app, version=label, setup_s=0))
+        deploy(source, transport=transport, timeout_s=120, canary_percent=50 if label == "b" else 0)
+    url = platform.add_control_plane("rollouts-cp2")
+    try:
+        with httpx.Client(base_url=url, headers=bearer(platform.token), timeout=60) as other:
+            wait_for(lambda: _traffic_of(other, app) == _traffic_of(http, app) == {1: 50, 2: 50}, timeout_s=30,
+                     what="the standby to see the canary")
+            labels = {other.post(f"/v1/{app}/{FN}", json=i).json()["version"] for i in range(40)}
+            assert labels == {"a", "b"}
+            assert other.post(f"/v1/{app}@1/{FN}", json=1).json()["version"] == "a"
+            assert other.post(f"/v1/apps/{app}/rollback").status_code == 200  # through the standby
+            wait_for(lambda: _traffic_of(http, app) == {1: 100}, timeout_s=30, what="the first to see the rollback")
+            assert {http.post(f"/v1/{app}/{FN}", json=i).json()["version"] for i in range(10)} == {"a"}
+    finally:
+        platform.kill("rollouts-cp2")
+        http.delete(f"/v1/apps/{app}")
 
 
 def _traffic_of(http: httpx.Client, app: str) -> dict[int, int]:
