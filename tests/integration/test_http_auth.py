@@ -95,6 +95,10 @@ def test_every_route_but_the_probes_needs_a_token(hello, anon, http):
             response = anon.request(method, _sample_path(route.path), content=b"{}")
             if getattr(route.endpoint, guard.NEED) == guard.OPEN:
                 assert response.status_code == 200, (method, route.path)
+            elif route.path.startswith("/v2"):  # the Open Inference Protocol's error shape: {"error": "<message>"}
+                assert response.status_code == 401, (method, route.path, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert isinstance(response.json()["error"], str)
             else:
                 unauthenticated(response, given=False)
     hello_answers(http)
