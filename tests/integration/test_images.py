@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +30,7 @@ from ember.wire import Deployment, Manifest, StatusView
 pytestmark = pytest.mark.integration
 
 APP = '''
+import os
 import sys
 
 import ember
@@ -170,6 +174,19 @@ def _manifest(node: TestPlatform, app: str) -> Manifest:
             await nc.close()
 
     return asyncio.run(read())
+
+
+def test_ember_push_shows_the_build_with_uvs_log(tmp_path, node, wheels):
+    write_wheel(wheels, version="1.5")  # a pin no other test uses: a new lock, a new environment
+    path = write_app(tmp_path / "cli", "probe-cli", "1.5", wheels)
+    env = {**os.environ, "EMBER_URL": node.url, "EMBER_TOKEN": node.token}
+    done = subprocess.run([sys.executable, "-m", "ember.cli", "push", str(path)], capture_output=True, text=True,
+                          timeout=240, check=False, env=env)
+    assert done.returncode == 0, done.stderr
+    log = done.stderr
+    assert "building 1 image(s) on node" in log and "resolving 1 requirement(s)" in log
+    assert "| locked as " in log and f"+ {PACKAGE}==1.5" in log  # uv's own lines
+    assert "importing probe_app inside its image" in log and "probe-cli v1 is deployed" in done.stdout
 
 
 def test_a_missing_package_fails_the_push_naming_it(tmp_path, node, client, wheels):
