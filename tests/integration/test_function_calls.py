@@ -70,15 +70,40 @@ def test_a_function_calls_another_apps_function_over_nats_not_http(apps, http: h
 
 
 def test_a_batched_method_calls_for_its_whole_batch(apps, http: httpx.Client) -> None:
-    async def calls() -> list[httpx.Response]:
-        async with httpx.AsyncClient(base_url=str(http.base_url), headers=bearer(_token(http)), timeout=90) as c:
-            return await asyncio.gather(*(c.post("/v1/fn-caller/Caller.batched", json=i) for i in range(6)))
-
-    answers = asyncio.run(calls())
+    answers, _ = _concurrently(http, "/v1/fn-caller/Caller.batched", list(range(6)))
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert [a.json()["x"] for a in answers] == list(range(6))
     assert all(a.json()["chain"] == ["fn-caller.Caller.batched"] for a in answers)
     assert max(a.json()["batch"] for a in answers) > 1  # they ran as batches, and each batch's calls were made
+
+
+def _concurrently(http: httpx.Client, path: str, bodies: list[object]) -> tuple[list[httpx.Response], float]:
+    async def calls() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=str(http.base_url), headers=bearer(_token(http)), timeout=90) as c:
+            return await asyncio.gather(*(c.post(path, json=body) for body in bodies))
+
+    started = time.monotonic()
+    answers = asyncio.run(calls())
+    return answers, time.monotonic() - started
+
+
+def test_calls_waiting_on_other_functions_do_not_hold_up_the_replica(apps, http: httpx.Client) -> None:
+    # Eight calls of an async function that each await a 1 s call of another function, on one replica: they wait
+    # together on its event loop (a sanity bound, far under the 8 s of one after the other).
+    for _ in range(2):  # the first round may meet replicas still warming up
+        answers, took = _concurrently(http, "/v1/fn-caller/in_async", [{"seconds": 1.0}] * 8)
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        if took < 4.0:
+            break
+    assert took < 4.0, took
+    assert len({a.json()["call_id"] for a in answers}) == 8 and all(a.json()["ok"] == 1.0 for a in answers)
+    # A sync function with four threads: four calls wait on their inner calls at once, off the event loop.
+    answers, took = _concurrently(http, "/v1/fn-caller/in_threads", [1.0] * 4)
+    assert all(a.status_code == 200 and a.json() == 1.0 for a in answers), [a.text for a in answers]
+    assert took < 3.0, took
+    # A blocking call on the replica's event loop would stop it: refused, saying what to do instead.
+    refused = http.post("/v1/fn-caller/in_async", json={"seconds": 0.1, "blocking": True}, timeout=30).json()
+    assert "await the .aio form" in refused["message"], refused
 
 
 def test_the_callers_deadline_bounds_the_callee(apps, http: httpx.Client, transport: Transport) -> None:
@@ -236,8 +261,12 @@ def test_a_push_may_name_only_apps_its_token_may_invoke(platform, http: httpx.Cl
     path = folder / "sneaky.py"
     path.write_text(f"import ember\napp = ember.App({name!r}, calls=['fn-callee', 'fn-private'])\n\n\n"
                     "@app.function()\ndef f(x: int) -> int:\n    return x\n")
-    with pytest.raises(ForbiddenError) as refused:
-        deploy(path, transport=Transport(platform.url, token=token), timeout_s=60)
+    sneaky = Transport(platform.url, token=token)
+    try:
+        with pytest.raises(ForbiddenError) as refused:
+            deploy(path, transport=sneaky, timeout_s=60)
+    finally:
+        sneaky.close()
     assert refused.value.field == "$.manifest.calls[1]" and "fn-private" in refused.value.message
 
 

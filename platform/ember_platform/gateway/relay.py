@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -236,7 +237,7 @@ class Relay:
     def _target(self, caller: Caller, app: str, function: str, *,
                 sync: bool) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
         """The function called, its service and deployment, if the caller may call it (else 403)."""
-        dep, svc, fn = self._registry.resolve(app, function)
+        dep, svc, fn = self._registry.route(app, function, None, random.random())  # the version the split draws
         if caller.may_call(app) or (sync and fn.public):
             return dep, svc, fn
         raise ForbiddenError(f"app {caller.app!r} may not call {app}.{function}: name {app!r} in "
@@ -250,7 +251,7 @@ class Relay:
         dep = self._registry.deployments.items.get(slot.app)
         if dep is None:
             raise ForbiddenError(f"app {slot.app!r} is not deployed: its replicas may call no function")
-        return Caller(slot, dep)
+        return Caller(slot, dep.at(slot.version) or dep)  # the version the replica runs (during a rollout, an old one)
 
     def _slot(self, replica_id: str) -> SlotAssignment | None:
         return _find(self._assignments.items.values(), replica_id)

@@ -1,6 +1,7 @@
 """A test subject for calls between functions: what a called function sees of its call, a slow one, and one that
 calls back into its caller's app (a cycle)."""
 
+import asyncio
 import math
 import time
 
@@ -26,6 +27,13 @@ def echo(x: int) -> dict:
 @app.function(timeout_s=60, min_replicas=1, max_replicas=1)
 def slow(seconds: float) -> float:
     time.sleep(seconds)
+    return seconds
+
+
+@app.function(timeout_s=60, max_concurrency=16)
+async def nap(seconds: float) -> float:
+    """Sleeps without holding a thread: many calls of it overlap on one replica."""
+    await asyncio.sleep(seconds)
     return seconds
 
 

@@ -66,3 +66,20 @@ class Caller:
     def itself(self, x: int) -> dict:
         """Calls itself."""
         return _outcome(lambda: ember.lookup("fn-caller", "Caller.itself").remote(x))
+
+
+@app.function(timeout_s=60, max_concurrency=8)
+async def in_async(seconds: float, blocking: bool = False) -> dict:
+    """An ``async def`` function awaiting ``fn-callee.nap`` on the replica's event loop (``blocking``: calling it the
+    blocking way there instead, which is refused)."""
+    nap = ember.lookup("fn-callee", "nap")
+    if blocking:
+        return _outcome(lambda: nap.remote(seconds))
+    call = ember.current_call()
+    return {"ok": await nap.remote.aio(seconds), "call_id": call.call_id if call else None}
+
+
+@app.function(timeout_s=60, max_concurrency=4)
+def in_threads(seconds: float) -> float:
+    """A sync function with four threads, each call waiting on ``fn-callee.nap`` (not on the event loop)."""
+    return ember.lookup("fn-callee", "nap").remote(seconds)
