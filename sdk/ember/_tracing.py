@@ -36,12 +36,12 @@ TRACESTATE = "tracestate"
 MAX_TRACEPARENT = 256  # version 00 is 55 characters; later versions may add fields
 MAX_TRACESTATE = 512  # the W3C's recommended limit; a longer one is dropped (the trace itself continues)
 _EXPORTERS = ("otlp", "console")
-_KINDS = ("internal", "server", "client", "producer", "consumer")
 log = logging.getLogger(__name__)
 
 ON = False  # True in a process that traces (``setup``): the one test the call path makes when tracing is off
 _tracer: Any = None
 _propagator: Any = None
+_api: Any = None  # OpenTelemetry's API modules, imported once tracing starts (``_propagation``)
 
 
 def wanted(env: Mapping[str, str] | None = None) -> bool:
@@ -107,12 +107,26 @@ def _provider(service_name: str, attributes: Mapping[str, str | int]) -> Any:
     return provider
 
 
-def _propagation() -> Any:
-    global _propagator
-    if _propagator is None:
+class _Api:
+    """What the call path uses of OpenTelemetry's API, imported once (not on each span)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import context, trace
+        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        _propagator = TraceContextTextMapPropagator()
+        self.context, self.trace, self.Link, self.Status, self.ERROR = context, trace, Link, Status, StatusCode.ERROR
+        self.kinds = {kind.name.lower(): kind for kind in SpanKind}
+        self.internal = SpanKind.INTERNAL
+        self.empty = context.Context()
+        self.propagator = TraceContextTextMapPropagator()
+
+
+def _propagation() -> Any:
+    global _propagator, _api
+    if _api is None:
+        _api = _Api()
+        _propagator = _api.propagator
     return _propagator
 
 
@@ -153,39 +167,29 @@ def parent_from(carrier: Mapping[str, str] | None) -> Any:
     if isinstance(state, str) and state and len(state) <= MAX_TRACESTATE:
         clean[TRACESTATE] = state
     context = _propagation().extract(clean)
-    from opentelemetry import trace
-
-    return context if trace.get_current_span(context).get_span_context().is_valid else None
+    return context if _api.trace.get_current_span(context).get_span_context().is_valid else None
 
 
 def start(name: str, parent: Any = None, *, kind: str = "internal", start_ns: int | None = None,
           links: list[Any] | None = None, attributes: Mapping[str, Any] | None = None) -> Any:
     """A started span, a child of ``parent`` (a ``Context``; None: a new trace), linked to the span contexts in
     ``links``; end it with ``end``."""
-    from opentelemetry.context import Context
-    from opentelemetry.trace import Link, SpanKind
-
-    span_kind = SpanKind[kind.upper()] if kind in _KINDS else SpanKind.INTERNAL
-    return _tracer.start_span(name, context=parent if parent is not None else Context(), kind=span_kind,
-                              start_time=start_ns, links=[Link(c) for c in links or ()],
-                              attributes=dict(attributes or {}))
+    return _tracer.start_span(name, context=parent if parent is not None else _api.empty,
+                              kind=_api.kinds.get(kind, _api.internal), start_time=start_ns,
+                              links=[_api.Link(c) for c in links] if links else (), attributes=attributes)
 
 
 def end(span: Any, error: str | None = None, end_ns: int | None = None) -> None:
     """End ``span``; with ``error`` (an Ember error code, say) it is marked failed."""
     if error:
-        from opentelemetry.trace import Status, StatusCode
-
         span.set_attribute("error.type", error)
-        span.set_status(Status(StatusCode.ERROR, error))
+        span.set_status(_api.Status(_api.ERROR, error))
     span.end(end_time=end_ns)
 
 
 def context_of(span: Any) -> Any:
     """The ``Context`` whose current span is ``span`` (the parent of its children)."""
-    from opentelemetry import trace
-
-    return trace.set_span_in_context(span)
+    return _api.trace.set_span_in_context(span)
 
 
 def headers_of(span: Any) -> dict[str, str]:
@@ -197,23 +201,17 @@ def headers_of(span: Any) -> dict[str, str]:
 
 def activate(span: Any) -> Any:
     """Make ``span`` the current one in this task (``current_headers`` reads it); a token for ``deactivate``."""
-    from opentelemetry import context
-
-    return context.attach(context_of(span))
+    return _api.context.attach(_api.trace.set_span_in_context(span))
 
 
 def deactivate(token: Any) -> None:
-    from opentelemetry import context
-
-    context.detach(token)
+    _api.context.detach(token)
 
 
 def current_headers(attributes: Mapping[str, Any] | None = None) -> dict[str, str]:
     """The trace context of this task's current span, to send on with a call (empty when there is none); the
     current span is given ``attributes`` first."""
-    from opentelemetry import trace
-
-    span = trace.get_current_span()
+    span = _api.trace.get_current_span()
     if not span.get_span_context().is_valid:
         return {}
     if attributes:
