@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment
+from ember.wire import NodeAssignment, ReplicaState, SlotAssignment, ZygoteAssignment
 from ember.wire.images import ImageSpec
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.builder import Builder
@@ -20,7 +20,7 @@ from ember_runtime.agent.zygote_pool import Interpreter, ZygoteKey
 
 log = logging.getLogger("ember.agent")
 RETRY_S = (5.0, 300.0)  # an environment that failed to build is tried again after 5, 10, ... 300 s
-Report = Callable[[str], Awaitable[None]]
+Report = Callable[[str, ReplicaState], Awaitable[None]]
 COLLECT_EVERY_S = 60.0
 
 
@@ -56,10 +56,10 @@ class NodeImages:
         assert image is not None
         failures, next_try, why = self._failures.get(image.sha256, (0, 0.0, ""))
         if time.monotonic() < next_try:
-            await report(why)
+            await report(why, "crashed")
             return None
         if not self.cache.cached().count(image.sha256):
-            await report(f"building environment {image.sha256[:12]} on this node")
+            await report(f"building environment {image.sha256[:12]} on this node", "starting")
         try:
             env = await self.cache.ensure(image)
         except (BuildError, OSError) as exc:
@@ -68,7 +68,7 @@ class NodeImages:
                       f"next in {delay:.0f}s")
             self._failures[image.sha256] = (failures + 1, time.monotonic() + delay, reason[:480])
             log.warning("%s (replica %s)", reason, slot.replica_id)
-            await report(reason)
+            await report(reason, "crashed")
             return None
         self._failures.pop(image.sha256, None)
         return env

@@ -22,6 +22,7 @@ from ember.wire import (
     LogLine,
     NodeAssignment,
     NodeInfo,
+    ReplicaState,
     ReplicaStatus,
     SlotAssignment,
     VolumeMount,
@@ -393,10 +394,10 @@ class NodeAgent:
         log.warning("%s (replica %s)", reason, slot.replica_id)
         await self._report_unstarted(slot, reason)
 
-    async def _report_unstarted(self, slot: SlotAssignment, reason: str) -> None:
+    async def _report_unstarted(self, slot: SlotAssignment, reason: str, state: ReplicaState = "crashed") -> None:
         now = time.time()
         status = ReplicaStatus(replica_id=slot.replica_id, node_id=self.node_id, app=slot.app, service=slot.service,
-                               version=slot.version, state="crashed", pid=0, started_at=now, updated_at=now,
+                               version=slot.version, state=state, pid=0, started_at=now, updated_at=now,
                                message=reason[:500])
         with contextlib.suppress(Exception):
             await self._stores.replicas.put(slot.replica_id, encoder.encode(status))
