@@ -133,6 +133,9 @@ def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedP
         write_app(tmp_path, "three")
         deploy(source, transport=transport, timeout_s=120, canary_percent=20)
         assert _traffic(http) == {2: 80, 3: 20}
+        status = ember_cli("status", APP, url=platform.url).stdout
+        assert "v3 (v2 80%, v3 20%)" in status, status
+        assert "v2 80%, v3 20% (canary)" in ember_cli("ls", url=platform.url).stdout
         canary_from = time.monotonic()
         wait_for(lambda: len(calls.since(canary_from)) >= 400, timeout_s=120, what="calls during the canary")
         shares = Counter(c[3] for c in calls.since(canary_from))

@@ -122,5 +122,6 @@ def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[Replica
         queue_depth=sum(f.queue_depth for r in mine for f in r.functions),
         pending=sum(pending.get((dep.app, f.name), 0) for f in svc.functions),
         unschedulable=state.unschedulable if state is not None else "", quota=state.quota if state is not None else "",
+        traffic=dep.serving(),
         failure=failure or next((r.message for r in current if r.state == "failed" and r.message), ""))
 

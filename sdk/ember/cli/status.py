@@ -88,9 +88,17 @@ def starts_table(nodes: list[NodeView], shown: set[tuple[str, str]]) -> str:
                   "READY", "FIRST CALL"], rows)
 
 
+def _version(s: ServiceStatus) -> str:
+    """``v3``, or with a rollout or canary under way who takes the calls: ``v3 (v2 80%, v3 20%)``."""
+    shares = [t for t in s.traffic if t.percent]
+    if not shares or [(t.version, t.percent) for t in shares] == [(s.version, 100)]:
+        return f"v{s.version}"
+    return f"v{s.version} (" + ", ".join(f"v{t.version} {t.percent}%" for t in shares) + ")"
+
+
 def services_table(services: list[ServiceStatus]) -> str:
     """One row per service: ready/desired replicas, bounds, queued calls and why it is short, if it is."""
-    rows = [(f"{s.app}.{s.service}", f"v{s.version}", f"{s.ready}/{s.desired}",
+    rows = [(f"{s.app}.{s.service}", _version(s), f"{s.ready}/{s.desired}",
              f"{s.min_replicas}..{s.max_replicas}" + (" (scaled)" if s.scaled else ""),
              s.queue_depth, s.pending, _note(s)) for s in services]
     return table(["FUNCTION", "VERSION", "READY/DESIRED", "MIN..MAX", "QUEUE", "PENDING", "NOTE"], rows)

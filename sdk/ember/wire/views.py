@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 from ember.wire.nodes import ReplicaStatus, StartPhases, ZygoteStatus
+from ember.wire.specs import TrafficShare
 
 
 class ServiceView(msgspec.Struct, frozen=True, kw_only=True):
@@ -102,6 +103,7 @@ class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
     unschedulable: str = ""  # why the last placement failed; empty when it did not
     failure: str = ""  # why the control loop could not reconcile the service (it is skipped); empty when it could
     quota: str = ""  # why a quota holds it below what it wants (a placement refusal); empty when none does
+    traffic: list[TrafficShare] = []  # the app's versions that take its calls now, and their shares
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):
