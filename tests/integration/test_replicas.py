@@ -12,6 +12,7 @@ import time
 import httpx
 import msgspec
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.auth import authed_client, bearer
 from support.natsconn import connect as admin_connect
 from support.polling import wait_for
@@ -192,9 +193,10 @@ def test_a_replica_start_is_measured_phase_by_phase(tmp_path, transport, http):
     os.kill(first.pid, signal.SIGKILL)
     again = wait_for(lambda: (r := replica()) and r.pid != first.pid and r, what="the restarted replica")
     assert again.start.kind == "artifact" and again.start.fetch_s == 0  # the bundle was on disk
-    metrics = http.get("/metrics").text
-    assert f'ember_replica_start_seconds{{app="phased",service="pid",replica="{again.replica_id}",kind="artifact",' \
-           'phase="imports"}' in metrics
+    metrics = text_string_to_metric_families(http.get("/metrics").text)
+    phases = {(s.labels["app"], s.labels["service"], s.labels["replica"], s.labels["kind"], s.labels["phase"])
+              for family in metrics for s in family.samples if s.name == "ember_replica_start_seconds"}
+    assert ("phased", "pid", again.replica_id, "artifact", "imports") in phases
     transport.request("DELETE", "/v1/apps/phased")
 
 

@@ -9,6 +9,7 @@ import signal
 
 import msgspec
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.paths import TEST_APPS
 from support.polling import wait_for
 
@@ -48,8 +49,10 @@ def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_pa
     forked = response.json()
     assert forked["built_by"] == built.pid != forked["pid"] == first.pid  # built in the zygote, served by the fork
     assert forked["env"] == "cpu"  # the replica's own environment, set after the fork
-    metrics = http.get("/metrics").text
-    assert f'replica="{first.replica_id}",kind="zygote",phase="fork"}}' in metrics
+    metrics = text_string_to_metric_families(http.get("/metrics").text)
+    phases = {(s.labels["replica"], s.labels["kind"], s.labels["phase"]) for family in metrics for s in family.samples
+              if s.name == "ember_replica_start_seconds"}
+    assert (first.replica_id, "zygote", "fork") in phases
     status = ember_cli("status", "snapper.Model", url=platform.url).stdout
     assert "ZYGOTE" in status and "ready" in status and f"{first.replica_id}  zygote" in status
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, multiprocess
 
 from ember_platform.metrics.traffic import Key, Totals, TrafficHistory, totals
 
@@ -26,6 +26,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02
                    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 LABELS = ("app", "function", "version", "code")
 _MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+disable_created_metrics()  # no ``_created`` series beside each counter and histogram: Prometheus does not need them
 
 
 def multiprocess_dir() -> str:
