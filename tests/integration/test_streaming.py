@@ -18,7 +18,7 @@ from support.paths import REPO
 from support.polling import wait_for
 
 import ember
-from ember.wire import AppView, load_decoder, subjects
+from ember.wire import HTTP_TIMEOUT_HEADER, AppView, load_decoder, subjects
 
 pytestmark = pytest.mark.integration
 STREAMER = "/v1/streams/Streamer"
@@ -117,20 +117,38 @@ def test_a_client_that_goes_away_closes_the_generator(streams, platform, method)
             "POST", f"{STREAMER}.{method}", json=tag, headers={"Accept": "text/event-stream"}) as response:
         events = _sse_events(response)
         assert [next(events)[1] for _ in range(3)] == [0, 1, 2]
-    # the connection is closed: the replica closes the generator, whose finally notes the tag
+    # the connection is closed: the replica closes the generator, whose finally notes the tag, long before the
+    # call's deadline (30 s) or its credit running out could have stopped it
     with authed_client(platform) as client:
-        wait_for(lambda: tag in _closed_tags(client), timeout_s=10, what=f"{method}'s finally to run")
+        wait_for(lambda: tag in _closed_tags(client), timeout_s=5, what=f"{method}'s finally to run")
+
+
+def test_a_slow_reader_holds_the_generator_back(streams, http):
+    # 200 items of 256 KiB: far more than the credit window and the sockets' buffers hold together
+    with http.stream("POST", f"{STREAMER}.big", json={"n": 200, "kb": 256}) as response:
+        lines = response.iter_lines()
+        first = json.loads(next(lines))["item"]
+        time.sleep(2.0)  # the reader stalls
+        resumed = time.time()
+        rest = [json.loads(line) for line in lines if line]
+    items = [first] + [line["item"] for line in rest[:-1]]
+    assert rest[-1] == {"end": True, "items": 200}
+    assert [item["i"] for item in items] == list(range(200))
+    # without flow control the replica would have produced everything within the first second
+    assert items[-1]["at"] > resumed
+    assert items[0]["at"] < resumed - 1.5
 
 
 def test_a_stream_that_never_ends_is_bounded_by_the_call_timeout(streams, http):
     started = time.monotonic()
-    with http.stream("POST", f"{STREAMER}.forever", json={}, headers={"Accept": "text/event-stream"}) as response:
+    with http.stream("POST", f"{STREAMER}.forever", json={}, headers={"Accept": "text/event-stream",
+                                                                      HTTP_TIMEOUT_HEADER: "2"}) as response:
         events = list(_sse_events(response))
     took = time.monotonic() - started
     assert events[-1][0] == "error"
     assert events[-1][1]["error"]["code"] == "deadline_exceeded"
     assert len(events) > 10
-    assert took < 4 + 3  # the model's timeout_s, plus slack
+    assert 2 <= took < 2 + 3  # the call's timeout, plus slack
 
 
 def test_spawn_of_a_streaming_function_stores_the_list(streams, ember_url):
@@ -163,7 +181,7 @@ def test_sdk_leaving_the_loop_closes_the_generator(streams, ember_url, http):
     for i in ticks.remote_gen(tag):
         if i == 2:
             break
-    wait_for(lambda: tag in _closed_tags(http), timeout_s=10, what="the generator's finally to run")
+    wait_for(lambda: tag in _closed_tags(http), timeout_s=5, what="the generator's finally to run")
 
 
 def test_ember_call_prints_items_as_they_come(streams, platform, ember_cli):

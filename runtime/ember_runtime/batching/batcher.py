@@ -213,9 +213,10 @@ class Batcher:
             if not batch:
                 continue
             if self.slots == 1:
-                await self._execute(batch)
+                await self._execute(batch, self._begin(batch))
             else:
-                task = asyncio.create_task(self._execute(batch), name=f"{self.name}-batch")
+                # counted as running now, before its task starts: the loop's next turn sees the slot taken
+                task = asyncio.create_task(self._execute(batch, self._begin(batch)), name=f"{self.name}-batch")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
@@ -285,8 +286,8 @@ class Batcher:
             cost += call.cost
         return batch
 
-    async def _execute(self, batch: list[Call]) -> None:
-        number, started = self._begin(batch)
+    async def _execute(self, batch: list[Call], begun: tuple[int, float]) -> None:
+        number, started = begun
         traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
             if tracing.ON else None
         try:

@@ -15,9 +15,10 @@ app = ember.App("streams")
 class Tick(msgspec.Struct):
     i: int
     at: float  # when the replica produced it (epoch seconds)
+    pad: str = ""
 
 
-@app.model(max_concurrency=8, timeout_s=4)
+@app.model(max_concurrency=8, timeout_s=30)
 class Streamer:
     """Generators of every kind in one replica, which remembers which of its generators were closed."""
 
@@ -72,6 +73,13 @@ class Streamer:
     @ember.method
     def closed_tags(self) -> list[str]:
         return list(self.closed)
+
+    @ember.method
+    def big(self, n: int, kb: int) -> Iterator[Tick]:
+        """``n`` items of ``kb`` KiB each, as fast as they can go (when the reader lets them)."""
+        pad = "x" * (kb * 1024)
+        for i in range(n):
+            yield Tick(i=i, at=time.time(), pad=pad)
 
     @ember.method
     def many(self, n: int) -> Iterator[str]:
