@@ -3,12 +3,15 @@
 
 What is measured (one run of the embedded platform: nats-server, control plane, node agent on this machine)
     * ``copy``   ``shutil.copyfile`` of a file of random bytes to another file in the same folder (the page cache
-                 holds the source, as it does for the put that follows)
+                 holds the source, as it does for the put that follows); ``copy + fsync`` the same, written
+                 through to the disk
     * ``put``    ``ember.put_volume`` of a fresh file of random bytes (nothing stored yet): read, hashed, sent over
                  HTTP in 8 MiB chunks, hashed again and stored in JetStream's object store, then committed
     * ``fetch``  the node's volume cache (``ember_runtime.agent.volumes.VolumeCache``, as the agent runs it)
                  fetching that version: each chunk from the object store, checked, written to its file, made
                  read-only; measured in this process with the control plane's NATS credentials
+    * ``JetStream publish``  what nats-server takes on this machine: 4 MiB messages published one after the
+                 other into the chunks' stream (then purged), the ceiling under both put and fetch
     Rounds are interleaved (copy, put, fetch on a new file each round); the table shows medians in MB/s and
     each against the copy. Target: put and fetch at least half the copy's speed.
 
@@ -40,7 +43,7 @@ from ember._deploy import deploy
 from ember._volume import put_volume
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import VolumeMount, subjects
-from ember.wire.jetstream import connect
+from ember.wire.jetstream import connect, object_stream
 from ember_runtime.agent.volumes import VolumeCache
 
 MB = 1024 * 1024
@@ -77,9 +80,25 @@ async def fetch(url: str, creds: object, root: Path, name: str) -> float:
         await nc.close()
 
 
+async def publish(url: str, creds: object, mb: int) -> float:
+    nc = await connect(url, "bench-volumes", creds)  # type: ignore[arg-type]
+    try:
+        js = nc.jetstream()
+        block, subject = os.urandom(4 * MB), f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.bench{uuid.uuid4().hex}"
+        started = time.perf_counter()
+        for _ in range(mb // 4):
+            await js.publish(subject, block)
+        elapsed = time.perf_counter() - started
+        await js.purge_stream(object_stream(subjects.VOLUME_CHUNKS_STORE), subject=subject)
+        return mb / elapsed
+    finally:
+        await nc.close()
+
+
 def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int,
                repeats: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {"copy": [], "put": [], "fetch": []}
+    rates: dict[str, list[float]] = {"copy": [], "copy + fsync": [], "put": [], "fetch": [],
+                                     "JetStream publish": []}
     for i in range(repeats):
         source = work / f"src-{i}" / "blob.bin"
         source.parent.mkdir()
@@ -88,6 +107,13 @@ def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int
         shutil.copyfile(source, work / f"copy-{i}.bin")
         rates["copy"].append(mb / (time.perf_counter() - started))
         os.unlink(work / f"copy-{i}.bin")
+        started = time.perf_counter()
+        shutil.copyfile(source, work / f"copy-{i}.bin")
+        with open(work / f"copy-{i}.bin", "rb+") as fh:
+            os.fsync(fh.fileno())
+        rates["copy + fsync"].append(mb / (time.perf_counter() - started))
+        os.unlink(work / f"copy-{i}.bin")
+        rates["JetStream publish"].append(asyncio.run(publish(plat.nats_url, plat.nats_credentials, mb)))
 
         name = f"bench-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
@@ -99,8 +125,7 @@ def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int
         shutil.rmtree(work / f"cache-{i}", ignore_errors=True)
         shutil.rmtree(source.parent)
         transport.request("DELETE", f"/v1/volumes/{name}")
-        say(f"round {i + 1}: copy {rates['copy'][-1]:.0f}, put {rates['put'][-1]:.0f}, "
-            f"fetch {rates['fetch'][-1]:.0f} MB/s")
+        say(f"round {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()) + " MB/s")
     return rates
 
 

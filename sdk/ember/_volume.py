@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import msgspec
 
+from ember._client import Transport, default_transport
 from ember._errors import InvalidSpecError
 from ember.wire import encoder
 from ember.wire.volumes import (
@@ -31,9 +31,6 @@ from ember.wire.volumes import (
     mount_problem,
     name_problem,
 )
-
-if TYPE_CHECKING:
-    from ember._client import Transport
 
 VOLUMES_ENV = "EMBER_VOLUMES"  # in a replica: {mount path: where it is readable}, JSON
 CHUNKS_PATH = "/v1/volumes/-/chunks"  # '-' starts no volume's name
@@ -172,8 +169,6 @@ def put_volume(name: str, paths: Iterable[str | Path], *, transport: Transport |
     """Upload ``paths`` as a new version of volume ``name``: each chunk the platform lacks is sent (a put
     interrupted before its end sends, when run again, only what is still missing), then the version is
     committed. Returns the volume as it is now."""
-    from ember._client import default_transport
-
     problem = name_problem(name)
     if problem:
         raise InvalidSpecError(problem)
@@ -219,22 +214,16 @@ def put_volume(name: str, paths: Iterable[str | Path], *, transport: Transport |
 
 def list_volumes(*, transport: Transport | None = None) -> list[VolumeView]:
     """The volumes the token sees, each with its latest version."""
-    from ember._client import default_transport
-
     return _views_decoder.decode((transport or default_transport()).request("GET", "/v1/volumes").content)
 
 
 def get_volume(name: str, *, transport: Transport | None = None) -> VolumeView:
     """One volume: its latest version's files, the versions kept, the apps that mount it."""
-    from ember._client import default_transport
-
     return _view_decoder.decode((transport or default_transport()).request("GET", f"/v1/volumes/{name}").content)
 
 
 def remove_volume(name: str, *, transport: Transport | None = None) -> None:
     """Remove a volume and every version of it; chunks no other version uses are deleted."""
-    from ember._client import default_transport
-
     (transport or default_transport()).request("DELETE", f"/v1/volumes/{name}")
 
 

@@ -65,6 +65,7 @@ from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView
 from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
+from ember.wire.volumes import ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
 from ember_platform.gateway.apps import MAX_LOG_LINES
 from ember_platform.gateway.calls import FUNCTION_NAME
@@ -90,6 +91,8 @@ _BODIES: dict[str, Any] = {
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
     "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
     "RolloutRequest": RolloutRequest,
+    "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
+    "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
     "InferRequest": InferRequest, "InferResponse": InferResponse, "ModelMetadata": ModelMetadata,
     "ModelReady": ModelReady, "ServerMetadata": ServerMetadata, "RepositoryIndex": list[RepositoryModel],
     "IndexRequest": IndexRequest, "OipError": OipError,
@@ -283,6 +286,24 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                       (400, 413, 422, 503), [], _json_body(_ref("SecretRequest"))),
     ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422, 503),
                                          [], None),
+    ("PUT", "/v1/volumes/-/chunks/{sha256}"): (
+        "Upload one chunk of a volume's file, addressed by its sha256 (checked)",
+        (201, "stored (200: it was there already)", _ref("BundleReply"), JSON), (400, 413, 422), [],
+        {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                             "format": "binary"}}}}),
+    ("POST", "/v1/volumes/-/chunks/missing"): (
+        "Which of these chunks the platform lacks", (200, "the missing ones, in order", _ref("ChunksMissing"), JSON),
+        (400, 413, 422), [], _json_body(_ref("ChunksQuery"))),
+    ("POST", "/v1/volumes/{volume}/versions"): (
+        "A new version of a volume, made of stored chunks", (201, "the volume", _ref("VolumeView"), JSON),
+        (400, 409, 413, 422), [], _json_body(_ref("VolumeCommit"))),
+    ("GET", "/v1/volumes"): ("List the volumes the token sees, each with its latest version",
+                             (200, "the volumes", _ref("VolumeList"), JSON), (), [], None),
+    ("GET", "/v1/volumes/{volume}"): ("A volume: its latest version's files, the versions kept, who mounts it",
+                                      (200, "the volume", _ref("VolumeView"), JSON), (404, 422), [], None),
+    ("DELETE", "/v1/volumes/{volume}"): (
+        "Remove a volume, every version of it and the chunks nothing else uses",
+        (204, "removed", None, JSON), (404, 409, 422), [], None),
     ("GET", "/v2"): ("Open Inference Protocol: the server's metadata (errors are {\"error\": message})",
                      (200, "name, version, extensions", _ref("ServerMetadata"), JSON), (401, 403), [], None),
     ("GET", "/v2/health/live"): ("Open Inference Protocol: the server is live", (200, "live", {}, JSON), (), [],
@@ -305,6 +326,8 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "Inference-Header-Content-Length)", (200, "the output tensor", _ref("InferResponse"), JSON),
         (400, 401, 403, 404, 413, 415, 429, 500, 503, 504), [], _json_body(_ref("InferRequest")))
        for at in ("", "/versions/{version}")},
+    **{(method, "/v2/{path:path}"): ("Open Inference Protocol: any other /v2 path", (404, "not found", None, JSON),
+                                (401, 404), [], None) for method in ("GET", "POST")},
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),

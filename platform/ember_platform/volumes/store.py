@@ -3,15 +3,18 @@ control plane), chunks in the ``ember_volume_chunks`` object store under their s
 
 Version numbers only grow: ``<name>.last`` keeps the last one given, and outlives a removal, so that a number
 never means two contents (a deployment pinned to ``weights@v3`` cannot get other files after a remove and a put).
-Removing a volume deletes the chunks that no other version uses, and those uploaded more than ``grace_s`` ago
-that no version uses (an abandoned put's); a put in progress (uploaded recently, not yet committed) is spared.
+Removing a volume deletes the chunks that no other version uses; every ``EMBER_VOLUME_GC_INTERVAL_S`` (300), and at
+each removal, the chunks that no version uses and that were uploaded more than ``grace_s`` ago (an abandoned put's)
+go too; a put in progress (uploaded recently, not yet committed) is spared.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable
 
@@ -32,6 +35,7 @@ from ember_platform.volumes.checks import check_files, chunks_of, unreferenced
 log = logging.getLogger("ember.volumes")
 _version_decoder = msgspec.json.Decoder(VolumeVersion)
 GC_GRACE_S = 1800.0  # an unreferenced chunk younger than this may belong to a put in progress
+GC_INTERVAL_S = float(os.environ.get("EMBER_VOLUME_GC_INTERVAL_S", "300"))
 _LOOKUPS = 32  # chunk lookups in flight at once
 
 
@@ -59,12 +63,32 @@ class VolumeStore:
         self.grace_s = grace_s
         self.mirror: KVMirror[VolumeVersion | int] = KVMirror(kv, _decode)
         self._commit = asyncio.Lock()
+        self._collector: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         await self.mirror.start()
+        self._collector = asyncio.create_task(self._collect_every(GC_INTERVAL_S), name="volume-chunks-gc")
 
     async def stop(self) -> None:
+        self._stopping.set()
+        if self._collector is not None:
+            self._collector.cancel()
+            await asyncio.gather(self._collector, return_exceptions=True)
         await self.mirror.stop()
+
+    async def _collect_every(self, interval_s: float) -> None:
+        while not self._stopping.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), interval_s)
+            if self._stopping.is_set():
+                return
+            try:
+                await self.collect()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("volume chunks could not be collected; trying again in %.0fs", interval_s)
 
     # --- chunks -----------------------------------------------------------------------------------------------
 
