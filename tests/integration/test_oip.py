@@ -181,6 +181,8 @@ def test_unknown_models_versions_and_tokens(arrays, http, anon_http):
     _refused(http.get("/v2/models/nobody.scale"), 404)
     _refused(http.get("/v2/models/arrays"), 404, "<app>.<function>")
     _refused(http.get("/v2/models/arrays.echo"), 404, "not a model")
+    _refused(http.get("/v2/models/arrays.scale/stats"), 404, "no route")  # not served: the protocol's 404
+    _refused(http.post("/v2/repository/models/arrays.scale/load"), 404, "no route")
     _refused(http.get(f"/v2/models/arrays.scale/versions/{arrays.version + 7}"), 404, "version")
     for version in ["0", "-1", "1e3", "v1", "9" * 40]:
         _refused(http.get(f"/v2/models/arrays.scale/versions/{version}"), 404, "version")
@@ -190,6 +192,7 @@ def test_unknown_models_versions_and_tokens(arrays, http, anon_http):
     assert missing.headers["www-authenticate"] == "Bearer"
     _refused(anon_http.get("/v2/models/arrays.scale"), 401)
     _refused(anon_http.get("/v2"), 401)
+    _refused(anon_http.get("/v2/models/arrays.scale/stats"), 401)
     assert anon_http.get("/v2/health/live").status_code == 200  # the probes, as /healthz and /readyz
 
 

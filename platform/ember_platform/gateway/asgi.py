@@ -96,6 +96,8 @@ ROUTES = [
     route("/v2/models/{model}/versions/{version}/ready", oip.model_ready, "GET", READ),
     route("/v2/models/{model}/infer", OIP_INFER, "POST", INVOKE),  # a public function's needs no token
     route("/v2/models/{model}/versions/{version}/infer", OIP_INFER, "POST", INVOKE),
+    route("/v2/{path:path}", oip.unknown, "GET", TOKEN),  # the protocol's 404 for any other /v2 path
+    route("/v2/{path:path}", oip.unknown, "POST", TOKEN),
     route("/v1/{app}/{name}/spawn", traced(calls.spawn, "ember.spawn", "/v1/{app}/{name}/spawn"), "POST", INVOKE),
     route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token
 ]

@@ -55,7 +55,7 @@ from ember_platform.auth.scopes import INVOKE, READ
 from ember_platform.auth.tokens import TokenRefused
 from ember_platform.gateway import binary, calls
 from ember_platform.gateway.body import header, read_body
-from ember_platform.gateway.guard import Need, authorize, checks_itself, principal_of
+from ember_platform.gateway.guard import TOKEN, Need, authorize, checks_itself, principal_of
 from ember_platform.gateway.responses import platform_of
 from ember_platform.platform import Platform
 
@@ -115,6 +115,15 @@ async def server_metadata(request: Request) -> Response:
     """``GET /v2``."""
     authorize(request, READ)
     return _json(ServerMetadata(name="ember", version=__version__, extensions=EXTENSIONS))
+
+
+@checks_itself(TOKEN)
+@oip_errors
+async def unknown(request: Request) -> Response:
+    """Any other ``/v2/...`` path (with a token: without one, nobody learns what is served): the protocol's 404."""
+    authorize(request, TOKEN)
+    raise NotFoundError(f"no route {request.method} {request.url.path[:200]} (the Open Inference Protocol's "
+                        "routes are /v2, /v2/health/..., /v2/repository/index and /v2/models/<app>.<fn>/...)")
 
 
 # -- models ----------------------------------------------------------------------------------------
