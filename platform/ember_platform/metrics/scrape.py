@@ -8,16 +8,13 @@ none, are shown to every reader, as the status shows nodes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from ember_platform.control.status import build_status
 from ember_platform.metrics import state
-
-if TYPE_CHECKING:
-    from ember_platform.platform import Platform
+from ember_platform.platform import Platform
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
