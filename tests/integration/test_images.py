@@ -189,6 +189,21 @@ def test_ember_push_shows_the_build_with_uvs_log(tmp_path, node, wheels):
     assert "importing probe_app inside its image" in log and "probe-cli v1 is deployed" in done.stdout
 
 
+def test_another_node_builds_the_same_lock_itself_for_its_replicas(tmp_path, node, client, wheels):
+    ember.deploy(write_app(tmp_path / "spread", "probe-spread", "2.0", wheels), transport=client, timeout_s=240)
+    sha = next(s.image.sha256 for s in _manifest(node, "probe-spread").services if s.image)
+    node.add_agent("second")
+    client.request("POST", "/v1/apps/probe-spread/scale", json={"service": "report", "min_replicas": 3,
+                                                                "max_replicas": 3})
+    wait_for(lambda: [r for s in app_view(client, "probe-spread").services for r in s.replicas
+                      if r.node_id == "second" and r.state == "ready"], timeout_s=180,
+             what="a replica on the second node")
+    built = node.state_dir / "node-second" / "envs" / "builds.log"
+    assert [line.split()[0] for line in built.read_text().splitlines()] == [sha]  # the lock, built there once
+    assert {call(client, "probe-spread", "report")["version"] for _ in range(12)} == {"2.0"}
+    client.request("DELETE", "/v1/apps/probe-spread")
+
+
 def test_a_missing_package_fails_the_push_naming_it(tmp_path, node, client, wheels):
     path = write_app(tmp_path / "missing", "probe-missing", "3.0", wheels)
     with pytest.raises(InvalidSpecError) as caught:

@@ -254,6 +254,7 @@ class EnvCache:
         await _say(say, f"building environment {sha[:12]} (Python {image.python}, "
                         f"{image.lock.count('==')} distributions)")
         same = image.python == node_python()
+        self.root.mkdir(parents=True, exist_ok=True)  # a node's first environment
         lock_file = self.root / f".lock-{sha}.txt"
         lock_file.write_text(image.lock)
         log_lines: list[str] = []

@@ -111,3 +111,11 @@ def test_the_cache_is_collected_least_recently_used_first_never_what_is_in_use(t
     cache.budget = 10**12
     asyncio.run(build("1.0"))
     assert cache.collect(in_use=set()) == []  # within budget: nothing goes
+
+
+def test_a_node_that_never_built_anything_builds_a_lock_made_elsewhere(tmp_path, wheels):
+    locked = asyncio.run(EnvCache(tmp_path / "builder", local_indexes=[wheels]).lock(image(wheels, "2.0")))
+    fresh = EnvCache(tmp_path / "another-node" / "envs", local_indexes=[wheels])  # no folder yet
+    env = asyncio.run(fresh.ensure(locked))
+    assert env.sha256 == locked.sha256 and fresh.builds == 1
+    assert run_in(env.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "2.0"
