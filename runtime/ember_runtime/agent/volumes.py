@@ -204,7 +204,7 @@ class VolumeCache:
         without its record, or whose files are not where they were, is removed and fetched again whole."""
         try:
             local = _local_decoder.decode((self.root / f"{key}.json").read_bytes())
-            bad = await asyncio.to_thread(_bad_chunks, dest, local)
+            bad = await asyncio.to_thread(bad_chunks, dest, local)
         except (OSError, msgspec.MsgspecError) as exc:
             log.warning("volume %s: cannot be checked (%s): fetching it again", key, exc)
             name, _, version = key.rpartition("@v")
@@ -274,7 +274,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-def _bad_chunks(folder: Path, local: LocalVersion) -> list[tuple[str, int, LocalChunk]]:
+def bad_chunks(folder: Path, local: LocalVersion) -> list[tuple[str, int, LocalChunk]]:
     """Every chunk of ``local`` whose bytes in ``folder`` do not hash to its sha256: (file, offset, chunk)."""
     bad = []
     for f in local.files:

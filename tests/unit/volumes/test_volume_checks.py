@@ -4,10 +4,13 @@ holds a replica's volumes."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 from support.builders import service_spec
 from support.placement import H100X2, node, req, snap
@@ -21,6 +24,8 @@ from ember.wire.volumes import file_problem, mount_problem, name_problem
 from ember_platform.natsauth import permissions
 from ember_platform.scheduler import Binding, place
 from ember_platform.volumes.checks import check_files, unreferenced
+from ember_runtime.agent import sandbox
+from ember_runtime.agent.volumes import LocalChunk, LocalFile, LocalVersion, VolumeCache, bad_chunks
 
 SHA = "a" * 64
 
@@ -162,3 +167,60 @@ def test_placement_prefers_a_node_that_holds_the_replicas_volumes() -> None:
     assert isinstance(chosen, Binding) and chosen.node_id == "b"
     other = place(s, [req("r", "10GB", volumes=("w@v1",))])[0]  # another version is not held
     assert isinstance(other, Binding) and other.node_id == "a"
+
+
+def test_a_sandbox_binds_each_volume_read_only_at_its_mount_path(tmp_path: Path) -> None:
+    jail = sandbox.Jail(bundle=tmp_path / "b", mounts=((tmp_path / "v" / "w@v1", "/weights"),))
+    argv = sandbox.Sandbox("/opt/bwrap", sandbox.python_roots()).argv(["true"], jail)
+    binds = [tuple(argv[i + 1:i + 3]) for i, a in enumerate(argv) if a == "--ro-bind"]
+    assert (str(tmp_path / "v" / "w@v1"), "/weights") in binds
+    assert not [a for i, a in enumerate(argv) if a == "--bind" and argv[i + 2] == "/weights"]
+    assert argv.index("--tmpfs") < argv.index("/weights")  # after the sandbox's own folders: nothing hides it
+
+
+def test_a_replica_learns_where_its_volumes_are() -> None:
+    mounts = ((Path("/state/volumes/w@v1"), "/weights"),)
+    assert json.loads(sandbox.volume_env(mounts, sandboxed=True)["EMBER_VOLUMES"]) == {"/weights": "/weights"}
+    unsandboxed = sandbox.volume_env(mounts, sandboxed=False)
+    assert json.loads(unsandboxed["EMBER_VOLUMES"]) == {"/weights": "/state/volumes/w@v1"}
+    assert sandbox.volume_env((), sandboxed=True) == {}
+    os.environ["EMBER_VOLUMES"] = unsandboxed["EMBER_VOLUMES"]
+    try:
+        assert ember.mounted("/weights") == "/state/volumes/w@v1" and ember.mounted("/other") == "/other"
+    finally:
+        del os.environ["EMBER_VOLUMES"]
+
+
+def test_a_mount_over_the_nodes_python_is_refused_by_the_agent() -> None:
+    python = (Path("/opt/py/venv"),)
+    assert sandbox.mount_problems(((Path("/c"), "/opt/py"),), python)  # over it
+    assert sandbox.mount_problems(((Path("/c"), "/opt/py/venv/lib"),), python)  # inside it
+    assert not sandbox.mount_problems(((Path("/c"), "/weights"),), python)
+
+
+def _cached(cache: VolumeCache, key: str, size: int, used_at: float) -> None:
+    name, _, version = key.rpartition("@v")
+    (cache.root / key).mkdir()
+    (cache.root / key / "f").write_bytes(b"x" * size)
+    local = LocalVersion(name=name, version=int(version),
+                         files=[LocalFile(path="f", size=size, chunks=[LocalChunk("a" * 64, size)])])
+    (cache.root / f"{key}.json").write_bytes(msgspec.json.encode(local))
+    os.utime(cache.root / f"{key}.json", (used_at, used_at))
+
+
+def test_the_node_cache_keeps_its_budget_and_never_removes_a_volume_in_use(tmp_path: Path) -> None:
+    cache = VolumeCache(tmp_path / "volumes", versions=None, chunks=None, js=None, budget_bytes=150)
+    _cached(cache, "old@v1", 100, 1000.0)
+    _cached(cache, "used@v1", 100, 500.0)  # the least recently used, but a replica mounts it
+    _cached(cache, "new@v2", 10, 2000.0)
+    assert asyncio.run(cache.evict({"used@v1"})) == ["old@v1"]
+    assert cache.cached() == ["new@v2", "used@v1"] and not (cache.root / "old@v1.json").exists()
+    assert asyncio.run(cache.evict({"used@v1"})) == []  # over budget still: what is in use stays
+
+
+def testbad_chunks_are_found_by_their_hashes(tmp_path: Path) -> None:
+    good, bad = os.urandom(10), os.urandom(10)
+    (tmp_path / "f").write_bytes(good + bad)
+    local = LocalVersion(name="v", version=1, files=[LocalFile(path="f", size=20, chunks=[
+        LocalChunk(hashlib.sha256(good).hexdigest(), 10), LocalChunk(hashlib.sha256(b"other").hexdigest(), 10)])])
+    assert [(path, offset) for path, offset, _ in bad_chunks(tmp_path, local)] == [("f", 10)]
