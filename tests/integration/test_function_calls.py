@@ -24,7 +24,7 @@ from ember._errors import ForbiddenError
 from ember.wire import AppView, subjects
 from ember.wire.calls import Hop
 from ember.wire.natscreds import read_file, replica_credentials
-from ember.wire.relay import RelayInvoke, RelayRecord, RelayReply, reply_decoder
+from ember.wire.relay import RelayCancel, RelayInvoke, RelayRecord, RelayReply, reply_decoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 APPS = REPO / "tests" / "apps" / "calling"
@@ -197,8 +197,11 @@ async def _relay(nc: nats.NATS, replica_id: str, request: object) -> RelayReply:
     return reply_decoder.decode(msg.data)
 
 
-def test_a_replicas_own_connection_cannot_get_past_the_relay(platform, apps) -> None:
+def test_a_replicas_own_connection_cannot_get_past_the_relay(platform, apps, http: httpx.Client) -> None:
     caller, private, callee = _replica(apps["caller"]), _replica(apps["private"]), _replica(apps["callee"])
+    others = http.post("/v1/fn-private/Vault.secret/spawn", json=3)  # a call of an app fn-caller does not name
+    assert others.status_code == 202, others.text
+    others_call = others.json()["call_id"]
 
     async def attacks() -> dict[str, object]:
         nc = await _as_replica(platform, caller)
@@ -216,6 +219,8 @@ def test_a_replicas_own_connection_cannot_get_past_the_relay(platform, apps) -> 
                                                                 input=msgspec.Raw(b"1"), chain=deep))
             seen["garbage"] = await _relay(nc, caller, b"\x00not json")
             seen["bad call id"] = await _relay(nc, caller, RelayRecord(call_id="../../etc"))
+            seen["another app's call"] = await _relay(nc, caller, RelayRecord(call_id=others_call))
+            seen["cancel another app's call"] = await _relay(nc, caller, RelayCancel(call_id=others_call))
             try:  # another replica's relay subject: the server refuses the publish, nobody answers
                 await _relay(nc, private, secret)
                 seen["as another replica"] = "answered"
@@ -244,6 +249,8 @@ def test_a_replicas_own_connection_cannot_get_past_the_relay(platform, apps) -> 
     assert seen["deep"].error.code == "call_cycle" and "16" in seen["deep"].error.message
     assert seen["garbage"].error.code == "bad_request"
     assert seen["bad call id"].error.code == "bad_request" and seen["bad call id"].error.field == "call_id"
+    for what in ("another app's call", "cancel another app's call"):  # as for an unknown call
+        assert seen[what].error.code == "not_found" and others_call in seen[what].error.message, what
     assert "permissions violation" in str(seen["as another replica"]).lower()
     assert private.lower() in str(seen["as another replica"]).lower()
     assert "permissions violation" in str(seen["invoke subject"]).lower()
