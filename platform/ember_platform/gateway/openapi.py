@@ -50,16 +50,6 @@ from ember.wire import (
     TokenRequest,
     encoder,
 )
-from ember.wire.oip import (
-    IndexRequest,
-    InferRequest,
-    InferResponse,
-    ModelMetadata,
-    ModelReady,
-    OipError,
-    RepositoryModel,
-    ServerMetadata,
-)
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView
@@ -67,6 +57,7 @@ from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember.wire.volumes import ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
+from ember_platform.gateway import openapi_oip
 from ember_platform.gateway.apps import MAX_LOG_LINES
 from ember_platform.gateway.calls import FUNCTION_NAME
 from ember_platform.gateway.guard import NEED, OPEN, principal_of
@@ -93,9 +84,7 @@ _BODIES: dict[str, Any] = {
     "RolloutRequest": RolloutRequest,
     "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
     "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
-    "InferRequest": InferRequest, "InferResponse": InferResponse, "ModelMetadata": ModelMetadata,
-    "ModelReady": ModelReady, "ServerMetadata": ServerMetadata, "RepositoryIndex": list[RepositoryModel],
-    "IndexRequest": IndexRequest, "OipError": OipError,
+    **openapi_oip.BODIES,
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -153,8 +142,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
     "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
     "secret": ("a secret's name", _string(SECRET_NAME, 63)),
-    "model": ("an Open Inference Protocol model: <app>.<function> of a function of arrays", _string(None, 321)),
-    "version": ("the app's version", {"type": "string", "pattern": "^[1-9][0-9]{0,11}$"}),
+    **openapi_oip.PATH_PARAMS,
 }
 
 
@@ -304,30 +292,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("DELETE", "/v1/volumes/{volume}"): (
         "Remove a volume, every version of it and the chunks nothing else uses",
         (204, "removed", None, JSON), (404, 409, 422), [], None),
-    ("GET", "/v2"): ("Open Inference Protocol: the server's metadata (errors are {\"error\": message})",
-                     (200, "name, version, extensions", _ref("ServerMetadata"), JSON), (401, 403), [], None),
-    ("GET", "/v2/health/live"): ("Open Inference Protocol: the server is live", (200, "live", {}, JSON), (), [],
-                                 None),
-    ("GET", "/v2/health/ready"): ("Open Inference Protocol: the server can take calls (as /readyz)",
-                                  (200, "ready (503 when not)", {}, JSON), (), [], None),
-    ("POST", "/v2/repository/index"): (
-        "Open Inference Protocol: the models of the apps the token sees", (200, "the models",
-                                                                          _ref("RepositoryIndex"), JSON),
-        (400, 401, 403), [], {"required": False, "content": {JSON: {"schema": _ref("IndexRequest")}}}),
-    **{("GET", f"/v2/models/{{model}}{at}"): (
-        "Open Inference Protocol: a model's inputs and output", (200, "its metadata", _ref("ModelMetadata"), JSON),
-        (401, 403, 404), [], None) for at in ("", "/versions/{version}")},
-    **{("GET", f"/v2/models/{{model}}{at}/ready"): (
-        "Open Inference Protocol: whether a replica of the model is ready", (200, "ready (503 when not)",
-                                                                           _ref("ModelReady"), JSON),
-        (401, 403, 404), [], None) for at in ("", "/versions/{version}")},
-    **{("POST", f"/v2/models/{{model}}{at}/infer"): (
-        "Open Inference Protocol: infer (JSON tensors; binary ones after the JSON header, whose length is "
-        "Inference-Header-Content-Length)", (200, "the output tensor", _ref("InferResponse"), JSON),
-        (400, 401, 403, 404, 413, 415, 429, 500, 503, 504), [], _json_body(_ref("InferRequest")))
-       for at in ("", "/versions/{version}")},
-    **{(method, "/v2/{path:path}"): ("Open Inference Protocol: any other /v2 path", (404, "not found", None, JSON),
-                                (401, 404), [], None) for method in ("GET", "POST")},
+    **openapi_oip.OPERATIONS,
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
         _json_body({})),
@@ -433,6 +398,8 @@ def function_paths(deployments: Mapping[str, Deployment]) -> tuple[dict[str, Any
                     body, output = _function_schemas(app, fn, schemas)
                 except Exception:  # a schema no document can hold (too deep...): any JSON, rather than no document
                     body, output = _json_body({}, required=fn.input_mode != "none"), {}
+                if fn.stream:  # a generator: as JSON, the list of its items (NDJSON and SSE stream them one by one)
+                    output = {"type": "array", "items": output}
                 _function_operations(paths, app, fn, body, output)
     return paths, schemas
 
