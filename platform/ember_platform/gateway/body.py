@@ -60,17 +60,22 @@ def header(request: Request, name: bytes) -> str | None:
 
 
 class Validators:
-    """Each function's ``InputValidator``, built on its first call and kept for the app's current version."""
+    """Each function's ``InputValidator``, built on its first call and kept per version: during a rollout or a
+    canary, calls alternate between versions, and each keeps its own (the newest ``KEPT_VERSIONS`` of a function)."""
+
+    KEPT_VERSIONS = 4
 
     def __init__(self) -> None:
-        self._by_function: dict[tuple[str, str], tuple[int, InputValidator]] = {}  # (app, fn) -> version, validator
+        self._by_function: dict[tuple[str, str], dict[int, InputValidator]] = {}  # (app, fn) -> version -> validator
 
     def of(self, dep: Deployment, spec: FunctionSpec) -> InputValidator:
-        key = (dep.app, spec.name)
-        kept = self._by_function.get(key)
-        if kept is None or kept[0] != dep.version:
-            kept = self._by_function[key] = (dep.version, InputValidator(spec))
-        return kept[1]
+        kept = self._by_function.setdefault((dep.app, spec.name), {})
+        validator = kept.get(dep.version)
+        if validator is None:
+            if len(kept) >= self.KEPT_VERSIONS:
+                del kept[min(kept)]
+            validator = kept[dep.version] = InputValidator(spec)
+        return validator
 
 
 class InputValidator:
