@@ -72,7 +72,9 @@ class RawOutput(bytes):
 def invoke_op(app: str, name: str, body: bytes, *, timeout_s: float | None = None) -> Op[bytes]:
     """``POST /v1/<app>/<name>``: a synchronous call; answers the result as raw JSON (or as a ``RawOutput``, for a
     ``RawBody`` whose function returns bytes)."""
-    return Op("POST", f"/v1/{app}/{name}", _as_is, content=body, headers=_call_headers(timeout_s, body))
+    headers = _call_headers(timeout_s, body)
+    headers.setdefault("accept", "application/json")  # a generator's items then come as one list
+    return Op("POST", f"/v1/{app}/{name}", _as_is, content=body, headers=headers)
 
 
 def _as_is(content: bytes) -> bytes:

@@ -123,6 +123,15 @@ def test_a_client_that_goes_away_closes_the_generator(streams, platform, method)
         wait_for(lambda: tag in _closed_tags(client), timeout_s=5, what=f"{method}'s finally to run")
 
 
+def test_a_client_that_goes_away_before_the_first_item_closes_the_generator(streams, platform):
+    tag = f"early-{time.time_ns()}"
+    with authed_client(platform) as client, pytest.raises(httpx.ReadTimeout):
+        client.post(f"{STREAMER}.slow_start", json=tag, timeout=httpx.Timeout(10, read=0.5))
+    with authed_client(platform) as client:
+        # closed at once, not after its 5 s wait: the cancel reached it while it waited for its first item
+        wait_for(lambda: tag in _closed_tags(client), timeout_s=3, what="slow_start's finally to run")
+
+
 def test_a_slow_reader_holds_the_generator_back(streams, http):
     # 200 items of 256 KiB: far more than the credit window and the sockets' buffers hold together
     with http.stream("POST", f"{STREAMER}.big", json={"n": 200, "kb": 256}) as response:
@@ -168,6 +177,7 @@ def test_sdk_remote_gen_yields_typed_items(streams, ember_url, monkeypatch):
     with pytest.raises(ember.RemoteError, match="broke after 1"):
         list(app_module.Streamer.fails_after.remote_gen(1))
     assert list(ember.lookup("streams", "Streamer.many").remote_gen(2)) == ["item-0", "item-1"]
+    assert ember.lookup("streams", "Streamer.many").remote(2) == ["item-0", "item-1"]  # untyped: the list
 
     async def agen() -> list[int]:
         return [t.i async for t in app_module.Streamer.count.remote_gen.aio(4)]
@@ -224,3 +234,35 @@ def test_load_reports_count_the_slots(streams, platform):
             await nc.close()
 
     assert asyncio.run(one_report()) == 32
+
+
+EVENT_APP = '''from collections.abc import AsyncIterator
+import ember
+app = ember.App("streamevents")
+
+@app.function(on="streamdemo.words.>", result_subject="streamdemo.results", retries=0)
+async def words(text: str) -> AsyncIterator[str]:
+    for word in text.split():
+        yield word.upper()
+'''
+
+
+def test_an_event_to_a_streaming_function_publishes_the_list(tmp_path, platform, transport):
+    app_file = tmp_path / "streamevents.py"
+    app_file.write_text(EVENT_APP)
+    ember.deploy(app_file, transport=transport, timeout_s=120)
+
+    async def exchange() -> bytes:
+        nc = await natsconn.connect(platform.nats_url)
+        try:
+            results: asyncio.Queue = asyncio.Queue()
+            await nc.subscribe("streamdemo.results", cb=results.put)
+            await nc.flush()
+            await nc.jetstream().publish("streamdemo.words.a", b'"to be or not"', headers={"Nats-Msg-Id": "w-1"})
+            msg = await asyncio.wait_for(results.get(), 60)
+            assert msg.headers["Ember-Status"] == "succeeded"
+            return msg.data
+        finally:
+            await nc.close()
+
+    assert json.loads(asyncio.run(exchange())) == ["TO", "BE", "OR", "NOT"]

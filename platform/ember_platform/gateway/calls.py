@@ -73,7 +73,8 @@ async def invoke(request: Request) -> Response | JsonAnswer | binary.BodyAnswer:
     call_id = os.urandom(16).hex()  # as random as uuid4().hex, at a fraction of its cost
     if fn.stream:  # a generator: its items as they come
         return await streaming.respond(request, platform, app, fn.name, dep.version, body, call_id=call_id,
-                                       deadline=time.time() + timeout_s, packed=packed, held=held)
+                                       deadline=time.time() + timeout_s, packed=packed, held=held,
+                                       watch=_unless_disconnected)
     try:
         call = platform.router.call(app, fn.name, dep.version, body, call_id=call_id,
                                     deadline=time.time() + timeout_s, packed=packed)

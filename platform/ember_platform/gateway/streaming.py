@@ -14,8 +14,8 @@ the stream: the replica closes the generator, whose ``finally`` runs.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
-from typing import Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, Literal
 
 import msgspec
 from starlette.requests import Request
@@ -29,6 +29,7 @@ from ember_platform.platform import Platform
 from ember_platform.quotas.limiter import Held
 
 Mode = Literal["sse", "ndjson", "json"]
+Watch = Callable[[Request, Coroutine[Any, Any, Any]], Awaitable[Any]]
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
 MAX_COLLECTED_BYTES = 64 * 1024 * 1024  # a stream collected into one JSON answer (Accept: application/json)
@@ -51,9 +52,10 @@ def mode_of(accept: str | None) -> Mode:
 
 
 async def respond(request: Request, platform: Platform, app: str, function: str, version: int, body: bytes, *,
-                  call_id: str, deadline: float, packed: bool, held: Held | None) -> Response:
+                  call_id: str, deadline: float, packed: bool, held: Held | None, watch: Watch) -> Response:
     """Start the stream; answer with its items (see the module's docstring). ``held`` (a quota's concurrency slot)
-    is released when the stream ends, however it ends."""
+    is released when the stream ends, however it ends; ``watch`` runs the wait for the first item, and gives None
+    if the client went away meanwhile."""
     try:
         if packed:
             raise UnsupportedMediaType(f"{function} streams its items as JSON; send its input as JSON",
@@ -61,11 +63,14 @@ async def respond(request: Request, platform: Platform, app: str, function: str,
         mode = mode_of(request.headers.get("accept"))
         stream = platform.streams.open(app, function, version, body, call_id=call_id, deadline=deadline)
         try:
-            await stream.start()
-            first = await stream.next_items()  # errors before the first item are the answer's status
+            started = await watch(request, _first(stream))  # errors before the first item are the answer's status
         except BaseException:
             await stream.aclose()
             raise
+        if started is None:  # the client is gone; nobody reads this
+            await stream.aclose()
+            return Response(status_code=499)
+        first = started[0]
     except BaseException:
         if held is not None:
             held.release()
@@ -82,6 +87,11 @@ async def respond(request: Request, platform: Platform, app: str, function: str,
     events = _sse if mode == "sse" else _ndjson
     return StreamingResponse(_released(stream, events(stream, first), held), media_type=SSE if mode == "sse"
                              else NDJSON, headers=headers)
+
+
+async def _first(stream: CallStream) -> tuple[list[msgspec.Raw] | None]:
+    await stream.start()
+    return (await stream.next_items(),)
 
 
 async def _released(stream: CallStream, events: AsyncIterator[bytes], held: Held | None) -> AsyncIterator[bytes]:

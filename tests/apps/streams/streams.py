@@ -71,6 +71,19 @@ class Streamer:
             self.closed.append(tag)
 
     @ember.method
+    async def slow_start(self, tag: str) -> AsyncIterator[int]:
+        """Waits a while before its first item; notes ``tag`` once closed."""
+        try:
+            await asyncio.sleep(5.0)
+            yield 0
+        finally:
+            self.closed.append(tag)
+
+    @ember.method
+    def echo(self, text: str) -> str:
+        return text
+
+    @ember.method
     def closed_tags(self) -> list[str]:
         return list(self.closed)
 
