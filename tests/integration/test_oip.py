@@ -74,6 +74,10 @@ def test_tritonclient_checks_health_lists_and_reads_metadata(arrays, client, aut
                     "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, 4]}]}
     untyped = client.get_model_metadata("arrays.counts", headers=auth)
     assert untyped["inputs"] == [{"name": "x", "datatype": "", "shape": [-1]}]
+    config = client.get_model_config("arrays.scale", headers=auth)
+    assert config["input"] == [{"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 4]},
+                               {"name": "factor", "data_type": "TYPE_FP32", "dims": [1]}]
+    assert (config["max_batch_size"], config["output"][0]["name"]) == (0, "output")
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -212,6 +216,9 @@ def test_a_token_sees_only_its_apps_models(arrays, http, anon_http):
     index = anon_http.post("/v2/repository/index", headers=bearer(token), json={})
     names = {m["name"] for m in index.json()}
     assert "arrays.scale" in names and not any(n.startswith("arrays-other.") for n in names)
+    listed = anon_http.get("/v2/models", headers=bearer(token)).json()["models"]
+    assert "arrays.norms" in listed and not any(n.startswith("arrays-other.") for n in listed)
+    _refused(anon_http.get("/v2/models/arrays-other.double/config", headers=bearer(token)), 404)
     assert "arrays-other.double" in {m["name"] for m in http.post("/v2/repository/index").json()}
     reader = _token(http, ["arrays"], ["read"])
     cannot_infer = anon_http.post("/v2/models/arrays.norms/infer", headers=bearer(reader),

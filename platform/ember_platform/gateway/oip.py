@@ -61,7 +61,7 @@ from ember_platform.platform import Platform
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _HEADER_LENGTH = HEADER_LENGTH.lower().encode()
-EXTENSIONS = ["binary_tensor_data", "model_repository"]
+EXTENSIONS = ["binary_tensor_data", "model_repository", "model_configuration"]
 MAX_INPUTS = 64
 _request_decoder = msgspec.json.Decoder(InferRequest)
 _index_decoder = msgspec.json.Decoder(IndexRequest)
@@ -185,6 +185,33 @@ async def model_ready(request: Request) -> Response:
     dep, svc, _ = _model(request, READ)
     is_ready = _ready_replicas(platform_of(request), dep, svc) > 0
     return _json(ModelReady(name=request.path_params["model"], ready=is_ready), 200 if is_ready else 503)
+
+
+@checks_itself(READ)
+@oip_errors
+async def model_config(request: Request) -> Response:
+    """``GET /v2/models/<model>[/versions/<v>]/config``: Triton's model configuration, as far as Ember has one: the
+    inputs and output with their ``TYPE_`` datatypes and dims, no batching dimension (``max_batch_size`` 0)."""
+    _, _, fn = _model(request, READ)
+    assert fn.tensors is not None
+
+    def tensor(meta: TensorMeta) -> dict[str, Any]:
+        return {"name": meta.name, "data_type": f"TYPE_{meta.datatype}" if meta.datatype else "TYPE_INVALID",
+                "dims": meta.shape if meta.shape is not None else [-1]}
+
+    return _json({"name": request.path_params["model"], "platform": "ember", "backend": "ember", "max_batch_size": 0,
+                  "input": [tensor(m) for m in fn.tensors.inputs], "output": [tensor(m) for m in fn.tensors.outputs]})
+
+
+@checks_itself(READ)
+@oip_errors
+async def list_models(request: Request) -> Response:
+    """``GET /v2/models`` (as KServe's server): the names of the models of the apps the token sees."""
+    platform = platform_of(request)
+    principal = authorize(request, READ)
+    return _json({"models": [f"{app}.{fn.name}" for app, dep in sorted(platform.registry.deployments.items.items())
+                             if principal.sees(app) for svc in dep.manifest.services for fn in svc.functions
+                             if fn.tensors is not None]})
 
 
 @checks_itself(READ)

@@ -51,6 +51,11 @@ OPERATIONS: dict[tuple[str, str], Any] = {
     **{("GET", f"/v2/models/{{model}}{at}"): (
         "Open Inference Protocol: a model's inputs and output", (200, "its metadata", _ref("ModelMetadata"), JSON),
         (401, 403, 404), [], None) for at in _VERSIONED},
+    ("GET", "/v2/models"): ("Open Inference Protocol: the names of the models of the apps the token sees",
+                            (200, "{\"models\": [name, ...]}", {}, JSON), (401, 403), [], None),
+    **{("GET", f"/v2/models/{{model}}{at}/config"): (
+        "Open Inference Protocol: the model's configuration as Triton shows one (TYPE_ datatypes, dims)",
+        (200, "its configuration", {}, JSON), (401, 403, 404), [], None) for at in _VERSIONED},
     **{("GET", f"/v2/models/{{model}}{at}/ready"): (
         "Open Inference Protocol: whether a replica of the model is ready",
         (200, "ready (503 when not)", _ref("ModelReady"), JSON), (401, 403, 404), [], None) for at in _VERSIONED},

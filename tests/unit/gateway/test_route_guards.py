@@ -50,7 +50,8 @@ def test_what_the_routes_need():
     assert table[("POST", "/v1/{app}/{name}")] == table[("POST", "/v1/{app}/{name}/spawn")] == "invoke"
     assert table[("GET", "/v1/calls/{call_id}")] == table[("DELETE", "/v1/calls/{call_id}")] == "invoke"
     assert table[("POST", "/v1/apps/{app}/dead/replay")] == "invoke"
-    for path in ("/v2", "/v2/models/{model}", "/v2/models/{model}/ready", "/v2/models/{model}/versions/{version}"):
+    for path in ("/v2", "/v2/models", "/v2/models/{model}", "/v2/models/{model}/ready",
+                 "/v2/models/{model}/config", "/v2/models/{model}/versions/{version}"):
         assert table[("GET", path)] == "read", path
     assert table[("POST", "/v2/repository/index")] == "read"
     assert table[("POST", "/v2/models/{model}/infer")] == "invoke"
