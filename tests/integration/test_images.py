@@ -199,7 +199,7 @@ def test_another_node_builds_the_same_lock_itself_for_its_replicas(tmp_path, nod
                       if r.node_id == "second" and r.state == "ready"], timeout_s=180,
              what="a replica on the second node")
     built = node.state_dir / "node-second" / "envs" / "builds.log"
-    assert [line.split()[0] for line in built.read_text().splitlines()] == [sha]  # the lock, built there once
+    assert [line.split()[0] for line in built.read_text().splitlines()].count(sha) == 1  # built there, once
     assert {call(client, "probe-spread", "report")["version"] for _ in range(12)} == {"2.0"}
     client.request("DELETE", "/v1/apps/probe-spread")
 
