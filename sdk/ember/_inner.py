@@ -239,5 +239,9 @@ def _timeout(op: Op[Any]) -> float | None:
 
 def _decoded(op: Op[T], reply: RelayReply) -> T:
     if reply.error is not None:
-        raise error_from_info(reply.error)
+        error = error_from_info(reply.error)
+        # Named as raised in this function's code: if it lets the error out, its own caller's router then knows
+        # that the function ran (an ``unavailable`` with no type means a replica that never ran the call).
+        error.remote_type = error.remote_type or type(error).__name__
+        raise error
     return op.decode(bytes(reply.output))

@@ -139,6 +139,16 @@ def test_a_cycle_is_refused_with_the_chain_named(apps, http: httpx.Client) -> No
     assert time.monotonic() - started < 10  # refused at once, not at a deadline
 
 
+def test_an_error_a_function_lets_out_of_a_call_it_made_does_not_run_it_again(apps, http: httpx.Client) -> None:
+    # fn-callee.unavailable answers 503; fn-caller lets that error out: its caller (the gateway) must not take it for
+    # a replica that never ran the call and send it again (each level would multiply the calls below it).
+    key = uuid.uuid4().hex
+    answer = _post(http, "passthrough", key)
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["error"]["type"] == "UnavailableError" and answer.headers.get("retry-after"), answer.text
+    assert _post(http, "runs_of", key).json() == 1
+
+
 def test_a_spawn_from_a_replica_stores_its_result(apps, http: httpx.Client) -> None:
     spawned = _post(http, "spawner", {"x": 5})
     assert spawned.status_code == 200, spawned.text

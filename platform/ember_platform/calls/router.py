@@ -280,7 +280,8 @@ class Router:
             if answer.ack:
                 pending.holder = answer.ack
                 continue
-            if answer.error is not None and answer.error.code == UnavailableError.code:
+            if answer.error is not None and answer.error.code == UnavailableError.code and not answer.error.type:
+                # (with a ``type``, the function itself raised it, from a call it made: it ran; not sent again)
                 raise _Retry(f"replica {pending.holder or '?'} is shutting down")  # it never ran the call
             return answer
 

@@ -37,6 +37,12 @@ async def nap(seconds: float) -> float:
     return seconds
 
 
+@app.function(timeout_s=10)
+def unavailable(x: int) -> int:
+    """Says it cannot serve (as a dependency that is down would)."""
+    raise ember.UnavailableError("the model is warming up", retry_after_s=2.0)
+
+
 @app.function(timeout_s=60)
 def back(x: int) -> dict:
     """Calls ``fn-caller.Caller.cycle``, the function that calls this one: a cycle."""

@@ -63,6 +63,17 @@ class Caller:
         return _outcome(lambda: ember.lookup("fn-callee", "back").remote(x))
 
     @ember.method
+    def passthrough(self, key: str) -> int:
+        """Counts its runs under ``key``, then calls ``fn-callee.unavailable`` and lets its error out."""
+        self.runs = getattr(self, "runs", {})
+        self.runs[key] = self.runs.get(key, 0) + 1
+        return ember.lookup("fn-callee", "unavailable").remote(1)
+
+    @ember.method
+    def runs_of(self, key: str) -> int:
+        return getattr(self, "runs", {}).get(key, 0)
+
+    @ember.method
     def itself(self, x: int) -> dict:
         """Calls itself."""
         return _outcome(lambda: ember.lookup("fn-caller", "Caller.itself").remote(x))
