@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from ember._errors import BadRequestError, PayloadTooLargeError, RemoteError
 from ember.wire import FRAME_ITEM_OVERHEAD_BYTES, FunctionSpec
-from ember_platform.gateway.body import InputValidator, header, read_body
+from ember_platform.gateway.body import InputValidator, read_body
 from ember_platform.platform import Platform
 
 Format = Literal["json", "msgpack", "raw"]
@@ -26,6 +26,7 @@ MSGPACK = "application/msgpack"
 OCTET_STREAM = "application/octet-stream"
 _MSGPACK_TYPES = frozenset({MSGPACK, "application/x-msgpack", "application/vnd.msgpack"})
 BYTES_SCHEMA = {"type": "string", "contentEncoding": "base64"}  # what msgspec says of ``bytes``
+_JSON_ACCEPTS = frozenset({"*/*", "application/json"})
 _MEDIA = {"json": b"application/json", "msgpack": MSGPACK.encode(), "raw": OCTET_STREAM.encode()}
 
 
@@ -55,10 +56,14 @@ def negotiate(request: Request, fn: FunctionSpec) -> Formats | None:
     The answer is msgpack when ``Accept`` names msgpack; raw bytes when the function returns ``bytes`` and
     ``Accept`` names ``application/octet-stream``, or the body was raw and ``Accept`` is absent or ``*/*``;
     JSON otherwise. Errors are JSON whatever is asked."""
-    ctype = header(request, b"content-type")
-    accept = header(request, b"accept")
-    if ctype is None and accept is None:
-        return None
+    ctype = accept = None
+    for key, value in request.scope["headers"]:  # one pass for both: this runs on every call
+        if key == b"content-type":
+            ctype = value.decode("latin-1")
+        elif key == b"accept":
+            accept = value.decode("latin-1")
+    if (accept is None or accept in _JSON_ACCEPTS) and (ctype is None or ctype.startswith("application/json")):
+        return None  # the common JSON call, answered at once
     kind = (ctype or "").partition(";")[0].strip().lower()
     body: Format = "msgpack" if kind in _MSGPACK_TYPES else "raw" if kind == OCTET_STREAM else "json"
     wanted = _accepted(accept)
