@@ -33,6 +33,8 @@ app = ember.App("watched")
 def double(x: int) -> int:
     if x < 0:
         raise ValueError("no negative numbers")
+    if x == 1000:
+        print("<img src=x onerror=window.pwned=1>", flush=True)  # markup in a log line: shown as text
     return 2 * x
 '''
 INVENTORY = ('[host]\nname = "g"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 1\nmemory_used_gb = 2\n'
@@ -202,6 +204,9 @@ def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: http
     url = wait_for(lambda: opened.exists() and opened.read_text(), 10, "ember ui to start the browser")
     assert url.startswith(f"{platform.url}/ui#token=") and "?" not in url
 
+    assert http.post("/v1/watched/double", json=1000).status_code == 200
+    wait_for(lambda: any("onerror" in line["line"] for line in http.get("/v1/apps/watched/logs").json()), 30,
+             "the log line with markup")
     stop = threading.Event()
 
     def traffic() -> None:
@@ -241,6 +246,9 @@ def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: http
                         return xs.size >= 2 && xy.some(([, y]) => y < 76);  // a width, and above the zero line
                     }}""", timeout=30_000)
                 page.wait_for_selector("#starts svg.bar rect", timeout=10_000)  # cold-start phases
+                page.wait_for_function("() => document.getElementById('logs').textContent.includes('onerror')",
+                                       timeout=10_000)
+                assert page.locator("#logs img").count() == 0 and page.evaluate("window.pwned") is None
                 page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
 
                 page.reload()  # signed in for the session: the token is in session storage, not the URL
