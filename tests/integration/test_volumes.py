@@ -330,3 +330,27 @@ def test_scopes_and_app_patterns_hold_for_volumes(platform, http: httpx.Client, 
     assert http.get(f"/v1/volumes/{other}").json()["version"] == 1  # untouched
     http.delete(f"/v1/volumes/{other}")
     http.delete(f"/v1/volumes/{mine}")
+
+
+def test_the_cli_puts_lists_and_removes_a_volume(platform, ember_cli, tmp_path: Path) -> None:
+    def cli(*args: str, check: bool = True):  # type: ignore[no-untyped-def]
+        return ember_cli(*args, url=platform.url, check=check)
+
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "model.pt").write_bytes(os.urandom(3 * MB))
+    (tmp_path / "tok.json").write_text("{}")
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    put = cli("volume", "put", name, str(tmp_path / "w"), str(tmp_path / "tok.json"))
+    assert f"volume {name}: version 1, 2 file(s)" in put.stdout
+    assert f"{name} [" in put.stderr and "100%" in put.stderr  # the progress bar
+    again = cli("volume", "put", name, str(tmp_path / "w"), str(tmp_path / "tok.json"))
+    assert "version 2" in again.stdout and "already stored" in again.stderr  # nothing sent twice
+    listed = cli("volume", "ls")
+    assert name in listed.stdout
+    shown = cli("volume", "ls", name).stdout
+    assert "model.pt" in shown and "tok.json" in shown and "kept: 1, 2" in shown
+    assert f"removed volume {name}" in cli("volume", "rm", name).stdout
+    gone = cli("volume", "ls", name, check=False)
+    assert gone.returncode == 1 and "NotFoundError" in gone.stderr
+    bad = cli("volume", "put", "Bad_Name", str(tmp_path / "w"), check=False)
+    assert bad.returncode == 1 and "volume name" in bad.stderr
