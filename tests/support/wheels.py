@@ -37,3 +37,27 @@ def write_wheel(folder: Path, name: str = PACKAGE, version: str = "1.0", require
         record.append(f"{dist}.dist-info/RECORD,,")
         wheel.writestr(f"{dist}.dist-info/RECORD", "\n".join(record) + "\n")
     return path
+
+
+def write_sdist(folder: Path, name: str, version: str, marker: Path) -> Path:
+    """A source distribution whose build writes ``marker``: installing it would run its code."""
+    import io
+    import tarfile
+
+    base = f"{name}-{version}"
+    files = {
+        f"{base}/PKG-INFO": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{base}/pyproject.toml": '[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n',
+        # an in-tree build backend: importing it (what building does first) writes the marker
+        f"{base}/backend.py": f"open({str(marker)!r}, 'w').write('built')\n"
+                              "def get_requires_for_build_wheel(config_settings=None):\n    return []\n",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{base}.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for arc, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(arc)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path

@@ -83,7 +83,9 @@ class Builder:
             log.exception("build %s failed", request.build_id[:8])
             out.finish(BuildEvent(build_id=request.build_id, state="failed", error=f"{type(exc).__name__}: {exc}"))
         finally:
-            await flusher
+            if not out.finished:  # cancelled (the agent stops): nothing more to say
+                flusher.cancel()
+            await asyncio.gather(flusher, return_exceptions=True)
 
     async def _build(self, request: BuildRequest, say: Any) -> Manifest:
         _check(request)
@@ -189,6 +191,10 @@ class _Events:
         self._lines.append(line[:MAX_LOG_LINE])
         if len(self._lines) >= 50:
             self._wake.set()
+
+    @property
+    def finished(self) -> bool:
+        return self._end is not None
 
     def finish(self, event: BuildEvent) -> None:
         self._end = event

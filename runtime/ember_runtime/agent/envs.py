@@ -12,6 +12,10 @@ Layout of the cache (``<state dir>/envs``, written by the agent alone; sandboxes
 | ``uv-cache/`` | uv's download and wheel cache, shared by every build of the node |
 | ``builds.log`` | one line per environment built: its hash and how long it took |
 
+**Wheels only.** Locking and building run in the agent, outside any sandbox, so they never build a source
+distribution (``--no-build``: building one runs the package's own code): a requirement without a wheel for the
+node's platform fails the lock, with uv's message naming it.
+
 **Ember's runtime inside an app's environment.** A replica runs ``python -m ember_runtime.replica`` with the
 environment's interpreter, so the environment needs Ember and what Ember imports (msgspec, nats-py, uvloop).
 They are not installed into it: the node's own copies are linked into a *runtime layer* folder and a ``.pth`` file
@@ -201,7 +205,8 @@ class EnvCache:
         constraints.write_text("\n".join(runtime_constraints()) + "\n")
         await _say(say, f"resolving {len(image.packages)} requirement(s) for Python {python} with uv")
         argv = [uv_binary(), "pip", "compile", "-", "--python-version", python, "--generate-hashes", "--no-header",
-                "--no-annotate", "--quiet", *(["-c", str(constraints)] if same else []), *self._index_args(image)]
+                "--no-annotate", "--quiet", "--no-build", *(["-c", str(constraints)] if same else []),
+                *self._index_args(image)]
         try:
             code, out, err = await self._uv(argv, stdin="\n".join(wanted) + "\n", timeout_s=LOCK_TIMEOUT_S, say=say)
         finally:
@@ -267,7 +272,7 @@ class EnvCache:
             interpreter = _base_python() if same else image.python
             for argv in ([uv_binary(), "venv", "--python", interpreter, "--no-project", str(folder)],
                          [uv_binary(), "pip", "sync", "--python", str(folder / "bin" / "python"), "--require-hashes",
-                          *self._index_args(image), str(lock_file)]):
+                          "--no-build", *self._index_args(image), str(lock_file)]):
                 code, _, err = await self._uv(argv, timeout_s=BUILD_TIMEOUT_S, say=keep)
                 if code != 0:
                     raise BuildError(f"building environment {sha[:12]} failed: {_tail(err)}")

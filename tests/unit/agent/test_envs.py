@@ -10,7 +10,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.wheels import PACKAGE, write_wheel
+from support.wheels import PACKAGE, write_sdist, write_wheel
 
 from ember.wire.images import ImageSpec
 from ember_runtime.agent.envs import READY, BuildError, EnvCache
@@ -119,3 +119,13 @@ def test_a_node_that_never_built_anything_builds_a_lock_made_elsewhere(tmp_path,
     env = asyncio.run(fresh.ensure(locked))
     assert env.sha256 == locked.sha256 and fresh.builds == 1
     assert run_in(env.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "2.0"
+
+
+def test_a_source_distribution_is_never_built_on_the_node(tmp_path, wheels):
+    marker = tmp_path / "ran"
+    write_sdist(wheels, "emberbuild", "1.0", marker)
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    sdist_only = msgspec.structs.replace(image(wheels, "1.0"), packages=["emberbuild==1.0"])
+    with pytest.raises(BuildError, match="emberbuild"):
+        asyncio.run(cache.lock(sdist_only))
+    assert not marker.exists()  # its setup.py never ran
