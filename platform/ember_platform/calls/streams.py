@@ -5,7 +5,8 @@ power of two choices, else the version's queue group) and resent while no replic
 ``MAX_ATTEMPTS`` times, each attempt with a reply subject of its own (a late accept from an earlier attempt is
 dropped, and that replica told to cancel). Once accepted, the call stays with its replica: an error after that,
 a replica that dies, or the deadline passing ends the stream with an error. The reader grants credit as it
-takes items, so the replica runs at most ``STREAM_WINDOW`` items ahead of the HTTP client.
+takes items (about ``WINDOW_BYTES`` of them ahead, from 4 to 1024 items; ``STREAM_WINDOW`` before any came), so the
+replica never runs further ahead of the HTTP client than that.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, chunk_d
 from ember_platform.calls.router import ACK_TIMEOUT_S, LIVENESS_CHECK_S, MAX_ATTEMPTS, NO_REPLICA_POLL_S, Router
 
 log = logging.getLogger("ember.streams")
-MAX_QUEUED_CHUNKS = STREAM_WINDOW + 4  # an honest replica sends no more unread messages than its credit allows
+WINDOW_BYTES = 1024 * 1024  # about this much of a stream's items may be on their way (window in items: see _grant)
+MIN_WINDOW, MAX_WINDOW = 4, 1024
+MAX_QUEUED_CHUNKS = MAX_WINDOW + 4  # an honest replica sends no more unread messages than its credit allows
 
 
 class _NoResponders:
@@ -101,6 +104,7 @@ class CallStream:
         self.holder = ""  # the replica that accepted it
         self.received = 0  # items handed to the reader
         self.granted = STREAM_WINDOW
+        self._bytes = 0  # of the items received
         self.finished = False  # its end or error arrived (or it was given up)
         self._token = ""
         self._inbox: deque[StreamChunk | _NoResponders] = deque()
@@ -205,6 +209,7 @@ class CallStream:
                 return None
             if chunk.items:
                 self.received += len(chunk.items)
+                self._bytes += sum(len(item) for item in chunk.items)
                 await self._grant()
                 return chunk.items
 
@@ -228,9 +233,13 @@ class CallStream:
                 return item
 
     async def _grant(self) -> None:
-        if self.granted - self.received > STREAM_WINDOW // 2 or not self.holder:
+        """More credit once half of it is used: a window of about ``WINDOW_BYTES`` of the items seen so far (many
+        small items in flight keep a fast stream going; few large ones bound what waits in buffers)."""
+        size = self._bytes / self.received if self.received else 1.0
+        window = int(min(MAX_WINDOW, max(MIN_WINDOW, WINDOW_BYTES // max(size, 1.0))))
+        if self.granted - self.received > window // 2 or not self.holder:
             return
-        self.granted = self.received + STREAM_WINDOW
+        self.granted = self.received + window
         with contextlib.suppress(Exception):  # a lost grant: the replica waits until its deadline at worst
             await self._nc.publish(subjects.replica_credit(self.holder),
                                    encoder.encode(StreamCredit(call_id=self.call_id, upto=self.granted)))

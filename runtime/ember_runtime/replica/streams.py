@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -51,6 +52,8 @@ class StreamSink:
         self._pending: list[msgspec.Raw] = []  # items of this turn of the loop, not yet framed
         self._first = 0  # the number of ``_pending[0]``
         self._flush: asyncio.Handle | None = None
+        self._lock = threading.Lock()
+        self._handoff: list[msgspec.Raw] = []  # items from an executor thread, not yet on the loop
 
     # -- producer side: any thread (sync generators) or the loop (async ones) ------------------------------------
 
@@ -61,7 +64,17 @@ class StreamSink:
             asyncio.run_coroutine_threadsafe(self._wait_credit(), self._loop).result()
         self._check_deadline()
         self.produced += 1
-        self._loop.call_soon_threadsafe(self._queue, raw)
+        with self._lock:  # handed over in bunches: one wake-up of the loop per bunch, not per item
+            self._handoff.append(raw)
+            wake = len(self._handoff) == 1
+        if wake:
+            self._loop.call_soon_threadsafe(self._take_handoff)
+
+    def _take_handoff(self) -> None:
+        with self._lock:
+            handed, self._handoff = self._handoff, []
+        for raw in handed:
+            self._queue(raw)
 
     async def put(self, item: Any) -> None:
         """Hand one item over on the loop; waits while the reader has no credit left."""
@@ -138,6 +151,7 @@ class StreamSink:
         self._streams.close(self.call_id)
         if self.cancelled:
             return
+        self._take_handoff()
         if self._flush is not None:
             self._flush.cancel()
             self._frame()

@@ -7,7 +7,7 @@ the gateway's stream inbox for that call (``<stream inbox>.<app>.<token>``). The
 1. at once, an accept (``seq`` 0, no items, ``replica`` naming itself): the gateway now knows whom to send
    credit and cancellation to, and stops resending the call;
 2. items, numbered from 0 by ``seq`` (the first item's number in the chunk); never past the credit the gateway
-   granted, ``STREAM_WINDOW`` items at first, then more with each ``StreamCredit`` on
+   granted, ``STREAM_WINDOW`` items at first, then up to each ``StreamCredit``'s ``upto`` on
    ``ember.replica.<id>.credit`` as the gateway's client reads them: a slow reader holds up the generator, never
    the replica's memory;
 3. last, ``end`` (the generator finished) or ``error`` (it raised, or its deadline passed).
@@ -22,7 +22,7 @@ import msgspec
 
 from ember.wire.calls import ErrorInfo
 
-STREAM_WINDOW = 32  # items a replica may send beyond what the gateway has handed to its client
+STREAM_WINDOW = 32  # items a replica may send at first; then as many as the gateway's credits say
 
 
 class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
