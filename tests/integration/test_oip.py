@@ -98,6 +98,16 @@ def test_tritonclient_infers(arrays, client, auth, binary):
     np.testing.assert_allclose(norms.as_numpy("output"), np.linalg.norm(_rows(2), axis=1), rtol=1e-6)
 
 
+def test_a_batched_function_of_arrays_is_a_model_too(arrays, client, auth, http):
+    meta = client.get_model_metadata("arrays.batched_sums", headers=auth)
+    assert meta["inputs"] == [{"name": "xs", "datatype": "FP32", "shape": [-1, 4]}]
+    given = triton.InferInput("xs", [3, 4], "FP32")
+    given.set_data_from_numpy(_rows(3))
+    result = client.infer("arrays.batched_sums", [given], headers=dict(auth))
+    np.testing.assert_array_equal(result.as_numpy("output"), _rows(3).sum(axis=1))
+    assert http.post("/v1/arrays/batched_sums", json=[[1, 2, 3, 4]]).json() == [10.0]
+
+
 def test_an_untyped_array_takes_any_numeric_datatype(arrays, client, auth):
     for dtype, datatype in [(np.int16, "INT16"), (np.float64, "FP64"), (np.bool_, "BOOL"), (np.float16, "FP16")]:
         given = triton.InferInput("x", [2, 3], datatype)

@@ -60,6 +60,12 @@ def norms(x: Rows) -> Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=
     return np.linalg.norm(x, axis=1).astype(np.float32)
 
 
+@app.function(batch=ember.Batch(max_size=8, window_ms=20))
+def batched_sums(xs: list[Rows]) -> list[Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=(None,))]]:
+    """Row sums, a batch of calls at once (each call's rows may differ in number)."""
+    return [x.sum(axis=1) for x in xs]
+
+
 @app.function()
 def counts(x: np.ndarray) -> np.ndarray:
     """Any array: the number of elements of each dtype it came as, as int64."""
