@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from support.builders import service_spec
+from support.builders import deployment, service_spec
 from support.placement import H100X2, node, req, snap
 
 import ember
@@ -21,6 +21,7 @@ from ember._volume import chunks_of, local_files
 from ember.wire import Manifest, VolumeFile, VolumeMount
 from ember.wire.validate import manifest_problems
 from ember.wire.volumes import file_problem, mount_problem, name_problem
+from ember_platform.control.preloader import Preloader
 from ember_platform.natsauth import permissions
 from ember_platform.scheduler import Binding, place
 from ember_platform.volumes.checks import check_files, unreferenced
@@ -224,3 +225,11 @@ def testbad_chunks_are_found_by_their_hashes(tmp_path: Path) -> None:
     local = LocalVersion(name="v", version=1, files=[LocalFile(path="f", size=20, chunks=[
         LocalChunk(hashlib.sha256(good).hexdigest(), 10), LocalChunk(hashlib.sha256(b"other").hexdigest(), 10)])])
     assert [(path, offset) for path, offset, _ in bad_chunks(tmp_path, local)] == [("f", 10)]
+
+
+def test_a_preloaded_zygote_mounts_its_versions_volumes() -> None:
+    mounts = [VolumeMount(path="/weights", name="w", version=2)]
+    dep = deployment(service_spec("s", snap=True, volumes=mounts))
+    n1 = node("n1", H100X2)
+    plan = Preloader(demand=lambda app, svc: 0.0).zygotes({}, {"n1": n1}, {"a": dep}, lambda: snap(n1), now=0.0)
+    assert [z.volumes for z in plan["n1"]] == [mounts]
