@@ -152,7 +152,7 @@ def _model(request: Request, need: Need) -> tuple[Deployment, ServiceSpec, Funct
 
 
 def _version(raw: str) -> int:
-    if not raw.isdigit() or len(raw) > 12 or int(raw) < 1:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 12 or int(raw) < 1:
         raise NotFoundError(f"no version {raw[:40]!r}: a version is a whole number from 1")
     return int(raw)
 
@@ -286,7 +286,7 @@ def _split(body: bytes, declared: str | None) -> tuple[InferRequest, memoryview]
     """The JSON header (all of the body, or its first ``Inference-Header-Content-Length`` bytes) and the rest."""
     size = len(body)
     if declared is not None:
-        if not declared.isdigit() or len(declared) > 12:
+        if not (declared.isascii() and declared.isdigit()) or len(declared) > 12:
             raise BadRequestError(f"{HEADER_LENGTH} is a whole number of bytes", field=HEADER_LENGTH)
         size = int(declared)
         if size == 0:

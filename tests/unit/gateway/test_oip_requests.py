@@ -9,10 +9,10 @@ import msgspec
 import numpy as np
 import pytest
 
-from ember._errors import BadRequestError
+from ember._errors import BadRequestError, NotFoundError
 from ember.wire import FunctionSpec
 from ember.wire.tensors import TensorMeta, TensorSignature, read_compact
-from ember_platform.gateway.oip import _inputs, _outputs, _split, _timeout
+from ember_platform.gateway.oip import _inputs, _outputs, _split, _timeout, _version
 
 SCALE = FunctionSpec(name="scale", attr="scale", input_mode="kwargs", params=["x", "k"], tensors=TensorSignature(
     inputs=[TensorMeta(name="x", datatype="FP32", shape=[-1, 2]), TensorMeta(name="k", datatype="INT64", shape=[1])],
@@ -86,7 +86,8 @@ def test_binary_sizes_must_fit_the_body(size: Any, binary: bytes, words: str) ->
 
 
 @pytest.mark.parametrize(("declared", "words"), [("0", "raw binary"), ("99", "more than"), ("x", "whole number"),
-                                                 ("3", "malformed")])
+                                                 ("3", "malformed"), ("\xb2", "whole number"), ("-1", "whole number"),
+                                                 ("9" * 13, "whole number")])
 def test_the_header_length_must_be_honest(declared: str, words: str) -> None:
     with pytest.raises(BadRequestError, match=words):
         _split(b'{"inputs": []}', declared)
@@ -105,3 +106,10 @@ def test_requested_outputs_and_timeouts() -> None:
     req, _ = _split(b'{"inputs": [], "parameters": {"timeout": -1}}', None)
     with pytest.raises(BadRequestError, match="microseconds"):
         _timeout(req, 60.0)
+
+
+@pytest.mark.parametrize("raw", ["0", "-1", "\u00b2", "\u0661", "1e3", "9" * 13, ""])
+def test_a_version_that_is_no_whole_number_is_a_404(raw: str) -> None:
+    with pytest.raises(NotFoundError, match="version"):
+        _version(raw)
+    assert _version("12") == 12
