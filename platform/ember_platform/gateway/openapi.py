@@ -50,6 +50,7 @@ from ember.wire import (
     TokenRequest,
     encoder,
 )
+from ember.wire.images import BuildStart, BuildView
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView
@@ -81,7 +82,7 @@ _BODIES: dict[str, Any] = {
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
     "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
-    "RolloutRequest": RolloutRequest,
+    "RolloutRequest": RolloutRequest, "BuildStart": BuildStart, "BuildView": BuildView,
     "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
     "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
     **openapi_oip.BODIES,
@@ -142,6 +143,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "token_id": ("a token's id (the public part of ember_<id>_<secret>)", _string(TOKEN_ID, 32)),
     "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
     "secret": ("a secret's name", _string(SECRET_NAME, 63)),
+    "build_id": ("a build's id", {"type": "string", "pattern": "^[0-9a-f]{32}$"}),
     **openapi_oip.PATH_PARAMS,
 }
 
@@ -211,6 +213,15 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("POST", "/v1/apps/{app}/deployments"): (
         "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON), (400, 413, 422), [],
         _json_body(_ref("DeployRequest"))),
+    ("POST", "/v1/apps/{app}/builds"): (
+        "Lock and build an app's images on a node and read its manifest inside its image (see `ember push`)",
+        (202, "the build, started", _ref("BuildView"), JSON), (400, 404, 413, 422, 503), [],
+        _json_body(_ref("BuildStart"))),
+    ("GET", "/v1/apps/{app}/builds/{build_id}"): (
+        "A build's state, its log from line `since`, and once ready the manifest with its images locked",
+        (200, "the build", _ref("BuildView"), JSON), (400, 404),
+        [_query("since", "the first log line wanted", {"type": "integer", "minimum": 0, "maximum": 999_999_999})],
+        None),
     ("GET", "/v1/apps/{app}/logs"): (
         "Replica output: the kept lines, or with follow=true those then each new line as it comes (Server-Sent "
         "Events for Accept: text/event-stream, else newline-delimited JSON)",
