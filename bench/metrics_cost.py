@@ -78,7 +78,8 @@ def render(results: dict[str, list[float]], record_us: float, scrape: float, rou
     med = {k: statistics.median(v) for k, v in results.items()}
     off = "metrics on (A/A)" if same else "metrics off"
     rows = [["measure", "metrics on", off, "difference", "ratio"],
-            ["counting one call, in process (us)", f"{record_us:.2f}", "0", f"{record_us:+.2f}", "-"],
+            ["counting one call, in process (us)", f"{record_us:.2f}", f"{record_us:.2f}" if same else "0",
+             "0" if same else f"{record_us:+.2f}", "-"],
             [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
              f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
             [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
