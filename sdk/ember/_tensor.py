@@ -95,7 +95,8 @@ def to_array(value: Any, tensor: Tensor, field: str) -> Any:
         if isinstance(value, msgspec.msgpack.Ext) and value.code == TENSOR_EXT:
             compact = read_compact(value.data)
             dtype = np.dtype(DATATYPES[compact.datatype][0]).newbyteorder("<")
-            array = np.frombuffer(compact.data, dtype=dtype).reshape(compact.shape)
+            # a writable copy, as an array from JSON is: the function may change it in place
+            array = np.frombuffer(bytearray(compact.data), dtype=dtype).reshape(compact.shape)
             if tensor.dtype is not None and array.dtype != np.dtype(tensor.dtype):
                 raise ValueError(f"datatype {compact.datatype}, not {DATATYPE_OF_DTYPE[tensor.dtype]}")
             array = array.astype(array.dtype.newbyteorder("="), copy=False)
