@@ -86,6 +86,8 @@ def test_editing_the_app_pushes_a_rollout_and_a_broken_save_keeps_the_old_versio
                 seen.add(answer())
             assert seen <= {"one", "two"} and "two" in seen
             assert answer() == "two"
+            wait_for(lambda: out.first(r"watched v2 serves .*v2 100%", after=saved), timeout_s=30,
+                     what="the watcher to say v2 serves")
 
             broken = time.monotonic()
             app_file.write_text(SOURCE.format(version="three").replace("def which", "def which(("))

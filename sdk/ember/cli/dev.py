@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
+from ember._client import default_transport
+from ember._deploy import app_view
 from ember._errors import EmberError
 from ember.cli.push import print_endpoints, push_app
 from ember.cli.rollout import traffic
 from ember.dev.embedded import EmbeddedPlatform
 from ember.dev.watch import changes
+from ember.wire import AppView
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -68,19 +73,67 @@ def _first_push(app_file: str, watch: bool) -> None:
 
 def _watch(app_file: Path) -> None:
     """Push a new version each time the app's folder settles after a change, until Ctrl-C. A push that fails
-    (a syntax error, a setup that raises) is shown; the version before keeps serving."""
+    (a syntax error, a setup that raises) is shown; the version before keeps serving. While a pushed version starts,
+    a new change is pushed at once (it replaces the one still starting)."""
     root = app_file.resolve().parent
     print(f"watching {root} for changes (Ctrl-C stops)", flush=True)
-    for paths in changes(root, threading.Event()):
-        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-        print(f"changed: {shown}; pushing", flush=True)
+    bursts: queue.Queue[list[str]] = queue.Queue()
+    stop = threading.Event()
+
+    def watch() -> None:
+        for paths in changes(root, stop):
+            bursts.put(paths)
+
+    watcher = threading.Thread(target=watch, name="ember-watch", daemon=True)
+    watcher.start()
+    try:
+        while True:
+            paths = _next_burst(bursts)
+            shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+            print(f"changed: {shown}; pushing", flush=True)
+            try:
+                view = push_app(str(app_file), wait=False)
+            except EmberError as exc:
+                print(f"push failed, the version before keeps serving: {type(exc).__name__}: {exc}",
+                      file=sys.stderr, flush=True)
+                continue
+            _follow(view, bursts)
+    finally:
+        stop.set()
+        watcher.join(2)
+
+
+def _next_burst(bursts: queue.Queue[list[str]]) -> list[str]:
+    """The next burst of changes, merged with any that queued up behind it."""
+    while True:
         try:
-            view = push_app(str(app_file))
-        except EmberError as exc:
-            print(f"push failed, the version before keeps serving: {type(exc).__name__}: {exc}", file=sys.stderr,
-                  flush=True)
+            paths = set(bursts.get(timeout=0.5))  # a timeout: Ctrl-C is seen at once
+            break
+        except queue.Empty:
             continue
-        print(f"{view.app} v{view.version} serves ({traffic(view)})", flush=True)
+    while not bursts.empty():
+        paths.update(bursts.get_nowait())
+    return sorted(paths)
+
+
+def _follow(pushed: AppView, bursts: queue.Queue[list[str]]) -> None:
+    """Say when the pushed version takes the calls, or why it cannot start; stop following at the next change."""
+    transport = default_transport()
+    while bursts.empty():
+        view = app_view(transport, pushed.app)
+        if view.version != pushed.version:
+            return
+        own = next((v for v in view.versions if v.version == view.version), None)
+        if own is None or own.state in ("serving", "canary"):
+            print(f"{view.app} v{view.version} serves ({traffic(view)})", flush=True)
+            return
+        mine = [r for s in view.services for r in s.replicas if r.version == view.version]
+        if mine and all(r.state == "failed" for r in mine):
+            why = next((r.message for r in mine if r.message), "its replicas failed")
+            print(f"v{view.version} cannot start, the version before keeps serving: {why}", file=sys.stderr,
+                  flush=True)
+            return
+        time.sleep(0.2)
 
 
 def _interrupt(*_: object) -> None:
