@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
 
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
@@ -37,6 +37,7 @@ MAX_TRACEPARENT = 256  # version 00 is 55 characters; later versions may add fie
 MAX_TRACESTATE = 512  # the W3C's recommended limit; a longer one is dropped (the trace itself continues)
 _EXPORTERS = ("otlp", "console")
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ON = False  # True in a process that traces (``setup``): the one test the call path makes when tracing is off
 _tracer: Any = None
@@ -217,3 +218,19 @@ def current_headers(attributes: Mapping[str, Any] | None = None) -> dict[str, st
     if attributes:
         span.set_attributes(attributes)
     return headers_of(span)
+
+
+async def within(name: str, carrier: Mapping[str, str] | None, work: Awaitable[T], *, kind: str = "server") -> T:
+    """Await ``work`` with a span named ``name`` as the current one, a child of the trace context in ``carrier`` (a
+    NATS message's headers, say: hostile input as any)."""
+    span = start(name, parent_from(carrier), kind=kind)
+    token = activate(span)
+    failed = None
+    try:
+        return await work
+    except BaseException as exc:
+        failed = type(exc).__name__
+        raise
+    finally:
+        deactivate(token)
+        end(span, failed)

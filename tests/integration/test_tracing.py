@@ -4,6 +4,8 @@ batch and run, carried there through NATS (in the call's frame, or in a queued c
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from support.auth import authed_client
+from support.natsconn import connect as admin_connect
 from support.otlp import CONSUMER, ERROR, SERVER, Receiver, Span
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -31,6 +34,16 @@ app = ember.App("traced")
 def work(items: list[int]) -> list[int]:
     time.sleep(0.4)  # the calls that come meanwhile wait, and run together in the next batch
     return [i * 2 for i in items]
+
+
+@app.function(timeout_s=60)
+def relay(x: int) -> int:
+    return ember.lookup("traced", "work").remote(x)  # a call between functions: through the control plane's relay
+
+
+@app.function(on="tracedemo.events.>", retries=0)
+def seen(event: dict) -> int:
+    return len(event["items"])
 '''
 
 
@@ -181,3 +194,51 @@ def test_the_replicas_get_otel_settings_from_their_agent_but_name_their_own_serv
     assert replica.resource["service.name"] == "ember-replica"
     assert replica.resource["ember.version"] == 1 and replica.resource["ember.service"] == "work"
     assert replica.resource["service.instance.id"] == replica.resource["ember.replica_id"]
+
+
+def test_an_event_published_with_a_traceparent_continues_its_publishers_trace(traced: Traced) -> None:
+    trace_id, publisher_span = client_parent()
+
+    async def publish() -> list[int]:
+        nc = await admin_connect(traced.platform.nats_url)
+        try:
+            inbox = nc.new_inbox()
+            results: asyncio.Queue = asyncio.Queue()
+            await nc.subscribe(inbox, cb=results.put)
+            await nc.flush()
+            for traceparent in (f"00-{trace_id}-{publisher_span}-01", "00-not-a-trace-01"):
+                await nc.publish("tracedemo.events.a", json.dumps({"items": [1, 2, 3]}).encode(),
+                                 headers={"traceparent": traceparent, "Ember-Reply-To": inbox})
+            return sorted([json.loads((await asyncio.wait_for(results.get(), 60)).data) for _ in range(2)])
+        finally:
+            await nc.close()
+
+    assert asyncio.run(publish()) == [3, 3]
+    replica_call = wait_for(lambda: traced.one("ember.call", trace_id=trace_id), timeout_s=30, what="the event's span")
+    assert replica_call.parent_id == publisher_span and replica_call.kind == CONSUMER
+    assert replica_call.attributes["ember.function"] == "seen"
+
+    def roots() -> list[Span]:  # the event with the malformed traceparent: a trace of its own
+        return [s for s in traced.otlp.snapshot() if s.name == "ember.call" and s.attributes["ember.function"] == "seen"
+                and s.parent_id == ""]
+    assert wait_for(roots, timeout_s=30, what="the other event's span")
+
+
+def test_a_call_one_function_makes_of_another_stays_in_the_callers_trace(traced: Traced) -> None:
+    trace_id, client_span = client_parent()
+    answer = traced.http.post("/v1/traced/relay", json=4, headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert answer.status_code == 200 and answer.json() == 8
+
+    def spans() -> list[Span] | None:
+        found = traced.spans_of(trace_id)
+        return found if sum(s.name == "ember.call" for s in found) == 2 and sum(
+            s.name == "ember.run" for s in found) == 2 and any(s.name == "ember.relay" for s in found) else None
+    found = wait_for(spans, timeout_s=30, what="both calls' spans in one trace")
+    by_id = {s.span_id: s for s in found}
+    outer = next(s for s in found if s.name == "ember.call" and s.attributes["ember.function"] == "relay")
+    inner = next(s for s in found if s.name == "ember.call" and s.attributes["ember.function"] == "work")
+    relayed = by_id[inner.parent_id]  # the control plane's span of the relayed call
+    assert relayed.name == "ember.relay" and relayed.service == "ember-platform"
+    caller_run = by_id[relayed.parent_id]  # a child of the run that made the call
+    assert caller_run.name == "ember.run" and by_id[caller_run.parent_id].name == "ember.batch"
+    assert by_id[caller_run.parent_id].parent_id == outer.span_id

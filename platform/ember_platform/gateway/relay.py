@@ -35,6 +35,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.kv import KeyValue
 
+from ember import _tracing as tracing
 from ember._errors import (
     BadRequestError,
     CallCycleError,
@@ -135,7 +136,8 @@ class Relay:
                 f"this control plane relays {len(self._tasks)} calls between functions already; retry shortly",
                 retry_after_s=1.0))))
             return
-        task = asyncio.create_task(self._serve(msg), name="relay")  # a call may take its whole deadline
+        work = tracing.within("ember.relay", msg.headers, self._serve(msg)) if tracing.ON else self._serve(msg)
+        task = asyncio.create_task(work, name="relay")  # a call may take its whole deadline
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -1,5 +1,6 @@
 """The gateway's spans (see ``ember._tracing``): ``ember.gateway`` around a synchronous call, ``ember.spawn`` around a
-queued one, each a server span that continues the client's W3C ``traceparent`` when it sent a valid one.
+queued one, each a server span that continues the client's W3C ``traceparent`` when it sent a valid one
+(``ember.relay``, around a call one function makes of another, is started by ``relay`` itself).
 
 The span is the current one while the handler runs: the router (``Invocation.trace``) and the durable queue (the
 message's ``traceparent`` header) read it from there to carry it on to the replica.
@@ -65,3 +66,4 @@ def _describe(span: Any, request: Request, code: int) -> None:
     span.set_attributes({"ember.app": app, "ember.function": function})
     if version:
         span.set_attribute("ember.version", version)
+

@@ -2,9 +2,10 @@
 every call in it, ``ember.run`` below it for the function's run, and each call's ``ember.queue`` (from its arrival
 to the batch's start, linked to the batch).
 
-The batch is a child of its first call's span (a sampled one, if any is), so that a call alone in its batch has its
-whole path in one trace; the other calls reach it through the links. While the batch runs, ``ember.run`` is the
-current span: spans the function itself starts with OpenTelemetry's API are its children.
+The batch is a child of its first call's span, so that a call alone in its batch has its whole path in one trace;
+the other calls reach it through the links. Calls that were not sampled have no spans of theirs (a batch of only
+such calls has none at all). While the batch runs, ``ember.run`` is the current span: spans the function itself
+starts with OpenTelemetry's API are its children.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ class BatchSpans:
 
 
 def begin(spans: Sequence[Any], function: str, size: int) -> BatchSpans | None:
-    """Start the spans of a batch of ``size`` calls whose ``ember.call`` spans are ``spans`` (those that have one)."""
+    """Start the spans of a batch of ``size`` calls whose ``ember.call`` spans are ``spans`` (those that have one);
+    None when no call of the batch is recorded (none was sampled): nobody would see them."""
+    spans = [s for s in spans if s.is_recording()]
     if not spans:
         return None
     now = time.time_ns()
-    head = next((s for s in spans if s.get_span_context().trace_flags.sampled), spans[0])
+    head = spans[0]
     attributes = {"ember.function": function, "ember.batch.size": size}
     batch = tracing.start("ember.batch", tracing.context_of(head), start_ns=now,
                           links=[s.get_span_context() for s in spans], attributes=attributes)

@@ -15,6 +15,7 @@ from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeout
 
 from ember import _inner
+from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, EmberError, PayloadTooLargeError, UnavailableError
 from ember.wire import encoder, subjects
 from ember.wire.calls import Hop
@@ -33,7 +34,10 @@ class NatsRelay:
     async def request(self, request: RelayRequest, wait_s: float) -> RelayReply:
         """Send ``request`` and return the control plane's answer; transport failures become Ember's errors."""
         try:
-            msg = await self._nc.request(self._subject, encoder.encode(request), timeout=wait_s + _inner.REPLY_MARGIN_S)
+            # Traced, the call carries the caller's span on (its ``ember.run``: this runs in the caller's context).
+            headers = tracing.current_headers() or None if tracing.ON else None
+            msg = await self._nc.request(self._subject, encoder.encode(request), timeout=wait_s + _inner.REPLY_MARGIN_S,
+                                         headers=headers)
         except NoRespondersError as exc:
             raise UnavailableError("no control plane answers calls between functions right now",
                                    retry_after_s=1.0) from exc
