@@ -28,6 +28,7 @@ from ember.wire import (
     HTTP_BATCH_SIZE_HEADER,
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
+    HTTP_VERSION_HEADER,
     AppView,
     CallRecord,
     DeadLetter,
@@ -181,6 +182,7 @@ def _answer(description: str, schema: dict[str, Any] | None, media: str = JSON,
 _CALL_HEADERS = {
     HTTP_CALL_ID_HEADER: {"description": "the call's id", "schema": {"type": "string"}},
     HTTP_BATCH_SIZE_HEADER: {"description": "the size of the batch the call ran in", "schema": {"type": "integer"}},
+    HTTP_VERSION_HEADER: {"description": "the app version that ran the call", "schema": {"type": "integer"}},
 }
 
 # (method, path) -> summary, answer (status, description, schema or None, media type), error codes, query and header
@@ -305,11 +307,11 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         (204, "removed", None, JSON), (404, 409, 422), [], None),
     **openapi_oip.OPERATIONS,
     ("POST", "/v1/{app}/{name}/spawn"): (
-        "Queue a call durably", (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY],
-        _json_body({})),
+        "Queue a call durably (`{app}` may be `<app>@<version>`: the call waits for that version)",
+        (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY], _json_body({})),
     ("POST", "/v1/{app}/{name}"): (
-        "Call a function; the body is its input", (200, "the function's JSON result", {}, JSON), _CALL_ERRORS,
-        [_TIMEOUT], _json_body({})),
+        "Call a function; the body is its input (`{app}` may be `<app>@<version>` to pin a running version)",
+        (200, "the function's JSON result", {}, JSON), _CALL_ERRORS, [_TIMEOUT], _json_body({})),
 }
 
 
