@@ -10,6 +10,7 @@ from typing import Any, Generic, ParamSpec, Self, TypeVar
 
 import msgspec
 
+from ember import _client
 from ember._client import (
     AsyncTransport,
     Op,
@@ -228,7 +229,8 @@ class FunctionHandle:
 
     def _encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
         one = args[0] if len(args) == 1 and not kwargs else None
-        if isinstance(one, bytes | bytearray | memoryview) and (self._io is None or self._io.takes_bytes):
+        over_http = self._transport is not None or _client.inner is None  # inside a replica, calls go as JSON
+        if isinstance(one, bytes | bytearray | memoryview) and (self._io is None or self._io.takes_bytes) and over_http:
             return RawBody(one)  # sent as it is, application/octet-stream
         if self._io is not None:
             return self._io.encode_args(args, kwargs)

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
@@ -33,6 +33,7 @@ from ember.wire.calls import Hop
 from ember.wire.relay import RelayCancel, RelayInvoke, RelayRecord, RelayReply, RelayRequest, RelaySpawn
 
 T = TypeVar("T")
+_list_of_raw = msgspec.json.Decoder(list[msgspec.Raw])
 REPLY_MARGIN_S = 5.0  # how much longer than the call's deadline the caller waits for the control plane's answer
 NO_DEADLINE_WAIT_S = 24 * 3600.0  # a call with no deadline of its own: the target's timeout_s ends it sooner
 SUBMIT_WAIT_S = 30.0  # spawn and cancel; a record's long poll waits this much beyond its wait
@@ -151,6 +152,10 @@ class RelayTransport(Transport):
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         raise EmberError(f"{method} {path}: inside a replica, only calls of functions go to the platform")
 
+    def stream_items(self, op: Op[bytes]) -> Iterator[bytes]:
+        """A generator function's items: between functions, they come once its call has finished (one list)."""
+        yield from _items(self.send(op))
+
 
 class AsyncRelayTransport(AsyncTransport):
     """The async transport of code inside a replica, bound to the call it serves."""
@@ -184,16 +189,31 @@ class AsyncRelayTransport(AsyncTransport):
     async def request(self, method: str, path: str, **kwargs: Any) -> Any:
         raise EmberError(f"{method} {path}: inside a replica, only calls of functions go to the platform")
 
+    async def stream_items(self, op: Op[bytes]) -> AsyncIterator[bytes]:
+        """The async twin of :meth:`RelayTransport.stream_items`."""
+        for item in _items(await self.send(op)):
+            yield item
+
+
+def _items(collected: bytes) -> list[bytes]:
+    try:
+        return [bytes(item) for item in _list_of_raw.decode(collected)]
+    except msgspec.DecodeError as exc:
+        raise EmberError(f"a generator function's call answered no list of items: {exc}") from None
+
 
 def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest, float]:
     """The relay request for one of the handles' ops, and how long to wait for its answer."""
     parts = [unquote(p) for p in op.path.strip("/").split("/")]
+    if op.content is not None and op.headers.get("content-type", "application/json") != "application/json":
+        raise BadRequestError(f"{op.method} {op.path}: between functions, inputs travel as JSON; a raw "
+                              f"{op.headers.get('content-type')} body cannot", field="$body")
     timeout_s = _timeout(op)
     if op.method == "POST" and len(parts) == 3 and parts[0] == "v1":
         return _invoke(parts[1], parts[2], op, caller, timeout_s)
     if op.method == "POST" and len(parts) == 4 and parts[0] == "v1" and parts[3] == "spawn":
         key = op.headers.get(_client.IDEMPOTENCY_HEADER)
-        return RelaySpawn(app=parts[1], function=parts[2], input=_json_input(op),
+        return RelaySpawn(app=parts[1], function=parts[2], input=msgspec.Raw(op.content or b"null"),
                           timeout_s=timeout_s, idempotency_key=key), SUBMIT_WAIT_S
     if len(parts) == 3 and parts[:2] == ["v1", "calls"] and op.method == "GET":
         wait_s = float(op.params.get("wait", 0))
@@ -212,19 +232,12 @@ def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
     if left <= 0:
         raise DeadlineExceededError(f"no time is left of this call's deadline to call {app}.{function}",
                                     call_id=caller.call_id if caller is not None else None)
-    request = RelayInvoke(app=app, function=function, input=_json_input(op),
+    request = RelayInvoke(app=app, function=function, input=msgspec.Raw(op.content or b"null"),
                           deadline=deadline if math.isfinite(deadline) else 0.0,
                           caller_function=caller.function if caller is not None else "",
                           caller_call_id=caller.call_id if caller is not None else "",
                           chain=list(caller.chain) if caller is not None else [])
     return request, left if math.isfinite(left) else NO_DEADLINE_WAIT_S
-
-
-def _json_input(op: Op[Any]) -> msgspec.Raw:
-    """The op's body as the relay takes it, JSON: a raw ``bytes`` body (``RawBody``) as its base64 string."""
-    if isinstance(op.content, _client.RawBody):
-        return msgspec.Raw(msgspec.json.encode(bytes(op.content)))
-    return msgspec.Raw(op.content or b"null")
 
 
 def _timeout(op: Op[Any]) -> float | None:
