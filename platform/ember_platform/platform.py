@@ -56,7 +56,7 @@ class Platform:
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
         self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle)  # images, locked and built at push
         self.relay = Relay(nc, registry, self.validators, self.router, self.calls, lambda: self.quotas.limiter,
-                           registry.stores.assignments)  # calls between functions, from replicas
+                           registry.stores.assignments, self.streams)  # calls between functions, from replicas
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:

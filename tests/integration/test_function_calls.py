@@ -62,11 +62,13 @@ def test_a_function_calls_another_apps_function_over_nats_not_http(apps, http: h
     aio = _post(http, "relay_aio", 8)
     assert aio.status_code == 200, aio.text
     assert aio.json()["x"] == 8 and aio.json()["chain"] == ["fn-caller.Caller.relay_aio"]
+    items = _post(http, "items", 5)  # a generator function's items (collected: no streaming between functions)
+    assert items.status_code == 200 and items.json() == [0, 1, 2, 3, 4], items.text
     fan = _post(http, "fan", list(range(10)))
     assert fan.status_code == 200, fan.text
     assert fan.json() == list(range(10))
     assert _gateway_calls(http, "fn-caller") >= 3
-    assert _gateway_calls(http, "fn-callee") == callee_before  # 12 calls of fn-callee, none through the gateway
+    assert _gateway_calls(http, "fn-callee") == callee_before  # 13 calls of fn-callee, none through the gateway
 
 
 def test_a_batched_method_calls_for_its_whole_batch(apps, http: httpx.Client) -> None:

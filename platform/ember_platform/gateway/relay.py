@@ -15,6 +15,7 @@ checks an HTTP call, before it is routed the gateway's way (``Router``) or queue
   already in that chain (``a`` calls ``b`` calls ``a``) is refused (409 ``call_cycle``), since the replicas of
   ``a`` may all be held by the calls waiting on it; so is a chain deeper than ``MAX_CHAIN``. A spawned call starts
   a chain of its own (its caller does not wait on it).
+- **generator functions**: their items come back collected into one list, as a queued call stores them.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ember._errors import (
     EmberError,
     ForbiddenError,
     OverloadedError,
+    PayloadTooLargeError,
     error_class,
 )
 from ember.wire import (
@@ -70,6 +72,7 @@ from ember.wire.relay import (
 )
 from ember_platform.calls.durable import MAX_CALL_ID, Calls, check_call_id, no_such_call
 from ember_platform.calls.router import Router
+from ember_platform.calls.streams import CallStream, Streams
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
 from ember_platform.quotas.limiter import Limiter
@@ -79,6 +82,7 @@ QUEUE = "ember-relay"
 MAX_IN_FLIGHT = 10_000  # relayed calls one control plane holds at once; more are refused (429)
 MAX_RECORD_WAIT_S = 300.0
 MAX_KEY = 256
+MAX_COLLECTED_BYTES = 64 * 1024 * 1024  # a generator function's items, collected for a caller (as over HTTP)
 
 
 @dataclass(frozen=True)
@@ -101,13 +105,14 @@ class Relay:
     """Answers the relay subjects of every replica (one queue group of the control planes)."""
 
     def __init__(self, nc: Client, registry: Registry, validators: Validators, router: Router, calls: Calls,
-                 limiter: Callable[[], Limiter], assignments: KeyValue) -> None:
+                 limiter: Callable[[], Limiter], assignments: KeyValue, streams: Streams) -> None:
         self._nc = nc
         self._registry = registry
         self._validators = validators
         self._router = router
         self._calls = calls
         self._limiter = limiter
+        self._streams = streams
         self._assignments_kv = assignments
         self._assignments = KVMirror(assignments, assignment_decoder.decode)
         self._sub: Subscription | None = None
@@ -187,6 +192,9 @@ class Relay:
         held = self._limiter().admit(dep.app, "")  # the app's quotas count calls from functions too
         call_id = os.urandom(16).hex()
         try:
+            if fn.stream:  # a generator function: its items, collected into one list
+                return await self._collected(self._streams.open(dep.app, fn.name, dep.version, body, call_id=call_id,
+                                                                deadline=deadline))
             answer = await self._router.call(dep.app, fn.name, dep.version, body, call_id=call_id, deadline=deadline,
                                              chain=chain)
         finally:
@@ -197,6 +205,23 @@ class Relay:
                                             retry_after_s=answer.error.retry_after_s,
                                             remote_type=answer.error.type, call_id=call_id)
         return bytes(answer.output)
+
+    @staticmethod
+    async def _collected(stream: CallStream) -> bytes:
+        """A generator function's items as one JSON list (at most ``MAX_COLLECTED_BYTES``), as a queued call's."""
+        try:
+            await stream.start()
+            parts: list[bytes] = []
+            size = 2
+            while (items := await stream.next_items()) is not None:
+                parts += [bytes(item) for item in items]
+                size += sum(len(item) + 1 for item in items)
+                if size > MAX_COLLECTED_BYTES:
+                    raise PayloadTooLargeError(f"the items are over {MAX_COLLECTED_BYTES} bytes, the most collected "
+                                               "for a call between functions", call_id=stream.call_id)
+            return b"[" + b",".join(parts) + b"]"
+        finally:
+            await stream.aclose()
 
     async def _spawn(self, caller: Caller, req: RelaySpawn) -> bytes:
         dep, _, fn = self._target(caller, req.app, req.function, sync=False)

@@ -44,6 +44,12 @@ def unavailable(x: int) -> int:
 
 
 @app.function(timeout_s=60)
+def count(n: int):
+    """A generator function: 0 .. n-1."""
+    yield from range(n)
+
+
+@app.function(timeout_s=60)
 def back(x: int) -> dict:
     """Calls ``fn-caller.Caller.cycle``, the function that calls this one: a cycle."""
     return ember.lookup("fn-caller", "Caller.cycle").remote(x)

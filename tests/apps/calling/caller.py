@@ -47,7 +47,9 @@ class Caller:
 
     @ember.method(batch=ember.Batch(max_size=8, window_ms=200))
     def batched(self, xs: list[int]) -> list[dict]:
-        """A batched method whose batch calls ``fn-callee.echo`` once per input."""
+        """A batched method whose batch calls ``fn-callee.echo`` once per input; slow enough that calls sent
+        together wait for the first batch and run together in the next."""
+        time.sleep(0.3)
         out = list(ember.lookup("fn-callee", "echo").map(xs))
         return [{"x": r["x"], "chain": r["chain"], "batch": len(xs)} for r in out]
 
@@ -72,6 +74,11 @@ class Caller:
     @ember.method
     def runs_of(self, key: str) -> int:
         return getattr(self, "runs", {}).get(key, 0)
+
+    @ember.method
+    def items(self, n: int) -> list[int]:
+        """``fn-callee.count(n)``'s items, with ``remote_gen``."""
+        return list(ember.lookup("fn-callee", "count").remote_gen(n))
 
     @ember.method
     def itself(self, x: int) -> dict:

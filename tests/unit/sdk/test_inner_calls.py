@@ -12,8 +12,8 @@ import pytest
 
 import ember
 from ember import _client, _inner
-from ember._client import cancel_op, invoke_op, record_op, spawn_op
-from ember._errors import DeadlineExceededError, EmberError, InvalidSpecError
+from ember._client import RawBody, cancel_op, invoke_op, record_op, spawn_op
+from ember._errors import BadRequestError, DeadlineExceededError, EmberError, InvalidSpecError
 from ember.wire.calls import Hop
 from ember.wire.relay import RelayCancel, RelayInvoke, RelayRecord, RelaySpawn
 from ember.wire.validate import manifest_problems
@@ -60,6 +60,11 @@ def test_spawns_records_and_cancels_become_their_relay_requests() -> None:
     assert _inner.relay_request(cancel_op("c9"), None)[0] == RelayCancel(call_id="c9")
     with pytest.raises(EmberError, match="only calls of functions"):
         _inner.relay_request(_client.dead_letters_op("b", "h"), None)
+
+
+def test_a_raw_body_cannot_travel_between_functions() -> None:
+    with pytest.raises(BadRequestError, match="travel as JSON"):
+        _inner.relay_request(invoke_op("b", "h", RawBody(b"\x00\x01")), None)
 
 
 def test_current_call_is_the_call_being_served() -> None:
