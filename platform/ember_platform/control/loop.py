@@ -422,7 +422,8 @@ def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRe
     """What one replica of the current version of ``svc`` asks of placement."""
     return PlacementRequest(replica_id=replica_id, function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
                             cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
-                            volumes=tuple(m.key for m in svc.volumes))
+                            volumes=tuple(m.key for m in svc.volumes),
+                            environment=svc.image.sha256 if svc.image else "")
 
 
 def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:

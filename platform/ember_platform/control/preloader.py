@@ -79,7 +79,8 @@ class Preloader:
                         request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
                                                    function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
                                                    host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
-                                                   volumes=tuple(m.key for m in svc.volumes))
+                                                   volumes=tuple(m.key for m in svc.volumes),
+                                                   environment=svc.image.sha256 if svc.image else "")
                         likely = likely_nodes(snapshot, request, LIKELY_COUNT)
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),

@@ -5,8 +5,9 @@ Costs are in GB-equivalents, lower is better, ties broken by node then slot id:
 - the memory a choice leaves unused on a GPU it shares (best-fit keeps large holes free), or, for a
   whole GPU, its size (a small GPU is taken before a large one);
 - ``SPREAD`` for each replica of the same function already on the node, and again on the GPU;
-- minus ``LOCALITY`` on a node that caches the replica's bundle or snapshot, and ``VOLUME_LOCALITY`` for each
-  volume it mounts that the node caches (a volume is fetched once per node, and may weigh gigabytes);
+- minus ``LOCALITY`` on a node that caches the replica's bundle or snapshot, ``VOLUME_LOCALITY`` for each
+  volume it mounts that the node caches (a volume is fetched once per node, and may weigh gigabytes), and
+  ``ENV_LOCALITY`` on a node that built its image's environment (built once per node);
 - ``OPEN_NODE`` on a node that runs nothing yet (whole empty nodes are kept for replicas that
   need many GPUs);
 - ``NUMA_SPLIT`` for a multi-GPU replica whose GPUs sit on different NUMA nodes.
@@ -28,6 +29,7 @@ from ember_platform.scheduler.snapshot import UNLIMITED, Cluster, GroupKey
 SPREAD = 1000.0
 LOCALITY = 8.0
 VOLUME_LOCALITY = 8.0
+ENV_LOCALITY = 8.0
 OPEN_NODE = 16.0
 NUMA_SPLIT = 1.0
 _WALK = 32  # candidates looked at per slot group once one fits (until then, all are)
@@ -161,7 +163,8 @@ def _fit_host(usage: Usage, index: FreeIndex, item: PlacementRequest) -> Choice 
         for seen, (free, nid) in enumerate(index.hosts_from(gpu_nodes, item.host_memory_mb)):
             waste = _host_waste_gb(free - item.host_memory_mb)
             if best is not None and (seen >= _WALK
-                                     or waste - LOCALITY - VOLUME_LOCALITY * len(item.volumes) >= best.cost):
+                                     or waste - LOCALITY - VOLUME_LOCALITY * len(item.volumes) - ENV_LOCALITY
+                                     >= best.cost):
                 break
             if usage.host_fits(nid, item.cpu_millis, item.host_memory_mb):
                 best = _better(best, Choice(waste + _node_cost(usage, item, nid), nid, ()))
@@ -187,15 +190,16 @@ def _node_cost(usage: Usage, item: PlacementRequest, nid: int) -> float:
     node = usage.cluster.nodes[nid]
     local = bool(item.bundle) and item.bundle in node.bundles
     volumes = sum(1 for v in item.volumes if v in node.volumes) if item.volumes and node.volumes else 0
+    built = bool(item.environment) and item.environment in node.environments
     opens = 0.0 if usage.node_replicas[nid] else OPEN_NODE
     return SPREAD * usage.replicas_on_node(item.function, nid) - (LOCALITY if local else 0.0) \
-        - VOLUME_LOCALITY * volumes + opens
+        - VOLUME_LOCALITY * volumes - (ENV_LOCALITY if built else 0.0) + opens
 
 
 def _local_nodes(usage: Usage, item: PlacementRequest) -> list[int]:
     """The nodes caching the replica's bundle or one of its volumes, looked at besides the best fits."""
     found = list(usage.cluster.bundle_nodes.get(item.bundle, ())[:_LOCAL_NODES])
-    for key in item.volumes:
+    for key in (*item.volumes, *((item.environment,) if item.environment else ())):
         found += [n for n in usage.cluster.bundle_nodes.get(key, ())[:_LOCAL_NODES] if n not in found]
     return found
 

@@ -24,6 +24,7 @@ class PlacementRequest(msgspec.Struct, frozen=True, kw_only=True):
     priority: Priority = "interactive"
     bundle: str = ""  # the bundle or snapshot key: nodes caching it are preferred
     volumes: tuple[str, ...] = ()  # the volumes it mounts (``name@vN``): nodes caching them are preferred
+    environment: str = ""  # its image's environment (sha256): nodes that built it are preferred
 
 __all__ = ["GpuRequest", "PlacementRequest", "Priority", "Topology", "parse_gpu", "request_from_spec"]
 

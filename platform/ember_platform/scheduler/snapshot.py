@@ -43,6 +43,7 @@ class Node(NamedTuple):
     slots: tuple[int, ...]
     bundles: frozenset[str]
     volumes: frozenset[str] = frozenset()  # volume versions cached on the node (``name@vN``)
+    environments: frozenset[str] = frozenset()  # image environments built on the node (their sha256)
 
 
 class Reservation(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,13 +90,13 @@ class Cluster:
             slots.extend(own)
             nodes.append(Node(nid, info.node_id, _or_unlimited(info.cpu_cores * 1000),
                               _or_unlimited(info.memory_mb or _cpu_memory(info)), tuple(s.sid for s in own),
-                              frozenset(info.bundles), frozenset(info.volumes)))
+                              frozenset(info.bundles), frozenset(info.volumes), frozenset(info.environments)))
         groups: dict[GroupKey, list[int]] = {}
         bundles: dict[str, list[int]] = {}
         for slot in slots:
             groups.setdefault(slot.group, []).append(slot.sid)
         for node in nodes:
-            for key in sorted(node.bundles | node.volumes):
+            for key in sorted(node.bundles | node.volumes | node.environments):
                 bundles.setdefault(key, []).append(node.nid)
         return cls(tuple(nodes), tuple(slots), {n.node_id: n.nid for n in nodes},
                    {(nodes[s.nid].node_id, s.uuid): s.sid for s in slots},

@@ -259,3 +259,11 @@ def test_reservations_on_vanished_nodes_are_orphans() -> None:
 def test_unschedulable_reasons_name_the_missing_hardware(gpu: str, reason: str) -> None:
     (d,) = place(snap(node("a", H100X2)), [req("r", gpu)])
     assert isinstance(d, Unschedulable) and d.reason == reason
+
+
+def test_a_node_that_built_the_image_environment_is_preferred() -> None:
+    built = NodeInfo(node_id="b", hostname="b", devices=parse('[host]\nname = "b"\n'), updated_at=0.0, cpu_cores=64,
+                     memory_mb=512 * 1024, environments=["e" * 64])
+    s = snap(node("a", ""), built)
+    assert bound(place(s, [req("r", environment="e" * 64)])[0]).node_id == "b"
+    assert bound(place(s, [req("r", environment="f" * 64)])[0]).node_id == "a"  # another image: no pull to b
