@@ -182,7 +182,7 @@ def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedP
 
 
 def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, transport: Transport,
-                                                    http: httpx.Client, tmp_path: Path) -> None:
+                                                    http: httpx.Client, ember_cli, tmp_path: Path) -> None:
     app = "pinned"
     source = tmp_path / f"{app}.py"
     source.write_text(SOURCE.format(app=app, version="a", setup_s=0))
@@ -194,6 +194,9 @@ def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, 
     first = http.post(f"/v1/{app}@2/{FN}", json=1)
     assert first.status_code == 200 and first.json()["version"] == "b", first.text
     assert http.post(f"/v1/{app}@v2/{FN}", json=1).json()["version"] == "b"
+    assert '"b"' in ember_cli("call", f"{app}@2.{FN}", "--data", "7", url=platform.url).stdout
+    refused_cli = ember_cli("call", f"{app}@1.{FN}", "--data", "7", url=platform.url, check=False)
+    assert refused_cli.returncode != 0 and "has no replicas" in refused_cli.stderr
 
     def refused(response: httpx.Response, status: int, field: str | None = None) -> str:
         assert response.status_code == status, response.text
