@@ -160,6 +160,15 @@ def test_a_stream_that_never_ends_is_bounded_by_the_call_timeout(streams, http):
     assert 2 <= took < 2 + 3  # the call's timeout, plus slack
 
 
+def test_an_async_stream_past_its_deadline_is_cancelled_and_closed(streams, http):
+    tag = f"late-{time.time_ns()}"
+    with http.stream("POST", f"{STREAMER}.aticks", json=tag, headers={"Accept": "text/event-stream",
+                                                                     HTTP_TIMEOUT_HEADER: "1"}) as response:
+        events = list(_sse_events(response))
+    assert events[-1][0] == "error" and events[-1][1]["error"]["code"] == "deadline_exceeded"
+    assert tag in _closed_tags(http)  # its finally ran before the error event went out
+
+
 def test_spawn_of_a_streaming_function_stores_the_list(streams, ember_url):
     many = ember.lookup("streams", "Streamer.many")
     assert many.spawn(4).get(timeout=60) == ["item-0", "item-1", "item-2", "item-3"]

@@ -32,7 +32,7 @@ from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, EmberError, OverloadedError, UnavailableError
 from ember_runtime.batching import spans
 from ember_runtime.batching.costmodel import CostModel
-from ember_runtime.batching.isolation import BatchReport, BatchRunner
+from ember_runtime.batching.isolation import BatchReport, BatchRunner, Outcome
 from ember_runtime.batching.policy import Limits, QueueView, hold_for
 from ember_runtime.batching.stats import BatcherMetrics
 
@@ -293,7 +293,7 @@ class Batcher:
         try:
             values = [c.value for c in batch]
             with self._serving(batch):  # what ``ember.current_call()`` answers in the function (copied to its thread)
-                report: BatchReport = await self._runner.arun(values) if self._async else \
+                report: BatchReport = await self._run_async(batch, values) if self._async else \
                     await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
                                                                      self._runner, values)
         finally:
@@ -311,6 +311,18 @@ class Batcher:
             if not outcome.ok:
                 self.metrics.failed += 1
             await call.answer(outcome.value, outcome.error, len(batch))
+
+    async def _run_async(self, batch: list[Call], values: list[Any]) -> BatchReport:
+        """Async code stops at its batch's earliest deadline, cancelled where it awaits: a call past it can only be
+        answered 504 by now, and its slot is free again at once (sync code cannot be interrupted: see the replica's
+        stuck watch)."""
+        deadline = min(c.deadline for c in batch)
+        try:
+            async with asyncio.timeout(deadline - time.time() if math.isfinite(deadline) else None):
+                return await self._runner.arun(values)
+        except TimeoutError:
+            late = DeadlineExceededError("the call ran past its deadline and was cancelled")
+            return BatchReport(outcomes=[Outcome(False, error=late) for _ in batch], clean=False)
 
     def _begin(self, batch: list[Call]) -> tuple[int, float]:
         """Count the batch as running; returns its number and start."""

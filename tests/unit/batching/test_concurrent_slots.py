@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_batcher import Recorder, run, serve
 
-from ember._errors import RemoteError
+from ember._errors import DeadlineExceededError, RemoteError
 from ember_runtime.batching.batcher import Batcher
 from ember_runtime.batching.costmodel import CostModel
 
@@ -157,3 +157,27 @@ def test_the_deadline_admission_counts_the_slots(slots):
 
         admitted = asyncio.run(submit_all())
     assert admitted == (3 if slots == 1 else 8)
+
+
+def test_async_code_is_cancelled_at_its_deadline_and_frees_its_slot():
+    cancelled = asyncio.Event()
+
+    async def model(xs: list[Any]) -> list[Any]:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return xs
+
+    rec = Recorder()
+    with ThreadPoolExecutor(1) as pool:
+        b = Batcher(model, max_size=1, window_s=0.0, executor=pool, name="f", slots=2)
+
+        async def body():
+            b.submit(rec.call("late", deadline=time.time() + 0.2))
+            await rec.wait_for(1)
+            assert cancelled.is_set() and b.in_flight == 0
+
+        run(lambda: serve(b, body))
+    assert isinstance(rec.answers["late"][1], DeadlineExceededError)
