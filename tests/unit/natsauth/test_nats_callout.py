@@ -109,6 +109,12 @@ def test_a_replicas_permissions_stay_within_its_app_and_its_own_subjects():
                     "$JS.API.STREAM.PURGE.EMBER_CALLS", "$JS.API.CONSUMER.CREATE.KV_ember_tokens",
                     "$JS.API.DIRECT.GET.KV_ember_tokens.x", "ember.calls.default.b.f", "elsewhere"]:
         assert not _allowed(perms, "pub", subject), subject
+    # calls spawned pinned to a version: the replica pulls its own version's queue, never another's
+    assert _allowed(perms, "pub", "$JS.API.CONSUMER.MSG.NEXT.EMBER_CALLS.a--f--3")
+    assert _allowed(perms, "pub", "$JS.ACK.EMBER_CALLS.a--f--3.1.2.3.4.5")
+    for subject in ["$JS.API.CONSUMER.MSG.NEXT.EMBER_CALLS.a--f--2", "$JS.ACK.EMBER_CALLS.a--f--4.1.2.3.4.5",
+                    "$JS.API.CONSUMER.MSG.NEXT.EMBER_CALLS.b--f--3"]:
+        assert not _allowed(perms, "pub", subject), subject
 
 
 def test_jwts_are_signed_and_checked():
