@@ -36,6 +36,11 @@ def double(x: int) -> int:
     if x == 1000:
         print("<img src=x onerror=window.pwned=1>", flush=True)  # markup in a log line: shown as text
     return 2 * x
+
+
+@app.function()
+def fragile(x: int) -> int:  # no retries: a spawned call goes to the dead letters at once
+    raise RuntimeError(f"fragile({x}) broke")
 '''
 INVENTORY = ('[host]\nname = "g"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 1\nmemory_used_gb = 2\n'
              'utilization = 0.3\n')
@@ -155,6 +160,10 @@ def test_every_metric_of_the_grafana_dashboard_is_in_a_real_scrape(http: httpx.C
     assert {"app", "function"} <= templated
 
 
+def dead_letters(http: httpx.Client) -> set[str]:
+    return {d["call_id"] for d in http.get("/v1/apps/watched/dead").json()}
+
+
 def _panels(dashboard: dict) -> Iterator[dict]:  # type: ignore[type-arg]
     for panel in dashboard["panels"]:
         yield panel
@@ -207,6 +216,9 @@ def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: http
     assert http.post("/v1/watched/double", json=1000).status_code == 200
     wait_for(lambda: any("onerror" in line["line"] for line in http.get("/v1/apps/watched/logs").json()), 30,
              "the log line with markup")
+    dead_id = http.post("/v1/watched/fragile/spawn", json=7).json()["call_id"]
+    assert http.get(f"/v1/calls/{dead_id}", params={"wait": 60}).json()["status"] == "failed"
+    wait_for(lambda: dead_id in dead_letters(http), 30, "the dead letter")
     stop = threading.Event()
 
     def traffic() -> None:
@@ -250,6 +262,14 @@ def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: http
                                        timeout=10_000)
                 assert page.locator("#logs img").count() == 0 and page.evaluate("window.pwned") is None
                 page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
+
+                page.select_option("#dead-app", "watched")
+                page.click("#dead-refresh")
+                page.check(f'#dead input[data-call="{dead_id}"]', timeout=10_000)
+                page.click("#dead-replay")
+                page.wait_for_function("() => document.getElementById('dead-result').textContent === '1 replayed'",
+                                       timeout=30_000)
+                assert dead_id not in dead_letters(http)  # replayed: a new call, and out of the dead letters
 
                 page.reload()  # signed in for the session: the token is in session storage, not the URL
                 page.wait_for_selector('#apps tr[data-app="watched"]', timeout=30_000)
