@@ -63,7 +63,7 @@ def test_a_function_calls_another_apps_function_over_nats_not_http(apps, http: h
     assert aio.status_code == 200, aio.text
     assert aio.json()["x"] == 8 and aio.json()["chain"] == ["fn-caller.Caller.relay_aio"]
     items = _post(http, "items", 5)  # a generator function's items (collected: no streaming between functions)
-    assert items.status_code == 200 and items.json() == [0, 1, 2, 3, 4], items.text
+    assert items.status_code == 200 and items.json() == [["fn-caller.Caller.items"], 0, 1, 2, 3, 4], items.text
     fan = _post(http, "fan", list(range(10)))
     assert fan.status_code == 200, fan.text
     assert fan.json() == list(range(10))

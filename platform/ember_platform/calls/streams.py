@@ -24,8 +24,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, UnavailableError
 from ember.wire import Invocation, encoder, error_from_info, subjects
+from ember.wire.calls import Hop
 from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, chunk_decoder
 from ember_platform.calls.router import ACK_TIMEOUT_S, LIVENESS_CHECK_S, MAX_ATTEMPTS, NO_REPLICA_POLL_S, Router
 
@@ -62,9 +64,10 @@ class Streams:
             await self._sub.unsubscribe()
 
     def open(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
-             deadline: float) -> CallStream:
-        """A stream for the call; :meth:`CallStream.start` sends it."""
-        return CallStream(self, self._nc, app, function, version, body, call_id, deadline)
+             deadline: float, chain: list[Hop] | None = None) -> CallStream:
+        """A stream for the call; :meth:`CallStream.start` sends it. ``chain``: the calls waiting on it (a call
+        between functions)."""
+        return CallStream(self, self._nc, app, function, version, body, call_id, deadline, chain)
 
     def listen(self, token: str, stream: CallStream) -> None:
         self._open[token] = stream
@@ -93,14 +96,15 @@ class CallStream:
     """One streamed call: ``await start()``, then ``await next_items()`` until it returns None; ``aclose()``."""
 
     def __init__(self, streams: Streams, nc: Client, app: str, function: str, version: int, body: bytes,
-                 call_id: str, deadline: float) -> None:
+                 call_id: str, deadline: float, chain: list[Hop] | None = None) -> None:
         self._streams = streams
         self._nc = nc
         self.app, self.function, self.version = app, function, version
         self.call_id = call_id
         self.deadline = deadline
+        trace = tracing.current_headers({"ember.call_id": call_id}) if tracing.ON else {}  # the gateway's span
         self._invocation = Invocation(call_id=call_id, function=function, deadline=deadline,
-                                      input=msgspec.Raw(body))
+                                      input=msgspec.Raw(body), trace=trace, chain=chain or [])
         self.holder = ""  # the replica that accepted it
         self.received = 0  # items handed to the reader
         self.granted = STREAM_WINDOW

@@ -194,7 +194,7 @@ class Relay:
         try:
             if fn.stream:  # a generator function: its items, collected into one list
                 return await self._collected(self._streams.open(dep.app, fn.name, dep.version, body, call_id=call_id,
-                                                                deadline=deadline))
+                                                                deadline=deadline, chain=chain))
             answer = await self._router.call(dep.app, fn.name, dep.version, body, call_id=call_id, deadline=deadline,
                                              chain=chain)
         finally:

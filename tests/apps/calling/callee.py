@@ -45,7 +45,8 @@ def unavailable(x: int) -> int:
 
 @app.function(timeout_s=60)
 def count(n: int):
-    """A generator function: 0 .. n-1."""
+    """A generator function: the chain of calls waiting on it, then 0 .. n-1."""
+    yield _seen()["chain"]
     yield from range(n)
 
 

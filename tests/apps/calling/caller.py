@@ -76,7 +76,7 @@ class Caller:
         return getattr(self, "runs", {}).get(key, 0)
 
     @ember.method
-    def items(self, n: int) -> list[int]:
+    def items(self, n: int) -> list:
         """``fn-callee.count(n)``'s items, with ``remote_gen``."""
         return list(ember.lookup("fn-callee", "count").remote_gen(n))
 
