@@ -36,7 +36,7 @@ app = ember.App("{app}")
 VERSION = "{version}"
 
 
-@app.model(min_replicas=1, max_replicas=2, timeout_s=30)
+@app.model(min_replicas={min_replicas}, max_replicas=2, timeout_s=30)
 class M:
     @ember.setup
     def load(self) -> None:
@@ -48,9 +48,9 @@ class M:
 '''
 
 
-def write_app(folder: Path, label: str, app: str = APP) -> Path:
+def write_app(folder: Path, label: str, app: str = APP, min_replicas: int = 1) -> Path:
     path = folder / f"{app}.py"
-    path.write_text(SOURCE.format(app=app, version=label, setup_s=SETUP_S))
+    path.write_text(SOURCE.format(app=app, version=label, setup_s=SETUP_S, min_replicas=min_replicas))
     return path
 
 
@@ -61,6 +61,7 @@ class Calls:
 
     url: str
     token: str
+    app: str = APP
     seen: list[tuple[float, float, int, str]] = field(default_factory=list)
     spawned: list[str] = field(default_factory=list)  # every tenth call is also queued: they must all succeed
     stop: threading.Event = field(default_factory=threading.Event)
@@ -74,14 +75,14 @@ class Calls:
             while not self.stop.is_set():
                 started = time.monotonic()
                 try:
-                    response = client.post(f"/v1/{APP}/{FN}", json=i)
+                    response = client.post(f"/v1/{self.app}/{FN}", json=i)
                     status = response.status_code
                     label = response.json().get("version", "") if status == 200 else response.text[:200]
                 except httpx.HTTPError as exc:
                     status, label = 0, repr(exc)
                 self.seen.append((started, time.monotonic() - started, status, label))
                 if i % 10 == 0:
-                    queued = client.post(f"/v1/{APP}/{FN}/spawn", json=i)
+                    queued = client.post(f"/v1/{self.app}/{FN}/spawn", json=i)
                     self.spawned.append(queued.json()["call_id"] if queued.status_code == 202 else queued.text)
                 i += 1
 
@@ -103,8 +104,8 @@ def _traffic(http: httpx.Client) -> dict[int, int]:
     return {v["version"]: v["percent"] for v in _view(http)["versions"] if v["percent"]}
 
 
-def _running(http: httpx.Client) -> set[int]:
-    return {r["version"] for s in _view(http)["services"] for r in s["replicas"]}
+def _running(http: httpx.Client, app: str = APP) -> set[int]:
+    return {r["version"] for s in _view(http, app)["services"] for r in s["replicas"]}
 
 
 def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedPlatform, transport: Transport,
@@ -185,9 +186,9 @@ def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, 
                                                     http: httpx.Client, ember_cli, tmp_path: Path) -> None:
     app = "pinned"
     source = tmp_path / f"{app}.py"
-    source.write_text(SOURCE.format(app=app, version="a", setup_s=0))
+    source.write_text(SOURCE.format(app=app, version="a", setup_s=0, min_replicas=1))
     deploy(source, transport=transport, timeout_s=120)
-    source.write_text(SOURCE.format(app=app, version="b", setup_s=0))
+    source.write_text(SOURCE.format(app=app, version="b", setup_s=0, min_replicas=1))
     deploy(source, transport=transport, timeout_s=120)
     wait_for(lambda: {r["version"] for s in _view(http, app)["services"] for r in s["replicas"]} == {2},
              timeout_s=60, what="v1 to stop")
@@ -223,7 +224,7 @@ def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, 
     other = tmp_path / "other"
     other.mkdir()
     for label in ("x", "y", "z"):
-        (other / "others.py").write_text(SOURCE.format(app="others", version=label, setup_s=0))
+        (other / "others.py").write_text(SOURCE.format(app="others", version=label, setup_s=0, min_replicas=1))
         deploy(other / "others.py", transport=transport, timeout_s=120)
     assert _view(http, "others")["version"] == 3
     assert "no version 3" in refused(http.post(f"/v1/apps/{app}/rollback", json={"version": 3}), 404)
@@ -259,6 +260,33 @@ def test_pinning_and_rollouts_refuse_what_they_must(platform: EmbeddedPlatform, 
         assert http.delete(f"/v1/apps/{name}").status_code == 204
 
 
+def test_a_version_scaled_from_zero_is_replaced_warm(platform: EmbeddedPlatform, transport: Transport,
+                                                    http: httpx.Client, tmp_path: Path) -> None:
+    """With min_replicas=0, a version that serves (woken by calls) is replaced by one with a ready replica: the
+    push starts one even though its minimum is zero, and no call waits for its setup."""
+    app = "fromzero"
+    source = write_app(tmp_path, "one", app, min_replicas=0)
+    deploy(source, transport=transport, timeout_s=120)
+    calls = Calls(platform.url, platform.token, app=app)
+    calls.thread.start()
+    try:
+        wait_for(lambda: any(c[2] == 200 for c in calls.seen), timeout_s=120, what="a replica woken by calls")
+        wait_for(lambda: len(calls.seen) >= 100, timeout_s=60, what="steady calls")
+        started = time.monotonic()
+        write_app(tmp_path, "two", app, min_replicas=0)
+        deploy(source, transport=transport, timeout_s=120)
+        assert _traffic_of(http, app) == {2: 100}
+        wait_for(lambda: _running(http, app) == {2}, timeout_s=60, what="v1 to drain and stop")
+    finally:
+        calls.stop.set()
+        calls.thread.join(timeout=70)
+        http.delete(f"/v1/apps/{app}")
+    during = calls.since(started)
+    assert [c for c in during if c[2] != 200] == []
+    assert max(c[1] for c in during) < SETUP_S, max(c[1] for c in during)
+    assert during[-1][3] == "two"
+
+
 def test_every_control_plane_routes_alike(platform: TestPlatform, transport: Transport, http: httpx.Client,
                                           tmp_path: Path) -> None:
     """The traffic split lives in the deployments KV: a second control plane (a standby) answers the same shares,
@@ -266,7 +294,7 @@ def test_every_control_plane_routes_alike(platform: TestPlatform, transport: Tra
     app = "twocp"
     source = tmp_path / f"{app}.py"
     for label in ("a", "b"):
-        source.write_text(SOURCE.format(app=app, version=label, setup_s=0))
+        source.write_text(SOURCE.format(app=app, version=label, setup_s=0, min_replicas=1))
         deploy(source, transport=transport, timeout_s=120, canary_percent=50 if label == "b" else 0)
     url = platform.add_control_plane("rollouts-cp2")
     try:
