@@ -190,7 +190,8 @@ class Replica:
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
-        subs.append(await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit))
+        # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
+        await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit)
         await nc.flush()
         return subs, loops
 
@@ -276,12 +277,18 @@ class Replica:
                      codec: str) -> None:
         """A call of a generator: accepted at once (``ember.wire.streams``), its items sent as they come."""
         sink = self.streams.open(reply, invocation.call_id, invocation.deadline)
+        finish: Any = sink.finish
+        span: Any = None
+        if tracing.ON:  # its ``ember.call`` lasts until the stream's end
+            span = spans.call(invocation.trace, invocation.call_id, invocation.function,
+                              attributes={"ember.stream": True})
+            finish = spans.ending(span, sink.finish)
         try:
             args, kwargs = endpoint.decode(invocation.input, codec)
-            batcher.submit(Call(Streamed(args, kwargs, sink), invocation.deadline, sink.finish, invocation.call_id,
-                                "interactive", chain=invocation.chain))
+            batcher.submit(Call(Streamed(args, kwargs, sink), invocation.deadline, finish, invocation.call_id,
+                                "interactive", chain=invocation.chain, span=span))
         except EmberError as exc:
-            asyncio.get_running_loop().create_task(sink.finish(None, exc, 0))
+            asyncio.get_running_loop().create_task(finish(None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck)."""
