@@ -183,6 +183,8 @@ def test_sdk_remote_gen_yields_typed_items(streams, ember_url, monkeypatch):
     assert all(isinstance(t, app_module.Tick) for t in ticks)
     with pytest.raises(TypeError, match="remote_gen"):
         app_module.Streamer.count.remote(3)
+    spawned = app_module.Streamer.count.spawn(2).get(timeout=60)  # queued: the list, typed
+    assert [t.i for t in spawned] == [0, 1] and all(isinstance(t, app_module.Tick) for t in spawned)
     with pytest.raises(ember.RemoteError, match="broke after 1"):
         list(app_module.Streamer.fails_after.remote_gen(1))
     assert list(ember.lookup("streams", "Streamer.many").remote_gen(2)) == ["item-0", "item-1"]
