@@ -145,6 +145,8 @@ class RelayTransport(Transport):
         try:
             reply = future.result(wait_s + REPLY_MARGIN_S)
         except TimeoutError:
+            if future.done():  # the request's own error (a DeadlineExceededError is a TimeoutError too)
+                raise
             future.cancel()
             raise DeadlineExceededError(f"no answer from the platform within {wait_s:g}s") from None
         return _decoded(op, reply)
