@@ -4,6 +4,7 @@ rollback, promote and pinning refuse what they must."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import threading
 import time
@@ -142,6 +143,9 @@ def test_calls_flow_through_push_canary_promote_and_rollback(platform: EmbeddedP
         shares = Counter(c[3] for c in calls.since(canary_from))
         assert set(shares) == {"two", "three"}, shares
         assert 0.12 <= shares["three"] / sum(shares.values()) <= 0.28, shares
+        metrics = http.get("/metrics").text  # the calls each version answered, counted apart
+        for version in (2, 3):
+            assert re.search(rf'ember_requests_total{{[^}}]*app="{APP}"[^}}]*version="{version}"', metrics), version
         for version, label in ((2, "two"), (3, "three")):
             for i in range(5):
                 pinned = http.post(f"/v1/{APP}@{version}/{FN}", json=i)
