@@ -11,12 +11,15 @@ go too; a put in progress (uploaded recently, not yet committed) is spared.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import time
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 
 import msgspec
 from nats.js import api
@@ -26,8 +29,8 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from ember._errors import ConflictError, InvalidInputError, NotFoundError, PayloadTooLargeError
-from ember.wire import Deployment, Manifest, ServiceSpec, encoder
-from ember.wire.jetstream import KVMirror
+from ember.wire import Deployment, Manifest, ServiceSpec, encoder, subjects
+from ember.wire.jetstream import KVMirror, object_stream
 from ember.wire.volumes import VolumeFile, VolumeFileView, VolumeMount, VolumeVersion, VolumeView
 from ember_platform.control.bundle_gc import upload_time
 from ember_platform.volumes.checks import check_files, chunks_of, unreferenced
@@ -100,8 +103,32 @@ class VolumeStore:
                                     field="$body")
         if await self._size_of(sha) is not None:
             return False
-        await self._chunks.put(sha, data, meta=api.ObjectMeta(name=sha, options=self._chunk_meta))
+        await self._store(sha, data)
         return True
+
+    async def _store(self, sha: str, data: bytes) -> None:
+        """Write ``data`` as the object ``sha``, exactly as the object store's ``put`` would (its messages on
+        ``$O.<bucket>.C.<nuid>``, then its info on ``$O.<bucket>.M.<name>``), but its messages published together
+        and its digest the sha256 already checked: one hash and one round trip less than ``put``, no lookup."""
+        js = self._chunks._js
+        bucket = subjects.VOLUME_CHUNKS_STORE
+        nuid = js._nc._nuid.next().decode()
+        size = self._chunk_meta.max_chunk_size or len(data)
+        parts = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
+        chunk_subject = f"$O.{bucket}.C.{nuid}"
+        try:
+            await asyncio.gather(*(js.publish(chunk_subject, part) for part in parts if part))
+            info = api.ObjectInfo(name=sha, bucket=bucket, nuid=nuid, size=len(data),
+                                  chunks=sum(1 for p in parts if p), options=self._chunk_meta,
+                                  mtime=datetime.now(UTC).isoformat(),
+                                  digest="SHA-256=" + base64.urlsafe_b64encode(bytes.fromhex(sha)).decode())
+            name = base64.urlsafe_b64encode(sha.encode()).decode()
+            await js.publish(f"$O.{bucket}.M.{name}", json.dumps(info.as_dict()).encode(),
+                             headers={api.Header.ROLLUP: "sub"})
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await js.purge_stream(object_stream(bucket), subject=chunk_subject)
+            raise
 
     async def _size_of(self, sha: str) -> int | None:
         info = await self._info(sha)

@@ -74,7 +74,7 @@ class NodeAgent:
             raise ValueError(f"the NATS credentials are node {creds.user!r}'s, not node {self.node_id!r}'s")
         self.inventory = inventory
         self.devices = inventory_source.load(inventory)
-        self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory of replicas that share GPUs
+        self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory each replica uses
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
@@ -333,6 +333,9 @@ class NodeAgent:
         if slot.image is not None:  # its image's environment, built here once (another start may be building it)
             image = await self.images.prepare(slot, partial(self._report_unstarted, slot))
             if image is None:
+                return
+            if problems := sandboxes.mount_problems(mounts, image.readonly):  # a volume over its environment
+                await self._report_unstarted(slot, "; ".join(problems))
                 return
         pin = self._pinning(slot)
         env = {**(slot.image.env if slot.image else {}), **self._env(slot), **self._virtual_env(slot),
