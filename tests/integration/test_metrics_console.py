@@ -26,13 +26,22 @@ from ember._deploy import deploy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-APP = '''import ember
+APP = '''import json
+import os
+from pathlib import Path
+
+import ember
 app = ember.App("watched")
 
 @app.function(gpu=1, min_replicas=1, max_replicas=1)
 def double(x: int) -> int:
     if x < 0:
         raise ValueError("no negative numbers")
+    if x == 2000:  # "allocate" 1.5 GB on its (declared) GPU, as the node's virtual driver allows
+        table = Path(os.environ["EMBER_VIRTUAL_GPU_PROCESSES"])
+        device = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
+        (table / f".{os.getpid()}").write_text(json.dumps({device: 1536}))
+        (table / f".{os.getpid()}").replace(table / str(os.getpid()))
     if x == 1000:
         print("<img src=x onerror=window.pwned=1>", flush=True)  # markup in a log line: shown as text
     return 2 * x
@@ -58,7 +67,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
     (tmp / "app").mkdir()
     (tmp / "app" / "watched.py").write_text(APP)
     with TestPlatform(tmp / "state") as running:
-        running.add_agent("node-g", tmp / "g.toml")
+        # Not sandboxed: a replica declares its GPU memory to the virtual driver by its pid, which a sandbox's pid
+        # namespace would hide from the agent (NVML sees host pids).
+        running.add_agent("node-g", tmp / "g.toml", sandbox=False)
         transport = Transport(running.url, token=running.token)
         try:
             deploy(tmp / "app" / "watched.py", transport=transport, timeout_s=180)
@@ -135,6 +146,12 @@ def test_the_declared_gpu_under_dcgm_and_triton_names(http: httpx.Client) -> Non
     assert total(samples, "nv_gpu_memory_total_bytes", **gpu) == 24 * GIB
     assert total(samples, "nv_gpu_memory_used_bytes", **gpu) == 2 * GIB
     assert total(samples, "ember_gpu_memory_reserved_bytes", **gpu) == 24 * GIB  # gpu=1 takes it whole
+
+    assert http.post("/v1/watched/double", json=2000).status_code == 200
+    replica = {"app": "watched", "service": "double", "node": "node-g", **gpu}
+    used = wait_for(lambda: total(scrape(http), "ember_replica_gpu_memory_used_bytes", **replica), 30,
+                    "the replica's GPU memory in the node's report")
+    assert used == 1536 << 20
 
 
 def test_a_token_for_other_apps_sees_none_of_its_series(platform: TestPlatform, http: httpx.Client) -> None:

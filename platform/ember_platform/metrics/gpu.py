@@ -1,7 +1,7 @@
 """The nodes' GPUs as metric families, under the names that DCGM's and Triton's dashboards use.
 
 The node agents sample NVML (utilisation, memory) with each heartbeat and the GPU memory each replica's processes
-use (replicas that share a GPU by memory); the control plane holds the last of each. Each figure is shown twice:
+use (every second); the control plane holds the last of each. Each figure is shown twice:
 
 | figure | DCGM exporter name (unit) | Triton name (unit) |
 | --- | --- | --- |

@@ -6,8 +6,9 @@ can starve its neighbours. Each second the agent samples per-process GPU memory 
 the virtual driver of a declared inventory), sums it over each replica's process tree, and asks
 ``MemoryWatch`` (pure, no I/O) which replicas stayed over their reservation for ``STRIKES`` samples in a
 row: a single sample may catch a transient peak. Those are killed and restarted by their slot, with an
-error event that carries the numbers. Replicas that hold whole GPUs or MIG slices are not watched:
-the hardware bounds them.
+error event that carries the numbers. Replicas that hold whole GPUs or MIG slices are not held to a
+limit (the hardware bounds them), but their use is sampled all the same: the node reports every replica's
+use with its heartbeat, for the metrics and the console.
 """
 
 from __future__ import annotations
@@ -114,7 +115,8 @@ class Watched(Protocol):
     replica_id: str
 
     def reservation(self) -> Reservation | None:
-        """The running process and what it reserved; None when nothing is to be watched."""
+        """The running process, its GPUs and what it reserved (``memory_mb`` 0: GPUs held whole, sampled for the
+        metrics but not held to a limit); None when it runs nothing on a GPU."""
         ...
 
     async def restart(self, reason: str, *, pid: int) -> bool:
@@ -150,10 +152,10 @@ class UsageWatcher:
     async def tick(self) -> list[Breach]:
         """One sample: measure, decide, restart. Returns what broke its reservation."""
         slots = {slot.replica_id: slot for slot in self.slots()}
-        reservations = [r for slot in slots.values() if (r := slot.reservation()) is not None]
-        usage = await asyncio.to_thread(self._measure, reservations) if reservations else {}
-        self.last_usage = usage
-        breaches = self.watch.observe(reservations, usage)
+        processes = [r for slot in slots.values() if (r := slot.reservation()) is not None]
+        usage = await asyncio.to_thread(self._measure, processes) if processes else {}
+        self.last_usage = usage  # every GPU replica's use, for the node's report (metrics, the console)
+        breaches = self.watch.observe([r for r in processes if r.memory_mb], usage)
         for breach in breaches:
             await slots[breach.replica_id].restart(breach.message(), pid=breach.pid)
         return breaches

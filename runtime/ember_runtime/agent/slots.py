@@ -112,10 +112,10 @@ class ReplicaSlot:
             await self._kv.delete(self.replica_id)
 
     def reservation(self) -> Reservation | None:
-        """The running process and the GPU memory it reserved; None when not running or not sharing GPUs."""
+        """The running process, its GPUs and the GPU memory it reserved on each (0: it holds them whole); None when
+        not running or without GPUs."""
         proc = self._proc
-        if not (self._gpu_uuids and self._gpu_memory_mb) or proc is None or proc.returncode is not None \
-                or self._stopping.is_set():
+        if not self._gpu_uuids or proc is None or proc.returncode is not None or self._stopping.is_set():
             return None
         return Reservation(replica_id=self.replica_id, pid=proc.pid, devices=self._gpu_uuids,
                            memory_mb=self._gpu_memory_mb)
