@@ -411,8 +411,7 @@ def function_paths(deployments: Mapping[str, Deployment]) -> tuple[dict[str, Any
                     body, output = _function_schemas(app, fn, schemas)
                 except Exception:  # a schema no document can hold (too deep...): any JSON, rather than no document
                     body, output = _json_body({}, required=fn.input_mode != "none"), {}
-                if fn.stream:  # a generator: as JSON, the list of its items (NDJSON and SSE stream them one by one)
-                    output = {"type": "array", "items": output}
+                output = {"type": "array", "items": output} if fn.stream else output  # a generator's, as JSON
                 _function_operations(paths, app, fn, body, output)
     return paths, schemas
 
