@@ -114,7 +114,9 @@ class Relay:
         self._limiter = limiter
         self._streams = streams
         self._assignments_kv = assignments
-        self._assignments = KVMirror(assignments, assignment_decoder.decode)
+        self._assignments = KVMirror(assignments, assignment_decoder.decode, on_change=self._index)
+        self._slots: dict[str, SlotAssignment] = {}  # replica id -> its slot, for every node's assignment
+        self._of_node: dict[str, list[str]] = {}  # node id -> the replica ids of its assignment
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -280,8 +282,15 @@ class Relay:
             raise ForbiddenError(f"app {slot.app!r} is not deployed: its replicas may call no function")
         return Caller(slot, dep.at(slot.version) or dep)  # the version the replica runs (during a rollout, an old one)
 
+    def _index(self, node_id: str, assignment: NodeAssignment | None) -> None:
+        for replica_id in self._of_node.pop(node_id, ()):
+            self._slots.pop(replica_id, None)
+        if assignment is not None:
+            self._slots.update((slot.replica_id, slot) for slot in assignment.slots)
+            self._of_node[node_id] = [slot.replica_id for slot in assignment.slots]
+
     def _slot(self, replica_id: str) -> SlotAssignment | None:
-        return _find(self._assignments.items.values(), replica_id)
+        return self._slots.get(replica_id)
 
     async def _fresh_slot(self, replica_id: str) -> SlotAssignment | None:
         """Read the assignments again: this control plane's mirror may not have seen a replica just assigned."""
