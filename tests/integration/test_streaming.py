@@ -101,6 +101,18 @@ def test_an_error_after_the_first_item_is_the_final_event(streams, http):
     assert json.loads(ndjson[-1])["error"]["type"] == "ValueError"
 
 
+def test_hostile_bodies_and_items(streams, http):
+    too_large = http.post(f"{STREAMER}.big", json={"n": 1, "kb": 9 * 1024})  # one item over a NATS message (8 MB)
+    assert too_large.status_code == 500
+    assert "limit of a NATS message" in too_large.json()["error"]["message"]
+    packed = http.post(f"{STREAMER}.many", content=b"\x03", headers={"Content-Type": "application/msgpack"})
+    assert packed.status_code == 415 and packed.json()["error"]["field"] == "Content-Type"
+    huge = http.post(f"{STREAMER}.many", content=b"1" + b" " * (5 * 1024 * 1024))
+    assert huge.status_code == 413
+    assert http.post("/v1/streams/Streamer.nope", json=1).status_code == 404
+    assert http.post(f"{STREAMER}.many", json=1, headers={"Authorization": "Bearer nope"}).status_code == 401
+
+
 def test_an_error_before_the_first_item_is_the_status(streams, http):
     response = http.post(f"{STREAMER}.fails_after", json=0, headers={"Accept": "text/event-stream"})
     assert response.status_code == 500
