@@ -26,6 +26,8 @@ from ember._deploy import deploy
 from ember._errors import EmberError, InvalidSpecError
 from ember._volume import CHUNKS_PATH, PutProgress, chunks_of, put_volume
 from ember.wire import VolumeVersion, encoder, subjects
+from ember.wire.jetstream import connect
+from ember.wire.natscreds import read_file
 from ember.wire.volumes import VolumeFile
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
@@ -354,3 +356,38 @@ def test_the_cli_puts_lists_and_removes_a_volume(platform, ember_cli, tmp_path: 
     assert gone.returncode == 1 and "NotFoundError" in gone.stderr
     bad = cli("volume", "put", "Bad_Name", str(tmp_path / "w"), check=False)
     assert bad.returncode == 1 and "volume name" in bad.stderr
+
+
+def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx.Client) -> None:
+    data = b"weights a node may read"
+    sha = hashlib.sha256(data).hexdigest()
+    assert http.put(f"{CHUNKS_PATH}/{sha}", content=data).status_code in (200, 201)
+    name = f"ro-{uuid.uuid4().hex[:6]}"
+    files = {"files": [{"path": "w", "size": len(data), "chunks": [sha]}]}
+    assert http.post(f"/v1/volumes/{name}/versions", json=files).status_code == 201
+    creds = read_file(platform.node_credentials("vol-spy"))
+
+    async def as_a_node() -> tuple[bytes, list[str]]:
+        nc = await connect(platform.nats_url, "vol-spy", creds)
+        refused = []
+        try:
+            js = nc.jetstream(timeout=2)
+            kv = await js.key_value(subjects.VOLUMES_BUCKET)
+            store = await js.object_store(subjects.VOLUME_CHUNKS_STORE)
+            manifest = (await kv.get(f"{name}.1")).value or b""
+            for attempt in (kv.put(f"{name}.1", b"{}"), kv.delete(f"{name}.1"), store.delete(sha),
+                            store.put(sha, b"other bytes"), js.purge_stream("OBJ_ember_volume_chunks")):
+                try:
+                    await attempt
+                except Exception as exc:  # a permissions violation: the request times out or is refused
+                    refused.append(type(exc).__name__)
+            return manifest, refused
+        finally:
+            await nc.close()
+
+    manifest, refused = asyncio.run(as_a_node())
+    assert msgspec.json.decode(manifest, type=VolumeVersion).files[0].chunks == [sha]  # it reads
+    assert len(refused) == 5, refused  # and may change nothing
+    assert http.get(f"/v1/volumes/{name}").json()["version"] == 1
+    assert http.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}).json()["missing"] == []
+    http.delete(f"/v1/volumes/{name}")
