@@ -25,6 +25,8 @@ from ember._deploy import deploy
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 APP = '''import time
+from collections.abc import Iterator
+
 import ember
 
 app = ember.App("traced")
@@ -39,6 +41,11 @@ def work(items: list[int]) -> list[int]:
 @app.function(timeout_s=60)
 def relay(x: int) -> int:
     return ember.lookup("traced", "work").remote(x)  # a call between functions: through the control plane's relay
+
+
+@app.function()
+def count(n: int) -> Iterator[int]:
+    yield from range(n)
 
 
 @app.function(on="tracedemo.events.>", retries=0)
@@ -242,3 +249,19 @@ def test_a_call_one_function_makes_of_another_stays_in_the_callers_trace(traced:
     caller_run = by_id[relayed.parent_id]  # a child of the run that made the call
     assert caller_run.name == "ember.run" and by_id[caller_run.parent_id].name == "ember.batch"
     assert by_id[caller_run.parent_id].parent_id == outer.span_id
+
+
+def test_a_streamed_call_is_traced_until_its_last_item(traced: Traced) -> None:
+    trace_id, client_span = client_parent()
+    answer = traced.http.post("/v1/traced/count", json=3, headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert answer.status_code == 200
+    assert [json.loads(line) for line in answer.text.splitlines()][:3] == [{"item": 0}, {"item": 1}, {"item": 2}]
+
+    def spans() -> dict[str, Span] | None:
+        found = {s.name: s for s in traced.spans_of(trace_id)}
+        return found if {"ember.gateway", "ember.call", "ember.run"} <= found.keys() else None
+    found = wait_for(spans, timeout_s=30, what="the streamed call's spans")
+    gateway, replica_call, run = found["ember.gateway"], found["ember.call"], found["ember.run"]
+    assert gateway.parent_id == client_span and replica_call.parent_id == gateway.span_id
+    assert replica_call.attributes["ember.stream"] is True and replica_call.attributes["ember.function"] == "count"
+    assert run.end_ns <= replica_call.end_ns  # the call's span ends with the stream, after the generator's run

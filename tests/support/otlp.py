@@ -74,8 +74,8 @@ class Receiver:
 
     @property
     def endpoint(self) -> str:
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     def _keep(self, request: ExportTraceServiceRequest) -> None:
         found = []

@@ -11,7 +11,7 @@ starts with OpenTelemetry's API are its children.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,3 +65,14 @@ def call(carrier: Any, call_id: str, function: str, *, kind: str = "server", sta
 def answered(span: Any, error: Any) -> None:
     """End a call's span once it is answered (``error``: the ``EmberError`` it failed with, or None)."""
     tracing.end(span, getattr(error, "code", None) or (type(error).__name__ if error is not None else None))
+
+
+def ending(span: Any, answer: Callable[[Any, Any, int], Awaitable[None]]) -> Callable[[Any, Any, int], Awaitable[None]]:
+    """``answer`` (a call's), which then ends the call's span."""
+    async def answer_then_end(output: Any, error: Any, batch_size: int) -> None:
+        try:
+            await answer(output, error, batch_size)
+        finally:
+            answered(span, error)
+
+    return answer_then_end

@@ -115,7 +115,8 @@ def test_on_a_batch_exporter_thread_runs() -> None:
     state = _run(STATE, OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", OTEL_BSP_SCHEDULE_DELAY="60000")
     assert state["on"] is True and state["flag"] is True
     assert "opentelemetry.exporter.otlp.proto.http.trace_exporter" in state["otel"]  # type: ignore[operator]
-    assert any("BatchSpanProcessor" in name or "Otel" in name for name in state["threads"])  # type: ignore[union-attr]
+    threads: list[str] = state["threads"]  # type: ignore[assignment]
+    assert any("BatchSpanProcessor" in name or "Otel" in name for name in threads)
 
 
 def test_spans_are_exported_with_the_service_and_resource_at_shutdown() -> None:
