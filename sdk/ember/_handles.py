@@ -277,8 +277,8 @@ def decode_item(io: CallIO | None, raw: bytes) -> Any:
 def _stream_items(transport: Any, op: Op[bytes]) -> Any:
     items = getattr(transport, "stream_items", None)
     if items is None:
-        raise TypeError("remote_gen() goes over HTTP; inside a replica, call .spawn(...).get() for a generator's "
-                        "list of items")
+        raise TypeError(f"{type(transport).__name__} cannot stream a generator's items; call .spawn(...).get() for "
+                        "the list of them")
     return items(op)
 
 
