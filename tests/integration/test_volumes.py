@@ -329,9 +329,20 @@ def test_scopes_and_app_patterns_hold_for_volumes(platform, http: httpx.Client, 
         with pytest.raises(EmberError, match="does not exist"), \
                 _transport(platform, team_a["Authorization"].split()[1]) as t:
             deploy(_app(tmp_path, app, other), transport=t, timeout_s=60)
+
+        spy = f"team-b-app-{uuid.uuid4().hex[:4]}"  # team b's app (pushed by an admin) mounting team a's volume
+        with _transport(platform) as t:
+            deploy(_app(tmp_path, spy, mine), transport=t, timeout_s=120)
+        try:
+            assert anon.get(f"/v1/volumes/{mine}", headers=team_a).json()["used_by"] == []  # not named to team a
+            refused = anon.delete(f"/v1/volumes/{mine}", headers=team_a)
+            assert refused.status_code == 409 and spy not in refused.text and "1 other app" in refused.text
+            assert http.get(f"/v1/volumes/{mine}").json()["used_by"] == [spy]
+        finally:
+            http.delete(f"/v1/apps/{spy}")
     assert http.get(f"/v1/volumes/{other}").json()["version"] == 1  # untouched
     http.delete(f"/v1/volumes/{other}")
-    http.delete(f"/v1/volumes/{mine}")
+    wait_for(lambda: http.delete(f"/v1/volumes/{mine}").status_code == 204, 30, "the volume to be removed")
 
 
 def test_the_cli_puts_lists_and_removes_a_volume(platform, ember_cli, tmp_path: Path) -> None:

@@ -62,29 +62,33 @@ async def commit_version(request: Request) -> Response:
         raise ForbiddenError(f"this token's app patterns do not cover the volume name {name!r}", field="volume")
     req = decode_json(_commit_decoder, await read_body(request, platform.settings.max_volume_commit_bytes))
     await platform.volumes.commit(name, req.files, _max_chunk(request))
-    return json_response(platform.volumes.view(name, platform.registry.deployments.items.values()), 201)
+    return json_response(platform.volumes.view(name, platform.registry.deployments.items.values(),
+                                               sees=principal_of(request).sees), 201)
 
 
 async def list_volumes(request: Request) -> Response:
     platform = platform_of(request)
     principal = principal_of(request)
     deployments = list(platform.registry.deployments.items.values())
-    return json_response([platform.volumes.view(n, deployments) for n in platform.volumes.names()
+    return json_response([platform.volumes.view(n, deployments, sees=principal.sees) for n in platform.volumes.names()
                           if principal.sees(n)])
 
 
 async def get_volume(request: Request) -> Response:
     platform = platform_of(request)
     name = _name(request)
-    if not principal_of(request).sees(name):
+    principal = principal_of(request)
+    if not principal.sees(name):
         raise no_such_volume(name)
-    return json_response(platform.volumes.view(name, platform.registry.deployments.items.values(), detail=True))
+    return json_response(platform.volumes.view(name, platform.registry.deployments.items.values(), detail=True,
+                                               sees=principal.sees))
 
 
 async def delete_volume(request: Request) -> Response:
     platform = platform_of(request)
     name = _name(request)
-    if not principal_of(request).sees(name):
+    principal = principal_of(request)
+    if not principal.sees(name):
         raise no_such_volume(name)
-    await platform.volumes.remove(name, platform.registry.deployments.items.values())
+    await platform.volumes.remove(name, platform.registry.deployments.items.values(), principal.sees)
     return Response(status_code=204)

@@ -211,15 +211,19 @@ class VolumeStore:
         last = self.mirror.items.get(f"{name}.last")
         return last if isinstance(last, int) else 0
 
-    async def remove(self, name: str, deployments: Iterable[Deployment]) -> list[str]:
-        """Remove every version of ``name`` (409 while a current deployment mounts it); returns the chunks
-        deleted: its own that no other version uses, and unused ones older than ``grace_s``."""
+    async def remove(self, name: str, deployments: Iterable[Deployment],
+                     sees: Callable[[str], bool] = lambda _: True) -> list[str]:
+        """Remove every version of ``name`` (409 while a current deployment mounts it, naming the apps ``sees``
+        allows); returns the chunks deleted: its own that no other version uses, and unused ones older than
+        ``grace_s``."""
         doomed = self.versions(name)
         if not doomed:
             raise no_such_volume(name)
         users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
         if users:
-            raise ConflictError(f"volume {name!r} is mounted by the current version of {', '.join(users)}: push "
+            shown = [u for u in users if sees(u)] + ([f"{len(users) - sum(map(sees, users))} other app(s)"]
+                                                     if not all(map(sees, users)) else [])
+            raise ConflictError(f"volume {name!r} is mounted by the current version of {', '.join(shown)}: push "
                                 "them without it (or delete them) first", field="volume")
         for v in doomed:
             await self._kv.purge(f"{v.name}.{v.version}")
@@ -251,12 +255,15 @@ class VolumeStore:
 
     # --- views and deployments --------------------------------------------------------------------------------
 
-    def view(self, name: str, deployments: Iterable[Deployment], *, detail: bool = False) -> VolumeView:
+    def view(self, name: str, deployments: Iterable[Deployment], *, detail: bool = False,
+             sees: Callable[[str], bool] = lambda _: True) -> VolumeView:
+        """The volume as a token that ``sees`` some apps is shown it: only those among the apps that mount it."""
         kept = self.versions(name)
         if not kept:
             raise no_such_volume(name)
         last = kept[-1]
-        users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
+        users = sorted(d.app for d in deployments
+                       if sees(d.app) and any(m.name == name for m in mounts_of(d.manifest)))
         return VolumeView(name=name, version=last.version, size=last.size, file_count=len(last.files),
                           created_at=last.created_at, versions=[v.version for v in kept],
                           files=[VolumeFileView(path=f.path, size=f.size) for f in last.files] if detail else [],
