@@ -169,3 +169,13 @@ def test_without_the_package_tracing_stays_off_and_says_why() -> None:
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"on": False}
     assert "ember[tracing]" in proc.stderr
+
+
+def test_the_call_path_imports_nothing_of_opentelemetry_until_tracing_starts() -> None:
+    state = _run("""
+    import json, sys
+    import ember_platform.__main__, ember_platform.gateway.asgi, ember_platform.gateway.relay
+    import ember_runtime.replica.process, ember_runtime.replica.queue_worker
+    print(json.dumps({"otel": sorted(m for m in sys.modules if m.startswith("opentelemetry"))}))
+    """)
+    assert state == {"otel": []}
