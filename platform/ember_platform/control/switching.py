@@ -53,10 +53,10 @@ class Switching:
         """Each app whose version now has its replicas ready takes its traffic (written to KV with compare-and-set:
         every gateway follows)."""
         for dep in list(deployments.values()):
-            if not rollout.rolling_out(dep):
+            if not rollout.rolling_out(dep) or not self.ready(dep):  # not ready: nothing to write, no KV round trip
                 continue
             try:
-                switched = await self.registry.switch_traffic(dep.app, dep, self.ready(dep))
+                switched = await self.registry.switch_traffic(dep.app, dep, True)
             except Exception:
                 log.exception("could not switch the traffic of %s to v%d", dep.app, dep.version)
                 continue
