@@ -22,9 +22,10 @@ COPY platform platform
 COPY runtime runtime
 # The CUDA build of torch first (from PyTorch's wheel index for CUDA 12.4, passed as TORCH_INDEX_URL),
 # so that the gpu extra does not pull another build. A wheel install, not an editable one: /src stays here.
+# The tracing extra too: spans are exported only where OTEL_* variables ask for them (README, "Tracing").
 ARG TORCH_INDEX_URL
 RUN pip install torch ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
-    && pip install '.[gpu]'
+    && pip install '.[gpu,tracing]'
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
