@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
@@ -35,6 +36,7 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 MAX_TRACEPARENT = 256  # version 00 is 55 characters; later versions may add fields
 MAX_TRACESTATE = 512  # the W3C's recommended limit; a longer one is dropped (the trace itself continues)
+FLUSH_LIMIT_S = 5.0  # the most a stopping process waits for its last spans to leave
 _EXPORTERS = ("otlp", "console")
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -132,7 +134,8 @@ def _propagation() -> Any:
 
 
 def shutdown() -> None:
-    """Flush the spans not yet exported and stop the exporter (at a process's exit)."""
+    """Flush the spans not yet exported and stop the exporter (at a process's exit), waiting at most
+    ``FLUSH_LIMIT_S``: a collector that does not answer does not hold a stopping process."""
     global ON
     if not ON:
         return
@@ -140,10 +143,18 @@ def shutdown() -> None:
     from opentelemetry import trace
 
     provider = trace.get_tracer_provider()
-    try:
-        provider.shutdown()  # type: ignore[attr-defined]
-    except Exception as exc:
-        log.warning("flushing the last spans failed: %s", exc)
+
+    def flush() -> None:
+        try:
+            provider.shutdown()  # type: ignore[attr-defined]
+        except Exception as exc:
+            log.warning("flushing the last spans failed: %s", exc)
+
+    flushing = threading.Thread(target=flush, name="ember-trace-flush", daemon=True)
+    flushing.start()
+    flushing.join(FLUSH_LIMIT_S)
+    if flushing.is_alive():
+        log.warning("the last spans were not exported within %g s: they are dropped", FLUSH_LIMIT_S)
 
 
 def parent_from(carrier: Mapping[str, str] | None) -> Any:

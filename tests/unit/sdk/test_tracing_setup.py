@@ -179,3 +179,23 @@ def test_the_call_path_imports_nothing_of_opentelemetry_until_tracing_starts() -
     print(json.dumps({"otel": sorted(m for m in sys.modules if m.startswith("opentelemetry"))}))
     """)
     assert state == {"otel": []}
+
+
+def test_a_collector_that_never_answers_does_not_hold_a_stopping_process() -> None:
+    code = """
+    import json, socket, time
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)  # connections wait in the backlog: nothing ever answers
+    import os
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:%d" % silent.getsockname()[1]
+    from ember import _tracing as tracing
+    tracing.FLUSH_LIMIT_S = 1.0
+    assert tracing.setup("ember-test")
+    tracing.end(tracing.start("ember.call"))
+    started = time.monotonic()
+    tracing.shutdown()
+    print(json.dumps(time.monotonic() - started))
+    """
+    waited = _run(code)
+    assert 0.9 <= waited < 8  # type: ignore[operator]  # unbounded, the exporter alone would wait 10 s
