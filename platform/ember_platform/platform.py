@@ -7,6 +7,7 @@ from pathlib import Path
 from nats.aio.client import Client
 
 from ember.wire import assignment_decoder
+from ember.wire.images import ImageSpec
 from ember.wire.jetstream import KVMirror, StorageLimits, connect
 from ember_platform.auth.bootstrap import bootstrap
 from ember_platform.auth.tokens import TokenStore
@@ -54,7 +55,7 @@ class Platform:
                                    max_value_bytes=StorageLimits.from_env().volumes_kv_max_value_bytes,
                                    max_payload=nc.max_payload)
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
-        self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle)  # images, locked and built at push
+        self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle, self._running_images)  # images
         self.relay = Relay(nc, registry, self.validators, self.router, self.calls, lambda: self.quotas.limiter,
                            registry.stores.assignments, self.streams)  # calls between functions, from replicas
 
@@ -101,6 +102,11 @@ class Platform:
         await self.secrets.stop()
         await self.volumes.stop()
         await self.nc.drain()
+
+    def _running_images(self, app: str) -> list[ImageSpec]:
+        """The locked images of ``app``'s current deployment (a push that did not change one keeps its lock)."""
+        dep = self.registry.deployments.items.get(app)
+        return [s.image for s in dep.manifest.services if s.image is not None] if dep is not None else []
 
     def ready(self) -> bool:
         return self.nc.is_connected

@@ -39,11 +39,12 @@ def plan_images(path: str | Path, app_name: str | None = None) -> ImagePlan:
 
 
 def build_images(transport: Transport, found: ImagePlan, bundle_sha256: str, say: Say,
-                 timeout_s: float = 1800.0) -> Manifest:
+                 timeout_s: float = 1800.0, relock: bool = False) -> Manifest:
     """Have the platform lock and build the app's images and read its manifest inside them; its log is passed to
-    ``say`` line by line. ``InvalidSpecError`` with the platform's reason (uv's, naming the package) if it fails."""
+    ``say`` line by line. ``InvalidSpecError`` with the platform's reason (uv's, naming the package) if it fails.
+    An image the running version has locked is kept as it is, unless ``relock``."""
     body = encoder.encode(BuildStart(bundle_sha256=bundle_sha256, module=found.module, images=found.images,
-                                     inspect_in=found.inspect_in))
+                                     inspect_in=found.inspect_in, relock=relock))
     view = msgspec.json.decode(transport.request("POST", f"/v1/apps/{found.app}/builds", content=body,
                                                  headers={"content-type": "application/json"}).content, type=BuildView)
     say(f"building {len(found.images)} image(s) on node {view.node_id} (build {view.build_id[:8]})")

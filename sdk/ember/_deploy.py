@@ -29,13 +29,15 @@ def inspect_app(path: str | Path, app_name: str | None = None) -> Manifest:
 
 
 def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
-           transport: Transport | None = None, progress: Progress | None = None, canary_percent: int = 0) -> AppView:
+           transport: Transport | None = None, progress: Progress | None = None, canary_percent: int = 0,
+           relock: bool = False) -> AppView:
     """Deploy the app defined in ``path`` and (by default) wait until the new version takes its calls.
 
     The app's folder is the bundle: every file in it but caches and ``.gitignore``d ones. A new version is rolled
     out without downtime: the version before keeps serving until the new one's minimum replicas are ready, then
     drains. With ``canary_percent`` (1 to 99) the new version takes only that share of calls once ready, until
-    ``promote`` or ``rollback``.
+    ``promote`` or ``rollback``. An app with an image has it locked and built on the platform first (see README,
+    "Images"); an image that did not change keeps the running version's lock, unless ``relock``.
 
     Example:
         >>> ember.deploy("examples/hello/hello.py")
@@ -52,7 +54,7 @@ def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, 
                       headers={"content-type": "application/gzip"})
     manifest = found.manifest  # an app with images: read on the platform, inside its image
     if found.images or manifest is None:
-        manifest = build_images(transport, found, bundle.sha256, lambda line: say(line, None))
+        manifest = build_images(transport, found, bundle.sha256, lambda line: say(line, None), relock=relock)
     body = encoder.encode(DeployRequest(bundle_sha256=bundle.sha256, manifest=manifest, canary_percent=canary_percent))
     dep = msgspec.json.decode(
         transport.request("POST", f"/v1/apps/{manifest.app}/deployments", content=body,

@@ -103,6 +103,7 @@ def call(client: Transport, app: str, fn: str) -> dict:
     return client.json("POST", f"/v1/{app}/{fn}", json={})  # type: ignore[no-any-return]
 
 
+@pytest.mark.timeout(420)  # several pushes, each waited for, on a shared machine
 def test_two_apps_pin_two_versions_side_by_side_pushed_from_a_machine_without_the_package(tmp_path, node, client,
                                                                                           wheels):
     assert importlib.util.find_spec(PACKAGE) is None  # this client lacks the package the apps import
@@ -145,6 +146,7 @@ def _refresh_zygote(client: Transport):  # type: ignore[no-untyped-def]
     return next((z for n in status.nodes for z in n.zygotes if z.app == "probe-two" and z.state == "ready"), None)
 
 
+@pytest.mark.timeout(420)  # several pushes, each waited for, on a shared machine
 def test_an_environment_is_built_once_per_node_and_reused_across_versions(tmp_path, node, client, wheels):
     path = write_app(tmp_path / "reuse", "probe-reuse", "2.0", wheels, replicas=2)
     first = ember.deploy(path, transport=client, timeout_s=240)
@@ -202,6 +204,29 @@ def test_another_node_builds_the_same_lock_itself_for_its_replicas(tmp_path, nod
     assert [line.split()[0] for line in built.read_text().splitlines()].count(sha) == 1  # built there, once
     assert {call(client, "probe-spread", "report")["version"] for _ in range(12)} == {"2.0"}
     client.request("DELETE", "/v1/apps/probe-spread")
+
+
+@pytest.mark.timeout(420)  # several pushes, each waited for, on a shared machine
+def test_an_image_that_did_not_change_keeps_its_lock_until_relocked(tmp_path, node, client, wheels):
+    drift = wheels / "drift"  # inside the folder the node allows
+    write_wheel(drift, version="1.0")
+    path = tmp_path / "drift" / "drift_app.py"
+    path.parent.mkdir()
+    path.write_text(f"import ember\nimport {PACKAGE}\n"
+                    f"image = ember.Image(find_links=[{str(drift)!r}], no_index=True).pip_install('{PACKAGE}>=1.0')\n"
+                    "app = ember.App('probe-drift', image=image)\n\n@app.function()\n"
+                    f"def version() -> str:\n    return {PACKAGE}.__version__\n")
+    ember.deploy(path, transport=client, timeout_s=240)
+    assert call(client, "probe-drift", "version") == "1.0"
+    write_wheel(drift, version="3.0")  # a newer release appears on the index
+    path.write_text(path.read_text() + "# a new version of the code, the same image\n")
+    lines: list[str] = []
+    ember.deploy(path, transport=client, timeout_s=240, progress=lambda line, _view: lines.append(line))
+    assert any("the image did not change: keeping the running version's lock" in line for line in lines)
+    assert call(client, "probe-drift", "version") == "1.0"  # what ran before, exactly
+    ember.deploy(path, transport=client, timeout_s=240, relock=True)
+    assert wait_for(lambda: call(client, "probe-drift", "version") == "3.0", timeout_s=60, what="the relocked image")
+    client.request("DELETE", "/v1/apps/probe-drift")
 
 
 def test_a_missing_package_fails_the_push_naming_it(tmp_path, node, client, wheels):

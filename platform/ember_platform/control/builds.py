@@ -19,7 +19,7 @@ import random
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,7 +27,16 @@ import msgspec
 
 from ember._errors import InvalidInputError, NotFoundError, UnavailableError
 from ember.wire import NodeInfo, encoder, subjects
-from ember.wire.images import BuildEvent, BuildRequest, BuildStart, BuildState, BuildView, image_problems
+from ember.wire.images import (
+    BuildEvent,
+    BuildRequest,
+    BuildStart,
+    BuildState,
+    BuildView,
+    ImageSpec,
+    image_problems,
+    same_declaration,
+)
 from ember.wire.validate import MODULE_NAME
 
 log = logging.getLogger("ember.builds")
@@ -65,8 +74,10 @@ class Build:
 
 class Builds:
     def __init__(self, nc: Any, live_nodes: Callable[[], Mapping[str, NodeInfo]],
-                 has_bundle: Callable[[str], Any]) -> None:
+                 has_bundle: Callable[[str], Any],
+                 running: Callable[[str], Iterable[ImageSpec]] = lambda _app: ()) -> None:
         self._nc = nc
+        self._running = running  # an app's locked images, as its current deployment has them
         self._live_nodes = live_nodes
         self._has_bundle = has_bundle
         self._builds: OrderedDict[str, Build] = OrderedDict()
@@ -97,10 +108,16 @@ class Builds:
         build = Build(build_id=secrets.token_hex(16), app=app, node_id=node_id)
         self._keep(build)
         message = BuildRequest(build_id=build.build_id, app=app, bundle_sha256=request.bundle_sha256,
-                               module=request.module, images=request.images, inspect_in=request.inspect_in)
+                               module=request.module, images=request.images, inspect_in=request.inspect_in,
+                               locks=[] if request.relock else self._kept_locks(app, request.images))
         await self._nc.publish(subjects.node_builds(node_id), encoder.encode(message))
         log.info("build %s of %s asked of node %s", build.build_id[:8], app, node_id)
         return build.view(0)
+
+    def _kept_locks(self, app: str, images: list[ImageSpec]) -> list[ImageSpec]:
+        """For each image, the running version's lock of the same declaration, or an empty spec."""
+        running = list(self._running(app))
+        return [next((lock for lock in running if same_declaration(image, lock)), ImageSpec()) for image in images]
 
     def view(self, app: str, build_id: str, since: int) -> BuildView:
         build = self._builds.get(build_id)

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from ember.wire import Manifest, encoder, subjects
-from ember.wire.images import BUILD_ID, MAX_LOG_LINE, SHA256, BuildEvent, BuildRequest, ImageSpec
+from ember.wire.images import BUILD_ID, MAX_LOG_LINE, SHA256, BuildEvent, BuildRequest, ImageSpec, same_declaration
 from ember.wire.validate import APP_NAME, MODULE_NAME, manifest_problems
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.envs import BuildError, Env, EnvCache
@@ -93,7 +93,13 @@ class Builder:
         envs: list[Env] = []
         for i, image in enumerate(request.images):
             say(f"image {i + 1}/{len(request.images)}: {', '.join(image.packages) or 'no packages'}")
-            locked.append(await self._cache.lock(image, say))
+            kept = request.locks[i] if i < len(request.locks) else None
+            if kept is not None and same_declaration(image, kept):  # the running version's: what runs now
+                locked.append(msgspec.structs.replace(kept, env=image.env))
+                say(f"the image did not change: keeping the running version's lock {kept.sha256[:12]} "
+                    "(`ember push --relock` resolves it again)")
+            else:
+                locked.append(await self._cache.lock(image, say))
             say(f"locked as {locked[-1].sha256[:12]}: " + ", ".join(
                 line.split(" ")[0] for line in locked[-1].lock.splitlines() if "==" in line))
             envs.append(await self._cache.ensure(locked[-1], say))

@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--canary", type=_percent, default=0, metavar="PERCENT",
                    help="roll the new version out as a canary taking PERCENT (1-99) of the calls, until "
                         "`ember promote` or `ember rollback`")
+    p.add_argument("--relock", action="store_true",
+                   help="resolve the app's images again, even those that did not change since the running version")
     p.set_defaults(run=run)
 
 
@@ -35,20 +37,20 @@ def _percent(raw: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     view = push_app(args.app_file, app_name=args.app_name, wait=not args.no_wait, timeout_s=args.timeout,
-                    canary_percent=args.canary)
+                    canary_percent=args.canary, relock=args.relock)
     print_endpoints(view)
     return 0
 
 
 def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
-             canary_percent: int = 0) -> AppView:
+             canary_percent: int = 0, relock: bool = False) -> AppView:
     started = time.monotonic()
 
     def progress(message: str, _view: AppView | None) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     return deploy(path, app_name=app_name, wait=wait, timeout_s=timeout_s, progress=progress,
-                  canary_percent=canary_percent)
+                  canary_percent=canary_percent, relock=relock)
 
 
 def print_endpoints(view: AppView) -> None:

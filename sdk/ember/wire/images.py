@@ -86,6 +86,16 @@ def image_hash(image: ImageSpec) -> str:
     return hashlib.sha256(canonical).hexdigest()
 
 
+def same_declaration(declared: ImageSpec, locked: ImageSpec) -> bool:
+    """Whether ``locked`` is a lock of ``declared`` (an image that names no Python version gets the node's)."""
+    if not locked.locked:
+        return False
+    mine = declared.declared()
+    if not mine.python:
+        mine = msgspec.structs.replace(mine, python=locked.python)
+    return mine == locked.declared()
+
+
 def package_problem(spec: object) -> str | None:
     """Why ``spec`` is not a requirement an image may name (None: it is one)."""
     if not isinstance(spec, str) or not spec.strip():
@@ -223,6 +233,9 @@ class BuildRequest(msgspec.Struct, frozen=True, kw_only=True):
     module: str
     images: list[ImageSpec]  # declared (unlocked), each once
     inspect_in: int = 0  # which of ``images`` the app is imported in to read its manifest
+    # per image: the lock the running version has for the same declaration (kept: a push that did not change an
+    # image installs what runs now), or an empty ImageSpec (lock it)
+    locks: list[ImageSpec] = []
 
 
 class BuildEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -242,6 +255,7 @@ class BuildStart(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     module: str
     images: list[ImageSpec]
     inspect_in: int = 0
+    relock: bool = False  # resolve every image again, even one the running version has a lock for
 
 
 class BuildView(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,7 +11,7 @@ import pytest
 
 import ember
 from ember._plan import ImagePlan
-from ember.wire.images import ImageSpec, image_hash, image_problems, lock_pins
+from ember.wire.images import ImageSpec, image_hash, image_problems, lock_pins, same_declaration
 from ember.wire.validate import manifest_problems
 
 
@@ -174,3 +174,14 @@ def test_the_stand_ins_leave_the_standard_library_and_ember_alone(tmp_path):
         done = subprocess.run([sys.executable, "-m", "ember._inspect", "--images", str(path)], capture_output=True,
                               check=False, cwd=tmp_path)
         assert done.returncode != 0 and missing.encode() in done.stderr  # a real error, not a stand-in
+
+
+def test_a_lock_is_of_a_declaration_when_all_but_the_lock_and_variables_agree():
+    declared = ember.Image(find_links=["https://wheels.example/"]).pip_install("x>=1").spec
+    locked = msgspec.structs.replace(declared, python="3.11", lock="x==1.2 \\\n    --hash=sha256:ab\n", env={"A": "1"})
+    locked = msgspec.structs.replace(locked, sha256=image_hash(locked))
+    assert same_declaration(declared, locked)  # no Python named: the node's, as locked
+    assert same_declaration(msgspec.structs.replace(declared, env={"B": "2"}), locked)  # variables are not installed
+    assert not same_declaration(ember.Image(python="3.12").pip_install("x>=1").spec, locked)
+    assert not same_declaration(ember.Image().pip_install("x>=1", "y").spec, locked)
+    assert not same_declaration(declared, msgspec.structs.replace(locked, lock="", sha256=""))
