@@ -198,6 +198,8 @@ class ControlLoop:
             if (dep.app, svc.name) in targets:
                 requests += self._isolated(dep, svc, functools.partial(
                     self._reconcile_service, plan, dep, svc, targets[(dep.app, svc.name)]), last=True) or []
+        requests += [_request(at, svc, i) for at, svc, i in self.switching.missing(plan, deployments)
+                     if (at.app, svc.name) in self.services]  # a version serving beside a rollout keeps its minimum
         snapshot = _snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
         self._rebalance(plan, snapshot, unplaced, deployments, now)
@@ -271,12 +273,7 @@ class ControlLoop:
         used = {s.index for s in current}
         free = (i for i in range(10_000) if i not in used)
         missing = [next(free) for _ in range(target - count)]
-        return [(_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, i)),
-                 SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=i,
-                                bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
-                                startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets),
-                                volumes=svc.volumes, image=svc.image))
-                for i in missing]
+        return [_request(dep, svc, i) for i in missing]
 
     def _target(self, state: ServiceState, dep: Deployment, svc: ServiceSpec,
                 replicas: dict[str, ReplicaStatus], now: float) -> int:
@@ -416,6 +413,15 @@ _NONE: Any = _Absent()
 
 def _replica_id(app: str, service: str, version: int, index: int) -> str:
     return f"{app}-{service}-v{version}-{index}-{uuid.uuid4().hex[:6]}"
+
+
+def _request(dep: Deployment, svc: ServiceSpec, index: int) -> tuple[PlacementRequest, SlotAssignment]:
+    """What placing replica ``index`` of ``dep``'s version of ``svc`` asks, and the slot it fills."""
+    return (_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, index)),
+            SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=index,
+                           bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
+                           startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets), volumes=svc.volumes,
+                           image=svc.image))
 
 
 def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:

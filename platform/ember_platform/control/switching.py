@@ -82,6 +82,21 @@ class Switching:
                 backlog[(app, version)] = self.pinned.get((app, version), 0)
         self.pinned = backlog
 
+    def missing(self, plan: Plan, deployments: dict[str, Deployment]) -> list[tuple[Deployment, ServiceSpec, int]]:
+        """The replicas that a version serving beside the one being rolled out (the stable version of a canary, the
+        version a rollout replaces) lacks of its own ``min_replicas`` (one crashed for good, its node was lost): it
+        still takes calls, so it keeps its guarantee. Each is (that version's deployment, service, free index)."""
+        lacking: list[tuple[Deployment, ServiceSpec, int]] = []
+        for dep in deployments.values():
+            beside = [at for s in dep.serving() if s.version != dep.version and (at := dep.at(s.version)) is not None]
+            for at in beside:
+                for svc in at.manifest.services:
+                    mine = [s.index for slots in plan.values() for s in slots
+                            if (s.app, s.service, s.version) == (at.app, svc.name, at.version)]
+                    free = (i for i in range(10_000) if i not in mine)
+                    lacking += [(at, svc, next(free)) for _ in range(at.bounds(svc)[0] - len(mine))]
+        return lacking
+
     def drop_gone(self, plan: Plan, dep: Deployment, now: float) -> None:
         """The replicas of ``dep``'s app whose version neither takes its traffic nor is rolled out go, once the
         traffic switched ``DRAIN_GRACE_S`` ago (each drains: what it holds finishes, queued calls go back to the
