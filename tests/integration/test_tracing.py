@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -265,3 +266,22 @@ def test_a_streamed_call_is_traced_until_its_last_item(traced: Traced) -> None:
     assert gateway.parent_id == client_span and replica_call.parent_id == gateway.span_id
     assert replica_call.attributes["ember.stream"] is True and replica_call.attributes["ember.function"] == "count"
     assert run.end_ns <= replica_call.end_ns  # the call's span ends with the stream, after the generator's run
+
+
+def test_a_control_plane_with_tracing_off_sends_no_spans_and_carries_no_context(
+        traced: Traced, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", traced.otlp.endpoint)
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # off, whatever else is set
+    url = traced.platform.add_control_plane("untraced")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_ENDPOINT")
+    monkeypatch.delenv("OTEL_SDK_DISABLED")
+    trace_id, client_span = client_parent()
+    answer = traced.http.post(f"{url}/v1/traced/work", json=1,
+                              headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert answer.status_code == 200 and answer.json() == 2
+    call_id = answer.headers["x-ember-call-id"]
+    # The (traced) replica still traces the call, in a trace of its own: nothing came from the control plane.
+    replica_call = wait_for(lambda: traced.one("ember.call", call_id), timeout_s=30, what="the replica's span")
+    assert replica_call.parent_id == "" and replica_call.trace_id != trace_id
+    time.sleep(1.0)  # ten export periods: a span the control plane had made would be here by now
+    assert not traced.spans_of(trace_id) and traced.one("ember.gateway", call_id) is None
