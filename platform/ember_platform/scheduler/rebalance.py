@@ -173,8 +173,8 @@ def _rehome(usage: Usage, item: PlacementRequest, plan: Plan, templates: Mapping
 
     A victim goes only into a GPU that is in use already: making room never takes an empty GPU, which
     another large replica may need as much (so whole-GPU and multi-GPU replicas never move for room).
-    The pending replica's room is held by a stand-in reservation (over the victims until they leave),
-    so that no victim, and no later move of this call, is put there.
+    The pending replica's room is held by a stand-in reservation (over the victims, which stay held too: they
+    run until their replacements are ready), so that no victim, and no later move of this call, is put there.
     """
     held = binding_for(usage.cluster, item, plan.choice, ()).reservation()
     usage.add(held)
@@ -191,9 +191,7 @@ def _rehome(usage: Usage, item: PlacementRequest, plan: Plan, templates: Mapping
         binding = binding_for(usage.cluster, request, choice, ())
         usage.add(binding.reservation())
         moves.append(Move(replica_id=victim_id, binding=binding, reason="room", room_for=item.function))
-    for victim_id in plan.preempts:
-        usage.remove(victim_id)
-    return moves
+    return moves  # the victims stay in ``usage``: they run until their replacements are ready
 
 
 # --- spread ----------------------------------------------------------------------------------------
@@ -218,11 +216,9 @@ def _spread(usage: Usage, templates: Mapping[str, PlacementRequest], may_move: C
         if old is None or not _room_elsewhere(usage, function, template, crowd):
             continue
         tries += 1
-        usage.remove(old.replica_id)
         request = msgspec.structs.replace(template, replica_id=new_id(old.replica_id))
-        choice = fit(usage, request)
+        choice = fit(usage, request)  # with ``old`` still held: it runs until its replacement is ready
         if choice is None or usage.replicas_on_node(function, choice.nid) >= crowd - 1:
-            usage.add(old)
             continue
         binding = binding_for(usage.cluster, request, choice, ())
         usage.add(binding.reservation())

@@ -140,6 +140,20 @@ def test_moves_for_one_pending_replica_do_not_take_the_room_made_for_another() -
     assert isinstance(placed, Binding) and placed.node_id == "c"
 
 
+def test_room_left_over_by_a_victim_is_not_free_while_it_still_runs() -> None:
+    """Moving "v" (16 GB) off a's GPU makes room for "p" (12 GB) with 4 GB to spare; but "v" runs there until its
+    replacement on b is ready, so the spread move of k that follows in the same pass may not take those 4 GB."""
+    s = snap(node("a", A10G), node("b", A10G), node("c", A10G), reservations=[
+        held("v", "a", "GPU-a-0", 16384, function="g"), held("w", "a", "GPU-a-0", 8192, function="h"),
+        held("k-1", "b", "GPU-b-0", 4096, function="k"), held("k-2", "b", "GPU-b-0", 4096, function="k")])
+    pending = req("p", 12288, function="p")
+    moves = moves_of(s, [pending])
+    assert [(m.replica_id, m.reason) for m in moves][:1] == [("v", "room")]
+    during, done = after_moves(s, moves)
+    assert_fits(during)
+    assert_fits(done)
+
+
 # --- spread -----------------------------------------------------------------------------------------
 
 
