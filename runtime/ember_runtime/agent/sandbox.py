@@ -156,7 +156,7 @@ class Sandbox:
         for root in self.python_roots:
             args += ["--ro-bind", str(root), str(root)]
         for path in jail.readonly:
-            if not any(path.is_relative_to(root) for root in self.python_roots):
+            if not _is_system(path) and not any(path.is_relative_to(root) for root in self.python_roots):
                 args += ["--ro-bind", str(path), str(path)]
         for device in jail.devices:
             args += ["--dev-bind-try", device, device]

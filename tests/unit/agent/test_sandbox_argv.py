@@ -140,3 +140,15 @@ def test_a_bwrap_that_cannot_make_a_sandbox_here_gives_way_to_the_next(monkeypat
     working.chmod(0o755)
     monkeypatch.setattr(sandbox, "bwrap_candidates", lambda: [str(broken), str(working)])
     assert Sandbox.for_node("required").bwrap == str(working)
+
+
+def test_an_images_environment_is_bound_read_only_and_nothing_twice(tmp_path: Path) -> None:
+    env = tmp_path / "envs" / ("a" * 64)
+    layer = tmp_path / "envs" / "runtime" / "k"
+    inside_python = sandbox.python_roots()[0] / "lib"  # already seen through a Python root
+    argv = _argv(Jail(bundle=tmp_path, readonly=(env, layer, Path("/usr"), inside_python)))
+    binds = _pairs(argv, "--ro-bind")
+    assert (str(env), str(env)) in binds and (str(layer), str(layer)) in binds
+    assert binds.count(("/usr", "/usr")) <= 1 and (str(inside_python), str(inside_python)) not in binds
+    assert (str(env), str(env)) not in _pairs(argv, "--bind")  # never writable
+    assert (str(env), str(env)) not in _pairs(_argv(Jail(bundle=tmp_path)), "--ro-bind")  # only for its image
