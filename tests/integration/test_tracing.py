@@ -17,11 +17,12 @@ import pytest
 from support.auth import authed_client
 from support.natsconn import connect as admin_connect
 from support.otlp import CONSUMER, ERROR, SERVER, Receiver, Span
+from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
 
 from ember._client import Transport
-from ember._deploy import deploy
+from ember._deploy import app_view, deploy
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -285,3 +286,23 @@ def test_a_control_plane_with_tracing_off_sends_no_spans_and_carries_no_context(
     assert replica_call.parent_id == "" and replica_call.trace_id != trace_id
     time.sleep(1.0)  # ten export periods: a span the control plane had made would be here by now
     assert not traced.spans_of(trace_id) and traced.one("ember.gateway", call_id) is None
+
+
+def test_a_replica_forked_from_a_zygote_traces_too(traced: Traced, tmp_path: Path) -> None:
+    app_file = tmp_path / "snapper.py"
+    app_file.write_text((TEST_APPS / "snap" / "snapper.py").read_text())
+    transport = Transport(traced.platform.url, token=traced.platform.token)
+    try:
+        deploy(app_file, transport=transport, timeout_s=180)
+        replicas = [r for s in app_view(transport, "snapper").services for r in s.replicas if r.state == "ready"]
+    finally:
+        transport.close()
+    assert replicas and all(r.start is not None and r.start.kind == "zygote" for r in replicas)
+    trace_id, client_span = client_parent()
+    answer = traced.http.post("/v1/snapper/Model.predict", json=[0.5, -1.0, 2.0, 0.25],
+                              headers={"traceparent": f"00-{trace_id}-{client_span}-01"})
+    assert answer.status_code == 200, answer.text
+    replica_call = wait_for(lambda: traced.one("ember.call", trace_id=trace_id), timeout_s=30, what="the fork's span")
+    gateway = traced.one("ember.gateway", trace_id=trace_id)
+    assert gateway is not None and replica_call.parent_id == gateway.span_id
+    assert replica_call.resource["ember.replica_id"] in {r.replica_id for r in replicas}
