@@ -253,8 +253,9 @@ def test_a_node_refuses_a_version_whose_paths_climb_out(platform, http: httpx.Cl
                             files=[VolumeFile(path="../../escaped", size=5, chunks=[sha])])
     asyncio.run(_overwrite(platform.nats_url, f"{name}.1", encoder.encode(hostile)))
     app = f"sneaky-app-{uuid.uuid4().hex[:4]}"
-    with _transport(platform) as t, pytest.raises(EmberError, match="file path"):
-        deploy(_app(tmp_path, app, name), transport=t, timeout_s=60)
+    with _transport(platform) as t:
+        deploy(_app(tmp_path, app, name), transport=t, wait=False)
+    wait_for(lambda: "file path" in http.get(f"/v1/apps/{app}").text, 30, "the replica to say why it cannot start")
     http.delete(f"/v1/apps/{app}")
     assert not escape.exists() and not _cache(platform, name).exists()
 
@@ -402,3 +403,30 @@ def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx
     assert http.get(f"/v1/volumes/{name}").json()["version"] == 1
     assert http.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}).json()["missing"] == []
     http.delete(f"/v1/volumes/{name}")
+
+
+def test_a_node_refuses_a_chunk_whose_bytes_are_not_its_address(platform, http: httpx.Client,
+                                                                  tmp_path: Path) -> None:
+    """A chunk swapped in the store behind the platform's back (as only the control plane could): the node hashes
+    what it fetched, refuses it, and the replica is not started."""
+    meant, swapped = b"the weights", b"evil bytes!"
+    sha = hashlib.sha256(meant).hexdigest()
+    asyncio.run(_store_object(platform.nats_url, sha, swapped))  # same size, other bytes
+    name = f"swapped-{uuid.uuid4().hex[:6]}"
+    files = {"files": [{"path": "w", "size": len(meant), "chunks": [sha]}]}
+    assert http.post(f"/v1/volumes/{name}/versions", json=files).status_code == 201
+    app = f"swapped-app-{uuid.uuid4().hex[:4]}"
+    with _transport(platform) as t:
+        deploy(_app(tmp_path, app, name), transport=t, wait=False)
+    wait_for(lambda: "hashes to" in http.get(f"/v1/apps/{app}").text, 30, "the replica to say why it cannot start")
+    http.delete(f"/v1/apps/{app}")
+    assert not _cache(platform, name).exists()
+    wait_for(lambda: http.delete(f"/v1/volumes/{name}").status_code == 204, 30, "the volume to be removed")
+
+
+async def _store_object(url: str, name: str, data: bytes) -> None:
+    nc = await admin_connect(url)
+    try:
+        await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).put(name, data)
+    finally:
+        await nc.close()
