@@ -45,11 +45,9 @@ def begin(spans: Sequence[Any], function: str, size: int) -> BatchSpans | None:
     return BatchSpans(batch, run, tracing.activate(run))
 
 
-def end(spans: BatchSpans, failed: int | None = None) -> None:
-    """End the batch's spans (``failed``: how many of its calls failed, when known)."""
+def end(spans: BatchSpans) -> None:
+    """End the batch's spans (each call's outcome is on its own ``ember.call``)."""
     tracing.deactivate(spans.token)
-    if failed is not None:
-        spans.run.set_attribute("ember.batch.failed", failed)
     tracing.end(spans.run)
     tracing.end(spans.batch)
 
