@@ -73,6 +73,19 @@ class Registry:
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self._follow_logs()
+        await self._pinned_queues_of_running_versions()
+
+    async def _pinned_queues_of_running_versions(self) -> None:
+        """Every running version has its pinned queues (those deployed before pinned calls existed get them now, so
+        that their replicas find what they pull)."""
+        for dep in list(self.deployments.items.values()):
+            for version in sorted(dep.running()):
+                at = dep.at(version)
+                try:
+                    if at is not None:
+                        await self.calls.ensure_pinned(at.manifest, version)
+                except Exception:  # the app's replicas retry binding; its spawns pinned to it would fail
+                    log.exception("could not create the pinned queues of %s v%d", dep.app, version)
 
     async def _follow_logs(self) -> Any:
         """The replicas' output from the ``EMBER_LOGS`` stream: the last ``LOG_REPLAY_S`` of it first (so that
