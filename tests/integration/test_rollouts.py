@@ -292,14 +292,19 @@ def test_a_version_scaled_from_zero_is_replaced_warm(platform: EmbeddedPlatform,
 
 
 def test_every_control_plane_routes_alike(platform: TestPlatform, transport: Transport, http: httpx.Client,
-                                          tmp_path: Path) -> None:
+                                          ember_cli, tmp_path: Path) -> None:
     """The traffic split lives in the deployments KV: a second control plane (a standby) answers the same shares,
     takes a rollback, and routes pinned and unpinned calls as the first does."""
     app = "twocp"
     source = tmp_path / f"{app}.py"
-    for label in ("a", "b"):
-        source.write_text(SOURCE.format(app=app, version=label, setup_s=0, min_replicas=1))
-        deploy(source, transport=transport, timeout_s=120, canary_percent=50 if label == "b" else 0)
+    source.write_text(SOURCE.format(app=app, version="a", setup_s=0, min_replicas=1))
+    deploy(source, transport=transport, timeout_s=120)
+    source.write_text(SOURCE.format(app=app, version="b", setup_s=0, min_replicas=1))
+    for bad in ("0", "100", "x", "-5"):
+        refused = ember_cli("push", str(source), "--canary", bad, url=platform.url, check=False)
+        assert refused.returncode == 2 and "share of calls from 1 to 99" in refused.stderr, refused.stderr
+    pushed = ember_cli("push", str(source), "--canary", "50%", url=platform.url).stdout
+    assert "twocp v2 is deployed (traffic: v1 50%, v2 50% (canary))" in pushed, pushed
     url = platform.add_control_plane("rollouts-cp2")
     try:
         with httpx.Client(base_url=url, headers=bearer(platform.token), timeout=60) as other:

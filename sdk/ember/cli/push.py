@@ -8,6 +8,7 @@ import time
 
 from ember._client import platform_url
 from ember._deploy import deploy
+from ember.cli.rollout import traffic
 from ember.wire import AppView
 
 
@@ -55,8 +56,7 @@ def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeo
 
 def print_endpoints(view: AppView) -> None:
     url = platform_url()
-    shares = ", ".join(f"v{v.version} {v.percent}%" for v in view.versions if v.percent)
-    print(f"{view.app} v{view.version} is deployed" + (f" (traffic: {shares})" if shares else "") + ":")
+    print(f"{view.app} v{view.version} is deployed" + (f" (traffic: {traffic(view)})" if view.versions else "") + ":")
     for svc in view.services:
         for fn in svc.functions:
             print(f"  POST {url}/v1/{view.app}/{fn}")
