@@ -51,7 +51,7 @@ class Platform:
         self.first_token: str | None = None  # an installation's first admin token, created by this start
         fernet = read_key(Path(settings.secrets_key_file)) if settings.secrets_key_file else None
         self.secrets = SecretStore(registry.stores.secrets, fernet)
-        self.volumes = VolumeStore(registry.stores.volumes, registry.stores.volume_chunks,
+        self.volumes = VolumeStore(registry.stores.volumes, registry.stores.volume_chunks, nc.jetstream(),
                                    max_value_bytes=StorageLimits.from_env().volumes_kv_max_value_bytes,
                                    max_payload=nc.max_payload)
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)

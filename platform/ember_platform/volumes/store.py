@@ -18,11 +18,12 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
 import msgspec
-from nats.js import api
+from nats.js import JetStreamContext, api
 from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
@@ -57,10 +58,11 @@ def object_chunk_bytes(max_payload: int) -> int:
 
 
 class VolumeStore:
-    def __init__(self, kv: KeyValue, chunks: ObjectStore, *, max_value_bytes: int, max_payload: int,
-                 grace_s: float = GC_GRACE_S) -> None:
+    def __init__(self, kv: KeyValue, chunks: ObjectStore, js: JetStreamContext, *, max_value_bytes: int,
+                 max_payload: int, grace_s: float = GC_GRACE_S) -> None:
         self._kv = kv
         self._chunks = chunks
+        self._js = js
         self._max_value_bytes = max_value_bytes
         self._chunk_meta = api.ObjectMetaOptions(max_chunk_size=object_chunk_bytes(max_payload))
         self.grace_s = grace_s
@@ -110,9 +112,9 @@ class VolumeStore:
         """Write ``data`` as the object ``sha``, exactly as the object store's ``put`` would (its messages on
         ``$O.<bucket>.C.<nuid>``, then its info on ``$O.<bucket>.M.<name>``), but its messages published together
         and its digest the sha256 already checked: one hash and one round trip less than ``put``, no lookup."""
-        js = self._chunks._js
+        js = self._js
         bucket = subjects.VOLUME_CHUNKS_STORE
-        nuid = js._nc._nuid.next().decode()
+        nuid = uuid.uuid4().hex  # the object's messages' subject: unique, so a rewrite never mixes with them
         size = self._chunk_meta.max_chunk_size or len(data)
         parts = [data[i:i + size] for i in range(0, len(data), size)] or [b""]
         chunk_subject = f"$O.{bucket}.C.{nuid}"
