@@ -16,7 +16,7 @@ import ember
 from ember.backends import torch as et
 
 app = ember.App("digits")
-WEIGHTS = ember.Volume("digits-weights")  # see volume.py
+WEIGHTS = ember.Volume("digits-weights")  # `ember volume put digits-weights examples/digits/weights.pt`
 BATCH = ember.Batch(max_size=32, window_ms=5)
 
 
