@@ -44,7 +44,7 @@ from ember._volume import put_volume
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import VolumeMount, subjects
 from ember.wire.jetstream import connect, object_stream
-from ember_runtime.agent.volumes import VolumeCache
+from ember_runtime.agent.volumes import VolumeCache, widen_nats_reads
 
 MB = 1024 * 1024
 APP = '''import os
@@ -68,6 +68,7 @@ def random_file(path: Path, mb: int) -> None:
 
 
 async def fetch(url: str, creds: object, root: Path, name: str) -> float:
+    widen_nats_reads()  # as the node agent does
     nc = await connect(url, "bench-volumes", creds)  # type: ignore[arg-type]
     try:
         js = nc.jetstream()

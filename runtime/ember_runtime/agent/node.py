@@ -44,7 +44,7 @@ from ember_runtime.agent.images import NodeImages
 from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
-from ember_runtime.agent.volumes import VolumeCache
+from ember_runtime.agent.volumes import VolumeCache, widen_nats_reads
 from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
 
 log = logging.getLogger("ember.agent")
@@ -99,6 +99,7 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
+        widen_nats_reads()  # before it connects: volumes' chunks come in messages of megabytes
         nc = await connect(self.nats_url, f"ember-agent-{self.node_id}", self.creds, wait_s=-1)
         stores = await _open_buckets(nc, stop)
         if stores is None:  # stopped before the control plane came
