@@ -36,7 +36,7 @@ app = ember.App("traced")
 
 @app.function(batch=ember.Batch(max_size=8, window_ms=50))
 def work(items: list[int]) -> list[int]:
-    time.sleep(0.4)  # the calls that come meanwhile wait, and run together in the next batch
+    time.sleep(1.0)  # the calls that come meanwhile wait, and run together in the next batch
     return [i * 2 for i in items]
 
 
