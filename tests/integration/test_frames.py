@@ -158,6 +158,19 @@ def test_a_replica_answers_a_frame_in_one_message(hello, platform, transport):
     assert {a.batch_size for a in answers} == {8}
 
 
+def test_an_unbatched_functions_calls_of_one_frame_are_answered_in_one_message(hello, platform, transport):
+    """An unbatched function's calls that arrive together run one by one in one hop to the model thread and come
+    back together: one message of answers, each its own call's, each a batch of one."""
+    calls = [Invocation(call_id=f"a-{i}", function="add", deadline=time.time() + 30,
+                        input=msgspec.Raw(b'{"a":%d,"b":1}' % i)) for i in range(8)]
+    messages = asyncio.run(_exchange(platform, transport, "hello", "add", calls))
+    with_answers = [m for m in messages if any(not a.ack for a in m)]
+    assert len(with_answers) == 1
+    (answers,) = with_answers
+    assert {a.call_id: json.loads(bytes(a.output)) for a in answers} == {f"a-{i}": i + 1 for i in range(8)}
+    assert {a.batch_size for a in answers} == {1}
+
+
 async def _exchange(platform, transport, app: str, function: str,  # type: ignore[no-untyped-def]
                     calls: list[Invocation]) -> list[list[Answer]]:
     """Send ``calls`` in one frame to the app's replicas, as the gateway would; the messages that came back,

@@ -10,6 +10,11 @@ calls are dropped; a failing batch is bisected so that only the inputs at fault 
 With ``slots`` above one (a function's ``max_concurrency``), up to that many batches run at once: on the
 executor's threads for sync code, as tasks on the event loop for ``async def`` code (``run`` returning a
 coroutine), which never touches the executor.
+
+An unbatched function (``run_ready`` above one) still runs each call alone, but the calls that are ready when the
+executor is free run back to back in one hop to its thread (each with its own context, deadline check and
+failure), for up to ``RUN_READY_BUDGET_S``; the rest go back to the queue, first in line. Their answers leave
+together, in one frame per caller.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from ember_runtime.batching.stats import BatcherMetrics
 PRIORITY_RANK = {"interactive": 0, "batch": 1}
 Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
 _GAP_SMOOTHING = 0.2
+RUN_READY_BUDGET_S = 0.005  # one hop runs ready unbatched calls back to back for at most this long
 
 
 @dataclass(eq=False)
@@ -69,8 +75,11 @@ class Batcher:
                  executor: Executor, max_queue: int = 1024, max_cost: float | None = None,
                  latency_budget_s: float | None = None, cost_model: CostModel | None = None,
                  group_by_cost: bool = False, name: str = "batcher", slots: int = 1,
-                 serving: Callable[[list[Call]], AbstractContextManager[Any]] | None = None) -> None:
+                 serving: Callable[[list[Call]], AbstractContextManager[Any]] | None = None,
+                 run_ready: int = 1) -> None:
         self.name = name
+        # ready calls of an unbatched function one hop may run, each alone (sync code, one slot, batches of one)
+        self.run_ready = run_ready if max_size == 1 and slots == 1 and not inspect.iscoroutinefunction(run) else 1
         self._serving = serving or (lambda _batch: contextlib.nullcontext())
         self.limits = Limits(max_size=max_size, window_s=window_s, max_cost=max_cost,
                              latency_budget_s=latency_budget_s)
@@ -153,8 +162,9 @@ class Batcher:
 
     @property
     def vacancy(self) -> int:
-        """Calls that could start now beyond those queued: free slots times the batch size."""
-        return self.capacity * self.slots - len(self._heap) - self.in_flight
+        """Calls that could start now beyond those queued: free slots times the batch size (an unbatched function's
+        next hop may run ``run_ready`` calls)."""
+        return max(self.capacity, self.run_ready) * self.slots - len(self._heap) - self.in_flight
 
     def _note_arrival(self, now: float) -> None:
         if self._last_arrival is not None:
@@ -167,12 +177,15 @@ class Batcher:
         if not self.model.fitted or not math.isfinite(call.deadline):
             return
         now = time.monotonic()
+        cap = self.capacity
+        left = call.deadline_mono() - now
+        # With every queued call ahead of it, it would still finish in time: no need to count those really ahead.
+        if self._busy_left(now) + (len(self._heap) // (cap * self.slots) + 1) * self.model.predict(cap) <= left:
+            return
         key = (PRIORITY_RANK.get(call.priority, 0), call.deadline)
         ahead = sum(1 for rank, deadline, _, c in self._heap if (rank, deadline) <= key and not c.cancelled)
-        cap = self.capacity
         start = now + self._busy_left(now) + (ahead // (cap * self.slots)) * self.model.predict(cap)
         finish = start + self.model.predict(min(cap, ahead % cap + 1))
-        left = call.deadline_mono() - now
         if finish - now > left:
             self.metrics.rejected += 1
             raise OverloadedError(
@@ -221,6 +234,8 @@ class Batcher:
                 task.add_done_callback(self._tasks.discard)
 
     def _hold_for(self, now: float) -> float:
+        if self.limits.window_s <= 0 or (self.capacity == 1 and self._heap):
+            return 0.0  # no window (an unbatched function's): nothing to wait for
         live = [c for *_, c in self._heap if not c.cancelled]
         if not live:
             return 0.0
@@ -266,7 +281,8 @@ class Batcher:
         batch: list[Call] = []
         cost = 0.0
         now = time.time()
-        while self._heap and len(batch) < self.capacity:
+        limit = max(self.capacity, self.run_ready)
+        while self._heap and len(batch) < limit:
             call = self._heap[0][3]
             if call.cancelled:
                 heapq.heappop(self._heap)
@@ -281,12 +297,16 @@ class Batcher:
             if batch and self.limits.max_cost is not None and cost + call.cost > self.limits.max_cost:
                 break
             heapq.heappop(self._heap)
-            self._by_id.pop(call.call_id, None)
+            if self.run_ready == 1:  # otherwise it may still be cancelled until its turn in the hop (_execute_each)
+                self._by_id.pop(call.call_id, None)
             batch.append(call)
             cost += call.cost
         return batch
 
     async def _execute(self, batch: list[Call], begun: tuple[int, float]) -> None:
+        if self.run_ready > 1:
+            await self._execute_each(batch, begun)
+            return
         number, started = begun
         traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
             if tracing.ON else None
@@ -311,6 +331,58 @@ class Batcher:
             if not outcome.ok:
                 self.metrics.failed += 1
             await call.answer(outcome.value, outcome.error, len(batch))
+
+    async def _execute_each(self, batch: list[Call], begun: tuple[int, float]) -> None:
+        """Ready calls of an unbatched function: one hop to the executor runs them one after the other (see
+        ``_run_each``); those it had no time for go back to the queue. Each counts as a batch of one."""
+        number, started = begun
+        traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
+            if tracing.ON else None
+        try:
+            ran = await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
+                                                                   self._run_each, batch)
+        finally:
+            self._end(number)
+            if traced is not None:
+                spans.end(traced)
+        for call in batch[len(ran):]:
+            self._push(call)  # first in line again: their seq and deadline are unchanged
+        if len(ran) < len(batch):
+            self._wake.set()
+        for call, (what, outcome, seconds) in zip(batch, ran, strict=False):
+            self._by_id.pop(call.call_id, None)
+            if what == "cancelled":
+                continue  # nobody waits for it
+            if what == "expired":
+                self.metrics.expired += 1
+            else:
+                if what == "clean":
+                    self.model.observe(1, seconds)
+                self.metrics.observe_batch(1, 1, seconds, [started - call.enqueued_at])
+                self.metrics.failed += not outcome.ok
+            await call.answer(outcome.value, outcome.error, 1)
+
+    def _run_each(self, batch: list[Call]) -> list[tuple[str, Outcome, float]]:
+        """On the executor thread: run the calls one by one, each alone and in its own ``serving`` context, until
+        ``RUN_READY_BUDGET_S`` has passed (always the first). A call past its deadline is not run ("expired"), a
+        cancelled one is skipped ("cancelled"); the others "clean" or "ran" (failed, or split after running out of
+        memory: no fair timing). Returns (what, outcome, seconds) of the calls it got to, in order."""
+        first = time.monotonic()
+        ran: list[tuple[str, Outcome, float]] = []
+        for call in batch:
+            start = time.monotonic()
+            if ran and start - first >= RUN_READY_BUDGET_S:
+                break
+            if call.cancelled:
+                ran.append(("cancelled", Outcome(False), 0.0))
+            elif call.deadline <= time.time():
+                late = DeadlineExceededError("the call's deadline passed while it was queued", call_id=call.call_id)
+                ran.append(("expired", Outcome(False, error=late), 0.0))
+            else:
+                with self._serving([call]):
+                    report = self._runner([call.value])
+                ran.append(("clean" if report.clean else "ran", report.outcomes[0], time.monotonic() - start))
+        return ran
 
     async def _run_async(self, batch: list[Call], values: list[Any]) -> BatchReport:
         """Async code stops at its batch's earliest deadline, cancelled where it awaits: a call past it can only be

@@ -59,6 +59,7 @@ LOAD_REPORT_S = 0.1
 DRAIN_GRACE_S = 20.0
 STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
 STUCK_CHECK_S = 1.0
+RUN_READY = 64  # an unbatched function's ready calls that one hop to the model thread may run, one by one
 
 
 @dataclass(frozen=True)
@@ -369,9 +370,10 @@ class Replica:
 
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
     batch = endpoint.spec.batch
-    if batch is None:
+    if batch is None:  # ready calls run back to back in one hop (a stream's call runs alone: it may run long)
         return Batcher(endpoint.runner, max_size=1, window_s=0.0, executor=endpoint.executor or executor,
-                       name=endpoint.spec.name, serving=serves, slots=endpoint.spec.max_concurrency)
+                       name=endpoint.spec.name, serving=serves, slots=endpoint.spec.max_concurrency,
+                       run_ready=1 if endpoint.spec.stream else RUN_READY)
     budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
     return Batcher(endpoint.runner, max_size=batch.max_size, window_s=batch.window_ms / 1000,
                    executor=endpoint.executor or executor, max_cost=batch.max_cost, latency_budget_s=budget,
