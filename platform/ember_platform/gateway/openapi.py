@@ -76,6 +76,7 @@ from ember_platform.gateway.openapi_parts import (
 from ember_platform.gateway.responses import platform_of
 
 OPENAPI_VERSION = "3.1.0"
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # starlette's {path:path}: OpenAPI's {path}
 
 # The answers' and requests' bodies, by the Struct (or container of one) they are encoded from.
 _BODIES: dict[str, Any] = {
@@ -277,7 +278,7 @@ def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any
     path_params = [{"name": name, "in": "path", "required": True, "description": _PATH_PARAMS[name][0],
                     "schema": _PATH_PARAMS[name][1]} if name in _PATH_PARAMS else
                    {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-                   for name in re.findall(r"\{(\w+)\}", path)]
+                   for name in re.findall(r"\{(\w+)(?::\w+)?\}", path)]
     if need != OPEN:
         errors = tuple(sorted({*errors, 401, *((403,) if need != "token" else ())}))
     operation: dict[str, Any] = {
@@ -334,8 +335,8 @@ def static_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
         if not isinstance(route, Route):
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            paths.setdefault(route.path, {})[method.lower()] = _operation(method, route.path,
-                                                                          getattr(route.endpoint, NEED, None))
+            paths.setdefault(_CONVERTER.sub(r"{\1}", route.path), {})[method.lower()] = _operation(
+                method, route.path, getattr(route.endpoint, NEED, None))
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "Ember", "version": ember.__version__,

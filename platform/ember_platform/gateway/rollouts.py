@@ -23,6 +23,7 @@ async def promote(request: Request) -> Response:
     """``POST /v1/apps/<app>/promote``: 409 when the app has no canary."""
     platform = platform_of(request)
     app = request.path_params["app"]
+    platform.registry.view(app)  # 404 for an app that is not deployed (a name no app may have included)
     await read_body(request, MAX_ROLLOUT_BODY)  # none expected; a large one is still refused
     await platform.registry.promote(app)
     return json_response(platform.registry.view(app))
@@ -33,6 +34,7 @@ async def rollback(request: Request) -> Response:
     the app does not keep (another app's versions are never its own), 409 when there is none before."""
     platform = platform_of(request)
     app = request.path_params["app"]
+    platform.registry.view(app)  # 404 for an app that is not deployed (a name no app may have included)
     body = await read_body(request, MAX_ROLLOUT_BODY)
     req = decode_json(_decoder, body) if body.strip() else RolloutRequest()
     if isinstance(req.version, bool) or not 0 <= req.version <= MAX_VERSION:
