@@ -167,8 +167,8 @@ class PlatformUnreachableError(EmberError, builtins.ConnectionError):
 _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
     for cls in (EmberError, InvalidSpecError, BadRequestError, UnauthenticatedError, ForbiddenError, NotFoundError,
-                ConflictError, CallCycleError, InvalidInputError, PayloadTooLargeError, OverloadedError, RateLimitedError,
-                UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError)
+                ConflictError, CallCycleError, InvalidInputError, PayloadTooLargeError, OverloadedError,
+                RateLimitedError, UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError)
 }
 
 # The public name (``ember.ConnectionError``), kept for compatibility; inside Ember the class goes by the name

@@ -14,6 +14,7 @@ import torch
 from support.paths import DIGITS
 
 import ember
+from ember._volume import VOLUMES_ENV
 from ember.backends import BackendUnavailableError
 from ember.backends import torch as et
 
@@ -203,7 +204,10 @@ def test_out_of_memory_is_found_through_raise_from() -> None:
         assert et.is_out_of_memory(wrapped)
 
 
-def test_the_digits_example_predicts_as_before(digits: ModuleType) -> None:
+def test_the_digits_example_predicts_as_before(digits: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The example reads its weights from the digits-weights volume at /weights: here, as on a node that runs
+    # replicas without a sandbox, that mount is the folder holding them.
+    monkeypatch.setenv(VOLUMES_ENV, json.dumps({"/weights": str(DIGITS)}))
     classifier = importlib.import_module("classifier")
     schema = importlib.import_module("schema")
     images = [schema.Image(pixels=s["pixels"]) for s in SAMPLES]
