@@ -56,6 +56,7 @@ log = logging.getLogger("ember.replica")
 CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may take a moment to admit it
 HEARTBEAT_S = 2.0
 LOAD_REPORT_S = 0.1
+IDLE_REPORT_S = 0.5  # an unchanged load report is sent again this often
 DRAIN_GRACE_S = 20.0
 STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
 STUCK_CHECK_S = 1.0
@@ -292,7 +293,9 @@ class Replica:
             asyncio.get_running_loop().create_task(finish(None, exc, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
-        """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck)."""
+        """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck): a
+        changed report at once (within ``LOAD_REPORT_S``), the same one again only every ``IDLE_REPORT_S``."""
+        sent: dict[str, tuple[LoadReport, float]] = {}
         while not self.stop.is_set() and not self.stuck:
             for endpoint, batcher in zip(endpoints, self.batchers, strict=True):
                 cap = batcher.capacity
@@ -300,6 +303,10 @@ class Replica:
                                     version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
                                     per_call_s=batcher.model.predict(cap) / (cap * batcher.slots),
                                     slots=batcher.slots)
+                now = time.monotonic()
+                if not report_due(report, sent.get(endpoint.spec.name), now):
+                    continue
+                sent[endpoint.spec.name] = report, now
                 with contextlib.suppress(Exception):
                     await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
             with contextlib.suppress(TimeoutError):
@@ -366,6 +373,13 @@ class Replica:
                 await self._put()
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
+
+
+def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: float) -> bool:
+    """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old (an
+    idle replica's unchanged report keeps it fresh for the router, whose reports count for ``REPORT_FRESH_S``, 1 s,
+    at a fifth of the messages)."""
+    return last is None or last[0] != report or now - last[1] >= IDLE_REPORT_S
 
 
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
