@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700, help="0 picks a free port")
     parser.add_argument("--url-file", type=Path, help="write the served URL here once listening")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="bind with SO_REUSEPORT, so that several control planes on this host serve one --port "
+                             "(the kernel spreads the connections among them)")
     parser.add_argument("--bootstrap-token-file", type=Path, default=None,
                         help="a file holding an admin token (mode 0600; written first if missing): its record is "
                              "ensured at start ($EMBER_BOOTSTRAP_TOKEN_FILE)")
@@ -53,7 +57,8 @@ def main() -> None:
     server = uvicorn.Server(config)
 
     async def serve() -> None:
-        task = asyncio.create_task(server.serve())
+        sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
+        task = asyncio.create_task(server.serve(sockets=sockets))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -70,6 +75,22 @@ def main() -> None:
         ember_loop.run(serve())
     finally:
         tracing.shutdown()  # the last spans, flushed
+
+
+def _reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening address shared with the other processes that bind it with SO_REUSEPORT. ``IPPROTO_TCP`` so that
+    asyncio turns Nagle's algorithm off on the connections it accepts (a socket of protocol 0 would cost a kept-alive
+    call 40 ms)."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def _check_auth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -39,14 +39,16 @@ class TestPlatform(EmbeddedPlatform):
                "--sandbox-if-possible" if sandbox else "--insecure-no-sandbox"]
         return self._spawn(f"agent-{node_id}", cmd + (["--inventory", str(inventory)] if inventory else []))
 
-    def add_control_plane(self, name: str, timeout_s: float = 60.0) -> str:
-        """Start one more control plane on this NATS (a standby while the first holds the control lease); its URL."""
+    def add_control_plane(self, name: str, timeout_s: float = 60.0, *, port: int = 0,
+                          flags: tuple[str, ...] = ()) -> str:
+        """Start one more control plane on this NATS (a standby while the first holds the control lease), with
+        ``flags``; its URL."""
         url_file = self.state_dir / f"{name}.url"
         url_file.unlink(missing_ok=True)
         proc = self._spawn(name, [sys.executable, "-m", "ember_platform", "--nats", self.nats_url,
-                                  "--nats-auth-dir", str(self.auth_dir), "--host", self.host, "--port", "0",
+                                  "--nats-auth-dir", str(self.auth_dir), "--host", self.host, "--port", str(port),
                                   "--url-file", str(url_file), "--bootstrap-token-file", str(self.state_dir / "token"),
-                                  "--secrets-key-file", str(secrets_key(self.state_dir / "secrets.key"))])
+                                  "--secrets-key-file", str(secrets_key(self.state_dir / "secrets.key")), *flags])
         return str(self._await(lambda: url_file.read_text() if url_file.exists() else None, proc, name, timeout_s))
 
     def kill(self, name: str) -> None:
