@@ -144,11 +144,13 @@ class Side:
 
     target: Target
     pids: list[int]  # whose CPU is the server's
+    roles: dict[str, list[int]] = field(default_factory=dict)  # Ember's share of it, by process role
     p50_ms: list[float] = field(default_factory=list)
     rps: list[float] = field(default_factory=list)
     cpu_ms: dict[int, list[float]] = field(default_factory=lambda: {c: [] for c in CONCURRENCY})
     errors: int = 0
     batch: list[float] = field(default_factory=list)  # mean X-Ember-Batch-Size at 64
+    by_role: dict[tuple[str, int], list[float]] = field(default_factory=dict)  # (role, concurrency) -> ms/call
 
 
 async def measure_side(side: Side, plan: http_latency.Plan, procs: Processes) -> None:
@@ -160,6 +162,9 @@ async def measure_side(side: Side, plan: http_latency.Plan, procs: Processes) ->
         side.errors += cell.errors
         calls = max(cell.requests, 1)
         side.cpu_ms[concurrency].append(1000 * sum(cpu.spent.get(p, 0.0) for p in side.pids) / calls)
+        for role, pids in side.roles.items():
+            side.by_role.setdefault((role, concurrency), []).append(
+                1000 * sum(cpu.spent.get(p, 0.0) for p in pids) / calls)
         if concurrency == 1:
             side.p50_ms.append(cell.percentile(50))
         else:
@@ -206,6 +211,19 @@ def render(sides: dict[str, Side]) -> str:
         cpu(f"echo, server CPU per call at c={concurrency}", f_echo, e_echo, concurrency)
         cpu(f"unbatched MLP, server CPU per call at c={concurrency}", f_mlp, e_u, concurrency)
         cpu(f"batched MLP, server CPU per call at c={concurrency}", f_mlp, e_b, concurrency)
+    return markdown_table(rows)
+
+
+def render_roles(sides: dict[str, Side]) -> str:
+    """Ember's server CPU per call by process, medians over the rounds."""
+    ember = [s for s in sides.values() if s.roles]
+    roles = list(ember[0].roles) if ember else []
+    rows = [["target", "conc", *roles, "all"]]
+    for side in ember:
+        for concurrency in CONCURRENCY:
+            rows.append([side.target.name, str(concurrency),
+                         *(f"{med(side.by_role[(r, concurrency)]):.3f}" for r in roles),
+                         f"{med(side.cpu_ms[concurrency]):.3f}"])
     return markdown_table(rows)
 
 
@@ -381,28 +399,51 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
         replica_of = {"Ember echo": by_service.get("echo", 0),
                       "Ember batched MLP": by_service.get("Batched", 0),
                       "Ember unbatched MLP": by_service.get("Unbatched", 0)}
+        for side in targets:
+            if side.target.is_ember:
+                own = replica_of[side.target.name]
+                side.roles = {"gateway": [procs.gateway], "nats-server": [procs.nats], "replica": [own],
+                              "agent, other replicas": [procs.agent, *(p for p in by_service.values() if p != own)]}
         load_before = load_average()
         from ember import _loop as ember_loop
 
         ember_loop.run(measure_rounds(targets, args.rounds, plan, procs))
         load_after = load_average()
         sides = {s.target.name: s for s in targets}
-        print(f"## Per call: Ember against the floor ({os.cpu_count()} CPUs, load average {load_before} before, "
-              f"{load_after} after; {args.rounds} interleaved rounds, medians; {plan.warmup_s:g} s warm-up + "
-              f"{plan.measure_s:g} s window per cell)\n")
-        print(render(sides), flush=True)
-        errors = {name: s.errors for name, s in sides.items() if s.errors}
-        batches = ", ".join(f"{n} {med(s.batch):.1f}" for n, s in sides.items() if s.target.is_ember)
-        print(f"\nmean batch at c=64: {batches}" + (f"; errors {errors}" if errors else ""))
+        if args.rounds > 0:
+            print(f"## Per call: Ember against the floor ({os.cpu_count()} CPUs, load average {load_before} before, "
+                  f"{load_after} after; {args.rounds} interleaved rounds, medians; {plan.warmup_s:g} s warm-up + "
+                  f"{plan.measure_s:g} s window per cell)\n")
+            print(render(sides), flush=True)
+            errors = {name: s.errors for name, s in sides.items() if s.errors}
+            batches = ", ".join(f"{n} {med(s.batch):.1f}" for n, s in sides.items() if s.target.is_ember)
+            print(f"\nmean batch at c=64: {batches}" + (f"; errors {errors}" if errors else ""))
+            print("\nEmber's server CPU per call by process, ms (medians):\n\n" + render_roles(sides), flush=True)
         if args.idle_s > 0:
             say(f"idle CPU over {args.idle_s:g} s")
             time.sleep(2.0)
             roles = {"control plane": procs.gateway, "agent": procs.agent, "nats-server": procs.nats}
             roles |= {f"replica {name}": pid for name, pid in by_service.items()}
+            spy = None
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                spy = start_spy(procs.gateway, args.idle_s, args.profile / "idle-control-plane.txt", gil=False)
             print("\n" + idle_cpu(roles, args.idle_s), flush=True)
+            if spy is not None:
+                spy.wait(60)
+                print("control plane, idle (py-spy):\n" + summarize(args.profile / "idle-control-plane.txt",
+                                                                    args.idle_s), flush=True)
         if args.spawn > 0:
             say(f"spawn {args.spawn:,} calls")
-            print("\n" + asyncio.run(spawn_rate(url, args.spawn, args.submit_concurrency)), flush=True)
+            cpu = CpuWindow(procs)
+            cpu.start()
+            text = asyncio.run(spawn_rate(url, args.spawn, args.submit_concurrency))
+            cpu.stop()
+            share = {"gateway": [procs.gateway], "nats-server": [procs.nats],
+                     "replica": [by_service.get("Batched", 0)], "the rest": [procs.agent, floor.pid]}
+            print(f"\n{text}\nCPU over the spawn cell ({cpu.wall_s:.1f} s), share of one core: "
+                  + ", ".join(f"{k} {cpu.of(v):.2f}" for k, v in share.items())
+                  + f", this load generator {cpu.share(cpu.gen_s):.2f}", flush=True)
         if args.profile is not None:
             ember_sides = [s for s in targets if s.target.is_ember]
             text = ember_loop.run(profile(ember_sides, plan, procs, replica_of, args.profile))
