@@ -18,7 +18,7 @@ What is measured
     submitted through ``POST .../spawn`` (bench/queues.py's submitter) and read back: calls/s from the first
     submit to the last stored result (the records' own ``updated_at``). Only the last call is long-polled while
     the queue drains, and every record is read once it is final: unlike bench/queues.py, whose readers poll every
-    call as it goes, the reading takes no CPU from the path it measures.
+    call as it goes, the reading takes no CPU from the path it measures (``--read-while`` reads as queues.py does).
 
     ``--profile DIR`` adds, after the rounds, one py-spy window (``py-spy record``, 200 Hz, raw) on the
     gateway and on the replica of each Ember target at concurrency 1 and 64, and prints where the samples
@@ -252,7 +252,7 @@ def idle_cpu(roles: dict[str, int], seconds: float) -> str:
 # -- queued calls ----------------------------------------------------------------------------------
 
 
-async def spawn_rate(url: str, n: int, submit_concurrency: int) -> str:
+async def spawn_rate(url: str, n: int, submit_concurrency: int, read_while: bool = False) -> str:
     import queues
 
     path = f"/v1/{APP}/Batched.predict/spawn"
@@ -264,10 +264,12 @@ async def spawn_rate(url: str, n: int, submit_concurrency: int) -> str:
     # Only the last call is long-polled while the queue drains (a reader polling every call would take the CPU of
     # the path it measures); the records are read once it is final. The figures come from the records' own times.
     give_up = cell.submit_first + queues.CELL_TIMEOUT_S
-    await queues.read_all(url, ids[-1:], 1, give_up)
+    if not read_while:
+        await queues.read_all(url, ids[-1:], 1, give_up)
     cell.records, cell.unfinished = await queues.read_all(url, ids, 8, give_up)
     lat = cell.latencies_ms
-    return (f"Queued (spawn) calls of Batched.predict, {n:,} submitted by {submit_concurrency} connections: "
+    how = "every call long-polled as it goes, 8 readers" if read_while else "read once the last was final"
+    return (f"Queued (spawn) calls of Batched.predict, {n:,} submitted by {submit_concurrency} connections ({how}): "
             f"submit {cell.submit_rate:,.0f}/s, {cell.e2e_rate:,.0f} calls/s from the first submit to the last "
             f"stored result ({cell.e2e_s:.1f} s), p50 {queues.nearest_rank(lat, 50):,.0f} ms, "
             f"not ok {cell.not_succeeded} (goal: 1,500 calls/s with 10,000 queued)")
@@ -443,7 +445,7 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
             say(f"spawn {args.spawn:,} calls")
             cpu = CpuWindow(procs)
             cpu.start()
-            text = asyncio.run(spawn_rate(url, args.spawn, args.submit_concurrency))
+            text = asyncio.run(spawn_rate(url, args.spawn, args.submit_concurrency, args.read_while))
             cpu.stop()
             share = {"gateway": [procs.gateway], "nats-server": [procs.nats],
                      "replica": [by_service.get("Batched", 0)], "the rest": [procs.agent, floor.pid]}
@@ -477,6 +479,8 @@ def main() -> None:
     parser.add_argument("--spawn", type=int, default=None, metavar="N",
                         help="queued calls to spawn (default 10,000; --quick 1,000; 0 skips)")
     parser.add_argument("--submit-concurrency", type=int, default=32, metavar="K")
+    parser.add_argument("--read-while", action="store_true",
+                        help="spawn: long-poll every call while the queue drains (as bench/queues.py does)")
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU window (0 skips)")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy each Ember target, raw files in DIR")
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
