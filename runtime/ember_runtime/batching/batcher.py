@@ -162,9 +162,9 @@ class Batcher:
 
     @property
     def vacancy(self) -> int:
-        """Calls that could start now beyond those queued: free slots times the batch size (an unbatched function's
-        next hop may run ``run_ready`` calls)."""
-        return max(self.capacity, self.run_ready) * self.slots - len(self._heap) - self.in_flight
+        """Calls that could start now beyond those queued: free slots times the batch size. (An unbatched function's
+        hop may run more, but a queue hands it one at a time: a queued call stays cancellable until it can start.)"""
+        return self.capacity * self.slots - len(self._heap) - self.in_flight
 
     def _note_arrival(self, now: float) -> None:
         if self._last_arrival is not None:
