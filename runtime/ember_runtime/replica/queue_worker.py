@@ -59,10 +59,9 @@ from ember_runtime.replica.event_headers import (
 
 log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
-# A pull waits this long on the server for a call (one arriving is delivered at once, see ``_fetch``): an idle
+# A pull waits this long on the server for a call (one arriving is delivered at once, see ``pull``): an idle
 # worker asks every few seconds, not twice a second (a stopping replica waits at most this long for its pulls).
 FETCH_WAIT_S = 2.0
-TOP_UP_S = 0.005  # after the first call of a pull, what else is there within this long comes with it
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
 # Test-only: EMBER_TEST_CRASH_AT names points of settling a call ("before-record", "after-record", comma-separated)
 # where the replica kills itself (SIGKILL), once per point and call (a file in EMBER_TEST_CRASH_DIR remembers it),
@@ -133,7 +132,7 @@ class QueueWorker:
                         await asyncio.wait_for(self._batcher.room.wait(), FETCH_WAIT_S)
                     continue
                 try:
-                    msgs = await self._fetch(sub, room)
+                    msgs = await pull(sub, room)
                 except NatsTimeoutError:
                     continue
                 except Exception as exc:  # a disconnect, say: pull again once it is back
@@ -146,16 +145,6 @@ class QueueWorker:
             keepalive.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-    async def _fetch(self, sub: Any, room: int) -> list[Msg]:
-        """Up to ``room`` calls: wait (up to ``FETCH_WAIT_S``) for one, which comes back as soon as it is there, then
-        take what else is there within ``TOP_UP_S``. (One pull of ``room`` would hold a lone call until the pull
-        expires or ``room`` calls came.)"""
-        msgs: list[Msg] = await sub.fetch(1, timeout=FETCH_WAIT_S)
-        if room > 1:
-            with contextlib.suppress(NatsTimeoutError):
-                msgs += await sub.fetch(room - 1, timeout=TOP_UP_S)
-        return msgs
 
     async def finish(self) -> None:
         """After the batcher is drained: settle the answers in flight, nak anything still held."""
@@ -323,6 +312,14 @@ class QueueWorker:
             body = output if info is None else encoder.encode(info)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
                                                               EVENT_STATUS_HEADER: done.status})
+
+
+async def pull(sub: Any, room: int) -> list[Msg]:
+    """Up to ``room`` calls from a pull subscription, waiting up to ``FETCH_WAIT_S`` on the server for the first;
+    what is there comes back at once (a lone call is not held until the pull expires or ``room`` calls came).
+    Raises nats' TimeoutError when no call came."""
+    msgs: list[Msg] = await sub.fetch(room, timeout=FETCH_WAIT_S)
+    return msgs
 
 
 def _new_record(call_id: str, app: str, function: str) -> CallRecord:
