@@ -106,6 +106,7 @@ class Batcher:
         self.in_flight = 0  # calls in the batches that run now
         self.running_since: float | None = None  # when the oldest batch that runs now started (monotonic)
         self.room = asyncio.Event()  # set whenever calls leave the queue or a batch ends
+        self.on_submit: Callable[[], None] | None = None  # told of every call queued (an idle replica's reports wake)
 
     # -- intake ------------------------------------------------------------------------------------
 
@@ -123,6 +124,8 @@ class Batcher:
         call.seq = next(self._seq)
         self._push(call)
         self._wake.set()
+        if self.on_submit is not None:
+            self.on_submit()
 
     def _push(self, call: Call) -> None:
         heapq.heappush(self._heap, (PRIORITY_RANK.get(call.priority, 0), call.deadline, call.seq, call))

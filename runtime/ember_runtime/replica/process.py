@@ -86,6 +86,7 @@ class Replica:
         self.workers: list[QueueWorker] = []
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
+        self.activity = asyncio.Event()  # a call was queued (wakes the load reports of an idle replica)
         self.stuck = False
         self.endpoints: list[Endpoint] = []
 
@@ -173,6 +174,7 @@ class Replica:
         on_frame = self._on_frame(served)
         for endpoint in endpoints:
             batcher = _batcher_for(endpoint, self.executor, serving(self.args.app, endpoint.spec.name))
+            batcher.on_submit = self.activity.set
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
             kinds = [False, True] if endpoint.spec.on else [False]
@@ -309,8 +311,22 @@ class Replica:
                 sent[endpoint.spec.name] = report, now
                 with contextlib.suppress(Exception):
                     await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
+            await self._next_report(idle=all(b.queued == 0 and b.in_flight == 0 for b in self.batchers))
+
+    async def _next_report(self, idle: bool) -> None:
+        """Wait ``LOAD_REPORT_S`` while calls are held; an idle replica waits until a call is queued (its report then
+        goes at once) or its unchanged report is due again (``IDLE_REPORT_S``), without waking in between."""
+        if not idle:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), LOAD_REPORT_S)
+            return
+        self.activity.clear()
+        waits = [asyncio.ensure_future(self.stop.wait()), asyncio.ensure_future(self.activity.wait())]
+        try:
+            await asyncio.wait(waits, timeout=IDLE_REPORT_S + 0.01, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
 
     async def _on_cancel(self, msg: Msg) -> None:
         call_id = msg.data.decode(errors="replace")

@@ -1,12 +1,20 @@
 """A replica's load reports: a changed one goes at once, an unchanged one again only every ``IDLE_REPORT_S`` (an
-idle replica sends a fifth of the messages, still fresh for the router)."""
+idle replica sends a fifth of the messages, still fresh for the router, and does not wake in between unless a call
+is queued)."""
 
 from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import msgspec
 
 from ember.wire import LoadReport
 from ember_platform.calls.choice import REPORT_FRESH_S
+from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.replica import process
 from ember_runtime.replica.process import IDLE_REPORT_S, LOAD_REPORT_S, report_due
 
 IDLE = LoadReport(replica_id="r1", app="a", function="f", version=1, queued=0, in_flight=0, per_call_s=0.001, slots=1)
@@ -29,3 +37,35 @@ def test_a_changed_report_goes_at_once():
 
 def test_an_idle_replica_stays_fresh_for_the_router():
     assert IDLE_REPORT_S + LOAD_REPORT_S < REPORT_FRESH_S
+
+
+def test_an_idle_replica_reports_as_soon_as_a_call_is_queued(monkeypatch):
+    monkeypatch.setattr(process, "IDLE_REPORT_S", 30.0)  # woken by nothing else, the wait would outlast the test
+
+    async def scenario() -> None:
+        replica = SimpleNamespace(stop=asyncio.Event(), activity=asyncio.Event())
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(lambda xs: xs, max_size=1, window_s=0.0, executor=pool)
+            batcher.on_submit = replica.activity.set
+            waiting = asyncio.create_task(process.Replica._next_report(replica, idle=True))  # type: ignore[arg-type]
+            await asyncio.sleep(0)
+            assert not waiting.done()
+            batcher.submit(Call(1, time.time() + 60, _noop, "c1"))
+            await asyncio.wait_for(waiting, 5)
+
+    asyncio.run(scenario())
+
+
+def test_an_idle_replica_with_no_calls_waits_for_the_idle_period(monkeypatch):
+    monkeypatch.setattr(process, "IDLE_REPORT_S", 0.05)
+
+    async def scenario() -> None:
+        replica = SimpleNamespace(stop=asyncio.Event(), activity=asyncio.Event())
+        await asyncio.wait_for(process.Replica._next_report(replica, idle=True), 5)  # type: ignore[arg-type]
+        assert not replica.activity.is_set()
+
+    asyncio.run(scenario())
+
+
+async def _noop(*_: object) -> None:
+    return None
