@@ -20,7 +20,7 @@ SEGMENTS = ["%3E", "*", "a%20b", "%2E%2E", "%00", "%2F", "x" * 300, "%C3%A9t%C3%
 NUMBERS = ["nan", "NaN", "inf", "-inf", "1e400", "-1", "0", "1e308", "9" * 400, "abc", "", "0x10", "1_0", " 5 "]
 # The well-formed value of each path parameter, used while another one is hostile.
 VALID = {"app": "hello", "name": "greet", "call_id": "0" * 32, "sha256": "0" * 64, "model": "hello.greet",
-         "version": "1"}
+         "version": "1", "build_id": "0" * 32}
 BODIES: list[bytes | None] = [None, b"{}", b'{"function": "x.>", "call_ids": ["*"]}']
 
 
