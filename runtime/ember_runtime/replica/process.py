@@ -50,6 +50,7 @@ from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
+from ember_runtime.replica.status import StatusRelay
 from ember_runtime.replica.streams import Streams
 
 log = logging.getLogger("ember.replica")
@@ -482,21 +483,3 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         os._exit(code)
     return code
-
-
-class StatusRelay:
-    """Where a replica reports its state: its own status subject, which its node agent writes to
-    ``ember_replicas`` (a replica may write no bucket). The same two calls as the bucket's."""
-
-    def __init__(self, nc: Any, replica_id: str) -> None:
-        self._nc = nc
-        self._subject = subjects.replica_status(replica_id)
-
-    async def put(self, _key: str, value: bytes) -> None:
-        await self._nc.publish(self._subject, value)
-        await self._nc.flush()
-
-    async def delete(self, _key: str) -> None:
-        """The replica is leaving: the agent removes its entry (an empty message)."""
-        await self._nc.publish(self._subject, b"")
-        await self._nc.flush()
