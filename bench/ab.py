@@ -1,18 +1,20 @@
 """What the A/B benchmarks of the call path share: another control plane started like the platform's first one
 (with other flags or environment), and rounds that measure two targets interleaved, in alternating order.
 
-Used by ``auth_cost.py`` (tokens checked or not) and ``metrics_cost.py`` (metrics counted or not).
+Used by ``auth_cost.py`` (tokens checked or not), ``metrics_cost.py`` (metrics counted or not) and
+``tracing_cost.py`` (calls traced or not), which print their results with ``ab_table``.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from http_latency import Plan, Target, measure, say
+from http_latency import Plan, Target, markdown_table, measure, say
 
 from ember import _loop as ember_loop
 
@@ -61,3 +63,21 @@ def measure_rounds(on: Target, off: Target, rounds: int, plan: Plan, what: str =
 
     ember_loop.run(run())
     return results
+
+
+def ab_table(results: dict[str, list[float]], rounds: int, on_label: str, off_label: str,
+             before: Sequence[list[str]] = (), after: Sequence[list[str]] = ()) -> str:
+    """The medians of ``measure_rounds``' results as a table (``before`` and ``after``: more rows of five cells
+    around them), then the rounds one by one."""
+    med = {k: statistics.median(v) for k, v in results.items()}
+    rows = [["measure", on_label, off_label, "difference", "ratio"], *before,
+            [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
+             f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
+            [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
+             f"{med['rps on'] - med['rps off']:+,.0f}", f"{med['rps on'] / med['rps off']:.3f}x"],
+            ["answers that were errors, all rounds", f"{sum(results['errors on']):.0f}",
+             f"{sum(results['errors off']):.0f}", "-", "-"], *after]
+    per_round = [["round", "p50 on", "p50 off", "req/s on", "req/s off"]] + [
+        [str(i + 1), f"{results['p50 on'][i]:.3f}", f"{results['p50 off'][i]:.3f}", f"{results['rps on'][i]:,.0f}",
+         f"{results['rps off'][i]:,.0f}"] for i in range(rounds)]
+    return markdown_table(rows) + "\n\n" + markdown_table(per_round)

@@ -29,7 +29,6 @@ import argparse
 import json
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,14 +39,13 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from ab import measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
+from ab import ab_table, measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
 from http_latency import (  # noqa: E402
     FULL,
     QUICK,
     Plan,
     Target,
     deploy_examples,
-    markdown_table,
     say,
     stop_process,
 )
@@ -89,20 +87,9 @@ def invoke_token(url: str, admin: str) -> str:
 
 
 def render(results: dict[str, list[float]], check_us: float, rounds: int, same: bool) -> str:
-    med = {k: statistics.median(v) for k, v in results.items()}
-    first = "first, no check (A/A)" if same else "tokens checked"
-    rows = [["measure", first, "no check", "difference", "ratio"],
-            ["check alone, in process (us)", f"{check_us:.2f}", "0", f"{check_us:+.2f}", "-"],
-            [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
-             f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
-            [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
-             f"{med['rps on'] - med['rps off']:+,.0f}", f"{med['rps on'] / med['rps off']:.3f}x"],
-            ["answers that were errors, all rounds", f"{sum(results['errors on']):.0f}",
-             f"{sum(results['errors off']):.0f}", "-", "-"]]
-    per_round = [["round", "p50 on", "p50 off", "req/s on", "req/s off"]] + [
-        [str(i + 1), f"{results['p50 on'][i]:.3f}", f"{results['p50 off'][i]:.3f}", f"{results['rps on'][i]:,.0f}",
-         f"{results['rps off'][i]:,.0f}"] for i in range(rounds)]
-    return markdown_table(rows) + "\n\n" + markdown_table(per_round)
+    check = ["check alone, in process (us)", f"{check_us:.2f}", "0", f"{check_us:+.2f}", "-"]
+    return ab_table(results, rounds, "first, no check (A/A)" if same else "tokens checked", "no check",
+                    before=[check])
 
 
 def run(rounds: int, plan: Plan, same: bool) -> None:

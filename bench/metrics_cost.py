@@ -38,8 +38,8 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from ab import measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
-from http_latency import FULL, QUICK, Plan, Target, deploy_examples, markdown_table, say, stop_process  # noqa: E402
+from ab import ab_table, measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
+from http_latency import FULL, QUICK, Plan, Target, deploy_examples, say, stop_process  # noqa: E402
 
 ECHO_BODY = [json.dumps({"message": "hello", "n": 42}).encode()]
 RECORDS = 200_000
@@ -75,22 +75,11 @@ def scrape_ms(url: str, token: str) -> float:
 
 
 def render(results: dict[str, list[float]], record_us: float, scrape: float, rounds: int, same: bool) -> str:
-    med = {k: statistics.median(v) for k, v in results.items()}
-    off = "metrics on (A/A)" if same else "metrics off"
-    rows = [["measure", "metrics on", off, "difference", "ratio"],
-            ["counting one call, in process (us)", f"{record_us:.2f}", f"{record_us:.2f}" if same else "0",
-             "0" if same else f"{record_us:+.2f}", "-"],
-            [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
-             f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
-            [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
-             f"{med['rps on'] - med['rps off']:+,.0f}", f"{med['rps on'] / med['rps off']:.3f}x"],
-            ["answers that were errors, all rounds", f"{sum(results['errors on']):.0f}",
-             f"{sum(results['errors off']):.0f}", "-", "-"],
-            ["one GET /metrics scrape, off the call path (ms, median of 20)", f"{scrape:.2f}", "-", "-", "-"]]
-    per_round = [["round", "p50 on", "p50 off", "req/s on", "req/s off"]] + [
-        [str(i + 1), f"{results['p50 on'][i]:.3f}", f"{results['p50 off'][i]:.3f}", f"{results['rps on'][i]:,.0f}",
-         f"{results['rps off'][i]:,.0f}"] for i in range(rounds)]
-    return markdown_table(rows) + "\n\n" + markdown_table(per_round)
+    counting = ["counting one call, in process (us)", f"{record_us:.2f}", f"{record_us:.2f}" if same else "0",
+                "0" if same else f"{record_us:+.2f}", "-"]
+    scraping = ["one GET /metrics scrape, off the call path (ms, median of 20)", f"{scrape:.2f}", "-", "-", "-"]
+    return ab_table(results, rounds, "metrics on", "metrics on (A/A)" if same else "metrics off",
+                    before=[counting], after=[scraping])
 
 
 def run(rounds: int, plan: Plan, same: bool) -> None:

@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,8 +43,8 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from ab import measure_rounds  # noqa: E402  (bench/ is not a package)
-from http_latency import FULL, QUICK, Plan, Target, deploy_examples, markdown_table, say, stop_process  # noqa: E402
+from ab import ab_table, measure_rounds  # noqa: E402  (bench/ is not a package)
+from http_latency import FULL, QUICK, Plan, Target, deploy_examples, say, stop_process  # noqa: E402
 
 from ember.dev.embedded import EmbeddedPlatform  # noqa: E402
 
@@ -152,20 +151,9 @@ def start_platform(work: Path, name: str, otel: dict[str, str]) -> EmbeddedPlatf
 
 def render(results: dict[str, list[float]], spans_us: float, rounds: int, same: bool,
            sample: float | None = None) -> str:
-    med = {k: statistics.median(v) for k, v in results.items()}
     first = "first, untraced (A/A)" if same else "tracing on" if sample is None else f"on, {sample:g} sampled"
-    rows = [["measure", first, "tracing off", "difference", "ratio"],
-            ["the spans of one call, in one process (us)", f"{spans_us:.1f}", "0", f"{spans_us:+.1f}", "-"],
-            [f"p50 at concurrency 1 (ms), median of {rounds}", f"{med['p50 on']:.3f}", f"{med['p50 off']:.3f}",
-             f"{med['p50 on'] - med['p50 off']:+.3f}", f"{med['p50 on'] / med['p50 off']:.3f}x"],
-            [f"req/s at concurrency 64, median of {rounds}", f"{med['rps on']:,.0f}", f"{med['rps off']:,.0f}",
-             f"{med['rps on'] - med['rps off']:+,.0f}", f"{med['rps on'] / med['rps off']:.3f}x"],
-            ["answers that were errors, all rounds", f"{sum(results['errors on']):.0f}",
-             f"{sum(results['errors off']):.0f}", "-", "-"]]
-    per_round = [["round", "p50 on", "p50 off", "req/s on", "req/s off"]] + [
-        [str(i + 1), f"{results['p50 on'][i]:.3f}", f"{results['p50 off'][i]:.3f}", f"{results['rps on'][i]:,.0f}",
-         f"{results['rps off'][i]:,.0f}"] for i in range(rounds)]
-    return markdown_table(rows) + "\n\n" + markdown_table(per_round)
+    spans = ["the spans of one call, in one process (us)", f"{spans_us:.1f}", "0", f"{spans_us:+.1f}", "-"]
+    return ab_table(results, rounds, first, "tracing off", before=[spans])
 
 
 def run(rounds: int, plan: Plan, same: bool, sample: float | None = None) -> None:
