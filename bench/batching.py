@@ -56,7 +56,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -79,6 +78,7 @@ from http_latency import (  # noqa: E402  (bench/ is not a package)
     markdown_table,
     run_window,
     say,
+    serve_routes,
     stop_process,
     wait_until_listening,
 )
@@ -313,10 +313,8 @@ def serve_inline(kind: str, app_dir: Path) -> None:
     """Serve ``POST /predict`` running ``kind`` inline, one call at a time; print the port once bound."""
     sys.path.insert(0, str(app_dir))
     import msgspec
-    import uvicorn
     from bench_models import Runner
     from schema import Image
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
@@ -332,14 +330,7 @@ def serve_inline(kind: str, app_dir: Path) -> None:
             return Response(encode({"error": str(exc)}), status_code=422, media_type="application/json")
         return Response(encode(runner.classify([image])[0]), media_type="application/json")
 
-    # As in http_latency.serve_echo: IPPROTO_TCP so that asyncio turns Nagle's algorithm off.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    print(sock.getsockname()[1], flush=True)
-    config = uvicorn.Config(Starlette(routes=[Route("/predict", predict, methods=["POST"])]),
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_routes([Route("/predict", predict, methods=["POST"])])
 
 
 def start_inline_server(kind: str, app_dir: Path) -> tuple[subprocess.Popen[bytes], str]:

@@ -48,6 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ember import _loop as ember_loop  # the load generator runs on uvloop too, to take less of the machine
@@ -114,14 +115,21 @@ class Cell:
 
 def serve_echo() -> None:
     """Serve ``POST /echo`` on a free loopback port; print the port on stdout once listening."""
-    import uvicorn
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
     async def echo(request: Request) -> Response:
         return Response(await request.body(), media_type="application/json")
+
+    serve_routes([Route("/echo", echo, methods=["POST"])])
+
+
+def serve_routes(routes: list[Any]) -> None:
+    """Serve ``routes`` (starlette ``Route``s) on a free loopback port, with the same uvicorn settings as Ember's
+    gateway (ember_platform.__main__); print the port on stdout once listening. Runs until killed."""
+    import uvicorn
+    from starlette.applications import Starlette
 
     # IPPROTO_TCP matters: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets whose
     # ``proto`` says TCP, and accepted sockets inherit it from the listening one. With proto 0, uvicorn's
@@ -130,9 +138,8 @@ def serve_echo() -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     print(sock.getsockname()[1], flush=True)
-    # The same uvicorn settings as Ember's gateway (ember_platform.__main__).
-    config = uvicorn.Config(Starlette(routes=[Route("/echo", echo, methods=["POST"])]),
-                            log_level="warning", access_log=False, timeout_graceful_shutdown=10)
+    config = uvicorn.Config(Starlette(routes=routes), log_level="warning", access_log=False,
+                            timeout_graceful_shutdown=10)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -42,7 +42,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,7 @@ if str(BENCH) not in sys.path:
 
 import http_latency  # noqa: E402  (bench/ is not a package)
 from batching import CpuWindow, Processes, deploy_all, proc_cpu_s, py_spy_binary  # noqa: E402
-from http_latency import Target, markdown_table, say, stop_process, wait_until_listening  # noqa: E402
+from http_latency import Target, markdown_table, say, serve_routes, stop_process, wait_until_listening  # noqa: E402
 
 APP_DIR = BENCH / "apps" / "per_call"
 APP = "percall"
@@ -90,9 +89,7 @@ def serve_floor() -> None:
     """``POST /echo`` and ``POST /mlp`` (inline, one call at a time) on a free loopback port; print the port."""
     sys.path.insert(0, str(APP_DIR))
     import msgspec
-    import uvicorn
     from mlp import Mlp, Vector
-    from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
@@ -111,15 +108,7 @@ def serve_floor() -> None:
             return Response(encode({"error": str(exc)}), status_code=422, media_type="application/json")
         return Response(encode(mlp.classify([vector])[0]), media_type="application/json")
 
-    # As in http_latency.serve_echo: IPPROTO_TCP so that asyncio turns Nagle's algorithm off.
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    print(sock.getsockname()[1], flush=True)
-    routes = [Route("/echo", echo, methods=["POST"]), Route("/mlp", predict, methods=["POST"])]
-    config = uvicorn.Config(Starlette(routes=routes), log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
+    serve_routes([Route("/echo", echo, methods=["POST"]), Route("/mlp", predict, methods=["POST"])])
 
 
 def start_floor() -> tuple[subprocess.Popen[bytes], str]:
