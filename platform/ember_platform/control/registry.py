@@ -108,12 +108,7 @@ class Registry:
         dep = self.deployments.items.get(app)
         if dep is None:
             raise NotFoundError(f"no app named {app!r} is deployed")
-        for svc in dep.manifest.services:
-            for fn in svc.functions:
-                if fn.name == name:
-                    return dep, svc, fn
-        known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
-        raise NotFoundError(f"app {app!r} has no function {name!r} (it has: {known})")
+        return self._find(dep, name)
 
     def route(self, app: str, name: str, pinned: int | None,
               draw: float) -> tuple[Deployment, ServiceSpec, FunctionSpec]:

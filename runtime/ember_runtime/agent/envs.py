@@ -49,6 +49,7 @@ import msgspec
 import ember
 import ember_runtime
 from ember.wire.images import SHA256, ImageSpec, image_hash, image_problems
+from ember_runtime.agent.bundles import folder_size
 
 log = logging.getLogger("ember.agent")
 
@@ -306,7 +307,7 @@ class EnvCache:
         """Remove environments least recently used first until the cache is within its budget; never one in
         ``in_use`` or being built. Returns the hashes removed."""
         keep = set(in_use) | set(self._building)
-        sizes = {sha: _size(self.root / sha) for sha in self.cached()}
+        sizes = {sha: folder_size(self.root / sha) for sha in self.cached()}
         total = sum(sizes.values())
         removed: list[str] = []
         by_age = sorted(sizes, key=lambda sha: _mtime(self.root / sha / READY))
@@ -425,15 +426,6 @@ def _site_packages(folder: Path) -> Path:
     if not found:
         raise BuildError(f"environment {folder.name[:12]} has no site-packages")
     return found[0]
-
-
-def _size(folder: Path) -> int:
-    total = 0
-    for dirpath, _, files in os.walk(folder):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
 
 
 def _mtime(path: Path) -> float:
