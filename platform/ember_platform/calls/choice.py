@@ -15,23 +15,30 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ember.wire import LoadReport
 
-REPORT_FRESH_S = 1.0  # an older report says nothing of a replica's load now (they come every 0.1 s)
+REPORT_FRESH_S = 1.0  # an older report says nothing of a replica's load now (a busy one reports every 0.1 s)
+IDLE_FRESH_S = 5.0  # how long an idle replica's report counts (an idle one reports every 2 s, and at once when a
+#                     call reaches it; the router adds the calls it sent since, so that "idle" stays true enough)
 
 ReportKey = tuple[str, str, int]  # (app, function, version)
 
 
 class LoadBoard:
-    """The replicas' latest load reports, kept per function version and per service."""
+    """The replicas' latest load reports, kept per function version and per service, each with the time it stops
+    counting: ``fresh_s`` after it came, ``idle_fresh_s`` for a report of nothing queued or running."""
 
-    def __init__(self, fresh_s: float = REPORT_FRESH_S, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, fresh_s: float = REPORT_FRESH_S, clock: Callable[[], float] = time.monotonic,
+                 idle_fresh_s: float = IDLE_FRESH_S) -> None:
         self._fresh_s = fresh_s
+        self._idle_fresh_s = idle_fresh_s
         self._clock = clock
-        self._reports: dict[ReportKey, dict[str, tuple[float, LoadReport]]] = {}
+        self._reports: dict[ReportKey, dict[str, tuple[float, LoadReport]]] = {}  # replica -> (until, report)
         self._services: dict[tuple[str, str], set[ReportKey]] = {}  # (app, service) -> its functions' keys
 
     def record(self, report: LoadReport) -> None:
         key = (report.app, report.function, report.version)
-        self._reports.setdefault(key, {})[report.replica_id] = (self._clock(), report)
+        idle = report.queued == 0 and report.in_flight == 0
+        until = self._clock() + (self._idle_fresh_s if idle else self._fresh_s)
+        self._reports.setdefault(key, {})[report.replica_id] = (until, report)
         self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
 
     def fresh(self, app: str, function: str, version: int) -> list[LoadReport]:
@@ -40,14 +47,14 @@ class LoadBoard:
         if not reports:
             return []
         now = self._clock()
-        return [r for at, r in reports.values() if now - at < self._fresh_s]
+        return [r for until, r in reports.values() if now < until]
 
     def capacity(self, app: str, service: str) -> float | None:
         """Calls per second one replica of the service serves in full batches, by the replicas' own estimate:
         one over the median predicted cost of a call (``per_call_s``) in its fresh reports; None without one."""
         now = self._clock()
         costs = [r.per_call_s for key in self._services.get((app, service), ())
-                 for at, r in self._reports[key].values() if now - at < self._fresh_s and r.per_call_s > 0]
+                 for until, r in self._reports[key].values() if now < until and r.per_call_s > 0]
         return 1.0 / statistics.median(costs) if costs else None
 
 

@@ -73,6 +73,7 @@ from ember_platform.scheduler.autoscale import in_flight_target
 
 log = logging.getLogger("ember.control")
 TICK_S = 0.5
+PENDING_IDLE_ASK_S = 2.0  # an empty queue's backlog is asked again this often (each ask is a JetStream API request)
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 T = TypeVar("T")
@@ -106,6 +107,7 @@ class ControlLoop:
     js: Any
     services: dict[tuple[str, str], ServiceState] = field(default_factory=dict)
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
+    asked: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)  # -> (when, calls submitted then)
     moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
     move_budget: MoveBudget = field(default_factory=MoveBudget)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
@@ -298,10 +300,21 @@ class ControlLoop:
 
     async def _refresh_pending(self, deployments: dict[str, Deployment]) -> None:
         """Calls waiting in each function's durable queue and, for a function bound to subjects, in its event
-        stream (scale-up signal for queued work: an event backlog wakes a function scaled to zero)."""
+        stream (scale-up signal for queued work: an event backlog wakes a function scaled to zero).
+
+        A queue found empty is asked again every ``PENDING_IDLE_ASK_S`` rather than every tick, unless a call was
+        submitted to it through this control plane since (events published straight to their subjects are seen
+        at the next ask)."""
+        now = time.monotonic()
         for dep in deployments.values():
             for svc in dep.manifest.services:
                 for fn in svc.functions:
+                    key, submitted = (dep.app, fn.name), self.registry.calls.submitted[(dep.app, fn.name)]
+                    last = self.asked.get(key)
+                    if (last is not None and not self.pending.get(key) and last[1] == submitted
+                            and now - last[0] < PENDING_IDLE_ASK_S):
+                        continue
+                    self.asked[key] = (now, submitted)
                     name = subjects.calls_consumer(dep.app, fn.name)
                     streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(dep.app, fn.name)] if fn.on else [])
                     waiting, known = 0, False

@@ -50,14 +50,12 @@ from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
+from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
 from ember_runtime.replica.status import StatusRelay
 from ember_runtime.replica.streams import Streams
 
 log = logging.getLogger("ember.replica")
 CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may take a moment to admit it
-HEARTBEAT_S = 2.0
-LOAD_REPORT_S = 0.1
-IDLE_REPORT_S = 0.5  # an unchanged load report is sent again this often
 DRAIN_GRACE_S = 20.0
 STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
 STUCK_CHECK_S = 1.0
@@ -90,6 +88,7 @@ class Replica:
         self.activity = asyncio.Event()  # a call was queued (wakes the load reports of an idle replica)
         self.stuck = False
         self.endpoints: list[Endpoint] = []
+        self._repeats = 0  # heartbeats in a row that wrote the status unchanged
 
     async def run(self, creds: NatsCredentials | None = None) -> int:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
@@ -372,31 +371,30 @@ class Replica:
         self.status = msgspec.structs.replace(self.status, state=state, message=message)  # type: ignore[arg-type]
         await self._put()
 
-    async def _put(self) -> None:
+    async def _put(self, beat: bool = False) -> None:
+        """Write the status; ``beat``: the heartbeat's write, skipped while nothing changed (``heartbeat_due``)."""
         stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight) for b in self.batchers]
         first = min((b.metrics.first_batch_at for b in self.batchers if b.metrics.first_batch_at), default=None)
         start = self.status.start
         if start is not None and start.first_call_s is None and first is not None:
             self.status = msgspec.structs.replace(
                 self.status, start=msgspec.structs.replace(start, first_call_s=max(first - self._ready_at, 0.0)))
-        self.status = msgspec.structs.replace(self.status, updated_at=time.time(), calls=sum(s.calls for s in stats),
-                                              batches=sum(s.batches for s in stats), functions=stats)
+        status = msgspec.structs.replace(self.status, calls=sum(s.calls for s in stats),
+                                         batches=sum(s.batches for s in stats), functions=stats)
+        now = time.time()
+        if beat and not heartbeat_due(status, self.status, self._repeats, now):
+            return
+        self._repeats = self._repeats + 1 if beat and status == self.status else 0
+        self.status = msgspec.structs.replace(status, updated_at=now)
         await self.kv.put(self.args.replica_id, encoder.encode(self.status))
 
     async def _heartbeat(self) -> None:
         while True:
             await asyncio.sleep(HEARTBEAT_S)
             try:
-                await self._put()
+                await self._put(beat=True)
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
-
-
-def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: float) -> bool:
-    """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old (an
-    idle replica's unchanged report keeps it fresh for the router, whose reports count for ``REPORT_FRESH_S``, 1 s,
-    at a fifth of the messages)."""
-    return last is None or last[0] != report or now - last[1] >= IDLE_REPORT_S
 
 
 def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:

@@ -1,6 +1,6 @@
 """A replica's load reports: a changed one goes at once, an unchanged one again only every ``IDLE_REPORT_S`` (an
-idle replica sends a fifth of the messages, still fresh for the router, and does not wake in between unless a call
-is queued)."""
+idle replica sends a twentieth of a busy one's messages, still fresh for the router, and does not wake in between
+unless a call is queued)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import msgspec
 
 from ember.wire import LoadReport
-from ember_platform.calls.choice import REPORT_FRESH_S
+from ember_platform.calls.choice import IDLE_FRESH_S, REPORT_FRESH_S, LoadBoard
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica import process
 from ember_runtime.replica.process import IDLE_REPORT_S, LOAD_REPORT_S, report_due
@@ -36,7 +36,19 @@ def test_a_changed_report_goes_at_once():
 
 
 def test_an_idle_replica_stays_fresh_for_the_router():
-    assert IDLE_REPORT_S + LOAD_REPORT_S < REPORT_FRESH_S
+    assert IDLE_REPORT_S + LOAD_REPORT_S < IDLE_FRESH_S / 2  # two reports may be late before the router forgets it
+    now = [100.0]
+    board = LoadBoard(clock=lambda: now[0])
+    board.record(IDLE)
+    board.record(msgspec.structs.replace(IDLE, replica_id="r2", in_flight=3))
+    now[0] += REPORT_FRESH_S + 0.01  # a busy replica's report is stale after a second: it reports every 0.1 s
+    assert [r.replica_id for r in board.fresh("a", "f", 1)] == ["r1"]
+    assert board.capacity("a", "f") == 1000.0
+    now[0] += IDLE_REPORT_S
+    assert [r.replica_id for r in board.fresh("a", "f", 1)] == ["r1"]
+    now[0] = 100.0 + IDLE_FRESH_S
+    assert board.fresh("a", "f", 1) == []
+    assert board.capacity("a", "f") is None
 
 
 def test_an_idle_replica_reports_as_soon_as_a_call_is_queued(monkeypatch):

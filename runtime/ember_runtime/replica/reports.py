@@ -1,0 +1,30 @@
+"""How often a replica tells what it does: its load reports (to the gateways, for routing) and its status (through
+its agent into ``ember_replicas``, for the scheduler). Busy, often; idle, rarely: an idle platform's CPU is mostly
+these messages."""
+
+from __future__ import annotations
+
+from ember.wire import LoadReport, ReplicaStatus
+
+HEARTBEAT_S = 2.0
+IDLE_HEARTBEAT_S = 5.0  # an unchanged status is written again after this (its bucket forgets it after 15 s)
+LOAD_REPORT_S = 0.1
+IDLE_REPORT_S = 2.0  # an unchanged load report is sent again this often
+
+
+def heartbeat_due(status: ReplicaStatus, last: ReplicaStatus, repeats: int, now: float) -> bool:
+    """Whether the heartbeat writes ``status`` (the status now, its ``updated_at`` still the last write's) after
+    ``last``, the status written last, which repeated the one before it ``repeats`` times: always when something
+    changed; when nothing did, once (so that the scheduler reads a call rate of zero from it: rates hold between
+    writes), then only every ``IDLE_HEARTBEAT_S`` (an idle replica's writes went through its agent into a bucket
+    every 2 s)."""
+    if status != last:
+        return True
+    return repeats == 0 or now - last.updated_at >= IDLE_HEARTBEAT_S
+
+
+def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: float) -> bool:
+    """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old (an
+    idle replica's unchanged report keeps it fresh for the router, which counts a report of nothing queued or
+    running for ``IDLE_FRESH_S``, 5 s, and a busy one for 1 s)."""
+    return last is None or last[0] != report or now - last[1] >= IDLE_REPORT_S
