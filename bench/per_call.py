@@ -19,6 +19,8 @@ What is measured
     submit to the last stored result (the records' own ``updated_at``). Only the last call is long-polled while
     the queue drains, and every record is read once it is final: unlike bench/queues.py, whose readers poll every
     call as it goes, the reading takes no CPU from the path it measures (``--read-while`` reads as queues.py does).
+    Then ``--events N`` queued calls from events: JetStream publishes to the subject ``on_vectors`` (the same
+    batched MLP) is bound to, timed from the first publish to the last result (bench/queued_rate.py).
 
     ``--profile DIR`` adds, after the rounds, one py-spy window (``py-spy record``, 200 Hz, raw) on the
     gateway and on the replica of each Ember target at concurrency 1 and 64, and prints where the samples
@@ -30,7 +32,7 @@ What is measured
     ratios of one interleaved run are more robust than the absolute figures.
 
 Usage
-    python bench/per_call.py [--quick] [--rounds R] [--spawn N] [--idle-s S] [--profile DIR]
+    python bench/per_call.py [--quick] [--rounds R] [--spawn N] [--events N] [--idle-s S] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -48,14 +50,17 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import http_latency  # noqa: E402  (bench/ is not a package)
+import queued_rate  # noqa: E402
 from batching import CpuWindow, Processes, deploy_all, proc_cpu_s, py_spy_binary  # noqa: E402
 from http_latency import Target, markdown_table, say, serve_routes, stop_process, wait_until_listening  # noqa: E402
 
@@ -241,35 +246,6 @@ def idle_cpu(roles: dict[str, int], seconds: float) -> str:
 # -- queued calls ----------------------------------------------------------------------------------
 
 
-async def spawn_rate(url: str, n: int, submit_concurrency: int, read_while: bool = False) -> str:
-    import queues
-
-    path = f"/v1/{APP}/Batched.predict/spawn"
-    bodies = mlp_bodies()
-    ids = await queues.submit_all(url, path, bodies, min(100, n), submit_concurrency, None)  # warm-up
-    await queues.read_all(url, ids, 8, time.time() + 120)
-    lone = []
-    for _ in range(20):  # one at a time: submit, wait for its result
-        one = await queues.submit_all(url, path, bodies, 1, 1, None)
-        records, _ = await queues.read_all(url, one, 1, time.time() + 60)
-        lone += [1000 * (r["updated_at"] - r["created_at"]) for r in records]
-    cell = queues.SpawnCell("batched", n, n)
-    ids = await queues.submit_all(url, path, bodies, n, submit_concurrency, cell)
-    # Only the last call is long-polled while the queue drains (a reader polling every call would take the CPU of
-    # the path it measures); the records are read once it is final. The figures come from the records' own times.
-    give_up = cell.submit_first + queues.CELL_TIMEOUT_S
-    if not read_while:
-        await queues.read_all(url, ids[-1:], 1, give_up)
-    cell.records, cell.unfinished = await queues.read_all(url, ids, 8, give_up)
-    lat = cell.latencies_ms
-    how = "every call long-polled as it goes, 8 readers" if read_while else "read once the last was final"
-    return (f"Queued (spawn) calls of Batched.predict, {n:,} submitted by {submit_concurrency} connections ({how}): "
-            f"submit {cell.submit_rate:,.0f}/s, {cell.e2e_rate:,.0f} calls/s from the first submit to the last "
-            f"stored result ({cell.e2e_s:.1f} s), p50 {queues.nearest_rank(lat, 50):,.0f} ms, "
-            f"not ok {cell.not_succeeded} (goal: 1,500 calls/s with 10,000 queued); a lone queued call, submit to "
-            f"stored result: p50 {statistics.median(lone):,.1f} ms of 20, one at a time")
-
-
 # -- profiles --------------------------------------------------------------------------------------
 
 
@@ -436,17 +412,19 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
                 spy.wait(60)
                 print("control plane, idle (py-spy):\n" + summarize(args.profile / "idle-control-plane.txt",
                                                                     args.idle_s), flush=True)
+        share = {"gateway": [procs.gateway], "nats-server": [procs.nats], "replica": [by_service.get("Batched", 0)],
+                 "the rest": [procs.agent, floor.pid]}
         if args.spawn > 0:
             say(f"spawn {args.spawn:,} calls")
-            cpu = CpuWindow(procs)
-            cpu.start()
-            text = asyncio.run(spawn_rate(url, args.spawn, args.submit_concurrency, args.read_while))
-            cpu.stop()
-            share = {"gateway": [procs.gateway], "nats-server": [procs.nats],
-                     "replica": [by_service.get("Batched", 0)], "the rest": [procs.agent, floor.pid]}
-            print(f"\n{text}\nCPU over the spawn cell ({cpu.wall_s:.1f} s), share of one core: "
-                  + ", ".join(f"{k} {cpu.of(v):.2f}" for k, v in share.items())
-                  + f", this load generator {cpu.share(cpu.gen_s):.2f}", flush=True)
+            text = queued_cell(procs, share, queued_rate.spawn_rate(url, mlp_bodies(), args.spawn,
+                                                                    args.submit_concurrency, args.read_while))
+            print(f"\n{text}", flush=True)
+        if args.events > 0:
+            say(f"publish {args.events:,} events")
+            share["replica"] = [by_service.get("on_vectors", 0)]
+            text = queued_cell(procs, share, queued_rate.events_rate(platform.nats_url, platform.auth_dir, mlp_bodies(),
+                                                                     args.events, args.submit_concurrency))
+            print(f"\n{text}", flush=True)
         if args.profile is not None:
             ember_sides = [s for s in targets if s.target.is_ember]
             text = ember_loop.run(profile(ember_sides, plan, procs, replica_of, args.profile))
@@ -467,12 +445,25 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
             shutil.rmtree(work, ignore_errors=True)
 
 
+def queued_cell(procs: Processes, share: dict[str, list[int]], cell: Coroutine[Any, Any, str]) -> str:
+    """Run one queued cell (a coroutine of bench/queued_rate.py) and add the CPU its processes took."""
+    cpu = CpuWindow(procs)
+    cpu.start()
+    text = asyncio.run(cell)
+    cpu.stop()
+    return (f"{text}\nCPU over the cell ({cpu.wall_s:.1f} s), share of one core: "
+            + ", ".join(f"{k} {cpu.of(v):.2f}" for k, v in share.items())
+            + f", this load generator {cpu.share(cpu.gen_s):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="shorter windows, 1,000 spawned calls")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
     parser.add_argument("--spawn", type=int, default=None, metavar="N",
                         help="queued calls to spawn (default 10,000; --quick 1,000; 0 skips)")
+    parser.add_argument("--events", type=int, default=None, metavar="N",
+                        help="queued calls from events to publish (default: as --spawn; 0 skips)")
     parser.add_argument("--submit-concurrency", type=int, default=32, metavar="K")
     parser.add_argument("--read-while", action="store_true",
                         help="spawn: long-poll every call while the queue drains (as bench/queues.py does)")
@@ -485,6 +476,8 @@ def main() -> None:
         return
     if args.spawn is None:
         args.spawn = 1_000 if args.quick else 10_000
+    if args.events is None:
+        args.events = args.spawn
     if args.profile is not None and py_spy_binary() is None:
         parser.error("--profile needs py-spy (pip install py-spy)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,5 +1,5 @@
 """The Ember side of bench/per_call.py: echo (unbatched), and the MLP of mlp.py batched and unbatched, each
-its own replica."""
+its own replica; and the batched MLP once more as a function bound to a NATS subject (queued calls from events)."""
 
 from mlp import Mlp, Prediction, Vector
 
@@ -33,3 +33,15 @@ class Unbatched:
     @ember.method
     def predict(self, vector: Vector) -> Prediction:
         return self.mlp.classify([vector])[0]
+
+
+_MODEL: list[Mlp] = []  # the events function's model, made on its first batch
+
+
+@app.function(batch=ember.Batch(max_size=32, window_ms=5), on="percall.vectors", result_subject="percall.predictions",
+              timeout_s=30)
+def on_vectors(vectors: list[Vector]) -> list[Prediction]:
+    """``Batched.predict`` again, invoked by events: each message published to ``percall.vectors`` is a call."""
+    if not _MODEL:
+        _MODEL.append(Mlp())
+    return _MODEL[0].classify(vectors)
