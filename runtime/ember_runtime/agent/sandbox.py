@@ -201,10 +201,22 @@ def environment(own: Mapping[str, str], agent_env: Mapping[str, str] | None = No
             if (k in ALLOWED_ENV or k.startswith(ALLOWED_PREFIXES) or (not sandboxed and k in UNSANDBOXED_ONLY))
             and k not in NOT_PASSED}
     env = {**kept, "PYTHONUNBUFFERED": "1", **own, **(secrets or {})}
+    if own_path := ember_pythonpath(agent_env):
+        env["PYTHONPATH"] = own_path
     if sandboxed:
         env["HOME"] = HOME
         env["TMPDIR"] = "/tmp"
     return env
+
+
+def ember_pythonpath(agent_env: Mapping[str, str]) -> str:
+    """The entries of the agent's ``PYTHONPATH`` that hold the Ember it runs (``ember``, ``ember_runtime``): a
+    source checkout run without being installed (as ``bench/compare_commits.py`` runs another commit). Its
+    replicas need them to run the same Ember, not the one the interpreter would find by itself; nothing else of
+    the agent's ``PYTHONPATH`` is passed. ``python_roots`` binds these folders into a sandbox."""
+    own = {Path(ember.__file__).parent.parent.resolve(), Path(ember_runtime.__file__).parent.parent.resolve()}
+    entries = [e for e in agent_env.get("PYTHONPATH", "").split(os.pathsep) if e and os.path.isabs(e)]
+    return os.pathsep.join(dict.fromkeys(e for e in entries if Path(e).resolve() in own))
 
 
 def writable_folders(env: Mapping[str, str]) -> tuple[Path, ...]:

@@ -3,12 +3,15 @@ device nodes, the exit codes bwrap passes on, and whether replicas get memory li
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
 
 from support.paths import REPO
 
+import ember
+import ember_runtime
 from ember_runtime.agent import sandbox
 from ember_runtime.agent.cgroups import decide
 from ember_runtime.agent.sandbox import BUNDLE, HOME, Jail, Sandbox, environment, exit_code, gpu_devices
@@ -85,6 +88,14 @@ def test_the_same_allow_list_holds_without_a_sandbox_which_keeps_the_agents_home
     env = environment({"EMBER_DEVICE": "cpu"}, AGENT_ENV, sandboxed=False)
     assert "AWS_SECRET_ACCESS_KEY" not in env and "EMBER_TOKEN" not in env and "PYTHONPATH" not in env
     assert env["HOME"] == "/root" and env["EMBER_DEVICE"] == "cpu"
+
+
+def test_a_replica_runs_the_ember_of_its_agent_from_a_source_checkout_and_nothing_else_of_its_pythonpath() -> None:
+    sdk, runtime = Path(ember.__file__).parent.parent, Path(ember_runtime.__file__).parent.parent
+    path = os.pathsep.join(["/agent/src", str(sdk), str(sdk.parent / "platform"), str(runtime), "relative", str(sdk)])
+    for sandboxed in (True, False):
+        env = environment({}, {**AGENT_ENV, "PYTHONPATH": path}, sandboxed=sandboxed)
+        assert env["PYTHONPATH"] == os.pathsep.join([str(sdk), str(runtime)])
 
 
 def test_no_environment_value_is_on_bwraps_command_line(tmp_path: Path) -> None:
