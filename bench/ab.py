@@ -20,10 +20,10 @@ from ember import _loop as ember_loop
 
 
 def start_control_plane(first: subprocess.Popen[bytes], work: Path, name: str, *flags: str,
-                        env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
-    """Another control plane, started as ``first`` was (same NATS and settings) but on a free port, without the
-    first's ``--bootstrap-token-file`` and with ``flags`` (and ``env`` over this process's environment) added; it
-    and its URL."""
+                        env: Mapping[str, str] | None = None, port: int = 0) -> tuple[subprocess.Popen[bytes], str]:
+    """Another control plane, started as ``first`` was (same NATS and settings) but on ``port`` (0: a free one),
+    without the first's ``--bootstrap-token-file`` and with ``flags`` (and ``env`` over this process's environment)
+    added; it and its URL."""
     from ember._procs import die_with_parent
 
     args = [str(a) for a in first.args]  # type: ignore[union-attr]
@@ -33,7 +33,7 @@ def start_control_plane(first: subprocess.Popen[bytes], work: Path, name: str, *
             del args[at:at + 2]
     url_file = work / f"{name}.url"
     log = (work / f"{name}.log").open("ab")
-    proc = subprocess.Popen([*args, "--port", "0", "--url-file", str(url_file), *flags], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([*args, "--port", str(port), "--url-file", str(url_file), *flags], stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=die_with_parent,
                             env={**os.environ, **(env or {})})
     log.close()

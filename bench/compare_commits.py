@@ -8,14 +8,21 @@ What it does
     their first two columns and each numeric column's median over the runs is reported for A and B, with
     the ratio B / A.
 
+    A cell's number is its leading figure (``9,269``, ``0.47x``, ``+0.80 ms``). Rows are matched by their first
+    ``--key-columns`` cells (2 by default: http_latency.py's target and concurrency; 1 for per_call.py, whose
+    first column names the cell and whose others are all figures).
+
 Usage
-    python bench/compare_commits.py A B [--runs 5] [--columns "req/s,p50 ms"] -- bench/http_latency.py --quick
+    python bench/compare_commits.py A B [--runs 5] [--columns "req/s,p50 ms"] [--key-columns 2] \
+        -- bench/http_latency.py --quick
+    python bench/compare_commits.py A B --columns "Ember,ratio / gap" --key-columns 1 -- bench/per_call.py --rounds 1
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -26,11 +33,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE_ROOTS = ("sdk", "platform", "runtime")
 
-Row = tuple[str, str]
+Row = tuple[str, ...]
+FIGURE = re.compile(r"[-+]?(?:\d[\d,]*)?\.?\d+")
 
 
-def parse_tables(text: str) -> dict[Row, dict[str, float]]:
-    """The numeric cells of every markdown table row, by (first column, second column) and header name."""
+def parse_tables(text: str, key_columns: int = 2) -> dict[Row, dict[str, float]]:
+    """The numeric cells of every markdown table row, by its first ``key_columns`` cells and header name."""
     rows: dict[Row, dict[str, float]] = {}
     header: list[str] = []
     for line in text.splitlines():
@@ -42,22 +50,20 @@ def parse_tables(text: str) -> dict[Row, dict[str, float]]:
             header = cells
         elif not set(cells[0]) <= set("-: ") and len(cells) == len(header):
             values = {}
-            for name, cell in zip(header, cells, strict=True):
-                try:
-                    values[name] = float(cell.replace(",", "").rstrip("x"))
-                except ValueError:
-                    continue
-            rows[(cells[0], cells[1])] = values
+            for name, cell in zip(header[key_columns:], cells[key_columns:], strict=True):
+                if figure := FIGURE.match(cell):
+                    values[name] = float(figure.group().replace(",", ""))
+            rows[tuple(cells[:key_columns])] = values
     return rows
 
 
-def run_once(tree: Path, command: list[str]) -> dict[Row, dict[str, float]]:
+def run_once(tree: Path, command: list[str], key_columns: int) -> dict[Row, dict[str, float]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(tree / root) for root in SOURCE_ROOTS)}
     proc = subprocess.run([sys.executable, *command], cwd=tree, env=env, capture_output=True, text=True,
                           timeout=1800, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"{command} failed in {tree}:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    return parse_tables(proc.stdout)
+    return parse_tables(proc.stdout, key_columns)
 
 
 def main() -> int:
@@ -66,6 +72,7 @@ def main() -> int:
     parser.add_argument("b")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--columns", default="req/s,p50 ms")
+    parser.add_argument("--key-columns", type=int, default=2, help="leading cells that name a row (default 2)")
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args, command = parser.parse_args(argv[:split]), argv[split + 1:]
@@ -83,7 +90,7 @@ def main() -> int:
             for i in range(args.runs):
                 for side in ("A", "B") if i % 2 == 0 else ("B", "A"):
                     print(f"[compare] run {i + 1}/{args.runs}: {side}", file=sys.stderr, flush=True)
-                    for row, values in run_once(trees[side], command).items():
+                    for row, values in run_once(trees[side], command, args.key_columns).items():
                         for name, value in values.items():
                             seen[side][row][name].append(value)
         finally:
@@ -99,6 +106,8 @@ def main() -> int:
             a, b = (statistics.median(seen[s][row][column]) if seen[s][row][column] else None for s in ("A", "B"))
             cells += [f"{a:,.2f}" if a is not None else "-", f"{b:,.2f}" if b is not None else "-",
                       f"{b / a:.2f}" if a and b is not None else "-"]
+        if cells[1:] == ["-"] * (len(cells) - 1):
+            continue  # a row of another table, without these columns
         print("| " + " | ".join(cells) + " |")
     return 0
 
