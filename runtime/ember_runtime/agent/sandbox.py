@@ -74,6 +74,7 @@ NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "
                  "/dev/nvidia-caps")
 
 OPEN_FILES = 65536
+DISCARD_WAIT_S = 5.0  # what a sandbox whose start was abandoned is given to say its pid, and to exit
 PROCESSES = 16384
 
 
@@ -351,8 +352,28 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
         raise
     finally:
         os.close(info_w)
-    info = await asyncio.to_thread(_read_all, info_r)
+    reading = asyncio.ensure_future(asyncio.to_thread(_read_all, info_r))
+    try:
+        info = await asyncio.shield(reading)
+    except BaseException:  # cancelled while it started (its slot was stopped): nobody else knows of it
+        await _discard(proc, reading)
+        raise
     return SandboxedProcess(proc, _child_pid(info) or proc.pid)
+
+
+async def _discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:
+    """Kill a sandbox whose start was abandoned: bwrap (its command dies with it, ``--die-with-parent``), then,
+    once bwrap has said which process that was, the command's own group (a zygote's outlives bwrap)."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    info = b""
+    with contextlib.suppress(Exception, asyncio.CancelledError):  # bwrap wrote it, or closed the pipe dying
+        info = await asyncio.wait_for(asyncio.shield(reading), DISCARD_WAIT_S)
+    if child := _child_pid(info):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(child, signal.SIGKILL)
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(proc.wait(), DISCARD_WAIT_S)
 
 
 def _read_all(fd: int) -> bytes:

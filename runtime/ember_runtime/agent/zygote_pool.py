@@ -314,11 +314,21 @@ class Zygote:
             self._fail(f"zygote {self._name} could not fork: {exc}")
             self._kill()  # discard it: the pool builds a new one
             raise ZygoteError(str(exc)) from exc
+        except BaseException:  # cancelled: a child not told to go on sees its connection close and exits
+            conn.close()
+            for fd in (out_r, err_r):
+                os.close(fd)
+            raise
         finally:
             os.close(out_w)
             os.close(err_w)
         self.forks += 1
-        return ForkedProcess(pid, conn, await _reader(out_r), await _reader(err_r))
+        try:
+            return ForkedProcess(pid, conn, await _reader(out_r), await _reader(err_r))
+        except BaseException:  # cancelled (its slot was stopped) after the child went on: it must not run unseen
+            _kill_forked(pid)
+            conn.close()
+            raise
 
     async def stop(self) -> None:
         self.state = "stopped"
@@ -457,3 +467,10 @@ class ZygotePool:
         for fd in (self._lifeline_w, self._lifeline):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _kill_forked(pid: int) -> None:
+    """SIGKILL a forked replica and its group (it leads its own session from before it is told to go on)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
