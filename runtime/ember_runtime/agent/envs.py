@@ -9,7 +9,7 @@ Layout of the cache (``<state dir>/envs``, written by the agent alone; sandboxes
 | ``<sha256>/.ember-ready`` | written last: an environment without it is unfinished and built again |
 | ``<sha256>/.ember-build.log`` | uv's output of its build |
 | ``runtime/<key>/`` | Ember's runtime layer: ``ember``, ``ember_runtime`` and their dependencies, linked |
-| ``uv-cache/`` | uv's download and wheel cache, shared by every build of the node |
+| ``uv-cache/`` | uv's download and wheel cache, shared by every build of the node; counted in the budget |
 | ``builds.log`` | one line per environment built: its hash and how long it took |
 
 **Wheels only.** Locking and building run in the agent, outside any sandbox, so they never build a source
@@ -56,6 +56,7 @@ log = logging.getLogger("ember.agent")
 LOCAL_INDEXES_ENV = "EMBER_IMAGE_LOCAL_INDEXES"  # folders (':'-separated) whose wheels images may install from
 BUDGET_ENV = "EMBER_NODE_ENV_CACHE_BYTES"
 DEFAULT_BUDGET = 20 * 1024**3
+UV_CACHE = "uv-cache"  # uv's own cache, under the environments' folder
 RUNTIME_DISTS = ("msgspec", "nats-py", "uvloop")  # what ember and ember_runtime import in a replica
 READY = ".ember-ready"
 BUILD_LOG = ".ember-build.log"
@@ -324,6 +325,34 @@ class EnvCache:
                      self.budget >> 20)
         return removed
 
+    async def collect_uv_cache(self) -> bool:
+        """uv's download cache (``uv-cache``: wheels and their unpacked trees, which built environments no longer
+        need) counted with the environments against the same budget, each file once (an environment's files are
+        hard links into it): when over, ``uv cache prune`` drops what nothing refers to, and if that is not
+        enough ``uv cache clean`` drops the rest (a later build downloads again). Never while a build runs (uv
+        would wait on its own lock). True when it cleaned."""
+        cache = self.root / UV_CACHE
+        if self._building or not cache.is_dir():
+            return False
+        folders = [cache, *(self.root / sha for sha in self.cached())]
+        before = await asyncio.to_thread(unique_bytes, folders)
+        if before <= self.budget:
+            return False
+        after = before
+        for command in (["cache", "prune"], ["cache", "clean"]):
+            if self._building:
+                break
+            code, _, err = await self._uv([uv_binary(), *command, "--cache-dir", str(cache)], timeout_s=LOCK_TIMEOUT_S)
+            if code:
+                log.warning("uv %s failed: %s", " ".join(command), _tail(err, 3))
+                break
+            after = await asyncio.to_thread(unique_bytes, folders)
+            if after <= self.budget:
+                break
+        log.info("uv's cache cut from %d MB to %d MB (environments and cache within %d MB)", before >> 20,
+                 after >> 20, self.budget >> 20)
+        return True
+
     # ---- helpers
 
     def _check(self, image: ImageSpec, *, locked: bool = False) -> None:
@@ -355,7 +384,8 @@ class EnvCache:
     async def _uv(self, argv: list[str], *, timeout_s: float, stdin: str | None = None,
                   say: Say | None = None) -> tuple[int, str, str]:
         """Run uv (its cache the node's), its stderr passed on line by line; (exit code, stdout, stderr)."""
-        env = {**os.environ, "UV_CACHE_DIR": str(self.root / "uv-cache"), "NO_COLOR": "1"}
+        # hard links into the cache (or copies), never symlinks: cleaning the cache must not break an environment
+        env = {**os.environ, "UV_CACHE_DIR": str(self.root / UV_CACHE), "UV_LINK_MODE": "hardlink", "NO_COLOR": "1"}
         env.pop("VIRTUAL_ENV", None)
         proc = await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
@@ -404,6 +434,22 @@ def _resolution_error(err: str, packages: list[str]) -> str:
     named = [n for n in names if re.search(rf"\b{re.escape(n)}\b", err, re.IGNORECASE)]
     head = f"cannot resolve {', '.join(named)}: " if named else "cannot resolve the image's requirements: "
     return head + _tail(err)
+
+
+def unique_bytes(folders: Iterable[Path]) -> int:
+    """Bytes of the files under ``folders`` (as ``folder_size`` counts them), a file with several hard links among
+    them counted once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for folder in folders:
+        for dirpath, _, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(os.path.join(dirpath, name))
+                    if (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        total += st.st_size
+    return total
 
 
 def _base_python() -> str:

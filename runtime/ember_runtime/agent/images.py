@@ -132,6 +132,7 @@ class NodeImages:
                 task.exception()
         try:
             await asyncio.to_thread(self.cache.collect, in_use)
+            await self.cache.collect_uv_cache()
         except OSError:
             log.exception("the environment cache could not be cut down to its budget")
 

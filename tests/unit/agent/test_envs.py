@@ -13,7 +13,8 @@ import pytest
 from support.wheels import PACKAGE, write_sdist, write_wheel
 
 from ember.wire.images import ImageSpec
-from ember_runtime.agent.envs import READY, BuildError, EnvCache
+from ember_runtime.agent.bundles import folder_size
+from ember_runtime.agent.envs import READY, UV_CACHE, BuildError, EnvCache, unique_bytes
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +112,23 @@ def test_the_cache_is_collected_least_recently_used_first_never_what_is_in_use(t
     cache.budget = 10**12
     asyncio.run(build("1.0"))
     assert cache.collect(in_use=set()) == []  # within budget: nothing goes
+
+
+def test_uvs_cache_counts_against_the_budget_and_is_cleaned_without_breaking_an_environment(tmp_path, wheels):
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    env = asyncio.run(cache.ensure(asyncio.run(cache.lock(image(wheels, "2.0")))))
+    uv_cache = cache.root / UV_CACHE
+    both = unique_bytes([uv_cache, env.path])
+    assert both < folder_size(uv_cache) + folder_size(env.path)  # the environment's files are hard links: once
+    assert asyncio.run(cache.collect_uv_cache()) is False  # within the (default) budget: kept
+    cached_files = sum(len(files) for _, _, files in os.walk(uv_cache))
+    cache.budget = unique_bytes([env.path]) + 4096  # the environment fits, not uv's cache beside it
+    assert asyncio.run(cache.collect_uv_cache()) is True
+    assert sum(len(files) for _, _, files in os.walk(uv_cache)) < cached_files
+    assert unique_bytes([uv_cache, env.path]) < both
+    assert run_in(env.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "2.0"  # still whole
+    again = asyncio.run(cache.ensure(asyncio.run(cache.lock(image(wheels, "1.0")))))  # a later build downloads again
+    assert run_in(again.python, f"import {PACKAGE}; print({PACKAGE}.__version__)") == "1.0"
 
 
 def test_a_node_that_never_built_anything_builds_a_lock_made_elsewhere(tmp_path, wheels):
