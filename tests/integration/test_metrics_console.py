@@ -101,7 +101,8 @@ def test_metrics_count_the_calls_made(http: httpx.Client) -> None:
     answers += [http.post("/v1/watched/double", json="seven").status_code for _ in range(2)]  # not an int
     answers.append(http.post("/v1/watched/double", json=-1).status_code)  # runs, and fails in user code
     answers.append(http.post("/v1/watched/triple", json=1).status_code)  # no such function
-    assert answers == [200] * 7 + [422, 422, 500, 404]
+    answers.append(http.post("/v1/watched/double/spawn", json=3).status_code)  # queued: answered with 202
+    assert answers == [200] * 7 + [422, 422, 500, 404, 202]
     after = scrape(http)
 
     def delta(name: str, **labels: str) -> float:
@@ -112,16 +113,17 @@ def test_metrics_count_the_calls_made(http: httpx.Client) -> None:
     assert delta("ember_requests_total", **fn, code="422") == 2
     assert delta("ember_requests_total", **fn, code="500") == 1
     assert delta("ember_requests_total", app="", function="", code="404") == 1  # counted, but under no name
-    assert delta("ember_request_duration_seconds_count", **fn) == 10
-    assert delta("ember_request_duration_seconds_bucket", **fn, le="+Inf") == 10
+    assert delta("ember_requests_total", **fn, code="202") == 1
+    assert delta("ember_request_duration_seconds_count", **fn) == 11
+    assert delta("ember_request_duration_seconds_bucket", **fn, le="+Inf") == 11
     assert 0 < delta("ember_request_duration_seconds_sum", **fn) < 60
 
-    # The replica's own counters arrive with its next report: the 8 calls that ran (7 answered, 1 failed).
+    # The replica's own counters arrive with its next report: the 9 calls that ran (7 answered, 1 failed, 1 queued).
     ran = {"app": "watched", "function": "double"}
-    wait_for(lambda: total(scrape(http), "ember_calls_total", **ran) >= 8, 30, "the replica's counters")
+    wait_for(lambda: total(scrape(http), "ember_calls_total", **ran) >= 9, 30, "the replica's counters")
     now = scrape(http)
     assert total(now, "ember_calls_failed_total", **ran) >= 1
-    assert total(now, "ember_queue_wait_seconds_count", **ran) >= 8
+    assert total(now, "ember_queue_wait_seconds_count", **ran) >= 9
     assert total(now, "ember_batch_run_seconds_count", **ran) >= 1
 
 

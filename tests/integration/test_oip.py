@@ -18,6 +18,7 @@ import msgspec
 import numpy as np
 import pytest
 import tritonclient.http as triton
+from prometheus_client.parser import text_string_to_metric_families
 from support.auth import bearer
 from support.paths import REPO
 from support.pushing import push_here
@@ -106,6 +107,20 @@ def test_a_batched_function_of_arrays_is_a_model_too(arrays, client, auth, http)
     result = client.infer("arrays.batched_sums", [given], headers=dict(auth))
     np.testing.assert_array_equal(result.as_numpy("output"), _rows(3).sum(axis=1))
     assert http.post("/v1/arrays/batched_sums", json=[[1, 2, 3, 4]]).json() == [10.0]
+
+
+def test_inference_is_counted_in_the_gateways_request_metrics(arrays, client, auth, http):
+    def counted(code: str) -> float:
+        samples = [s for f in text_string_to_metric_families(http.get("/metrics").text) for s in f.samples]
+        labels = {"app": "arrays", "function": "norms", "version": str(arrays.version), "code": code}
+        return sum(s.value for s in samples if s.name == "ember_requests_total" and labels.items() <= s.labels.items())
+
+    before_ok, before_bad = counted("200"), counted("400")
+    given = triton.InferInput("x", [2, 4], "FP32")
+    given.set_data_from_numpy(_rows(2))
+    client.infer("arrays.norms", [given], headers=dict(auth))
+    assert http.post("/v2/models/arrays.norms/infer", json={"inputs": []}).status_code == 400
+    assert (counted("200") - before_ok, counted("400") - before_bad) == (1, 1)
 
 
 def test_an_untyped_array_takes_any_numeric_datatype(arrays, client, auth):

@@ -45,7 +45,7 @@ from ember_platform.platform import Platform
 
 INVOKE_METERED = metrics.metered(calls.invoke)  # the synchronous call, counted for GET /metrics
 INVOKE_TRACED = traced(INVOKE_METERED, "ember.gateway", "/v1/{app}/{name}")  # and in a span, when tracing is on
-OIP_INFER = traced(oip.infer, "ember.gateway", "/v2/models/{model}/infer")
+OIP_INFER = traced(metrics.metered(oip.infer), "ember.gateway", "/v2/models/{model}/infer")  # counted too
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
     route("/readyz", health.readyz, "GET", OPEN),
@@ -101,7 +101,8 @@ ROUTES = [
     route("/v2/models/{model}/versions/{version}/infer", OIP_INFER, "POST", INVOKE),
     route("/v2/{path:path}", oip.unknown, "GET", TOKEN),  # the protocol's 404 for any other /v2 path
     route("/v2/{path:path}", oip.unknown, "POST", TOKEN),
-    route("/v1/{app}/{name}/spawn", traced(calls.spawn, "ember.spawn", "/v1/{app}/{name}/spawn"), "POST", INVOKE),
+    route("/v1/{app}/{name}/spawn", traced(metrics.metered(calls.spawn), "ember.spawn", "/v1/{app}/{name}/spawn"),
+          "POST", INVOKE),  # counted as answered when queued (202)
     route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token
 ]
 

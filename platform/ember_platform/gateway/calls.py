@@ -145,6 +145,7 @@ async def spawn(request: Request) -> Response:
     app, pinned = split_app(request.path_params["app"])
     name = request.path_params["name"]
     dep, _, fn, validator = _function(platform, app, name, pinned)
+    request.scope[CALLED] = (app, fn.name, dep.version)  # what GET /metrics counts this submit under
     raw_timeout = request.headers.get(HTTP_TIMEOUT_HEADER)
     deadline = time.time() + _timeout(request, float("inf")) if raw_timeout is not None else float("inf")
     formats = binary.negotiate(request, fn)

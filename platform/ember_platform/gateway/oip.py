@@ -56,6 +56,7 @@ from ember_platform.auth.tokens import TokenRefused
 from ember_platform.gateway import binary, calls
 from ember_platform.gateway.body import header, read_body
 from ember_platform.gateway.guard import TOKEN, Need, authorize, checks_itself, principal_of
+from ember_platform.gateway.metrics import CALLED
 from ember_platform.gateway.responses import platform_of
 from ember_platform.platform import Platform
 
@@ -252,6 +253,7 @@ async def infer(request: Request) -> Response:
     platform = platform_of(request)
     dep, svc, fn = _model(request, INVOKE)
     assert fn.tensors is not None
+    request.scope[CALLED] = (dep.app, fn.name, dep.version)  # what GET /metrics counts this call under
     encoding = header(request, b"content-encoding")
     if encoding not in (None, "identity"):
         raise binary.UnsupportedMediaType(f"Content-Encoding {encoding[:40]!r} is not supported; send the body "
