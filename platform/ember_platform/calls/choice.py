@@ -19,6 +19,9 @@ REPORT_FRESH_S = 1.0  # an older report says nothing of a replica's load now (a 
 IDLE_FRESH_S = 5.0  # how long an idle replica's report counts (an idle one reports every 2 s, and at once when a
 #                     call reaches it; the router adds the calls it sent since, so that "idle" stays true enough)
 
+FORGET_AFTER_S = 60.0  # a replica whose last report stopped counting this long ago is forgotten
+SWEEP_EVERY = 1024  # reports recorded between two sweeps
+
 ReportKey = tuple[str, str, int]  # (app, function, version)
 
 
@@ -33,13 +36,34 @@ class LoadBoard:
         self._clock = clock
         self._reports: dict[ReportKey, dict[str, tuple[float, LoadReport]]] = {}  # replica -> (until, report)
         self._services: dict[tuple[str, str], set[ReportKey]] = {}  # (app, service) -> its functions' keys
+        self._recorded = 0
 
     def record(self, report: LoadReport) -> None:
         key = (report.app, report.function, report.version)
         idle = report.queued == 0 and report.in_flight == 0
-        until = self._clock() + (self._idle_fresh_s if idle else self._fresh_s)
-        self._reports.setdefault(key, {})[report.replica_id] = (until, report)
+        now = self._clock()
+        self._reports.setdefault(key, {})[report.replica_id] = (now + (self._idle_fresh_s if idle else self._fresh_s),
+                                                                report)
         self._services.setdefault((report.app, report.function.split(".")[0]), set()).add(key)
+        self._recorded += 1
+        if self._recorded % SWEEP_EVERY == 0:
+            self.sweep(now)
+
+    def sweep(self, now: float) -> None:
+        """Forget the replicas that stopped reporting ``FORGET_AFTER_S`` ago (gone, or of a version no longer
+        served): without this, every replica that ever reported would stay, and ``fresh`` would walk them all."""
+        for key in list(self._reports):
+            live = {r: v for r, v in self._reports[key].items() if now - v[0] < FORGET_AFTER_S}
+            if live:
+                self._reports[key] = live
+                continue
+            del self._reports[key]
+            service = (key[0], key[1].split(".")[0])
+            keys = self._services.get(service)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self._services[service]
 
     def fresh(self, app: str, function: str, version: int) -> list[LoadReport]:
         """The reports of the function version's replicas that are recent enough to route by."""

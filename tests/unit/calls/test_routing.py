@@ -10,6 +10,7 @@ import pytest
 
 from ember._errors import UnavailableError
 from ember.wire import Invocation, LoadReport, encoder
+from ember_platform.calls import choice
 from ember_platform.calls.choice import LoadBoard, choose
 from ember_platform.calls.router import Router
 
@@ -148,3 +149,19 @@ def test_a_pending_call_gets_its_messages_in_order_or_times_out():
         return seen
 
     assert asyncio.run(scenario()) == ["early", "late", "timeout"]
+
+
+def test_replicas_that_stopped_reporting_are_forgotten_and_their_versions_too():
+    clock = Clock()
+    loads = LoadBoard(clock=clock)
+    for i in range(50):  # replicas of version 1 that came and went (autoscaling, a rollout)
+        loads.record(LoadReport(replica_id=f"old{i}", app="a", function="f", version=1, queued=0, in_flight=0,
+                                per_call_s=0.001, slots=1))
+    clock.now += choice.IDLE_FRESH_S + choice.FORGET_AFTER_S
+    live = LoadReport(replica_id="new", app="a", function="f", version=2, queued=1, in_flight=0, per_call_s=0.001,
+                      slots=1)
+    for _ in range(choice.SWEEP_EVERY):  # the live replica's reports, until a sweep
+        loads.record(live)
+    assert loads.fresh("a", "f", 1) == [] and loads.fresh("a", "f", 2) == [live]
+    assert list(loads._reports) == [("a", "f", 2)] and loads._services == {("a", "f"): {("a", "f", 2)}}
+    assert loads.capacity("a", "f") == 1000.0
