@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
@@ -45,6 +46,8 @@ ON = False  # True in a process that traces (``setup``): the one test the call p
 _tracer: Any = None
 _propagator: Any = None
 _api: Any = None  # OpenTelemetry's API modules, imported once tracing starts (``_propagation``)
+_parent_based = True  # the sampler follows a parent's decision (OTEL_TRACES_SAMPLER=parentbased_*, the default)
+_TRACEPARENT_00 = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 
 
 def wanted(env: Mapping[str, str] | None = None) -> bool:
@@ -65,7 +68,7 @@ def setup(service_name: str, attributes: Mapping[str, str | int] | None = None) 
     ``service_name`` unless ``OTEL_SERVICE_NAME`` names another; ``attributes`` join the resource (with those of
     ``OTEL_RESOURCE_ATTRIBUTES``). Without the ``opentelemetry-sdk`` package, or with an exporter it cannot make,
     it logs why and stays off: tracing never stops a process from serving."""
-    global ON, _tracer
+    global ON, _tracer, _parent_based
     if ON or not wanted():
         return ON
     try:
@@ -81,6 +84,8 @@ def setup(service_name: str, attributes: Mapping[str, str | int] | None = None) 
 
     trace.set_tracer_provider(provider)
     _tracer = provider.get_tracer("ember")
+    sampler = os.environ.get("OTEL_TRACES_SAMPLER", "").strip().lower() or "parentbased_always_on"
+    _parent_based = sampler.startswith("parentbased_")
     _propagation()
     ON = True
     log.info("tracing on: spans of %s exported (%s)", service_name, os.environ.get("OTEL_TRACES_EXPORTER", "otlp"))
@@ -182,6 +187,20 @@ def parent_from(carrier: Mapping[str, str] | None) -> Any:
     return context if _api.trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def unsampled(carrier: Mapping[str, str] | None) -> bool:
+    """Whether ``carrier`` holds a valid ``traceparent`` (version 00) of a trace that is not sampled, under a sampler
+    that follows its parent: then no span this process starts for it would be recorded, and none need be (a call
+    that carries one skips all span work; its context is only passed on). False whenever in doubt: the SDK
+    decides then, as for any call."""
+    if not carrier or not _parent_based:
+        return False
+    parent = carrier.get(TRACEPARENT)
+    if parent is None and isinstance(carrier, dict) and len(carrier) <= 64:  # NATS headers keep their case
+        parent = next((v for k, v in carrier.items() if isinstance(k, str) and k.lower() == TRACEPARENT), None)
+    return (isinstance(parent, str) and len(parent) == 55 and _TRACEPARENT_00.fullmatch(parent) is not None
+            and not int(parent[53:], 16) & 1)
+
+
 def start(name: str, parent: Any = None, *, kind: str = "internal", start_ns: int | None = None,
           links: list[Any] | None = None, attributes: Mapping[str, Any] | None = None) -> Any:
     """A started span, a child of ``parent`` (a ``Context``; None: a new trace), linked to the span contexts in
@@ -224,8 +243,14 @@ def current_headers(attributes: Mapping[str, Any] | None = None) -> dict[str, st
     """The trace context of this task's current span, to send on with a call (empty when there is none); the
     current span is given ``attributes`` first."""
     span = _api.trace.get_current_span()
-    if not span.get_span_context().is_valid:
+    context = span.get_span_context()
+    if not context.is_valid:
         return {}
+    if not context.trace_flags.sampled:  # nothing of it is recorded: only the context travels on, written here
+        carrier = {TRACEPARENT: f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"}
+        if context.trace_state:
+            carrier[TRACESTATE] = context.trace_state.to_header()
+        return carrier
     if attributes:
         span.set_attributes(attributes)
     return headers_of(span)

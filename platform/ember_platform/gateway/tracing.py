@@ -45,9 +45,10 @@ def traced(endpoint: Endpoint, name: str, route: str) -> Endpoint:
             raise
         finally:
             tracing.deactivate(token)
-            _describe(span, request, code)
-            if error and code < 500:
-                span.set_attribute("error.type", error)  # a client's mistake: the server span did not fail
+            if span.is_recording():  # (most calls' are not, when sampled: nothing to describe)
+                _describe(span, request, code)
+                if error and code < 500:
+                    span.set_attribute("error.type", error)  # a client's mistake: the server span did not fail
             tracing.end(span, error if code >= 500 else None)
 
     return with_span

@@ -55,7 +55,10 @@ def end(spans: BatchSpans) -> None:
 def call(carrier: Any, call_id: str, function: str, *, kind: str = "server", start_ns: int | None = None,
          attributes: dict[str, Any] | None = None) -> Any:
     """A call's ``ember.call`` span, the child of the trace context it came with (``carrier``: an ``Invocation``'s
-    ``trace`` or a message's headers; a missing or malformed one starts a new trace)."""
+    ``trace`` or a message's headers; a missing or malformed one starts a new trace); None for a call whose trace is
+    not sampled (``tracing.unsampled``): no span of it would be recorded."""
+    if tracing.unsampled(carrier):
+        return None
     return tracing.start("ember.call", tracing.parent_from(carrier), kind=kind, start_ns=start_ns,
                          attributes={"ember.call_id": call_id, "ember.function": function, **(attributes or {})})
 

@@ -286,7 +286,7 @@ class Replica:
         if tracing.ON:  # its ``ember.call`` lasts until the stream's end
             span = spans.call(invocation.trace, invocation.call_id, invocation.function,
                               attributes={"ember.stream": True})
-            finish = spans.ending(span, sink.finish)
+            finish = spans.ending(span, sink.finish) if span is not None else finish
         try:
             args, kwargs = endpoint.decode(invocation.input, codec)
             batcher.submit(Call(Streamed(args, kwargs, sink), invocation.deadline, finish, invocation.call_id,

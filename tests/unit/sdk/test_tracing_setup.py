@@ -82,6 +82,36 @@ def test_a_missing_or_malformed_traceparent_starts_a_new_trace(carrier: dict[str
     assert tracing.parent_from(carrier) is None  # type: ignore[arg-type]
 
 
+UNSAMPLED = f"00-{TRACE_ID}-{SPAN_ID}-00"
+
+
+@pytest.mark.parametrize(("carrier", "expected"), [
+    ({"traceparent": UNSAMPLED}, True),
+    ({"Traceparent": UNSAMPLED, "Ember-Call-Id": "c1"}, True),  # NATS headers keep their case
+    ({"traceparent": f"00-{TRACE_ID}-{SPAN_ID}-02"}, True),  # another flag, not "sampled"
+    ({"traceparent": VALID}, False),
+    ({"traceparent": f"00-{TRACE_ID}-{SPAN_ID}-03"}, False),
+    ({"traceparent": f"cc-{TRACE_ID}-{SPAN_ID}-00-what-the-future-holds"}, False),  # a later version: the SDK reads it
+    ({"traceparent": f"00-{'0' * 32}-{SPAN_ID}-00"}, False),  # invalid: a new trace, sampled as a root
+    ({"traceparent": f"00-{TRACE_ID}-{'0' * 16}-00"}, False),
+    ({"traceparent": f"00-{TRACE_ID.upper()}-{SPAN_ID}-00"}, False),
+    ({"traceparent": f"00-{TRACE_ID}-{SPAN_ID}-0g"}, False),
+    ({"traceparent": UNSAMPLED + "\n"}, False),
+    ({"traceparent": UNSAMPLED.encode()}, False),
+    ({**{f"h{i}": "x" for i in range(100)}, "TRACEPARENT": UNSAMPLED}, False),
+    ({}, False),
+    (None, False),
+])
+def test_a_call_whose_trace_is_not_sampled_is_told_apart_strictly(carrier: dict[str, object] | None,
+                                                                 expected: bool) -> None:
+    assert tracing.unsampled(carrier) is expected  # type: ignore[arg-type]
+
+
+def test_a_sampler_that_ignores_parents_decides_every_call_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tracing, "_parent_based", False)  # OTEL_TRACES_SAMPLER=traceidratio, say
+    assert tracing.unsampled({"traceparent": UNSAMPLED}) is False
+
+
 def test_the_w3c_examples_of_later_versions_are_read_with_their_extra_fields() -> None:
     assert _ids(tracing.parent_from({"traceparent": f"cc-{TRACE_ID}-{SPAN_ID}-01-what-the-future-holds"}))[0] \
         == TRACE_ID
@@ -199,3 +229,41 @@ def test_a_collector_that_never_answers_does_not_hold_a_stopping_process() -> No
     """
     waited = _run(code)
     assert 0.9 <= waited < 8  # type: ignore[operator]  # unbounded, the exporter alone would wait 10 s
+
+
+@pytest.mark.parametrize(("sampler", "parent_based"), [
+    ("", True), ("parentbased_traceidratio", True), ("ParentBased_Always_On", True), ("traceidratio", False),
+    ("always_on", False),
+])
+def test_setup_reads_whether_the_sampler_follows_a_parent(sampler: str, parent_based: bool) -> None:
+    code = """
+    import json
+    from ember import _tracing as tracing
+    tracing.setup("ember-test")
+    print(json.dumps({"on": tracing.ON, "parent_based": tracing._parent_based}))
+    """
+    env = {"OTEL_TRACES_EXPORTER": "console", **({"OTEL_TRACES_SAMPLER": sampler} if sampler else {})}
+    assert _run(code, **env) == {"on": True, "parent_based": parent_based}
+
+
+def test_an_unsampled_calls_context_travels_on_exactly_as_the_propagator_writes_it() -> None:
+    code = f"""
+    import json
+    from ember import _tracing as tracing
+    tracing.setup("ember-test")
+    out = {{}}
+    for flags in ("00", "01"):
+        span = tracing.start("a", tracing.parent_from({{"traceparent": "00-{TRACE_ID}-{SPAN_ID}-" + flags,
+                                                        "tracestate": "v=1,w=2"}}))
+        token = tracing.activate(span)
+        out[flags] = [tracing.current_headers({{"ember.call_id": "c"}}), tracing.headers_of(span),
+                      span.is_recording()]
+        tracing.deactivate(token)
+    print(json.dumps(out))
+    """
+    out = _run(code, OTEL_TRACES_EXPORTER="console", OTEL_TRACES_SAMPLER="parentbased_always_on")
+    for flags, recording in (("00", False), ("01", True)):
+        fast, written, is_recording = out[flags]  # type: ignore[misc]
+        assert fast == written and is_recording is recording
+        assert fast["traceparent"].startswith(f"00-{TRACE_ID}-") and fast["traceparent"].endswith(f"-{flags}")
+        assert fast["tracestate"] == "v=1,w=2"
