@@ -11,7 +11,8 @@ What is measured (one run of the embedded platform: nats-server, control plane, 
                  fetching that version: each chunk from the object store, checked, written to its file, made
                  read-only; measured in this process with the control plane's NATS credentials
     * ``JetStream publish``  what nats-server takes on this machine: 4 MiB messages published one after the
-                 other into the chunks' stream (then purged), the ceiling under both put and fetch
+                 other into the chunks' stream, then 4 at a time; and ``JetStream direct get`` what it gives: those
+                 messages read back by direct gets, 4 at a time (then purged): the ceilings under put and fetch
     Rounds are interleaved (copy, put, fetch on a new file each round); the table shows medians in MB/s and
     each against the copy. Target: put and fetch at least half the copy's speed.
 
@@ -81,25 +82,46 @@ async def fetch(url: str, creds: object, root: Path, name: str) -> float:
         await nc.close()
 
 
-async def publish(url: str, creds: object, mb: int) -> float:
+async def publish(url: str, creds: object, mb: int, ahead: int = 4) -> dict[str, float]:
+    """What nats-server itself takes and gives, MB/s: 4 MiB messages published into the chunks' stream one after
+    the other, then ``ahead`` at a time, then read back by direct gets ``ahead`` at a time (then purged)."""
+    widen_nats_reads()  # as the node agent does
     nc = await connect(url, "bench-volumes", creds)  # type: ignore[arg-type]
+    stream = object_stream(subjects.VOLUME_CHUNKS_STORE)
     try:
-        js = nc.jetstream()
+        js = nc.jetstream(timeout=60)
         block, subject = os.urandom(4 * MB), f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.bench{uuid.uuid4().hex}"
         started = time.perf_counter()
         for _ in range(mb // 4):
             await js.publish(subject, block)
-        elapsed = time.perf_counter() - started
-        await js.purge_stream(object_stream(subjects.VOLUME_CHUNKS_STORE), subject=subject)
-        return mb / elapsed
+        one = mb / (time.perf_counter() - started)
+        gate = asyncio.Semaphore(ahead)
+
+        async def put() -> int:
+            async with gate:
+                return (await js.publish(subject, block)).seq
+
+        started = time.perf_counter()
+        seqs = await asyncio.gather(*(put() for _ in range(mb // 4)))
+        many = mb / (time.perf_counter() - started)
+
+        async def get(seq: int) -> int:
+            async with gate:
+                return len((await js.get_msg(stream, seq=seq, direct=True)).data or b"")
+
+        started = time.perf_counter()
+        got = sum(await asyncio.gather(*(get(seq) for seq in seqs)))
+        read = got / MB / (time.perf_counter() - started)
+        await js.purge_stream(stream, subject=subject)
+        return {"JetStream publish": one, f"JetStream publish, {ahead} at a time": many,
+                f"JetStream direct get, {ahead} at a time": read}
     finally:
         await nc.close()
 
 
 def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int,
                repeats: int) -> dict[str, list[float]]:
-    rates: dict[str, list[float]] = {"copy": [], "copy + fsync": [], "put": [], "fetch": [],
-                                     "JetStream publish": []}
+    rates: dict[str, list[float]] = {"copy": [], "copy + fsync": [], "put": [], "fetch": []}
     for i in range(repeats):
         source = work / f"src-{i}" / "blob.bin"
         source.parent.mkdir()
@@ -114,7 +136,8 @@ def throughput(plat: EmbeddedPlatform, transport: Transport, work: Path, mb: int
             os.fsync(fh.fileno())
         rates["copy + fsync"].append(mb / (time.perf_counter() - started))
         os.unlink(work / f"copy-{i}.bin")
-        rates["JetStream publish"].append(asyncio.run(publish(plat.nats_url, plat.nats_credentials, mb)))
+        for key, rate in asyncio.run(publish(plat.nats_url, plat.nats_credentials, mb)).items():
+            rates.setdefault(key, []).append(rate)
 
         name = f"bench-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
@@ -176,13 +199,13 @@ def main() -> int:
     copy = statistics.median(rates["copy"])
     print(f"\nvolumes on {platform.node()} ({os.cpu_count()} CPUs), {args.mb} MiB files, {args.repeats} rounds, "
           "medians")
-    print(f"  {'':<22} {'MB/s':>8} {'vs copy':>8}")
+    print(f"  {'':<38} {'MB/s':>8} {'vs copy':>8}")
     for label, values in rates.items():
         median = statistics.median(values)
-        print(f"  {label:<22} {median:>8.0f} {median / copy:>8.2f}")
+        print(f"  {label:<38} {median:>8.0f} {median / copy:>8.2f}")
     print(f"\nreplica start with a {args.start_mb} MiB volume (push to ready), {args.repeats} rounds, medians")
     for label, values in times.items():
-        print(f"  {label:<22} {statistics.median(values):>7.2f} s")
+        print(f"  {label:<38} {statistics.median(values):>7.2f} s")
     return 0
 
 
