@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import logging
 import os
 import socket
@@ -13,7 +12,7 @@ from typing import Any
 
 import uvicorn
 
-from ember import _logging
+from ember import _gc, _logging
 from ember import _loop as ember_loop
 from ember import _tracing as tracing
 from ember_platform.auth.bootstrap import first_token_banner, loopback_only, read_token_file
@@ -82,14 +81,11 @@ def main() -> None:
 
 
 def settle_gc() -> None:
-    """Once the control plane serves: what its start made (modules, routes, the buckets' mirrors) leaves the cyclic
-    collector's sight (``gc.freeze``: still freed when no longer referenced, never scanned again), and the youngest
+    """Once the control plane serves: what its start made is frozen (``ember._gc.settle``), and the youngest
     generation is collected every ``GC_THRESHOLDS[0]`` allocations instead of 700. A call allocates a few hundred
-    objects, almost none in cycles; at the defaults the collector took about a tenth of the gateway's CPU at
+    objects, almost none in cycles; at Python's defaults the collector took about a tenth of the gateway's CPU at
     concurrency 64 (bench/RESULTS.md, "Speed per call")."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    _gc.settle(GC_THRESHOLDS)
 
 
 def _reuse_port_socket(host: str, port: int) -> socket.socket:

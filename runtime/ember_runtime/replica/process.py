@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from ember import _gc
 from ember import _inner as inner
 from ember import _loop as ember_loop
 from ember import _tracing as tracing
@@ -123,6 +124,7 @@ class Replica:
                 # "crashed": the agent restarts it; "failed" is the agent's word once it gives up
                 await self._report("crashed", f"setup failed: {type(exc).__name__}: {exc}")
                 return EXIT_SETUP_FAILED
+            _gc.settle()  # what setup made (the model): never scanned by a full collection while serving
             subs, loops = await self._serve(nc, endpoints)
             self.status = msgspec.structs.replace(self.status, start=self._start_phases())
             self._ready_at = time.time()

@@ -42,6 +42,7 @@ from typing import Any
 
 import msgspec
 
+from ember import _gc
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
 from ember_runtime import hostpid
@@ -63,6 +64,7 @@ def build(args: argparse.Namespace) -> tuple[Preloaded, Ready]:
     service = app.services[args.service]
     imported = time.time()
     prepared = prepare(service, app.target(args.service))
+    _gc.settle()  # before the forks: its children share these objects' pages, which no collection then writes to
     done = time.time()
     rss_mb = _rss_mb()
     return (Preloaded(service, app.target(args.service), prepared, done - imported),
