@@ -14,15 +14,7 @@ from pathlib import Path
 import pytest
 
 from ember_runtime.agent import sandbox
-from ember_runtime.agent.sandbox import Jail, Sandbox, environment
-
-
-@pytest.fixture(scope="module")
-def node_sandbox() -> Sandbox:
-    try:
-        return Sandbox.for_node("required")
-    except sandbox.SandboxUnavailable as exc:
-        pytest.skip(f"this kernel does not allow sandboxes: {exc}")
+from ember_runtime.agent.sandbox import Jail, environment
 
 
 def _running(marker: str) -> list[int]:

@@ -21,14 +21,6 @@ from ember_runtime.agent.bundles import make_read_only, remove_tree
 from ember_runtime.agent.sandbox import Jail, Sandbox, environment
 
 
-@pytest.fixture(scope="module")
-def node_sandbox() -> Sandbox:
-    try:
-        return Sandbox.for_node("required")
-    except sandbox.SandboxUnavailable as exc:
-        pytest.skip(f"this kernel does not allow sandboxes: {exc}")
-
-
 @pytest.fixture
 def state(tmp_path: Path):
     """A node state dir: this app's bundle and another app's, both read-only as the agent leaves them."""
