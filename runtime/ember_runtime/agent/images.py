@@ -133,7 +133,7 @@ class NodeImages:
         try:
             await asyncio.to_thread(self.cache.collect, in_use)
             await self.cache.collect_uv_cache()
-        except OSError:
+        except (BuildError, OSError):
             log.exception("the environment cache could not be cut down to its budget")
 
 
