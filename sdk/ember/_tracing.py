@@ -189,9 +189,9 @@ def parent_from(carrier: Mapping[str, str] | None) -> Any:
 
 def unsampled(carrier: Mapping[str, str] | None) -> bool:
     """Whether ``carrier`` holds a valid ``traceparent`` (version 00) of a trace that is not sampled, under a sampler
-    that follows its parent: then no span this process starts for it would be recorded, and none need be (a call
-    that carries one skips all span work; its context is only passed on). False whenever in doubt: the SDK
-    decides then, as for any call."""
+    that follows its parent: then no span this process starts for it would be recorded, and none need be (a
+    replica's call that carries one skips all span work). False whenever in doubt: the SDK decides then, as for
+    any call."""
     if not carrier or not _parent_based:
         return False
     parent = carrier.get(TRACEPARENT)
