@@ -13,6 +13,7 @@ def attack(target: str) -> dict:
 
     from nats.aio.client import Client
 
+    gc.unfreeze()  # the replica froze what its start made (its connection too); any code may thaw it to look
     nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
     loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
     forged = b'{"replica_id":"%s-forged","stream":"stdout","line":"FORGED LINE","ts":1.0}' % target.encode()
