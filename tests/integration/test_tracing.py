@@ -100,7 +100,10 @@ def test_a_call_is_traced_from_the_clients_span_through_nats_to_its_batch_and_ru
         return traced.http.post("/v1/traced/work", json=n, headers={"traceparent": f"00-{trace_id}-{span_id}-01"})
 
     with ThreadPoolExecutor(3) as pool:
-        answers = list(pool.map(call, range(3)))
+        first = pool.submit(call, 0)
+        time.sleep(0.5)  # its batch runs (1 s): the next two come meanwhile, and wait to run together
+        rest = [pool.submit(call, n) for n in (1, 2)]
+        answers = [first.result(), *(f.result() for f in rest)]
     assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
     assert [a.json() for a in answers] == [0, 2, 4]
 
