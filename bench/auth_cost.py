@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,7 @@ from http_latency import (  # noqa: E402
     Plan,
     Target,
     deploy_examples,
+    run_interruptible,
     say,
     stop_process,
 )
@@ -136,11 +136,7 @@ def main() -> None:
                         help="an A/A run: neither control plane checks tokens, to see how much two processes running "
                              "the same code differ here")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(args.rounds, QUICK if args.quick else FULL, args.same)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(args.rounds, QUICK if args.quick else FULL, args.same))
 
 
 if __name__ == "__main__":

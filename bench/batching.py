@@ -55,7 +55,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -70,12 +69,13 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from http_latency import (  # noqa: E402  (bench/ is not a package)
+from http_latency import (  # noqa: E402
     Cell,
     Connection,
     Target,
     auth_headers,
     markdown_table,
+    run_interruptible,
     run_window,
     say,
     serve_routes,
@@ -865,14 +865,7 @@ def main() -> None:
         return
     if args.py_spy is not None and py_spy_binary() is None:
         parser.error("--py-spy needs py-spy (pip install py-spy)")
-    # SIGTERM unwinds like Ctrl-C does, so that the cleanup in run() stops every child process; SIGINT is
-    # handled even where it was inherited as ignored (a background job of a non-interactive shell).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run(QUICK if args.quick else FULL, args.hidden, args.py_spy)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(QUICK if args.quick else FULL, args.hidden, args.py_spy))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -40,20 +39,17 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from http_latency import auth_headers, run_interruptible, say  # noqa: E402  (bench/ is not a package)
+
+ROOT = BENCH.parent
 DIGITS = ROOT / "examples" / "digits"
 IMAGE = {"pixels": [0.0] * 64}
 TARGET_RATIO = 30.0  # a zygote start at least this many times faster than a cold one
 TARGET_ZYGOTE_MS = 50.0  # and under this, decision to first served call
-
-
-def auth_headers() -> dict[str, str]:
-    """The ``Authorization`` header of ``$EMBER_TOKEN``: the platform's admin token, once it runs."""
-    return {"Authorization": f"Bearer {os.environ['EMBER_TOKEN']}"} if os.environ.get("EMBER_TOKEN") else {}
-
-
-def say(message: str) -> None:
-    print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -259,8 +255,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="starts of each kind (default 3)")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    run(args.repeats)
+    run_interruptible(lambda: run(args.repeats))
 
 
 if __name__ == "__main__":

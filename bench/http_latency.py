@@ -46,13 +46,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ember import _loop as ember_loop  # the load generator runs on uvloop too, to take less of the machine
 
+T = TypeVar("T")
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCIES = (1, 8, 64)
 BATCH_HEADER = "x-ember-batch-size"
@@ -341,6 +343,18 @@ def auth_headers() -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def run_interruptible(work: Callable[[], T]) -> T:
+    """A benchmark's ``work``, run so that SIGTERM unwinds as Ctrl-C does (the cleanup in its ``finally`` stops every
+    child process it started), SIGINT is handled even where it was inherited as ignored (a background job of a
+    non-interactive shell), and an interrupt exits with 130."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return work()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
 def say(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
@@ -382,12 +396,7 @@ def main() -> None:
     if args.serve_echo:
         serve_echo()
         return
-    # SIGTERM unwinds like Ctrl-C does, so that the cleanup in run() stops every child process.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(QUICK if args.quick else FULL)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(QUICK if args.quick else FULL))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from http_latency import FULL, QUICK, ROOT, Plan, Target, markdown_table, measure, say  # noqa: E402
+from http_latency import FULL, QUICK, ROOT, Plan, Target, markdown_table, measure, run_interruptible, say  # noqa: E402
 
 from ember import _loop as ember_loop  # noqa: E402
 
@@ -99,8 +98,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--quick", action="store_true", help="shorter windows, for a smoke run")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    print(render(run(args.rounds, QUICK if args.quick else FULL), args.rounds))
+    print(render(run_interruptible(lambda: run(args.rounds, QUICK if args.quick else FULL)), args.rounds))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +38,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from ab import ab_table, measure_rounds, start_control_plane  # noqa: E402  (bench/ is not a package)
-from http_latency import FULL, QUICK, Plan, Target, deploy_examples, say, stop_process  # noqa: E402
+from http_latency import FULL, QUICK, Plan, Target, deploy_examples, run_interruptible, say, stop_process  # noqa: E402
 
 ECHO_BODY = [json.dumps({"message": "hello", "n": 42}).encode()]
 RECORDS = 200_000
@@ -124,11 +123,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter windows, for a smoke run")
     parser.add_argument("--same", action="store_true", help="an A/A run: both control planes count calls")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    try:
-        run(args.rounds, QUICK if args.quick else FULL, args.same)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(args.rounds, QUICK if args.quick else FULL, args.same))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,7 +61,15 @@ if str(BENCH) not in sys.path:
 import http_latency  # noqa: E402  (bench/ is not a package)
 import queued_rate  # noqa: E402
 from batching import CpuWindow, Processes, deploy_all, proc_cpu_s, py_spy_binary  # noqa: E402
-from http_latency import Target, markdown_table, say, serve_routes, stop_process, wait_until_listening  # noqa: E402
+from http_latency import (  # noqa: E402
+    Target,
+    markdown_table,
+    run_interruptible,
+    say,
+    serve_routes,
+    stop_process,
+    wait_until_listening,
+)
 
 APP_DIR = BENCH / "apps" / "per_call"
 APP = "percall"
@@ -480,12 +487,7 @@ def main() -> None:
         args.events = args.spawn
     if args.profile is not None and py_spy_binary() is None:
         parser.error("--profile needs py-spy (pip install py-spy)")
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run(QUICK if args.quick else FULL, args)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(QUICK if args.quick else FULL, args))
 
 
 if __name__ == "__main__":

@@ -49,7 +49,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -78,7 +77,7 @@ from batching import (  # noqa: E402
     deploy_all,
     sample_bodies,
 )
-from http_latency import Connection, Target, auth_headers, markdown_table, say  # noqa: E402
+from http_latency import Connection, Target, auth_headers, markdown_table, run_interruptible, say  # noqa: E402
 
 MODEL = "digits"
 VARIANTS = ("batched", "unbatched")
@@ -461,14 +460,7 @@ def main() -> None:
     parser.add_argument("--poll-concurrency", type=int, default=8, metavar="K",
                         help="connections long-polling the results (default 8)")
     args = parser.parse_args()
-    # SIGTERM unwinds like Ctrl-C does, so that the cleanup in run() stops every child process; SIGINT is
-    # handled even where it was inherited as ignored (a background job of a non-interactive shell).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        run(QUICK if args.quick else FULL, args)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(QUICK if args.quick else FULL, args))
 
 
 if __name__ == "__main__":

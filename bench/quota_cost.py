@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -29,7 +28,7 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from http_latency import FULL, QUICK, Plan, Target, deploy_examples, markdown_table, measure, say  # noqa: E402
+from http_latency import FULL, QUICK, Plan, Target, deploy_examples, markdown_table, measure, run_interruptible, say  # noqa: E402
 
 from ember import _loop as ember_loop  # noqa: E402
 from ember.wire import Quota  # noqa: E402
@@ -132,10 +131,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="shorter HTTP windows, for a smoke run")
     parser.add_argument("--no-http", action="store_true", help="only the in-process admission")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     say("admission in process")
-    costs = in_process(args.rounds)
-    http = None if args.no_http else over_http(args.rounds, QUICK if args.quick else FULL)
+    costs = run_interruptible(lambda: in_process(args.rounds))
+    http = None if args.no_http else run_interruptible(lambda: over_http(args.rounds, QUICK if args.quick else FULL))
     print(render(costs, http, args.rounds))
 
 

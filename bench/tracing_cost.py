@@ -31,7 +31,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,7 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 from ab import ab_table, measure_rounds  # noqa: E402  (bench/ is not a package)
-from http_latency import FULL, QUICK, Plan, Target, deploy_examples, say, stop_process  # noqa: E402
+from http_latency import FULL, QUICK, Plan, Target, deploy_examples, run_interruptible, say, stop_process  # noqa: E402
 
 from ember.dev.embedded import EmbeddedPlatform  # noqa: E402
 
@@ -199,12 +198,8 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=None, metavar="R",
                         help="trace this fraction of the calls (0 to 1) rather than all")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     started = time.monotonic()
-    try:
-        run(args.rounds, QUICK if args.quick else FULL, args.same, args.sample)
-    except KeyboardInterrupt:
-        sys.exit(130)
+    run_interruptible(lambda: run(args.rounds, QUICK if args.quick else FULL, args.same, args.sample))
     say(f"done in {time.monotonic() - started:.0f} s")
 
 
