@@ -145,15 +145,20 @@ def test_concurrent_http_calls_through_a_replica_get_their_own_answers(hello, pl
     assert max(size for _, _, size in results) > 1  # they did share batches
 
 
+def _the_one_message_of_answers(messages: list[list[Answer]]) -> list[Answer]:
+    """The answers of ``messages`` (acks aside), which must all have come in one message."""
+    with_answers = [m for m in messages if any(not a.ack for a in m)]
+    assert len(with_answers) == 1
+    return with_answers[0]
+
+
 def test_a_replica_answers_a_frame_in_one_message(hello, platform, transport):
     """Calls that arrive together run in one batch and come back together: one message of answers (and, were
     the batch slow, one of acks before it)."""
     calls = [Invocation(call_id=f"e-{i}", function="echo", deadline=time.time() + 30,
                         input=msgspec.Raw(b'{"i":%d}' % i)) for i in range(8)]
     messages = asyncio.run(_exchange(platform, transport, "hello", "echo", calls))
-    with_answers = [m for m in messages if any(not a.ack for a in m)]
-    assert len(with_answers) == 1
-    (answers,) = with_answers
+    answers = _the_one_message_of_answers(messages)
     assert {a.call_id: json.loads(bytes(a.output)) for a in answers} == {f"e-{i}": {"i": i} for i in range(8)}
     assert {a.batch_size for a in answers} == {8}
 
@@ -164,9 +169,7 @@ def test_an_unbatched_functions_calls_of_one_frame_are_answered_in_one_message(h
     calls = [Invocation(call_id=f"a-{i}", function="add", deadline=time.time() + 30,
                         input=msgspec.Raw(b'{"a":%d,"b":1}' % i)) for i in range(8)]
     messages = asyncio.run(_exchange(platform, transport, "hello", "add", calls))
-    with_answers = [m for m in messages if any(not a.ack for a in m)]
-    assert len(with_answers) == 1
-    (answers,) = with_answers
+    answers = _the_one_message_of_answers(messages)
     assert {a.call_id: json.loads(bytes(a.output)) for a in answers} == {f"a-{i}": i + 1 for i in range(8)}
     assert {a.batch_size for a in answers} == {1}
 

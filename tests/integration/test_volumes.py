@@ -222,10 +222,16 @@ def test_an_interrupted_put_resumes_without_sending_stored_chunks_again(platform
     assert len(http.post(f"{CHUNKS_PATH}/missing", json={"chunks": hashes}).json()["missing"]) == len(hashes)
 
 
-def test_file_paths_that_climb_out_of_a_volume_are_refused(http: httpx.Client) -> None:
-    data = b"x" * 10
+def _put_chunk(http: httpx.Client, data: bytes) -> str:
+    """Store ``data`` as a chunk (or find it stored); its sha256."""
     sha = hashlib.sha256(data).hexdigest()
     assert http.put(f"{CHUNKS_PATH}/{sha}", content=data).status_code in (200, 201)
+    return sha
+
+
+def test_file_paths_that_climb_out_of_a_volume_are_refused(http: httpx.Client) -> None:
+    data = b"x" * 10
+    sha = _put_chunk(http, data)
     for bad in ("../etc/passwd", "/etc/passwd", "a/../../b", "a//b", "./a", "a/.", "a\\..\\b", "a\x00b", ""):
         answer = http.post("/v1/volumes/evil/versions", json={"files": [{"path": bad, "size": 10, "chunks": [sha]}]})
         assert answer.status_code == 422, (bad, answer.text)
@@ -243,8 +249,7 @@ def test_a_node_refuses_a_version_whose_paths_climb_out(platform, http: httpx.Cl
     """A version written to the bucket behind the platform's back (as only the control plane could): the node
     checks every path itself before it writes, and the replica is not started."""
     data = b"owned"
-    sha = hashlib.sha256(data).hexdigest()
-    assert http.put(f"{CHUNKS_PATH}/{sha}", content=data).status_code in (200, 201)
+    sha = _put_chunk(http, data)
     name = f"sneaky-{uuid.uuid4().hex[:6]}"
     ok = http.post(f"/v1/volumes/{name}/versions", json={"files": [{"path": "fine", "size": 5, "chunks": [sha]}]})
     assert ok.status_code == 201, ok.text
@@ -303,8 +308,7 @@ def test_scopes_and_app_patterns_hold_for_volumes(platform, http: httpx.Client, 
         return bearer(made.json()["token"])
 
     data = b"team b's weights"
-    sha = hashlib.sha256(data).hexdigest()
-    assert http.put(f"{CHUNKS_PATH}/{sha}", content=data).status_code in (200, 201)
+    sha = _put_chunk(http, data)
     other = f"team-b-{uuid.uuid4().hex[:6]}"
     files = {"files": [{"path": "w.bin", "size": len(data), "chunks": [sha]}]}
     assert http.post(f"/v1/volumes/{other}/versions", json=files).status_code == 201
@@ -372,8 +376,7 @@ def test_the_cli_puts_lists_and_removes_a_volume(platform, ember_cli, tmp_path: 
 
 def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx.Client) -> None:
     data = b"weights a node may read"
-    sha = hashlib.sha256(data).hexdigest()
-    assert http.put(f"{CHUNKS_PATH}/{sha}", content=data).status_code in (200, 201)
+    sha = _put_chunk(http, data)
     name = f"ro-{uuid.uuid4().hex[:6]}"
     files = {"files": [{"path": "w", "size": len(data), "chunks": [sha]}]}
     assert http.post(f"/v1/volumes/{name}/versions", json=files).status_code == 201

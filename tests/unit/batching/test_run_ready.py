@@ -84,6 +84,20 @@ async def _serve(b: Batcher, body: Any) -> Any:
         await loop
 
 
+def _one_then_the_rest(b: Batcher, runner: Unbatched, answers: Answers, n: int) -> Any:
+    """A body for ``_serve``: call c0 alone (its hop takes the model thread), c1 to c<n-1> while it runs, then release
+    the runner and wait for the n answers."""
+    async def body() -> None:
+        b.submit(answers.call("c0", 0))
+        await asyncio.to_thread(runner.started.wait)
+        for i in range(1, n):
+            b.submit(answers.call(f"c{i}", i))
+        runner.release.set()
+        await answers.wait_for(n)
+
+    return body
+
+
 def _run(coro_fn: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro_fn(), 20))
 
@@ -94,15 +108,7 @@ def test_ready_calls_run_one_by_one_in_one_hop_and_are_answered_as_batches_of_on
     with CountingPool() as pool:
         b = _unbatched(fn, pool)
 
-        async def body() -> None:
-            b.submit(answers.call("c0", 0))
-            await asyncio.to_thread(fn.started.wait)
-            for i in range(1, 11):
-                b.submit(answers.call(f"c{i}", i))
-            fn.release.set()
-            await answers.wait_for(11)
-
-        _run(lambda: _serve(b, body))
+        _run(lambda: _serve(b, _one_then_the_rest(b, fn, answers, 11)))
         assert pool.hops == 2  # the first call alone, then the ten that were ready
     assert fn.runs == [[i] for i in range(11)]  # each call alone, in order
     assert answers.got == {f"c{i}": (2 * i, None, 1) for i in range(11)}
@@ -115,15 +121,7 @@ def test_without_run_ready_each_call_is_its_own_hop():
     with CountingPool() as pool:
         b = _unbatched(fn, pool, run_ready=1)
 
-        async def body() -> None:
-            b.submit(answers.call("c0", 0))
-            await asyncio.to_thread(fn.started.wait)
-            for i in range(1, 5):
-                b.submit(answers.call(f"c{i}", i))
-            fn.release.set()
-            await answers.wait_for(5)
-
-        _run(lambda: _serve(b, body))
+        _run(lambda: _serve(b, _one_then_the_rest(b, fn, answers, 5)))
         assert pool.hops == 5
 
 
@@ -138,15 +136,7 @@ def test_a_failing_call_fails_alone_and_no_call_runs_twice():
     with ThreadPoolExecutor(1) as pool:
         b = _unbatched(runner, pool)
 
-        async def body() -> None:
-            b.submit(answers.call("c0", 0))
-            await asyncio.to_thread(runner.started.wait)
-            for i in range(1, 7):
-                b.submit(answers.call(f"c{i}", i))
-            runner.release.set()
-            await answers.wait_for(7)
-
-        _run(lambda: _serve(b, body))
+        _run(lambda: _serve(b, _one_then_the_rest(b, runner, answers, 7)))
     assert sorted(v for run in runner.runs for v in run) == list(range(7))  # no bisection, no second run
     _, error, _ = answers.got["c3"]
     assert isinstance(error, RemoteError) and "three" in str(error)
