@@ -1,11 +1,12 @@
-"""Secrets through the platform's API (admin): set, list (names and keys, never values), remove; and the CLI's
+"""Secrets through the platform's API (admin): set (with the app patterns that may use it), list (names, keys and
+app patterns, never values), remove; and the CLI's
 ``KEY=VALUE`` spellings, with ``KEY=@path`` (a file's contents) and ``KEY=-`` (standard input) that keep a value
 out of the command line."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import msgspec
@@ -45,15 +46,22 @@ def _chomp(text: str) -> str:
     return text[:-1] if text.endswith("\n") else text
 
 
-def set_secret(name: str, values: dict[str, str], transport: Transport | None = None) -> SecretView:
-    """Set (create or replace) the secret ``name``: every key and value it holds."""
+def set_secret(name: str, values: dict[str, str], apps: Sequence[str],
+               transport: Transport | None = None) -> SecretView:
+    """Set (create or replace) the secret ``name``: every key and value it holds, and the app names or patterns
+    whose functions may declare it (``["team-b-*"]``; ``["*"]`` for every app).
+
+    Example:
+        ``set_secret("hf", {"HF_TOKEN": token}, apps=["chat-*"])``
+    """
+    body = SecretRequest(values=values, apps=list(apps))
     response = (transport or default_transport()).request(
-        "PUT", f"/v1/secrets/{name}", content=encoder.encode(SecretRequest(values=values)), headers=_JSON)
+        "PUT", f"/v1/secrets/{name}", content=encoder.encode(body), headers=_JSON)
     return msgspec.json.decode(response.content, type=SecretView)
 
 
 def list_secrets(transport: Transport | None = None) -> list[SecretView]:
-    """Every secret's name, keys and times (never values)."""
+    """Every secret's name, keys, times and app patterns (never values)."""
     response = (transport or default_transport()).request("GET", "/v1/secrets")
     return msgspec.json.decode(response.content, type=list[SecretView])
 

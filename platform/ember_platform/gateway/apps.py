@@ -13,16 +13,14 @@ from starlette.responses import Response
 from ember._bundle import BundleTooLargeError, check_bundle
 from ember._errors import BadRequestError, ForbiddenError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
-from ember.wire.secrets import name_problem
 from ember.wire.validate import check_manifest
-from ember_platform.auth.scopes import INVOKE, Principal
+from ember_platform.auth.scopes import ADMIN, INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.patterns import schema_patterns
 from ember_platform.gateway.responses import json_response, platform_of
-from ember_platform.secrets.store import SecretStore
 
 _deploy_decoder = msgspec.json.Decoder(DeployRequest)
 MAX_LOG_LINES = 5000
@@ -59,16 +57,6 @@ def _check_patterns(manifest: Manifest) -> None:
                 raise InvalidInputError(problem, field=field)
 
 
-def _check_secrets(secrets: SecretStore, manifest: Manifest) -> None:
-    """Every secret a service names exists (422 naming the field and the secret); values are not read here."""
-    for i, service in enumerate(manifest.services):
-        for j, name in enumerate(service.secrets):
-            if name_problem(name) is None and secrets.missing([name]):
-                raise InvalidInputError(f"secret {name!r} does not exist: set it first (`ember secret set {name} "
-                                        "KEY=VALUE`; `ember secret ls` lists them)",
-                                        field=f"$.manifest.services[{i}].secrets[{j}]")
-
-
 def _check_calls(principal: Principal, manifest: Manifest) -> None:
     """An app's code may call only the apps its pusher may invoke: 403 naming the first other app in
     ``App(calls=[...])`` that the token cannot (one it does not see is named too: the pusher wrote its name)."""
@@ -94,7 +82,7 @@ async def deploy(request: Request) -> Response:
     body = await read_body(request, platform.settings.max_deploy_bytes)  # a manifest and a sha, not a bundle
     req = decode_json(_deploy_decoder, body)
     _check_patterns(req.manifest)
-    _check_secrets(platform.secrets, req.manifest)
+    platform.secrets.check_declared(request.path_params["app"], req.manifest, admin=principal_of(request).may(ADMIN))
     _check_body_limits(platform.settings, req.manifest)
     _check_calls(principal_of(request), req.manifest)
     check_locked(req.manifest)

@@ -1,5 +1,6 @@
-"""Secret routes (admin): ``PUT /v1/secrets/<name>``, ``GET /v1/secrets`` (names, keys and times, never values)
-and ``DELETE /v1/secrets/<name>``; the secrets themselves are ``ember_platform.secrets``."""
+"""Secret routes (admin): ``PUT /v1/secrets/<name>`` (values and the app patterns that may use them), ``GET
+/v1/secrets`` (names, keys, times and app patterns, never values) and ``DELETE /v1/secrets/<name>``; the secrets
+themselves are ``ember_platform.secrets``."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ async def put_secret(request: Request) -> Response:
     name = check_name(request.path_params["secret"], field="secret")
     platform.secrets.require_key()  # before reading a body
     req = decode_json(_request_decoder, await read_body(request, _MAX_SECRET_BODY))
-    return json_response(await platform.secrets.put(name, req.values, principal_of(request).token_id))
+    return json_response(await platform.secrets.put(name, req.values, req.apps, principal_of(request).token_id))
 
 
 async def list_secrets(request: Request) -> Response:

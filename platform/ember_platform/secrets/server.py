@@ -1,8 +1,10 @@
 """Delivery: node agents ask for the secrets of a replica they start, on ``ember.node.<node id>.secrets`` (only
 that node's agent may publish there: its NATS permissions); every control plane answers from one queue group.
 
-The answer holds the values only if the scheduler assigned that replica to that node and its service declares
-the secrets; otherwise an error the agent shows on the replica's status, retrying with backoff.
+The answer holds the values only if the scheduler assigned that replica to that node, its service declares the
+secrets and each secret's app patterns match the replica's app at that moment (an admin who narrows a secret stops
+new replicas of other apps from getting it); otherwise an error the agent shows on the replica's status, retrying
+with backoff.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class SecretsServer:
             await msg.respond(encoder.encode(answer))
 
     async def answer(self, node_id: str, replica_id: str) -> dict[str, str]:
-        """The env of ``replica_id``'s secrets, if it is assigned to ``node_id``; else ``Refused``."""
+        """The env of ``replica_id``'s secrets, if it is assigned to ``node_id`` and its app may use them; else
+        ``Refused`` or an ``EmberError``."""
         slot = await self._slot(node_id, replica_id)
         deployment = await self._deployment(slot.app)
         deployment = deployment.at(slot.version) or deployment  # a version still serving beside a newer one
@@ -78,7 +81,7 @@ class SecretsServer:
                 if slot.version != deployment.version:
                     log.info("replica %s of %s v%d gets the secrets of v%d's service", replica_id, slot.app,
                              slot.version, deployment.version)
-                return self._store.env(service.secrets)
+                return await self._store.env_for(slot.app, service.secrets)
         raise Refused(f"app {slot.app} has no service {slot.service}")
 
     async def _slot(self, node_id: str, replica_id: str) -> SlotAssignment:

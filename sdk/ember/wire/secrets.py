@@ -3,7 +3,9 @@
 
 A secret is kept in the ``ember_secrets`` bucket under its name, its values encrypted under the control plane's
 key (only the control plane reads the bucket). Names and keys are not secret; values never leave the control plane
-except in the answer to the node agent that starts a replica declaring them.
+except in the answer to the node agent that starts a replica declaring them. Each secret has owners: the app
+patterns (``team-b-*``, ``'*'`` for every app) whose apps may declare it; one stored before secrets had them (no
+``apps``) serves no app until it is set again.
 """
 
 from __future__ import annotations
@@ -43,9 +45,12 @@ def key_problem(key: str) -> str | None:
 
 
 class SecretRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``PUT /v1/secrets/<name>`` (``ember secret set``): every key and value of the secret (it replaces)."""
+    """``PUT /v1/secrets/<name>`` (``ember secret set``): every key and value of the secret (it replaces), and the
+    app patterns whose apps may use it. ``apps`` is required (None is refused naming it): no secret is every
+    app's by default."""
 
     values: dict[str, str]
+    apps: list[str] | None = None
 
 
 class StoredSecret(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,15 +62,17 @@ class StoredSecret(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     updated_by: str = ""  # the id of the token that set it
+    apps: list[str] = []  # the app patterns that may use it; none (a record from before they existed): no app
 
 
 class SecretView(msgspec.Struct, frozen=True, kw_only=True):
-    """``GET /v1/secrets`` and ``PUT``'s answer: a secret's name, keys and times, never its values."""
+    """``GET /v1/secrets`` and ``PUT``'s answer: a secret's name, keys, times and app patterns, never its values."""
 
     name: str
     keys: list[str]
     created_at: float = 0.0
     updated_at: float = 0.0
+    apps: list[str] = []
 
 
 class SecretsRequest(msgspec.Struct, frozen=True, kw_only=True):
