@@ -103,6 +103,7 @@ class StorageLimits:
     tokens_kv_max_bytes: int = 16 * MiB  # ember_tokens: bearer tokens' records (a few hundred bytes each)
     quotas_kv_max_bytes: int = 4 * MiB  # ember_quotas: quotas (a few hundred bytes each)
     secrets_kv_max_bytes: int = 16 * MiB  # ember_secrets: secrets, encrypted (at most 64 KiB each)
+    subject_grants_kv_max_bytes: int = 4 * MiB  # ember_subject_grants: subject grants (a few hundred bytes each)
     volumes_kv_max_bytes: int = 256 * MiB  # ember_volumes: volumes' versions (their files and chunks' hashes)
     volumes_kv_max_value_bytes: int = 8 * MiB  # one version's manifest (about 100,000 chunks)
     volume_chunks_store_max_bytes: int = 16 * GiB  # ember_volume_chunks: volumes' contents
@@ -141,6 +142,8 @@ class StorageLimits:
             kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.QUOTAS_BUCKET): {"max_bytes": self.quotas_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.SECRETS_BUCKET): {"max_bytes": self.secrets_kv_max_bytes, "max_msg_size": 128 * 1024},
+            kv_stream(subjects.SUBJECT_GRANTS_BUCKET): {"max_bytes": self.subject_grants_kv_max_bytes,
+                                                        "max_msg_size": 64 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
             object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
                                                     "max_age": RESULTS_TTL_S},
@@ -179,6 +182,7 @@ class Stores:
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
     quotas: KeyValue  # <quota name> -> wire.Quota (read and written by the control plane only)
     secrets: KeyValue  # <secret name> -> wire.StoredSecret, values encrypted (the control plane only)
+    subject_grants: KeyValue  # <sha256 of a pattern> -> wire.grants.SubjectGrant (the control plane only)
     volumes: KeyValue  # <volume>.<version> -> wire.VolumeVersion
     volume_chunks: ObjectStore  # <sha256> -> one chunk of a volume's file
 
@@ -224,6 +228,7 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.TOKENS_BUCKET, storage=StorageType.FILE),
         kv(subjects.QUOTAS_BUCKET, storage=StorageType.FILE),
         kv(subjects.SECRETS_BUCKET, storage=StorageType.FILE),
+        kv(subjects.SUBJECT_GRANTS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
         objects(subjects.RESULTS_STORE),
         kv(subjects.VOLUMES_BUCKET, storage=StorageType.FILE),
@@ -245,11 +250,11 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     for i in sorted(missing, key=lambda i: _reserved(lim[openers[i][0]]["max_bytes"])):
         name, open_, make = openers[i]
         opened[i] = await _create(name, lim[name]["max_bytes"], open_, make)
-    deployments, replicas, nodes, assignments, calls, tokens, quotas, secrets, bundles, results, volumes, \
-        volume_chunks, _, _, _ = opened
+    deployments, replicas, nodes, assignments, calls, tokens, quotas, secrets, subject_grants, bundles, results, \
+        volumes, volume_chunks, _, _, _ = opened
     return Stores(deployments=deployments, replicas=replicas, nodes=nodes, assignments=assignments, calls=calls,
                   bundles=bundles, results=results, tokens=tokens, quotas=quotas, secrets=secrets, volumes=volumes,
-                  volume_chunks=volume_chunks)
+                  volume_chunks=volume_chunks, subject_grants=subject_grants)
 
 
 _Opener = tuple[str, Callable[[], Awaitable[Any]], Callable[[int], Awaitable[Any]]]  # stream, open, create

@@ -29,6 +29,7 @@ SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 # Subjects no app may bind or publish results to: Ember's own, inboxes, and every root starting with '$' (the
 # server's, JetStream's, KV's and object stores' APIs).
 RESERVED_SUBJECT_ROOTS = frozenset({"ember", "_EMBER", "_INBOX"})
+EVENTS_ROOT = "events"  # events.<app> and events.<app>.> belong to that app (owned_subjects)
 
 MAX_REPLICAS = 1000  # per service; more than the control loop should ever place for one service
 MAX_BUFFER_REPLICAS = 100
@@ -218,6 +219,37 @@ def subject_problem(subject: str, *, wildcards: bool) -> str:
 def reserved_root(token: str) -> bool:
     """Whether a subject starting with ``token`` belongs to Ember or the server."""
     return token in RESERVED_SUBJECT_ROOTS or token.startswith("$")
+
+
+def owned_subjects(app: str) -> list[str]:
+    """The subjects an app owns without any grant: ``events.<app>`` and everything under it. A token is the app's
+    whole name, so ``events.team-a`` never contains app ``team-ab``'s subjects."""
+    return [f"{EVENTS_ROOT}.{app}", f"{EVENTS_ROOT}.{app}.>"]
+
+
+def subject_contains(outer: str, inner: str) -> bool:
+    """Whether every subject that pattern ``inner`` matches is matched by pattern ``outer`` too.
+
+    NATS wildcards: ``*`` is exactly one token, a final ``>`` one or more. ``events.a.>`` contains ``events.a.x.*``
+    and ``events.a.>``, not ``events.a`` nor ``events.*.x``."""
+    out, inn = outer.split("."), inner.split(".")
+    for i, token in enumerate(out):
+        if token == ">":
+            return i < len(inn)  # '>' needs at least one token
+        if i >= len(inn) or inn[i] == ">" or (token != "*" and token != inn[i]):
+            return False  # a '*' of inner is any token, so only a '*' of outer contains it
+    return len(out) == len(inn)
+
+
+def subjects_overlap(a: str, b: str) -> bool:
+    """Whether some subject is matched by both patterns (JetStream refuses two streams whose subjects overlap)."""
+    ta, tb = a.split("."), b.split(".")
+    for x, y in zip(ta, tb, strict=False):
+        if x == ">" or y == ">":
+            return True
+        if x != "*" and y != "*" and x != y:
+            return False
+    return len(ta) == len(tb)
 
 
 
