@@ -75,7 +75,8 @@ class Platform:
             await platform.builds.start()
             if keys is not None:
                 platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
-                                                                  assignment_decoder.decode), registry.deployments)
+                                                                  assignment_decoder.decode), registry.deployments,
+                                               tokens=platform.tokens)  # event clients present tokens
                 await platform.callout.start()
             await platform.router.start()
             await platform.streams.start()

@@ -6,6 +6,8 @@
 | ``deploy`` | push (upload a bundle, deploy), scale, delete an app; it implies ``read`` (a push watches its rollout) |
 | ``invoke`` | call, spawn, read and cancel the calls of its apps, replay their dead letters |
 | ``read`` | list and show apps, status, logs, metrics, dead letters, the OpenAPI document |
+| ``events`` | publish events to the subjects its apps' functions are bound to (``on=``) and read their results: as a
+plain NATS client (``ember_platform.natsauth.clients``) or through ``POST /v1/events/<subject>`` |
 
 A token sees the apps its patterns match (``hello``, ``team-a-*``: app-name characters and the globs ``*`` and
 ``?``); an app it does not see is answered exactly as an app that does not exist (404).
@@ -21,16 +23,18 @@ from typing import Literal
 from ember._errors import ForbiddenError, InvalidInputError, NotFoundError
 from ember.wire.tokens import SCOPES, TokenInfo, TokenRequest
 
-Scope = Literal["admin", "deploy", "invoke", "read"]
+Scope = Literal["admin", "deploy", "invoke", "read", "events"]
 ADMIN: Scope = "admin"
 DEPLOY: Scope = "deploy"
 INVOKE: Scope = "invoke"
 READ: Scope = "read"
+EVENTS: Scope = "events"
 _IMPLIES: dict[str, frozenset[str]] = {
     "admin": frozenset(SCOPES),
     "deploy": frozenset({"deploy", "read"}),
     "invoke": frozenset({"invoke"}),
     "read": frozenset({"read"}),
+    "events": frozenset({"events"}),
 }
 APP_PATTERN = re.compile(r"[a-z0-9*?][a-z0-9*?-]{0,62}")
 MAX_PATTERNS = 100

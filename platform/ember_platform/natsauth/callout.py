@@ -7,7 +7,12 @@ callout key the servers trust, carrying the user's permissions, or an error (the
 - ``node.<node id>`` with the password derived for that node: a node agent (``permissions.node``);
 - ``replica.<node id>.<replica id>`` with the password its agent derived: a replica, if the scheduler assigned
   that replica to that node; its permissions are its app's and functions' (``permissions.replica``). A replica
-  no longer assigned is refused, so stopping a replica revokes its credentials.
+  no longer assigned is refused, so stopping a replica revokes its credentials. Its user JWT expires after
+  ``REPLICA_TTL_S``: the client reconnects, and the callout, asked again, admits it only while still assigned;
+- an Ember token with the ``events`` scope (as the NATS token, or user ``token`` with the token as password): an
+  outside producer or consumer of events (``clients``), cut off when the token is revoked;
+- ``system.ember`` with the password derived for it: the control plane's own connection in the system account,
+  which only kicks the connections of revoked tokens.
 
 Anyone else, and an anonymous client, is refused.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from typing import Any
 
 from nats.aio.client import Client
@@ -25,34 +31,39 @@ from nats.aio.subscription import Subscription
 from ember.wire import Deployment, NodeAssignment, SlotAssignment
 from ember.wire.jetstream import KVMirror
 from ember.wire.natscreds import NODE_USER_PREFIX, REPLICA_USER_PREFIX, replica_password
-from ember_platform.natsauth import jwt, permissions
+from ember_platform.auth.tokens import TokenStore
+from ember_platform.natsauth import clients, jwt, permissions
+from ember_platform.natsauth.clients import Admission, EventClients, Refused
 from ember_platform.natsauth.keys import AuthKeys, node_inbox
 
 log = logging.getLogger("ember.natsauth")
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
 QUEUE = "ember-auth"
 MAX_USER = 200
-
-
-class Refused(Exception):
-    """Why a client is refused (sent back to the server, which logs it; the client sees an authorization error)."""
+MAX_TOKEN = 300
+REPLICA_TTL_S = 3600.0  # a replica's user JWT expires after this: its reconnect is checked against the assignments
+__all__ = ["AuthCallout", "Refused"]
 
 
 class AuthCallout:
     def __init__(self, nc: Client, keys: AuthKeys, assignments: KVMirror[NodeAssignment],
-                 deployments: KVMirror[Deployment]) -> None:
+                 deployments: KVMirror[Deployment], tokens: TokenStore | None = None) -> None:
         self._nc = nc
         self._keys = keys
         self._issuer = keys.issuer
         self._assignments = assignments
         self._deployments = deployments
+        servers = [u.geturl() for u in nc.servers] if nc is not None else []
+        self.clients = EventClients(keys, tokens, deployments, servers)
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
         await self._assignments.start()
         self._sub = await self._nc.subscribe(AUTH_SUBJECT, queue=QUEUE, cb=self._on_request)
+        await self.clients.start()
 
     async def stop(self) -> None:
+        await self.clients.stop()
         if self._sub is not None:
             await self._sub.unsubscribe()
         await self._assignments.stop()
@@ -65,20 +76,36 @@ class AuthCallout:
             if request.get("iss") != server_id:
                 raise jwt.JwtError("an authorization request not signed by its server")
             opts = nats.get("connect_opts") or {}
+            cid = (nats.get("client_info") or {}).get("id")
         except (jwt.JwtError, KeyError, TypeError, UnicodeDecodeError) as exc:
             log.warning("ignored an authorization request that is not one: %s", exc)
             return
         claims: dict[str, Any] = {"sub": user_nkey, "aud": server_id}
-        user = str(opts.get("user") or "")
         try:
-            name, perms = self.authorize(user, str(opts.get("pass") or ""))
-            user_jwt = jwt.encode({"sub": user_nkey, "aud": "$G", "name": name, "nats": perms}, self._issuer)
-            claims["nats"] = {"jwt": user_jwt, "type": "authorization_response", "version": 2}
+            admitted = self.admit(opts, server_id, cid if isinstance(cid, int) else None)
+            user: dict[str, Any] = {"sub": user_nkey, "aud": admitted.account, "name": admitted.name,
+                                    "nats": admitted.nats}
+            if admitted.expires is not None:
+                user["exp"] = int(admitted.expires)
+            claims["nats"] = {"jwt": jwt.encode(user, self._issuer), "type": "authorization_response", "version": 2}
         except Refused as exc:
-            shown = user[:80] if user.isprintable() else repr(user[:80])
-            log.warning("refused NATS client %r: %s", shown or "(anonymous)", exc)
+            log.warning("refused NATS client %r: %s", _shown(opts), exc)
             claims["nats"] = {"error": str(exc), "type": "authorization_response", "version": 2}
         await msg.respond(jwt.encode(claims, self._issuer).encode())
+
+    def admit(self, opts: dict[str, Any], server_id: str = "", cid: int | None = None) -> Admission:
+        """What to answer for a client's CONNECT options, or ``Refused``."""
+        token = clients.token_of(opts)
+        if token is not None:
+            if not token or len(token) > MAX_TOKEN:
+                raise Refused("no token" if not token else "token too long")
+            return self.clients.admit(token, server_id, cid)
+        user, password = str(opts.get("user") or ""), str(opts.get("pass") or "")
+        if clients.is_system(self._keys, user, password):
+            return Admission(name=user, nats=clients.system_permissions(), account=clients.SYSTEM_ACCOUNT)
+        name, perms = self.authorize(user, password)
+        expires = time.time() + REPLICA_TTL_S if user.startswith(REPLICA_USER_PREFIX) else None
+        return Admission(name=name, nats=perms, expires=expires)
 
     def authorize(self, user: str, password: str) -> tuple[str, dict[str, Any]]:
         """The user's name and permissions, or ``Refused``."""
@@ -123,3 +150,11 @@ class AuthCallout:
             if service.name == slot.service:
                 return [(fn.name, bool(fn.on), fn.result_subject) for fn in service.functions]
         raise Refused(f"app {slot.app} has no service {slot.service}")
+
+
+def _shown(opts: dict[str, Any]) -> str:
+    """The user a refused client gave, for the log: never a token or a password."""
+    if clients.token_of(opts) is not None:
+        return "(an Ember token)"
+    user = str(opts.get("user") or "")[:80]
+    return (user if user.isprintable() else repr(user)) or "(anonymous)"

@@ -16,7 +16,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     verbs = p.add_subparsers(dest="token_command", required=True, metavar="VERB")
     c = verbs.add_parser("create", help="create a token and print it (shown this once)")
     c.add_argument("--scopes", required=True, metavar="S[,S]",
-                   help="comma-separated, of admin, deploy, invoke, read (deploy implies read)")
+                   help="comma-separated, of admin, deploy, invoke, read, events (deploy implies read; events: "
+                        "publish to the apps' bound subjects, as a plain NATS client too)")
     c.add_argument("--apps", default="*", metavar="PATTERN[,PATTERN]",
                    help="the apps it sees: names or globs, comma-separated (default: '*', every app)")
     c.add_argument("--ttl", default=None, help="how long it lives: 30d, 12h, 15m, 90s (default: until revoked)")

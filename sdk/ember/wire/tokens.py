@@ -14,7 +14,7 @@ import secrets
 import msgspec
 
 TOKEN_PREFIX = "ember_"
-SCOPES = ("admin", "deploy", "invoke", "read")
+SCOPES = ("admin", "deploy", "invoke", "read", "events")
 TOKEN_ID = re.compile(r"[a-z0-9]{1,32}")
 _SECRET = re.compile(r"[A-Za-z0-9_-]{32,128}")
 _ID_BYTES = 6  # 12 hex characters: ids need only be unique (each is created only if absent), not secret
