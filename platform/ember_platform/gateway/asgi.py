@@ -18,13 +18,14 @@ from starlette.types import Receive, Scope, Send
 from ember import _tracing as tracing
 from ember._errors import EmberError
 from ember.wire import RESERVED_APP_NAMES
-from ember_platform.auth.scopes import ADMIN, DEPLOY, INVOKE, READ
+from ember_platform.auth.scopes import ADMIN, DEPLOY, EVENTS, INVOKE, READ
 from ember_platform.config import Settings
 from ember_platform.console import routes as console
 from ember_platform.gateway import (
     apps,
     builds,
     calls,
+    events,
     health,
     logs,
     metrics,
@@ -86,6 +87,7 @@ ROUTES = [
     route("/v1/secrets/{secret}", secrets.delete_secret, "DELETE", ADMIN),
     route("/v1/calls/{call_id}", calls.get_call, "GET", INVOKE),  # and invoke on the call's app: checked inside
     route("/v1/calls/{call_id}", calls.cancel_call, "DELETE", INVOKE),
+    route("/v1/events/{subject}", events.publish, "POST", EVENTS),
     route("/v2", oip.server_metadata, "GET", READ),  # the Open Inference Protocol: the /v2 routes check themselves
     route("/v2/health/live", oip.live, "GET", OPEN),
     route("/v2/health/ready", oip.ready, "GET", OPEN),

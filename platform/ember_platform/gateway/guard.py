@@ -1,8 +1,8 @@
 """Every route declares what it needs, and is built by ``route`` so that the check runs before its handler.
 
-A route needs a scope (``admin``, ``deploy``, ``invoke``, ``read``), ``TOKEN`` (any valid token), or is ``OPEN``
-(the probes alone). A route whose path has ``{app}`` is checked against that app: a token that does not see it
-gets the 404 of an app that does not exist. ``POST /v1/<app>/<fn>`` checks itself (``checks_itself``), after
+A route needs a scope (``admin``, ``deploy``, ``invoke``, ``read``, ``events``), ``TOKEN`` (any valid token), or
+is ``OPEN`` (the probes alone). A route whose path has ``{app}`` is checked against that app: a token that does
+not see it gets the 404 of an app that does not exist. ``POST /v1/<app>/<fn>`` checks itself (``checks_itself``), after
 finding the function, since a ``public=True`` function needs no token; the hot path in ``asgi.Gateway`` calls the
 same handler. A test walks the route table and fails on a route that declares nothing.
 """
@@ -19,7 +19,7 @@ from starlette.routing import Route
 from ember_platform.auth.scopes import Principal
 from ember_platform.gateway.responses import platform_of
 
-Need = Literal["open", "token", "admin", "deploy", "invoke", "read"]
+Need = Literal["open", "token", "admin", "deploy", "invoke", "read", "events"]
 OPEN: Need = "open"
 TOKEN: Need = "token"
 NEED = "ember_need"  # the attribute of a route's endpoint that holds what it needs

@@ -54,7 +54,7 @@ from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember.wire.volumes import ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
-from ember_platform.gateway import openapi_oip
+from ember_platform.gateway import events, openapi_oip
 from ember_platform.gateway.apps import MAX_LOG_LINES
 from ember_platform.gateway.calls import FUNCTION_NAME
 from ember_platform.gateway.guard import NEED, OPEN, principal_of
@@ -107,7 +107,8 @@ _PLAIN: dict[str, dict[str, Any]] = {
 _BEARER = {"type": "http", "scheme": "bearer", "bearerFormat": "ember_<id>_<secret>",
            "description": "an Ember token (`ember token create`, `ember login`, EMBER_TOKEN)"}
 _NEEDS = {"admin": " with the admin scope", "deploy": " with the deploy scope", "invoke": " with the invoke scope",
-          "read": " with the read scope (deploy implies it)", "token": ""}
+          "read": " with the read scope (deploy implies it)", "token": "",
+          "events": " with the events scope"}
 
 
 def _string(pattern: re.Pattern[str] | None = None, max_length: int | None = None) -> dict[str, Any]:
@@ -129,6 +130,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "secret": ("a secret's name", _string(SECRET_NAME, 63)),
     "build_id": ("a build's id", {"type": "string", "pattern": "^[0-9a-f]{32}$"}),
     **openapi_oip.PATH_PARAMS,
+    **events.PATH_PARAMS,
 }
 
 
@@ -257,6 +259,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "Remove a volume, every version of it and the chunks nothing else uses",
         (204, "removed", None, JSON), (404, 409, 422), [], None),
     **openapi_oip.OPERATIONS,
+    **events.OPERATIONS,
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably (`{app}` may be `<app>@<version>`: the call waits for that version)",
         (202, "queued", _ref("SpawnReply"), JSON), _SPAWN_ERRORS, [_TIMEOUT, _IDEMPOTENCY_KEY], _json_body({})),

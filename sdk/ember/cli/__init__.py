@@ -11,6 +11,7 @@ from ember.cli import (
     call,
     calls,
     dev,
+    events,
     login,
     logs,
     push,
@@ -28,7 +29,8 @@ from ember.cli import (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, push, rollout, apps, call, calls, logs, status, scale, login, token, quota, secret, volume, ui):
+    for module in (dev, push, rollout, apps, call, calls, events, logs, status, scale, login, token, quota, secret,
+                   volume, ui):
         module.register(sub)
     return parser
 

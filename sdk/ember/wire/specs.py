@@ -89,8 +89,8 @@ class Retries(msgspec.Struct, frozen=True, kw_only=True):
 
 # The first path segments of the HTTP API's own routes under /v1 (and the probes'): no app may take one as its name,
 # so that ``POST /v1/<app>/<fn>`` never shadows a route of the API.
-RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "healthz", "quotas", "readyz", "secrets", "stats",
-                                "status", "subjects", "tokens", "volumes"})
+RESERVED_APP_NAMES = frozenset({"apps", "bundles", "calls", "events", "healthz", "quotas", "readyz", "secrets",
+                                "stats", "status", "subjects", "tokens", "volumes"})
 
 InputMode = Literal["none", "single", "kwargs"]
 

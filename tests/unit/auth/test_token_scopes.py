@@ -13,7 +13,8 @@ from ember_platform.auth.scopes import EVERYONE, Principal, check_request, grant
 
 
 @pytest.mark.parametrize(("scopes", "allowed"), [
-    (["admin"], {"admin", "deploy", "invoke", "read"}),
+    (["admin"], {"admin", "deploy", "invoke", "read", "events"}),
+    (["events"], {"events"}),
     (["deploy"], {"deploy", "read"}),
     (["invoke"], {"invoke"}),
     (["read"], {"read"}),

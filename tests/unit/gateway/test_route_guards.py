@@ -7,7 +7,7 @@ from ember_platform.gateway.asgi import ROUTES
 
 # the probes (Ember's and the Open Inference Protocol's), and the console's static files
 OPEN_PATHS = {"/healthz", "/readyz", "/v2/health/live", "/v2/health/ready", "/ui", "/ui/{name}"}
-NEEDS = {"token", "admin", "deploy", "invoke", "read"}
+NEEDS = {"token", "admin", "deploy", "invoke", "read", "events"}
 
 
 def _routes() -> list[tuple[str, str, str | None]]:
@@ -50,6 +50,7 @@ def test_what_the_routes_need():
     assert table[("POST", "/v1/{app}/{name}")] == table[("POST", "/v1/{app}/{name}/spawn")] == "invoke"
     assert table[("GET", "/v1/calls/{call_id}")] == table[("DELETE", "/v1/calls/{call_id}")] == "invoke"
     assert table[("POST", "/v1/apps/{app}/dead/replay")] == "invoke"
+    assert table[("POST", "/v1/events/{subject}")] == "events"
     for path in ("/v2", "/v2/models", "/v2/models/{model}", "/v2/models/{model}/ready",
                  "/v2/models/{model}/config", "/v2/models/{model}/versions/{version}"):
         assert table[("GET", path)] == "read", path

@@ -1,0 +1,86 @@
+"""``POST /v1/events/<subject>``: publish an event over HTTP, for those who would rather not speak NATS.
+
+It needs a token with the ``events`` scope, as a plain NATS client presenting that token does
+(``ember_platform.natsauth.clients``), and may publish exactly where such a client may: to a subject bound
+(``on=``) by a function of an app the token sees. The subject is hostile input: NATS tokens of letters, digits,
+``-`` and ``_``, no wildcards, no reserved root, at most ``MAX_SUBJECT_LENGTH`` characters (else 422 naming it);
+one no function of the token's apps is bound to is answered 404, as a subject nothing is bound to. The body is the
+event's data, at most the server's payload limit (else 413). The answer, 202, names the stream that stored it and
+its sequence there; an ``Idempotency-Key`` header becomes the message's ``Nats-Msg-Id`` (a retried publish is
+stored, and runs, once).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ember._errors import InvalidInputError, NotFoundError, UnavailableError
+from ember.wire.validate import MAX_SUBJECT_LENGTH, subject_problem
+from ember_platform.gateway.body import header, read_body
+from ember_platform.gateway.guard import principal_of
+from ember_platform.gateway.openapi_parts import JSON
+from ember_platform.gateway.responses import json_response, platform_of
+from ember_platform.natsauth.clients import bound_functions, matches
+
+MAX_IDEMPOTENCY_KEY = 128
+_PUBLISH_TIMEOUT_S = 5.0
+
+
+async def publish(request: Request) -> Response:
+    principal = principal_of(request)  # with the events scope (the route's need): a 403 before any subject check
+    subject = request.path_params["subject"]
+    _check_subject(subject)
+    platform = platform_of(request)
+    bound, _ = bound_functions(principal, platform.registry.deployments.items.values())
+    if not any(matches(pattern, subject) for pattern in bound):
+        raise NotFoundError(f"no function is bound to subject {subject!r}")
+    data = await read_body(request, platform.nc.max_payload)
+    msg_id = header(request, b"idempotency-key")
+    if msg_id is not None and not (0 < len(msg_id) <= MAX_IDEMPOTENCY_KEY and msg_id.isprintable()):
+        raise InvalidInputError(f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
+                                field="Idempotency-Key")
+    try:
+        ack = await platform.nc.jetstream().publish(subject, data, timeout=_PUBLISH_TIMEOUT_S,
+                                                    headers={"Nats-Msg-Id": msg_id} if msg_id else None)
+    except NoRespondersError:
+        raise UnavailableError(f"no stream captures {subject!r} yet (is the app's rollout done?)",
+                               retry_after_s=1.0) from None
+    except (NatsError, TimeoutError) as exc:
+        raise UnavailableError(f"the event was not stored ({type(exc).__name__}); retry", retry_after_s=1.0) from exc
+    return json_response({"subject": subject, "stream": ack.stream, "seq": ack.seq, "duplicate": ack.duplicate},
+                         202)
+
+
+def _check_subject(subject: str) -> None:
+    """422 naming ``subject`` for anything but a plain subject outside the reserved namespaces."""
+    problem = subject_problem(subject, wildcards=False) if len(subject) <= MAX_SUBJECT_LENGTH else \
+        f"a subject of at most {MAX_SUBJECT_LENGTH} characters, not {len(subject)}"
+    if problem:
+        raise InvalidInputError(problem if len(problem) < 600 else problem[:600] + "...", field="subject")
+
+
+_PUBLISHED: dict[str, Any] = {
+    "type": "object", "required": ["subject", "stream", "seq", "duplicate"],
+    "properties": {"subject": {"type": "string"}, "stream": {"type": "string"}, "seq": {"type": "integer"},
+                   "duplicate": {"type": "boolean", "description": "an Idempotency-Key seen before: stored once"}}}
+PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "subject": ("a NATS subject bound (on=) by a function of an app the token sees; no wildcards",
+                {"type": "string", "minLength": 1, "maxLength": MAX_SUBJECT_LENGTH,
+                 "pattern": r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"}),
+}
+OPERATIONS: dict[tuple[str, str], Any] = {
+    ("POST", "/v1/events/{subject}"): (
+        "Publish an event (the events scope): the body is its data, stored in the stream of the function bound to "
+        "the subject, which runs on it",
+        (202, "stored", _PUBLISHED, JSON), (404, 413, 422, 503),
+        [{"name": "Idempotency-Key", "in": "header", "required": False,
+          "description": "the message's Nats-Msg-Id: a retried publish is stored, and runs, once",
+          "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY}}],
+        {"required": True, "content": {"*/*": {"schema": {"description": "the event's data, as any publisher "
+                                                                         "would send it"}}}}),
+}

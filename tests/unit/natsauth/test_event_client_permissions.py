@@ -1,0 +1,145 @@
+"""What the auth callout grants an event client (a plain NATS client presenting an ``events`` token), and what it
+refuses, without a server (tests/integration/test_event_clients.py runs the real nats-server against it)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec
+from ember.wire.tokens import StoredToken, TokenInfo, new_token, parse_token, secret_digest
+from ember_platform.auth.tokens import TokenStore
+from ember_platform.natsauth import clients, keys
+from ember_platform.natsauth.callout import REPLICA_TTL_S, AuthCallout, Refused
+from ember_platform.natsauth.clients import events_inbox, matches
+
+
+class _Mirror:
+    def __init__(self, items: dict) -> None:
+        self.items = items
+
+
+def _deployment(app: str, on: list[str], result: str | None) -> Deployment:
+    fn = FunctionSpec(name="f", attr="f", input_mode="single", on=on, result_subject=result)
+    plain = FunctionSpec(name="g", attr="g", input_mode="single")
+    services = [ServiceSpec(name="svc", kind="function", functions=[fn, plain])]
+    return Deployment(app=app, version=1, bundle_sha256="0" * 64, created_at=0.0,
+                      manifest=Manifest(app=app, module="m", services=services))
+
+
+DEPLOYMENTS = {
+    "ingest-x": _deployment("ingest-x", ["events.ingest-x.orders.>"], "events.ingest-x.results"),
+    "other-y": _deployment("other-y", ["events.other-y.>"], "events.other-y.results"),
+}
+
+
+def _store(**tokens: tuple[list[str], list[str], float | None, bool]) -> tuple[TokenStore, dict[str, str]]:
+    store = TokenStore(None, enabled=True)  # type: ignore[arg-type]  # never started: its mirror is filled here
+    issued = {}
+    for name, (scopes, apps, expires_at, revoked) in tokens.items():
+        token = new_token(name)
+        token_id, secret = parse_token(token) or ("", "")
+        info = TokenInfo(id=token_id, name=name, scopes=scopes, apps=apps, created_at=0.0, expires_at=expires_at)
+        store.mirror.items[token_id] = StoredToken(info=info, secret_sha256=secret_digest(secret),
+                                                   revoked_at=1.0 if revoked else None)
+        issued[name] = token
+    return store, issued
+
+
+@pytest.fixture(scope="module")
+def auth() -> keys.AuthKeys:
+    return keys.generate()
+
+
+def _callout(auth: keys.AuthKeys, store: TokenStore | None) -> AuthCallout:
+    return AuthCallout(nc=None, keys=auth, assignments=_Mirror({}), deployments=_Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
+                       tokens=store)
+
+
+def _allowed(perms: dict, kind: str, subject: str) -> bool:
+    return any(matches(p, subject) for p in perms[kind]["allow"]) \
+        and not any(matches(p, subject) for p in perms[kind].get("deny", []))
+
+
+def test_an_events_token_may_publish_its_apps_bound_subjects_and_read_their_results_only(auth):
+    store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
+    admitted = _callout(auth, store).admit({"auth_token": issued["ingest"]}, "S1", 7)
+    perms = admitted.nats
+    assert admitted.name == "events.ingest" and admitted.account == "$G"
+    assert _allowed(perms, "pub", "events.ingest-x.orders.1")
+    assert _allowed(perms, "sub", "events.ingest-x.results")
+    assert _allowed(perms, "sub", f"{events_inbox('ingest')}.abc")
+    for subject in ("events.other-y.orders.1", "events.ingest-x.results", "ember.calls.default.ingest-x.f",
+                    "$JS.API.STREAM.NAMES", "$KV.ember_calls.s.x", "_INBOX.x", "$SYS.REQ.SERVER.PING"):
+        assert not _allowed(perms, "pub", subject), subject
+    for subject in ("events.other-y.results", "_INBOX.x", "_INBOX.events_other.x", "$JS.API.INFO", ">"):
+        assert not _allowed(perms, "sub", subject), subject
+    assert admitted.expires is not None and admitted.expires <= time.time() + clients.CLIENT_TTL_S + 1
+
+
+@pytest.mark.parametrize("opts", [
+    lambda t: {"auth_token": t}, lambda t: {"user": "token", "pass": t}, lambda t: {"user": t}])
+def test_every_spelling_of_the_token_is_admitted(auth, opts):
+    store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
+    assert _callout(auth, store).admit(opts(issued["ingest"])).name == "events.ingest"
+
+
+def test_the_token_expiry_bounds_the_connection(auth):
+    soon = time.time() + 120
+    store, issued = _store(ingest=(["events"], ["ingest-*"], soon, False))
+    assert _callout(auth, store).admit({"auth_token": issued["ingest"]}).expires == soon
+
+
+@pytest.mark.parametrize(("token", "why"), [
+    ((["invoke", "read"], ["ingest-*"], None, False), "events scope"),
+    ((["events"], ["ingest-*"], None, True), "revoked"),
+    ((["events"], ["ingest-*"], 10.0, False), "expired"),
+])
+def test_a_token_without_the_scope_revoked_or_expired_is_refused(auth, token, why):
+    store, issued = _store(t=token)
+    with pytest.raises(Refused, match=why):
+        _callout(auth, store).admit({"auth_token": issued["t"]})
+
+
+def test_unknown_tokens_and_a_control_plane_without_tokens_refuse(auth):
+    store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
+    forged = issued["ingest"][:-4] + "AAAA"
+    for opts in ({"auth_token": forged}, {"user": "token", "pass": ""}, {"auth_token": "x" * 1000}):
+        with pytest.raises(Refused):
+            _callout(auth, store).admit(opts)
+    with pytest.raises(Refused, match="checks no tokens"):
+        _callout(auth, None).admit({"auth_token": issued["ingest"]})
+    with pytest.raises(Refused, match="checks no tokens"):
+        _callout(auth, TokenStore(None, enabled=False)).admit({"auth_token": issued["ingest"]})  # type: ignore[arg-type]
+
+
+def test_only_the_derived_password_enters_the_system_account_and_it_may_only_kick(auth):
+    callout = _callout(auth, None)
+    admitted = callout.admit({"user": clients.SYSTEM_USER, "pass": clients.system_password(auth)})
+    assert admitted.account == "$SYS"
+    assert admitted.nats["pub"]["allow"] == ["$SYS.REQ.SERVER.*.KICK"]
+    with pytest.raises(Refused):
+        callout.admit({"user": clients.SYSTEM_USER, "pass": clients.system_password(keys.generate())})
+
+
+def test_a_replicas_credentials_expire(auth):
+    from ember.wire import NodeAssignment, SlotAssignment
+    from ember.wire.natscreds import replica_credentials
+
+    slot = SlotAssignment(replica_id="r1", app="ingest-x", service="svc", version=1, index=0)
+    callout = AuthCallout(nc=None, keys=auth, deployments=_Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
+                          assignments=_Mirror({"n1": NodeAssignment(node_id="n1", slots=[slot], updated_at=0.0)}))
+    creds = replica_credentials(auth.node_credentials("n1"), "r1")
+    admitted = callout.admit({"user": creds.user, "pass": creds.password})
+    assert admitted.expires is not None and 0 < admitted.expires - time.time() <= REPLICA_TTL_S
+
+
+def test_a_sweep_forgets_connections_past_their_expiry_and_keeps_live_tokens():
+    store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
+    event_clients = clients.EventClients(keys.generate(), store, _Mirror(DEPLOYMENTS))  # type: ignore[arg-type]
+    event_clients.admit(issued["ingest"], "S1", 1)
+    assert asyncio.run(event_clients.sweep()) == 0 and event_clients.tracked() == 1  # a live token: not kicked
+    assert asyncio.run(event_clients.sweep(now=time.time() + clients.CLIENT_TTL_S + 1)) == 0
+    assert event_clients.tracked() == 0  # past its JWT's expiry the server has cut it: forgotten
