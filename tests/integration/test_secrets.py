@@ -1,6 +1,7 @@
-"""Secrets against the real platform: set over HTTP (admin only), delivered to a replica's environment at its
-start, never shown (not in the list, the app, the status, the logs, the deployment's KV entry, nor in clear in
-their own bucket); a replica may not ask for them, and a node only for its own replicas."""
+"""Secrets against the real platform: set over HTTP (admin only, with the apps that may use them), delivered to a
+replica's environment at its start, never shown (not in the list, the app, the status, the logs, the deployment's
+KV entry, nor in clear in their own bucket); a replica may not ask for them, and a node only for its own replicas.
+Which tenant's apps may use a secret: ``test_secret_owners``."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def _app(tmp_path: Path, name: str, secret: str) -> Path:
 def test_a_secret_reaches_its_replicas_environment_and_nothing_else(platform, http: httpx.Client,
                                                                     transport: Transport, tmp_path: Path) -> None:
     value = f"hf_{uuid.uuid4().hex}"
-    put = http.put("/v1/secrets/st-hf", json={"values": {"HF_TOKEN": value, "OTHER_KEY": "two"}})
+    put = http.put("/v1/secrets/st-hf", json={"values": {"HF_TOKEN": value, "OTHER_KEY": "two"},
+                                              "apps": ["secret-user"]})
     assert put.status_code == 200, put.text
     assert value not in put.text and msgspec.json.decode(put.content, type=SecretView).keys == ["HF_TOKEN",
                                                                                                   "OTHER_KEY"]
@@ -92,20 +94,24 @@ def test_the_routes_are_the_admins_and_check_what_they_are_given(http: httpx.Cli
     made = http.post("/v1/tokens", json={"scopes": ["deploy", "invoke", "read"], "apps": ["*"]})
     deployer = msgspec.json.decode(made.content, type=NewToken).token
     for method, path in (("GET", "/v1/secrets"), ("PUT", "/v1/secrets/st-x"), ("DELETE", "/v1/secrets/st-x")):
-        answer = httpx.request(method, f"{http.base_url}{path}", headers=bearer(deployer), json={"values": {"A": "b"}})
+        answer = httpx.request(method, f"{http.base_url}{path}", headers=bearer(deployer),
+                               json={"values": {"A": "b"}, "apps": ["*"]})
         assert answer.status_code == 403, (method, path, answer.text)
         assert httpx.request(method, f"{http.base_url}{path}").status_code == 401
     bad = [
-        ("/v1/secrets/Bad_Name", {"values": {"A": "b"}}, 422, "secret"),
-        ("/v1/secrets/st-x", {"values": {"lower": "b"}}, 422, "$.values.lower"),
-        ("/v1/secrets/st-x", {"values": {"EMBER_NATS_CREDS": "b"}}, 422, "$.values.EMBER_NATS_CREDS"),
-        ("/v1/secrets/st-x", {"values": {"LD_PRELOAD": "/x.so"}}, 422, "$.values.LD_PRELOAD"),
-        ("/v1/secrets/st-x", {"values": {"PATH": "/x"}}, 422, "$.values.PATH"),
-        ("/v1/secrets/st-x", {"values": {}}, 422, "$.values"),
-        ("/v1/secrets/st-x", {"values": {"A": 1}}, 422, None),
-        ("/v1/secrets/st-x", {"values": {"A": "b"}, "extra": 1}, 422, None),
-        ("/v1/secrets/st-x", {"values": {"A": "x" * 40_000}}, 413, None),
-        ("/v1/secrets/st-x", {"values": {f"K{i}": "v" for i in range(100)}}, 413, None),
+        ("/v1/secrets/Bad_Name", {"values": {"A": "b"}, "apps": ["*"]}, 422, "secret"),
+        ("/v1/secrets/st-x", {"values": {"lower": "b"}, "apps": ["*"]}, 422, "$.values.lower"),
+        ("/v1/secrets/st-x", {"values": {"EMBER_NATS_CREDS": "b"}, "apps": ["*"]}, 422, "$.values.EMBER_NATS_CREDS"),
+        ("/v1/secrets/st-x", {"values": {"LD_PRELOAD": "/x.so"}, "apps": ["*"]}, 422, "$.values.LD_PRELOAD"),
+        ("/v1/secrets/st-x", {"values": {"PATH": "/x"}, "apps": ["*"]}, 422, "$.values.PATH"),
+        ("/v1/secrets/st-x", {"values": {}, "apps": ["*"]}, 422, "$.values"),
+        ("/v1/secrets/st-x", {"values": {"A": "b"}}, 422, "$.apps"),
+        ("/v1/secrets/st-x", {"values": {"A": "b"}, "apps": []}, 422, "$.apps"),
+        ("/v1/secrets/st-x", {"values": {"A": "b"}, "apps": ["ok", "Bad App"]}, 422, "$.apps[1]"),
+        ("/v1/secrets/st-x", {"values": {"A": 1}, "apps": ["*"]}, 422, None),
+        ("/v1/secrets/st-x", {"values": {"A": "b"}, "apps": ["*"], "extra": 1}, 422, None),
+        ("/v1/secrets/st-x", {"values": {"A": "x" * 40_000}, "apps": ["*"]}, 413, None),
+        ("/v1/secrets/st-x", {"values": {f"K{i}": "v" for i in range(100)}, "apps": ["*"]}, 413, None),
     ]
     for path, body, status, field in bad:
         answer = http.put(path, json=body)
@@ -119,7 +125,8 @@ def test_the_routes_are_the_admins_and_check_what_they_are_given(http: httpx.Cli
 
 def test_a_node_gets_secrets_only_for_a_replica_assigned_to_it(platform, http: httpx.Client, transport: Transport,
                                                               tmp_path: Path) -> None:
-    assert http.put("/v1/secrets/st-node", json={"values": {"NODE_KEY": "sesame"}}).status_code == 200
+    put = http.put("/v1/secrets/st-node", json={"values": {"NODE_KEY": "sesame"}, "apps": ["secret-node"]})
+    assert put.status_code == 200, put.text
     try:
         view = deploy(_app(tmp_path, "secret-node", "st-node"), transport=transport, timeout_s=120)
         replica = next(r.replica_id for s in view.services if s.name == "reveal" for r in s.replicas)
@@ -169,12 +176,16 @@ def test_the_cli_sets_lists_and_removes_with_values_kept_out_of_argv(platform, t
         return subprocess.run([sys.executable, "-m", "ember.cli", "secret", *args], input=stdin, capture_output=True,
                               text=True, timeout=120, env=env)
 
-    made = cli("set", "st-cli", f"FILE_KEY=@{value_file}", "STDIN_KEY=-", "PLAIN_KEY=visible", stdin="from-stdin\n")
+    without_apps = cli("set", "st-cli", "PLAIN_KEY=visible")
+    assert without_apps.returncode == 2 and "--apps" in without_apps.stderr
+    made = cli("set", "st-cli", "--apps", "cli-*,other", "--apps", "more", f"FILE_KEY=@{value_file}", "STDIN_KEY=-",
+               "PLAIN_KEY=visible", stdin="from-stdin\n")
     assert made.returncode == 0, made.stderr
-    assert "FILE_KEY" in made.stdout and "from-a-file" not in made.stdout
+    assert "FILE_KEY" in made.stdout and "from-a-file" not in made.stdout and "cli-*, other, more" in made.stdout
     listed = cli("ls")
     assert "st-cli" in listed.stdout and "STDIN_KEY" in listed.stdout and "from-stdin" not in listed.stdout
-    refused = cli("set", "st-cli", "EMBER_DEVICE=cuda")
+    assert "cli-*, other, more" in listed.stdout
+    refused = cli("set", "st-cli", "--apps", "*", "EMBER_DEVICE=cuda")
     assert refused.returncode == 1 and "EMBER_DEVICE" in refused.stderr
     assert cli("rm", "st-cli").returncode == 0
     assert "st-cli" not in cli("ls").stdout
@@ -199,7 +210,8 @@ class Model:
 def test_a_replica_forked_from_a_zygote_gets_its_secrets_in_the_fork_request(http: httpx.Client,
                                                                             transport: Transport,
                                                                             tmp_path: Path) -> None:
-    assert http.put("/v1/secrets/st-snap", json={"values": {"SNAP_KEY": "forked-value"}}).status_code == 200
+    assert http.put("/v1/secrets/st-snap", json={"values": {"SNAP_KEY": "forked-value"},
+                                                     "apps": ["secret-*"]}).status_code == 200
     folder = tmp_path / "secret-snap"
     folder.mkdir()
     (folder / "secret_snap.py").write_text(SNAPPED)
