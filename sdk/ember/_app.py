@@ -135,8 +135,8 @@ class App:
                 that takes longer counts as a failed setup (three in a row and the version is failed).
             public: its synchronous call (``POST /v1/<app>/<fn>``) needs no token: a public endpoint. Its spawn,
                 its calls' records, logs and everything else of the app still need one.
-            secrets: names of secrets (``ember secret set hf HF_TOKEN=...``) whose keys its replicas get as
-                environment variables: ``os.environ["HF_TOKEN"]``. Each must exist when the app is pushed.
+            secrets: names of secrets (``ember secret set hf --apps my-app HF_TOKEN=...``) whose keys its replicas
+                get as environment variables: ``os.environ["HF_TOKEN"]``. Each must exist, for this app, at a push.
             volumes: ``{"/weights": ember.Volume("digits-weights")}``: volumes mounted read-only at those paths in
                 its replicas (``ember.mounted("/weights")`` is where a replica without a sandbox finds one). A push
                 pins each to its latest version (or ``Volume(..., version=N)``); each must exist then.

@@ -123,7 +123,8 @@ def env_problem(name: object, value: object) -> str | None:
         return f"environment variable {name}: set by Ember itself, an image may not set it"
     if SECRET_LIKE.search(name):
         return (f"environment variable {name} looks like a credential: an image's variables are stored and shown "
-                f"in plain text; put it in a secret (`ember secret set NAME {name}=...`) and name it in secrets=")
+                f"in plain text; put it in a secret (`ember secret set NAME --apps APP {name}=...`) and name it in "
+                "secrets=")
     if not isinstance(value, str):
         return f"environment variable {name}: its value is a string, not {type(value).__name__}"
     if len(value) > MAX_ENV_VALUE or "\x00" in value:
