@@ -7,8 +7,8 @@ What is measured
     * synchronous calls (``POST /v1/chaos/echo``) from closed-loop workers, each sending to either control
       plane and moving to the other when one does not answer, as a load balancer would;
     * spawned calls (``POST /v1/chaos/echo/spawn``) at a steady rate, each recorded with its call id;
-    * events published to ``chaos.in.<n>`` (JetStream-acked, ``Nats-Msg-Id`` set), whose results come back
-      on ``chaos.out``.
+    * events published to ``events.chaos.in.<n>`` (JetStream-acked, ``Nats-Msg-Id`` set), whose results come back
+      on ``events.chaos.out``.
 
     Every ``--every`` seconds one process is SIGKILLed, in turn: a replica, the node agent, the control plane
     holding the lease, one NATS server of three. What a supervisor would do is done too: the agent, the
@@ -64,7 +64,7 @@ def echo(x: int) -> int:
     return x
 
 
-@app.function(on="chaos.in.>", result_subject="chaos.out", min_replicas=1, retries=3)
+@app.function(on="events.chaos.in.>", result_subject="events.chaos.out", min_replicas=1, retries=3)
 def event(x: int) -> int:
     return x
 '''
@@ -178,7 +178,8 @@ async def publisher(url: str, ids: list[str], tally: Tally, stop: threading.Even
     n = 0
     while not stop.is_set():
         try:
-            await js.publish(f"chaos.in.{n}", str(n).encode(), headers={"Nats-Msg-Id": f"chaos-ev-{n}"}, timeout=5)
+            await js.publish(f"events.chaos.in.{n}", str(n).encode(), headers={"Nats-Msg-Id": f"chaos-ev-{n}"},
+                             timeout=5)
         except Exception:
             await asyncio.sleep(0.2)  # not accepted: published again, with the same id
             continue

@@ -1,9 +1,9 @@
 """bench/per_call.py's queued cells: calls/s from the first submit to the last stored result, with 10,000 queued.
 
 ``spawn_rate``: ``POST /v1/percall/Batched.predict/spawn`` (bench/queues.py's submitter and reader).
-``events_rate``: JetStream publishes to ``percall.vectors``, the subject ``on_vectors`` (the same batched MLP) is
+``events_rate``: JetStream publishes to ``events.percall.vectors``, the subject ``on_vectors`` (the same batched MLP) is
 bound to, by ``concurrency`` publishers each waiting for its ack (as the spawn submitters wait for their 202); the
-results arrive on ``percall.predictions``, where a replica publishes each one just before it stores the call's
+results arrive on ``events.percall.predictions``, where a replica publishes each one just before it stores the call's
 final record. Both cells first run 100 calls as a warm-up, and 20 lone calls one at a time.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 APP = "percall"
-EVENTS_SUBJECT, RESULTS_SUBJECT = "percall.vectors", "percall.predictions"
+EVENTS_SUBJECT, RESULTS_SUBJECT = "events.percall.vectors", "events.percall.predictions"
 GOAL = "goal: 1,500 calls/s with 10,000 queued"
 
 

@@ -18,6 +18,7 @@ from ember_platform.control.builds import Builds
 from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.registry import Registry
+from ember_platform.events.grants import GrantStore
 from ember_platform.gateway.body import Validators
 from ember_platform.gateway.relay import Relay
 from ember_platform.metrics.calls import CallMetrics
@@ -41,6 +42,7 @@ class Platform:
         self.validators = Validators()
         self.call_metrics = CallMetrics()  # the call path's counters (GET /metrics)
         self.quotas = QuotaStore(registry.stores.quotas)
+        self.subject_grants = GrantStore(registry.stores.subject_grants)  # what apps may bind beyond events.<app>
         self.control = ControlLoop(registry, registry.stores,
                                    gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
@@ -69,6 +71,7 @@ class Platform:
             platform = cls(settings, nc, registry)
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
             await platform.quotas.start()
+            await platform.subject_grants.start()
             await platform.secrets.start()
             await platform.volumes.start()
             await platform.secrets_server.start()
@@ -98,6 +101,7 @@ class Platform:
         await self.registry.stop()
         await self.tokens.stop()
         await self.quotas.stop()
+        await self.subject_grants.stop()
         await self.secrets_server.stop()
         await self.builds.stop()
         await self.secrets.stop()

@@ -32,7 +32,7 @@ app = ember.App("windows")
 def poison(tag: str) -> str:
     raise RuntimeError(f"poisoned {tag}")
 
-@app.function(on="windows.in.>", result_subject="windows.out", retries=0)
+@app.function(on="events.windows.in.>", result_subject="events.windows.out", retries=0)
 def judge(event: dict) -> str:
     if event.get("poison"):
         raise ValueError("unreadable event")
@@ -100,11 +100,13 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
             async def on_result(msg: nats.aio.msg.Msg) -> None:
                 results.setdefault(msg.headers["Ember-Call-Id"], []).append(msg)
 
-            await nc.subscribe("windows.out", cb=on_result)
+            await nc.subscribe("events.windows.out", cb=on_result)
             await nc.flush()
             js = nc.jetstream()
-            await js.publish("windows.in.good", json.dumps({"tag": "fine"}).encode(), headers={"Nats-Msg-Id": "good"})
-            await js.publish("windows.in.bad", json.dumps({"poison": True}).encode(), headers={"Nats-Msg-Id": "bad"})
+            await js.publish("events.windows.in.good", json.dumps({"tag": "fine"}).encode(),
+                             headers={"Nats-Msg-Id": "good"})
+            await js.publish("events.windows.in.bad", json.dumps({"poison": True}).encode(),
+                             headers={"Nats-Msg-Id": "bad"})
             spawned = await asyncio.to_thread(spawn, http, "poison", "p1", "windows")
             record = await asyncio.to_thread(result, http, spawned, 120)
             give_up = time.monotonic() + 120

@@ -24,7 +24,7 @@ from ember.wire import subjects
 
 pytestmark = pytest.mark.integration
 APP_FILE = REPO / "tests" / "apps" / "events" / "tagger.py"
-RESULTS = "tagger.out"
+RESULTS = "events.tagger.out"
 Event = tuple[object, dict[str, str]]  # (body, headers)
 
 
@@ -47,7 +47,7 @@ def exchange(nats_url: str, events: list[Event], expect: int, timeout_s: float =
         js = nc.jetstream()
         try:
             for body, headers in events:
-                await js.publish("tagger.in.test", json.dumps(body).encode(), headers=headers or None)
+                await js.publish("events.tagger.in.test", json.dumps(body).encode(), headers=headers or None)
             got: list[Msg] = []
             with contextlib.suppress(TimeoutError):
                 while len(got) < expect:

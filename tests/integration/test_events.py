@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 APP = '''import ember
 app = ember.App("eventful")
 
-@app.function(on="demo.images.>", result_subject="demo.results", retries=0)
+@app.function(on="events.eventful.images.>", result_subject="events.eventful.results", retries=0)
 def measure(image: dict) -> int:
     if image.get("poison"):
         raise ValueError("unreadable image")
@@ -33,19 +33,20 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
         nc = await admin_connect(platform.nats_url)
         results: asyncio.Queue = asyncio.Queue()
         mine: asyncio.Queue = asyncio.Queue()
-        await nc.subscribe("demo.results", cb=results.put)
+        await nc.subscribe("events.eventful.results", cb=results.put)
         inbox = nc.new_inbox()  # a requester waits for its own result in an inbox
         await nc.subscribe(inbox, cb=mine.put)
         await nc.flush()
         js = nc.jetstream()
-        first = await js.publish("demo.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
+        first = await js.publish("events.eventful.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
                                  headers={"Nats-Msg-Id": "img-1"})
-        retried = await js.publish("demo.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
+        retried = await js.publish("events.eventful.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
                                    headers={"Nats-Msg-Id": "img-1"})
         assert not first.duplicate and retried.duplicate  # a retried publish is stored, and runs, once
-        await nc.publish("demo.images.dogs", json.dumps({"pixels": [9] * 5}).encode(),
+        await nc.publish("events.eventful.images.dogs", json.dumps({"pixels": [9] * 5}).encode(),
                          headers={"Ember-Reply-To": inbox})  # core NATS publish, captured too
-        await js.publish("demo.images.bad", json.dumps({"poison": True}).encode(), headers={"Nats-Msg-Id": "img-3"})
+        await js.publish("events.eventful.images.bad", json.dumps({"poison": True}).encode(),
+                         headers={"Nats-Msg-Id": "img-3"})
         got = [await asyncio.wait_for(results.get(), 60) for _ in range(2)]
         own = [await asyncio.wait_for(mine.get(), 60)]
         await nc.close()

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 APP = '''import ember
 app = ember.App("sleepy")
 
-@app.function(on="sleepy.in.>", min_replicas=0, max_replicas=1)
+@app.function(on="events.sleepy.in.>", min_replicas=0, max_replicas=1)
 def wake(x: int) -> int:
     return x + 1
 '''
@@ -33,7 +33,7 @@ def test_an_event_wakes_a_function_scaled_to_zero(platform, transport, http, tmp
         async def publish() -> None:
             nc = await admin_connect(platform.nats_url)
             try:
-                await nc.jetstream().publish("sleepy.in.one", b"41", headers={"Nats-Msg-Id": "wake-1"})
+                await nc.jetstream().publish("events.sleepy.in.one", b"41", headers={"Nats-Msg-Id": "wake-1"})
             finally:
                 await nc.close()
 

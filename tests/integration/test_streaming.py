@@ -263,7 +263,7 @@ EVENT_APP = '''from collections.abc import AsyncIterator
 import ember
 app = ember.App("streamevents")
 
-@app.function(on="streamdemo.words.>", result_subject="streamdemo.results", retries=0)
+@app.function(on="events.streamevents.words.>", result_subject="events.streamevents.results", retries=0)
 async def words(text: str) -> AsyncIterator[str]:
     for word in text.split():
         yield word.upper()
@@ -279,9 +279,10 @@ def test_an_event_to_a_streaming_function_publishes_the_list(tmp_path, platform,
         nc = await natsconn.connect(platform.nats_url)
         try:
             results: asyncio.Queue = asyncio.Queue()
-            await nc.subscribe("streamdemo.results", cb=results.put)
+            await nc.subscribe("events.streamevents.results", cb=results.put)
             await nc.flush()
-            await nc.jetstream().publish("streamdemo.words.a", b'"to be or not"', headers={"Nats-Msg-Id": "w-1"})
+            await nc.jetstream().publish("events.streamevents.words.a", b'"to be or not"',
+                                         headers={"Nats-Msg-Id": "w-1"})
             msg = await asyncio.wait_for(results.get(), 60)
             assert msg.headers["Ember-Status"] == "succeeded"
             return msg.data

@@ -50,7 +50,7 @@ def count(n: int) -> Iterator[int]:
     yield from range(n)
 
 
-@app.function(on="tracedemo.events.>", retries=0)
+@app.function(on="events.traced.demo.>", retries=0)
 def seen(event: dict) -> int:
     return len(event["items"])
 '''
@@ -219,7 +219,7 @@ def test_an_event_published_with_a_traceparent_continues_its_publishers_trace(tr
             await nc.subscribe(inbox, cb=results.put)
             await nc.flush()
             for traceparent in (f"00-{trace_id}-{publisher_span}-01", "00-not-a-trace-01"):
-                await nc.publish("tracedemo.events.a", json.dumps({"items": [1, 2, 3]}).encode(),
+                await nc.publish("events.traced.demo.a", json.dumps({"items": [1, 2, 3]}).encode(),
                                  headers={"traceparent": traceparent, "Ember-Reply-To": inbox})
             return sorted([json.loads((await asyncio.wait_for(results.get(), 60)).data) for _ in range(2)])
         finally:

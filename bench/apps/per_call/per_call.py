@@ -38,10 +38,10 @@ class Unbatched:
 _MODEL: list[Mlp] = []  # the events function's model, made on its first batch
 
 
-@app.function(batch=ember.Batch(max_size=32, window_ms=5), on="percall.vectors", result_subject="percall.predictions",
-              timeout_s=30)
+@app.function(batch=ember.Batch(max_size=32, window_ms=5), on="events.percall.vectors",
+              result_subject="events.percall.predictions", timeout_s=30)
 def on_vectors(vectors: list[Vector]) -> list[Prediction]:
-    """``Batched.predict`` again, invoked by events: each message published to ``percall.vectors`` is a call."""
+    """``Batched.predict`` again, invoked by events: each message published to ``events.percall.vectors`` is a call."""
     if not _MODEL:
         _MODEL.append(Mlp())
     return _MODEL[0].classify(vectors)

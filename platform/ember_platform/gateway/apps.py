@@ -17,6 +17,7 @@ from ember.wire.validate import check_manifest
 from ember_platform.auth.scopes import ADMIN, INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
+from ember_platform.events.subjects import check_bindings
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.patterns import schema_patterns
@@ -87,6 +88,7 @@ async def deploy(request: Request) -> Response:
     _check_calls(principal_of(request), req.manifest)
     check_locked(req.manifest)
     check_manifest(req.manifest)  # before the volumes are looked up, so that a bad mount is named as such
+    check_bindings(req.manifest, platform.subject_grants.all(), platform.registry.deployments.items)
     req = msgspec.structs.replace(req, manifest=platform.volumes.pin(req.manifest, principal_of(request).sees))
     dep = await platform.registry.deploy(request.path_params["app"], req)
     return json_response(dep, 201)

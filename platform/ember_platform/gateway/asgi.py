@@ -36,6 +36,7 @@ from ember_platform.gateway import (
     secrets,
     stats,
     status,
+    subjects,
     tokens,
     volumes,
 )
@@ -76,6 +77,9 @@ ROUTES = [
     route("/v1/quotas", quotas.list_quotas, "GET", ADMIN),
     route("/v1/quotas/{quota}", quotas.put_quota, "PUT", ADMIN),
     route("/v1/quotas/{quota}", quotas.delete_quota, "DELETE", ADMIN),
+    route("/v1/subjects", subjects.list_grants, "GET", ADMIN),
+    route("/v1/subjects/grant", subjects.grant, "POST", ADMIN),
+    route("/v1/subjects/revoke", subjects.revoke, "POST", ADMIN),
     route("/v1/volumes", volumes.list_volumes, "GET", READ),
     route("/v1/volumes/-/chunks/{sha256}", volumes.put_chunk, "PUT", DEPLOY),
     route("/v1/volumes/-/chunks/missing", volumes.missing_chunks, "POST", DEPLOY),

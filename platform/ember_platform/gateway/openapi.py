@@ -46,6 +46,7 @@ from ember.wire import (
     TokenRequest,
     encoder,
 )
+from ember.wire.grants import SubjectGrant, SubjectGrantRequest
 from ember.wire.images import BuildStart, BuildView
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
@@ -88,6 +89,8 @@ _BODIES: dict[str, Any] = {
     "TokenRequest": TokenRequest, "NewToken": NewToken, "TokenInfo": TokenInfo, "TokenList": list[TokenInfo],
     "QuotaRequest": QuotaRequest, "Quota": Quota, "QuotaList": list[QuotaView],
     "SecretRequest": SecretRequest, "SecretView": SecretView, "SecretList": list[SecretView],
+    "SubjectGrantRequest": SubjectGrantRequest, "SubjectGrant": SubjectGrant, "SubjectGrantList": list[SubjectGrant],
+    "SubjectGrantLeft": SubjectGrant | None,
     "RolloutRequest": RolloutRequest, "BuildStart": BuildStart, "BuildView": BuildView,
     "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
     "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
@@ -166,7 +169,8 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                 [], None),
     ("DELETE", "/v1/apps/{app}"): ("Delete an app", (204, "deleted", None, JSON), (404,), [], None),
     ("POST", "/v1/apps/{app}/deployments"): (
-        "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON), (400, 413, 422), [],
+        "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON),
+        (400, 409, 413, 422), [],
         _json_body(_ref("DeployRequest"))),
     ("POST", "/v1/apps/{app}/builds"): (
         "Lock and build an app's images on a node and read its manifest inside its image (see `ember push`)",
@@ -233,6 +237,16 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                     (400, 413, 422), [], _json_body(_ref("QuotaRequest"))),
     ("DELETE", "/v1/quotas/{quota}"): ("Remove a quota (admin)", (200, "the removed quota", _ref("Quota"), JSON),
                                        (404, 422), [], None),
+    ("GET", "/v1/subjects"): ("List the subject grants (admin): what apps may bind beyond events.<app>",
+                              (200, "the grants", _ref("SubjectGrantList"), JSON), (), [], None),
+    ("POST", "/v1/subjects/grant"): (
+        "Let apps bind subjects inside a pattern (admin), checked at their next push",
+        (200, "the grant", _ref("SubjectGrant"), JSON), (400, 413, 422, 503), [],
+        _json_body(_ref("SubjectGrantRequest"))),
+    ("POST", "/v1/subjects/revoke"): (
+        "Take a pattern back from apps (admin; no apps: from all), checked at their next push",
+        (200, "what is left of the grant (null: nothing)", _ref("SubjectGrantLeft"), JSON), (400, 404, 413, 422, 503),
+        [], _json_body(_ref("SubjectGrantRequest"))),
     ("GET", "/v1/secrets"): ("List the secrets (admin): names, keys, times and app patterns, never values",
                              (200, "the secrets", _ref("SecretList"), JSON), (503,), [], None),
     ("PUT", "/v1/secrets/{secret}"): ("Set a secret (admin): its keys, values and app patterns, replacing any before",

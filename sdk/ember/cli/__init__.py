@@ -20,6 +20,7 @@ from ember.cli import (
     scale,
     secret,
     status,
+    subject,
     token,
     ui,
     volume,
@@ -30,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (dev, push, rollout, apps, call, calls, events, logs, status, scale, login, token, quota, secret,
-                   volume, ui):
+                   subject, volume, ui):
         module.register(sub)
     return parser
 

@@ -5,7 +5,7 @@ import ember
 app = ember.App("tagger")
 
 
-@app.function(on="tagger.in.>", result_subject="tagger.out", retries=0)
+@app.function(on="events.tagger.in.>", result_subject="events.tagger.out", retries=0)
 def tag(event: dict) -> str:
     print(f"tag({event['tag']}) ran", flush=True)
     return event["tag"]
