@@ -44,6 +44,8 @@ def test_what_the_routes_need():
     assert table[("GET", "/v1/tokens/self")] == "token"
     assert table[("PUT", "/v1/quotas/{quota}")] == table[("GET", "/v1/quotas")] == "admin"
     assert table[("DELETE", "/v1/quotas/{quota}")] == "admin"
+    assert table[("GET", "/v1/subjects")] == table[("POST", "/v1/subjects/grant")] == "admin"
+    assert table[("POST", "/v1/subjects/revoke")] == "admin"
     assert table[("PUT", "/v1/bundles/{sha256}")] == table[("POST", "/v1/apps/{app}/deployments")] == "deploy"
     assert table[("POST", "/v1/apps/{app}/scale")] == table[("DELETE", "/v1/apps/{app}")] == "deploy"
     assert table[("POST", "/v1/apps/{app}/promote")] == table[("POST", "/v1/apps/{app}/rollback")] == "deploy"
