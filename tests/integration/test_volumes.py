@@ -433,3 +433,56 @@ async def _store_object(url: str, name: str, data: bytes) -> None:
         await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).put(name, data)
     finally:
         await nc.close()
+
+
+async def _stored_chunk(url: str, sha: str) -> str:
+    """The object store's own name of a stored chunk's bytes (a new one each time they are written)."""
+    nc = await admin_connect(url)
+    try:
+        return str((await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).get_info(sha)).nuid)
+    finally:
+        await nc.close()
+
+
+def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, http: httpx.Client) -> None:
+    """A chunk's hash is no proof of ownership: ``tenant-*`` naming ``team-b-*``'s chunk is answered exactly as for
+    a chunk never uploaded, and "which are missing" says missing; once it uploads the same bytes itself it may name
+    them, and they are stored once."""
+    def token(apps: list[str]) -> dict[str, str]:
+        made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"vo-{uuid.uuid4().hex[:6]}"})
+        assert made.status_code == 201, made.text
+        return bearer(made.json()["token"])
+
+    data = os.urandom(4096)
+    sha, never = hashlib.sha256(data).hexdigest(), "cd" * 32
+    team_b, tenant = token(["team-b-*"]), token(["tenant-*"])
+    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+
+    def files(chunk: str) -> dict[str, list[dict[str, object]]]:
+        return {"files": [{"path": "w.bin", "size": len(data), "chunks": [chunk]}]}
+
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        assert client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b).status_code == 201
+        assert client.post(f"/v1/volumes/{theirs}/versions", json=files(sha), headers=team_b).status_code == 201
+        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=team_b).json()["missing"] == []
+
+        asked = client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha, never]}, headers=tenant)
+        assert asked.json()["missing"] == [sha, never]
+        stolen = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
+        unknown = client.post(f"/v1/volumes/{mine}/versions", json=files(never), headers=tenant)
+        assert stolen.status_code == unknown.status_code == 409, stolen.text
+        assert stolen.json()["error"] == {**unknown.json()["error"],
+                                          "message": unknown.json()["error"]["message"].replace(never, sha)}
+        assert client.get(f"/v1/volumes/{mine}", headers=tenant).status_code == 404
+
+        stored = asyncio.run(_stored_chunk(platform.nats_url, sha))
+        own = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=tenant)
+        assert own.status_code == 201 and own.json()["created"] is True  # new to this tenant: no hint
+        assert asyncio.run(_stored_chunk(platform.nats_url, sha)) == stored  # the bytes stored once
+        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=tenant).json()["missing"] == []
+        made = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
+        assert made.status_code == 201, made.text
+        again = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b)
+        assert again.status_code == 200 and again.json()["created"] is False
+    for name in (theirs, mine):
+        assert http.delete(f"/v1/volumes/{name}").status_code == 204

@@ -8,6 +8,10 @@ A build is kept by the control plane that started it (in memory, the newest ``MA
 its build through the one that answered its ``POST`` (``EMBER_URL`` pointing at one of them, or sticky sessions).
 Every control plane hears every node's events; each keeps only those of its own builds, and only from the node
 it asked.
+
+The images a build locks are recorded for its app (``control.owners``) before the build is shown ready: a deployment
+may name a locked image only if a build of that app locked it, so that a lock seen elsewhere (its hash, its pinned
+hashes) does not mount another tenant's environment.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import msgspec
 
 from ember._errors import InvalidInputError, NotFoundError, UnavailableError
-from ember.wire import NodeInfo, encoder, subjects
+from ember.wire import Manifest, NodeInfo, encoder, subjects
 from ember.wire.images import (
     BuildEvent,
     BuildRequest,
@@ -38,6 +42,8 @@ from ember.wire.images import (
     same_declaration,
 )
 from ember.wire.validate import MODULE_NAME
+from ember_platform.control.owners import Owners
+from ember_platform.control.registry import no_such_bundle
 
 log = logging.getLogger("ember.builds")
 MAX_BUILDS = 256
@@ -47,6 +53,7 @@ SILENT_S = 120.0  # a build whose node said nothing for this long failed
 MAX_IMAGES = 16
 NODE_WAIT_S = 20.0  # how long a build waits for a live node before it is refused (503)
 _event = msgspec.json.Decoder(BuildEvent)
+_manifest = msgspec.json.Decoder(Manifest)
 
 
 @dataclass
@@ -74,7 +81,7 @@ class Build:
 
 class Builds:
     def __init__(self, nc: Any, live_nodes: Callable[[], Mapping[str, NodeInfo]],
-                 has_bundle: Callable[[str], Any],
+                 has_bundle: Callable[[str, str], Any],
                  running: Callable[[str], Iterable[ImageSpec]] = lambda _app: ()) -> None:
         self._nc = nc
         self._running = running  # an app's locked images, as its current deployment has them
@@ -82,8 +89,10 @@ class Builds:
         self._has_bundle = has_bundle
         self._builds: OrderedDict[str, Build] = OrderedDict()
         self._sub: Any = None
+        self._owners: Owners | None = None  # set by start()
 
     async def start(self) -> None:
+        self._owners = await Owners.open(self._nc.jetstream())
         self._sub = await self._nc.subscribe(subjects.NODE_BUILD_EVENTS_ALL, cb=self._on_event)
 
     async def stop(self) -> None:
@@ -94,9 +103,8 @@ class Builds:
     async def start_build(self, app: str, request: BuildStart) -> BuildView:
         """Check the request, pick a node, ask it; 422 naming the field, 503 without a live node."""
         _check(request)
-        if not await self._has_bundle(request.bundle_sha256):
-            raise InvalidInputError(f"bundle {request.bundle_sha256[:12]} was not uploaded: PUT /v1/bundles/<sha256> "
-                                    "first", field="$.bundle_sha256")
+        if not await self._has_bundle(request.bundle_sha256, app):  # uploaded for this app: a hash proves nothing
+            raise no_such_bundle(request.bundle_sha256)
         nodes = self._live_nodes()
         deadline = time.monotonic() + NODE_WAIT_S
         while not nodes and time.monotonic() < deadline:  # a platform that just started: its nodes come
@@ -139,6 +147,13 @@ class Builds:
         if build is None or build.node_id != node_id or build.state in ("ready", "failed"):
             return  # another control plane's build, or a node speaking for a build it was not asked for
         build.heard_at = time.monotonic()
+        if event.state == "ready":
+            try:
+                await self._record_locks(build.app, event.manifest_json)
+            except Exception:
+                log.exception("build %s of %s: its locks could not be recorded", build.build_id[:8], build.app)
+                event = msgspec.structs.replace(event, state="failed",
+                                                error="the platform could not record the image's lock: push again")
         build.state = event.state if event.state != "queued" else "building"
         build.lines.extend(event.lines)
         if len(build.lines) > MAX_LINES:
@@ -148,6 +163,16 @@ class Builds:
         if event.state in ("ready", "failed"):
             build.error, build.manifest_json, build.finished_at = event.error, event.manifest_json, time.time()
             log.info("build %s of %s %s", build.build_id[:8], build.app, event.state)
+
+    async def _record_locks(self, app: str, manifest_json: str) -> None:
+        """Record every image the build locked for ``app``, which may then deploy it (``image_owned``)."""
+        try:
+            manifest = _manifest.decode(manifest_json)
+        except msgspec.DecodeError:
+            return  # not deployable as it is: the deployment is refused when it comes
+        for service in manifest.services:
+            if self._owners is not None and service.image is not None and service.image.locked:
+                await self._owners.add("image", service.image.sha256, [app])
 
     def _keep(self, build: Build) -> None:
         now = time.time()

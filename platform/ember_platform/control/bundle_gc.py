@@ -5,7 +5,8 @@ Kept: the bundle of every current deployment, of every version still in the ``em
 app that is deployed (its last ``EMBER_DEPLOYMENTS`` history entries), and of every slot or zygote assigned to a
 node. An app that was deleted keeps none. A bundle uploaded in the last ``grace_s`` is kept whatever it is for:
 ``ember push`` uploads before it deploys. ``unreferenced`` decides, a pure function; ``collect_bundles`` reads
-the store and the history and deletes; ``BundleCollector`` runs it from the control loop every ``interval_s``.
+the store and the history and deletes (with the record of who uploaded each, ``control.owners``);
+``BundleCollector`` runs it from the control loop every ``interval_s``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -26,6 +27,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 
 from ember.wire import deployment_decoder
 from ember.wire.jetstream import StorageLimits, Stores, apply_limits
+from ember_platform.control.owners import Owners
 
 log = logging.getLogger("ember.control.bundles")
 GC_INTERVAL_S = 300.0  # how often the control loop collects (EMBER_BUNDLE_GC_INTERVAL_S)
@@ -116,9 +118,11 @@ async def list_bundles(stores: Stores) -> list[StoredBundle]:
 
 
 async def collect_bundles(stores: Stores, in_use: Callable[[], Iterable[str]], *, grace_s: float = GC_GRACE_S,
-                          now: float | None = None) -> list[str]:
+                          now: float | None = None,
+                          forget: Callable[[str], Awaitable[None]] | None = None) -> list[str]:
     """Delete the bundles that nothing uses (``in_use()``: what the platform holds in memory now, the current
-    deployments and the nodes' assignments; and what the deployments' history keeps); returns their sha256s."""
+    deployments and the nodes' assignments; and what the deployments' history keeps), and ``forget`` who
+    uploaded each (a later upload starts a new record); returns their sha256s."""
     stored = await list_bundles(stores)
     if not stored:
         return []
@@ -132,6 +136,8 @@ async def collect_bundles(stores: Stores, in_use: Callable[[], Iterable[str]], *
             await stores.bundles.delete(sha256)
         except (ObjectNotFoundError, JsNotFound):
             continue
+        if forget is not None:
+            await forget(sha256)
         deleted.append(sha256)
     if deleted:
         log.info("collected %d unused bundle(s): %s", len(deleted), ", ".join(s[:12] for s in deleted))
@@ -166,7 +172,9 @@ class BundleCollector:
             if not self._limits_applied:
                 await apply_limits(self._js, self._limits or StorageLimits.from_env())
                 self._limits_applied = True
-            await collect_bundles(self._stores, self._in_use, grace_s=self.grace_s)
+            owners = await Owners.open(self._js)
+            await collect_bundles(self._stores, self._in_use, grace_s=self.grace_s,
+                                  forget=lambda sha: owners.forget("bundle", sha))
         except asyncio.CancelledError:
             raise
         except Exception:

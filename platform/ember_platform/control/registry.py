@@ -43,6 +43,7 @@ from ember_platform.calls.durable import Calls
 from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
+from ember_platform.control.owners import Owners, covers
 
 log = logging.getLogger("ember.registry")
 LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
@@ -64,10 +65,12 @@ class Registry:
         self._ack_wait_s = ack_wait_s
         self._refresh_after_s = gc_grace_s() / 2  # an older stored copy of an uploaded bundle is written again
         self.calls: Calls  # set by start()
+        self.owners: Owners  # set by start(): who uploaded each bundle and volume chunk
 
     async def start(self) -> None:
         self.stores = await ensure_buckets(self.js)
-        self.calls = Calls(self.nc, self.stores, self._ack_wait_s)
+        self.owners = await Owners.open(self.js)
+        self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
         self.replicas = KVMirror(self.stores.replicas, replica_decoder.decode)
         await self.deployments.start()
@@ -140,6 +143,16 @@ class Registry:
         known = ", ".join(f.name for s in dep.manifest.services for f in s.functions)
         raise NotFoundError(f"app {dep.app!r} (v{dep.version}) has no function {name!r} (it has: {known})")
 
+    def event_app(self, scope: str) -> str | None:
+        """The app one of whose functions' event streams has ``scope`` (``subjects.event_scope``), or None."""
+        for dep in list(self.deployments.items.values()):
+            for manifest in (dep.manifest, *(release.manifest for release in dep.releases)):
+                for svc in manifest.services:
+                    if any(fn.on and subjects.event_scope(subjects.events_stream(dep.app, fn.name)) == scope
+                           for fn in svc.functions):
+                        return dep.app
+        return None
+
     def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
         fresh_after = time.time() - REPLICA_TTL_S
         return sorted((r for r in self.replicas.items.values()
@@ -154,8 +167,10 @@ class Registry:
 
     # -- deployments -------------------------------------------------------------------------------
 
-    async def put_bundle(self, sha256: str, data: bytes) -> bool:
-        """Store a bundle under its sha256 (verified); False when it was already there.
+    async def put_bundle(self, sha256: str, data: bytes, patterns: list[str]) -> bool:
+        """Store a bundle under its sha256 (verified) for the apps ``patterns`` match; False when those patterns
+        were recorded for it already (whether another tenant stored the same bytes is not told: they are stored
+        once, and its patterns recorded beside theirs).
 
         A copy stored long ago is written again all the same: the bundle collector spares only what is in use or
         was uploaded within its grace period, and a push uploads before it deploys."""
@@ -163,10 +178,9 @@ class Registry:
         if digest != sha256:
             raise InvalidInputError(f"bundle sha256 is {digest}, not the {sha256} in the URL", field="$body")
         uploaded = await self._uploaded_at(sha256)
-        if uploaded is not None and time.time() - uploaded < self._refresh_after_s:
-            return False
-        await self.stores.bundles.put(sha256, data)
-        return uploaded is None
+        if uploaded is None or time.time() - uploaded >= self._refresh_after_s:
+            await self.stores.bundles.put(sha256, data)
+        return await self.owners.add("bundle", sha256, patterns) or uploaded is None
 
     async def _uploaded_at(self, sha256: str) -> float | None:
         try:
@@ -175,18 +189,25 @@ class Registry:
             return None
         return None if info.deleted else upload_time(info.mtime)
 
-    async def has_bundle(self, sha256: str) -> bool:
+    async def has_bundle(self, sha256: str, app: str | None = None) -> bool:
+        """Whether the bundle is stored and, given ``app``, uploaded for it (by a token whose patterns match it):
+        knowing a bundle's hash does not let another tenant deploy it."""
+        if app is not None and not covers(await self.owners.patterns("bundle", sha256), app):
+            return False
         return await self._uploaded_at(sha256) is not None
 
-    async def deploy(self, app: str, request: DeployRequest) -> Deployment:
-        """Record a new version of ``app`` (or return the current one when nothing changed)."""
+    async def deploy(self, app: str, request: DeployRequest, *, any_content: bool = False) -> Deployment:
+        """Record a new version of ``app`` (or return the current one when nothing changed). Its bundle must have
+        been uploaded for ``app``, and its images locked by a build of ``app`` (unless ``any_content``: an admin's
+        push): 404 otherwise, word for word that of a bundle never uploaded or an image never locked."""
         if request.manifest.app != app:
             raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
                                     field="$.manifest.app")
         check_manifest(request.manifest)
-        if not await self.has_bundle(request.bundle_sha256):
-            raise InvalidInputError(f"bundle {request.bundle_sha256} was not uploaded; PUT /v1/bundles/<sha256> first",
-                                    field="$.bundle_sha256")
+        if not await self.has_bundle(request.bundle_sha256, None if any_content else app):
+            raise no_such_bundle(request.bundle_sha256)
+        if not any_content:
+            await self._check_image_owners(app, request.manifest.services)
         await self.calls.ensure_consumers(request.manifest)
 
         def push(current: Deployment | None) -> Deployment | None:
@@ -196,6 +217,16 @@ class Registry:
             return rollout.record_push(current, app, request, time.time())
 
         return await self._update(app, push, create=True)
+
+    async def _check_image_owners(self, app: str, services: list[ServiceSpec]) -> None:
+        """Each locked image was locked by a build of ``app``: 404 naming the field otherwise."""
+        for i, service in enumerate(services):
+            image = service.image
+            if image is not None and image.locked and not covers(await self.owners.patterns("image", image.sha256),
+                                                                 app):
+                raise NotFoundError(f"no build of app {app!r} locked image {image.sha256[:12]}: push with `ember "
+                                    "push`, which has the platform lock and build it",
+                                    field=f"$.manifest.services[{i}].image.sha256")
 
     async def promote(self, app: str) -> Deployment:
         """The canary takes all traffic (``ember promote``)."""
@@ -362,6 +393,11 @@ class Registry:
                 self.deployments.record(app, dep, written)
                 return dep
         raise RuntimeError(f"could not scale {app}.{service}: concurrent writers")
+
+
+def no_such_bundle(sha256: str) -> NotFoundError:
+    """The 404 of a bundle never uploaded, and of one uploaded only for other apps."""
+    return NotFoundError(f"bundle {sha256} was not uploaded; PUT /v1/bundles/<sha256> first", field="$.bundle_sha256")
 
 
 def _exists(app: str, dep: Deployment | None) -> Deployment:

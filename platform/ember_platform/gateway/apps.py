@@ -17,6 +17,7 @@ from ember.wire.validate import check_manifest
 from ember_platform.auth.scopes import ADMIN, INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
+from ember_platform.control.owners import patterns_of
 from ember_platform.events.subjects import check_bindings
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
@@ -28,13 +29,15 @@ MAX_LOG_LINES = 5000
 
 
 async def put_bundle(request: Request) -> Response:
+    """``PUT /v1/bundles/<sha256>``: stored once whoever uploads it, recorded for the uploading token's app patterns
+    (only the apps they match may deploy it); ``created`` says whether it is new to those patterns."""
     platform = platform_of(request)
     sha = request.path_params["sha256"]
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise InvalidInputError("a bundle is addressed by its lowercase hex sha256", field="sha256")
     data = await read_body(request, platform.settings.max_bundle_bytes)
     await asyncio.to_thread(_check_bundle, data, platform.settings)  # decompressing headers: off the event loop
-    created = await platform.registry.put_bundle(sha, data)
+    created = await platform.registry.put_bundle(sha, data, patterns_of(principal_of(request)))
     return json_response({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
 
 
@@ -90,7 +93,7 @@ async def deploy(request: Request) -> Response:
     check_manifest(req.manifest)  # before the volumes are looked up, so that a bad mount is named as such
     check_bindings(req.manifest, platform.subject_grants.all(), platform.registry.deployments.items)
     req = msgspec.structs.replace(req, manifest=platform.volumes.pin(req.manifest, principal_of(request).sees))
-    dep = await platform.registry.deploy(request.path_params["app"], req)
+    dep = await platform.registry.deploy(request.path_params["app"], req, any_content=principal_of(request).all_apps)
     return json_response(dep, 201)
 
 

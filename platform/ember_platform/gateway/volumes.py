@@ -4,8 +4,12 @@
 
 A token's app patterns cover volume names too: a token for ``team-a-*`` reads and writes the volumes
 ``team-a-*`` only. A volume it does not see is answered as one that does not exist (404); writing a version under
-a name it does not cover is a 403 (whether that volume exists or not). Chunks are addressed by their content, so
-any ``deploy`` token may upload one; knowing a chunk's sha256 (which nothing shows) means holding its bytes.
+a name it does not cover is a 403 (whether that volume exists or not).
+
+Chunks are addressed by their content and stored once, but a hash is no proof of ownership: an upload is recorded
+for the token's app patterns, a version may name only chunks recorded for a pattern that matches its volume's name,
+and "which are missing" answers missing for a chunk stored for other names only (the client then uploads its own
+copy, which records its patterns: the bytes are not stored twice). See ``volumes.store``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from starlette.responses import Response
 from ember._errors import ForbiddenError, InvalidInputError
 from ember.wire.volumes import MAX_CHUNK_BYTES, MAX_CHUNKS_QUERY, ChunksMissing, ChunksQuery, VolumeCommit
 from ember.wire.volumes import name_problem as volume_name_problem
+from ember_platform.control.owners import patterns_of
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.responses import json_response, platform_of
@@ -42,7 +47,7 @@ def _max_chunk(request: Request) -> int:
 async def put_chunk(request: Request) -> Response:
     sha = check_sha(request.path_params["sha256"], "sha256")
     data = await read_body(request, _max_chunk(request))
-    created = await platform_of(request).volumes.put_chunk(sha, data)
+    created = await platform_of(request).volumes.put_chunk(sha, data, patterns_of(principal_of(request)))
     return json_response({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
 
 
@@ -52,7 +57,8 @@ async def missing_chunks(request: Request) -> Response:
         raise InvalidInputError(f"at most {MAX_CHUNKS_QUERY} chunks per question", field="$.chunks")
     for i, sha in enumerate(query.chunks):
         check_sha(sha, f"$.chunks[{i}]")
-    return json_response(ChunksMissing(missing=await platform_of(request).volumes.missing(query.chunks)))
+    missing = await platform_of(request).volumes.missing(query.chunks, principal_of(request))
+    return json_response(ChunksMissing(missing=missing))
 
 
 async def commit_version(request: Request) -> Response:
@@ -61,7 +67,7 @@ async def commit_version(request: Request) -> Response:
     if not principal_of(request).sees(name):
         raise ForbiddenError(f"this token's app patterns do not cover the volume name {name!r}", field="volume")
     req = decode_json(_commit_decoder, await read_body(request, platform.settings.max_volume_commit_bytes))
-    await platform.volumes.commit(name, req.files, _max_chunk(request))
+    await platform.volumes.commit(name, req.files, _max_chunk(request), any_chunk=principal_of(request).all_apps)
     return json_response(platform.volumes.view(name, platform.registry.deployments.items.values(),
                                                sees=principal_of(request).sees), 201)
 

@@ -6,6 +6,11 @@ never means two contents (a deployment pinned to ``weights@v3`` cannot get other
 Removing a volume deletes the chunks that no other version uses; every ``EMBER_VOLUME_GC_INTERVAL_S`` (300), and at
 each removal, the chunks that no version uses and that were uploaded more than ``grace_s`` ago (an abandoned put's)
 go too; a put in progress (uploaded recently, not yet committed) is spared.
+
+A chunk is stored once, whoever uploads it, and recorded for the app patterns of every token that did
+(``control.owners``): a version of volume V may name only chunks recorded for a pattern that matches V (an admin's
+upload, ``'*'``, matches every name; an admin's commit may name any stored chunk). Any other chunk is answered as
+one never uploaded.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from ember._errors import ConflictError, InvalidInputError, NotFoundError, Paylo
 from ember.wire import Deployment, Manifest, ServiceSpec, encoder, subjects
 from ember.wire.jetstream import KVMirror, object_stream
 from ember.wire.volumes import VolumeFile, VolumeFileView, VolumeMount, VolumeVersion, VolumeView
+from ember_platform.auth.scopes import Principal
 from ember_platform.control.bundle_gc import upload_time
+from ember_platform.control.owners import Owners
 from ember_platform.volumes.checks import check_files, chunks_of, unreferenced
 
 log = logging.getLogger("ember.volumes")
@@ -70,8 +77,10 @@ class VolumeStore:
         self._commit = asyncio.Lock()
         self._collector: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()
+        self.owners: Owners  # set by start()
 
     async def start(self) -> None:
+        self.owners = await Owners.open(self._js)
         await self.mirror.start()
         self._collector = asyncio.create_task(self._collect_every(GC_INTERVAL_S), name="volume-chunks-gc")
 
@@ -97,16 +106,18 @@ class VolumeStore:
 
     # --- chunks -----------------------------------------------------------------------------------------------
 
-    async def put_chunk(self, sha: str, data: bytes) -> bool:
-        """Store one chunk (its hash checked: 422 otherwise); False when it was there already."""
+    async def put_chunk(self, sha: str, data: bytes, patterns: list[str]) -> bool:
+        """Store one chunk (its hash checked: 422 otherwise) for the volumes ``patterns`` match; False when it
+        was stored and recorded for them already (a chunk another tenant stored is not written again, and that it
+        was is not told)."""
         digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
         if digest != sha:
             raise InvalidInputError(f"the chunk's content hashes to {digest}, not the {sha} in the URL",
                                     field="$body")
-        if await self._size_of(sha) is not None:
-            return False
-        await self._store(sha, data)
-        return True
+        stored = await self._size_of(sha) is not None
+        if not stored:
+            await self._store(sha, data)
+        return await self.owners.add("chunk", sha, patterns) or not stored
 
     async def _store(self, sha: str, data: bytes) -> None:
         """Write ``data`` as the object ``sha``, exactly as the object store's ``put`` would (its messages on
@@ -143,10 +154,12 @@ class VolumeStore:
             return None
         return None if info.deleted else info
 
-    async def missing(self, shas: list[str]) -> list[str]:
-        """Those of ``shas`` not stored, in their order."""
+    async def missing(self, shas: list[str], principal: Principal) -> list[str]:
+        """Those of ``shas`` not stored, or not recorded for every volume name ``principal`` sees (it uploads its
+        own copy, which records its patterns), in their order."""
         sizes = await self._sizes(shas)
-        return [sha for sha in dict.fromkeys(shas) if sizes[sha] is None]
+        mine = await self.owners.covering_token("chunk", shas, principal)
+        return [sha for sha in dict.fromkeys(shas) if sizes[sha] is None or sha not in mine]
 
     async def _sizes(self, shas: Iterable[str]) -> dict[str, int | None]:
         gate = asyncio.Semaphore(_LOOKUPS)
@@ -172,11 +185,16 @@ class VolumeStore:
     def names(self) -> list[str]:
         return sorted({v.name for v in self.mirror.items.values() if isinstance(v, VolumeVersion)})
 
-    async def commit(self, name: str, files: list[VolumeFile], max_chunk_bytes: int) -> VolumeVersion:
-        """A new version of ``name`` made of ``files``, whose chunks must all be stored (409 naming the first
-        missing) and add up to each file's size (422)."""
+    async def commit(self, name: str, files: list[VolumeFile], max_chunk_bytes: int, *,
+                     any_chunk: bool = False) -> VolumeVersion:
+        """A new version of ``name`` made of ``files``, whose chunks must all be stored for ``name`` (unless
+        ``any_chunk``: an admin's commit) -- 409 naming the first missing, a chunk stored for other names alike --
+        and add up to each file's size (422)."""
         check_files(files, max_chunk_bytes)
         sizes = await self._sizes(chunks_of(files))
+        if not any_chunk:
+            usable = await self.owners.covering("chunk", sizes, name)
+            sizes = {sha: size if sha in usable else None for sha, size in sizes.items()}
         for i, f in enumerate(files):
             for j, sha in enumerate(f.chunks):
                 if sizes[sha] is None:
@@ -251,6 +269,8 @@ class VolumeStore:
                 await self._chunks.delete(sha)
             except (ObjectNotFoundError, JsNotFound):
                 continue
+            finally:
+                await self.owners.forget("chunk", sha)
         if doomed:
             log.info("volumes: deleted %d chunk(s) no version uses", len(doomed))
         return doomed
