@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import msgspec
 import pytest
 from support import natsconn
@@ -25,7 +26,8 @@ import ember
 from ember._client import Transport
 from ember._deploy import app_view
 from ember._errors import InvalidSpecError, NotFoundError
-from ember.wire import Deployment, Manifest, StatusView
+from ember.wire import Deployment, DeployRequest, Manifest, StatusView, encoder
+from ember.wire.images import ImageSpec, image_hash
 
 pytestmark = pytest.mark.integration
 
@@ -344,3 +346,49 @@ def test_build_routes_refuse_bad_ids_and_other_apps_builds(tmp_path, client, htt
     assert http.post("/v1/apps/probe-x/builds", content=b"x" * (2 * 1024 * 1024)).status_code == 413
     assert http.post("/v1/apps/probe-x/builds", json={"bundle_sha256": "0" * 64, "module": "x",
                                                       "images": [{}]}).status_code == 422  # never uploaded
+
+
+@pytest.mark.timeout(420)  # two pushes, each waited for, on a shared machine
+def test_an_image_locked_for_another_tenants_app_is_deployed_only_after_a_build_of_ones_own(tmp_path, node, http,
+                                                                                            wheels):
+    """A lock is no proof of ownership: ``tenant-*`` naming the image a build locked for ``team-b-*``'s app is
+    answered exactly as for a lock no build made; its own push of the same image locks it for its app, and the node
+    reuses the environment it built (once)."""
+    def transport(apps: list[str]) -> Transport:
+        made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"img-{apps[0].rstrip('*-')}"})
+        assert made.status_code == 201, made.text
+        return Transport(node.url, token=made.json()["token"])
+
+    team_b, tenant = transport(["team-b-*"]), transport(["tenant-*"])
+    try:
+        ember.deploy(write_app(tmp_path / "theirs", "team-b-img", "1.0", wheels, replicas=0), transport=team_b,
+                     wait=False)
+        theirs = _manifest(node, "team-b-img")
+        image = next(s.image for s in theirs.services if s.image)
+        sha = _upload(tenant, tmp_path)
+        never = msgspec.structs.replace(image, lock=image.lock + "# never built\n")
+        never = msgspec.structs.replace(never, sha256=image_hash(never))
+
+        def deploy_with(locked: ImageSpec) -> httpx.Response:
+            manifest = msgspec.structs.replace(theirs, app="tenant-img", services=[
+                msgspec.structs.replace(s, image=locked if s.image else None) for s in theirs.services])
+            return httpx.post(f"{node.url}/v1/apps/tenant-img/deployments", timeout=30,
+                              headers={"Authorization": f"Bearer {tenant.token}"},
+                              content=encoder.encode(DeployRequest(bundle_sha256=sha, manifest=manifest)))
+
+        stolen, unknown = deploy_with(image), deploy_with(never)
+        assert stolen.status_code == unknown.status_code == 404, stolen.text
+        assert stolen.json()["error"] == {**unknown.json()["error"], "message": unknown.json()["error"][
+            "message"].replace(never.sha256[:12], image.sha256[:12])}
+        assert stolen.json()["error"]["field"].endswith(".image.sha256")
+
+        ember.deploy(write_app(tmp_path / "mine", "tenant-img", "1.0", wheels, replicas=0), transport=tenant,
+                     wait=False)
+        assert next(s.image for s in _manifest(node, "tenant-img").services if s.image).sha256 == image.sha256
+        assert len([line for line in builds(node) if line.startswith(image.sha256)]) == 1  # built once
+        assert deploy_with(image).status_code == 201
+    finally:
+        for app in ("team-b-img", "tenant-img"):
+            http.delete(f"/v1/apps/{app}")
+        team_b.close()
+        tenant.close()
