@@ -7,8 +7,9 @@ callout key the servers trust, carrying the user's permissions, or an error (the
 - ``node.<node id>`` with the password derived for that node: a node agent (``permissions.node``);
 - ``replica.<node id>.<replica id>`` with the password its agent derived: a replica, if the scheduler assigned
   that replica to that node; its permissions are its app's and functions' (``permissions.replica``). A replica
-  no longer assigned is refused, so stopping a replica revokes its credentials. Its user JWT expires after
-  ``REPLICA_TTL_S``: the client reconnects, and the callout, asked again, admits it only while still assigned;
+  no longer assigned is refused, so stopping a replica revokes its credentials. Its user JWT has no ``exp``:
+  nats-py closes a client for good when its credentials expire (``user authentication expired`` is not a reason
+  to reconnect there), so an expiry would end every replica's connection, not renew it;
 - an Ember token with the ``events`` scope (as the NATS token, or user ``token`` with the token as password): an
   outside producer or consumer of events (``clients``), cut off when the token is revoked;
 - ``system.ember`` with the password derived for it: the control plane's own connection in the system account,
@@ -21,7 +22,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import time
 from typing import Any
 
 from nats.aio.client import Client
@@ -41,7 +41,6 @@ AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
 QUEUE = "ember-auth"
 MAX_USER = 200
 MAX_TOKEN = 300
-REPLICA_TTL_S = 3600.0  # a replica's user JWT expires after this: its reconnect is checked against the assignments
 __all__ = ["AuthCallout", "Refused"]
 
 
@@ -76,13 +75,12 @@ class AuthCallout:
             if request.get("iss") != server_id:
                 raise jwt.JwtError("an authorization request not signed by its server")
             opts = nats.get("connect_opts") or {}
-            cid = (nats.get("client_info") or {}).get("id")
         except (jwt.JwtError, KeyError, TypeError, UnicodeDecodeError) as exc:
             log.warning("ignored an authorization request that is not one: %s", exc)
             return
         claims: dict[str, Any] = {"sub": user_nkey, "aud": server_id}
         try:
-            admitted = self.admit(opts, server_id, cid if isinstance(cid, int) else None)
+            admitted = self.admit(opts)
             user: dict[str, Any] = {"sub": user_nkey, "aud": admitted.account, "name": admitted.name,
                                     "nats": admitted.nats}
             if admitted.expires is not None:
@@ -93,19 +91,18 @@ class AuthCallout:
             claims["nats"] = {"error": str(exc), "type": "authorization_response", "version": 2}
         await msg.respond(jwt.encode(claims, self._issuer).encode())
 
-    def admit(self, opts: dict[str, Any], server_id: str = "", cid: int | None = None) -> Admission:
+    def admit(self, opts: dict[str, Any]) -> Admission:
         """What to answer for a client's CONNECT options, or ``Refused``."""
         token = clients.token_of(opts)
         if token is not None:
             if not token or len(token) > MAX_TOKEN:
                 raise Refused("no token" if not token else "token too long")
-            return self.clients.admit(token, server_id, cid)
+            return self.clients.admit(token)
         user, password = str(opts.get("user") or ""), str(opts.get("pass") or "")
         if clients.is_system(self._keys, user, password):
             return Admission(name=user, nats=clients.system_permissions(), account=clients.SYSTEM_ACCOUNT)
         name, perms = self.authorize(user, password)
-        expires = time.time() + REPLICA_TTL_S if user.startswith(REPLICA_USER_PREFIX) else None
-        return Admission(name=name, nats=perms, expires=expires)
+        return Admission(name=name, nats=perms)
 
     def authorize(self, user: str, password: str) -> tuple[str, dict[str, Any]]:
         """The user's name and permissions, or ``Refused``."""

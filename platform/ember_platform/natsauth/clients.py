@@ -8,17 +8,18 @@ How such a client connects (the auth callout asks ``EventClients.admit``):
 - or the token as the user name, with no password (what some clients send for ``--user T``).
 
 What it may do, computed at connect from the deployments the callout mirrors (``permissions``): publish to the
-subjects bound (``on=``) by the functions of the apps its token sees, subscribe to those functions' result subjects
-and to its own inbox, ``_INBOX.events_<token id>.>`` (a JetStream publish's ack and an ``Ember-Reply-To`` result
-arrive there): nothing else, no ``$JS.API``, no other app's subjects. An app deployed after it connected is in its
-permissions from its next connect.
+subjects bound (``on=``) by the functions of the apps its token sees; subscribe to those functions' result subjects,
+to those apps' replies to requesters (``_EMBER.replies.<app>.>``, for an ``Ember-Reply-To``) and to its own inbox,
+``_INBOX.events_<token id>.>`` (a JetStream publish's ack arrives there). Nothing else: no ``$JS.API``, no other
+app's subjects. An app deployed after it connected is in its permissions from its next connect.
 
-Revoking the token ends its connections: each control plane remembers the connections it admitted (server id and
-client id from the server's request) and, every ``SWEEP_S``, asks the server to kick those whose token is revoked
-(``$SYS.REQ.SERVER.<id>.KICK``, over a connection of its own in the system account); a reconnect is then refused.
-Should that fail (a control plane gone, a server without a system account), the user JWT's ``exp`` bounds the
-delay: at most ``CLIENT_TTL_S``, or the token's own expiry if sooner, after which the server disconnects the client
-and its reconnect meets the callout again. The token is never logged.
+Revoking the token ends its connections: every control plane, every ``SWEEP_S``, looks for tokens revoked since
+(its mirror of the tokens), finds their connections on every server (``$SYS.REQ.SERVER.PING.CONNZ`` by user name,
+``events.<token id>``) and kicks each (``$SYS.REQ.SERVER.<id>.KICK``), over a connection of its own in the system
+account; the client's reconnect is then refused. The delay is a sweep and the watch's delivery: about a second. An
+expiring token's JWT expires with it (``exp``): the server cuts the client then. No other expiry: nats-py closes a
+client for good when its credentials expire, so a shorter ``exp`` would end a healthy consumer's connection.
+The token is never logged.
 """
 
 from __future__ import annotations
@@ -29,10 +30,8 @@ import hashlib
 import hmac
 import json
 import logging
-import math
-import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -51,16 +50,23 @@ log = logging.getLogger("ember.natsauth")
 TOKEN_USER = "token"  # user ``token``, password: the Ember token
 SYSTEM_USER = "system.ember"  # the control plane's own connection in the system account (it kicks, nothing else)
 SYSTEM_ACCOUNT = "$SYS"
-CLIENT_TTL_S = 3600.0  # an event client's user JWT expires after this at most: the bound should a kick fail
-SWEEP_S = 1.0  # how often a control plane looks for the connections of revoked tokens
+SWEEP_S = 1.0  # how often a control plane looks for tokens revoked since
 _KICK_TIMEOUT_S = 2.0
+_QUIET_S = 0.25  # the servers' answers to a PING come together: once none came for this long, all have
 # Never, whatever a function binds: the server's and Ember's own subjects (validation refuses such ``on=`` already).
 _DENIED = ["$JS.>", "$KV.>", "$O.>", "$SYS.>", "ember.>", "_EMBER.>"]
+_DENIED_SUB = [*_DENIED[:-1], "_EMBER.answers.>"]  # it may read its apps' event replies, under _EMBER.replies
+EVENT_REPLIES_ROOT = "_EMBER.replies"  # <root>.<app>.>: where a replica publishes its app's results to requesters
 _LIMITS = {"subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2}
 
 
 class Refused(Exception):
     """Why a client is refused (sent back to the server, which logs it; the client sees an authorization error)."""
+
+
+def client_name(token_id: str) -> str:
+    """An event client's user name in the server (its ``CONNZ`` ``authorized_user``): ``events.<token id>``."""
+    return f"events.{token_id}"
 
 
 def events_inbox(token_id: str) -> str:
@@ -91,13 +97,16 @@ def is_system(keys: AuthKeys, user: str, password: str) -> bool:
 
 
 def system_permissions() -> dict[str, Any]:
-    """The control plane's system-account connection: kick a client, read the answer; nothing else."""
-    return {"pub": {"allow": ["$SYS.REQ.SERVER.*.KICK"]}, "sub": {"allow": ["_INBOX.>"]}, **_LIMITS}
+    """The control plane's system-account connection: find a user's connections, kick them, read the answers;
+    nothing else."""
+    return {"pub": {"allow": ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.KICK"]},
+            "sub": {"allow": ["_INBOX.>"]}, **_LIMITS}
 
 
 def bound_functions(principal: Principal, deployments: Iterable[Deployment]) -> tuple[set[str], set[str]]:
-    """The subjects bound (``on=``) by the functions of the apps ``principal`` sees, and their result subjects.
-    A reserved subject is left out, whatever a deployment says."""
+    """The subjects bound (``on=``) by the functions of the apps ``principal`` sees, and the subjects their results
+    go to (``result_subject``, and the app's replies to requesters). A reserved subject is left out, whatever a
+    deployment says."""
     bound: set[str] = set()
     results: set[str] = set()
     for dep in deployments:
@@ -108,6 +117,8 @@ def bound_functions(principal: Principal, deployments: Iterable[Deployment]) -> 
                 bound |= {s for s in fn.on if _usable(s)}
                 if fn.on and fn.result_subject and _usable(fn.result_subject):
                     results.add(fn.result_subject)
+                if fn.on:
+                    results.add(f"{EVENT_REPLIES_ROOT}.{dep.app}.>")
     return bound, results
 
 
@@ -121,7 +132,7 @@ def permissions(token_id: str, principal: Principal, deployments: Iterable[Deplo
     and its own inbox."""
     bound, results = bound_functions(principal, deployments)
     sub = sorted(results | {f"{events_inbox(token_id)}.>"})
-    return {"pub": {"allow": sorted(bound), "deny": _DENIED}, "sub": {"allow": sub, "deny": _DENIED}, **_LIMITS}
+    return {"pub": {"allow": sorted(bound), "deny": _DENIED}, "sub": {"allow": sub, "deny": _DENIED_SUB}, **_LIMITS}
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -146,17 +157,8 @@ class Admission:
     expires: float | None = None
 
 
-@dataclass
-class _Conn:
-    token_id: str
-    server_id: str
-    cid: int
-    until: float  # its JWT's expiry: the server has cut it by then
-    tries: int = field(default=0)
-
-
 class EventClients:
-    """Admits event clients and cuts the connections of revoked tokens (``SWEEP_S``)."""
+    """Admits event clients, and cuts the connections of tokens revoked while this control plane runs."""
 
     def __init__(self, keys: AuthKeys, tokens: TokenStore | None, deployments: KVMirror[Deployment],
                  servers: list[str] | None = None) -> None:
@@ -164,11 +166,13 @@ class EventClients:
         self._tokens = tokens
         self._deployments = deployments
         self._servers = servers or []
-        self._conns: dict[tuple[str, int], _Conn] = {}
+        self._handled: set[str] = set()  # revoked tokens whose connections were cut (or were revoked before)
+        self._failures: dict[str, int] = {}
         self._system: Client | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        self._handled = self._revoked()  # cut by the control planes that ran then; their reconnects are refused
         self._task = asyncio.create_task(self._sweep_every(), name="event-clients-sweep")
 
     async def stop(self) -> None:
@@ -180,9 +184,9 @@ class EventClients:
             with contextlib.suppress(Exception):
                 await self._system.close()
 
-    def admit(self, token: str, server_id: str, cid: int | None) -> Admission:
+    def admit(self, token: str) -> Admission:
         """The admission of a client presenting ``token``, or ``Refused``: an unknown, revoked or expired token, one
-        without the ``events`` scope, or a control plane that checks no tokens."""
+        without the ``events`` scope, or a control plane that checks no tokens. Its JWT expires with the token."""
         if self._tokens is None or not self._tokens.enabled:
             raise Refused("this control plane checks no tokens: event clients are refused")
         try:
@@ -193,59 +197,74 @@ class EventClients:
             raise Refused(f"token {principal.token_id} lacks the events scope")
         token_id = principal.token_id
         stored = self._tokens.mirror.items.get(token_id)
-        token_expiry = stored.info.expires_at if stored is not None and stored.info.expires_at else math.inf
-        expires = min(token_expiry, time.time() + CLIENT_TTL_S)
-        if cid is not None:
-            self._conns[(server_id, cid)] = _Conn(token_id, server_id, cid, expires)
         perms = permissions(token_id, principal, self._deployments.items.values())
-        return Admission(name=f"events.{token_id}", nats=perms, expires=expires)
+        return Admission(name=client_name(token_id), nats=perms,
+                         expires=stored.info.expires_at if stored is not None else None)
 
-    def tracked(self) -> int:
-        return len(self._conns)
+    async def sweep(self) -> int:
+        """Cut the connections of the tokens revoked since the last sweep; how many connections were cut."""
+        if self._tokens is None:
+            return 0
+        cut = 0
+        for token_id in sorted(self._revoked() - self._handled):
+            try:
+                cut += await self._cut(token_id)
+            except (NatsError, OSError, TimeoutError) as exc:
+                tries = self._failures[token_id] = self._failures.get(token_id, 0) + 1
+                if tries in (1, 60):
+                    log.warning("could not cut the connections of revoked token %s (%s: %s); trying again",
+                                token_id, type(exc).__name__, exc)
+                continue
+            self._handled.add(token_id)
+            self._failures.pop(token_id, None)
+        self._handled &= set(self._tokens.mirror.items)  # records purged by the collector
+        return cut
 
-    async def sweep(self, now: float | None = None) -> int:
-        """Kick the connections whose token is revoked (forget those past their expiry); how many were kicked."""
-        now = time.time() if now is None else now
-        kicked = 0
-        for key, conn in list(self._conns.items()):
-            if conn.until <= now:
-                self._conns.pop(key, None)
-            elif not self._live(conn.token_id, now) and await self._kick(conn):
-                self._conns.pop(key, None)
-                kicked += 1
-        return kicked
+    def _revoked(self) -> set[str]:
+        items = self._tokens.mirror.items if self._tokens is not None else {}
+        return {token_id for token_id, stored in items.items() if stored.revoked_at is not None}
 
-    def _live(self, token_id: str, now: float) -> bool:
-        stored = self._tokens.mirror.items.get(token_id) if self._tokens is not None else None
-        return stored is not None and stored.revoked_at is None \
-            and (stored.info.expires_at is None or stored.info.expires_at > now)
+    async def _cut(self, token_id: str) -> int:
+        """Find the token's connections on every server (``CONNZ`` by user name) and kick each; how many."""
+        system = await self._system_connection()
+        query = json.dumps({"user": client_name(token_id), "auth": True, "limit": 1024}).encode()
+        cut = 0
+        for server_id, cid in await self._gather(system, "$SYS.REQ.SERVER.PING.CONNZ", query):
+            answer = await system.request(f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(),
+                                          timeout=_KICK_TIMEOUT_S)
+            if b'"error"' not in answer.data:
+                cut += 1
+        if cut:
+            log.info("cut %d connections of revoked token %s", cut, token_id)
+        return cut
 
-    async def _kick(self, conn: _Conn) -> bool:
-        """Ask the client's server to close it; True once the server answered (closed, or already gone)."""
+    @staticmethod
+    async def _gather(system: Client, subject: str, query: bytes) -> list[tuple[str, int]]:
+        """Every server's answer to a ``PING`` request (they answer on one inbox): its connections' (server, cid).
+        The answers are collected until none came for ``_QUIET_S``."""
+        inbox = system.new_inbox()
+        sub = await system.subscribe(inbox)
+        found: list[tuple[str, int]] = []
         try:
-            system = await self._system_connection()
-            answer = await system.request(f"$SYS.REQ.SERVER.{conn.server_id}.KICK",
-                                          json.dumps({"cid": conn.cid}).encode(), timeout=_KICK_TIMEOUT_S)
-        except (NatsError, OSError, TimeoutError) as exc:
-            conn.tries += 1
-            if conn.tries in (1, 60):
-                log.warning("could not cut a connection of revoked token %s (%s); the server cuts it by %s at the "
-                            "latest", conn.token_id, type(exc).__name__,
-                            time.strftime("%H:%M:%S UTC", time.gmtime(conn.until)))
-            return False
-        try:
-            error = json.loads(answer.data).get("error")
-        except (ValueError, AttributeError):
-            error = None
-        log.info("cut connection %d of revoked token %s%s", conn.cid, conn.token_id,
-                 f" (the server says: {error})" if error else "")
-        return True
+            await system.publish(subject, query, reply=inbox)
+            wait = _KICK_TIMEOUT_S
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=wait)
+                except TimeoutError:
+                    return found
+                wait = _QUIET_S
+                data = json.loads(msg.data).get("data") or {}
+                found += [(str(data.get("server_id")), int(c["cid"])) for c in data.get("connections") or []]
+        finally:
+            await sub.unsubscribe()
 
     async def _system_connection(self) -> Client:
         if self._system is None or self._system.is_closed:
+            # A few attempts, not forever: a sweep that cannot connect fails, and the next one connects anew.
             self._system = await nats.connect(self._servers, user=SYSTEM_USER, password=system_password(self._keys),
-                                              name="ember-platform-system", allow_reconnect=True,
-                                              max_reconnect_attempts=-1, connect_timeout=2)
+                                              name="ember-platform-system", max_reconnect_attempts=2,
+                                              reconnect_time_wait=0.2, connect_timeout=2)
         return self._system
 
     async def _sweep_every(self) -> None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec
 from ember.wire.tokens import StoredToken, TokenInfo, new_token, parse_token, secret_digest
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.natsauth import clients, keys
-from ember_platform.natsauth.callout import REPLICA_TTL_S, AuthCallout, Refused
+from ember_platform.natsauth.callout import AuthCallout, Refused
 from ember_platform.natsauth.clients import events_inbox, matches
 
 
@@ -65,18 +66,20 @@ def _allowed(perms: dict, kind: str, subject: str) -> bool:
 
 def test_an_events_token_may_publish_its_apps_bound_subjects_and_read_their_results_only(auth):
     store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
-    admitted = _callout(auth, store).admit({"auth_token": issued["ingest"]}, "S1", 7)
+    admitted = _callout(auth, store).admit({"auth_token": issued["ingest"]})
     perms = admitted.nats
     assert admitted.name == "events.ingest" and admitted.account == "$G"
     assert _allowed(perms, "pub", "events.ingest-x.orders.1")
     assert _allowed(perms, "sub", "events.ingest-x.results")
     assert _allowed(perms, "sub", f"{events_inbox('ingest')}.abc")
+    assert _allowed(perms, "sub", "_EMBER.replies.ingest-x.abc")  # its app's replies to an Ember-Reply-To
     for subject in ("events.other-y.orders.1", "events.ingest-x.results", "ember.calls.default.ingest-x.f",
                     "$JS.API.STREAM.NAMES", "$KV.ember_calls.s.x", "_INBOX.x", "$SYS.REQ.SERVER.PING"):
         assert not _allowed(perms, "pub", subject), subject
-    for subject in ("events.other-y.results", "_INBOX.x", "_INBOX.events_other.x", "$JS.API.INFO", ">"):
+    for subject in ("events.other-y.results", "_INBOX.x", "_INBOX.events_other.x", "$JS.API.INFO", ">",
+                    "_EMBER.replies.other-y.abc", "_EMBER.answers.gw.ingest-x.1"):
         assert not _allowed(perms, "sub", subject), subject
-    assert admitted.expires is not None and admitted.expires <= time.time() + clients.CLIENT_TTL_S + 1
+    assert admitted.expires is None  # no expiry of its own: revoking the token cuts it
 
 
 @pytest.mark.parametrize("opts", [
@@ -119,12 +122,12 @@ def test_only_the_derived_password_enters_the_system_account_and_it_may_only_kic
     callout = _callout(auth, None)
     admitted = callout.admit({"user": clients.SYSTEM_USER, "pass": clients.system_password(auth)})
     assert admitted.account == "$SYS"
-    assert admitted.nats["pub"]["allow"] == ["$SYS.REQ.SERVER.*.KICK"]
+    assert admitted.nats["pub"]["allow"] == ["$SYS.REQ.SERVER.PING.CONNZ", "$SYS.REQ.SERVER.*.KICK"]
     with pytest.raises(Refused):
         callout.admit({"user": clients.SYSTEM_USER, "pass": clients.system_password(keys.generate())})
 
 
-def test_a_replicas_credentials_expire(auth):
+def test_a_replicas_credentials_have_no_expiry_since_nats_py_would_close_it_for_good(auth):
     from ember.wire import NodeAssignment, SlotAssignment
     from ember.wire.natscreds import replica_credentials
 
@@ -132,14 +135,25 @@ def test_a_replicas_credentials_expire(auth):
     callout = AuthCallout(nc=None, keys=auth, deployments=_Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
                           assignments=_Mirror({"n1": NodeAssignment(node_id="n1", slots=[slot], updated_at=0.0)}))
     creds = replica_credentials(auth.node_credentials("n1"), "r1")
-    admitted = callout.admit({"user": creds.user, "pass": creds.password})
-    assert admitted.expires is not None and 0 < admitted.expires - time.time() <= REPLICA_TTL_S
+    assert callout.admit({"user": creds.user, "pass": creds.password}).expires is None
 
 
-def test_a_sweep_forgets_connections_past_their_expiry_and_keeps_live_tokens():
-    store, issued = _store(ingest=(["events"], ["ingest-*"], None, False))
-    event_clients = clients.EventClients(keys.generate(), store, _Mirror(DEPLOYMENTS))  # type: ignore[arg-type]
-    event_clients.admit(issued["ingest"], "S1", 1)
-    assert asyncio.run(event_clients.sweep()) == 0 and event_clients.tracked() == 1  # a live token: not kicked
-    assert asyncio.run(event_clients.sweep(now=time.time() + clients.CLIENT_TTL_S + 1)) == 0
-    assert event_clients.tracked() == 0  # past its JWT's expiry the server has cut it: forgotten
+def test_a_sweep_cuts_only_tokens_revoked_while_it_runs_and_retries_until_it_can():
+    store, _ = _store(old=(["events"], ["*"], None, True), live=(["events"], ["*"], None, False))
+    event_clients = clients.EventClients(keys.generate(), store, _Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
+                                         servers=["nats://127.0.0.1:1"])  # nothing listens: a cut fails
+
+    async def run() -> tuple[int, int]:
+        await event_clients.start()
+        try:
+            before = await event_clients.sweep()  # "old" was revoked before it started: cut by then, not again
+            stored = store.mirror.items["live"]
+            store.mirror.items["live"] = msgspec.structs.replace(stored, revoked_at=time.time())
+            after = await event_clients.sweep()  # "live" is revoked now: it tries, fails, and will try again
+            return before, after
+        finally:
+            await event_clients.stop()
+
+    assert asyncio.run(run()) == (0, 0)
+    assert "live" not in event_clients._handled and "old" in event_clients._handled
+    assert event_clients._failures["live"] == 1
