@@ -15,7 +15,7 @@ from support.natsconn import connect as admin_connect
 
 from ember._errors import UnavailableError
 from ember.wire import CallRecord
-from ember.wire.callstore import MAX_INLINE_OUTPUT, CallStore, final
+from ember.wire.callstore import MAX_INLINE_OUTPUT, CallStore, final, new_call_id
 from ember.wire.jetstream import Stores, ensure_buckets
 from ember_platform.calls.durable import Calls
 
@@ -28,7 +28,7 @@ def with_store(url: str, body: Callable[[Any, Stores, CallStore], Awaitable[T]])
         nc = await admin_connect(url)
         try:
             stores = await ensure_buckets(nc.jetstream())
-            return await body(nc, stores, CallStore(nc.jetstream(), stores))
+            return await body(nc, stores, CallStore(nc.jetstream(), stores.calls, stores.results))
         finally:
             await nc.close()
 
@@ -44,12 +44,13 @@ def _big(char: str) -> bytes:
     return msgspec.json.encode(char * (MAX_INLINE_OUTPUT + 10))
 
 
-async def _objects(stores: Stores, prefix: str) -> list[str]:
+async def _objects(stores: Stores, call_id: str) -> list[str]:
+    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``)."""
     try:
-        infos = await stores.results.list()
-    except Exception:  # nats-py raises when the store holds nothing
+        keys = await stores.results.keys()
+    except Exception:  # nats-py raises when the bucket holds nothing
         return []
-    return sorted(i.name for i in infos if i.name.startswith(prefix) and not i.deleted)
+    return sorted({k.split(".")[2] for k in keys if k.startswith(f"a.{call_id}.")})
 
 
 def test_a_late_duplicate_never_overwrites_the_winners_large_output(platform):
@@ -58,7 +59,7 @@ def test_a_late_duplicate_never_overwrites_the_winners_large_output(platform):
     async def body(_nc: Any, stores: Stores, store: CallStore) -> tuple[bytes, list[str]]:
         assert await store.finish(final(_record(call_id), "succeeded", output=_big("a")))
         assert not await store.finish(final(_record(call_id), "succeeded", output=_big("b")))  # the late duplicate
-        record = await store.result(call_id)
+        record = await store.result("a", call_id)
         assert record is not None
         return bytes(record.output), await _objects(stores, call_id)
 
@@ -73,7 +74,7 @@ def test_two_writers_racing_leave_one_record_and_its_own_bytes(platform):
     async def body(_nc: Any, stores: Stores, store: CallStore) -> tuple[list[bool], bytes, list[str]]:
         won = await asyncio.gather(*(store.finish(final(_record(call_id), "succeeded", output=_big(c)))
                                      for c in "xyz"))
-        record = await store.result(call_id)
+        record = await store.result("a", call_id)
         assert record is not None
         return list(won), bytes(record.output), await _objects(stores, call_id)
 
@@ -83,18 +84,17 @@ def test_two_writers_racing_leave_one_record_and_its_own_bytes(platform):
     assert len(objects) == 1
 
 
-def test_a_record_of_the_old_form_still_finds_its_output_under_the_call_id(platform):
-    call_id = uuid.uuid4().hex
+def test_a_record_that_names_another_call_than_its_key_is_no_record(platform):
+    """A replica may write any key of its own app, with any body: a body naming another app (or call) than its key is
+    never taken for that app's call."""
+    call_id = new_call_id("a")
 
-    async def body(_nc: Any, stores: Stores, store: CallStore) -> bytes:
-        old = final(_record(call_id), "succeeded", output=b'{"$ember_result":"object"}')
-        await stores.calls.create(f"r.{call_id}", msgspec.json.encode(old))
-        await stores.results.put(call_id, _big("z"))
-        record = await store.result(call_id)
-        assert record is not None
-        return bytes(record.output)
+    async def body(_nc: Any, stores: Stores, store: CallStore) -> tuple[Any, Any]:
+        forged = msgspec.structs.replace(final(_record(call_id), "succeeded"), app="victim")
+        await stores.calls.create(f"r.a.{call_id}", msgspec.json.encode(forged))  # key says a, body says victim
+        return await store.get("a", call_id), await store.get("victim", call_id)
 
-    assert with_store(platform.nats_url, body) == _big("z")
+    assert with_store(platform.nats_url, body) == (None, None)
 
 
 @pytest.mark.parametrize("key", [None, "my-key"])

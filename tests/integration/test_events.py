@@ -1,10 +1,11 @@
 """Functions bound to NATS subjects: a plain publish (no Ember SDK) is an invocation; its result is
-published to the message's Ember-Reply-To inbox or the function's result_subject."""
+published to the message's Ember-Reply-To (a reply subject of the app) or the function's result_subject."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import pytest
 from support.natsconn import connect as admin_connect
@@ -34,7 +35,7 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
         results: asyncio.Queue = asyncio.Queue()
         mine: asyncio.Queue = asyncio.Queue()
         await nc.subscribe("events.eventful.results", cb=results.put)
-        inbox = nc.new_inbox()  # a requester waits for its own result in an inbox
+        inbox = f"_EMBER.replies.eventful.{uuid.uuid4().hex}"  # a requester waits for its own result under the app
         await nc.subscribe(inbox, cb=mine.put)
         await nc.flush()
         js = nc.jetstream()

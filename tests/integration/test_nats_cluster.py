@@ -28,7 +28,7 @@ pytestmark = [
 STREAMS = [subjects.CALLS_STREAM, subjects.DEAD_STREAM, kv_stream(subjects.CALLS_BUCKET),
            kv_stream(subjects.DEPLOYMENTS_BUCKET), kv_stream(subjects.ASSIGNMENTS_BUCKET),
            kv_stream(subjects.NODES_BUCKET), kv_stream(subjects.REPLICAS_BUCKET),
-           object_stream(subjects.BUNDLES_STORE), object_stream(subjects.RESULTS_STORE), subjects.LOGS_STREAM]
+           object_stream(subjects.BUNDLES_STORE), kv_stream(subjects.RESULTS_BUCKET), subjects.LOGS_STREAM]
 
 
 def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):

@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import time
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -214,7 +215,7 @@ def test_an_event_published_with_a_traceparent_continues_its_publishers_trace(tr
     async def publish() -> list[int]:
         nc = await admin_connect(traced.platform.nats_url)
         try:
-            inbox = nc.new_inbox()
+            inbox = f"_EMBER.replies.traced.{uuid.uuid4().hex}"  # the app's reply subjects
             results: asyncio.Queue = asyncio.Queue()
             await nc.subscribe(inbox, cb=results.put)
             await nc.flush()

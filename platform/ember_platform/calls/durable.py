@@ -9,8 +9,8 @@ import hashlib
 import math
 import re
 import time
-import uuid
 from collections import Counter
+from collections.abc import Callable
 
 import msgspec
 from nats.aio.client import Client
@@ -32,17 +32,17 @@ from ember.wire import (
     SpawnReply,
     subjects,
 )
-from ember.wire.callstore import CallStore, final
+from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
-# A call id is a key of the calls' KV bucket after ``s.``/``r.``: the characters NATS allows in a key, in tokens
-# that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: random hex (uuid4,
-# with or without an Idempotency-Key; a synchronous call's 16 random bytes), an event's ``Nats-Msg-Id`` (an id that is
-# not a valid key can have no record), and ``<events stream>-<sequence>``.
+# A call id is a key of the calls' KV bucket after ``s.<app>.``/``r.<app>.``: the characters NATS allows in a key, in
+# tokens that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: a spawned
+# call's ``<app>_<random hex>`` (with or without an Idempotency-Key), a synchronous call's 16 random bytes, and an
+# event's ``ev-<scope>-<Nats-Msg-Id>`` or ``evs-<scope>-<stored at>-<sequence>`` (``ember.wire.callstore.app_of``).
 CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
 MAX_CALL_ID = 512
 _NO_SUCH_SEQUENCE = (10043, 10057)  # JetStream's errors deleting a message that is gone (or going, concurrently)
@@ -59,9 +59,13 @@ def check_call_id(call_id: str) -> str:
 
 
 class Calls:
-    def __init__(self, nc: Client, stores: Stores, ack_wait_s: float) -> None:
+    def __init__(self, nc: Client, stores: Stores, ack_wait_s: float,
+                 event_app: Callable[[str], str | None] = lambda _scope: None) -> None:
+        """``event_app``: the app whose function's event stream has a scope (``subjects.event_scope``), from what
+        is deployed: an event call's id names its function by that scope only."""
+        self._event_app = event_app
         self._js = nc.jetstream()
-        self.store = CallStore(self._js, stores)
+        self.store = CallStore(self._js, stores.calls, stores.results)
         self._ack_wait_s = ack_wait_s
         self.submitted: Counter[tuple[str, str]] = Counter()  # (app, function) -> calls queued by this process
 
@@ -156,7 +160,7 @@ class Calls:
             call_id = (msg.headers or {}).get(CALL_ID_HEADER)
             if not call_id or not CALL_ID.fullmatch(call_id) or len(call_id) > MAX_CALL_ID:
                 continue
-            record = await self.store.status(call_id)
+            record = await self.store.status(app, call_id)
             if record is None or record.status in FINAL_STATUSES:
                 continue
             cancelled = final(record, "cancelled", error=msgspec.structs.replace(error, call_id=call_id))
@@ -178,12 +182,12 @@ class Calls:
         "queued" record waits for a message that never came, and is an ``UnavailableError`` (503, Retry-After):
         retrying is safe with an Idempotency-Key (if the message was stored after all, the retry's publish is
         deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew)."""
-        call_id = uuid.uuid4().hex
+        call_id = new_call_id(app)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
         try:
             if key is not None:
-                call_id = await self.store.call_id_for_key(_key_hash(app, key), call_id)
+                call_id = await self.store.call_id_for_key(app, _key_hash(app, key), call_id)
             existing = await self.store.create_status(CallRecord(call_id=call_id, app=app, function=function,
                                                                  status="queued", created_at=now, updated_at=now,
                                                                  input_sha256=digest))
@@ -209,7 +213,7 @@ class Calls:
         except (NatsError, OSError, TimeoutError) as exc:
             if existing is None:
                 with contextlib.suppress(NatsError, OSError, TimeoutError):
-                    await self.store.forget(call_id)
+                    await self.store.forget(app, call_id)
             raise UnavailableError(f"the call to {app}.{function} could not be queued ({type(exc).__name__}: "
                                    f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
         self.submitted[(app, function)] += 1  # the control loop asks this queue's backlog at its next tick
@@ -222,7 +226,8 @@ class Calls:
         give_up = time.monotonic() + wait_s
         pause = _WAIT_POLL_S[0]
         while True:
-            record = await self.store.get(call_id)
+            app = app_of(call_id, self._event_app)
+            record = await self.store.get(app, call_id) if app is not None else None
             if record is None:
                 raise no_such_call(call_id)
             if record.status in FINAL_STATUSES or time.monotonic() >= give_up:

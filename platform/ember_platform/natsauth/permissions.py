@@ -4,9 +4,12 @@ Pure functions of names: the callout fills them in for the component that connec
 is not here: it is the server's one configured user, with every permission.
 
 A replica of app A may receive only its own functions' calls (synchronous, queued and events), answer on its
-app's answer subjects, write call records and results, publish its own status and its functions' load reports
-and dead letters, and publish event results to its functions' result subjects or to a requester's inbox. It
-cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines. Its code
+app's answer subjects (and the reply subject of a request it received, once), read and write its own app's call
+statuses and records by key (``s.<app>.>``, ``r.<app>.>`` in ``ember_calls``: no stream info, no message by
+sequence, no delete, so it can neither list nor read another app's calls), write its own app's large outputs
+(``ember_results``, never read), publish its own status and its functions' load reports and dead letters, and
+publish event results to its functions' result subjects or to its app's reply subjects (``_EMBER.replies.<app>``).
+It cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines. Its code
 calls other functions only through its own relay subject (``ember.relay.<replica id>``), which a control plane
 answers after checking the call (``ember_platform.gateway.relay``): it never publishes another app's invoke subjects.
 """
@@ -20,6 +23,9 @@ from ember.wire import subjects
 from ember.wire.natscreds import replica_inbox
 
 _UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "type": "user", "version": 2}
+# A replica answers the requests it receives (``allow_responses``): one message each, within two minutes (its calls'
+# answers and streams go to its app's answer subjects, never to another client's inbox).
+_ONE_ANSWER = {"max": 1, "ttl": 120_000_000_000}
 _JS = "$JS.API"
 # A stream's configuration and counts (never its messages): every process opens Ember's buckets by name.
 _STREAM_INFO = f"{_JS}.STREAM.INFO.*"
@@ -48,13 +54,12 @@ Function = tuple[str, bool, str | None]  # name, bound to events, result subject
 
 def replica(replica_id: str, app: str, version: int, functions: Iterable[Function]) -> dict[str, Any]:
     """A replica of ``app`` serving ``functions``: (name, bound to events, result subject) each."""
-    calls, results = _kv(subjects.CALLS_BUCKET), _obj(subjects.RESULTS_STORE)
+    calls = f"$KV.{subjects.CALLS_BUCKET}"
+    own = [f"{calls}.{subjects.calls_keys_of_app(kind, app)}" for kind in ("s", "r")]  # its app's statuses, records
     pub = {
         subjects.answers_of_app(app), subjects.replica_status(replica_id), subjects.relay(replica_id),
-        "_INBOX.>", _STREAM_INFO, _STREAM_NAMES,
-        f"{_JS}.DIRECT.GET.{calls}.>", f"{_JS}.STREAM.MSG.GET.{calls}", f"$KV.{subjects.CALLS_BUCKET}.>",
-        f"{_JS}.DIRECT.GET.{results}.>", f"{_JS}.STREAM.MSG.GET.{results}",
-        f"$O.{subjects.RESULTS_STORE}.>", f"{_JS}.STREAM.MSG.DELETE.{subjects.DEAD_STREAM}",
+        subjects.event_replies(app), *own, *(f"{_JS}.DIRECT.GET.{_kv(subjects.CALLS_BUCKET)}.{key}" for key in own),
+        f"$KV.{subjects.RESULTS_BUCKET}.{subjects.check_token(app, 'app')}.>",  # its app's large outputs: write only
     }
     sub = {subjects.replica_invoke(replica_id), subjects.replica_cancel(replica_id),
            subjects.replica_credit(replica_id), f"{replica_inbox(replica_id)}.>"}
@@ -70,7 +75,7 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
         if result_subject:
             pub.add(result_subject)
         sub.add(subjects.invoke(app, name, version))
-    return _user(pub, sub)
+    return {**_user(pub, sub), "resp": _ONE_ANSWER}
 
 
 def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:

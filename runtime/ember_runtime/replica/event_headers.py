@@ -1,6 +1,6 @@
 """What a queued or event message's headers ask for, checked before any of it is used.
 
-A message's call id becomes a key in the ``ember_calls`` bucket (``s.<id>``, ``r.<id>``), an object name
+A message's call id becomes a key in the ``ember_calls`` bucket (``s.<app>.<id>``, ``r.<app>.<id>``), a key name
 and part of a dead letter's ``Nats-Msg-Id``, so it must be one KV key token: ``CALL_ID`` (letters, digits,
 ``-`` and ``_``, at most ``MAX_CALL_ID`` characters; no ``.``, which would add a key level, no wildcard,
 no space). A deadline must be a finite number (seconds since the epoch). A result subject must be a
@@ -9,7 +9,7 @@ plain subject outside Ember's and the server's own.
 Ids of the two kinds of message never meet:
 
 - a **queued** call (``EMBER_CALLS``) is named by the platform, which sets ``Ember-Call-Id``
-  (hexadecimal: no ``-``);
+  (``<app>_<32 hexadecimal digits>``: no ``-`` after the app);
 - an **event** is named ``ev-<scope>-<Nats-Msg-Id>`` when its publisher sets a valid ``Nats-Msg-Id``
   and ``evs-<scope>-<stored at, µs>-<stream sequence>`` otherwise, where ``<scope>`` is a digest of the
   function's event stream. Its ``Ember-Call-Id`` header is ignored: a publisher can neither name a
@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
 import math
 import re
 from dataclasses import dataclass
 
 from ember._errors import InvalidInputError
-from ember.wire import CALL_ID_HEADER, DEADLINE_HEADER, EVENT_REPLY_TO_HEADER
+from ember.wire import CALL_ID_HEADER, DEADLINE_HEADER, EVENT_REPLY_TO_HEADER, subjects
+from ember.wire.subjects import event_scope as event_scope  # re-exported: the replica names its events by it
 
 MSG_ID_HEADER = "Nats-Msg-Id"
 MAX_CALL_ID = 128
@@ -51,11 +51,6 @@ class Delivery:
     call_id: str
     deadline: float = math.inf
     problem: InvalidInputError | None = None
-
-
-def event_scope(stream: str) -> str:
-    """A short digest of an event stream's name: the part of an event's id that names its function."""
-    return hashlib.sha256(stream.encode()).hexdigest()[:12]
 
 
 def microseconds(timestamp: datetime.datetime) -> int:
@@ -80,7 +75,8 @@ def queued_delivery(headers: dict[str, str], default_id: str) -> Delivery:
     return _delivery(call_id, deadline, problem or late)
 
 
-def event_delivery(headers: dict[str, str], scope: str, default_id: str, result_subject: str | None = None) -> Delivery:
+def event_delivery(headers: dict[str, str], scope: str, default_id: str, result_subject: str | None = None, *,
+                   app: str) -> Delivery:
     """A message of a function's event stream; ``Ember-Call-Id`` is ignored (see the module's docstring)."""
     raw_id = headers.get(MSG_ID_HEADER)
     call_id, problem = default_id, None
@@ -89,7 +85,7 @@ def event_delivery(headers: dict[str, str], scope: str, default_id: str, result_
         if problem is None:
             call_id = f"ev-{scope}-{raw_id}"
     deadline, late = _deadline(headers)
-    misdirected = _reply_to(headers, result_subject)[1]
+    misdirected = _reply_to(headers, app, result_subject)[1]
     return _delivery(call_id, deadline, problem or late or misdirected)
 
 
@@ -118,14 +114,16 @@ def _deadline(headers: dict[str, str]) -> tuple[float, InvalidInputError | None]
     return value, None
 
 
-def reply_subject(headers: dict[str, str], result_subject: str | None = None) -> str | None:
-    """The message's ``Ember-Reply-To`` if it is one a result may be published to, else None."""
-    return _reply_to(headers, result_subject)[0]
+def reply_subject(headers: dict[str, str], app: str, result_subject: str | None = None) -> str | None:
+    """The message's ``Ember-Reply-To`` if it is one a result of ``app`` may be published to, else None."""
+    return _reply_to(headers, app, result_subject)[0]
 
 
-def _reply_to(headers: dict[str, str], result_subject: str | None) -> tuple[str | None, InvalidInputError | None]:
-    """A result goes to a requester's inbox (``_INBOX.<...>``) or to the function's own ``result_subject``: a
-    replica's NATS permissions let it publish nowhere else."""
+def _reply_to(headers: dict[str, str], app: str,
+              result_subject: str | None) -> tuple[str | None, InvalidInputError | None]:
+    """A result goes to a requester's reply subject under the app (``_EMBER.replies.<app>.<...>``) or to the
+    function's own ``result_subject``: a replica's NATS permissions let it publish nowhere else (never into another
+    client's ``_INBOX``)."""
     raw = headers.get(EVENT_REPLY_TO_HEADER)
     if not raw:
         return None, None
@@ -133,11 +131,12 @@ def _reply_to(headers: dict[str, str], result_subject: str | None) -> tuple[str 
     if len(raw) > MAX_SUBJECT_CHARS or not all(_SUBJECT_TOKEN.fullmatch(t) for t in tokens):
         return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"a result subject is a NATS subject of at most "
                           f"{MAX_SUBJECT_CHARS} characters, without wildcards or spaces")
-    if (tokens[0] == "_INBOX" and len(tokens) > 1) or raw == result_subject:
+    replies = f"{subjects.EVENT_REPLIES_ROOT}.{app}."
+    if (raw.startswith(replies) and len(raw) > len(replies)) or raw == result_subject:
         return raw, None
     elsewhere = f" or to the function's result_subject {result_subject!r}" if result_subject else ""
-    return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"results are published to a requester's inbox (_INBOX.<...>)"
-                      f"{elsewhere}, nowhere else")
+    return None, _bad(EVENT_REPLY_TO_HEADER, raw, f"results are published to a reply subject of the app "
+                      f"({replies}<...>){elsewhere}, nowhere else")
 
 
 def _bad(header: str, value: str, why: str) -> InvalidInputError:

@@ -40,7 +40,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore
-from ember.wire.jetstream import connect, ensure_buckets
+from ember.wire.jetstream import call_buckets, connect
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
 from ember_runtime import hostpid
@@ -95,10 +95,9 @@ class Replica:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
         nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S)
-        stores = await ensure_buckets(nc.jetstream(), create=False)  # its agent saw them: they exist
         self.kv = StatusRelay(nc, self.args.replica_id)
         inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection
-        self.calls = CallStore(nc.jetstream(), stores)
+        self.calls = CallStore(nc.jetstream(), *call_buckets(nc.jetstream()))  # its agent saw them: they exist
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         try:
             stopped = asyncio.create_task(self.stop.wait())

@@ -36,7 +36,6 @@ from ember.wire import (
     CALL_ID_HEADER,
     EVENT_STATUS_HEADER,
     CallRecord,
-    ErrorInfo,
     Retries,
     encode_output,
     encoder,
@@ -185,13 +184,13 @@ class QueueWorker:
             return queued_delivery(headers, f"{self._stream.lower()}-{seq}")
         stored_at = microseconds(msg.metadata.timestamp)  # when it was stored: the same on every redelivery
         return event_delivery(headers, self._scope, default_event_id(self._scope, stored_at, seq),
-                              self._endpoint.spec.result_subject)
+                              self._endpoint.spec.result_subject, app=self._app)
 
     async def _take(self, msg: Msg) -> None:
         delivery = self._delivery(msg)
         call_id, deadline = delivery.call_id, delivery.deadline
         attempt = msg.metadata.num_delivered or 1
-        record = await self._store.status(call_id) or _new_record(call_id, self._app, self.function)
+        record = await self._store.status(self._app, call_id) or _new_record(call_id, self._app, self.function)
         record = msgspec.structs.replace(record, attempts=attempt)
         if delivery.problem is not None:  # headers no retry can mend: settled now, never redelivered
             await self._settle(msg, record, "failed", error=delivery.problem, dead=True)
@@ -215,7 +214,8 @@ class QueueWorker:
         await self._store.set_status(running)
         # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
         # seen here or refused; a finished call (a late duplicate) is acked without running again.
-        if await self._store.has_result(call_id):
+        if await self._store.has_result(self._app, call_id):
+            await self._repeat(msg, call_id)
             await msg.ack()
             return
         self._held[call_id] = msg
@@ -274,42 +274,45 @@ class QueueWorker:
 
     async def _settle(self, msg: Msg, record: CallRecord, status: str, *, output: bytes = b"null",
                       error: EmberError | None = None, dead: bool = False) -> None:
-        """Dead-letter the call if asked and publish an event's result, THEN store the final record (first writer
-        wins), then ack the message.
+        """Store the final record (first writer wins), THEN dead-letter the call if asked and publish an event's
+        result, then ack the message.
 
-        The side effects come before the record so that a crash anywhere leaves nothing undone: the message is
-        redelivered until the record exists, and a redelivery repeats the side effects harmlessly. The dead
-        letter is published with ``Nats-Msg-Id: dead-<call id>`` (JetStream stores it once within the dead
-        stream's duplicate window; a redelivery comes after AckWait, well within it); an event's result is a
-        plain publish that a consumer deduplicates by its ``Ember-Call-Id`` header (results are at least once).
-        A call that already has its record (a late duplicate) repeats nothing. A writer that published a dead
-        letter and then lost the record to a winner that did not fail (a cancel, a duplicate that succeeded)
-        withdraws its letter. (An outbox state completed on redelivery would need a second record write per
-        call; publishing first needs none.)"""
+        The record comes first, so that no replica ever needs to remove a dead letter (a permission over every
+        app's letters): only the writer that won publishes one. A crash between the record and the ack leaves the
+        message to be redelivered; the redelivery finds the record and repeats its side effects (``_repeat``), as
+        does a writer that lost the record to another (a late duplicate; a cancel, which has none). Repeats are
+        harmless: the dead letter is published with ``Nats-Msg-Id: dead-<call id>`` (JetStream stores it once
+        within the dead stream's duplicate window; a redelivery comes after AckWait, well within it), and an
+        event's result is a plain publish that a consumer deduplicates by its ``Ember-Call-Id`` header (results
+        are at least once)."""
         info = error_info(error) if error is not None else None
         done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
-        # Settled already: its side effects were done before. Without side effects, ``finish`` alone tells (one
-        # JetStream round trip less per call).
-        if ((dead and info is not None) or self._events) and await self._store.has_result(record.call_id):
-            await msg.ack()
-            return
-        letter = None
-        if dead and info is not None:
-            letter = await self._store.dead_letter(done, info, msg.data)
-        if self._events:
-            await self._publish_result(msg, done, output, info)
         _crash_point("before-record", record.call_id)
-        if await self._store.finish(done):  # readers look for the final record first: no status update
+        if await self._store.finish(done):
             _crash_point("after-record", record.call_id)
-        elif letter is not None:
-            await self._store.withdraw_letter(record.call_id, letter)
+            await self._side_effects(msg, done, dead=dead and info is not None)
+        else:
+            await self._repeat(msg, record.call_id)
         await msg.ack()
 
-    async def _publish_result(self, msg: Msg, done: CallRecord, output: bytes, info: ErrorInfo | None) -> None:
+    async def _side_effects(self, msg: Msg, done: CallRecord, *, dead: bool) -> None:
+        if dead and done.error is not None:
+            await self._store.dead_letter(done, done.error, msg.data)
+        if self._events:
+            await self._publish_result(msg, done)
+
+    async def _repeat(self, msg: Msg, call_id: str) -> None:
+        """The side effects of the call's stored final record, for a delivery that finds one: every failure that
+        ends a call here is dead-lettered (a cancel or an expiry is not)."""
+        winner = await self._store.result(self._app, call_id)
+        if winner is not None:
+            await self._side_effects(msg, winner, dead=winner.status == "failed")
+
+    async def _publish_result(self, msg: Msg, done: CallRecord) -> None:
         result_subject = self._endpoint.spec.result_subject
-        target = reply_subject(msg.headers or {}, result_subject) or result_subject
+        target = reply_subject(msg.headers or {}, self._app, result_subject) or result_subject
         if target:
-            body = output if info is None else encoder.encode(info)
+            body = bytes(done.output) if done.error is None else encoder.encode(done.error)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
                                                               EVENT_STATUS_HEADER: done.status})
 

@@ -1,120 +1,158 @@
 """Asynchronous calls' state in JetStream, shared by the platform and the replicas.
 
-Each call has two keys in the ``ember_calls`` KV bucket: ``s.<id>``, its status while it waits or runs,
-and ``r.<id>``, its final record. The final record is written with ``create`` (only if absent), so the
-first writer wins: a late duplicate of a redelivered call, or a cancel racing a finish, can never
-overwrite or duplicate a result. Outputs too large for a KV entry go to the ``ember_results`` object
-store under a name of their own writer's (``<call id>.<random>``), written before the record that points
-at it: the winner's record always points at the winner's bytes, and a writer that lost removes its object.
+Each call has two keys in the ``ember_calls`` KV bucket, under its app: ``s.<app>.<id>``, its status while it waits or
+runs, and ``r.<app>.<id>``, its final record. The app in the key is what confines a replica: its NATS permissions
+name its own app's keys, so it can neither read nor write another app's calls (``ember_platform.natsauth``). The
+final record is written with ``create`` (only if absent), so the first writer wins: a late duplicate of a
+redelivered call, or a cancel racing a finish, can never overwrite or duplicate a result. Outputs too large for a
+record go to the ``ember_results`` bucket in chunks, ``<app>.<id>.<writer>.<n>`` (a name of their own writer's),
+written before the record that points at them: the winner's record always points at the winner's chunks, and a
+writer that lost removes its own.
+
+Who reads what: a replica its own app's keys, by key; the control plane any call by its id alone, since the id names
+its app (``app_of``): a spawned call's id is ``<app>_<32 hexadecimal digits>``, an event's ``ev-<scope>-...`` or
+``evs-<scope>-...``, whose scope is a digest of its function's event stream. A replica may write any key of its own
+app, never one that an id of another app leads to.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import os
+import re
 import time
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.kv import KeyValue
 
 from ember.wire import CallRecord, CallStatus, DeadLetter, ErrorInfo, encoder, subjects
-from ember.wire.jetstream import Stores
+from ember.wire.jetstream import RESULT_CHUNK_BYTES
 
 MAX_INLINE_OUTPUT = 256 * 1024
 _record_decoder = msgspec.json.Decoder(CallRecord)
+_ABSENT = (KeyNotFoundError, NotFoundError, NoKeysError)
+_SPAWNED = re.compile(r"([a-z0-9][a-z0-9-]{0,62})_[0-9a-f]{32}")
+_EVENT = re.compile(r"evs?-([0-9a-f]{12})-.+")
 
 
-class _ObjectRef(msgspec.Struct, frozen=True):
-    """The output of a record whose output is in the object store."""
+def new_call_id(app: str) -> str:
+    """A new id for a call of ``app`` that the platform queues: the app, then 128 random bits."""
+    return f"{subjects.check_token(app, 'app')}_{uuid.uuid4().hex}"
+
+
+def app_of(call_id: str, event_app: Callable[[str], str | None]) -> str | None:
+    """The app a call id belongs to: written in a spawned call's id, found from the scope of an event's id by
+    ``event_app`` (scope -> app, from what is deployed); None for an id of neither form."""
+    event = _EVENT.fullmatch(call_id)
+    if event is not None and (app := event_app(event[1])) is not None:
+        return app
+    spawned = _SPAWNED.fullmatch(call_id)
+    return spawned[1] if spawned is not None else None
+
+
+class _ChunksRef(msgspec.Struct, frozen=True):
+    """The output of a record whose output is in ``ember_results``: ``chunks`` keys ``<name>.<n>``."""
 
     ember_result: str = msgspec.field(name="$ember_result")
     name: str = ""
+    chunks: int = 0
 
 
-_ref_decoder = msgspec.json.Decoder(_ObjectRef)
+_ref_decoder = msgspec.json.Decoder(_ChunksRef)
 
 
 class CallStore:
-    def __init__(self, js: Any, stores: Stores) -> None:
+    def __init__(self, js: Any, calls: KeyValue, results: KeyValue) -> None:
         self._js = js
-        self._kv = stores.calls
-        self._results = stores.results
+        self._kv = calls
+        self._results = results
 
     async def create_status(self, record: CallRecord) -> CallRecord | None:
         """Record a new call as queued; returns the existing record instead when the id is taken."""
         try:
-            await self._kv.create(f"s.{record.call_id}", encoder.encode(record))
+            await self._kv.create(subjects.call_key("s", record.app, record.call_id), encoder.encode(record))
             return None
         except KeyWrongLastSequenceError:
-            return await self.get(record.call_id)
+            return await self.get(record.app, record.call_id)
 
-    async def call_id_for_key(self, key_hash: str, call_id: str) -> str:
-        """The call id an idempotency key maps to (``k.<key hash>``): ``call_id`` when this writer stored the mapping
-        first, else the first writer's. The mapping expires with the records (the bucket's TTL)."""
+    async def call_id_for_key(self, app: str, key_hash: str, call_id: str) -> str:
+        """The call id an idempotency key of ``app`` maps to (``k.<app>.<key hash>``): ``call_id`` when this writer
+        stored the mapping first, else the first writer's. The mapping expires with the records (the bucket's TTL)."""
+        key = subjects.call_key("k", app, key_hash)
         while True:
             try:
-                await self._kv.create(f"k.{key_hash}", call_id.encode())
+                await self._kv.create(key, call_id.encode())
                 return call_id
             except KeyWrongLastSequenceError:
                 try:
-                    entry = await self._kv.get(f"k.{key_hash}")
-                except (KeyNotFoundError, NotFoundError, NoKeysError):
+                    entry = await self._kv.get(key)
+                except _ABSENT:
                     continue  # expired between the two: try again
                 if entry.value:
                     return bytes(entry.value).decode()
 
-    async def forget(self, call_id: str) -> None:
+    async def forget(self, app: str, call_id: str) -> None:
         """Remove a call's status: a call that could not be queued after all (its id may be created again)."""
-        await self._kv.delete(f"s.{call_id}")
+        await self._kv.delete(subjects.call_key("s", app, call_id))
 
     async def set_status(self, record: CallRecord) -> None:
-        await self._kv.put(f"s.{record.call_id}", encoder.encode(record))
+        await self._kv.put(subjects.call_key("s", record.app, record.call_id), encoder.encode(record))
 
     async def finish(self, record: CallRecord) -> bool:
         """Store a final record; False when one was already stored (the first writer won).
 
-        A large output is stored first, as ``<call id>.<random>``, an object no other writer touches; the
-        record names it. A writer that loses removes its own object, never the winner's."""
+        A large output is stored first, in chunks named ``<app>.<call id>.<random>``, which no other writer
+        touches; the record names them. A writer that loses removes its own chunks, never the winner's."""
         output = bytes(record.output)
         name = None
         if len(output) > MAX_INLINE_OUTPUT:
-            name = f"{record.call_id}.{os.urandom(8).hex()}"
-            await self._results.put(name, output)
-            ref = encoder.encode(_ObjectRef(ember_result="object", name=name))
+            name = f"{record.app}.{record.call_id}.{os.urandom(8).hex()}"
+            pieces = [output[i:i + RESULT_CHUNK_BYTES] for i in range(0, len(output), RESULT_CHUNK_BYTES)]
+            await asyncio.gather(*(self._results.put(f"{name}.{n}", piece) for n, piece in enumerate(pieces)))
+            ref = encoder.encode(_ChunksRef(ember_result="chunks", name=name, chunks=len(pieces)))
             record = msgspec.structs.replace(record, output=msgspec.Raw(ref))
         try:
-            await self._kv.create(f"r.{record.call_id}", encoder.encode(record))
+            await self._kv.create(subjects.call_key("r", record.app, record.call_id), encoder.encode(record))
         except KeyWrongLastSequenceError:
             if name is not None:
-                await self._results.delete(name)
+                await asyncio.gather(*(self._results.purge(f"{name}.{n}") for n in range(len(pieces))))
             return False
         return True
 
-    async def result(self, call_id: str) -> CallRecord | None:
-        record = await self._read(f"r.{call_id}")
-        name = _object_name(record) if record is not None else None
-        if record is not None and name is not None:
-            data = (await self._results.get(name)).data or b"null"
-            record = msgspec.structs.replace(record, output=msgspec.Raw(data))
-        return record
+    async def result(self, app: str, call_id: str) -> CallRecord | None:
+        return await self._with_output(await self._read(subjects.call_key("r", app, call_id)))
 
-    async def get(self, call_id: str) -> CallRecord | None:
-        """The call's final record if it has one, else its status; None for an unknown id."""
-        return await self.result(call_id) or await self._read(f"s.{call_id}")
+    async def get(self, app: str, call_id: str) -> CallRecord | None:
+        """The call's final record if it has one, else its status; None for an unknown id, or for a record that
+        names another call than its key (a replica writes only its own app's keys, but any of them)."""
+        record = await self.result(app, call_id) or await self._read(subjects.call_key("s", app, call_id))
+        return record if record is not None and record.app == app and record.call_id == call_id else None
 
-    async def status(self, call_id: str) -> CallRecord | None:
+    async def status(self, app: str, call_id: str) -> CallRecord | None:
         """The call's status record alone (one read; the final record may exist beside it)."""
-        return await self._read(f"s.{call_id}")
+        return await self._read(subjects.call_key("s", app, call_id))
 
-    async def has_result(self, call_id: str) -> bool:
-        return await self._read(f"r.{call_id}") is not None
+    async def has_result(self, app: str, call_id: str) -> bool:
+        return await self._read(subjects.call_key("r", app, call_id)) is not None
+
+    async def _with_output(self, record: CallRecord | None) -> CallRecord | None:
+        ref = _chunks_ref(record) if record is not None else None
+        if record is None or ref is None:
+            return record
+        if not ref.name.startswith(f"{record.app}.{record.call_id}."):
+            return None  # chunks of another call: no record points elsewhere
+        pieces = await asyncio.gather(*(self._results.get(f"{ref.name}.{n}") for n in range(ref.chunks)))
+        data = b"".join(bytes(p.value or b"") for p in pieces)
+        return msgspec.structs.replace(record, output=msgspec.Raw(data or b"null"))
 
     async def _read(self, key: str) -> CallRecord | None:
         try:
             entry = await self._kv.get(key)
-        except (KeyNotFoundError, NotFoundError, NoKeysError):
+        except _ABSENT:
             return None
         return _record_decoder.decode(entry.value) if entry.value else None
 
@@ -128,19 +166,9 @@ class CallStore:
                                      headers={"Nats-Msg-Id": f"dead-{record.call_id}"})
         return int(ack.seq)
 
-    async def withdraw_letter(self, call_id: str, seq: int) -> None:
-        """Remove the dead letter at ``seq``, published by a writer that then lost the final record, unless the
-        record that won is a failure too (then the letter is that failure's)."""
-        winner = await self._read(f"r.{call_id}")
-        if winner is not None and winner.status == "failed":
-            return
-        with contextlib.suppress(JsAPIError):  # gone already
-            await self._js.delete_msg(subjects.DEAD_STREAM, seq)
 
-
-def _object_name(record: CallRecord) -> str | None:
-    """The object holding the record's output, or None when the output is in the record. A record written
-    before objects had names of their own (``{"$ember_result":"object"}``) names ``<call id>``."""
+def _chunks_ref(record: CallRecord) -> _ChunksRef | None:
+    """Where the record's output is kept when it is not in the record, or None."""
     output = bytes(record.output)
     if not output.startswith(b'{"$ember_result":'):
         return None
@@ -148,9 +176,7 @@ def _object_name(record: CallRecord) -> str | None:
         ref = _ref_decoder.decode(output)
     except msgspec.DecodeError:
         return None
-    if ref.ember_result != "object":
-        return None
-    return ref.name or record.call_id
+    return ref if ref.ember_result == "chunks" and ref.name and 0 < ref.chunks <= 1 << 20 else None
 
 
 def final(record: CallRecord, status: CallStatus, *, output: bytes = b"null", error: ErrorInfo | None = None,

@@ -39,6 +39,7 @@ LOG_TTL_S = 7 * 24 * 3600.0  # replicas' output lines kept at most this long
 DUPLICATE_WINDOW_S = 120.0  # a resubmitted call id within this window is stored once
 # A large result outlives its record (written just after it) by this much, never the other way round.
 RESULTS_TTL_S = CALL_TTL_S + 300.0
+RESULT_CHUNK_BYTES = 256 * 1024  # a large output is kept in chunks of this size (``ember_results``)
 MiB = 1024 * 1024
 GiB = 1024 * MiB
 INSUFFICIENT_STORAGE = 10047  # JetStream's err_code: the server cannot reserve a stream's max_bytes
@@ -138,15 +139,17 @@ class StorageLimits:
                                     "discard": DiscardPolicy.NEW},
             subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
             subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
-            kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes},
+            # Direct gets: a replica reads its own app's records by key, a permission that names the key (a
+            # STREAM.MSG.GET names none).
+            kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes, "allow_direct": True},
             kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.QUOTAS_BUCKET): {"max_bytes": self.quotas_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.SECRETS_BUCKET): {"max_bytes": self.secrets_kv_max_bytes, "max_msg_size": 128 * 1024},
             kv_stream(subjects.SUBJECT_GRANTS_BUCKET): {"max_bytes": self.subject_grants_kv_max_bytes,
                                                         "max_msg_size": 64 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
-            object_stream(subjects.RESULTS_STORE): {"max_bytes": self.results_store_max_bytes,
-                                                    "max_age": RESULTS_TTL_S},
+            kv_stream(subjects.RESULTS_BUCKET): {"max_bytes": self.results_store_max_bytes, "max_age": RESULTS_TTL_S,
+                                                 "max_msg_size": RESULT_CHUNK_BYTES + 4096, "allow_direct": True},
             object_stream(subjects.BUNDLES_STORE): {"max_bytes": self.bundles_store_max_bytes},
             kv_stream(subjects.VOLUMES_BUCKET): {"max_bytes": self.volumes_kv_max_bytes,
                                                  "max_msg_size": self.volumes_kv_max_value_bytes},
@@ -176,15 +179,22 @@ class Stores:
     replicas: KeyValue  # <replica id> -> wire.ReplicaStatus (TTL: REPLICA_TTL_S)
     nodes: KeyValue  # <node id> -> wire.NodeInfo (TTL: NODE_TTL_S)
     assignments: KeyValue  # <node id> -> wire.NodeAssignment
-    calls: KeyValue  # s.<call id> / r.<call id> -> wire.CallRecord (see callstore)
+    calls: KeyValue  # s.<app>.<call id> / r.<app>.<call id> -> wire.CallRecord (see callstore)
     bundles: ObjectStore  # <sha256> -> bundle archive
-    results: ObjectStore  # <call id> -> an output too large for KV
+    results: KeyValue  # <app>.<call id>.<writer>.<n> -> chunk n of an output too large for a record
     tokens: KeyValue  # <token id> -> wire.StoredToken (read and written by the control plane only)
     quotas: KeyValue  # <quota name> -> wire.Quota (read and written by the control plane only)
     secrets: KeyValue  # <secret name> -> wire.StoredSecret, values encrypted (the control plane only)
     subject_grants: KeyValue  # <sha256 of a pattern> -> wire.grants.SubjectGrant (the control plane only)
     volumes: KeyValue  # <volume>.<version> -> wire.VolumeVersion
     volume_chunks: ObjectStore  # <sha256> -> one chunk of a volume's file
+
+
+def call_buckets(js: JetStreamContext) -> tuple[KeyValue, KeyValue]:
+    """``ember_calls`` and ``ember_results`` as a replica opens them: by name, with direct gets, without asking the
+    server about the streams (a replica may not: a stream's info would list every app's keys)."""
+    return tuple(KeyValue(name=bucket, stream=kv_stream(bucket), pre=f"$KV.{bucket}.", js=js, direct=True)
+                 for bucket in (subjects.CALLS_BUCKET, subjects.RESULTS_BUCKET))  # type: ignore[return-value]
 
 
 class BucketsMissingError(RuntimeError):
@@ -224,13 +234,13 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
         kv(subjects.REPLICAS_BUCKET, ttl=REPLICA_TTL_S),
         kv(subjects.NODES_BUCKET, ttl=NODE_TTL_S),
         kv(subjects.ASSIGNMENTS_BUCKET, storage=StorageType.FILE),
-        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE),
+        kv(subjects.CALLS_BUCKET, ttl=CALL_TTL_S, storage=StorageType.FILE, direct=True),
         kv(subjects.TOKENS_BUCKET, storage=StorageType.FILE),
         kv(subjects.QUOTAS_BUCKET, storage=StorageType.FILE),
         kv(subjects.SECRETS_BUCKET, storage=StorageType.FILE),
         kv(subjects.SUBJECT_GRANTS_BUCKET, storage=StorageType.FILE),
         objects(subjects.BUNDLES_STORE),
-        objects(subjects.RESULTS_STORE),
+        kv(subjects.RESULTS_BUCKET, ttl=RESULTS_TTL_S, storage=StorageType.FILE, direct=True),
         kv(subjects.VOLUMES_BUCKET, storage=StorageType.FILE),
         objects(subjects.VOLUME_CHUNKS_STORE),
         stream(StreamConfig(

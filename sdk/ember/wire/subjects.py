@@ -6,6 +6,7 @@ a subject level.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from functools import lru_cache
 
@@ -22,8 +23,9 @@ DEPLOYMENTS_BUCKET = "ember_deployments"  # key: <app>          value: wire.Depl
 REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.ReplicaStatus
 ASSIGNMENTS_BUCKET = "ember_assignments"  # key: <node id>    value: wire.NodeAssignment
 NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
-CALLS_BUCKET = "ember_calls"  # keys: s.<call id> (status), r.<call id> (result, first writer wins)
-RESULTS_STORE = "ember_results"  # object name: <call id>       value: a result too large for KV
+CALLS_BUCKET = "ember_calls"  # keys: s.<app>.<call id> (status), r.<app>.<call id> (result, first writer wins),
+# k.<app>.<key hash> (an idempotency key's call id): one key space per app, so that NATS permissions confine a replica
+RESULTS_BUCKET = "ember_results"  # key: <app>.<call id>.<writer>.<n>  value: chunk n of a result too large for a record
 BUNDLES_STORE = "ember_bundles"  # object name: <sha256>       value: bundle archive
 TOKENS_BUCKET = "ember_tokens"  # key: <token id>             value: wire.StoredToken (the control plane's alone)
 QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota (the control plane's alone)
@@ -98,6 +100,27 @@ def answers_inbox(gateway_id: str) -> str:
 def answers_of_app(app: str) -> str:
     """Every gateway's answer subjects of one app's frames (a replica's publish permission)."""
     return f"{ANSWERS_ROOT}.*.{_token(app, 'app')}.*"
+
+
+def call_key(kind: str, app: str, call_id: str) -> str:
+    """A call's key in ``ember_calls``: ``s`` (status), ``r`` (final record) or ``k`` (an idempotency key's hash, in
+    place of the call id), under its app's name: a replica's permissions reach only its own app's keys."""
+    return f"{kind}.{_token(app, 'app')}.{call_id}"
+
+
+def calls_keys_of_app(kind: str, app: str) -> str:
+    """Every ``kind`` key of one app in ``ember_calls`` (a replica's permission)."""
+    return f"{kind}.{_token(app, 'app')}.>"
+
+
+# Results of events published to a requester (``Ember-Reply-To``): ``<root>.<app>.<anything>``. A replica may publish
+# only under its own app, and an event client subscribe only under its token's apps.
+EVENT_REPLIES_ROOT = "_EMBER.replies"
+
+
+def event_replies(app: str) -> str:
+    """Every reply subject of one app's events (a replica's publish permission, an event client's subscription)."""
+    return f"{EVENT_REPLIES_ROOT}.{_token(app, 'app')}.>"
 
 
 def relay(replica_id: str) -> str:
@@ -179,6 +202,12 @@ def dead(app: str, function: str, tenant: str = DEFAULT_TENANT) -> str:
 def events_stream(app: str, function: str) -> str:
     """The work-queue stream that captures the subjects a function is bound to (``on=``)."""
     return f"EMBER_EV_{_token(app, 'app')}_{_fn_token(function)}"
+
+
+def event_scope(stream: str) -> str:
+    """A short digest of an event stream's name: the part of an event's call id that names its function (and so its
+    app: ``ev-<scope>-<message id>``, ``evs-<scope>-<stored at>-<sequence>``)."""
+    return hashlib.sha256(stream.encode()).hexdigest()[:12]
 
 
 def dead_of_app(app: str, tenant: str = DEFAULT_TENANT) -> str:

@@ -56,3 +56,76 @@ def attack(target: str) -> dict:
         return seen
 
     return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+
+
+@app.function(timeout_s=120)
+def steal(victim: dict) -> dict:
+    """From this replica's own connection, everything another app's calls must be safe from: listing, reading and
+    forging its records and results, and the shared streams' indexes. ``victim``: {"app": ..., "call_id": ...}."""
+    import asyncio
+    import gc
+    import json
+
+    from nats.aio.client import Client
+
+    gc.unfreeze()
+    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
+    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    target, call_id = victim["app"], victim["call_id"]
+    forged = json.dumps({"call_id": call_id, "app": target, "function": "greet", "status": "succeeded",
+                         "output": "FORGED", "created_at": 1.0, "updated_at": 1.0}).encode()
+    calls = "$KV.ember_calls"
+
+    async def attempts() -> dict:
+        seen = {}
+
+        async def attempt(name, action):
+            nc._err = None
+            try:
+                answer = await action()
+                await nc.flush(timeout=5)
+                await asyncio.sleep(0.3)
+                if nc.last_error:
+                    seen[name] = repr(nc.last_error)
+                else:
+                    seen[name] = f"no error: {answer!r}"[:300]
+            except Exception as exc:
+                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
+
+        async def request(subject, payload=b""):
+            reply = await nc.request(subject, payload, timeout=2)
+            return reply.data
+
+        async def publish(subject, payload=b""):
+            await nc.publish(subject, payload)
+
+        await attempt("list every app's calls", lambda: request(
+            "$JS.API.STREAM.INFO.KV_ember_calls", b'{"subjects_filter": ">"}'))
+        await attempt("read a record by sequence", lambda: request(
+            "$JS.API.STREAM.MSG.GET.KV_ember_calls", b'{"seq": 1}'))
+        await attempt("read another app's record", lambda: request(
+            f"$JS.API.DIRECT.GET.KV_ember_calls.{calls}.r.{target}.{call_id}"))
+        await attempt("find a record under any app", lambda: request(
+            f"$JS.API.DIRECT.GET.KV_ember_calls.{calls}.r.*.{call_id}"))
+        await attempt("read a record by its last subject", lambda: request(
+            "$JS.API.DIRECT.GET.KV_ember_calls", b'{"last_by_subj": "%s.r.%s.%s"}' % (
+                calls.encode(), target.encode(), call_id.encode())))
+        await attempt("forge another app's result", lambda: publish(f"{calls}.r.{target}.{call_id}", forged))
+        await attempt("forge another app's status", lambda: publish(f"{calls}.s.{target}.{call_id}", forged))
+        await attempt("write another app's large output", lambda: publish(
+            f"$KV.ember_results.{target}.{call_id}.x.0", b"FORGED"))
+        await attempt("read the large outputs", lambda: request(
+            "$JS.API.STREAM.MSG.GET.KV_ember_results", b'{"seq": 1}'))
+        await attempt("list the stored chunks", lambda: request(
+            "$JS.API.STREAM.INFO.OBJ_ember_volume_chunks", b'{"subjects_filter": ">"}'))
+        await attempt("list the streams", lambda: request("$JS.API.STREAM.NAMES", b"{}"))
+        await attempt("delete a dead letter", lambda: request("$JS.API.STREAM.MSG.DELETE.EMBER_DEAD", b'{"seq": 1}'))
+        await attempt("publish into another client's inbox", lambda: publish("_INBOX.someone.x", b"FORGED"))
+        await attempt("reply to another app's event requester", lambda: publish(
+            f"_EMBER.replies.{target}.x", b"FORGED"))
+        # Its own app's keys it may write (its replicas keep their calls' records there): even one that names the
+        # victim's call in its body changes nothing of the victim's.
+        await attempt("write under its own app", lambda: publish(f"{calls}.r.intruder.{call_id}", forged))
+        return seen
+
+    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)

@@ -11,10 +11,12 @@ from nats.js.kv import _is_key_valid
 
 from ember._errors import BadRequestError
 from ember.wire import subjects
+from ember.wire.callstore import new_call_id
 from ember_platform.calls.durable import MAX_CALL_ID, _key_hash, check_call_id
 
 
 @pytest.mark.parametrize("call_id", [
+    new_call_id("hello"),
     uuid.uuid4().hex,
     os.urandom(16).hex(),
     f"k.{_key_hash('digits', 'é *> any key')}"[2:],  # where a key's mapping is kept is a valid key too
@@ -24,7 +26,7 @@ from ember_platform.calls.durable import MAX_CALL_ID, _key_hash, check_call_id
 ])
 def test_every_id_ember_makes_is_accepted_and_is_a_valid_key(call_id):
     assert check_call_id(call_id) == call_id
-    assert _is_key_valid(f"s.{call_id}") and _is_key_valid(f"r.{call_id}")
+    assert all(_is_key_valid(subjects.call_key(kind, "app", call_id)) for kind in "sr")
 
 
 @pytest.mark.parametrize("call_id", ["", "*", ">", "x.>", "a.*", "a b", ".", "..", ".a", "a.", "a..b", "\x00",
@@ -39,4 +41,4 @@ def test_a_malformed_id_is_a_400_naming_the_field(call_id):
 def test_an_idempotency_key_is_kept_under_a_digest_per_app():
     assert _key_hash("a", "k") != _key_hash("b", "k")  # per app
     assert _key_hash("a", "k") == _key_hash("a", "k") and len(_key_hash("a", "k")) == 64
-    assert _is_key_valid(f"k.{_key_hash('a', 'x.* >')}")
+    assert _is_key_valid(subjects.call_key("k", "a", _key_hash("a", "x.* >")))

@@ -26,25 +26,25 @@ DEFAULT = default_event_id(SCOPE, 1_700_000_000_123_456, 7)
 
 
 def test_a_valid_msg_id_names_the_event_within_its_function():
-    delivery = event_delivery({"Nats-Msg-Id": "order-42_b"}, SCOPE, DEFAULT)
+    delivery = event_delivery({"Nats-Msg-Id": "order-42_b"}, SCOPE, DEFAULT, app="shop")
     assert delivery.call_id == f"ev-{SCOPE}-order-42_b" and delivery.problem is None
     assert delivery.deadline == math.inf
     other = event_scope(subjects.events_stream("shop", "Orders.refund"))
-    assert event_delivery({"Nats-Msg-Id": "order-42_b"}, other, DEFAULT).call_id != delivery.call_id
+    assert event_delivery({"Nats-Msg-Id": "order-42_b"}, other, DEFAULT, app="shop").call_id != delivery.call_id
 
 
 def test_an_event_cannot_name_a_call_with_ember_call_id():
     spawned = "0123456789abcdef0123456789abcdef"
-    assert event_delivery({"Ember-Call-Id": spawned}, SCOPE, DEFAULT).call_id == DEFAULT
-    assert event_delivery({"Ember-Call-Id": spawned, "Nats-Msg-Id": spawned}, SCOPE, DEFAULT).call_id == (
+    assert event_delivery({"Ember-Call-Id": spawned}, SCOPE, DEFAULT, app="shop").call_id == DEFAULT
+    assert event_delivery({"Ember-Call-Id": spawned, "Nats-Msg-Id": spawned}, SCOPE, DEFAULT, app="shop").call_id == (
         f"ev-{SCOPE}-{spawned}")
-    assert event_delivery({"Ember-Call-Id": "a b"}, SCOPE, DEFAULT).problem is None  # ignored, not judged
+    assert event_delivery({"Ember-Call-Id": "a b"}, SCOPE, DEFAULT, app="shop").problem is None  # ignored, not judged
 
 
 def test_event_ids_are_never_spawned_ids_nor_each_other():
     # Spawned ids are hexadecimal; event ids start with "ev-" or "evs-", and a named one can't be a default one.
     assert "-" not in "0123456789abcdef"
-    named = event_delivery({"Nats-Msg-Id": f"{SCOPE}-1700000000123456-7"}, SCOPE, DEFAULT).call_id
+    named = event_delivery({"Nats-Msg-Id": f"{SCOPE}-1700000000123456-7"}, SCOPE, DEFAULT, app="shop").call_id
     assert named != DEFAULT and named.startswith("ev-") and DEFAULT.startswith("evs-")
 
 
@@ -61,7 +61,7 @@ def test_default_ids_differ_across_stream_incarnations_and_not_across_redeliveri
 @pytest.mark.parametrize("value", ["", " ", "*", ">", "orders.>", "a.b", "two words", "a\nb", "\xe9", "x" * 129,
                                    "a/b", "a:b"])
 def test_a_bad_msg_id_fails_the_event_under_its_default_id(value):
-    delivery = event_delivery({"Nats-Msg-Id": value}, SCOPE, DEFAULT)
+    delivery = event_delivery({"Nats-Msg-Id": value}, SCOPE, DEFAULT, app="shop")
     if value == "":
         assert delivery.problem is None and delivery.call_id == DEFAULT  # no id: the default one
         return
@@ -73,7 +73,7 @@ def test_a_bad_msg_id_fails_the_event_under_its_default_id(value):
 
 @pytest.mark.parametrize("value", ["soon", "nan", "NaN", "inf", "-inf", "1e999", "", "12 34", "1" * 65])
 def test_a_deadline_must_be_a_finite_number(value):
-    delivery = event_delivery({"Ember-Deadline": value, "Nats-Msg-Id": "m1"}, SCOPE, DEFAULT)
+    delivery = event_delivery({"Ember-Deadline": value, "Nats-Msg-Id": "m1"}, SCOPE, DEFAULT, app="shop")
     assert delivery.call_id == f"ev-{SCOPE}-m1" and delivery.deadline == math.inf
     assert delivery.problem is not None and delivery.problem.field == "headers.Ember-Deadline"
     assert queued_delivery({"Ember-Deadline": value, "Ember-Call-Id": "abc"}, "d").problem is not None
@@ -81,36 +81,39 @@ def test_a_deadline_must_be_a_finite_number(value):
 
 @pytest.mark.parametrize("value", ["1714564800.5", " 1714564800 ", "-1", "0", repr(1714564800.123456789)])
 def test_a_finite_deadline_is_used(value):
-    assert event_delivery({"Ember-Deadline": value}, SCOPE, DEFAULT).deadline == float(value)
+    assert event_delivery({"Ember-Deadline": value}, SCOPE, DEFAULT, app="shop").deadline == float(value)
 
 
 @pytest.mark.parametrize("value", ["tagger.>", "a.*", "a..b", ".a", "a.", "two words", "$JS.API.STREAM.LIST",
                                    "$SYS.x", "ember.calls.default.app.fn", "_EMBER.x", "a\rb", "x" * 257])
 def test_a_bad_reply_subject_fails_the_event(value):
     headers = {"Ember-Reply-To": value}
-    delivery = event_delivery(headers, SCOPE, DEFAULT)
+    delivery = event_delivery(headers, SCOPE, DEFAULT, app="shop")
     assert delivery.problem is not None and delivery.problem.field == "headers.Ember-Reply-To"
-    assert reply_subject(headers) is None  # its failure goes to the function's result subject
+    assert reply_subject(headers, "shop") is None  # its failure goes to the function's result subject
 
 
-@pytest.mark.parametrize("value", ["_INBOX.abc123", "_INBOX.abc.def"])
-def test_a_requesters_inbox_is_used(value):
-    assert reply_subject({"Ember-Reply-To": value}) == value
-    assert event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT).problem is None
+@pytest.mark.parametrize("value", ["_EMBER.replies.shop.abc123", "_EMBER.replies.shop.abc.def"])
+def test_a_reply_subject_of_the_app_is_used(value):
+    assert reply_subject({"Ember-Reply-To": value}, "shop") == value
+    assert event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT, app="shop").problem is None
 
 
 def test_the_functions_own_result_subject_is_used():
-    assert reply_subject({"Ember-Reply-To": "results.mine"}, "results.mine") == "results.mine"
-    assert event_delivery({"Ember-Reply-To": "results.mine"}, SCOPE, DEFAULT, "results.mine").problem is None
+    assert reply_subject({"Ember-Reply-To": "results.mine"}, "shop", "results.mine") == "results.mine"
+    delivery = event_delivery({"Ember-Reply-To": "results.mine"}, SCOPE, DEFAULT, "results.mine", app="shop")
+    assert delivery.problem is None
 
 
-@pytest.mark.parametrize("value", ["results", "results.mine", "emberish.x", "a-b_c.D9", "_INBOX"])
+@pytest.mark.parametrize("value", ["results", "results.mine", "emberish.x", "a-b_c.D9", "_INBOX", "_INBOX.abc123",
+                                   "_EMBER.replies.shop", "_EMBER.replies.other.abc", "_EMBER.replies.shopx.abc"])
 def test_any_other_subject_fails_the_event(value):
-    # A replica's NATS permissions allow results only to inboxes and its function's result subject: anywhere else
+    # A replica's NATS permissions allow results only to its app's reply subjects and its function's result subject
+    # (never another client's inbox, nor another app's replies): anywhere else
     # is refused here, with the reason, rather than lost to a permissions violation.
-    delivery = event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT, "results.ours")
+    delivery = event_delivery({"Ember-Reply-To": value}, SCOPE, DEFAULT, "results.ours", app="shop")
     assert delivery.problem is not None and "nowhere else" in str(delivery.problem)
-    assert reply_subject({"Ember-Reply-To": value}, "results.ours") is None
+    assert reply_subject({"Ember-Reply-To": value}, "shop", "results.ours") is None
 
 
 def test_queued_calls_keep_the_id_the_platform_set():

@@ -9,7 +9,7 @@ from ember.wire import subjects
 from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_differ
 
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
-                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
+                "KV_ember_nodes", "KV_ember_replicas", "KV_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
                 "KV_ember_tokens", "KV_ember_quotas", "KV_ember_secrets", "KV_ember_volumes", "OBJ_ember_volume_chunks",
                 "KV_ember_subject_grants"}
 
@@ -19,7 +19,7 @@ def test_every_stream_has_a_size_limit() -> None:
     assert set(streams) == EVERY_STREAM
     assert all(limits["max_bytes"] > 0 for limits in streams.values())
     assert streams[subjects.CALLS_STREAM] == {"max_bytes": GiB, "max_msgs": 1_000_000, "discard": DiscardPolicy.NEW}
-    assert streams["OBJ_ember_results"]["max_age"] >= CALL_TTL_S  # a large result never expires before its record
+    assert streams["KV_ember_results"]["max_age"] >= CALL_TTL_S  # a large result never expires before its record
     assert streams["KV_ember_deployments"] == {"max_bytes": 64 * MiB, "max_msg_size": 4 * MiB}
     assert streams["KV_ember_tokens"]["max_bytes"] == 16 * MiB
     assert streams["KV_ember_quotas"] == {"max_bytes": 4 * MiB, "max_msg_size": 64 * 1024}
@@ -58,6 +58,9 @@ def test_limits_differ_reads_a_server_config() -> None:
     now = StreamConfig.from_response({"name": "EMBER_CALLS", "max_bytes": GiB, "max_msgs": 1_000_000,
                                       "discard": "new"})
     assert limits_differ(now, wanted) == {}
-    results = StreamConfig.from_response({"name": "OBJ_ember_results", "max_bytes": 4 * GiB,
-                                          "max_age": 86_700 * 10**9})
-    assert limits_differ(results, StorageLimits().streams()["OBJ_ember_results"]) == {}
+    results = StreamConfig.from_response({"name": "KV_ember_results", "max_bytes": 4 * GiB, "allow_direct": True,
+                                          "max_age": 86_700 * 10**9, "max_msg_size": 256 * 1024 + 4096})
+    assert limits_differ(results, StorageLimits().streams()["KV_ember_results"]) == {}
+    # A bucket created before a replica read its records by key gets direct gets (and nothing else changes).
+    calls = StreamConfig.from_response({"name": "KV_ember_calls", "max_bytes": GiB})
+    assert limits_differ(calls, StorageLimits().streams()["KV_ember_calls"]) == {"allow_direct": (None, True)}
