@@ -20,7 +20,7 @@ from ember_platform.control.bundle_gc import collect_bundles
 
 pytestmark = pytest.mark.integration
 EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
-                "KV_ember_nodes", "KV_ember_replicas", "OBJ_ember_results", "OBJ_ember_bundles", "EMBER_LOGS"]
+                "KV_ember_nodes", "KV_ember_replicas", "KV_ember_results", "OBJ_ember_bundles", "EMBER_LOGS"]
 
 
 def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform) -> None:
@@ -35,7 +35,7 @@ def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform)
     configs = asyncio.run(run())
     for name, config in configs.items():
         assert config.max_bytes > 0, name  # type: ignore[attr-defined]
-    assert configs["OBJ_ember_results"].max_age >= CALL_TTL_S  # type: ignore[attr-defined]
+    assert configs["KV_ember_results"].max_age >= CALL_TTL_S  # type: ignore[attr-defined]
     assert configs["EMBER_CALLS"].discard == DiscardPolicy.NEW  # type: ignore[attr-defined]
     assert configs["EMBER_CALLS"].max_msgs > 0  # type: ignore[attr-defined]
 
