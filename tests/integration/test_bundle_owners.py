@@ -64,6 +64,14 @@ def test_a_bundle_uploaded_by_another_tenant_cannot_be_deployed_by_its_hash(plat
                                                                                                     bundle.sha256)}
             assert stolen.json()["error"]["field"] == "$.bundle_sha256"
             assert client.get(f"/v1/apps/{mine}", headers=tenant).status_code == 404
+            build = {"module": "m", "images": [{"packages": ["emberprobe"]}]}  # nor run it in a build
+            built = client.post(f"/v1/apps/{mine}/builds", json={"bundle_sha256": bundle.sha256, **build},
+                                headers=tenant)
+            built_unknown = client.post(f"/v1/apps/{mine}/builds", json={"bundle_sha256": never, **build},
+                                        headers=tenant)
+            assert built.status_code == built_unknown.status_code == 404, built.text
+            assert built.json()["error"]["message"] == built_unknown.json()["error"]["message"].replace(
+                never, bundle.sha256)
 
             stored = asyncio.run(_stored_copy(platform.nats_url, bundle.sha256))
             again = client.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data, headers=tenant)

@@ -17,6 +17,7 @@ from ember._bundle import build_bundle
 from ember.wire import AppView, subjects
 from ember.wire.jetstream import CALL_TTL_S, StorageLimits, apply_limits, ensure_buckets
 from ember_platform.control.bundle_gc import collect_bundles
+from ember_platform.control.owners import Owners
 
 pytestmark = pytest.mark.integration
 EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
@@ -103,20 +104,24 @@ def test_unused_bundles_are_collected_and_deployed_ones_stay(platform: TestPlatf
     unused = build_bundle(tmp_path)
     assert http.put(f"/v1/bundles/{unused.sha256}", content=unused.data).status_code in (200, 201, 204)
 
-    async def run() -> tuple[list[str], list[str], set[str]]:
+    async def run() -> tuple[list[str], list[str], set[str], list[list[str]]]:
         nc = await admin_connect(platform.nats_url)
         try:
             stores = await ensure_buckets(nc.jetstream())
+            owners = await Owners.open(nc.jetstream())
+            recorded = [await owners.patterns("bundle", unused.sha256)]
             young = await collect_bundles(stores, lambda: (), grace_s=3600.0)  # uploaded just now: kept
-            old = await collect_bundles(stores, lambda: (), grace_s=0.0)
+            old = await collect_bundles(stores, lambda: (), grace_s=0.0,
+                                        forget=lambda sha: owners.forget("bundle", sha))
             left = {info.name for info in await stores.bundles.list(ignore_deletes=True)}
-            return young, old, left
+            return young, old, left, [*recorded, await owners.patterns("bundle", unused.sha256)]
         finally:
             await nc.close()
 
-    young, old, left = asyncio.run(run())
+    young, old, left, records = asyncio.run(run())
     assert unused.sha256 not in young
     assert unused.sha256 in old
     assert unused.sha256 not in left
+    assert records == [["*"], []]  # who uploaded it is forgotten with it
     assert probe.bundle_sha256 in left  # deployed: in the deployments' KV, whatever the caller holds
     assert http.post("/v1/probe/work", json={"n": 2}).status_code == 200

@@ -29,6 +29,7 @@ from ember.wire import VolumeVersion, encoder, subjects
 from ember.wire.jetstream import connect
 from ember.wire.natscreds import read_file
 from ember.wire.volumes import VolumeFile
+from ember_platform.control.owners import Owners
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
@@ -435,6 +436,14 @@ async def _store_object(url: str, name: str, data: bytes) -> None:
         await nc.close()
 
 
+async def _chunk_owners(url: str, sha: str) -> list[str]:
+    nc = await admin_connect(url)
+    try:
+        return await (await Owners.open(nc.jetstream())).patterns("chunk", sha)
+    finally:
+        await nc.close()
+
+
 async def _stored_chunk(url: str, sha: str) -> str:
     """The object store's own name of a stored chunk's bytes (a new one each time they are written)."""
     nc = await admin_connect(url)
@@ -484,5 +493,7 @@ def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, htt
         assert made.status_code == 201, made.text
         again = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b)
         assert again.status_code == 200 and again.json()["created"] is False
+    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == ["team-b-*", "tenant-*"]
     for name in (theirs, mine):
         assert http.delete(f"/v1/volumes/{name}").status_code == 204
+    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == []  # forgotten with the chunk
