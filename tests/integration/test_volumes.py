@@ -392,7 +392,8 @@ def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx
             store = await js.object_store(subjects.VOLUME_CHUNKS_STORE)
             manifest = (await kv.get(f"{name}.1")).value or b""
             for attempt in (kv.put(f"{name}.1", b"{}"), kv.delete(f"{name}.1"), store.delete(sha),
-                            store.put(sha, b"other bytes"), js.purge_stream("OBJ_ember_volume_chunks")):
+                            store.put(sha, b"other bytes"), js.purge_stream("OBJ_ember_volume_chunks"),
+                            js.publish(f"$KV.{subjects.OWNERS_BUCKET}.chunk.{sha}", b'["node-*"]')):
                 try:
                     await attempt
                 except Exception as exc:  # a permissions violation: the request times out or is refused
@@ -403,8 +404,9 @@ def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx
 
     manifest, refused = asyncio.run(as_a_node())
     assert msgspec.json.decode(manifest, type=VolumeVersion).files[0].chunks == [sha]  # it reads
-    assert len(refused) == 5, refused  # and may change nothing
+    assert len(refused) == 6, refused  # and may change nothing, nor say who owns a chunk
     assert http.get(f"/v1/volumes/{name}").json()["version"] == 1
+    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == ["*"]
     assert http.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}).json()["missing"] == []
     http.delete(f"/v1/volumes/{name}")
 
