@@ -307,7 +307,9 @@ def test_idempotency_keys_map_to_random_call_ids_per_app(hello, gate, http):
     refused(http.post("/v1/hello/greet/spawn", json="Other", headers={"Idempotency-Key": key}), 409, "conflict")
     refused(http.post("/v1/hello/add/spawn", json={"a": 1}, headers={"Idempotency-Key": key}), 409, "conflict")
     fresh = {http.post("/v1/hello/greet/spawn", json="Kay").json()["call_id"] for _ in range(3)}
-    assert len(fresh) == 3 and all(len(c) == 32 and int(c, 16) >= 0 for c in fresh)
+    # Each names its app (the platform reads a call under that app's keys only), then 128 random bits.
+    assert len(fresh) == 3 and all(c.startswith("hello_") and int(c.removeprefix("hello_"), 16) >= 0 and
+                                   len(c) == len("hello_") + 32 for c in fresh)
 
 
 def _cli(*args: str, url: str, env: dict[str, str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:

@@ -100,15 +100,24 @@ def test_a_replicas_permissions_stay_within_its_app_and_its_own_subjects():
     for subject in ["ember.invoke.default.b.f.v3", "ember.invoke.default.a.g.v3", "ember.replica.r2.invoke",
                     "ember.>", "ember.logs.a.svc", "_INBOX.r2.abc", "$KV.ember_tokens.x", "_EMBER.answers.gw.a.f"]:
         assert not _allowed(perms, "sub", subject), subject
-    for subject in ["_EMBER.answers.gw.a.f1", "ember.stats.a.f", "ember.replica.r1.status", "done", "_INBOX.x.y",
-                    "$JS.ACK.EMBER_CALLS.a--f.1.2.3.4.5", "$JS.API.CONSUMER.MSG.NEXT.EMBER_EV_a_f.a--f",
-                    "$KV.ember_calls.r.abc"]:
+    for subject in ["_EMBER.answers.gw.a.f1", "ember.stats.a.f", "ember.replica.r1.status", "done",
+                    "_EMBER.replies.a.x", "$JS.ACK.EMBER_CALLS.a--f.1.2.3.4.5",
+                    "$JS.API.CONSUMER.MSG.NEXT.EMBER_EV_a_f.a--f", "$KV.ember_calls.r.a.abc", "$KV.ember_calls.s.a.abc",
+                    "$JS.API.DIRECT.GET.KV_ember_calls.$KV.ember_calls.r.a.abc", "$KV.ember_results.a.abc.w.0"]:
         assert _allowed(perms, "pub", subject), subject
     for subject in ["_EMBER.answers.gw.b.f1", "ember.stats.b.f", "ember.replica.r2.status", "ember.logs.a.svc",
                     "$KV.ember_replicas.r1", "$KV.ember_assignments.n1", "$KV.ember_deployments.a",
                     "$JS.API.STREAM.PURGE.EMBER_CALLS", "$JS.API.CONSUMER.CREATE.KV_ember_tokens",
-                    "$JS.API.DIRECT.GET.KV_ember_tokens.x", "ember.calls.default.b.f", "elsewhere"]:
+                    "$JS.API.DIRECT.GET.KV_ember_tokens.x", "ember.calls.default.b.f", "elsewhere",
+                    # another app's calls, and the streams' indexes, by any door
+                    "_INBOX.x.y", "_EMBER.replies.b.x", "$KV.ember_calls.r.b.abc", "$KV.ember_calls.s.b.abc",
+                    "$KV.ember_calls.k.a.abc", "$JS.API.DIRECT.GET.KV_ember_calls.$KV.ember_calls.r.b.abc",
+                    "$JS.API.DIRECT.GET.KV_ember_calls", "$JS.API.STREAM.MSG.GET.KV_ember_calls",
+                    "$JS.API.STREAM.INFO.KV_ember_calls", "$JS.API.STREAM.NAMES", "$KV.ember_results.b.abc.w.0",
+                    "$JS.API.STREAM.MSG.GET.KV_ember_results", "$JS.API.STREAM.MSG.DELETE.EMBER_DEAD",
+                    "$JS.API.STREAM.INFO.OBJ_ember_volume_chunks"]:
         assert not _allowed(perms, "pub", subject), subject
+    assert perms["resp"] == {"max": 1, "ttl": 120_000_000_000}  # it answers the requests it receives, once each
     # calls spawned pinned to a version: the replica pulls its own version's queue, never another's
     assert _allowed(perms, "pub", "$JS.API.CONSUMER.MSG.NEXT.EMBER_CALLS.a--f--3")
     assert _allowed(perms, "pub", "$JS.ACK.EMBER_CALLS.a--f--3.1.2.3.4.5")
