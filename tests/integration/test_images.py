@@ -345,7 +345,7 @@ def test_build_routes_refuse_bad_ids_and_other_apps_builds(tmp_path, client, htt
     assert http.get(f"/v1/apps/other-app/builds/{build_id}").status_code == 404  # a build is its app's alone
     assert http.post("/v1/apps/probe-x/builds", content=b"x" * (2 * 1024 * 1024)).status_code == 413
     assert http.post("/v1/apps/probe-x/builds", json={"bundle_sha256": "0" * 64, "module": "x",
-                                                      "images": [{}]}).status_code == 422  # never uploaded
+                                                      "images": [{}]}).status_code == 404  # never uploaded
 
 
 @pytest.mark.timeout(420)  # two pushes, each waited for, on a shared machine

@@ -160,7 +160,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("GET", "/openapi.json"): ("This document", (200, "an OpenAPI 3.1 document", {"type": "object"}, JSON), (), [],
                                None),
     ("PUT", "/v1/bundles/{sha256}"): (
-        "Upload a bundle (verified against its address)", (201, "stored (200: it was there already)",
+        "Upload a bundle (verified against its address)", (201, "stored (200: already, for this token's apps)",
                                                            _ref("BundleReply"), JSON), (400, 413, 422), [],
         {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                                 "format": "binary"}}}}),
@@ -170,7 +170,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("DELETE", "/v1/apps/{app}"): ("Delete an app", (204, "deleted", None, JSON), (404,), [], None),
     ("POST", "/v1/apps/{app}/deployments"): (
         "Deploy a new version of an app", (201, "the current version", _ref("Deployment"), JSON),
-        (400, 409, 413, 422), [],
+        (400, 404, 409, 413, 422), [],
         _json_body(_ref("DeployRequest"))),
     ("POST", "/v1/apps/{app}/builds"): (
         "Lock and build an app's images on a node and read its manifest inside its image (see `ember push`)",
