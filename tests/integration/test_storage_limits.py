@@ -21,7 +21,8 @@ from ember_platform.control.owners import Owners
 
 pytestmark = pytest.mark.integration
 EVERY_STREAM = ["EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
-                "KV_ember_nodes", "KV_ember_replicas", "KV_ember_results", "OBJ_ember_bundles", "EMBER_LOGS"]
+                "KV_ember_nodes", "KV_ember_replicas", "KV_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
+                "KV_ember_owners"]
 
 
 def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform) -> None:

@@ -26,11 +26,10 @@ from nats.js.kv import KeyValue
 
 from ember._errors import ConflictError
 from ember.wire import subjects
-from ember.wire.jetstream import js_replicas
+from ember.wire.jetstream import StorageLimits, js_replicas
 from ember_platform.auth.scopes import Principal
 
 Kind = Literal["bundle", "chunk", "image"]
-MAX_BYTES = 64 * 1024 * 1024  # the bucket: a few hundred bytes per stored object
 MAX_PATTERNS = 512  # one record's patterns: tenants sharing the same bytes
 _LOOKUPS = 32  # records read at once
 
@@ -76,7 +75,8 @@ class Owners:
         try:
             kv = await js.key_value(subjects.OWNERS_BUCKET)
         except (BucketNotFoundError, JsNotFound):
-            kv = await js.create_key_value(bucket=subjects.OWNERS_BUCKET, max_bytes=MAX_BYTES,
+            kv = await js.create_key_value(bucket=subjects.OWNERS_BUCKET,
+                                           max_bytes=StorageLimits.from_env().owners_kv_max_bytes,
                                            max_value_size=64 * 1024, storage=StorageType.FILE,
                                            replicas=js_replicas())
         return cls(kv)

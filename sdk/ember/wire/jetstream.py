@@ -105,6 +105,7 @@ class StorageLimits:
     quotas_kv_max_bytes: int = 4 * MiB  # ember_quotas: quotas (a few hundred bytes each)
     secrets_kv_max_bytes: int = 16 * MiB  # ember_secrets: secrets, encrypted (at most 64 KiB each)
     subject_grants_kv_max_bytes: int = 4 * MiB  # ember_subject_grants: subject grants (a few hundred bytes each)
+    owners_kv_max_bytes: int = 64 * MiB  # ember_owners: who uploaded each bundle, chunk and lock (control plane's)
     volumes_kv_max_bytes: int = 256 * MiB  # ember_volumes: volumes' versions (their files and chunks' hashes)
     volumes_kv_max_value_bytes: int = 8 * MiB  # one version's manifest (about 100,000 chunks)
     volume_chunks_store_max_bytes: int = 16 * GiB  # ember_volume_chunks: volumes' contents
@@ -154,6 +155,8 @@ class StorageLimits:
             kv_stream(subjects.VOLUMES_BUCKET): {"max_bytes": self.volumes_kv_max_bytes,
                                                  "max_msg_size": self.volumes_kv_max_value_bytes},
             object_stream(subjects.VOLUME_CHUNKS_STORE): {"max_bytes": self.volume_chunks_store_max_bytes},
+            # created by the control plane alone (``control.owners``), not by ``ensure_buckets``: no node opens it
+            kv_stream(subjects.OWNERS_BUCKET): {"max_bytes": self.owners_kv_max_bytes, "max_msg_size": 64 * 1024},
         }
 
 

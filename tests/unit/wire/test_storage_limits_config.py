@@ -11,7 +11,7 @@ from ember.wire.jetstream import CALL_TTL_S, GiB, MiB, StorageLimits, limits_dif
 EVERY_STREAM = {"EMBER_CALLS", "EMBER_DEAD", "KV_ember_calls", "KV_ember_deployments", "KV_ember_assignments",
                 "KV_ember_nodes", "KV_ember_replicas", "KV_ember_results", "OBJ_ember_bundles", "EMBER_LOGS",
                 "KV_ember_tokens", "KV_ember_quotas", "KV_ember_secrets", "KV_ember_volumes", "OBJ_ember_volume_chunks",
-                "KV_ember_subject_grants"}
+                "KV_ember_subject_grants", "KV_ember_owners"}
 
 
 def test_every_stream_has_a_size_limit() -> None:
@@ -25,6 +25,7 @@ def test_every_stream_has_a_size_limit() -> None:
     assert streams["KV_ember_quotas"] == {"max_bytes": 4 * MiB, "max_msg_size": 64 * 1024}
     assert streams["KV_ember_secrets"] == {"max_bytes": 16 * MiB, "max_msg_size": 128 * 1024}
     assert streams["KV_ember_subject_grants"] == {"max_bytes": 4 * MiB, "max_msg_size": 64 * 1024}
+    assert streams["KV_ember_owners"] == {"max_bytes": 64 * MiB, "max_msg_size": 64 * 1024}
 
 
 def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
