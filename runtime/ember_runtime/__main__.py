@@ -36,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     _logging.configure("agent", args.log_format)
     try:
-        sandbox = Sandbox.for_node(args.sandbox)
+        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats)
     except SandboxUnavailable as exc:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")

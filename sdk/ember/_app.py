@@ -15,7 +15,7 @@ import msgspec
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
 from ember._image import Image, image_field, image_spec
-from ember._resources import GpuRequest, parse_gpu
+from ember._resources import GpuRequest, network_field, parse_gpu
 from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
@@ -96,14 +96,14 @@ class App:
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
                  public: bool = False, secrets: list[str] | None = None,
                  volumes: dict[str, Volume] | None = None, image: Image | None = None,
-                 max_body_bytes: int | None = None, max_concurrency: int = 1,
+                 max_body_bytes: int | None = None, max_concurrency: int = 1, block_network: bool = False,
                  ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
-                 scaledown_window_s: float = 60.0, memory: int | str | None = None,
+                 scaledown_window_s: float = 60.0, memory: int | str | None = None, block_network: bool = False,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
                  secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
                  image: Image | None = None, max_body_bytes: int | None = None, max_concurrency: int = 1) -> Any:
@@ -144,8 +144,8 @@ class App:
             max_body_bytes: the largest request body its calls take, in bytes (default: the platform's,
                 ``EMBER_MAX_BODY_BYTES``, 4 MiB); at most the platform's cap (``EMBER_MAX_BODY_CAP_BYTES``).
             max_concurrency: calls one replica runs at once (1 to 1024): sync code in a pool of that many threads,
-                ``async def`` code that many at a time on the event loop. The router and the autoscaler count
-                a replica as that many slots.
+                ``async def`` code that many at once on the event loop; the router and autoscaler count that many slots.
+            block_network: its replicas reach NATS and nothing else (by default also the internet; never the node).
         """
         if fn is not None:
             return self.function()(fn)
@@ -155,7 +155,7 @@ class App:
         resources |= _startup("@app.function", startup_timeout_s)
         resources |= _secrets("@app.function", secrets)
         resources |= volume_mounts("@app.function", volumes)
-        resources |= image_field("@app.function", image, self.image)
+        resources |= image_field("@app.function", image, self.image) | network_field("@app.function", block_network)
         _check_batch("@app.function", batch, cost)
         _check_public("@app.function", public)
         body_limit = _body_limit("@app.function", max_body_bytes)
@@ -185,11 +185,11 @@ class App:
               scaledown_window_s: float = 60.0, memory: int | str | None = None,
               target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
               secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
-              image: Image | None = None, max_concurrency: int = 1) -> Callable[[C], C]:
+              image: Image | None = None, max_concurrency: int = 1, block_network: bool = False) -> Callable[[C], C]:
         """Serve a class: ``@ember.setup`` methods run once per replica, ``@ember.method`` ones serve calls.
 
         ``max_concurrency``: calls each method runs at once in one replica (see ``App.function``); generator
-        methods stream, ``async def`` ones run on the replica's event loop.
+        methods stream, ``async def`` ones run on the replica's event loop; ``block_network`` as there.
 
         Example:
             >>> @app.model(gpu=1)
@@ -205,7 +205,7 @@ class App:
         resources |= _startup("@app.model", startup_timeout_s)
         resources |= _secrets("@app.model", secrets)
         resources |= volume_mounts("@app.model", volumes)
-        resources |= image_field("@app.model", image, self.image)
+        resources |= image_field("@app.model", image, self.image) | network_field("@app.model", block_network)
         concurrency = _check_concurrency("@app.model", max_concurrency)
 
         def decorate(cls: C) -> C:

@@ -172,3 +172,10 @@ def _build(fields: dict[str, Any]) -> GpuRequest:
 
 def _memory_mb(gb: float) -> int:
     return math.ceil(gb * 1024)
+
+
+def network_field(where: str, block_network: Any) -> dict[str, Any]:
+    """``block_network=``: its replicas' own network has no way out (NATS only); a ``ServiceSpec`` field."""
+    if not isinstance(block_network, bool):
+        raise InvalidSpecError(f"{where}(block_network={block_network!r}): True or False")
+    return {"block_network": True} if block_network else {}

@@ -1,21 +1,30 @@
 """A hostile app deployed next to a normal one, on the session platform, tries from inside its replica (forked
 from its zygote, in its sandbox) to read the node: another app's bundle, the agent's state dir and
 environment, other processes; to change its own code; and to ask a zygote for a replica through a socket.
-Every attempt fails, and the normal app keeps answering correctly.
+Every attempt fails, and the normal app keeps answering correctly. A tenant's replica (a ``tenant-*`` deploy
+token's app) tries to reach the node's ports, another app's replica and the internet: it reaches NATS, and the
+internet unless its function has ``block_network=True``; nothing else.
 
 Where this machine's kernel allows no sandbox, the platform runs replicas unsandboxed and this test is skipped."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import socket
+import threading
+import uuid
+from contextlib import closing
 from pathlib import Path
 
 import msgspec
 import pytest
 from support.polling import wait_for
 
+from ember._client import Transport
 from ember._deploy import deploy
-from ember.wire import StatusView
+from ember.wire import AppView, StatusView
 
 pytestmark = pytest.mark.integration
 
@@ -154,3 +163,159 @@ def test_a_hostile_replica_reads_nothing_of_the_node_and_cannot_fork(tmp_path, t
     assert http.post("/v1/hello/norm", json={"x": 3, "y": 4}).json() == 5.0
     assert os.path.exists(other)
     transport.request("DELETE", "/v1/apps/hostile")
+
+
+NETWORK = '''
+import errno, socket, threading
+import ember
+
+app = ember.App("{name}")
+
+
+def reach(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return "ok"
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+
+
+@app.model(min_replicas=1, max_replicas=1)
+class Open:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.ready = True
+
+    @ember.method
+    def reach(self, targets: list) -> list:
+        return [reach(host, port) for host, port in targets]
+
+
+@app.model(min_replicas=1, max_replicas=1, block_network=True)
+class Sealed:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.ready = True
+
+    @ember.method
+    def reach(self, targets: list) -> list:
+        return [reach(host, port) for host, port in targets]
+'''
+
+SERVER = '''
+import socket, threading
+import ember
+
+app = ember.App("{name}")
+LISTENING = []
+
+
+@app.function(min_replicas=1, max_replicas=1)
+def serve() -> dict:
+    """A server of this replica's own, on every address of its network; and whether the replica reaches it."""
+    if not LISTENING:
+        server = socket.create_server(("0.0.0.0", 0))
+        threading.Thread(target=lambda: [server.accept()[0].close() for _ in iter(int, 1)], daemon=True).start()
+        LISTENING.append(server)
+    port = LISTENING[0].getsockname()[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10):
+        return {{"port": port, "reached": "ok"}}
+'''
+
+OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: an address out on the internet (nothing answers there)
+
+
+def _listening(host: str) -> socket.socket:
+    """A plain TCP server of the node's own (what a replica must not reach), accepting until the test ends."""
+    server = socket.create_server((host, 0))
+    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
+    return server
+
+
+def _accept_all(server: socket.socket) -> None:
+    """Accept and close each connection until the server is closed."""
+    with contextlib.suppress(OSError):
+        while True:
+            server.accept()[0].close()
+
+
+def _node_address() -> str | None:
+    """This node's address on its default route (not loopback); None where it has none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(OUTSIDE)
+        except OSError:
+            return None
+        return str(probe.getsockname()[0])
+
+
+def _replicas(transport, app: str, service: str) -> list:
+    view = msgspec.json.decode(transport.request("GET", f"/v1/apps/{app}").content, type=AppView)
+    return [r for s in view.services if s.name == service for r in s.replicas]
+
+
+def _fork_from_zygotes(transport, app: str, services: tuple[str, ...]) -> None:
+    """Each service's replica forked from its zygote: one that started before the zygote was built is killed, and
+    the agent starts it again from the zygote."""
+    for service in services:
+        wait_for(lambda s=service: any(z.app == app and z.service == s and z.state == "ready"
+                                       for n in _status(transport).nodes for z in n.zygotes),
+                 timeout_s=180, what=f"the zygote of {service}")
+        (replica,) = _replicas(transport, app, service)
+        if replica.start is None or replica.start.kind != "zygote":
+            os.kill(replica.pid, signal.SIGKILL)
+        wait_for(lambda s=service: [(r.state, r.start.kind if r.start else "") for r in _replicas(transport, app, s)]
+                 == [("ready", "zygote")], timeout_s=180, what=f"{service}'s replica, forked from its zygote")
+
+
+def _tenant(http, apps: list[str]) -> str:
+    made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"net-{uuid.uuid4().hex[:6]}"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["token"])
+
+
+def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport, http, platform, ember_cli):
+    agent_log = (platform.log_dir / "agent.log").read_text()
+    if "replicas run WITHOUT a sandbox" in agent_log or "sandboxes share the node's network" in agent_log:
+        pytest.skip("this machine gives sandboxes no network of their own (no bwrap or no pasta)")
+    mine, theirs = f"tenant-{uuid.uuid4().hex[:6]}", f"team-b-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "net").mkdir()
+    (tmp_path / "srv").mkdir()
+    (tmp_path / "net" / "netprobe.py").write_text(NETWORK.format(name=mine))
+    (tmp_path / "srv" / "server.py").write_text(SERVER.format(name=theirs))
+    with closing(Transport(platform.url, token=_tenant(http, ["tenant-*"]))) as tenant:
+        deploy(tmp_path / "net" / "netprobe.py", transport=tenant, timeout_s=180)
+    deploy(tmp_path / "srv" / "server.py", transport=transport, timeout_s=180)
+    _fork_from_zygotes(transport, mine, ("Open", "Sealed"))  # each shares its zygote's sandbox and network
+    loopback, everywhere = _listening("127.0.0.1"), _listening("0.0.0.0")
+    try:
+        served = http.post(f"/v1/{theirs}/serve", json={})
+        assert served.status_code == 200, served.text
+        assert served.json()["reached"] == "ok"  # the other app's replica reaches its own server
+        nats_port = int(platform.nats_url.rsplit(":", 1)[1])
+        targets = {"nats": ["127.0.0.1", nats_port], "platform": ["127.0.0.1", int(platform.url.rsplit(":", 1)[1])],
+                   "node_loopback": ["127.0.0.1", loopback.getsockname()[1]],
+                   "other_replica": ["127.0.0.1", served.json()["port"]], "outside": list(OUTSIDE)}
+        if (address := _node_address()) is not None:
+            targets["node_address"] = [address, everywhere.getsockname()[1]]
+        with socket.create_connection(("127.0.0.1", loopback.getsockname()[1]), timeout=10):
+            pass  # the node itself reaches its own servers
+        seen = {}
+        for service in ("Open", "Sealed"):
+            answer = http.post(f"/v1/{mine}/{service}.reach", json=list(targets.values()))
+            assert answer.status_code == 200, answer.text  # NATS works: each serves its calls
+            seen[service] = dict(zip(targets, answer.json(), strict=True))
+        for reached in seen.values():
+            assert reached["nats"] == "ok", seen
+            assert reached["platform"] == reached["node_loopback"] == reached["other_replica"] == "ECONNREFUSED", seen
+            assert reached.get("node_address", "ECONNREFUSED") in ("ECONNREFUSED", "ENETUNREACH"), seen
+        assert seen["Sealed"]["outside"] == "ENETUNREACH", seen  # block_network: no way out
+        assert seen["Open"]["outside"] != "ENETUNREACH", seen  # the default: a way out (nothing answers there)
+        assert "bwrap, own network" in ember_cli("status", url=platform.url).stdout
+    finally:
+        loopback.close()
+        everywhere.close()
+        for app in (mine, theirs):
+            transport.request("DELETE", f"/v1/apps/{app}")

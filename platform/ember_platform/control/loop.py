@@ -434,7 +434,7 @@ def _request(dep: Deployment, svc: ServiceSpec, index: int) -> tuple[PlacementRe
             SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=index,
                            bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
                            startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets), volumes=svc.volumes,
-                           image=svc.image))
+                           image=svc.image, block_network=svc.block_network))
 
 
 def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:

@@ -92,7 +92,8 @@ class Preloader:
                                                         bundle_sha256=_bundle_of(dep, version, plan),
                                                         module=dep.manifest.module,
                                                         volumes=_volumes_of(dep, svc.name, version, plan),
-                                                        image=_image_of(dep, svc.name, version, plan))
+                                                        image=_image_of(dep, svc.name, version, plan),
+                                                        block_network=_blocked(dep, svc.name, version, plan))
         held = {nid: frozenset(ZygoteKey(z.app, z.service, z.version) for z in self._plan.get(nid, ()))
                 for nid in nodes}
         budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
@@ -122,6 +123,14 @@ def _image_of(dep: Deployment, service: str, version: int,
         return next((s.image for s in dep.manifest.services if s.name == service), None)
     return next((s.image for slots in plan.values() for s in slots
                  if s.app == dep.app and s.service == service and s.version == version), None)
+
+
+def _blocked(dep: Deployment, service: str, version: int, plan: Mapping[str, list[SlotAssignment]]) -> bool:
+    """Whether a version's zygote has no way out of its network (``block_network``): as its image, above."""
+    if version == dep.version:
+        return next((s.block_network for s in dep.manifest.services if s.name == service), False)
+    return next((s.block_network for slots in plan.values() for s in slots
+                 if s.app == dep.app and s.service == service and s.version == version), False)
 
 
 def _bundle_of(dep: Deployment, version: int, plan: Mapping[str, list[SlotAssignment]]) -> str:

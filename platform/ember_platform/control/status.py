@@ -66,7 +66,8 @@ def node_view(node: NodeInfo, slots: Iterable[SlotAssignment], replicas: Sequenc
                                 state=r.state, start=r.start) for r in unassigned]
     devices = [_device_view(d, slots, specs) for d in node.devices]
     return NodeView(node_id=node.node_id, hostname=node.hostname, updated_at=node.updated_at,
-                    devices=_with_slices_summed(devices), replicas=on_node, zygotes=list(node.zygotes))
+                    devices=_with_slices_summed(devices), replicas=on_node, zygotes=list(node.zygotes),
+                    sandbox=node.sandbox, isolation_notes=list(node.isolation_notes))
 
 
 

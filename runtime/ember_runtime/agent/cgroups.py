@@ -2,7 +2,12 @@
 use them: its own cgroup delegated to it (writable) with the memory controller available. Each replica gets
 a child cgroup with ``memory.max``; the process joins it before it runs anything (a fresh one between fork
 and exec, a forked one before it is told to go on). Where the node does not allow it, replicas run without
-a memory limit and the agent says so once, at start."""
+a memory limit and the agent says so once, at start.
+
+The same cgroup bounds the replica's processes (``pids.max``) where the pids controller is available too:
+``RLIMIT_NPROC`` counts every process of the user, and every tenant's replicas on a node run as the same user,
+so one app's fork bomb would stop every other app's forks. Where it is not, the agent says so once, and the
+node's status carries the note."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from pathlib import Path
 
 log = logging.getLogger("ember.agent")
 AGENT_LEAF = "agent"  # where the agent moves itself: a cgroup with children may hold no process
+PIDS_MAX = 4096  # processes and threads one replica may hold at once
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class Decision:
     root: Path | None  # the agent's cgroup, under which replicas get theirs; None: no limits
     reason: str  # why not, when root is None
     move_agent: bool = False  # the memory controller must first be enabled for children, the agent moved out
+    pids: bool = False  # the pids controller is available too: each replica's processes are bounded
 
 
 def decide(mount: Path | None, own: str, controllers: str, subtree: str, writable: bool) -> Decision:
@@ -35,13 +42,16 @@ def decide(mount: Path | None, own: str, controllers: str, subtree: str, writabl
         return Decision(None, f"the memory controller is not available in {root} (cgroup v1, or not delegated)")
     if not writable:
         return Decision(None, f"{root} is not writable by the agent (not delegated to it)")
-    return Decision(root, "", move_agent="memory" not in subtree.split())
+    return Decision(root, "", move_agent="memory" not in subtree.split(), pids="pids" in controllers.split())
 
 
 class MemoryCgroups:
     def __init__(self, decision: Decision) -> None:
         self.root = decision.root
         self.reason = decision.reason
+        self.pids = decision.root is not None and decision.pids
+        self.pids_reason = "" if self.pids else \
+            decision.reason or f"the pids controller is not available in {decision.root}"
 
     @classmethod
     def for_agent(cls) -> MemoryCgroups:
@@ -55,25 +65,38 @@ class MemoryCgroups:
                 leaf = decision.root / AGENT_LEAF
                 leaf.mkdir(exist_ok=True)
                 (leaf / "cgroup.procs").write_text(str(os.getpid()))
-                (decision.root / "cgroup.subtree_control").write_text("+memory")
+                (decision.root / "cgroup.subtree_control").write_text("+memory +pids" if decision.pids else "+memory")
             except OSError as exc:
                 decision = Decision(None, f"cannot enable the memory controller in {decision.root}: {exc}")
         if decision.root is None:
             log.warning("replicas run without memory limits: %s", decision.reason)
-        return cls(decision)
+        groups = cls(decision)
+        if groups.pids and groups.root is not None and "pids" not in _read(groups.root, "cgroup.subtree_control"):
+            try:
+                (groups.root / "cgroup.subtree_control").write_text("+pids")
+            except OSError as exc:
+                groups.pids, groups.pids_reason = False, f"cannot enable the pids controller in {groups.root}: {exc}"
+        if not groups.pids:
+            log.warning("replicas' processes are bounded only by RLIMIT_NPROC, shared by every app on this node: "
+                        "%s", groups.pids_reason)
+        return groups
 
     def prepare(self, name: str, memory_mb: int) -> Path | None:
-        """A cgroup for one replica limited to ``memory_mb``; None where limits are unavailable or none is asked."""
-        if self.root is None or memory_mb <= 0:
+        """A cgroup for one replica limited to ``memory_mb`` (when asked) and to ``PIDS_MAX`` processes (where the
+        node allows it); None where neither applies."""
+        if self.root is None or (memory_mb <= 0 and not self.pids):
             return None
         group = self.root / name
         try:
             group.mkdir(exist_ok=True)
-            (group / "memory.max").write_text(str(memory_mb * 1024 * 1024))
-            with contextlib.suppress(OSError):
-                (group / "memory.swap.max").write_text("0")
+            if self.pids:
+                (group / "pids.max").write_text(str(PIDS_MAX))
+            if memory_mb > 0:
+                (group / "memory.max").write_text(str(memory_mb * 1024 * 1024))
+                with contextlib.suppress(OSError):
+                    (group / "memory.swap.max").write_text("0")
         except OSError as exc:
-            log.warning("no memory limit for %s: %s", name, exc)
+            log.warning("no memory or process limit for %s: %s", name, exc)
             return None
         return group
 

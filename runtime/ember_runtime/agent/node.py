@@ -162,7 +162,8 @@ class NodeAgent:
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
                             environments=self.images.cache.cached(),
-                            replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {})
+                            replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {},
+                            **sandboxes.isolation(self.sandbox, self.cgroups))
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
             except Exception as exc:
@@ -386,7 +387,7 @@ class NodeAgent:
         gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
         devices = sandboxes.gpu_devices(gpus) if self.inventory is None else ()
         return sandboxes.Confinement(sandbox=self.sandbox, devices=devices, memory_mb=slot.host_memory_mb,
-                                     cgroups=self.cgroups, secrets=secrets)
+                                     cgroups=self.cgroups, secrets=secrets, block_network=slot.block_network)
 
     async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:
         """Try the bundle again later, backing off, and say why on the replica's status (``ember status`` and

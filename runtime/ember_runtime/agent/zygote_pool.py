@@ -185,7 +185,8 @@ class Zygote:
         try:
             if enabled:
                 jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True,
-                                    readonly=self._interpreter.readonly, mounts=mounts)
+                                    readonly=self._interpreter.readonly, mounts=mounts,
+                                    block_network=self.assignment.block_network)
                 proc: asyncio.subprocess.Process | sandbox.SandboxedProcess = await sandbox.start(
                     self._sandbox, cmd, jail, env, preexec, pass_fds=fds)
             else:

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
         os.environ["EMBER_TOKEN"] = platform.token
         print(f"Ember is running at {platform.url} (NATS {platform.nats_url}); logs in {platform.log_dir}",
               flush=True)
+        for note in platform.isolation_notes():
+            print(f"WARNING: {note}", flush=True)
         if args.app_file:
             _first_push(args.app_file, args.watch)
         print(f"export EMBER_URL={platform.url}   # for other shells; Ctrl-C stops Ember", flush=True)

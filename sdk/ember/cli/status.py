@@ -23,6 +23,9 @@ def run(args: argparse.Namespace) -> int:
                                type=StatusView)
     shown = {(s.app, s.service) for s in view.services} if params else None
     print(nodes_table(view.nodes, shown) if view.nodes else "no live nodes; is a node agent running?")
+    if view.nodes:
+        print()
+        print(isolation_table(view.nodes))
     zygotes = zygotes_table(view.nodes, shown)
     if zygotes:
         print()
@@ -61,6 +64,12 @@ def nodes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None
         if gpuless:
             rows.append((node.node_id, "-", "-", ", ".join(f"{r.replica_id} ({r.state})" for r in gpuless)))
     return table(["NODE", "DEVICE", "MEMORY USED/RESERVED/TOTAL", "REPLICAS"], rows)
+
+
+def isolation_table(nodes: list[NodeView]) -> str:
+    """One row per node: how it holds replicas (a sandbox, a network of their own) and what they lack there."""
+    rows = [(node.node_id, node.sandbox or "unknown", "; ".join(node.isolation_notes) or "-") for node in nodes]
+    return table(["NODE", "SANDBOX", "ISOLATION NOTES"], rows)
 
 
 def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None) -> str:

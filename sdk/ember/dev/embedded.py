@@ -152,6 +152,23 @@ class EmbeddedPlatform:
             time.sleep(0.02)
         raise UnavailableError(f"{what} did not start within {timeout_s:.0f}s; see {self.log_dir}")
 
+    def isolation_notes(self, timeout_s: float = 30.0) -> list[str]:
+        """What this machine's replicas lack (no sandbox, the machine's network, no process limit), as its node
+        reports it once it is up; a note saying so if it has not reported within ``timeout_s``."""
+        def reported() -> tuple[list[str]] | None:  # a tuple: found, even with no note
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
+                status = httpx.get(f"{self.url}/v1/status", timeout=2,
+                                   headers={"Authorization": f"Bearer {self.token}"}).json()
+                node = next((n for n in status["nodes"] if n["node_id"] == self.node_id), None)
+                if node is not None and node.get("sandbox"):
+                    return (list(node.get("isolation_notes", [])),)
+            return None
+
+        with contextlib.suppress(UnavailableError):
+            notes: list[str] = self._await(reported, self._procs["agent"], "the node agent", timeout_s)[0]
+            return notes
+        return [f"the node has not said how it holds replicas; see {self.log_dir / 'agent.log'}"]
+
     def stop(self, grace_s: float = 30.0) -> None:
         """Stop the agents first (their replicas drain), then the control plane, then NATS."""
         agents = [name for name in self._procs if name.startswith("agent")]

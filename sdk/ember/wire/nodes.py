@@ -40,6 +40,8 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     environments: list[str] = []  # image environments (their sha256) built on the node
     # replica id -> device uuid -> MB of GPU memory its processes use, as last sampled (every GPU replica)
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
+    sandbox: str = ""  # how replicas are held: "bwrap" (with "own network" or "node network"), "none"; "": unknown
+    isolation_notes: list[str] = []  # what replicas here lack (no sandbox, the node's network, no process limit)
 
 
 class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -62,6 +64,7 @@ class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
     secrets: bool = False  # the service declares secrets: its agent asks a control plane for them at start
     volumes: list[VolumeMount] = []  # fetched into the node's volume cache before it starts, mounted read-only
     image: ImageSpec | None = None  # its locked image: the node builds (or reuses) its environment before it starts
+    block_network: bool = False  # its service's block_network=True: its sandbox's own network has no way out
 
 
 class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -75,6 +78,7 @@ class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
     module: str
     volumes: list[VolumeMount] = []  # fetched before the zygote is built, mounted in its sandbox
     image: ImageSpec | None = None  # the zygote runs in this image's environment
+    block_network: bool = False  # its service's block_network=True: so do the replicas forked from it
 
 
 ZygoteState = Literal["building", "ready", "failed"]

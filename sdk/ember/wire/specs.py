@@ -137,6 +137,7 @@ class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):
     secrets: list[str] = []  # names of secrets whose keys and values its replicas get as environment variables
     volumes: list[VolumeMount] = []  # volumes mounted read-only in its replicas (pinned to a version at deploy)
     image: ImageSpec | None = None  # its Python environment (locked at push); None: the node's own
+    block_network: bool = False  # its replicas reach NATS and nothing else: no way out of their own network
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True):

@@ -82,6 +82,8 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     devices: list[DeviceView]
     replicas: list[NodeReplicaView] = []
     zygotes: list[ZygoteStatus] = []
+    sandbox: str = ""  # NodeInfo.sandbox
+    isolation_notes: list[str] = []  # NodeInfo.isolation_notes
 
 
 class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):

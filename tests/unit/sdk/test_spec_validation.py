@@ -208,10 +208,11 @@ def test_latency_target_rejected(target: object) -> None:
 
 def test_new_service_spec_fields_go_last_with_defaults() -> None:
     # Schemas only grow: an older peer's manifest (without them) still decodes.
-    assert ServiceSpec.__struct_fields__[-5:] == ("target_p95_ms", "startup_timeout_s", "secrets", "volumes", "image")
-    assert ServiceSpec.__struct_defaults__[-5:-3] == (None, 600.0)
+    assert ServiceSpec.__struct_fields__[-6:] == ("target_p95_ms", "startup_timeout_s", "secrets", "volumes", "image",
+                                                  "block_network")
+    assert ServiceSpec.__struct_defaults__[-6:-4] == (None, 600.0)
     spec = ServiceSpec(name="f", kind="function", functions=[])
-    assert spec.secrets == [] and spec.volumes == [] and spec.image is None
+    assert spec.secrets == [] and spec.volumes == [] and spec.image is None and spec.block_network is False
 
 
 def test_model_resources_are_validated_like_functions() -> None:

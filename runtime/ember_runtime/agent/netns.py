@@ -1,0 +1,233 @@
+"""A network of its own for each sandbox: bwrap's ``--unshare-net`` and Debian's ``pasta`` (package ``passt``).
+
+A sandbox gets a network namespace of its own: its own loopback, no other interface. Once bwrap has made it (and
+before the command runs: bwrap waits on its ``--block-fd``), the agent attaches ``pasta`` to it, which gives the
+namespace user-mode networking from outside, without privileges:
+
+- NATS, when it listens on this node's loopback, is forwarded (``-T <port>``): ``127.0.0.1:<port>`` inside
+  reaches it, and nothing else of the node's loopback does (the platform's HTTP port, NATS' monitoring and cluster
+  ports, other replicas' servers). No port of the node reaches in (``-t none -u none``).
+- So is the OpenTelemetry collector the agent's environment names (``OTEL_EXPORTER_OTLP_ENDPOINT``), when it
+  listens on this node's loopback: replicas export their spans where the control plane does.
+- Outbound connections go out through pasta's sockets (model code downloads weights); the namespace takes the
+  node's own address, so that address reaches the namespace itself, not the node's services. The gateway is not
+  mapped to the node's loopback (``--no-map-gw``).
+- ``block_network=True``: pasta forwards NATS and configures nothing else: the namespace has no route out.
+- NATS elsewhere (a remote URL): reached through the way out, which ``block_network`` then leaves open (the
+  agent logs it).
+
+pasta (a daemon once attached) holds the namespace; it does not notice the sandbox's end by itself: the agent
+stops it when bwrap exits (after the sandbox's last process), and every one left when it exits itself. A
+zygote's sandbox pays this once; its forked replicas share the zygote's namespace (one version's replicas, one
+app).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import ipaddress
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+log = logging.getLogger("ember.agent")
+ATTACH_TIMEOUT_S = 30.0  # pasta attaches in tens of milliseconds; a loaded node may take longer
+NATS_DEFAULT_PORT = 4222
+OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+OTLP_DEFAULT_PORT = 4318  # OTLP over HTTP
+
+
+class NetworkUnavailable(RuntimeError):
+    """pasta is missing, or cannot attach to a sandbox's network namespace here."""
+
+
+@dataclass(frozen=True)
+class Network:
+    """How this node gives each sandbox its own network: pasta, and the NATS port it forwards (0: none, NATS is
+    not on this node's loopback and is reached outbound)."""
+
+    pasta: str
+    nats_port: int = 0
+    also: tuple[int, ...] = ()  # other ports of the node's loopback forwarded: an OpenTelemetry collector's
+
+    def argv(self, pid: int, *, blocked: bool) -> list[str]:
+        """pasta's command line for the sandbox whose first process is ``pid``."""
+        if blocked and not self.nats_port:  # its only way to NATS is the way out
+            log.warning("block_network is not applied: NATS is not on this node's loopback, and the sandbox "
+                        "reaches it through the way out")
+            blocked = False
+        args = [self.pasta, "--quiet", "-t", "none", "-u", "none", "-U", "none", "--no-map-gw",
+                "-T", ",".join(str(p) for p in sorted({self.nats_port, *self.also} - {0})) or "none"]
+        if os.geteuid() == 0:  # as root pasta would become nobody, who may not enter the sandbox's namespaces
+            args += ["--runas", "0"]
+        if not blocked:
+            args.append("--config-net")  # an address, a default route: the way out
+        return [*args, str(pid)]
+
+
+def for_node(pasta: str, nats_url: str, env: Mapping[str, str]) -> Network:
+    """What this node's sandboxes get forwarded: NATS, and an OpenTelemetry collector, where on its loopback."""
+    otlp = {loopback_port(env[k], OTLP_DEFAULT_PORT) for k in OTLP_ENV if env.get(k, "").strip()}
+    return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})))
+
+
+def loopback_port(url: str, default: int = NATS_DEFAULT_PORT) -> int:
+    """The port of a URL whose host is this node's loopback (the one to forward); 0 for any other host."""
+    first = url.split(",")[0].strip()
+    parts = urlsplit(first if "://" in first else f"nats://{first}")
+    host = parts.hostname or ""
+    if host != "localhost":
+        try:
+            if not ipaddress.ip_address(host).is_loopback:
+                return 0
+        except ValueError:
+            return 0
+    try:
+        return parts.port or default
+    except ValueError:
+        return 0
+
+
+class Pasta:
+    """One attached pasta daemon, held by a pidfd (its pid may be reused once it is gone)."""
+
+    def __init__(self, pidfd: int) -> None:
+        self._pidfd = pidfd
+        _LIVE.add(self)
+
+    @classmethod
+    def from_pid_file(cls, path: str) -> Pasta | None:
+        with contextlib.suppress(OSError, ValueError), open(path) as f:
+            return cls(os.pidfd_open(int(f.read().strip())))
+        return None
+
+    def stop_after(self, pid: int) -> None:
+        """Stop once process ``pid`` (a child of the agent, not yet reaped) exits, seen by the running loop."""
+        try:
+            watched = os.pidfd_open(pid)
+        except OSError:  # gone already
+            self.stop()
+            return
+        loop = asyncio.get_running_loop()
+
+        def release() -> None:
+            loop.remove_reader(watched)
+            os.close(watched)
+            self.stop()
+
+        loop.add_reader(watched, release)
+
+    def stop(self) -> None:
+        if self._pidfd < 0:
+            return
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self._pidfd, signal.SIGKILL)
+        os.close(self._pidfd)
+        self._pidfd = -1
+        _LIVE.discard(self)
+
+
+_LIVE: set[Pasta] = set()  # stopped when the agent exits: its sandboxes end with it (die-with-parent, lifeline)
+
+
+@atexit.register
+def _stop_all() -> None:
+    for pasta in list(_LIVE):
+        pasta.stop()
+
+
+def find_pasta() -> str | None:
+    return shutil.which("pasta")
+
+
+async def attach(network: Network, pid: int, *, blocked: bool) -> Pasta:
+    """Attach pasta to the namespace of sandbox process ``pid`` (waiting on bwrap's block fd); raise
+    NetworkUnavailable with pasta's words when it cannot. pasta forks into the background once attached, and
+    the daemon keeps its stderr: pasta's words go to a file, never to a pipe read to its end."""
+    with _pid_file() as pid_file, tempfile.TemporaryFile() as err:
+        proc = await asyncio.create_subprocess_exec(*network.argv(pid, blocked=blocked), "--pid", pid_file,
+                                                    stdin=asyncio.subprocess.DEVNULL,
+                                                    stdout=asyncio.subprocess.DEVNULL, stderr=err)
+        try:
+            code = await asyncio.wait_for(proc.wait(), ATTACH_TIMEOUT_S)
+        except BaseException:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+            _stop(pid_file)
+            raise
+        err.seek(0)
+        return _attached(code, err.read(), pid_file)
+
+
+def attach_sync(network: Network, pid: int, *, blocked: bool) -> Pasta:
+    """``attach`` for the probe at the agent's start (no event loop yet)."""
+    with _pid_file() as pid_file, tempfile.TemporaryFile() as err:
+        try:
+            done = subprocess.run([*network.argv(pid, blocked=blocked), "--pid", pid_file], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=err, timeout=ATTACH_TIMEOUT_S, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _stop(pid_file)
+            raise NetworkUnavailable(f"pasta could not run: {exc}") from exc
+        err.seek(0)
+        return _attached(done.returncode, err.read(), pid_file)
+
+
+@contextlib.contextmanager
+def _pid_file() -> Iterator[str]:
+    fd, path = tempfile.mkstemp(prefix="ember-pasta-")
+    os.close(fd)
+    try:
+        yield path
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _attached(code: int, err: bytes, pid_file: str) -> Pasta:
+    pasta = Pasta.from_pid_file(pid_file)
+    if code or pasta is None:
+        if pasta is not None:
+            pasta.stop()
+        raise NetworkUnavailable(f"pasta could not attach: {err.decode(errors='replace').strip()[-300:]}")
+    return pasta
+
+
+def _stop(pid_file: str) -> None:
+    """A pasta abandoned while it attached (it may have written its pid already)."""
+    if (pasta := Pasta.from_pid_file(pid_file)) is not None:
+        pasta.stop()
+
+
+def probe(network: Network, argv: Callable[[int, int], list[str]], env: Mapping[str, str]) -> None:
+    """Run a sandbox (``argv(info_fd, block_fd)``: bwrap running ``true``) with pasta attached, as replicas get it;
+    raise NetworkUnavailable with pasta's or bwrap's words if it fails."""
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    try:
+        proc = subprocess.Popen(argv(info_w, block_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, pass_fds=(info_w, block_r), env=env)
+    except OSError as exc:
+        raise NetworkUnavailable(f"bwrap could not run: {exc}") from exc
+    finally:
+        os.close(info_w)
+        os.close(block_r)
+    try:
+        with os.fdopen(info_r, "rb") as info:
+            pid = int(json.loads(info.read() or b"{}").get("child-pid", 0))
+        pasta = attach_sync(network, pid, blocked=False)
+    finally:
+        os.close(block_w)
+        _, err = proc.communicate(timeout=ATTACH_TIMEOUT_S)
+    pasta.stop()
+    if proc.returncode:
+        raise NetworkUnavailable(f"bwrap with a network of its own failed: {err.decode().strip()[-300:]}")

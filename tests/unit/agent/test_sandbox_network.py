@@ -1,0 +1,179 @@
+"""Each sandbox's own network (bwrap's ``--unshare-net`` with pasta attached): a real sandbox reaches the
+forwarded NATS port and nothing else of the node's loopback, reaches out unless its function blocks it, and its
+pasta ends with it. Where pasta is missing the node says so, in its status as in its log."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import pytest
+from support.polling import wait_for
+
+import ember
+from ember_runtime.agent import netns, sandbox
+from ember_runtime.agent.cgroups import MemoryCgroups, decide
+from ember_runtime.agent.sandbox import Jail, Sandbox, environment
+
+OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: out on the internet, where nothing answers
+
+REACH = """
+import errno, json, socket, sys
+def reach(host, port):
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return "ok"
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+print(json.dumps([reach(h, p) for h, p in json.loads(sys.argv[1])]))
+"""
+
+
+def _server() -> socket.socket:
+    server = socket.create_server(("127.0.0.1", 0))
+    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
+    return server
+
+
+def _accept_all(server: socket.socket) -> None:
+    """Accept and close each connection until the server is closed."""
+    with contextlib.suppress(OSError):
+        while True:
+            server.accept()[0].close()
+
+
+@pytest.fixture
+def servers() -> Iterator[tuple[int, int]]:
+    """Two servers on the node's loopback: one stands for NATS (forwarded), the other for any other service."""
+    nats, other = _server(), _server()
+    yield nats.getsockname()[1], other.getsockname()[1]
+    nats.close()
+    other.close()
+
+
+@pytest.fixture
+def networked(node_sandbox: Sandbox, servers: tuple[int, int]) -> Sandbox:
+    if netns.find_pasta() is None:
+        pytest.skip("pasta is not installed (Debian's passt package)")
+    found = node_sandbox.with_network(f"nats://127.0.0.1:{servers[0]}")
+    if found.network is None:
+        pytest.skip(f"pasta cannot give a sandbox its own network here: {found.network_why_not}")
+    return found
+
+
+def _reach(box: Sandbox, targets: list[tuple[str, int]], *, blocked: bool = False) -> list[str]:
+    async def go() -> bytes:
+        proc = await sandbox.start(box, [sys.executable, "-c", REACH, json.dumps(targets)],
+                                   Jail(bundle=Path(os.environ.get("TMPDIR", "/tmp")), block_network=blocked),
+                                   environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        assert proc.stdout is not None
+        out = await asyncio.wait_for(proc.stdout.read(), 60)
+        assert await proc.wait() == 0
+        return out
+
+    return list(json.loads(asyncio.run(go())))
+
+
+def test_a_sandbox_reaches_the_forwarded_nats_port_and_no_other_port_of_the_node(networked, servers) -> None:
+    nats, other = servers
+    assert _reach(networked, [("127.0.0.1", nats), ("127.0.0.1", other)]) == ["ok", "ECONNREFUSED"]
+    with socket.create_connection(("127.0.0.1", other), timeout=10):
+        pass  # the node itself reaches it
+
+
+def test_block_network_leaves_nats_and_no_way_out(networked, servers) -> None:
+    nats, _ = servers
+    opened = _reach(networked, [("127.0.0.1", nats), OUTSIDE])
+    sealed = _reach(networked, [("127.0.0.1", nats), OUTSIDE], blocked=True)
+    assert opened[0] == sealed[0] == "ok"
+    assert sealed[1] == "ENETUNREACH" and opened[1] != "ENETUNREACH"
+
+
+def test_pasta_ends_with_its_sandbox(networked, servers) -> None:
+    _reach(networked, [("127.0.0.1", servers[0])])
+    marker = f"-T {servers[0]}".encode()
+
+    def pastas() -> list[str]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                if marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
+                    found.append(pid)
+            except OSError:
+                continue
+        return found
+
+    wait_for(lambda: not pastas(), timeout_s=30, what="pasta to end once its sandbox did")
+
+
+def test_without_pasta_sandboxes_share_the_nodes_network_and_the_node_says_so(node_sandbox, monkeypatch) -> None:
+    monkeypatch.setattr(netns, "find_pasta", lambda: None)
+    shared = node_sandbox.with_network("nats://127.0.0.1:4222")
+    assert shared.enabled and not shared.own_network
+    status = sandbox.isolation(shared, None)
+    assert status["sandbox"] == "bwrap, node network"
+    assert any("share the node's network" in note and "passt" in note for note in status["isolation_notes"])
+    assert "--share-net" in shared.argv(["true"], Jail(bundle=Path("/tmp")))
+
+
+def test_an_unsandboxed_node_and_one_without_process_limits_say_so() -> None:
+    bare = Sandbox(None, why_not="bwrap not found")
+    groups = MemoryCgroups(decide(None, "", "", "", True))
+    status = sandbox.isolation(bare, groups)
+    assert status["sandbox"] == "none"
+    assert any("UNSANDBOXED" in note and "bwrap not found" in note for note in status["isolation_notes"])
+    assert any("RLIMIT_NPROC" in note for note in status["isolation_notes"])
+
+
+def test_process_limits_need_the_pids_controller_of_a_delegated_cgroup_v2() -> None:
+    mount = Path("/sys/fs/cgroup")
+    both = decide(mount, "/system.slice/ember.service", "cpu memory pids", "memory pids", True)
+    assert both.pids and not both.move_agent
+    first = decide(mount, "/system.slice/ember.service", "cpu memory pids", "cpu", True)
+    assert first.pids and first.move_agent  # the agent leaves for a leaf, then children get memory and pids
+    assert not decide(mount, "/user.slice/ember", "cpu memory", "memory", True).pids
+    assert MemoryCgroups(both).pids and not MemoryCgroups(decide(None, "", "", "", True)).pids
+
+
+def test_only_a_nats_url_on_the_nodes_loopback_is_forwarded() -> None:
+    assert netns.loopback_port("nats://127.0.0.1:4333") == 4333
+    assert netns.loopback_port("nats://localhost") == netns.NATS_DEFAULT_PORT
+    assert netns.loopback_port("tls://[::1]:4222,nats://10.0.0.2:4222") == 4222
+    assert netns.loopback_port("nats://nats.ember.svc:4222") == 0
+    assert netns.loopback_port("nats://10.0.0.2:4222") == 0
+    network = netns.for_node("/usr/bin/pasta", "nats://127.0.0.1:4333",
+                             {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
+    argv = network.argv(42, blocked=False)
+    assert argv[argv.index("-T") + 1] == "4318,4333" and argv[-1] == "42" and "--config-net" in argv
+    assert {"-t", "-u", "-U", "--no-map-gw"} <= set(argv) and argv[argv.index("-t") + 1] == "none"
+    assert "--config-net" not in network.argv(42, blocked=True)  # no address, no route: NATS only
+    remote = netns.for_node("/usr/bin/pasta", "nats://10.0.0.2:4222", {})
+    assert "--config-net" in remote.argv(42, blocked=True)  # NATS is out there: the way out stays
+
+
+def test_block_network_is_a_flag_of_the_service_spec_checked_at_decoration() -> None:
+    app = ember.App("sealed")
+
+    @app.function(block_network=True)
+    def f() -> int:
+        return 1
+
+    @app.model(block_network=False)
+    class M:
+        @ember.method
+        def g(self) -> int:
+            return 1
+
+    assert app.services["f"].block_network is True and app.services["M"].block_network is False
+    with pytest.raises(ember.InvalidSpecError, match=r"@app\.function\(block_network='yes'\): True or False"):
+        app.function(block_network="yes")  # type: ignore[arg-type]
