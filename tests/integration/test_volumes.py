@@ -499,3 +499,30 @@ def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, htt
     for name in (theirs, mine):
         assert http.delete(f"/v1/volumes/{name}").status_code == 204
     assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == []  # forgotten with the chunk
+
+
+def test_two_tenants_put_the_same_weights_with_the_sdk_and_each_sends_its_own_copy(platform, http: httpx.Client,
+                                                                                     tmp_path: Path) -> None:
+    """Through ``ember volume put``'s own code: the second tenant is told the chunks are missing, sends them (so it
+    proves it holds the bytes), and its version is made; the bytes are stored once. Its second put sends none."""
+    def token(apps: list[str]) -> str:
+        made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"vs-{uuid.uuid4().hex[:6]}"})
+        assert made.status_code == 201, made.text
+        return str(made.json()["token"])
+
+    source = tmp_path / "w.bin"
+    source.write_bytes(os.urandom(3 * 1024))
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+    puts: dict[str, list[PutProgress]] = {theirs: [], mine: []}
+    with _transport(platform, token(["team-b-*"])) as team_b, _transport(platform, token(["tenant-*"])) as tenant:
+        put_volume(theirs, [source], transport=team_b, progress=puts[theirs].append)
+        stored = asyncio.run(_stored_chunk(platform.nats_url, sha))
+        put_volume(mine, [source], transport=tenant, progress=puts[mine].append)
+        assert puts[mine][-1].sent_chunks == 1 and puts[mine][-1].skipped_chunks == 0
+        assert asyncio.run(_stored_chunk(platform.nats_url, sha)) == stored
+        again: list[PutProgress] = []
+        assert put_volume(mine, [source], transport=tenant, progress=again.append).version == 2
+        assert again[-1].sent_chunks == 0 and again[-1].skipped_chunks == 1
+    for name in (theirs, mine):
+        assert http.delete(f"/v1/volumes/{name}").status_code == 204
