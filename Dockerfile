@@ -29,7 +29,10 @@ RUN pip install torch ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} \
 
 FROM ${BASE_IMAGE}
 ENV DEBIAN_FRONTEND=noninteractive
+# passt (pasta) gives each replica's sandbox a network of its own; a base image that does not package it (Ubuntu
+# before 23.04) runs sandboxes on the node's network, and the agent and `ember status` say so.
 RUN apt-get update && apt-get install -y --no-install-recommends python3.11 tini ca-certificates \
+    && (apt-get install -y --no-install-recommends passt || echo "passt is not packaged here: no network per sandbox") \
     && rm -rf /var/lib/apt/lists/* \
     && groupadd --system --gid 10001 ember \
     && useradd --system --uid 10001 --gid ember --home-dir /home/ember --create-home --shell /usr/sbin/nologin ember \
