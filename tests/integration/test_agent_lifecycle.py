@@ -59,10 +59,14 @@ def _states(url: str, replica_ids: list[str]) -> set[str]:
         nc = await admin_connect(url)
         try:
             kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
+            try:  # a replica's key is <node id>.<replica id>
+                keys = {key.partition(".")[2]: key for key in await kv.keys()}
+            except Exception:  # no keys at all
+                keys = {}
             states = set()
             for replica_id in replica_ids:
                 try:
-                    entry = await kv.get(replica_id)
+                    entry = await kv.get(keys[replica_id])
                 except Exception:
                     states.add("gone")
                     continue

@@ -121,8 +121,16 @@ class ControlLoop:
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
         await self.nodes.start()
         await self.assignments.start()
+        self.registry.replicas.know_assignments(self._assigned_node)
         self.bundle_gc = BundleCollector(self.stores, self.js, self._bundles_in_use)
         self._task = asyncio.create_task(self._run(), name="control-loop")
+
+    def _assigned_node(self, replica_id: str) -> str | None:
+        """The node the scheduler assigned ``replica_id`` to, as the assignments say now (None: none lists it)."""
+        for node_id, assignment in self.assignments.items.items():
+            if any(slot.replica_id == replica_id for slot in assignment.slots):
+                return node_id
+        return None
 
     async def stop(self) -> None:
         self._task.cancel()
@@ -143,6 +151,7 @@ class ControlLoop:
     async def _run(self) -> None:
         while True:
             try:
+                self.registry.replicas.recheck()  # statuses of replicas placed since: the assignments list them now
                 was_active = self.active
                 if self.lease is None or await self.lease.hold():
                     if not was_active:

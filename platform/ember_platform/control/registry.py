@@ -34,7 +34,6 @@ from ember.wire import (
     deployment_decoder,
     encoder,
     log_decoder,
-    replica_decoder,
     subjects,
 )
 from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
@@ -44,6 +43,7 @@ from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
 from ember_platform.control.owners import Owners, covers
+from ember_platform.control.replica_mirror import ReplicaMirror
 
 log = logging.getLogger("ember.registry")
 LOG_REPLAY_S = 3600.0  # how much of the kept output a starting control plane reads back
@@ -57,7 +57,7 @@ class Registry:
         self.js = nc.jetstream()
         self.stores: Stores  # set by start()
         self.deployments: KVMirror[Deployment]  # set by start()
-        self.replicas: KVMirror[ReplicaStatus]
+        self.replicas: ReplicaMirror
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
         self._log_sub: Any = None
         self.log_feed = LogFeed()  # the clients following the logs (``ember logs -f``)
@@ -72,7 +72,7 @@ class Registry:
         self.owners = await Owners.open(self.js)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
-        self.replicas = KVMirror(self.stores.replicas, replica_decoder.decode)
+        self.replicas = ReplicaMirror(self.stores.replicas)
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self._follow_logs()

@@ -80,14 +80,15 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
 
 def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
     """A node agent: reads what is assigned to it, the bundles and the volumes (never writes either), writes its
-    node's info and its replicas' states, publishes their output lines, and asks for its replicas' secrets (a
-    control plane answers)."""
+    node's info and its own replicas' states (``<node id>.<replica id>``: no other node's), publishes their output
+    lines, and asks for its replicas' secrets (a control plane answers)."""
     assignments, bundles = _kv(subjects.ASSIGNMENTS_BUCKET), _obj(subjects.BUNDLES_STORE)
     pub = {
         f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
         *_reader(assignments),
         f"{_JS}.DIRECT.GET.{assignments}.>",
-        f"$KV.{subjects.NODES_BUCKET}.{node_id}", f"$KV.{subjects.REPLICAS_BUCKET}.*",
+        f"$KV.{subjects.NODES_BUCKET}.{node_id}",
+        f"$KV.{subjects.REPLICAS_BUCKET}.{subjects.replica_keys_of_node(node_id)}",
         f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
         subjects.node_logs(node_id), subjects.node_secrets(node_id), subjects.node_build_events(node_id),
         *_volume_reader(),

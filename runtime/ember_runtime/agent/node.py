@@ -300,12 +300,12 @@ class NodeAgent:
             return
         with contextlib.suppress(Exception):
             if not msg.data:
-                await self._stores.replicas.delete(replica_id)
+                await self._stores.replicas.delete(subjects.replica_key(self.node_id, replica_id))
                 return
             k = slot.key
             status = msgspec.structs.replace(replica_decoder.decode(msg.data), replica_id=replica_id,
                                              node_id=self.node_id, app=k.app, service=k.service, version=k.version)
-            await self._stores.replicas.put(replica_id, encoder.encode(status))
+            await self._stores.replicas.put(subjects.replica_key(self.node_id, replica_id), encoder.encode(status))
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         decided = time.time()
@@ -405,7 +405,7 @@ class NodeAgent:
                                version=slot.version, state=state, pid=0, started_at=now, updated_at=now,
                                message=reason[:500])
         with contextlib.suppress(Exception):
-            await self._stores.replicas.put(slot.replica_id, encoder.encode(status))
+            await self._stores.replicas.put(subjects.replica_key(self.node_id, slot.replica_id), encoder.encode(status))
 
     def _pinning(self, slot: SlotAssignment) -> numa.Pinning:
         """The CPUs of the NUMA node of the replica's GPUs, as the scheduler saw it or as this node reports it."""

@@ -109,7 +109,7 @@ class ReplicaSlot:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         with contextlib.suppress(Exception):
-            await self._kv.delete(self.replica_id)
+            await self._kv.delete(subjects.replica_key(self._node_id, self.replica_id))
 
     def reservation(self) -> Reservation | None:
         """The running process, its GPUs and the GPU memory it reserved on each (0: it holds them whole); None when
@@ -263,7 +263,7 @@ class ReplicaSlot:
                                pid=self._proc.pid if self._proc else 0, started_at=now, updated_at=now,
                                restarts=self.restarts, message=reason[:500])
         with contextlib.suppress(Exception):
-            await self._kv.put(self.replica_id, encoder.encode(status))
+            await self._kv.put(subjects.replica_key(self._node_id, self.replica_id), encoder.encode(status))
 
 
 async def output_lines(stream: asyncio.StreamReader, max_line: int = MAX_LOG_LINE) -> AsyncIterator[str]:

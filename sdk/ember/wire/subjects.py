@@ -20,7 +20,7 @@ DEAD_ALL = "ember.dead.>"
 
 # JetStream buckets.
 DEPLOYMENTS_BUCKET = "ember_deployments"  # key: <app>          value: wire.Deployment
-REPLICAS_BUCKET = "ember_replicas"  # key: <replica id>        value: wire.ReplicaStatus
+REPLICAS_BUCKET = "ember_replicas"  # key: <node id>.<replica id>  value: wire.ReplicaStatus (its node's key alone)
 ASSIGNMENTS_BUCKET = "ember_assignments"  # key: <node id>    value: wire.NodeAssignment
 NODES_BUCKET = "ember_nodes"  # key: <node id>                 value: wire.NodeInfo
 CALLS_BUCKET = "ember_calls"  # keys: s.<app>.<call id> (status), r.<app>.<call id> (result, first writer wins),
@@ -87,6 +87,17 @@ def replica_status(replica_id: str) -> str:
 
 
 REPLICA_STATUS_ALL = "ember.replica.*.status"
+
+
+def replica_key(node_id: str, replica_id: str) -> str:
+    """A replica's key in ``ember_replicas``: under its node's id, so that a node's permissions let it write the
+    statuses of its own replicas only (``ember_platform.control.replica_mirror`` checks the rest)."""
+    return f"{_token(node_id, 'node id')}.{_token(replica_id, 'replica id')}"
+
+
+def replica_keys_of_node(node_id: str) -> str:
+    """Every replica key one node may write (its permission)."""
+    return f"{_token(node_id, 'node id')}.*"
 
 # Answers to synchronous calls: ``<root>.<gateway id>.<app>.<frame token>``. A replica may publish only under its
 # own app, and a frame's token is random, so it can answer only the frames it was sent.
