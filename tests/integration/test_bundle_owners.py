@@ -4,26 +4,18 @@ uploads the same bytes itself it can, and the bytes are stored once."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from support.auth import bearer
-from support.natsconn import connect as admin_connect
+from support.owners import deploy_token, stored_copy
 
 from ember._bundle import build_bundle
 from ember.wire import subjects
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
-
-def _token(http: httpx.Client, apps: list[str]) -> dict[str, str]:
-    made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"own-{uuid.uuid4().hex[:6]}"})
-    assert made.status_code == 201, made.text
-    return bearer(made.json()["token"])
 
 
 def _deploy_request(app: str, sha: str) -> dict[str, Any]:
@@ -33,20 +25,11 @@ def _deploy_request(app: str, sha: str) -> dict[str, Any]:
         "functions": [{"name": "f", "attr": "f", "input_mode": "single"}]}]}}
 
 
-async def _stored_copy(url: str, sha: str) -> str:
-    """The object store's own name of the stored bytes (a new one each time they are written)."""
-    nc = await admin_connect(url)
-    try:
-        return str((await (await nc.jetstream().object_store(subjects.BUNDLES_STORE)).get_info(sha)).nuid)
-    finally:
-        await nc.close()
-
-
 def test_a_bundle_uploaded_by_another_tenant_cannot_be_deployed_by_its_hash(platform, http: httpx.Client,
                                                                             tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text(f"# team b's code {uuid.uuid4().hex}\ndef f(x): return x\n")
     bundle = build_bundle(tmp_path)
-    team_b, tenant = _token(http, ["team-b-*"]), _token(http, ["tenant-*"])
+    team_b, tenant = deploy_token(http, ["team-b-*"]), deploy_token(http, ["tenant-*"])
     theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
     with httpx.Client(base_url=platform.url, timeout=60) as client:
         assert client.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data, headers=team_b).status_code == 201
@@ -73,10 +56,10 @@ def test_a_bundle_uploaded_by_another_tenant_cannot_be_deployed_by_its_hash(plat
             assert built.json()["error"]["message"] == built_unknown.json()["error"]["message"].replace(
                 never, bundle.sha256)
 
-            stored = asyncio.run(_stored_copy(platform.nats_url, bundle.sha256))
+            stored = stored_copy(platform.nats_url, subjects.BUNDLES_STORE, bundle.sha256)
             again = client.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data, headers=tenant)
             assert again.status_code == 201 and again.json()["created"] is True  # new to this tenant: no hint
-            assert asyncio.run(_stored_copy(platform.nats_url, bundle.sha256)) == stored  # the bytes stored once
+            assert stored_copy(platform.nats_url, subjects.BUNDLES_STORE, bundle.sha256) == stored  # stored once
             owned = client.post(f"/v1/apps/{mine}/deployments", json=_deploy_request(mine, bundle.sha256),
                                 headers=tenant)
             assert owned.status_code == 201, owned.text
@@ -96,15 +79,15 @@ def test_a_narrower_token_of_the_same_tenant_deploys_what_a_wider_one_uploaded(p
     app = f"team-b-api-{uuid.uuid4().hex[:4]}"
     with httpx.Client(base_url=platform.url, timeout=60) as client:
         assert client.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data,
-                          headers=_token(http, ["team-b-*"])).status_code == 201
+                          headers=deploy_token(http, ["team-b-*"])).status_code == 201
         narrow = client.post(f"/v1/apps/{app}/deployments", json=_deploy_request(app, bundle.sha256),
-                             headers=_token(http, [app]))
+                             headers=deploy_token(http, [app]))
         assert narrow.status_code == 201, narrow.text
         http.delete(f"/v1/apps/{app}")
         (tmp_path / "m.py").write_text(f"# the admin's {uuid.uuid4().hex}\n")
         admins = build_bundle(tmp_path)
         assert http.put(f"/v1/bundles/{admins.sha256}", content=admins.data).status_code == 201
         anyone = client.post(f"/v1/apps/{app}/deployments", json=_deploy_request(app, admins.sha256),
-                             headers=_token(http, [app]))
+                             headers=deploy_token(http, [app]))
         assert anyone.status_code == 201, anyone.text
         http.delete(f"/v1/apps/{app}")

@@ -19,6 +19,7 @@ import msgspec
 import pytest
 from support.auth import bearer
 from support.natsconn import connect as admin_connect
+from support.owners import owners_of
 from support.polling import wait_for
 
 from ember._client import Transport
@@ -29,7 +30,6 @@ from ember.wire import VolumeVersion, encoder, subjects
 from ember.wire.jetstream import connect
 from ember.wire.natscreds import read_file
 from ember.wire.volumes import VolumeFile
-from ember_platform.control.owners import Owners
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
@@ -406,7 +406,7 @@ def test_a_node_agent_reads_volumes_and_cannot_change_them(platform, http: httpx
     assert msgspec.json.decode(manifest, type=VolumeVersion).files[0].chunks == [sha]  # it reads
     assert len(refused) == 6, refused  # and may change nothing, nor say who owns a chunk
     assert http.get(f"/v1/volumes/{name}").json()["version"] == 1
-    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == ["*"]
+    assert owners_of(platform.nats_url, "chunk", sha) == ["*"]
     assert http.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}).json()["missing"] == []
     http.delete(f"/v1/volumes/{name}")
 
@@ -436,93 +436,3 @@ async def _store_object(url: str, name: str, data: bytes) -> None:
         await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).put(name, data)
     finally:
         await nc.close()
-
-
-async def _chunk_owners(url: str, sha: str) -> list[str]:
-    nc = await admin_connect(url)
-    try:
-        return await (await Owners.open(nc.jetstream())).patterns("chunk", sha)
-    finally:
-        await nc.close()
-
-
-async def _stored_chunk(url: str, sha: str) -> str:
-    """The object store's own name of a stored chunk's bytes (a new one each time they are written)."""
-    nc = await admin_connect(url)
-    try:
-        return str((await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).get_info(sha)).nuid)
-    finally:
-        await nc.close()
-
-
-def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, http: httpx.Client) -> None:
-    """A chunk's hash is no proof of ownership: ``tenant-*`` naming ``team-b-*``'s chunk is answered exactly as for
-    a chunk never uploaded, and "which are missing" says missing; once it uploads the same bytes itself it may name
-    them, and they are stored once."""
-    def token(apps: list[str]) -> dict[str, str]:
-        made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"vo-{uuid.uuid4().hex[:6]}"})
-        assert made.status_code == 201, made.text
-        return bearer(made.json()["token"])
-
-    data = os.urandom(4096)
-    sha, never = hashlib.sha256(data).hexdigest(), "cd" * 32
-    team_b, tenant = token(["team-b-*"]), token(["tenant-*"])
-    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
-
-    def files(chunk: str) -> dict[str, list[dict[str, object]]]:
-        return {"files": [{"path": "w.bin", "size": len(data), "chunks": [chunk]}]}
-
-    with httpx.Client(base_url=platform.url, timeout=60) as client:
-        assert client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b).status_code == 201
-        assert client.post(f"/v1/volumes/{theirs}/versions", json=files(sha), headers=team_b).status_code == 201
-        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=team_b).json()["missing"] == []
-
-        asked = client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha, never]}, headers=tenant)
-        assert asked.json()["missing"] == [sha, never]
-        stolen = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
-        unknown = client.post(f"/v1/volumes/{mine}/versions", json=files(never), headers=tenant)
-        assert stolen.status_code == unknown.status_code == 409, stolen.text
-        assert stolen.json()["error"] == {**unknown.json()["error"],
-                                          "message": unknown.json()["error"]["message"].replace(never, sha)}
-        assert client.get(f"/v1/volumes/{mine}", headers=tenant).status_code == 404
-
-        stored = asyncio.run(_stored_chunk(platform.nats_url, sha))
-        own = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=tenant)
-        assert own.status_code == 201 and own.json()["created"] is True  # new to this tenant: no hint
-        assert asyncio.run(_stored_chunk(platform.nats_url, sha)) == stored  # the bytes stored once
-        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=tenant).json()["missing"] == []
-        made = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
-        assert made.status_code == 201, made.text
-        again = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b)
-        assert again.status_code == 200 and again.json()["created"] is False
-    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == ["team-b-*", "tenant-*"]
-    for name in (theirs, mine):
-        assert http.delete(f"/v1/volumes/{name}").status_code == 204
-    assert asyncio.run(_chunk_owners(platform.nats_url, sha)) == []  # forgotten with the chunk
-
-
-def test_two_tenants_put_the_same_weights_with_the_sdk_and_each_sends_its_own_copy(platform, http: httpx.Client,
-                                                                                     tmp_path: Path) -> None:
-    """Through ``ember volume put``'s own code: the second tenant is told the chunks are missing, sends them (so it
-    proves it holds the bytes), and its version is made; the bytes are stored once. Its second put sends none."""
-    def token(apps: list[str]) -> str:
-        made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": apps, "name": f"vs-{uuid.uuid4().hex[:6]}"})
-        assert made.status_code == 201, made.text
-        return str(made.json()["token"])
-
-    source = tmp_path / "w.bin"
-    source.write_bytes(os.urandom(3 * 1024))
-    sha = hashlib.sha256(source.read_bytes()).hexdigest()
-    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
-    puts: dict[str, list[PutProgress]] = {theirs: [], mine: []}
-    with _transport(platform, token(["team-b-*"])) as team_b, _transport(platform, token(["tenant-*"])) as tenant:
-        put_volume(theirs, [source], transport=team_b, progress=puts[theirs].append)
-        stored = asyncio.run(_stored_chunk(platform.nats_url, sha))
-        put_volume(mine, [source], transport=tenant, progress=puts[mine].append)
-        assert puts[mine][-1].sent_chunks == 1 and puts[mine][-1].skipped_chunks == 0
-        assert asyncio.run(_stored_chunk(platform.nats_url, sha)) == stored
-        again: list[PutProgress] = []
-        assert put_volume(mine, [source], transport=tenant, progress=again.append).version == 2
-        assert again[-1].sent_chunks == 0 and again[-1].skipped_chunks == 1
-    for name in (theirs, mine):
-        assert http.delete(f"/v1/volumes/{name}").status_code == 204

@@ -1,0 +1,87 @@
+"""A chunk's hash is no proof of ownership: a tenant (a deploy token for ``tenant-*``) that learns the sha256 of
+another's chunk (``team-b-*``) cannot name it in a version of its own volume, and "which are missing" says missing;
+once it sends the same bytes itself it may, and they are stored once (see ``volumes.store``)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from contextlib import closing
+from pathlib import Path
+
+import httpx
+import pytest
+from support.owners import deploy_token, owners_of, stored_copy
+
+from ember._client import Transport
+from ember._volume import CHUNKS_PATH, PutProgress, put_volume
+from ember.wire import subjects
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, http: httpx.Client) -> None:
+    """A chunk's hash is no proof of ownership: ``tenant-*`` naming ``team-b-*``'s chunk is answered exactly as for
+    a chunk never uploaded, and "which are missing" says missing; once it uploads the same bytes itself it may name
+    them, and they are stored once."""
+    data = os.urandom(4096)
+    sha, never = hashlib.sha256(data).hexdigest(), "cd" * 32
+    team_b, tenant = deploy_token(http, ["team-b-*"]), deploy_token(http, ["tenant-*"])
+    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+
+    def files(chunk: str) -> dict[str, list[dict[str, object]]]:
+        return {"files": [{"path": "w.bin", "size": len(data), "chunks": [chunk]}]}
+
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        assert client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b).status_code == 201
+        assert client.post(f"/v1/volumes/{theirs}/versions", json=files(sha), headers=team_b).status_code == 201
+        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=team_b).json()["missing"] == []
+
+        asked = client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha, never]}, headers=tenant)
+        assert asked.json()["missing"] == [sha, never]
+        stolen = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
+        unknown = client.post(f"/v1/volumes/{mine}/versions", json=files(never), headers=tenant)
+        assert stolen.status_code == unknown.status_code == 409, stolen.text
+        assert stolen.json()["error"] == {**unknown.json()["error"],
+                                          "message": unknown.json()["error"]["message"].replace(never, sha)}
+        assert client.get(f"/v1/volumes/{mine}", headers=tenant).status_code == 404
+
+        stored = stored_copy(platform.nats_url, subjects.VOLUME_CHUNKS_STORE, sha)
+        own = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=tenant)
+        assert own.status_code == 201 and own.json()["created"] is True  # new to this tenant: no hint
+        assert stored_copy(platform.nats_url, subjects.VOLUME_CHUNKS_STORE, sha) == stored  # the bytes stored once
+        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=tenant).json()["missing"] == []
+        made = client.post(f"/v1/volumes/{mine}/versions", json=files(sha), headers=tenant)
+        assert made.status_code == 201, made.text
+        again = client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b)
+        assert again.status_code == 200 and again.json()["created"] is False
+    assert owners_of(platform.nats_url, "chunk", sha) == ["team-b-*", "tenant-*"]
+    for name in (theirs, mine):
+        assert http.delete(f"/v1/volumes/{name}").status_code == 204
+    assert owners_of(platform.nats_url, "chunk", sha) == []  # forgotten with the chunk
+
+
+def test_two_tenants_put_the_same_weights_with_the_sdk_and_each_sends_its_own_copy(platform, http: httpx.Client,
+                                                                                     tmp_path: Path) -> None:
+    """Through ``ember volume put``'s own code: the second tenant is told the chunks are missing, sends them (so it
+    proves it holds the bytes), and its version is made; the bytes are stored once. Its second put sends none."""
+    def transport(apps: list[str]) -> Transport:
+        return Transport(platform.url, token=deploy_token(http, apps)["Authorization"].split()[1])
+
+    source = tmp_path / "w.bin"
+    source.write_bytes(os.urandom(3 * 1024))
+    sha = hashlib.sha256(source.read_bytes()).hexdigest()
+    theirs, mine = f"team-b-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+    puts: dict[str, list[PutProgress]] = {theirs: [], mine: []}
+    with closing(transport(["team-b-*"])) as team_b, closing(transport(["tenant-*"])) as tenant:
+        put_volume(theirs, [source], transport=team_b, progress=puts[theirs].append)
+        stored = stored_copy(platform.nats_url, subjects.VOLUME_CHUNKS_STORE, sha)
+        put_volume(mine, [source], transport=tenant, progress=puts[mine].append)
+        assert puts[mine][-1].sent_chunks == 1 and puts[mine][-1].skipped_chunks == 0
+        assert stored_copy(platform.nats_url, subjects.VOLUME_CHUNKS_STORE, sha) == stored
+        again: list[PutProgress] = []
+        assert put_volume(mine, [source], transport=tenant, progress=again.append).version == 2
+        assert again[-1].sent_chunks == 0 and again[-1].skipped_chunks == 1
+    for name in (theirs, mine):
+        assert http.delete(f"/v1/volumes/{name}").status_code == 204
