@@ -165,7 +165,7 @@ class Builds:
             log.info("build %s of %s %s", build.build_id[:8], build.app, event.state)
 
     async def _record_locks(self, app: str, manifest_json: str) -> None:
-        """Record every image the build locked for ``app``, which may then deploy it (``image_owned``)."""
+        """Record every image the build locked for ``app``, which may then deploy it (``Registry.deploy`` checks)."""
         try:
             manifest = _manifest.decode(manifest_json)
         except msgspec.DecodeError:
