@@ -11,7 +11,9 @@ namespace user-mode networking from outside, without privileges:
   listens on this node's loopback: replicas export their spans where the control plane does.
 - Outbound connections go out through pasta's sockets (model code downloads weights); the namespace takes the
   node's own address, so that address reaches the namespace itself, not the node's services. The gateway is not
-  mapped to the node's loopback (``--no-map-gw``).
+  mapped to the node's loopback (``--no-map-gw``). The node's other addresses (a Docker bridge's, a second
+  interface's), which pasta would reach as any address out there, are made unreachable in the namespace
+  (``ip route add unreachable``, run by the agent in the sandbox's namespaces, which its user owns).
 - ``block_network=True``: pasta forwards NATS and configures nothing else: the namespace has no route out.
 - NATS elsewhere (a remote URL): reached through the way out, which ``block_network`` then leaves open (the
   agent logs it).
@@ -28,6 +30,7 @@ import asyncio
 import atexit
 import contextlib
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -37,6 +40,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 log = logging.getLogger("ember.agent")
@@ -58,6 +62,7 @@ class Network:
     pasta: str
     nats_port: int = 0
     also: tuple[int, ...] = ()  # other ports of the node's loopback forwarded: an OpenTelemetry collector's
+    node_addresses: tuple[str, ...] = ()  # this node's own addresses (not loopback): unreachable from inside
 
     def argv(self, pid: int, *, blocked: bool) -> list[str]:
         """pasta's command line for the sandbox whose first process is ``pid``."""
@@ -77,7 +82,41 @@ class Network:
 def for_node(pasta: str, nats_url: str, env: Mapping[str, str]) -> Network:
     """What this node's sandboxes get forwarded: NATS, and an OpenTelemetry collector, where on its loopback."""
     otlp = {loopback_port(env[k], OTLP_DEFAULT_PORT) for k in OTLP_ENV if env.get(k, "").strip()}
-    return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})))
+    return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})), node_addresses())
+
+
+def node_addresses(fib_trie: Path = Path("/proc/net/fib_trie"),
+                   inet6: Path = Path("/proc/net/if_inet6")) -> tuple[str, ...]:
+    """This node's own IPv4 and global IPv6 addresses, loopback ones aside: what a sandbox must not reach through
+    pasta's way out (where a service listening on every address would answer)."""
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        lines = fib_trie.read_text().splitlines()
+        found |= {prev.split()[-1] for prev, line in itertools.pairwise(lines) if line.strip() == "/32 host LOCAL"}
+    with contextlib.suppress(OSError):
+        for line in inet6.read_text().splitlines():
+            fields = line.split()
+            if len(fields) >= 4 and fields[3] == "00":  # global scope (not link-local, not loopback)
+                found.add(str(ipaddress.IPv6Address(bytes.fromhex(fields[0]))))
+    return tuple(sorted(a for a in found if not ipaddress.ip_address(a).is_loopback))
+
+
+def unroute(addresses: tuple[str, ...], pid: int) -> None:
+    """Make ``addresses`` unreachable from the network namespace of ``pid`` (one ``ip -batch`` run there)."""
+    nsenter, ip = shutil.which("nsenter"), shutil.which("ip")
+    if not addresses:
+        return
+    if nsenter is None or ip is None:
+        raise NetworkUnavailable("nsenter (util-linux) and ip (iproute2) are needed to keep the node's own "
+                                 "addresses out of a sandbox's reach")
+    own_userns = os.readlink("/proc/self/ns/user") == os.readlink(f"/proc/{pid}/ns/user")
+    argv = [nsenter, "--target", str(pid), "--net", *([] if own_userns else ["--user", "--preserve-credentials"]),
+            ip, "-batch", "-"]
+    routes = "".join(f"route add unreachable {a}/{128 if ':' in a else 32}\n"
+                     for a in addresses)
+    done = subprocess.run(argv, input=routes.encode(), capture_output=True, timeout=ATTACH_TIMEOUT_S, check=False)
+    if done.returncode:
+        raise NetworkUnavailable(f"cannot keep the node's addresses out of reach: {done.stderr.decode()[-300:]}")
 
 
 def loopback_port(url: str, default: int = NATS_DEFAULT_PORT) -> int:
@@ -166,7 +205,9 @@ async def attach(network: Network, pid: int, *, blocked: bool) -> Pasta:
             _stop(pid_file)
             raise
         err.seek(0)
-        return _attached(code, err.read(), pid_file)
+        pasta = _attached(code, err.read(), pid_file)
+    await asyncio.to_thread(_unroute_or_stop, network, pasta, pid, blocked)
+    return pasta
 
 
 def attach_sync(network: Network, pid: int, *, blocked: bool) -> Pasta:
@@ -179,7 +220,9 @@ def attach_sync(network: Network, pid: int, *, blocked: bool) -> Pasta:
             _stop(pid_file)
             raise NetworkUnavailable(f"pasta could not run: {exc}") from exc
         err.seek(0)
-        return _attached(done.returncode, err.read(), pid_file)
+        pasta = _attached(done.returncode, err.read(), pid_file)
+    _unroute_or_stop(network, pasta, pid, blocked)
+    return pasta
 
 
 @contextlib.contextmanager
@@ -200,6 +243,17 @@ def _attached(code: int, err: bytes, pid_file: str) -> Pasta:
             pasta.stop()
         raise NetworkUnavailable(f"pasta could not attach: {err.decode(errors='replace').strip()[-300:]}")
     return pasta
+
+
+def _unroute_or_stop(network: Network, pasta: Pasta, pid: int, blocked: bool) -> None:
+    """The node's own addresses out of reach (a blocked namespace has no route at all); pasta stopped if not."""
+    if blocked and network.nats_port:
+        return
+    try:
+        unroute(network.node_addresses, pid)
+    except (NetworkUnavailable, OSError, subprocess.TimeoutExpired) as exc:
+        pasta.stop()
+        raise NetworkUnavailable(str(exc)) from exc
 
 
 def _stop(pid_file: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import socket
@@ -177,3 +178,22 @@ def test_block_network_is_a_flag_of_the_service_spec_checked_at_decoration() -> 
     assert app.services["f"].block_network is True and app.services["M"].block_network is False
     with pytest.raises(ember.InvalidSpecError, match=r"@app\.function\(block_network='yes'\): True or False"):
         app.function(block_network="yes")  # type: ignore[arg-type]
+
+
+def test_the_nodes_own_addresses_are_unreachable_from_a_sandbox_and_others_are_not(networked) -> None:
+    """As the node's other addresses (a Docker bridge's) would be: pasta would reach them as any address out there."""
+    assert networked.network is not None
+    mine = dataclasses.replace(networked.network, node_addresses=("203.0.113.1", "2001:db8::1"))
+    box = dataclasses.replace(networked, network=mine)
+    reached = _reach(box, [("203.0.113.1", 9), ("203.0.113.2", 9)])
+    assert reached[0] in ("EHOSTUNREACH", "ENETUNREACH") and reached[1] not in ("EHOSTUNREACH", "ENETUNREACH")
+
+
+def test_the_nodes_addresses_are_read_from_proc_loopback_and_link_local_aside(tmp_path: Path) -> None:
+    (tmp_path / "fib_trie").write_text("Main:\n  +-- 0.0.0.0/0 3 0 5\n     |-- 127.0.0.1\n        /32 host LOCAL\n"
+                                       "     |-- 172.17.0.1\n        /32 host LOCAL\n     |-- 172.17.255.255\n"
+                                       "        /32 link BROADCAST\n")
+    (tmp_path / "if_inet6").write_text("00000000000000000000000000000001 01 80 10 80       lo\n"
+                                       "fd000000000000000000000000000002 04 40 00 82     eth0\n"
+                                       "fe8000000000000000fc00fffe000001 04 40 20 80     eth0\n")
+    assert netns.node_addresses(tmp_path / "fib_trie", tmp_path / "if_inet6") == ("172.17.0.1", "fd00::2")
