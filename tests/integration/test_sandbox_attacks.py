@@ -13,6 +13,8 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import uuid
 from contextlib import closing
@@ -319,3 +321,28 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
         everywhere.close()
         for app in (mine, theirs):
             transport.request("DELETE", f"/v1/apps/{app}")
+
+
+def test_ember_dev_says_in_its_own_output_when_sandboxes_share_the_machines_network(tmp_path) -> None:
+    """A machine without pasta (here: a PATH without it): replicas run, on the machine's network, and ``ember dev``
+    says so before anything else, not only in the agent's log."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EMBER_URL", "EMBER_TOKEN")}
+    env["PATH"] = str(Path(sys.executable).parent)  # Ember's own tools (nats-server, bwrap), no pasta
+    cmd = [sys.executable, "-m", "ember.cli", "dev", "--port", "0", "--state-dir", str(tmp_path / "state")]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                          start_new_session=True) as dev:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(dev.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        try:
+            wait_for(lambda: any(line.startswith("export EMBER_TOKEN=") for line in lines), timeout_s=120,
+                     what="ember dev to be up")
+        finally:
+            dev.send_signal(signal.SIGINT)
+            dev.wait(timeout=90)
+            reader.join(timeout=10)
+    said = "".join(lines)
+    if "replicas run UNSANDBOXED" in said:
+        pytest.skip("this machine allows no sandbox at all")
+    assert "WARNING: replicas share the node's network: pasta not found" in said, said
+    assert said.index("WARNING:") < said.index("export EMBER_TOKEN=")
