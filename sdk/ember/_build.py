@@ -44,7 +44,7 @@ def build_images(transport: Transport, found: ImagePlan, bundle_sha256: str, say
     ``say`` line by line. ``InvalidSpecError`` with the platform's reason (uv's, naming the package) if it fails.
     An image the running version has locked is kept as it is, unless ``relock``."""
     body = encoder.encode(BuildStart(bundle_sha256=bundle_sha256, module=found.module, images=found.images,
-                                     inspect_in=found.inspect_in, relock=relock))
+                                     inspect_in=found.inspect_in, relock=relock, declared=found.declared))
     view = msgspec.json.decode(transport.request("POST", f"/v1/apps/{found.app}/builds", content=body,
                                                  headers={"content-type": "application/json"}).content, type=BuildView)
     say(f"building {len(found.images)} image(s) on node {view.node_id} (build {view.build_id[:8]})")

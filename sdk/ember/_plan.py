@@ -19,6 +19,8 @@ class ImagePlan(msgspec.Struct, frozen=True, kw_only=True):
     inspect_in: int = 0  # the image the manifest is read in: the app's own, else the first
     missing: list[str] = []  # top-level modules this machine lacks, stood in for
     manifest: Manifest | None = None  # when nothing was missing: the manifest, read here
+    # the manifest read here even with stand-ins, images unlocked: a build's manifest is held to it
+    declared: Manifest | None = None
 
 
 def plan(argv: list[str]) -> ImagePlan:
@@ -29,7 +31,8 @@ def plan(argv: list[str]) -> ImagePlan:
         for spec in app.services.values():
             if spec.image is not None and spec.image not in images:
                 images.append(spec.image)
-        manifest = None if missing else app.manifest(name)
+        declared = app.manifest(name)
+        manifest = None if missing else declared
     inspect_in = images.index(app.image) if app.image in images else 0
     return ImagePlan(app=app.name, module=name, images=images, inspect_in=inspect_in, missing=list(missing),
-                     manifest=manifest)
+                     manifest=manifest, declared=declared)

@@ -272,8 +272,11 @@ def _upload(client: Transport, tmp_path: Path) -> str:
 
 
 def _post_build(http_client, sha: str, image: dict, **extra):  # type: ignore[no-untyped-def]
-    return http_client.post("/v1/apps/probe-x/builds",
-                            json={"bundle_sha256": sha, "module": "x", "images": [image], **extra})
+    declared = {"app": "probe-x", "module": "x", "services": [  # as the pushing machine read it
+        {"name": "f", "kind": "function", "functions": [{"name": "f", "attr": "f", "input_mode": "none"}],
+         "image": image}]}
+    return http_client.post("/v1/apps/probe-x/builds", json={"bundle_sha256": sha, "module": "x", "images": [image],
+                                                             "declared": declared, **extra})
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,14 @@ its build through the one that answered its ``POST`` (``EMBER_URL`` pointing at 
 Every control plane hears every node's events; each keeps only those of its own builds, and only from the node
 it asked.
 
-The images a build locks are recorded for its app (``control.owners``) before the build is shown ready: a deployment
-may name a locked image only if a build of that app locked it, so that a lock seen elsewhere (its hash, its pinned
-hashes) does not mount another tenant's environment.
+A node's answer is not taken on its word: the manifest it returns is held to the one the pushing machine read
+(``BuildStart.declared``; ``control.build_checks`` says what a build may change), and any other difference fails
+the build, naming the field, and is logged with the node's id. Only the node asked may answer (its events come on
+its own subject, which only it may publish to), and a build id is 128 random bits.
+
+The images a build locks are recorded for its app (``control.owners``) once its manifest is verified, before the
+build is shown ready: a deployment may name a locked image only if a build of that app locked it, so that a lock
+seen elsewhere (its hash, its pinned hashes) does not mount another tenant's environment.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from ember.wire.images import (
     same_declaration,
 )
 from ember.wire.validate import MODULE_NAME
+from ember_platform.control.build_checks import check_declared, manifest_difference
 from ember_platform.control.owners import Owners
 from ember_platform.control.registry import no_such_bundle
 
@@ -69,6 +75,7 @@ class Build:
     started_at: float = field(default_factory=time.time)
     heard_at: float = field(default_factory=time.monotonic)
     finished_at: float = 0.0
+    declared: Manifest | None = None  # the manifest the pushing machine read: the node's answer is held to it
 
     def view(self, since: int) -> BuildView:
         start = max(since - self.dropped, 0)
@@ -105,6 +112,7 @@ class Builds:
         _check(request)
         if not await self._has_bundle(request.bundle_sha256, app):  # uploaded for this app: a hash proves nothing
             raise no_such_bundle(request.bundle_sha256)
+        check_declared(request.declared, app, request.module)
         nodes = self._live_nodes()
         deadline = time.monotonic() + NODE_WAIT_S
         while not nodes and time.monotonic() < deadline:  # a platform that just started: its nodes come
@@ -113,7 +121,7 @@ class Builds:
         if not nodes:
             raise UnavailableError("no node is up to build the image on", retry_after_s=5.0)
         node_id = _pick(nodes, request)
-        build = Build(build_id=secrets.token_hex(16), app=app, node_id=node_id)
+        build = Build(build_id=secrets.token_hex(16), app=app, node_id=node_id, declared=request.declared)
         self._keep(build)
         message = BuildRequest(build_id=build.build_id, app=app, bundle_sha256=request.bundle_sha256,
                                module=request.module, images=request.images, inspect_in=request.inspect_in,
@@ -148,12 +156,7 @@ class Builds:
             return  # another control plane's build, or a node speaking for a build it was not asked for
         build.heard_at = time.monotonic()
         if event.state == "ready":
-            try:
-                await self._record_locks(build.app, event.manifest_json)
-            except Exception:
-                log.exception("build %s of %s: its locks could not be recorded", build.build_id[:8], build.app)
-                event = msgspec.structs.replace(event, state="failed",
-                                                error="the platform could not record the image's lock: push again")
+            event = await self._accept(build, event)
         build.state = event.state if event.state != "queued" else "building"
         build.lines.extend(event.lines)
         if len(build.lines) > MAX_LINES:
@@ -164,12 +167,28 @@ class Builds:
             build.error, build.manifest_json, build.finished_at = event.error, event.manifest_json, time.time()
             log.info("build %s of %s %s", build.build_id[:8], build.app, event.state)
 
-    async def _record_locks(self, app: str, manifest_json: str) -> None:
-        """Record every image the build locked for ``app``, which may then deploy it (``Registry.deploy`` checks)."""
+    async def _accept(self, build: Build, event: BuildEvent) -> BuildEvent:
+        """The node's final word if its manifest is the declared one as a build may change it, its locks recorded;
+        else the build's failure, naming the first field that differs (never the node's manifest)."""
+        manifest: Manifest | None = None
+        with contextlib.suppress(msgspec.DecodeError):
+            manifest = _manifest.decode(event.manifest_json)
+        field = "$" if manifest is None or build.declared is None else manifest_difference(build.declared, manifest)
+        if manifest is None or field is not None:
+            log.warning("build %s of %s: node %s answered a manifest that differs from the one pushed at %s",
+                        build.build_id[:8], build.app, build.node_id, field)
+            return msgspec.structs.replace(event, state="failed", manifest_json="",
+                                           error=f"the node's manifest differs from the one pushed at {field}")
         try:
-            manifest = _manifest.decode(manifest_json)
-        except msgspec.DecodeError:
-            return  # not deployable as it is: the deployment is refused when it comes
+            await self._record_locks(build.app, manifest)
+        except Exception:
+            log.exception("build %s of %s: its locks could not be recorded", build.build_id[:8], build.app)
+            return msgspec.structs.replace(event, state="failed", manifest_json="",
+                                           error="the platform could not record the image's lock: push again")
+        return event
+
+    async def _record_locks(self, app: str, manifest: Manifest) -> None:
+        """Record every image the build locked for ``app``, which may then deploy it (``image_owned``)."""
         for service in manifest.services:
             if self._owners is not None and service.image is not None and service.image.locked:
                 await self._owners.add("image", service.image.sha256, [app])
