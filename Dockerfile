@@ -1,7 +1,11 @@
 # Ember for GPU hosts: one image for the control plane and the node agent, chosen by the command.
 #   docker build --build-arg TORCH_INDEX_URL=<PyTorch's cu124 wheel index> -t ember .
-#   docker run --net=host ember python -m ember_platform --nats nats://NATS_HOST:4222 --host 0.0.0.0
-#   docker run --net=host --gpus all ember python -m ember_runtime --nats nats://NATS_HOST:4222
+#   docker run --net=host -v /etc/ember:/etc/ember:ro ember python -m ember_platform --nats nats://NATS_HOST:4222 \
+#       --host 0.0.0.0 --nats-auth-dir /etc/ember/nats-auth
+#   docker run --net=host --gpus all -v /etc/ember:/etc/ember:ro ember python -m ember_runtime \
+#       --nats nats://NATS_HOST:4222 --nats-creds /etc/ember/node.creds
+# Both refuse to start without NATS credentials (README, "NATS credentials") unless told --insecure-no-auth
+# (--insecure-no-nats-auth for the control plane), which they then log as INSECURE.
 # Two stages: the first builds the Python environment with compilers at hand; the image keeps only that
 # environment, the interpreter, tini and the CA certificates. It runs as user ember (uid 10001) under tini,
 # which forwards signals and reaps orphaned processes (replicas' children), with or without `docker run --init`.

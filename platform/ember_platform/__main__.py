@@ -43,10 +43,15 @@ def main() -> None:
     parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
                         help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
     parser.add_argument("--insecure-no-auth", action="store_true",
-                        help="check no tokens: every request may do everything (refused unless --host is loopback)")
+                        help="check no tokens and run without NATS credentials: every request may do everything "
+                             "(refused unless --host is loopback)")
+    parser.add_argument("--insecure-no-nats-auth", action="store_true",
+                        help="run without NATS credentials (no --nats-auth-dir): nats-server then admits any client, "
+                             "which may read and write every app's calls, secrets' requests and bundles")
     args = parser.parse_args()
     _check_auth(parser, args)
     _logging.configure("platform", args.log_format)
+    _warn_insecure(args)
     tracing.setup("ember-platform")  # before the app is built: its hot path is chosen traced or not
     overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
@@ -123,6 +128,26 @@ def _check_auth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
             read_key(key)
         except SecretsKeyError as exc:
             parser.error(f"--secrets-key-file: {exc}")
+    if not (args.nats_auth_dir or os.environ.get("EMBER_NATS_AUTH_DIR")) and not insecure_nats(args):
+        parser.error("no NATS credentials: give --nats-auth-dir (a folder made by `python -m "
+                     "ember_platform.natsauth init DIR`, or $EMBER_NATS_AUTH_DIR), so that nats-server admits each "
+                     "node and replica with its own permissions; --insecure-no-nats-auth runs without, where any "
+                     "NATS client may do anything")
+
+
+def insecure_nats(args: argparse.Namespace) -> bool:
+    """Whether this control plane was told to run without NATS credentials (either insecure flag)."""
+    return bool(args.insecure_no_auth or args.insecure_no_nats_auth)
+
+
+def _warn_insecure(args: argparse.Namespace) -> None:
+    """Say, in the log, what an insecure flag leaves open (``ember status`` shows it too)."""
+    if args.insecure_no_auth:
+        logging.warning("INSECURE (--insecure-no-auth): no token is checked and NATS admits clients without "
+                        "credentials; for one machine only")
+    elif not (args.nats_auth_dir or os.environ.get("EMBER_NATS_AUTH_DIR")):
+        logging.warning("INSECURE (--insecure-no-nats-auth): NATS admits clients without credentials, and any of "
+                        "them may read and write every app's calls")
 
 
 def _auth_settings(args: argparse.Namespace) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
@@ -27,6 +28,9 @@ def main() -> None:
                              f"node-creds`; default: ${CREDS_FILE_ENV})")
     parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
                         help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
+    parser.add_argument("--insecure-no-auth", action="store_true",
+                        help="connect to NATS without credentials (a nats-server that checks none): refused without "
+                             "this flag, since such a server lets any client read and write everything")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -44,6 +48,12 @@ def main() -> None:
         creds = read_file(args.nats_creds) if args.nats_creds else None
     except CredentialsError as exc:
         parser.error(str(exc))
+    if creds is None and not args.insecure_no_auth:
+        parser.error(f"no NATS credentials: give --nats-creds (or ${CREDS_FILE_ENV}), the node's file from `python -m "
+                     "ember_platform.natsauth node-creds DIR NODE_ID OUT`; --insecure-no-auth connects without")
+    if creds is None:
+        logging.getLogger("ember.agent").warning(
+            "INSECURE (--insecure-no-auth): connected to NATS without credentials")
     agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox)
 
     async def run() -> None:

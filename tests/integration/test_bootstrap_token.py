@@ -60,8 +60,9 @@ class ControlPlane:
         url_file = tmp / f"{name}.url"
         with self.out.open("wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "ember_platform", "--nats", nats, "--port", "0",
-                                          "--url-file", str(url_file), *extra], stdin=subprocess.DEVNULL,
-                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+                                          "--url-file", str(url_file), "--insecure-no-nats-auth", *extra],
+                                         stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                         preexec_fn=die_with_parent)
         self.url = str(wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what=name))
 
     def printed(self) -> list[str]:
@@ -85,6 +86,10 @@ def test_the_first_start_prints_one_admin_token_once(tmp_path: Path, nats_url: s
         for plane in (first, second):  # the other one sees it through the bucket's watch
             wait_for(lambda plane=plane: _whoami(plane.url, token).status_code == 200, timeout_s=10, what="token")
         assert _whoami(first.url, token).json()["scopes"] == ["admin"]
+        # Started without NATS credentials, on purpose: it says so in its log (a bare nats-server checks none).
+        assert "INSECURE (--insecure-no-nats-auth)" in first.out.read_text()
+        status = httpx.get(f"{first.url}/v1/status", headers=bearer(token), timeout=30).json()  # and ember status
+        assert status["insecure"] == ["NATS admits clients without credentials (no --nats-auth-dir)"]
         first.stop()
         again = ControlPlane(tmp_path, "a2", nats_url)
         try:

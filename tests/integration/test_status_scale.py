@@ -146,3 +146,8 @@ def test_scale_and_status_of_unknown_app(http: httpx.Client, platform: EmbeddedP
 def test_cli_scale_reports_invalid_bounds(platform: EmbeddedPlatform, hello: object) -> None:
     bad = ember("scale", "hello.greet", "--min", "2", "--max", "1", url=platform.url, token=platform.token, check=False)
     assert bad.returncode == 1 and "InvalidInputError" in bad.stderr and "max_replicas" in bad.stderr
+
+
+def test_a_control_plane_with_tokens_and_nats_credentials_reports_nothing_insecure(http: httpx.Client) -> None:
+    """The twin of the bootstrap test's control plane without NATS credentials, whose status names what it lacks."""
+    assert status(http).insecure == []

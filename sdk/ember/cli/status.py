@@ -22,6 +22,8 @@ def run(args: argparse.Namespace) -> int:
     view = msgspec.json.decode(default_transport().request("GET", "/v1/status", params=params).content,
                                type=StatusView)
     shown = {(s.app, s.service) for s in view.services} if params else None
+    for line in view.insecure:
+        print(f"INSECURE: {line}")
     print(nodes_table(view.nodes, shown) if view.nodes else "no live nodes; is a node agent running?")
     if view.nodes:
         print()

@@ -115,3 +115,4 @@ class StatusView(msgspec.Struct, frozen=True, kw_only=True):
     services: list[ServiceStatus]
     control_plane: str = ""  # the control plane that places and scales now (the lease holder)
     active: bool = True  # whether the control plane that answered is that one (else a standby)
+    insecure: list[str] = []  # what the control plane that answered runs without (its --insecure-* flags)
