@@ -150,6 +150,46 @@ def test_a_node_that_rewrites_the_manifest_fails_the_build_naming_the_field(tmp_
     assert http.get("/v1/apps/verify-a").status_code == 404  # never deployed
 
 
+@pytest.mark.timeout(300)
+def test_only_the_node_asked_may_answer_a_build(tmp_path, node, http, silent_index):
+    """Another node (credentials of its own) answering a build, even with the declared manifest honestly locked, is
+    not heard: on its own subject it speaks for no build asked of it, and the asked node's subject is not its to
+    publish on."""
+    path = _write(tmp_path / "d", "verify-a", f"index_url={silent_index!r}")
+    started = _start(node, http, path)
+    assert started.status_code == 202, started.text
+    build_id, node_id = started.json()["build_id"], started.json()["node_id"]
+    declared = plan_images(path).declared
+    assert declared is not None
+    honest = msgspec.structs.replace(_forged(declared), services=[
+        msgspec.structs.replace(_forged(declared).services[0], secrets=declared.services[0].secrets)])
+    answer = BuildEvent(build_id=build_id, state="ready", manifest_json=encoder.encode(honest).decode())
+    forger = read_file(node.node_credentials("forger"))
+
+    async def forge() -> str:
+        nc = await nats.connect(node.nats_url, **forger.connect_options())
+        try:
+            await nc.publish(subjects.node_build_events("forger"), encoder.encode(answer))
+            await nc.flush()
+            await nc.publish(subjects.node_build_events(node_id), encoder.encode(answer))
+            await nc.flush()
+            await wait_until_error(nc)
+            return repr(nc.last_error)
+        finally:
+            await nc.close()
+
+    async def wait_until_error(nc: nats.NATS) -> None:
+        while nc.last_error is None:
+            await asyncio.sleep(0.05)
+
+    assert "permissions violation" in asyncio.run(asyncio.wait_for(forge(), 30)).lower()
+    # the asked node's next word comes after the forger's (flushed) ones: once it shows, they were judged
+    asyncio.run(_answer_as_the_node(node, node_id, BuildEvent(build_id=build_id, lines=["after the forger"])))
+    view = wait_for(lambda: (v := http.get(f"/v1/apps/verify-a/builds/{build_id}").json())
+                    and "after the forger" in v["lines"] and v, timeout_s=60, what="the node's own line")
+    assert view["state"] == "building" and view["manifest_json"] == "", view
+
+
 def test_a_build_without_the_declared_manifest_or_with_another_apps_is_refused(tmp_path, node, http, silent_index):
     path = _write(tmp_path / "b", "verify-a", f"index_url={silent_index!r}")
     missing = _start(node, http, path, declared=None)
