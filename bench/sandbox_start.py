@@ -1,4 +1,5 @@
-"""What the sandbox costs a replica's start: cold starts and zygote starts, sandboxed and not, in one run.
+"""What the sandbox and its own network cost: a replica's start (cold and from a zygote) and a call's NATS hop,
+with a network of its own (bwrap --unshare-net with pasta attached), on the node's network, and unsandboxed.
 
 What is measured
     The node agent's own start paths (``ember_runtime.agent``), without the rest of the platform:
@@ -13,9 +14,12 @@ What is measured
                   the agent waits for before the replica runs its per-replica setup. Sandboxed: the zygote and
                   its children in bwrap; not: plain processes.
 
-    Runs are interleaved (sandboxed, unsandboxed, sandboxed, ...) so that both see the same machine; the
-    table shows medians and the sandboxed/unsandboxed ratio. Target: the sandbox adds under 20 ms to a
-    zygote start.
+    * ``call``    a NATS request/reply at concurrency 1 to a responder in the sandbox (nats-py, as a replica
+                  answers), p50: what pasta's forwarding adds to each call's NATS hop.
+
+    Runs are interleaved (own network, node network, unsandboxed, ...) so that all see the same machine; the
+    table shows medians. Targets: the sandbox adds under 20 ms to a zygote start; its own network adds at most
+    5 ms to a zygote start and 0.10 ms to a call.
 
 Usage
     python bench/sandbox_start.py [--repeats N]
@@ -46,6 +50,21 @@ from ember_runtime.agent.bundles import make_read_only, remove_tree
 from ember_runtime.agent.zygote_pool import Zygote
 
 TARGET_ZYGOTE_MS = 20.0
+TARGET_NETWORK_START_MS = 5.0  # what the sandbox's own network may add to a zygote start
+TARGET_NETWORK_CALL_MS = 0.10  # and to a call's p50 at concurrency 1
+CALLS = 2000
+RESPONDER = """
+import asyncio, sys, nats
+async def main():
+    nc = await nats.connect(sys.argv[1])
+    async def echo(msg):
+        await msg.respond(msg.data)
+    await nc.subscribe("bench.echo." + sys.argv[2], cb=echo)
+    await nc.flush()
+    print("ready", flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
 APP = '''
 import ember
 
@@ -141,50 +160,100 @@ async def zygote_starts(node: sandbox.Sandbox, bundle: Path, state: Path, repeat
     return times
 
 
+async def call_p50(node: sandbox.Sandbox, bundle: Path, nats_url: str, calls: int) -> float:
+    """Seconds, p50, of ``calls`` request/replies one at a time to a responder in ``node``'s sandbox."""
+    import nats
+
+    name = os.urandom(4).hex()
+    command = [sys.executable, "-c", RESPONDER, nats_url, name]
+    env = sandbox.environment({}, sandboxed=node.enabled)
+    preexec = partial(sandbox.prepare_child, None)
+    proc: asyncio.subprocess.Process | sandbox.SandboxedProcess
+    if node.enabled:
+        proc = await sandbox.start(node, command, sandbox.Jail(bundle=bundle), env, preexec)
+    else:
+        proc = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.PIPE, cwd=bundle, env=env,
+                                                    start_new_session=True, preexec_fn=preexec)
+    assert proc.stdout is not None
+    nc = await nats.connect(nats_url)
+    try:
+        assert (await asyncio.wait_for(proc.stdout.readline(), 60)).strip() == b"ready"
+        times = []
+        for _ in range(calls):
+            started = time.perf_counter()
+            await nc.request(f"bench.echo.{name}", b"x" * 64, timeout=10)
+            times.append(time.perf_counter() - started)
+    finally:
+        await nc.close()
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    return statistics.median(times[calls // 10:])  # the first tenth warms up
+
+
 def median_ms(values: list[float]) -> float:
     return statistics.median(values) * 1000
 
 
 async def run(repeats: int) -> str:
-    node = sandbox.Sandbox.for_node("required")
-    plain = sandbox.NO_SANDBOX
     with tempfile.TemporaryDirectory(prefix="ember-sbx-bench-") as tmp:
-        bundle = Path(tmp) / "bundle"
-        bundle.mkdir()
-        (bundle / "app.py").write_text(APP)
-        make_read_only(bundle)
-        cold: dict[str, list[float]] = {"sandboxed": [], "unsandboxed": []}
-        say(f"cold: {repeats} interleaved starts each")
-        await cold_start(node, bundle)  # warm the page cache for both
-        for _ in range(repeats):
-            cold["sandboxed"].append(await cold_start(node, bundle))
-            cold["unsandboxed"].append(await cold_start(plain, bundle))
-        say(f"zygote: {repeats} forks each, zygotes built in turn, twice")
-        forked: dict[str, list[float]] = {"sandboxed": [], "unsandboxed": []}
         nats, url = start_nats(Path(tmp) / "js")
         try:
-            for round_ in range(2):
-                for name, how in (("sandboxed", node), ("unsandboxed", plain)):
-                    forked[name] += await zygote_starts(how, bundle, Path(tmp) / f"{name}-{round_}",
-                                                        repeats // 2 or 1, url)
+            modes = {"own network": sandbox.Sandbox.for_node("required", nats_url=url),
+                     "node network": sandbox.Sandbox.for_node("required"), "unsandboxed": sandbox.NO_SANDBOX}
+            if not modes["own network"].own_network:
+                raise SystemExit(f"no network of its own here: {modes['own network'].network_why_not}")
+            bundle = Path(tmp) / "bundle"
+            bundle.mkdir()
+            (bundle / "app.py").write_text(APP)
+            make_read_only(bundle)
+            runs = await measure(modes, bundle, Path(tmp), url, repeats)
+            remove_tree(bundle)
         finally:
             nats.terminate()
             nats.wait()
-        remove_tree(bundle)
-    return render(cold, forked, repeats)
+    return render(runs, repeats)
 
 
-def render(cold: dict[str, list[float]], forked: dict[str, list[float]], repeats: int) -> str:
-    lines = ["| start | sandboxed ms (median) | unsandboxed ms (median) | sandboxed / unsandboxed | added ms |",
+async def measure(modes: dict[str, sandbox.Sandbox], bundle: Path, tmp: Path, url: str,
+                  repeats: int) -> dict[str, dict[str, list[float]]]:
+    """Each kind of measure, for each mode, interleaved."""
+    runs: dict[str, dict[str, list[float]]] = {k: {m: [] for m in modes} for k in ("cold", "zygote", "call")}
+    say(f"cold: {repeats} interleaved starts each")
+    await cold_start(modes["node network"], bundle)  # warm the page cache for all
+    for _ in range(repeats):
+        for mode, node in modes.items():
+            runs["cold"][mode].append(await cold_start(node, bundle))
+    say(f"zygote: {repeats} forks each, zygotes built in turn, twice")
+    for round_ in range(2):
+        for mode, node in modes.items():
+            runs["zygote"][mode] += await zygote_starts(node, bundle, tmp / f"{mode}-{round_}".replace(" ", "-"),
+                                                        repeats // 2 or 1, url)
+    say(f"call: {CALLS} request/replies at concurrency 1, 3 rounds each")
+    for _ in range(3):
+        for mode, node in modes.items():
+            runs["call"][mode].append(await call_p50(node, bundle, url, CALLS))
+    return runs
+
+
+def render(runs: dict[str, dict[str, list[float]]], repeats: int) -> str:
+    lines = ["| measure | own network ms | node network ms | unsandboxed ms | added by own network ms |",
              "|---|---:|---:|---:|---:|"]
-    for kind, runs in (("cold (fresh interpreter)", cold), ("zygote (fork)", forked)):
-        s, u = median_ms(runs["sandboxed"]), median_ms(runs["unsandboxed"])
-        lines.append(f"| {kind} | {s:.1f} | {u:.1f} | {s / u:.2f}x | {s - u:+.1f} |")
-    added = median_ms(forked["sandboxed"]) - median_ms(forked["unsandboxed"])
-    lines += ["", f"{repeats} cold starts and {len(forked['sandboxed'])} zygote forks of each kind; "
-                  f"{platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}.",
-              f"Target: the sandbox adds under {TARGET_ZYGOTE_MS:g} ms per zygote start: {added:+.1f} ms "
-              f"({'met' if added < TARGET_ZYGOTE_MS else 'missed'})."]
+    names = {"cold": "cold start (fresh interpreter)", "zygote": "zygote start (fork)", "call": "call p50, c=1"}
+    for kind, by_mode in runs.items():
+        own, node, plain = (median_ms(by_mode[m]) for m in ("own network", "node network", "unsandboxed"))
+        digits = 3 if kind == "call" else 1
+        lines.append(f"| {names[kind]} | {own:.{digits}f} | {node:.{digits}f} | {plain:.{digits}f} | "
+                     f"{own - node:+.{digits}f} |")
+    zygote = median_ms(runs["zygote"]["node network"]) - median_ms(runs["zygote"]["unsandboxed"])
+    start = median_ms(runs["zygote"]["own network"]) - median_ms(runs["zygote"]["node network"])
+    call = median_ms(runs["call"]["own network"]) - median_ms(runs["call"]["node network"])
+    lines += ["", f"{repeats} cold starts, {len(runs['zygote']['unsandboxed'])} zygote forks and 3 x {CALLS} calls "
+                  f"per mode; {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}.",
+              f"Targets: the sandbox adds under {TARGET_ZYGOTE_MS:g} ms per zygote start: {zygote:+.1f} ms; its own "
+              f"network at most {TARGET_NETWORK_START_MS:g} ms: {start:+.1f} ms, and at most "
+              f"{TARGET_NETWORK_CALL_MS:g} ms per call: {call:+.3f} ms "
+              f"({'met' if zygote < TARGET_ZYGOTE_MS and start <= TARGET_NETWORK_START_MS else 'start missed'}, "
+              f"{'met' if call <= TARGET_NETWORK_CALL_MS else 'call missed'})."]
     return "\n".join(lines)
 
 
