@@ -16,6 +16,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 test: $(STAMP)
+	@.ci/system-deps  # chromium and passt: installed as root with apt-get, else their tests skip
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

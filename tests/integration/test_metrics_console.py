@@ -219,7 +219,8 @@ def test_the_console_is_served_safely(platform: TestPlatform, http: httpx.Client
 def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: httpx.Client, tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    assert Path(CHROMIUM).exists(), "the console's test needs Debian's chromium: apt-get install -y chromium"
+    if not Path(CHROMIUM).exists():  # `make test` installs it where it can (.ci/system-deps); CI requires it
+        pytest.skip("the console's test needs Debian's chromium: apt-get install chromium")
     opened = tmp_path / "opened-url"
     browser_cmd = tmp_path / "browser.sh"
     browser_cmd.write_text(f'#!/bin/sh\nprintf %s "$1" > {opened}\n')
