@@ -19,7 +19,8 @@ namespace user-mode networking from outside, without privileges:
   agent logs it).
 
 pasta (a daemon once attached) holds the namespace; it does not notice the sandbox's end by itself: the agent
-stops it when bwrap exits (after the sandbox's last process), and every one left when it exits itself. A
+stops it when bwrap exits (after the sandbox's last process), and every one left when it exits itself; the pastas
+of an agent killed outright are found by their pid files (``RUN_ROOT``) and stopped by the next agent's start. A
 zygote's sandbox pays this once; its forked replicas share the zygote's namespace (one version's replicas, one
 app).
 """
@@ -48,6 +49,7 @@ ATTACH_TIMEOUT_S = 30.0  # pasta attaches in tens of milliseconds; a loaded node
 NATS_DEFAULT_PORT = 4222
 OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 OTLP_DEFAULT_PORT = 4318  # OTLP over HTTP
+RUN_ROOT = Path(tempfile.gettempdir()) / f"ember-pasta-{os.getuid()}"  # <agent pid>/<pasta's pid file>
 
 
 class NetworkUnavailable(RuntimeError):
@@ -139,14 +141,15 @@ def loopback_port(url: str, default: int = NATS_DEFAULT_PORT) -> int:
 class Pasta:
     """One attached pasta daemon, held by a pidfd (its pid may be reused once it is gone)."""
 
-    def __init__(self, pidfd: int) -> None:
+    def __init__(self, pidfd: int, pid_file: str) -> None:
         self._pidfd = pidfd
+        self.pid_file = pid_file  # kept while it runs: how a later agent finds it if this one is killed
         _LIVE.add(self)
 
     @classmethod
     def from_pid_file(cls, path: str) -> Pasta | None:
         with contextlib.suppress(OSError, ValueError), open(path) as f:
-            return cls(os.pidfd_open(int(f.read().strip())))
+            return cls(os.pidfd_open(int(f.read().strip())), path)
         return None
 
     def stop_after(self, pid: int) -> None:
@@ -173,6 +176,8 @@ class Pasta:
         os.close(self._pidfd)
         self._pidfd = -1
         _LIVE.discard(self)
+        with contextlib.suppress(OSError):
+            os.unlink(self.pid_file)
 
 
 _LIVE: set[Pasta] = set()  # stopped when the agent exits: its sandboxes end with it (die-with-parent, lifeline)
@@ -182,6 +187,8 @@ _LIVE: set[Pasta] = set()  # stopped when the agent exits: its sandboxes end wit
 def _stop_all() -> None:
     for pasta in list(_LIVE):
         pasta.stop()
+    with contextlib.suppress(OSError):
+        (RUN_ROOT / str(os.getpid())).rmdir()
 
 
 def find_pasta() -> str | None:
@@ -227,13 +234,55 @@ def attach_sync(network: Network, pid: int, *, blocked: bool) -> Pasta:
 
 @contextlib.contextmanager
 def _pid_file() -> Iterator[str]:
-    fd, path = tempfile.mkstemp(prefix="ember-pasta-")
+    """A pid file for one pasta, in this agent's own folder of ``RUN_ROOT``; removed unless a pasta runs."""
+    fd, path = tempfile.mkstemp(prefix="pasta-", dir=_run_dir())
     os.close(fd)
     try:
         yield path
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        if not any(p.pid_file == path for p in _LIVE):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+def _run_dir() -> Path:
+    RUN_ROOT.mkdir(mode=0o700, exist_ok=True)
+    if RUN_ROOT.lstat().st_uid != os.getuid() or RUN_ROOT.is_symlink():
+        raise NetworkUnavailable(f"{RUN_ROOT} is not this user's own folder")
+    mine = RUN_ROOT / str(os.getpid())
+    mine.mkdir(mode=0o700, exist_ok=True)
+    return mine
+
+
+def sweep() -> int:
+    """Stop the pastas of agents that are gone (killed outright): each is known by its pid file, named on its
+    command line. How many were stopped."""
+    stopped = 0
+    with contextlib.suppress(OSError):
+        if RUN_ROOT.is_symlink() or RUN_ROOT.lstat().st_uid != os.getuid():
+            return 0
+        for folder in RUN_ROOT.iterdir():
+            if not folder.name.isdigit() or Path(f"/proc/{folder.name}").exists():
+                continue  # an agent still running
+            for pid_file in folder.iterdir():
+                stopped += _stop_orphan(pid_file)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return stopped
+
+
+def _stop_orphan(pid_file: Path) -> int:
+    """Kill the pasta ``pid_file`` names if it is still the one started with that file; remove the file."""
+    try:
+        pid = int(pid_file.read_text().strip() or 0)
+        running = pid and str(pid_file).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if running:
+            os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        running = False
+    with contextlib.suppress(OSError):
+        pid_file.unlink()
+    return 1 if running else 0
 
 
 def _attached(code: int, err: bytes, pid_file: str) -> Pasta:

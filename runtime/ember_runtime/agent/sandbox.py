@@ -170,6 +170,8 @@ class Sandbox:
         pasta = netns.find_pasta()
         if pasta is None:
             return self._shared_network("pasta not found: install Debian's `passt` package")
+        if stopped := netns.sweep():
+            log.warning("stopped %d pasta(s) left by an agent that was killed", stopped)
         network = netns.for_node(pasta, nats_url, os.environ)
         candidate = dataclasses.replace(self, network=network)
         try:

@@ -9,7 +9,9 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -197,3 +199,31 @@ def test_the_nodes_addresses_are_read_from_proc_loopback_and_link_local_aside(tm
                                        "fd000000000000000000000000000002 04 40 00 82     eth0\n"
                                        "fe8000000000000000fc00fffe000001 04 40 20 80     eth0\n")
     assert netns.node_addresses(tmp_path / "fib_trie", tmp_path / "if_inet6") == ("172.17.0.1", "fd00::2")
+
+
+KILLED_AGENT = """
+import asyncio, os, signal, sys
+from functools import partial
+from pathlib import Path
+from ember_runtime.agent import sandbox
+box = sandbox.Sandbox.for_node("required", sys.argv[1])
+print(os.getpid(), flush=True)
+async def go():
+    await sandbox.start(box, ["true"], sandbox.Jail(bundle=Path("/tmp")),
+                        sandbox.environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+    os.kill(os.getpid(), signal.SIGKILL)  # killed outright: no exit handler runs
+asyncio.run(go())
+"""
+
+
+def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(networked, servers) -> None:
+    killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, f"nats://127.0.0.1:{servers[0]}"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    (pid_file,) = (netns.RUN_ROOT / killed.stdout.split()[0]).iterdir()  # its pasta's, left with the pasta
+    pasta = int(pid_file.read_text())
+    assert Path(f"/proc/{pasta}").exists()
+    assert netns.sweep() >= 1
+    wait_for(lambda: not Path(f"/proc/{pasta}").exists() or "Z" in Path(f"/proc/{pasta}/stat").read_text().split()[2],
+             timeout_s=30, what="the orphaned pasta to be stopped")
+    assert not (netns.RUN_ROOT / killed.stdout.split()[0]).exists()
