@@ -1,9 +1,10 @@
 """``python -m ember._inspect app.py``: import an app and print its manifest as JSON.
 
 ``ember push`` runs this in a subprocess so that importing user code (and its heavy imports) never
-happens in the CLI's own process. With ``--images`` it imports the app with the modules this machine lacks
-stood in for (``ember._lenient``) and prints its images (``ember._plan.ImagePlan``): the platform then reads the
-manifest by importing the app inside its image, on a node (``python -m ember._inspect`` with the image's Python).
+happens in the CLI's own process. With ``--images`` it imports the app as written, standing in only for a
+top-level package this machine lacks that the app's own files import (``ember._lenient``), and prints its images
+(``ember._plan.ImagePlan``): the platform then reads the manifest by importing the app inside its image, on a node
+(``python -m ember._inspect`` with the image's Python).
 """
 
 from __future__ import annotations
