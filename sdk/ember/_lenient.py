@@ -13,13 +13,14 @@ fails, with an error naming the missing package.
 
 from __future__ import annotations
 
+import builtins
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import site
 import sys
 import sysconfig
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType, ModuleType, TracebackType
@@ -104,10 +105,23 @@ def stand_ins(root: Path) -> Iterator[list[str]]:
     """While active, the packages ``import_standing_in`` found missing are stand-ins for the app's files under
     ``root``; yields their names."""
     finder = _Finder(root.resolve())
+    original = builtins.__import__
+
+    def guarded(name: str, globals: Mapping[str, Any] | None = None, locals: Mapping[str, Any] | None = None,
+                fromlist: Sequence[str] = (), level: int = 0) -> ModuleType:
+        """An installed package's ``import`` of a package stood in for fails as it would without Ember, even once
+        the app's own import has put the stand-in in ``sys.modules``."""
+        if level == 0 and name.partition(".")[0] in finder.missing and \
+                not _is_app_file(str((globals or {}).get("__file__") or ""), finder.root):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return original(name, globals, locals, fromlist, level)
+
     sys.meta_path.append(finder)
+    builtins.__import__ = guarded
     try:
         yield finder.missing
     finally:
+        builtins.__import__ = original
         sys.meta_path.remove(finder)
 
 

@@ -64,6 +64,16 @@ def test_an_installed_packages_optional_import_is_never_stood_in_for(tmp_path):
     assert _plan(app, site).missing == [ABSENT]
 
 
+def test_an_installed_package_imported_after_the_app_stood_in_for_a_package_does_not_see_the_stand_in(tmp_path):
+    site = tmp_path / "site"
+    (site / "optional").mkdir(parents=True)
+    (site / "optional" / "__init__.py").write_text(
+        f"try:\n    import {ABSENT}\nexcept ImportError:\n    {ABSENT} = None\nHAS = {ABSENT} is not None\n")
+    app = _app(tmp_path / "app", f"import {ABSENT}\nimport optional\nassert not optional.HAS, 'saw the stand-in'",
+               image=repr(ABSENT))
+    assert _plan(app, site).missing == [ABSENT]
+
+
 def test_an_installed_package_that_needs_a_missing_one_is_an_error_naming_both(tmp_path):
     site = tmp_path / "site"
     (site / "needy").mkdir(parents=True)
