@@ -107,8 +107,8 @@ def stand_ins(root: Path) -> Iterator[list[str]]:
     finder = _Finder(root.resolve())
     original = builtins.__import__
 
-    def guarded(name: str, globals: Mapping[str, Any] | None = None, locals: Mapping[str, Any] | None = None,
-                fromlist: Sequence[str] = (), level: int = 0) -> ModuleType:
+    def guarded(name: str, globals: Mapping[str, object] | None = None, locals: Mapping[str, object] | None = None,
+                fromlist: Sequence[str] | None = (), level: int = 0) -> ModuleType:
         """An installed package's ``import`` of a package stood in for fails as it would without Ember, even once
         the app's own import has put the stand-in in ``sys.modules``."""
         if level == 0 and name.partition(".")[0] in finder.missing and \
