@@ -16,7 +16,7 @@ from ember._deploy import app_view
 from ember._errors import EmberError
 from ember.cli.push import print_endpoints, push_app
 from ember.cli.rollout import traffic
-from ember.dev.embedded import EmbeddedPlatform
+from ember.dev.embedded import EmbeddedPlatform, PortInUseError
 from ember.dev.watch import changes
 from ember.wire import AppView
 
@@ -55,6 +55,10 @@ def run(args: argparse.Namespace) -> int:
             _watch(Path(args.app_file))
         while True:
             signal.pause()
+    except PortInUseError as exc:  # raised before anything started
+        print(f"ember dev: {exc}; choose another with --port, as in `ember dev --port {args.port + 1}` "
+              "(--port 0: any free port)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("draining and stopping...", flush=True)
     finally:

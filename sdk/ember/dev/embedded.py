@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import os
 import shutil
 import signal
@@ -27,6 +28,10 @@ from ember.wire.tokens import new_token, parse_token
 NATS_CONFIG = "max_payload: 8MB\n"
 _READY_LINE = "Listening for client connections on "
 _NOT_INHERITED = frozenset({"EMBER_TOKEN", "EMBER_NATS_CREDS", "EMBER_NATS_CREDS_FILE"})
+
+
+class PortInUseError(UnavailableError):
+    """The HTTP port asked for is taken; nothing was started."""
 
 
 def nats_server_binary() -> str:
@@ -83,6 +88,7 @@ class EmbeddedPlatform:
             raise UnavailableError(f"setting up NATS auth failed: {proc.stderr.strip()[-500:]}")
 
     def start(self, timeout_s: float = 60.0) -> EmbeddedPlatform:
+        self._check_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._natsauth("init", str(self.auth_dir))
@@ -97,6 +103,22 @@ class EmbeddedPlatform:
             self.stop()
             raise
         return self
+
+    def _check_port(self) -> None:
+        """Refuse a taken HTTP port before starting anything: otherwise nats-server and the agent start, and the
+        control plane's exit code is all that tells why (often another Ember still running there)."""
+        if not self.http_port:
+            return
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the control plane binds it
+            try:
+                probe.bind((self.host, self.http_port))
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise UnavailableError(f"cannot use port {self.http_port} on {self.host}: {exc.strerror}") from None
+                raise PortInUseError(f"port {self.http_port} on {self.host} is in use (another Ember still "
+                                     "running?)") from None
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("ab")
