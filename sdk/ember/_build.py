@@ -16,7 +16,8 @@ from ember._client import Transport
 from ember._errors import InvalidSpecError, UnavailableError
 from ember._plan import ImagePlan
 from ember.wire import Manifest, encoder
-from ember.wire.images import BuildStart, BuildView
+from ember.wire.builds import BuildStart
+from ember.wire.images import BuildView
 
 Say = Callable[[str], None]
 POLL_S = 0.25

@@ -26,7 +26,8 @@ from ember._build import plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport
 from ember.wire import Deployment, Manifest, encoder, subjects
-from ember.wire.images import BuildEvent, BuildStart, image_hash
+from ember.wire.builds import BuildStart
+from ember.wire.images import BuildEvent, image_hash
 from ember.wire.natscreds import read_file
 
 pytestmark = pytest.mark.integration

@@ -36,10 +36,10 @@ import msgspec
 
 from ember._errors import InvalidInputError, NotFoundError, UnavailableError
 from ember.wire import Manifest, NodeInfo, encoder, subjects
+from ember.wire.builds import BuildStart
 from ember.wire.images import (
     BuildEvent,
     BuildRequest,
-    BuildStart,
     BuildState,
     BuildView,
     ImageSpec,

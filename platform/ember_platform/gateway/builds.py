@@ -8,7 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._errors import BadRequestError
-from ember.wire.images import BUILD_ID, BuildStart
+from ember.wire.builds import BuildStart
+from ember.wire.images import BUILD_ID
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.responses import json_response, platform_of
 

@@ -46,8 +46,9 @@ from ember.wire import (
     TokenRequest,
     encoder,
 )
+from ember.wire.builds import BuildStart
 from ember.wire.grants import SubjectGrant, SubjectGrantRequest
-from ember.wire.images import BuildStart, BuildView
+from ember.wire.images import BuildView
 from ember.wire.quotas import QUOTA_NAME
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView

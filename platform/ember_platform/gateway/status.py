@@ -3,8 +3,6 @@ built by ``ember_platform.control.status``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
@@ -16,9 +14,6 @@ from ember_platform.control.status import build_status, service_status
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.responses import json_response, platform_of
-
-if TYPE_CHECKING:
-    from ember_platform.platform import Platform
 
 _MAX_SCALE_BODY = 64 * 1024
 _scale_decoder = msgspec.json.Decoder(ScaleRequest)
@@ -36,15 +31,16 @@ async def get_status(request: Request) -> Response:
         what = f"{app}.{service}" if service else app
         known = ", ".join(f"{s.app}.{s.service}" for s in view.services) or "none"
         raise NotFoundError(f"no service {what!r} is deployed (deployed: {known})")
-    return json_response(msgspec.structs.replace(view, services=services, insecure=insecure(platform)))
+    lacks = insecure(platform.settings.auth, platform.callout is not None)
+    return json_response(msgspec.structs.replace(view, services=services, insecure=lacks))
 
 
-def insecure(platform: Platform) -> list[str]:
+def insecure(tokens_checked: bool, nats_credentials: bool) -> list[str]:
     """What this control plane was told to run without, in words (``ember status`` shows them first)."""
     found = []
-    if not platform.settings.auth:
+    if not tokens_checked:
         found.append("no token is checked (--insecure-no-auth)")
-    if platform.callout is None:
+    if not nats_credentials:
         found.append("NATS admits clients without credentials (no --nats-auth-dir)")
     return found
 

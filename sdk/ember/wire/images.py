@@ -249,19 +249,6 @@ class BuildEvent(msgspec.Struct, frozen=True, kw_only=True):
     manifest_json: str = ""  # once ready: the manifest read inside the image, its images locked
 
 
-class BuildStart(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``POST /v1/apps/<app>/builds``: lock and build these images for this bundle, and read its manifest."""
-
-    bundle_sha256: str
-    module: str
-    images: list[ImageSpec]
-    inspect_in: int = 0
-    relock: bool = False  # resolve every image again, even one the running version has a lock for
-    # the manifest as read on the pushing machine, images unlocked: the node's manifest is held to it (required;
-    # a default only so that an older client's request is answered with a 422 naming it)
-    declared: _specs.Manifest | None = None
-
-
 class BuildView(msgspec.Struct, frozen=True, kw_only=True):
     """``GET /v1/apps/<app>/builds/<id>``: a build's state, its log from line ``since`` on, its result."""
 
@@ -275,7 +262,3 @@ class BuildView(msgspec.Struct, frozen=True, kw_only=True):
     manifest_json: str = ""  # once ready: the manifest (JSON) read inside the image, its images locked
     started_at: float = 0.0
     finished_at: float = 0.0
-
-
-# Last: ``specs`` imports this module's ImageSpec; the manifest's name is resolved when a decoder is first made.
-from ember.wire import specs as _specs  # noqa: E402
