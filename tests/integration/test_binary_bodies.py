@@ -14,7 +14,6 @@ import msgspec
 import numpy as np
 import pytest
 from support.paths import REPO
-from support.pushing import push_here
 
 import ember
 from ember._client import RawBody, invoke_op
@@ -25,8 +24,8 @@ MSGPACK = "application/msgpack"
 
 
 @pytest.fixture(scope="module")
-def arrays(transport):
-    return push_here(transport, ARRAYS, "arrays")
+def arrays(deployed):
+    return deployed(ARRAYS, "arrays")  # pushed as `ember push` does: numpy imported as written
 
 
 def test_a_raw_3_mb_image_round_trips_byte_exact(arrays, http):

@@ -21,7 +21,6 @@ import tritonclient.http as triton
 from prometheus_client.parser import text_string_to_metric_families
 from support.auth import bearer
 from support.paths import REPO
-from support.pushing import push_here
 from tritonclient.utils import InferenceServerException
 
 from ember.dev.embedded import EmbeddedPlatform
@@ -31,9 +30,9 @@ LENGTH = "Inference-Header-Content-Length"
 
 
 @pytest.fixture(scope="module")
-def arrays(transport):
-    push_here(transport, ARRAYS, "arrays-other")
-    return push_here(transport, ARRAYS, "arrays")
+def arrays(deployed):
+    deployed(ARRAYS, "arrays-other")  # pushed as `ember push` does: numpy imported as written
+    return deployed(ARRAYS, "arrays")
 
 
 @pytest.fixture(scope="module")
