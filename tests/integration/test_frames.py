@@ -180,7 +180,9 @@ async def _exchange(platform, transport, app: str, function: str,  # type: ignor
     until every call is answered."""
     subject = subjects.invoke(app, function, app_view(transport, app).version)
     nc = await admin_connect(platform.nats_url)
-    inbox = nc.new_inbox()
+    # Where a gateway takes its answers: a replica answers a frame on its app's answer subjects (and, beyond them,
+    # may answer a request's reply subject once only).
+    inbox = f"{subjects.answers_inbox(f'test-{time.monotonic_ns()}')}.{app}"
     got: asyncio.Queue = asyncio.Queue()
     await nc.subscribe(f"{inbox}.*", cb=got.put)
     await nc.publish(subject, encoder.encode(calls), reply=f"{inbox}.1")
