@@ -65,6 +65,7 @@ class Network:
     nats_port: int = 0
     also: tuple[int, ...] = ()  # other ports of the node's loopback forwarded: an OpenTelemetry collector's
     node_addresses: tuple[str, ...] = ()  # this node's own addresses (not loopback): unreachable from inside
+    nats_ports: tuple[int, ...] = ()  # every loopback port of the NATS URL's servers (a cluster's), forwarded too
 
     def argv(self, pid: int, *, blocked: bool) -> list[str]:
         """pasta's command line for the sandbox whose first process is ``pid``."""
@@ -73,7 +74,8 @@ class Network:
                         "reaches it through the way out")
             blocked = False
         args = [self.pasta, "--quiet", "-t", "none", "-u", "none", "-U", "none", "--no-map-gw",
-                "-T", ",".join(str(p) for p in sorted({self.nats_port, *self.also} - {0})) or "none"]
+                "-T", ",".join(str(p) for p in sorted({self.nats_port, *self.nats_ports, *self.also} - {0}))
+                or "none"]
         if os.geteuid() == 0:  # as root pasta would become nobody, who may not enter the sandbox's namespaces
             args += ["--runas", "0"]
         if not blocked:
@@ -84,7 +86,8 @@ class Network:
 def for_node(pasta: str, nats_url: str, env: Mapping[str, str]) -> Network:
     """What this node's sandboxes get forwarded: NATS, and an OpenTelemetry collector, where on its loopback."""
     otlp = {loopback_port(env[k], OTLP_DEFAULT_PORT) for k in OTLP_ENV if env.get(k, "").strip()}
-    return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})), node_addresses())
+    return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})), node_addresses(),
+                   nats_ports=loopback_ports(nats_url))
 
 
 def node_addresses(fib_trie: Path = Path("/proc/net/fib_trie"),
@@ -119,6 +122,12 @@ def unroute(addresses: tuple[str, ...], pid: int) -> None:
     done = subprocess.run(argv, input=routes.encode(), capture_output=True, timeout=ATTACH_TIMEOUT_S, check=False)
     if done.returncode:
         raise NetworkUnavailable(f"cannot keep the node's addresses out of reach: {done.stderr.decode()[-300:]}")
+
+
+def loopback_ports(urls: str) -> tuple[int, ...]:
+    """The loopback ports of every server in a comma-separated NATS URL list: a replica must reach each of a
+    cluster's servers, or it cannot reconnect when the one it uses is lost."""
+    return tuple(sorted({port for url in urls.split(",") if (port := loopback_port(url))}))
 
 
 def loopback_port(url: str, default: int = NATS_DEFAULT_PORT) -> int:

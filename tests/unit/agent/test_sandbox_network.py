@@ -154,6 +154,12 @@ def test_only_a_nats_url_on_the_nodes_loopback_is_forwarded() -> None:
     assert netns.loopback_port("tls://[::1]:4222,nats://10.0.0.2:4222") == 4222
     assert netns.loopback_port("nats://nats.ember.svc:4222") == 0
     assert netns.loopback_port("nats://10.0.0.2:4222") == 0
+    # a cluster's servers: each is forwarded, so that a replica reconnects to another when one is lost
+    assert netns.loopback_ports("nats://127.0.0.1:4301,nats://127.0.0.1:4302, nats://localhost:4303") == (
+        4301, 4302, 4303)
+    assert netns.loopback_ports("nats://127.0.0.1:4301,nats://10.0.0.2:4222") == (4301,)
+    network = netns.Network("pasta", 4301, nats_ports=(4301, 4302, 4303))
+    assert network.argv(7, blocked=True)[network.argv(7, blocked=True).index("-T") + 1] == "4301,4302,4303"
     network = netns.for_node("/usr/bin/pasta", "nats://127.0.0.1:4333",
                              {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
     argv = network.argv(42, blocked=False)
