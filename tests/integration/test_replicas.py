@@ -211,7 +211,7 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
 
     async def exchange(seconds: float) -> list:
         nc = await admin_connect(platform.nats_url)
-        inbox = nc.new_inbox()
+        inbox = f"{subjects.answers_inbox(f'test-{time.monotonic_ns()}')}.probe"  # where a gateway takes answers
         got: asyncio.Queue = asyncio.Queue()
         await nc.subscribe(f"{inbox}.*", cb=got.put)
         call = Invocation(call_id=f"ack-{seconds}", function="slow", deadline=time.time() + 30,

@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import msgspec
 import pytest
+from nats.js.errors import NoKeysError
 from support.auth import bearer
 from support.natsconn import connect as admin_connect
 from support.owners import owners_of
@@ -147,7 +148,11 @@ async def _node_volumes(url: str) -> list[str]:
     try:
         kv = await nc.jetstream().key_value(subjects.NODES_BUCKET)
         found: list[str] = []
-        for key in await kv.keys():
+        try:
+            keys = await kv.keys()
+        except NoKeysError:  # no node's info at this moment (one whose heartbeat came late): ask again
+            return found
+        for key in keys:
             found += msgspec.json.decode((await kv.get(key)).value).get("volumes", [])
         return found
     finally:
