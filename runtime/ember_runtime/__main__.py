@@ -28,6 +28,11 @@ def main() -> None:
                              f"node-creds`; default: ${CREDS_FILE_ENV})")
     parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
                         help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
+    parser.add_argument("--sandbox-network", choices=("own", "node"),
+                        default=os.environ.get("EMBER_SANDBOX_NETWORK") or "node",
+                        help="own: every sandbox in a network namespace of its own (pasta), reaching NATS and the "
+                             "internet only, at a cost per call (README, Sandboxes); node (default): sandboxes share "
+                             "the node's network, except block_network=True functions' ($EMBER_SANDBOX_NETWORK)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="connect to NATS without credentials (a nats-server that checks none): refused without "
                              "this flag, since such a server lets any client read and write everything")
@@ -40,7 +45,7 @@ def main() -> None:
     args = parser.parse_args()
     _logging.configure("agent", args.log_format)
     try:
-        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats)
+        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own")
     except SandboxUnavailable as exc:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")

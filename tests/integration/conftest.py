@@ -25,6 +25,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
     state = tmp_path_factory.mktemp("ember")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
+        env.setenv("EMBER_SANDBOX_NETWORK", "own")  # every sandbox in a network of its own: the isolation tests
         with TestPlatform(state) as running:
             yield running
 

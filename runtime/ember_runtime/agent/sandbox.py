@@ -108,6 +108,9 @@ class Sandbox:
     why_not: str = ""  # why replicas run unsandboxed
     network: netns.Network | None = None  # each sandbox's own network namespace; None: the node's network
     network_why_not: str = ""  # why sandboxes share the node's network
+    # Every sandbox in a network of its own (--sandbox-network own), or only those of block_network=True functions:
+    # the NATS hop through pasta's splice stalls a call for up to 40 ms now and then (bench/RESULTS.md)
+    own_for_all: bool = True
 
     @property
     def enabled(self) -> bool:
@@ -115,7 +118,12 @@ class Sandbox:
 
     @property
     def own_network(self) -> bool:
-        return self.bwrap is not None and self.network is not None
+        """Whether every sandbox gets a network of its own."""
+        return self.bwrap is not None and self.network is not None and self.own_for_all
+
+    def own_network_for(self, jail: Jail) -> bool:
+        """Whether this sandbox gets a network of its own: all do, or those of ``block_network=True`` functions."""
+        return self.bwrap is not None and self.network is not None and (self.own_for_all or jail.block_network)
 
     def notes(self) -> list[str]:
         """What replicas on this node lack, for the node's status (``ember status``, ``ember dev``)."""
@@ -123,6 +131,9 @@ class Sandbox:
             return [f"replicas run UNSANDBOXED: {self.why_not or 'sandboxes are off'}"]
         if self.network is None:
             return [f"replicas share the node's network: {self.network_why_not or 'no network namespace asked'}"]
+        if not self.own_for_all:
+            return ["replicas share the node's network, except those of block_network=True functions "
+                    "(--sandbox-network own gives each sandbox its own)"]
         return []
 
     @property
@@ -130,7 +141,7 @@ class Sandbox:
         return "bwrap" if self.enabled else "none"
 
     @classmethod
-    def for_node(cls, mode: Mode, nats_url: str | None = None) -> Sandbox:
+    def for_node(cls, mode: Mode, nats_url: str | None = None, *, own_for_all: bool = True) -> Sandbox:
         """Probe once, at the agent's start. ``required``: raise unless sandboxes work; ``if-possible``: run
         unsandboxed with one warning when they do not; ``off``: never sandbox. With ``nats_url``, each sandbox
         gets a network of its own where pasta can give it one (see ``with_network``)."""
@@ -145,7 +156,7 @@ class Sandbox:
                 failure = exc
                 continue
             log.info("replicas run in sandboxes (%s)", bwrap)
-            return sandbox if nats_url is None else sandbox.with_network(nats_url)
+            return sandbox if nats_url is None else sandbox.with_network(nats_url, own_for_all=own_for_all)
         if mode == "required":
             raise failure
         log.warning("replicas run WITHOUT a sandbox: %s", failure)
@@ -164,7 +175,7 @@ class Sandbox:
         if done.returncode:
             raise SandboxUnavailable(f"bwrap cannot make a sandbox here: {done.stderr.strip()[-300:]}")
 
-    def with_network(self, nats_url: str) -> Sandbox:
+    def with_network(self, nats_url: str, *, own_for_all: bool = True) -> Sandbox:
         """This sandbox with a network namespace of its own per sandbox, once a probe sandbox got pasta attached;
         else this one, sharing the node's network, with the reason logged and kept for the node's status."""
         pasta = netns.find_pasta()
@@ -173,14 +184,15 @@ class Sandbox:
         if stopped := netns.sweep():
             log.warning("stopped %d pasta(s) left by an agent that was killed", stopped)
         network = netns.for_node(pasta, nats_url, os.environ)
-        candidate = dataclasses.replace(self, network=network)
+        candidate = dataclasses.replace(self, network=network, own_for_all=own_for_all)
         try:
             netns.probe(network, lambda info, block: candidate.argv(
                 ["true"], Jail(bundle=Path(os.environ.get("TMPDIR", "/tmp"))), info_fd=info, block_fd=block),
                 environment({}, {"PATH": os.defpath}))
         except netns.NetworkUnavailable as exc:
             return self._shared_network(str(exc))
-        log.info("each sandbox has a network of its own (%s; NATS %s)", pasta,
+        log.info("%s a network of its own (%s; NATS %s)",
+                 "each sandbox has" if own_for_all else "the sandboxes of block_network=True functions have", pasta,
                  f"forwarded from port {network.nats_port}" if network.nats_port else "reached outbound")
         return candidate
 
@@ -225,6 +237,8 @@ NO_SANDBOX = Sandbox(None)
 def isolation(sandbox: Sandbox, cgroups: MemoryCgroups | None) -> dict[str, Any]:
     """``NodeInfo``'s ``sandbox`` and ``isolation_notes``: how this node holds replicas, and what they lack."""
     mode = "none" if not sandbox.enabled else "bwrap, own network" if sandbox.own_network else "bwrap, node network"
+    if sandbox.enabled and sandbox.network is not None and not sandbox.own_for_all:
+        mode = "bwrap, node network (own with block_network)"
     notes = sandbox.notes()
     if cgroups is not None and not cgroups.pids:
         notes.append(f"no per-replica process limit (RLIMIT_NPROC is shared by all apps): {cgroups.pids_reason}")
@@ -403,7 +417,7 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped), its group known. With a network of
     its own, bwrap waits (``--block-fd``) until pasta is attached to the namespace it made."""
     info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe() if sandbox.own_network else (-1, -1)
+    block_r, block_w = os.pipe() if sandbox.own_network_for(jail) else (-1, -1)
     own = (block_r,) if block_r >= 0 else ()
     try:
         proc = await asyncio.create_subprocess_exec(

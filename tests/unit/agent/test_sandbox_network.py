@@ -102,6 +102,18 @@ def test_block_network_leaves_nats_and_no_way_out(networked, servers) -> None:
     assert sealed[1] == "ENETUNREACH" and opened[1] != "ENETUNREACH"
 
 
+def test_by_default_only_block_network_sandboxes_get_a_network_of_their_own(networked, servers) -> None:
+    """``--sandbox-network node`` (the agent's default): a sandbox shares the node's network (it reaches the node's
+    other port), except a ``block_network=True`` function's, which gets its own (NATS only)."""
+    nats, other = servers
+    shared = dataclasses.replace(networked, own_for_all=False)
+    assert _reach(shared, [("127.0.0.1", nats), ("127.0.0.1", other)]) == ["ok", "ok"]
+    assert _reach(shared, [("127.0.0.1", nats), ("127.0.0.1", other)], blocked=True) == ["ok", "ECONNREFUSED"]
+    status = sandbox.isolation(shared, None)
+    assert status["sandbox"] == "bwrap, node network (own with block_network)"
+    assert any("--sandbox-network own" in note for note in status["isolation_notes"])
+
+
 def test_pasta_ends_with_its_sandbox(networked, servers) -> None:
     _reach(networked, [("127.0.0.1", servers[0])])
     marker = f"-T {servers[0]}".encode()
