@@ -108,8 +108,7 @@ class Sandbox:
     why_not: str = ""  # why replicas run unsandboxed
     network: netns.Network | None = None  # each sandbox's own network namespace; None: the node's network
     network_why_not: str = ""  # why sandboxes share the node's network
-    # Every sandbox in a network of its own (--sandbox-network own), or only those of block_network=True functions:
-    # the NATS hop through pasta's splice stalls a call for up to 40 ms now and then (bench/RESULTS.md)
+    # Every sandbox in a network of its own (--sandbox-network own), or only block_network=True ones' (bench/RESULTS.md)
     own_for_all: bool = True
 
     @property
