@@ -25,8 +25,9 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
     state = tmp_path_factory.mktemp("ember")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
-        env.setenv("EMBER_SANDBOX_NETWORK", "own")  # every sandbox in a network of its own: the isolation tests
-        with TestPlatform(state) as running:
+        env.setenv("EMBER_SANDBOX_NETWORK", "own")  # this platform's sandboxes in networks of their own: the
+        with TestPlatform(state) as running:            # isolation tests; the platforms other tests start, not
+            env.delenv("EMBER_SANDBOX_NETWORK")         # (the agent's default)
             yield running
 
 
