@@ -71,34 +71,51 @@ def app_view(transport: Transport, app: str) -> AppView:
     return msgspec.json.decode(transport.request("GET", f"/v1/apps/{app}").content, type=AppView)
 
 
-def promote(app: str, *, transport: Transport | None = None) -> AppView:
+def promote(app: str, *, wait: bool = True, timeout_s: float = 300.0, transport: Transport | None = None,
+            progress: Progress | None = None) -> AppView:
     """Give ``app``'s canary all of its calls (once it has as many ready replicas as the version it replaces);
-    that version drains and stops. ``ConflictError`` when the app has no canary.
+    that version drains and stops. By default returns once the canary takes every call (as ``deploy`` waits);
+    ``wait=False`` returns at once. ``ConflictError`` when the app has no canary.
 
     Example:
         >>> ember.promote("hello")
     """
     transport = transport or default_transport()
-    return msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/promote").content, type=AppView)
+    view = msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/promote").content, type=AppView)
+    return _settle(transport, view, "promoting", wait=wait, timeout_s=timeout_s, progress=progress)
 
 
-def rollback(app: str, *, to: int | None = None, transport: Transport | None = None) -> AppView:
+def rollback(app: str, *, to: int | None = None, wait: bool = True, timeout_s: float = 300.0,
+             transport: Transport | None = None, progress: Progress | None = None) -> AppView:
     """Serve an older kept version of ``app`` again: ``to``, else the one before (during a rollout or a canary, the
-    version that serves). At once when it still serves, else once its replicas are ready; the versions it replaces
-    drain and stop. ``NotFoundError`` for a version the app does not keep.
+    version that serves). At once when it still serves or is kept warm (see README, "Rollouts"), else once its
+    replicas are ready; the versions it replaces drain. By default returns once that version takes every call (as
+    ``deploy`` waits); ``wait=False`` returns at once. ``NotFoundError`` for a version the app does not keep.
 
     Example:
         >>> ember.rollback("hello", to=3)
     """
     transport = transport or default_transport()
     body = encoder.encode(RolloutRequest(version=to or 0))
-    return msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/rollback", content=body,
+    view = msgspec.json.decode(transport.request("POST", f"/v1/apps/{app}/rollback", content=body,
                                                  headers={"content-type": "application/json"}).content, type=AppView)
+    return _settle(transport, view, "rolling back to", wait=wait, timeout_s=timeout_s, progress=progress)
 
 
-def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float, progress: Progress) -> AppView:
+def _settle(transport: Transport, view: AppView, doing: str, *, wait: bool, timeout_s: float,
+            progress: Progress | None) -> AppView:
+    """After a promote or rollback: with ``wait``, push's wait until ``view``'s version takes every call."""
+    say = progress or (lambda _msg, _view: None)
+    say(f"{doing} {view.app} v{view.version}", view)
+    if not wait:
+        return view
+    return wait_ready(transport, view.app, view.version, timeout_s=timeout_s, progress=say, alone=True)
+
+
+def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float, progress: Progress,
+               alone: bool = False) -> AppView:
     """Poll until every service of ``version`` has its minimum ready replicas and the version takes its calls (a
-    rollout switches once it is ready)."""
+    rollout switches once it is ready); with ``alone``, all of them (a promote or a rollback)."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while True:
@@ -109,7 +126,7 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
         if view.version != version:
             raise UnavailableError(f"app {app!r} moved to version {view.version} while waiting for {version}")
         summary, ready = _readiness(view)
-        ready &= _takes_calls(view)
+        ready &= _takes_calls(view, alone)
         if summary != last:
             progress(summary, view)
             last = summary
@@ -124,10 +141,13 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
         time.sleep(0.2)
 
 
-def _takes_calls(view: AppView) -> bool:
-    """Whether the view's version takes calls (a platform that shows no versions switches at once)."""
+def _takes_calls(view: AppView, alone: bool = False) -> bool:
+    """Whether the view's version takes calls (``alone``: all of them; a platform that shows no versions switches
+    at once)."""
     own = next((v for v in view.versions if v.version == view.version), None)
-    return own is None or own.state in ("serving", "canary")
+    if own is None:
+        return True
+    return own.percent == 100 if alone else own.state in ("serving", "canary")
 
 
 def _failed(view: AppView) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import sys
+import time
+from collections.abc import Callable, Sequence
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
@@ -19,3 +21,14 @@ def split_target(target: str) -> tuple[str, str]:
         raise SystemExit(f"ember: expected APP.FUNCTION (e.g. hello.greet or digits.Classifier.predict), "
                          f"got {target!r}")
     return app, fn
+
+
+def progress_printer() -> Callable[[str, object], None]:
+    """The progress lines of commands that wait (``push``, ``promote``, ``rollback``): ``[  1.2s] message`` on
+    stderr, timed from now, so that stdout keeps only the outcome."""
+    started = time.monotonic()
+
+    def say(message: str, _view: object = None) -> None:
+        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    return say

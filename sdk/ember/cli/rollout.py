@@ -5,17 +5,25 @@ from __future__ import annotations
 import argparse
 
 from ember._deploy import promote, rollback
+from ember.cli.output import progress_printer
 from ember.wire import AppView
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("promote", help="give an app's canary all of its calls; the version before drains")
     p.add_argument("app")
+    _waiting(p, "the canary takes every call")
     p.set_defaults(run=run_promote)
     r = sub.add_parser("rollback", help="serve an older version of an app again (the one before by default)")
     r.add_argument("app")
     r.add_argument("--to", type=_version, metavar="VERSION", help="the version to serve (as `ember ls` shows it)")
+    _waiting(r, "that version takes every call")
     r.set_defaults(run=run_rollback)
+
+
+def _waiting(parser: argparse.ArgumentParser, until: str) -> None:
+    parser.add_argument("--no-wait", action="store_true", help=f"return at once, without waiting until {until}")
+    parser.add_argument("--timeout", type=float, default=300.0, help=f"seconds to wait until {until}")
 
 
 def _version(raw: str) -> int:
@@ -26,15 +34,19 @@ def _version(raw: str) -> int:
 
 
 def run_promote(args: argparse.Namespace) -> int:
-    view = promote(args.app)
-    print(f"{view.app}: promoting v{view.version}; it takes all calls once it has the replicas of the version "
-          f"before ({traffic(view)})")
+    view = promote(args.app, wait=not args.no_wait, timeout_s=args.timeout, progress=progress_printer())
+    if args.no_wait:
+        print(f"{view.app}: promoting v{view.version}; it takes all calls once it has the replicas of the version "
+              f"before ({traffic(view)})")
+    else:
+        print(f"{view.app}: promoted v{view.version} ({traffic(view)})")
     return 0
 
 
 def run_rollback(args: argparse.Namespace) -> int:
-    view = rollback(args.app, to=args.to)
-    print(f"{view.app}: rolled back to v{view.version} ({traffic(view)})")
+    view = rollback(args.app, to=args.to, wait=not args.no_wait, timeout_s=args.timeout, progress=progress_printer())
+    what = "rolling back to" if args.no_wait and traffic(view) != f"v{view.version} 100%" else "rolled back to"
+    print(f"{view.app}: {what} v{view.version} ({traffic(view)})")
     return 0
 
 
