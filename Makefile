@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench dev clean
+.PHONY: demo test lint bench dev docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,5 +29,10 @@ bench: $(STAMP)
 dev: $(STAMP)
 	$(VENV)/bin/ember dev
 
+# The documentation site, from docs/ into site/; --strict: a broken link or anchor fails the build.
+docs: $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) .ember .pytest_cache
+	rm -rf $(VENV) .ember .pytest_cache site

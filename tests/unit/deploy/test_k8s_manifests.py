@@ -267,10 +267,10 @@ def test_agent_takes_all_gpus_of_the_nodes_it_is_placed_on() -> None:
     assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}  # no rule: nothing comes in
 
 
-def _readme_secrets(text: str) -> dict[tuple[str, str], set[str]]:
-    """The Secrets the README's Kubernetes quickstart creates: (namespace, name) -> keys ("*": a folder's files)."""
-    section = text[text.index("## Kubernetes"):]
-    section = section[:section.index("\n## ", 1)].replace("\\\n", " ")
+def _quickstart_secrets(text: str) -> dict[tuple[str, str], set[str]]:
+    """The Secrets the Kubernetes quickstart (docs/operations/kubernetes.md) creates: (namespace, name) -> keys
+    ("*": a folder's files)."""
+    section = text.replace("\\\n", " ")
     made: dict[tuple[str, str], set[str]] = {}
     for line in section.splitlines():
         words = line.split("#")[0].split()
@@ -287,15 +287,15 @@ def _readme_secrets(text: str) -> dict[tuple[str, str], set[str]]:
     return made
 
 
-def test_the_readme_creates_every_secret_the_workloads_mount() -> None:
-    readme = (REPO / "README.md").read_text()
-    made = _readme_secrets(readme)
-    wrong = _readme_secrets(readme.replace("--from-file=token=./admin-token", "--from-file=./admin-token"))
+def test_the_kubernetes_quickstart_creates_every_secret_the_workloads_mount() -> None:
+    page = (REPO / "docs" / "operations" / "kubernetes.md").read_text()
+    made = _quickstart_secrets(page)
+    wrong = _quickstart_secrets(page.replace("--from-file=token=./admin-token", "--from-file=./admin-token"))
     assert wrong[("ember", "ember-bootstrap-token")] == {"admin-token"}  # a key the Deployment does not mount
     for workload in (find("Deployment", "ember-platform"), find("DaemonSet", "ember-agent")):
         namespace = workload["metadata"]["namespace"]
         for name, key in _secret_refs(workload):
-            assert (namespace, name) in made, f"the README does not create {namespace}/{name}"
+            assert (namespace, name) in made, f"the Kubernetes quickstart does not create {namespace}/{name}"
             assert key in made[(namespace, name)] or made[(namespace, name)] == {"*"}, (name, key)
 
 
