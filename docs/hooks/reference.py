@@ -44,9 +44,10 @@ def _arguments(parser: argparse.ArgumentParser) -> list[str]:
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction | argparse._SubParsersAction):
             continue
-        name = ", ".join(action.option_strings) or (action.metavar or action.dest)
+        metavar = action.metavar if isinstance(action.metavar, str) else None
+        name = ", ".join(action.option_strings) or (metavar or action.dest)
         if action.option_strings and action.nargs != 0:
-            name += f" {action.metavar or action.dest.upper()}"
+            name += f" {metavar or action.dest.upper()}"
         default = action.default
         shown = "" if default in (None, False, argparse.SUPPRESS) or action.nargs == 0 else f"`{default}`"
         rows.append(f"| `{_cell(name)}` | {_cell(action.help or '')} | {shown} |")
