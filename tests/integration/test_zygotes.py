@@ -43,7 +43,8 @@ def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_pa
     built = wait_for(lambda: (z := zygote(transport, version)) and z.state == "ready" and z, what="the zygote")
     (first,) = wait_for(lambda: ready(transport, version), what="a ready replica")
     assert first.start is not None and first.start.kind == "zygote"
-    assert first.start.imports_s < 0.5 and first.start.snap_setup_s > 0 and first.start.fork_s >= 0
+    # the fork imports nothing (the zygote did): its imports take less than the zygote's own build, whatever the load
+    assert first.start.imports_s < built.build_s and first.start.snap_setup_s > 0 and first.start.fork_s >= 0
     response = http.post("/v1/snapper/Model.predict", json=X)
     assert response.status_code == 200, response.text
     forked = response.json()

@@ -16,9 +16,10 @@ from ember_platform.calls.durable import MAX_CALL_ID, _key_hash, check_call_id
 
 
 @pytest.mark.parametrize("call_id", [
-    new_call_id("hello"),
-    uuid.uuid4().hex,
-    os.urandom(16).hex(),
+    # random ids under fixed names: every pytest-xdist worker collects the same tests
+    pytest.param(new_call_id("hello"), id="new_call_id"),
+    pytest.param(uuid.uuid4().hex, id="uuid4"),
+    pytest.param(os.urandom(16).hex(), id="random-hex"),
     f"k.{_key_hash('digits', 'é *> any key')}"[2:],  # where a key's mapping is kept is a valid key too
     hashlib.sha256(b"x").hexdigest(),
     f"{subjects.events_stream('hello', 'Classifier.predict').lower()}-17",  # an event without a Nats-Msg-Id
