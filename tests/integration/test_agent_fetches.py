@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.faults import AgentFaults
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -23,10 +24,10 @@ def _app(folder: Path, name: str, n: int) -> Path:
     return folder / f"{name}.py"
 
 
-def test_a_slow_bundle_fetch_holds_up_no_other_replica(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setenv("EMBER_TEST_FETCH_DELAY", "slowfetch:600")  # the node's fetch of this app's bundle hangs
+def test_a_slow_bundle_fetch_holds_up_no_other_replica(tmp_path: Path):
     slow, fast = _app(tmp_path / "slow", "slowfetch", 1), _app(tmp_path / "fast", "quickfetch", 2)
-    with TestPlatform(tmp_path / "state") as ember:
+    hang = AgentFaults(hold_fetch={"slowfetch": 600})  # the node's fetch of this app's bundle hangs
+    with TestPlatform(tmp_path / "state", faults=hang) as ember:
         transport = Transport(ember.url, token=ember.token)
         try:
             deploy(slow, transport=transport, wait=False)

@@ -17,6 +17,7 @@ import pytest
 from support.auth import authed_client
 from support.natsconn import connect as admin_connect
 from support.platform import TestPlatform
+from support.polling import wait_for
 
 import ember
 from ember._client import Transport
@@ -25,8 +26,37 @@ from ember.wire import subjects
 pytestmark = pytest.mark.integration
 FINAL = {"succeeded", "failed", "cancelled", "expired"}
 
-WINDOWS_APP = '''import ember
+WINDOWS_APP = '''import os
+import signal
+
+import ember
+from ember_runtime.replica.queue_worker import QueueWorker
+
 app = ember.App("windows")
+
+# The crashes are this app's own code, not a switch of the platform's: the replica runs the app, and the app wraps
+# the replica's settling of a call. The first delivery of each call dies just before its final record is stored,
+# the second just after (before its dead letter or event result); the third finds the record and repeats those.
+settle, side_effects = QueueWorker._settle, QueueWorker._side_effects
+
+
+def crash(point, msg, call_id, delivery):
+    if msg.metadata.num_delivered == delivery:
+        print(f"fault: crashing {point} {call_id}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+async def crashing_settle(self, msg, record, status, **kwargs):
+    crash("before-record", msg, record.call_id, 1)
+    await settle(self, msg, record, status, **kwargs)
+
+
+async def crashing_side_effects(self, msg, done, **kwargs):
+    crash("after-record", msg, done.call_id, 2)
+    await side_effects(self, msg, done, **kwargs)
+
+
+QueueWorker._settle, QueueWorker._side_effects = crashing_settle, crashing_side_effects
 
 @app.function(retries=0)
 def poison(tag: str) -> str:
@@ -77,14 +107,10 @@ def letters_of(http: httpx.Client, app: str, function: str, **params: object) ->
 
 def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event_result(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Every call here kills its replica once just before its final record is stored, and once just after
-    (EMBER_TEST_CRASH_AT); the redeliveries must still leave exactly one dead letter for each failed call and
-    publish each event's result (at least once: a consumer deduplicates by Ember-Call-Id)."""
-    crashes = tmp_path / "crashes"
-    crashes.mkdir()
+    """Every call here kills its replica once just before its final record is stored, and once just after (the
+    app's own code does, see WINDOWS_APP); the redeliveries must still leave exactly one dead letter for each failed
+    call and publish each event's result (at least once: a consumer deduplicates by Ember-Call-Id)."""
     monkeypatch.setenv("EMBER_ACK_WAIT_S", "3")
-    monkeypatch.setenv("EMBER_TEST_CRASH_AT", "before-record,after-record")
-    monkeypatch.setenv("EMBER_TEST_CRASH_DIR", str(crashes))
     (tmp_path / "app").mkdir()
     app_file = tmp_path / "app" / "windows.py"  # the bundle is the app's folder: not the platform's state
     app_file.write_text(WINDOWS_APP)
@@ -118,7 +144,9 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
 
         spawned, record, results = asyncio.run(run())
         assert record["status"] == "failed"
-        assert {p.name.split(".")[0] for p in crashes.iterdir()} == {"before-record", "after-record"}  # it crashed
+        expected = {(point, call) for point in ("before-record", "after-record") for call in (spawned, *results)}
+        wait_for(lambda: expected <= {tuple(line.split()[2:4]) for line in _crash_lines(http)}, timeout_s=30,
+                 what="each call to have crashed its replica at both points")
         by_status = {msgs[0].headers["Ember-Status"]: (call_id, msgs) for call_id, msgs in results.items()}
         assert set(by_status) == {"succeeded", "failed"}, results  # both events' results were published
         assert json.loads(by_status["succeeded"][1][0].data) == "fine"
@@ -131,6 +159,13 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
             time.sleep(0.5)
         assert sorted(letters) == sorted([spawned, bad_id])  # each failed call's letter, once
         assert http.get(f"/v1/calls/{bad_id}").json()["status"] == "failed"
+
+
+def _crash_lines(http: httpx.Client) -> list[str]:
+    """The lines in which the windows app said it was crashing its replica."""
+    response = http.get("/v1/apps/windows/logs", params={"limit": 5000})
+    assert response.status_code == 200, response.text
+    return [line["line"] for line in response.json() if line["line"].startswith("fault: crashing ")]
 
 
 # -- deleting an app ----------------------------------------------------------------------------------------

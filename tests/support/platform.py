@@ -6,8 +6,10 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from ember.dev.embedded import EmbeddedPlatform, secrets_key
+from support.faults import AgentFaults
 from support.natsconn import remember
 
 
@@ -16,6 +18,16 @@ class TestPlatform(EmbeddedPlatform):
     and a control plane killed."""
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
+
+    def __init__(self, state_dir: Path, *, faults: AgentFaults | None = None, **kwargs: Any) -> None:
+        """``faults``: what its node agents do wrong (see ``support.faults``); none unless asked."""
+        super().__init__(state_dir, **kwargs)
+        self.faults = faults
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        if self.faults is not None and cmd[1:3] == ["-m", "ember_runtime"]:
+            cmd = self.faults.command(cmd)
+        return super()._spawn(name, cmd)
 
     def _start_nats(self, timeout_s: float, port: int = -1) -> None:
         super()._start_nats(timeout_s, port)

@@ -27,18 +27,18 @@ from ember.wire import (
     SlotAssignment,
     VolumeMount,
     ZygoteAssignment,
-    assignment_decoder,
     encoder,
     replica_decoder,
     subjects,
 )
-from ember.wire.jetstream import NODE_HEARTBEAT_S, BucketsMissingError, KVMirror, Stores, connect, ensure_buckets
+from ember.wire.jetstream import NODE_HEARTBEAT_S, BucketsMissingError, Stores, connect, ensure_buckets
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import numa
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.fetch import AssignmentWatch, NodeFetcher
 from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
 from ember_runtime.agent.images import NodeImages
 from ember_runtime.agent.memory_watch import UsageWatcher
@@ -108,11 +108,11 @@ class NodeAgent:
         self._nc, self._stores = nc, stores
         self._secrets = SecretsFetcher(nc, self.node_id)
         status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
-        self.bundles = BundleCache(self.state_dir / "bundles", stores.bundles)
-        self.volumes = VolumeCache(self.state_dir / "volumes", stores.volumes, stores.volume_chunks, nc.jetstream())
+        fetcher = NodeFetcher(nc, self.node_id)  # what is assigned to this node, through a control plane
+        self.bundles = BundleCache(self.state_dir / "bundles", fetcher)
+        self.volumes = VolumeCache(self.state_dir / "volumes", fetcher)
         self.cgroups = MemoryCgroups.for_agent()
-        self.assignments: KVMirror[NodeAssignment] = KVMirror(stores.assignments, assignment_decoder.decode,
-                                                              on_change=lambda *_: self._wake.set())
+        self.assignments = AssignmentWatch(nc, self.node_id, fetcher, on_change=self._wake.set)
         await self.assignments.start()
         await self.images.start(nc, self.node_id, self.bundles)
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
@@ -315,7 +315,6 @@ class NodeAgent:
             await self._report_unstarted(slot, reason)  # kept in view while it waits (the bucket forgets it)
             return
         try:
-            await _test_fetch_delay(slot.app)
             bundle = await self.bundles.get(slot.bundle_sha256)
         except Exception as exc:
             await self._fetch_failed(slot, failures + 1, exc)
@@ -460,14 +459,3 @@ async def _open_buckets(nc: Any, stop: asyncio.Event) -> Stores | None:
             await asyncio.wait_for(stop.wait(), 1.0)
         if stop.is_set():
             return None
-
-
-# Test-only: EMBER_TEST_FETCH_DELAY="<app>:<seconds>" holds the fetch of that app's bundles, to prove that a slow
-# fetch holds up no other replica. Read once, here; unset in any real deployment.
-_FETCH_DELAY = os.environ.get("EMBER_TEST_FETCH_DELAY", "").partition(":")
-
-
-async def _test_fetch_delay(app: str) -> None:
-    if _FETCH_DELAY[0] and app == _FETCH_DELAY[0]:
-        log.warning("test hook: holding the fetch of %s's bundle for %s s", app, _FETCH_DELAY[2])
-        await asyncio.sleep(float(_FETCH_DELAY[2]))

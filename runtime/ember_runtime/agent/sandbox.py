@@ -60,14 +60,14 @@ ALLOWED_ENV = frozenset({
     "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "CUDA_DEVICE_ORDER",
     "CUDA_MODULE_LOADING", "PYTORCH_CUDA_ALLOC_CONF", "LD_LIBRARY_PATH",
     "EMBER_DEVICE", "EMBER_GPU_MEMORY_MB", "EMBER_VIRTUAL_GPU_PROCESSES", "EMBER_NATS_CREDS", "EMBER_JS_REPLICAS",
-    "EMBER_ACK_WAIT_S", "EMBER_TEST_CRASH_AT", "EMBER_TEST_CRASH_DIR",
+    "EMBER_ACK_WAIT_S",
 })
 # OpenTelemetry's settings (``OTEL_*``: the exporter's endpoint and headers, sampling, batching) reach replicas, which
 # then export their spans where the control plane does (see README, "Tracing"); each replica names its own service.
 ALLOWED_PREFIXES = ("LC_", "OTEL_")
 NOT_PASSED = frozenset({"OTEL_SERVICE_NAME"})
 UNSANDBOXED_ONLY = frozenset({"HOME", "USER", "LOGNAME", "TMPDIR"})  # a sandbox has its own
-WRITABLE_ENV = ("EMBER_TEST_CRASH_DIR", "EMBER_VIRTUAL_GPU_PROCESSES")  # folders a replica writes, when set
+WRITABLE_ENV = ("EMBER_VIRTUAL_GPU_PROCESSES",)  # folders a replica writes, when set
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "hosts", "host.conf", "resolv.conf",
@@ -92,7 +92,7 @@ class Jail:
 
     bundle: Path
     devices: tuple[str, ...] = ()  # device nodes bound in (a replica's GPUs)
-    writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (test hooks, a virtual GPU table)
+    writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (a virtual GPU table)
     outlive_command: bool = False  # a zygote: its forked replicas live on when it exits (no --die-with-parent)
     readonly: tuple[Path, ...] = ()  # bound read-only at the same path: an image's environment and what it needs
     mounts: tuple[tuple[Path, str], ...] = ()  # (folder on the node, path inside): volumes, bound read-only
@@ -294,8 +294,8 @@ def ember_pythonpath(agent_env: Mapping[str, str]) -> str:
 
 
 def writable_folders(env: Mapping[str, str]) -> tuple[Path, ...]:
-    """The folders a replica writes to outside its sandbox, named by its environment (test hooks, a declared
-    inventory's virtual GPU table): bound read-write, and only those."""
+    """The folders a replica writes to outside its sandbox, named by its environment (a declared inventory's
+    virtual GPU table): bound read-write, and only those."""
     return tuple(Path(env[k]) for k in WRITABLE_ENV if env.get(k) and Path(env[k]).is_dir())
 
 

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
-import os
-import signal
 import time
 from typing import Any
 
@@ -55,6 +52,7 @@ from ember_runtime.replica.event_headers import (
     queued_delivery,
     reply_subject,
 )
+from ember_runtime.replica.standby import Standby
 
 log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
@@ -62,30 +60,14 @@ CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died hol
 # worker asks every few seconds, not twice a second (a stopping replica waits at most this long for its pulls).
 FETCH_WAIT_S = 2.0
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
-# Test-only: EMBER_TEST_CRASH_AT names points of settling a call ("before-record", "after-record", comma-separated)
-# where the replica kills itself (SIGKILL), once per point and call (a file in EMBER_TEST_CRASH_DIR remembers it),
-# to prove what a crash in that window leaves behind. Read once, here; unset in any real deployment.
-_CRASH_AT = frozenset(filter(None, os.environ.get("EMBER_TEST_CRASH_AT", "").split(",")))
-_CRASH_DIR = os.environ.get("EMBER_TEST_CRASH_DIR", "")
-
-
-def _crash_point(point: str, call_id: str) -> None:
-    """Test-only (see ``_CRASH_AT``): die here, the first time this call reaches ``point``."""
-    if point not in _CRASH_AT or not _CRASH_DIR:
-        return
-    name = os.path.join(_CRASH_DIR, f"{point}.{hashlib.sha256(call_id.encode()).hexdigest()[:24]}")
-    try:
-        os.close(os.open(name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class QueueWorker:
     def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
-                 retries: Retries, *, events: bool = False, pinned: int | None = None) -> None:
+                 retries: Retries, *, events: bool = False, pinned: int | None = None,
+                 standby: Standby | None = None) -> None:
         """``events``: the function's event stream; ``pinned``: the calls spawned pinned to this version (see
-        ``subjects.pinned_calls``); neither: its queued calls."""
+        ``subjects.pinned_calls``); neither: its queued calls. ``standby``: while held, pull nothing."""
         self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
         self._durable = (subjects.pinned_calls_consumer(app, endpoint.spec.name, pinned) if pinned is not None
                          else subjects.calls_consumer(app, endpoint.spec.name))
@@ -100,6 +82,7 @@ class QueueWorker:
         self._held: dict[str, Msg] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.stop = asyncio.Event()
+        self._standby = standby
 
     @property
     def function(self) -> str:
@@ -123,6 +106,9 @@ class QueueWorker:
         keepalive = asyncio.create_task(self._keep_alive(ack_wait / 3), name=f"in-progress-{self.function}")
         try:
             while not self.stop.is_set():
+                if self._standby is not None and self._standby.held:  # a warm replica: these calls are not its own
+                    await self._standby.wait_over(self.stop)
+                    continue
                 # Only what the batcher can start now: the rest stays in JetStream, queued and cancellable.
                 room = self._batcher.vacancy
                 if room <= 0:
@@ -287,9 +273,7 @@ class QueueWorker:
         are at least once)."""
         info = error_info(error) if error is not None else None
         done = final(record, status, output=output, error=info)  # type: ignore[arg-type]
-        _crash_point("before-record", record.call_id)
         if await self._store.finish(done):
-            _crash_point("after-record", record.call_id)
             await self._side_effects(msg, done, dead=dead and info is not None)
         else:
             await self._repeat(msg, record.call_id)

@@ -14,7 +14,16 @@ import ember
 import ember_runtime
 from ember_runtime.agent import sandbox
 from ember_runtime.agent.cgroups import decide
-from ember_runtime.agent.sandbox import BUNDLE, HOME, Jail, Sandbox, environment, exit_code, gpu_devices
+from ember_runtime.agent.sandbox import (
+    BUNDLE,
+    HOME,
+    Jail,
+    Sandbox,
+    environment,
+    exit_code,
+    gpu_devices,
+    writable_folders,
+)
 
 BWRAP = "/opt/bwrap"
 
@@ -56,7 +65,7 @@ def test_the_python_environment_is_read_only_but_not_the_repository_around_it(tm
     assert not [r for r in roots if r in (Path("/"), Path("/home"), Path("/root"), Path("/etc"))]
 
 
-def test_only_the_assigned_gpus_and_writable_test_folders_are_bound(tmp_path: Path) -> None:
+def test_only_the_assigned_gpus_and_writable_folders_are_bound(tmp_path: Path) -> None:
     argv = _argv(Jail(bundle=tmp_path, devices=("/dev/nvidia1", "/dev/nvidiactl"), writable=(tmp_path / "w",)))
     assert _pairs(argv, "--dev-bind-try") == [("/dev/nvidia1", "/dev/nvidia1"), ("/dev/nvidiactl", "/dev/nvidiactl")]
     assert _pairs(argv, "--bind") == [(str(tmp_path / "w"), str(tmp_path / "w"))]
@@ -73,15 +82,24 @@ def test_gpu_device_nodes_are_those_of_its_gpus_and_the_shared_ones_that_exist(t
 
 AGENT_ENV = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/root", "TZ": "UTC",
              "AWS_SECRET_ACCESS_KEY": "nope", "EMBER_TOKEN": "nope", "EMBER_STATE_DIR": "/var/ember",
-             "OMP_NUM_THREADS": "4", "EMBER_TEST_CRASH_AT": "before-record", "PYTHONPATH": "/agent/src"}
+             "OMP_NUM_THREADS": "4", "EMBER_ACK_WAIT_S": "3", "PYTHONPATH": "/agent/src",
+             "EMBER_TEST_CRASH_AT": "before-record", "EMBER_TEST_CRASH_DIR": "/tmp"}  # no switch of a test's
 
 
 def test_only_allow_listed_variables_of_the_agent_reach_a_replica() -> None:
     env = environment({"EMBER_DEVICE": "cpu", "EMBER_NATS_CREDS": "creds"}, AGENT_ENV, sandboxed=True,
                       secrets={"HF_TOKEN": "hf"})
     assert env == {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "TZ": "UTC", "OMP_NUM_THREADS": "4",
-                   "EMBER_TEST_CRASH_AT": "before-record", "PYTHONUNBUFFERED": "1", "EMBER_DEVICE": "cpu",
+                   "EMBER_ACK_WAIT_S": "3", "PYTHONUNBUFFERED": "1", "EMBER_DEVICE": "cpu",
                    "EMBER_NATS_CREDS": "creds", "HF_TOKEN": "hf", "HOME": HOME, "TMPDIR": "/tmp"}
+
+
+def test_only_a_virtual_gpu_table_is_a_folder_a_replica_may_write(tmp_path: Path) -> None:
+    """A test's fault lives in the app it pushes, not in a variable the agent honours: no folder named by an
+    ``EMBER_TEST_*`` variable is bound writable."""
+    env = {"EMBER_TEST_CRASH_DIR": str(tmp_path), "EMBER_VIRTUAL_GPU_PROCESSES": str(tmp_path / "gpus")}
+    (tmp_path / "gpus").mkdir()
+    assert writable_folders(env) == (tmp_path / "gpus",)
 
 
 def test_the_same_allow_list_holds_without_a_sandbox_which_keeps_the_agents_home() -> None:
