@@ -2,14 +2,19 @@
 PYTHON ?= python3.11
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# A GPU host (nvidia-smi lists a GPU) gets the gpu extra too (TensorRT, NVML): its GPU tests then skip only where
+# there is no device, never for want of a package. The stamp names the extras, so a host that gains one installs it.
+NVIDIA_SMI ?= nvidia-smi
+COMMA  := ,
+EXTRAS := $(shell $(NVIDIA_SMI) -L >/dev/null 2>&1 && echo cpu,dev,gpu || echo cpu,dev)
+STAMP  := $(VENV)/.installed-$(subst $(COMMA),-,$(EXTRAS))
 
 .PHONY: demo test lint bench dev docs clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[cpu,dev]'
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
