@@ -216,6 +216,7 @@ class ControlLoop:
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
+        await self.switching.hold_standby(plan, deployments, now)
         await self.switching.switch(deployments)
 
     def _isolated(self, dep: Deployment, svc: ServiceSpec, step: Callable[[], T], last: bool = False) -> T | None:
@@ -458,7 +459,7 @@ def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Dep
     """The live nodes and what the plan's replicas hold on them."""
     specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
     for d in deployments.values():  # the replicas of the other versions that still run hold what theirs ask
-        for version in d.running() - {d.version}:
+        for version in (d.running() | {d.warm}) - {d.version, 0}:  # and the warm one's
             for s in (d.release(version) or d).manifest.services:
                 specs.setdefault((d.app, s.name), s)
     reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,

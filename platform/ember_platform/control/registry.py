@@ -233,8 +233,19 @@ class Registry:
         return await self._update(app, lambda dep: rollout.promote(_exists(app, dep), time.time()))
 
     async def rollback(self, app: str, to: int = 0) -> Deployment:
-        """Version ``to`` (0: the one before) serves again (``ember rollback``)."""
-        return await self._update(app, lambda dep: rollout.rollback(_exists(app, dep), to, time.time()))
+        """Version ``to`` (0: the one before) serves again (``ember rollback``): at once when its replicas are ready
+        (it serves, or it is warm)."""
+        return await self._update(app, lambda dep: rollout.rollback(_exists(app, dep), to, time.time(),
+                                                                    self.ready_versions(_exists(app, dep))))
+
+    def ready_versions(self, dep: Deployment) -> set[int]:
+        """The versions of ``dep``'s app whose every service has a ready replica now."""
+        ready: dict[int, set[str]] = defaultdict(set)
+        for r in self.live_replicas(dep.app):
+            if r.state == "ready":
+                ready[r.version].add(r.service)
+        return {v for v, services in ready.items()
+                if (at := dep.at(v)) is not None and {s.name for s in at.manifest.services} <= services}
 
     async def switch_traffic(self, app: str, expected: Deployment, version_ready: bool) -> Deployment | None:
         """The control loop's switch of ``app``'s traffic to its version once ready; None when the deployment is no
@@ -333,7 +344,7 @@ class Registry:
                           "draining" if v in live else "kept")
             views.append(VersionView(version=v, percent=shares.get(v, 0), state=state,
                                      bundle_sha256=release.bundle_sha256, created_at=release.created_at,
-                                     ready=ready[v]))
+                                     ready=ready[v], warm=v == dep.warm and state == "draining"))
         return views
 
     # -- logs --------------------------------------------------------------------------------------

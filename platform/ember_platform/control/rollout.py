@@ -10,10 +10,14 @@ The rules:
   promoted (all traffic) or rolled back (its replicas stop);
 - a rollback makes an older kept version the one to serve: at once when it still serves, else once ready;
 - versions that leave ``traffic`` drain (see ``switching.DRAIN_GRACE_S``) and stop; the last few are
-  kept (bundle and manifest) for rollback and pinned calls.
+  kept (bundle and manifest) for rollback and pinned calls;
+- the version that last left ``traffic`` is ``warm``: its replicas stay a while, taking no calls (see
+  ``switching``), and a rollback to it while they are ready switches at once.
 """
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 import msgspec
 
@@ -58,8 +62,9 @@ def promote(current: Deployment, now: float) -> Deployment:
     return msgspec.structs.replace(current, canary_percent=0, stable=0)  # the loop switches once it has room
 
 
-def rollback(current: Deployment, to: int, now: float) -> Deployment:
-    """``to`` (0: the version before) serves again; the versions it replaces drain and stop."""
+def rollback(current: Deployment, to: int, now: float, ready: Collection[int] = ()) -> Deployment:
+    """``to`` (0: the version before) serves again; the versions it replaces drain and stop. ``ready``: the versions
+    whose every service has a ready replica (a warm one switches back at once)."""
     target = to or _previous(current)
     if target == current.version and not current.canary_percent:
         if current.serving() == [TrafficShare(version=target, percent=100)]:
@@ -75,7 +80,7 @@ def rollback(current: Deployment, to: int, now: float) -> Deployment:
     dep = msgspec.structs.replace(current, version=release.version, bundle_sha256=release.bundle_sha256,
                                   manifest=release.manifest, created_at=release.created_at,
                                   releases=_kept(others, _versions(serving)), canary_percent=0, stable=0)
-    if target in _versions(serving):  # its replicas serve: no need to wait for them
+    if target in _versions(serving) or (target == current.warm and target in ready):  # no need to wait for them
         dep = _switch(dep, [TrafficShare(version=target, percent=100)], now)
     return dep
 
@@ -124,7 +129,14 @@ def parse_version(raw: str) -> int:
 
 
 def _switch(dep: Deployment, traffic: list[TrafficShare], now: float) -> Deployment:
-    return msgspec.structs.replace(dep, traffic=traffic, switched_at=now)
+    """``dep`` with ``traffic``; the version leaving it that served most becomes the warm one (none left: a warm
+    version that serves again is no longer warm)."""
+    leaving = [s for s in dep.serving() if s.version not in _versions(traffic)]
+    if leaving:
+        warm, since = max(leaving, key=lambda s: (s.percent, s.version)).version, now
+    else:
+        warm, since = (0, 0.0) if dep.warm in _versions(traffic) else (dep.warm, dep.warm_since)
+    return msgspec.structs.replace(dep, traffic=traffic, switched_at=now, warm=warm, warm_since=since)
 
 
 def _own(dep: Deployment) -> Release:

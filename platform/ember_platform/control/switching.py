@@ -3,20 +3,36 @@ needs before it takes traffic, the switch once it has them, and which versions' 
 
 Only the control plane holding the lease runs this; the switch is a compare-and-set on the app's deployment in KV,
 so a standby that took over (or a push meanwhile) never switches on stale state.
+
+The version that last left an app's traffic (``Deployment.warm``) keeps, for ``EMBER_KEEP_PREVIOUS_S`` (600 by
+default; 0: none), ``max(min_replicas, 1)`` replicas of each service: they hold their node's room but take no
+calls (the gateways route no unpinned call to a version out of the traffic, and the loop keeps telling them, on
+``subjects.replica_standby``, to pull nothing from the queues), and count against no quota, which caps the versions
+that serve. A rollback to it switches at once; after the window it is released and starts again as any version.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
-from ember.wire import Deployment, ServiceSpec, SlotAssignment
+from ember.wire import Deployment, ServiceSpec, SlotAssignment, subjects
 from ember_platform.control import rollout
 from ember_platform.control.registry import Registry
 
 log = logging.getLogger("ember.control")
 DRAIN_GRACE_S = 2.0  # versions that left an app's traffic keep their replicas this long (gateways catch up)
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
+STANDBY = b"1"  # what a warm replica is told each tick: pull nothing from the shared queues for a while
+
+
+def keep_previous_s() -> float:
+    """How long the version that left an app's traffic stays warm (``EMBER_KEEP_PREVIOUS_S``; 600 by default)."""
+    try:
+        return max(float(os.environ.get("EMBER_KEEP_PREVIOUS_S", "600")), 0.0)
+    except ValueError:
+        return 600.0
 
 
 class Switching:
@@ -100,11 +116,46 @@ class Switching:
     def drop_gone(self, plan: Plan, dep: Deployment, now: float) -> None:
         """The replicas of ``dep``'s app whose version neither takes its traffic nor is rolled out go, once the
         traffic switched ``DRAIN_GRACE_S`` ago (each drains: what it holds finishes, queued calls go back to the
-        queue), unless calls pinned to that version still wait for them."""
+        queue), unless calls pinned to that version still wait for them; the warm version keeps a few."""
         if now - dep.switched_at < DRAIN_GRACE_S:
             return
         keep = dep.running() | {v for (app, v), n in self.pinned.items() if app == dep.app and n}
-        _drop(plan, lambda s: s.app == dep.app and s.version not in keep)
+        warm = warm_version(dep, now)
+        _drop(plan, lambda s: s.app == dep.app and s.version not in keep | {warm})
+        if warm and warm not in keep:
+            _scale_down_warm(plan, dep, warm, self.registry.replica_alive)
+
+    async def hold_standby(self, plan: Plan, deployments: dict[str, Deployment], now: float) -> None:
+        """Tell every warm replica to take no queued call for a while (it resumes when no longer told)."""
+        warm = {(dep.app, v) for dep in deployments.values() if (v := warm_version(dep, now))}
+        for slots in plan.values():
+            for slot in slots:
+                if (slot.app, slot.version) in warm:
+                    try:
+                        await self.registry.nc.publish(subjects.replica_standby(slot.replica_id), STANDBY)
+                    except Exception:
+                        log.exception("could not hold %s on standby", slot.replica_id)
+
+
+def warm_version(dep: Deployment, now: float) -> int:
+    """``dep``'s warm version while its window lasts and it does not serve; else 0."""
+    if not dep.warm or dep.warm in dep.running() or now - dep.warm_since >= keep_previous_s():
+        return 0
+    return dep.warm
+
+
+def _scale_down_warm(plan: Plan, dep: Deployment, warm: int, alive: Callable[[str], bool]) -> None:
+    """The warm version keeps ``max(min_replicas, 1)`` replicas of each service, live ones first."""
+    at = dep.at(warm)
+    if at is None:
+        return
+    extra: set[str] = set()
+    for svc in at.manifest.services:
+        mine = sorted((s for slots in plan.values() for s in slots
+                       if (s.app, s.service, s.version) == (dep.app, svc.name, warm)),
+                      key=lambda s: (not alive(s.replica_id), s.index))
+        extra.update(s.replica_id for s in mine[max(at.bounds(svc)[0], 1):])
+    _drop(plan, lambda s: s.replica_id in extra)
 
 
 def _drop(plan: Plan, doomed: Callable[[SlotAssignment], bool]) -> None:

@@ -62,7 +62,7 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
         f"$KV.{subjects.RESULTS_BUCKET}.{subjects.check_token(app, 'app')}.>",  # its app's large outputs: write only
     }
     sub = {subjects.replica_invoke(replica_id), subjects.replica_cancel(replica_id),
-           subjects.replica_credit(replica_id), f"{replica_inbox(replica_id)}.>"}
+           subjects.replica_credit(replica_id), subjects.replica_standby(replica_id), f"{replica_inbox(replica_id)}.>"}
     for name, events, result_subject in functions:
         durable = subjects.calls_consumer(app, name)
         streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(app, name)] if events else [])

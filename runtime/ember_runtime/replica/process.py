@@ -52,6 +52,7 @@ from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
+from ember_runtime.replica.standby import Standby
 from ember_runtime.replica.status import StatusRelay
 from ember_runtime.replica.streams import Streams
 
@@ -84,6 +85,7 @@ class Replica:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
         self.batchers: list[Batcher] = []
         self.workers: list[QueueWorker] = []
+        self.standby = Standby()  # a warm replica's: no queued calls while its version is out of the traffic
         self.pullers: list[asyncio.Task[None]] = []
         self.stop = asyncio.Event()
         self.activity = asyncio.Event()  # a call was queued (wakes the load reports of an idle replica)
@@ -171,6 +173,7 @@ class Replica:
         self.streams = Streams(nc, self.args.replica_id)
         self.endpoints = endpoints
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
+        await nc.subscribe(subjects.replica_standby(self.args.replica_id), cb=self.standby.on_message)
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
         for endpoint in endpoints:
@@ -180,7 +183,7 @@ class Replica:
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
             kinds = [False, True] if endpoint.spec.on else [False]
             workers = [QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher, self.service.retries,
-                                   events=events) for events in kinds]
+                                   events=events, standby=self.standby) for events in kinds]
             workers.append(QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,  # pinned calls
                                        self.service.retries, pinned=self.args.version))
             for worker in workers:

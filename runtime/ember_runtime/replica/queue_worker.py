@@ -124,6 +124,9 @@ class QueueWorker:
                     log.warning("pulling %s failed: %s", self.function, exc)
                     await asyncio.sleep(0.5)
                     continue
+                if self._standby is not None and self._standby.held:  # pulled as the standby began: not its own
+                    await asyncio.gather(*(msg.nak() for msg in msgs), return_exceptions=True)
+                    continue
                 # Taken together, so that the batcher sees them at once and can batch them.
                 await asyncio.gather(*(self._take_safely(msg) for msg in msgs))
         finally:

@@ -45,13 +45,15 @@ def run_promote(args: argparse.Namespace) -> int:
 
 def run_rollback(args: argparse.Namespace) -> int:
     view = rollback(args.app, to=args.to, wait=not args.no_wait, timeout_s=args.timeout, progress=progress_printer())
-    what = "rolling back to" if args.no_wait and traffic(view) != f"v{view.version} 100%" else "rolled back to"
+    serves = any(v.version == view.version and v.percent == 100 for v in view.versions) or not view.versions
+    what = "rolled back to" if serves else "rolling back to"
     print(f"{view.app}: {what} v{view.version} ({traffic(view)})")
     return 0
 
 
 def traffic(view: AppView) -> str:
-    """``v1 80%, v2 20% (canary), v3 rolling-out``: who takes an app's calls, and versions on their way in or out."""
+    """``v1 80%, v2 20% (canary), v3 rolling-out``: who takes an app's calls, and versions on their way in or out
+    (or kept warm, taking no calls)."""
     parts = []
     for v in sorted(view.versions, key=lambda v: v.version):
         if v.state == "kept":
@@ -59,5 +61,5 @@ def traffic(view: AppView) -> str:
         if v.percent:
             parts.append(f"v{v.version} {v.percent}%" + (" (canary)" if v.state == "canary" else ""))
         else:
-            parts.append(f"v{v.version} {v.state}")
+            parts.append(f"v{v.version} {'warm' if v.warm else v.state}")
     return ", ".join(parts) or f"v{view.version}"

@@ -204,6 +204,8 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     stable: int = 0  # during a canary, the version that takes the rest
     switched_at: float = 0.0  # when ``traffic`` last changed (the versions it left drain after a grace period)
     latest: int = 0  # the highest version ever recorded (a push after a rollback gets the next one)
+    warm: int = 0  # the version that last left ``traffic``: its replicas stay, taking no calls, for a quick rollback
+    warm_since: float = 0.0  # when it left (it stays ``EMBER_KEEP_PREVIOUS_S``, see ``control.switching``)
 
     def bounds(self, service: ServiceSpec) -> tuple[int, int]:
         """The service's (min, max) replicas: set at run time, else from its decorator."""

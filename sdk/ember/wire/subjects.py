@@ -80,6 +80,12 @@ def replica_credit(replica_id: str) -> str:
     return f"ember.replica.{_token(replica_id, 'replica id')}.credit"
 
 
+def replica_standby(replica_id: str) -> str:
+    """A control plane's word to a warm replica (its version left the traffic): pull no queued call for a while.
+    Only a control plane may publish here."""
+    return f"ember.replica.{_token(replica_id, 'replica id')}.standby"
+
+
 @lru_cache(maxsize=4096)
 def replica_status(replica_id: str) -> str:
     """A replica's own state, which its node agent writes to ``ember_replicas`` (a replica writes no bucket)."""

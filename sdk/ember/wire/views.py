@@ -34,6 +34,7 @@ class VersionView(msgspec.Struct, frozen=True, kw_only=True):
     bundle_sha256: str
     created_at: float
     ready: int = 0  # its ready replicas, all services together
+    warm: bool = False  # left the traffic lately: its replicas stay, taking no calls, so that a rollback is at once
 
 
 class AppView(msgspec.Struct, frozen=True, kw_only=True):

@@ -128,3 +128,23 @@ def test_garbage_versions_are_refused(raw: str) -> None:
 def test_versions_parse() -> None:
     assert rollout.parse_version("3") == rollout.parse_version("v3") == 3
     assert rollout.parse_version("999999999") == 999_999_999
+
+
+def test_the_version_that_leaves_the_traffic_is_warm_and_a_rollback_to_it_is_at_once() -> None:
+    v2 = _pushed("x", "y")
+    assert (v2.warm, v2.warm_since) == (1, 1.0)
+    waiting = rollout.rollback(v2, 0, 5.0)  # its replicas are gone: it serves once they are ready again
+    assert _shares(waiting) == [(2, 100)] and waiting.warm == 1
+    at_once = rollout.rollback(v2, 0, 5.0, ready={1})
+    assert _shares(at_once) == [(1, 100)] and (at_once.warm, at_once.warm_since) == (2, 5.0)
+    assert _shares(rollout.rollback(v2, 1, 5.0, ready={2})) == [(2, 100)]  # ready, but not the warm one
+
+
+def test_a_warm_version_that_serves_again_is_no_longer_warm() -> None:
+    v2 = _pushed("x", "y")
+    back = rollout.rollback(v2, 1, 5.0)
+    switched = rollout.switch(back, True, 6.0)
+    assert switched is not None and _shares(switched) == [(1, 100)] and (switched.warm, switched.warm_since) == (2, 6.0)
+    canary = rollout.record_push(_pushed("x"), "a", _request("y", canary=20), 3.0)
+    promoted = rollout.switch(rollout.promote(rollout.switch(canary, True, 4.0) or canary, 5.0), True, 6.0)
+    assert promoted is not None and _shares(promoted) == [(2, 100)] and promoted.warm == 1

@@ -73,3 +73,25 @@ def test_a_version_serving_beside_a_rollout_keeps_its_minimum() -> None:
     assert switching.missing(plan, {"a": v2}) == []
     done = rollout.switch(v2, True, 1.0)
     assert done is not None and switching.missing({"n": []}, {"a": done}) == []  # v1 left: it keeps nothing
+
+
+def test_the_warm_version_keeps_its_minimum_of_replicas_for_its_window(monkeypatch: Any) -> None:
+    monkeypatch.setenv("EMBER_KEEP_PREVIOUS_S", "60")
+    v1 = rollout.switch(_push(None, 1), True, 0.0) or _push(None, 1)
+    v2 = rollout.switch(_push(v1, 1), True, 10.0)
+    assert v2 is not None and v2.warm == 1
+    plan = {"n": [slot("a-s-v1-0", version=1, index=0),
+                  slot("a-s-v1-1", version=1, index=1),
+                  slot("a-s-v2-0", version=2, index=0)]}
+    switching = _switching(_replica("a-s-v1-0", 1), _replica("a-s-v1-1", 1), _replica("a-s-v2-0", 2))
+    switching.registry.replica_alive = lambda _id: True  # type: ignore[method-assign]
+    switching.drop_gone(plan, v2, 11.0)  # draining: all stay
+    assert len(plan["n"]) == 3
+    switching.drop_gone(plan, v2, 20.0)  # warm: its minimum stays
+    assert [s.replica_id for s in plan["n"]] == ["a-s-v1-0", "a-s-v2-0"]
+    switching.drop_gone(plan, v2, 71.0)  # after the window: released
+    assert [s.replica_id for s in plan["n"]] == ["a-s-v2-0"]
+    monkeypatch.setenv("EMBER_KEEP_PREVIOUS_S", "0")
+    plan = {"n": [slot("a-s-v1-0", version=1, index=0)]}
+    switching.drop_gone(plan, v2, 13.0)  # no window: gone after the drain
+    assert plan["n"] == []
