@@ -29,10 +29,11 @@ def main() -> None:
     parser.add_argument("--log-format", choices=_logging.FORMATS, default=_logging.default_format(),
                         help=f"text lines, or one JSON object per line (${_logging.FORMAT_ENV})")
     parser.add_argument("--sandbox-network", choices=("own", "node"),
-                        default=os.environ.get("EMBER_SANDBOX_NETWORK") or "node",
-                        help="own: every sandbox in a network namespace of its own (pasta), reaching NATS and the "
-                             "internet only, at a cost per call (README, Sandboxes); node (default): sandboxes share "
-                             "the node's network, except block_network=True functions' ($EMBER_SANDBOX_NETWORK)")
+                        default=os.environ.get("EMBER_SANDBOX_NETWORK") or "own",
+                        help="own (default): every sandbox in a network namespace of its own, reaching NATS "
+                             "(through a socket the agent connects) and the internet (pasta) only; node: sandboxes "
+                             "share the node's network, except block_network=True functions' "
+                             "($EMBER_SANDBOX_NETWORK)")
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="connect to NATS without credentials (a nats-server that checks none): refused without "
                              "this flag, since such a server lets any client read and write everything")

@@ -27,9 +27,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
         env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
         env.setenv("EMBER_KEEP_PREVIOUS_S", "0")  # a replaced version stops after its drain (test_keep_previous:
         #                                          the platforms that keep it warm)
-        env.setenv("EMBER_SANDBOX_NETWORK", "own")  # this platform's sandboxes in networks of their own: the
-        with TestPlatform(state) as running:            # isolation tests; the platforms other tests start, not
-            env.delenv("EMBER_SANDBOX_NETWORK")         # (the agent's default)
+        with TestPlatform(state) as running:  # every sandbox in a network of its own: the agent's default
             yield running
 
 

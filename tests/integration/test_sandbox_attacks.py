@@ -168,14 +168,33 @@ def test_a_hostile_replica_reads_nothing_of_the_node_and_cannot_fork(tmp_path, t
 
 
 NETWORK = '''
-import errno, socket, threading
+import errno, os, socket, threading
 import ember
 
 app = ember.App("{name}")
 
 
+def door(port):
+    """Ask this sandbox's NATS door for a connection to ``port`` of the node's loopback."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["EMBER_NATS_DOOR"])
+        s.sendall(f"127.0.0.1 {{port}}".encode())
+        words, fds, _, _ = socket.recv_fds(s, 512, 1)
+    for fd in fds:
+        os.close(fd)
+    return "ok" if fds else "refused"
+
+
+def where():
+    """Its door: the path, what its folder holds, the socket's identity on the node."""
+    path = os.environ["EMBER_NATS_DOOR"]
+    return [path, sorted(os.listdir(os.path.dirname(path))), os.stat(path).st_ino]
+
+
 def reach(host, port):
     try:
+        if host == "door":
+            return door(port)
         with socket.create_connection((host, port), timeout=3):
             return "ok"
     except TimeoutError:
@@ -194,6 +213,10 @@ class Open:
     def reach(self, targets: list) -> list:
         return [reach(host, port) for host, port in targets]
 
+    @ember.method
+    def door(self) -> list:
+        return where()
+
 
 @app.model(min_replicas=1, max_replicas=1, block_network=True)
 class Sealed:
@@ -204,6 +227,10 @@ class Sealed:
     @ember.method
     def reach(self, targets: list) -> list:
         return [reach(host, port) for host, port in targets]
+
+    @ember.method
+    def door(self) -> list:
+        return where()
 '''
 
 SERVER = '''
@@ -297,7 +324,9 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
         assert served.status_code == 200, served.text
         assert served.json()["reached"] == "ok"  # the other app's replica reaches its own server
         nats_port = int(platform.nats_url.rsplit(":", 1)[1])
-        targets = {"nats": ["127.0.0.1", nats_port], "platform": ["127.0.0.1", int(platform.url.rsplit(":", 1)[1])],
+        platform_port = int(platform.url.rsplit(":", 1)[1])
+        targets = {"nats": ["127.0.0.1", nats_port], "platform": ["127.0.0.1", platform_port],
+                   "door_nats": ["door", nats_port], "door_platform": ["door", platform_port],
                    "node_loopback": ["127.0.0.1", loopback.getsockname()[1]],
                    "other_replica": ["127.0.0.1", served.json()["port"]], "outside": list(OUTSIDE)}
         if (address := _node_address()) is not None:
@@ -309,13 +338,17 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
             answer = http.post(f"/v1/{mine}/{service}.reach", json=list(targets.values()))
             assert answer.status_code == 200, answer.text  # NATS works: each serves its calls
             seen[service] = dict(zip(targets, answer.json(), strict=True))
-        for reached in seen.values():
-            assert reached["nats"] == "ok", seen
+        for reached in seen.values():  # NATS through its door alone (no service was given a network option)
+            assert reached["door_nats"] == "ok" and reached["door_platform"] == "refused", seen
+            assert reached["nats"] == "ECONNREFUSED", seen
             assert reached["platform"] == reached["node_loopback"] == reached["other_replica"] == "ECONNREFUSED", seen
             assert reached.get("node_address", "ECONNREFUSED") in ("ECONNREFUSED", "ENETUNREACH"), seen
         assert seen["Sealed"]["outside"] == "ENETUNREACH", seen  # block_network: no way out
         assert seen["Open"]["outside"] != "ENETUNREACH", seen  # the default: a way out (nothing answers there)
         assert "bwrap, own network" in ember_cli("status", url=platform.url).stdout
+        doors = [http.post(f"/v1/{mine}/{service}.door", json={}).json() for service in ("Open", "Sealed")]
+        assert all(listed == ["nats.sock"] for _, listed, _ in doors), doors  # a folder of its own: no other door
+        assert doors[0][2] != doors[1][2], doors  # each sandbox its own socket
     finally:
         loopback.close()
         everywhere.close()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import ipaddress
 import itertools
 import json
@@ -42,13 +43,17 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+from ember_runtime import natsdoor
 
 log = logging.getLogger("ember.agent")
 ATTACH_TIMEOUT_S = 30.0  # pasta attaches in tens of milliseconds; a loaded node may take longer
 NATS_DEFAULT_PORT = 4222
 OTLP_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 OTLP_DEFAULT_PORT = 4318  # OTLP over HTTP
+J = TypeVar("J", bound=Any)  # a sandbox's Jail (its ``mounts``)
 RUN_ROOT = Path(tempfile.gettempdir()) / f"ember-pasta-{os.getuid()}"  # <agent pid>/<pasta's pid file>
 
 
@@ -66,16 +71,13 @@ class Network:
     also: tuple[int, ...] = ()  # other ports of the node's loopback forwarded: an OpenTelemetry collector's
     node_addresses: tuple[str, ...] = ()  # this node's own addresses (not loopback): unreachable from inside
     nats_ports: tuple[int, ...] = ()  # every loopback port of the NATS URL's servers (a cluster's), forwarded too
+    nats_servers: frozenset[tuple[str, int]] = frozenset()  # what a sandbox's door connects to (``natsdoor``)
 
     def argv(self, pid: int, *, blocked: bool) -> list[str]:
         """pasta's command line for the sandbox whose first process is ``pid``."""
-        if blocked and not self.nats_port:  # its only way to NATS is the way out
-            log.warning("block_network is not applied: NATS is not on this node's loopback, and the sandbox "
-                        "reaches it through the way out")
-            blocked = False
+        forwarded = {*self.also} if self.nats_servers else {self.nats_port, *self.nats_ports, *self.also}
         args = [self.pasta, "--quiet", "-t", "none", "-u", "none", "-U", "none", "--no-map-gw",
-                "-T", ",".join(str(p) for p in sorted({self.nats_port, *self.nats_ports, *self.also} - {0}))
-                or "none"]
+                "-T", ",".join(str(p) for p in sorted(forwarded - {0})) or "none"]
         if os.geteuid() == 0:  # as root pasta would become nobody, who may not enter the sandbox's namespaces
             args += ["--runas", "0"]
         if not blocked:
@@ -87,7 +89,30 @@ def for_node(pasta: str, nats_url: str, env: Mapping[str, str]) -> Network:
     """What this node's sandboxes get forwarded: NATS, and an OpenTelemetry collector, where on its loopback."""
     otlp = {loopback_port(env[k], OTLP_DEFAULT_PORT) for k in OTLP_ENV if env.get(k, "").strip()}
     return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})), node_addresses(),
-                   nats_ports=loopback_ports(nats_url))
+                   nats_ports=loopback_ports(nats_url), nats_servers=natsdoor.servers_of(nats_url))
+
+
+def with_door(network: Network | None, jail: J, env: dict[str, str]) -> tuple[J, dict[str, str], natsdoor.Door | None]:
+    """A sandbox's jail and environment with a door to NATS of its own (``natsdoor``: a folder of its own under
+    this agent's ``RUN_ROOT`` folder, bound into it alone), when it has a network of its own (``network``)."""
+    if network is None or not network.nats_servers:
+        return jail, env, None
+    door = natsdoor.Door.open(_run_dir(), network.nats_servers)
+    mounts = (*jail.mounts, (door.folder, natsdoor.DOOR))
+    return dataclasses.replace(jail, mounts=mounts), {**env, **door.env}, door
+
+
+def stop(*held: Pasta | natsdoor.Door | None) -> None:
+    for each in held:
+        if each is not None:
+            each.stop()
+
+
+def stop_after(pid: int, *held: Pasta | natsdoor.Door | None) -> None:
+    """Stop each of ``held`` once process ``pid`` (a child of the agent) exits."""
+    for each in held:
+        if each is not None:
+            each.stop_after(pid)
 
 
 def node_addresses(fib_trie: Path = Path("/proc/net/fib_trie"),
@@ -204,10 +229,13 @@ def find_pasta() -> str | None:
     return shutil.which("pasta")
 
 
-async def attach(network: Network, pid: int, *, blocked: bool) -> Pasta:
+async def attach(network: Network, pid: int, *, blocked: bool) -> Pasta | None:
     """Attach pasta to the namespace of sandbox process ``pid`` (waiting on bwrap's block fd); raise
     NetworkUnavailable with pasta's words when it cannot. pasta forks into the background once attached, and
-    the daemon keeps its stderr: pasta's words go to a file, never to a pipe read to its end."""
+    the daemon keeps its stderr: pasta's words go to a file, never to a pipe read to its end. None: a blocked
+    sandbox whose NATS goes through its door needs no pasta (nothing forwarded, no way out)."""
+    if blocked and network.nats_servers and not network.also:
+        return None
     with _pid_file() as pid_file, tempfile.TemporaryFile() as err:
         proc = await asyncio.create_subprocess_exec(*network.argv(pid, blocked=blocked), "--pid", pid_file,
                                                     stdin=asyncio.subprocess.DEVNULL,
@@ -274,6 +302,9 @@ def sweep() -> int:
             if not folder.name.isdigit() or Path(f"/proc/{folder.name}").exists():
                 continue  # an agent still running
             for pid_file in folder.iterdir():
+                if pid_file.is_dir():  # a sandbox's NATS door
+                    natsdoor.remove(pid_file)
+                    continue
                 stopped += _stop_orphan(pid_file)
             with contextlib.suppress(OSError):
                 folder.rmdir()
@@ -305,7 +336,7 @@ def _attached(code: int, err: bytes, pid_file: str) -> Pasta:
 
 def _unroute_or_stop(network: Network, pasta: Pasta, pid: int, blocked: bool) -> None:
     """The node's own addresses out of reach (a blocked namespace has no route at all); pasta stopped if not."""
-    if blocked and network.nats_port:
+    if blocked and (network.nats_port or network.nats_servers):
         return
     try:
         unroute(network.node_addresses, pid)

@@ -5,10 +5,9 @@ of ``/sys``), the Python environment read-only (``sys.prefix``, ``sys.base_prefi
 ``runtime/`` source roots of an editable install: never the repository around them, where a dev state dir
 may live), its own unpacked bundle read-only at ``/bundle`` (its working directory), a private ``/tmp`` and
 home, a fresh ``/proc`` of its own pid namespace (no other process of the node), a minimal ``/dev`` plus the
-GPU device nodes it was assigned, and a network namespace of its own where the node has ``pasta`` (see
-``netns``: NATS forwarded, the way out unless its function blocks it, nothing else of the node), else the node's
-network (it talks to NATS over TCP). Nothing else of the node: not the agent's state dir, other apps' bundles,
-the agent's files or its environment.
+GPU device nodes it was assigned, and a network namespace of its own where the node has ``pasta`` (``netns``:
+NATS through its own door, ``natsdoor``; the way out unless its function blocks it; nothing else of the node),
+else the node's network. Nothing else of the node: not the agent's state dir, other apps' bundles, its files.
 
 Its environment is exactly ``environment()``'s: the allow-listed variables of the agent's own environment
 plus what the agent gives the replica (its devices, its NATS credentials, its secrets). It reaches the
@@ -108,8 +107,7 @@ class Sandbox:
     why_not: str = ""  # why replicas run unsandboxed
     network: netns.Network | None = None  # each sandbox's own network namespace; None: the node's network
     network_why_not: str = ""  # why sandboxes share the node's network
-    # Every sandbox in a network of its own (--sandbox-network own), or only block_network=True ones' (bench/RESULTS.md)
-    own_for_all: bool = True
+    own_for_all: bool = True  # every sandbox in a network of its own; False: --sandbox-network node (opted out)
 
     @property
     def enabled(self) -> bool:
@@ -131,8 +129,7 @@ class Sandbox:
         if self.network is None:
             return [f"replicas share the node's network: {self.network_why_not or 'no network namespace asked'}"]
         if not self.own_for_all:
-            return ["replicas share the node's network, except those of block_network=True functions "
-                    "(--sandbox-network own gives each sandbox its own)"]
+            return ["replicas share the node's network, except block_network=True functions' (--sandbox-network node)"]
         return []
 
     @property
@@ -418,6 +415,7 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe() if sandbox.own_network_for(jail) else (-1, -1)
     own = (block_r,) if block_r >= 0 else ()
+    jail, env, door = netns.with_door(sandbox.network if own else None, jail, env)  # its own way to NATS
     try:
         proc = await asyncio.create_subprocess_exec(
             *sandbox.argv(command, jail, info_fd=info_w, block_fd=block_r if own else None),
@@ -425,6 +423,7 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
             env=env, start_new_session=True, pass_fds=(info_w, *own, *pass_fds), preexec_fn=preexec)
     except BaseException:
         _close(info_r, block_w)
+        netns.stop(door)
         raise
     finally:
         _close(info_w, block_r)
@@ -436,10 +435,10 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
             pasta = await netns.attach(sandbox.network, _child_pid(info), blocked=jail.block_network)
     except BaseException:  # cancelled while it started (its slot was stopped), or no network: nobody knows of it
         _close(block_w)
+        netns.stop(pasta, door)
         await _discard(proc, reading)
         raise
-    if pasta is not None:
-        pasta.stop_after(proc.pid)  # bwrap, which exits after the sandbox's last process
+    netns.stop_after(proc.pid, pasta, door)  # bwrap, which exits after the sandbox's last process
     _close(block_w)  # go on
     return SandboxedProcess(proc, _child_pid(info) or proc.pid)
 

@@ -43,7 +43,7 @@ from ember.wire.callstore import CallStore
 from ember.wire.jetstream import call_buckets, connect
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
-from ember_runtime import hostpid
+from ember_runtime import hostpid, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
@@ -96,6 +96,7 @@ class Replica:
     async def run(self, creds: NatsCredentials | None = None) -> int:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
+        natsdoor.install()  # in a network of its own, NATS is reached through the sandbox's door
         nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S)
         self.kv = StatusRelay(nc, self.args.replica_id)
         inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection

@@ -29,9 +29,19 @@ from ember_runtime.agent.sandbox import Jail, Sandbox, environment
 OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: out on the internet, where nothing answers
 
 REACH = """
-import errno, json, socket, sys
+import errno, json, os, socket, sys
+def door(port):
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["EMBER_NATS_DOOR"])
+        s.sendall(f"127.0.0.1 {port}".encode())
+        words, fds, _, _ = socket.recv_fds(s, 512, 1)
+    for fd in fds:
+        os.close(fd)
+    return "ok" if fds else words.decode()
 def reach(host, port):
     try:
+        if host == "door":  # NATS through the sandbox's door: a socket the agent connected
+            return door(port)
         with socket.create_connection((host, port), timeout=3):
             return "ok"
     except TimeoutError:
@@ -87,36 +97,40 @@ def _reach(box: Sandbox, targets: list[tuple[str, int]], *, blocked: bool = Fals
     return list(json.loads(asyncio.run(go())))
 
 
-def test_a_sandbox_reaches_the_forwarded_nats_port_and_no_other_port_of_the_node(networked, servers) -> None:
+def test_a_sandbox_reaches_nats_through_its_door_and_no_port_of_the_node(networked, servers) -> None:
+    """A sandbox started with no network option: its own namespace; NATS only through its door, which connects
+    to NATS' servers and refuses any other port of the node."""
     nats, other = servers
-    assert _reach(networked, [("127.0.0.1", nats), ("127.0.0.1", other)]) == ["ok", "ECONNREFUSED"]
+    found = _reach(networked, [("door", nats), ("127.0.0.1", nats), ("127.0.0.1", other), ("door", other)])
+    assert found[:3] == ["ok", "ECONNREFUSED", "ECONNREFUSED"]
+    assert found[3].startswith("no ") and "not a NATS server" in found[3]
     with socket.create_connection(("127.0.0.1", other), timeout=10):
         pass  # the node itself reaches it
 
 
 def test_block_network_leaves_nats_and_no_way_out(networked, servers) -> None:
     nats, _ = servers
-    opened = _reach(networked, [("127.0.0.1", nats), OUTSIDE])
-    sealed = _reach(networked, [("127.0.0.1", nats), OUTSIDE], blocked=True)
+    opened = _reach(networked, [("door", nats), OUTSIDE])
+    sealed = _reach(networked, [("door", nats), OUTSIDE], blocked=True)
     assert opened[0] == sealed[0] == "ok"
     assert sealed[1] == "ENETUNREACH" and opened[1] != "ENETUNREACH"
 
 
 def test_by_default_only_block_network_sandboxes_get_a_network_of_their_own(networked, servers) -> None:
-    """``--sandbox-network node`` (the agent's default): a sandbox shares the node's network (it reaches the node's
+    """``--sandbox-network node`` (the opt-out): a sandbox shares the node's network (it reaches the node's
     other port), except a ``block_network=True`` function's, which gets its own (NATS only)."""
     nats, other = servers
     shared = dataclasses.replace(networked, own_for_all=False)
     assert _reach(shared, [("127.0.0.1", nats), ("127.0.0.1", other)]) == ["ok", "ok"]
-    assert _reach(shared, [("127.0.0.1", nats), ("127.0.0.1", other)], blocked=True) == ["ok", "ECONNREFUSED"]
+    assert _reach(shared, [("door", nats), ("127.0.0.1", other)], blocked=True) == ["ok", "ECONNREFUSED"]
     status = sandbox.isolation(shared, None)
     assert status["sandbox"] == "bwrap, node network (own with block_network)"
-    assert any("--sandbox-network own" in note for note in status["isolation_notes"])
+    assert any("--sandbox-network node" in note for note in status["isolation_notes"])
 
 
 def test_pasta_ends_with_its_sandbox(networked, servers) -> None:
-    _reach(networked, [("127.0.0.1", servers[0])])
-    marker = f"-T {servers[0]}".encode()
+    _reach(networked, [("door", servers[0])])
+    marker = str(netns.RUN_ROOT / str(os.getpid())).encode()  # its pid file's folder, on its command line
 
     def pastas() -> list[str]:
         found = []
@@ -129,6 +143,32 @@ def test_pasta_ends_with_its_sandbox(networked, servers) -> None:
         return found
 
     wait_for(lambda: not pastas(), timeout_s=30, what="pasta to end once its sandbox did")
+    doors = netns.RUN_ROOT / str(os.getpid())
+    wait_for(lambda: not list(doors.glob("door-*")), timeout_s=30, what="the sandbox's door to go with it")
+
+
+def test_a_sandboxs_door_is_its_own(networked, servers) -> None:
+    """Each sandbox sees its own door's folder alone: not the agent's folder of doors, not another's door."""
+    look = ("import json, os; d = os.environ['EMBER_NATS_DOOR']; print(json.dumps([d, os.listdir(os.path.dirname(d)),"
+            f" os.path.exists({str(netns.RUN_ROOT)!r}), os.stat(d).st_ino]))")
+    doors = netns.RUN_ROOT / str(os.getpid())
+
+    async def both() -> list[bytes]:
+        procs = [await sandbox.start(networked, [sys.executable, "-c", look], Jail(bundle=Path("/tmp")),
+                                     environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+                 for _ in range(2)]
+        outs = []
+        for proc in procs:
+            assert proc.stdout is not None and proc.stderr is not None
+            outs.append(await asyncio.wait_for(proc.stdout.read(), 60))
+            assert await proc.wait() == 0, await proc.stderr.read()
+        await asyncio.to_thread(wait_for, lambda: not list(doors.glob("door-*")), timeout_s=30, what="doors gone")
+        return outs
+
+    seen = [json.loads(out) for out in asyncio.run(both())]
+    for door, listed, sees_the_agents_folder, _ in seen:
+        assert listed == ["nats.sock"] and not sees_the_agents_folder and door.startswith("/run/ember-nats/")
+    assert seen[0][3] != seen[1][3]  # two sockets: each sandbox its own
 
 
 def test_without_pasta_sandboxes_share_the_nodes_network_and_the_node_says_so(node_sandbox, monkeypatch) -> None:
@@ -175,11 +215,13 @@ def test_only_a_nats_url_on_the_nodes_loopback_is_forwarded() -> None:
     network = netns.for_node("/usr/bin/pasta", "nats://127.0.0.1:4333",
                              {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"})
     argv = network.argv(42, blocked=False)
-    assert argv[argv.index("-T") + 1] == "4318,4333" and argv[-1] == "42" and "--config-net" in argv
+    assert argv[-1] == "42" and "--config-net" in argv
     assert {"-t", "-u", "-U", "--no-map-gw"} <= set(argv) and argv[argv.index("-t") + 1] == "none"
+    assert argv[argv.index("-T") + 1] == "4318"  # NATS goes through each sandbox's door, not through pasta
+    assert network.nats_servers == {("127.0.0.1", 4333)}
     assert "--config-net" not in network.argv(42, blocked=True)  # no address, no route: NATS only
     remote = netns.for_node("/usr/bin/pasta", "nats://10.0.0.2:4222", {})
-    assert "--config-net" in remote.argv(42, blocked=True)  # NATS is out there: the way out stays
+    assert "--config-net" not in remote.argv(42, blocked=True)  # NATS out there is reached through the door too
 
 
 def test_block_network_is_a_flag_of_the_service_spec_checked_at_decoration() -> None:
@@ -238,7 +280,8 @@ def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(ne
     killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, f"nats://127.0.0.1:{servers[0]}"],
                             capture_output=True, text=True, timeout=120, check=False)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
-    (pid_file,) = (netns.RUN_ROOT / killed.stdout.split()[0]).iterdir()  # its pasta's, left with the pasta
+    left = (netns.RUN_ROOT / killed.stdout.split()[0]).iterdir()
+    (pid_file,) = (p for p in left if p.is_file())  # its pasta's, left with the pasta (and its sandbox's door)
     pasta = int(pid_file.read_text())
     assert Path(f"/proc/{pasta}").exists()
     assert netns.sweep() >= 1
