@@ -17,6 +17,7 @@ from ember_platform.config import Settings
 from ember_platform.control.builds import Builds
 from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
+from ember_platform.control.node_reads import NodeReads
 from ember_platform.control.registry import Registry
 from ember_platform.events.grants import GrantStore
 from ember_platform.gateway.body import Validators
@@ -58,6 +59,8 @@ class Platform:
                                    max_payload=nc.max_payload)
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
         self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle, self._running_images)  # images
+        self.node_reads = NodeReads(nc, registry.stores, lambda: self.control.assignments.items,
+                                    self.builds.bundles_building_on)  # what a node reads: only what it is assigned
         self.relay = Relay(nc, registry, self.validators, self.router, self.calls, lambda: self.quotas.limiter,
                            registry.stores.assignments, self.streams)  # calls between functions, from replicas
 
@@ -75,11 +78,14 @@ class Platform:
             await platform.secrets.start()
             await platform.volumes.start()
             await platform.secrets_server.start()
+            await platform.node_reads.start()
             await platform.builds.start()
             if keys is not None:
                 platform.callout = AuthCallout(nc, keys, KVMirror(registry.stores.assignments,
                                                                   assignment_decoder.decode), registry.deployments,
-                                               tokens=platform.tokens)  # event clients present tokens
+                                               tokens=platform.tokens,  # event clients present tokens
+                                               replica_ttl_s=settings.replica_credentials_ttl_s,
+                                               drain_grace_s=settings.replica_drain_grace_s)
                 await platform.callout.start()
             await platform.router.start()
             await platform.streams.start()
@@ -103,6 +109,7 @@ class Platform:
         await self.quotas.stop()
         await self.subject_grants.stop()
         await self.secrets_server.stop()
+        await self.node_reads.stop()
         await self.builds.stop()
         await self.secrets.stop()
         await self.volumes.stop()

@@ -76,6 +76,7 @@ class Build:
     heard_at: float = field(default_factory=time.monotonic)
     finished_at: float = 0.0
     declared: Manifest | None = None  # the manifest the pushing machine read: the node's answer is held to it
+    bundle_sha256: str = ""  # the bundle the node reads for it (``control.node_reads``), while it builds
 
     def view(self, since: int) -> BuildView:
         start = max(since - self.dropped, 0)
@@ -121,7 +122,8 @@ class Builds:
         if not nodes:
             raise UnavailableError("no node is up to build the image on", retry_after_s=5.0)
         node_id = _pick(nodes, request)
-        build = Build(build_id=secrets.token_hex(16), app=app, node_id=node_id, declared=request.declared)
+        build = Build(build_id=secrets.token_hex(16), app=app, node_id=node_id, declared=request.declared,
+                      bundle_sha256=request.bundle_sha256)
         self._keep(build)
         message = BuildRequest(build_id=build.build_id, app=app, bundle_sha256=request.bundle_sha256,
                                module=request.module, images=request.images, inspect_in=request.inspect_in,
@@ -129,6 +131,12 @@ class Builds:
         await self._nc.publish(subjects.node_builds(node_id), encoder.encode(message))
         log.info("build %s of %s asked of node %s", build.build_id[:8], app, node_id)
         return build.view(0)
+
+    def bundles_building_on(self, node_id: str) -> set[str]:
+        """The bundles of the builds this control plane asked of ``node_id`` and that are not over: the node may
+        read them (``control.node_reads``)."""
+        return {b.bundle_sha256 for b in self._builds.values()
+                if b.node_id == node_id and b.state in ("queued", "building")}
 
     def _kept_locks(self, app: str, images: list[ImageSpec]) -> list[ImageSpec]:
         """For each image, the running version's lock of the same declaration, or an empty spec."""

@@ -40,15 +40,6 @@ def _kv(bucket: str) -> str:
     return f"KV_{bucket}"
 
 
-def _obj(bucket: str) -> str:
-    return f"OBJ_{bucket}"
-
-
-def _reader(stream: str) -> list[str]:
-    """Read a stream through consumers of one's own (a KV watch, an object's chunks): create, ask, delete."""
-    return [f"{_JS}.CONSUMER.*.{stream}", f"{_JS}.CONSUMER.*.{stream}.>", f"$JS.FC.{stream}.>"]
-
-
 Function = tuple[str, bool, str | None]  # name, bound to events, result subject
 
 
@@ -79,28 +70,19 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
 
 
 def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
-    """A node agent: reads what is assigned to it, the bundles and the volumes (never writes either), writes its
-    node's info and its own replicas' states (``<node id>.<replica id>``: no other node's), publishes their output
-    lines, and asks for its replicas' secrets (a control plane answers)."""
-    assignments, bundles = _kv(subjects.ASSIGNMENTS_BUCKET), _obj(subjects.BUNDLES_STORE)
+    """A node agent: hears the writes of its own assignment (``$KV.ember_assignments.<node id>``, a plain
+    subscription: no consumer, no read of another node's key), asks a control plane for what is assigned to it
+    (``subjects.node_fetch``: its assignment, its replicas' bundles and volumes, checked by the control plane) and
+    for its replicas' secrets, writes its node's info and its own replicas' states (``<node id>.<replica id>``: no
+    other node's) and publishes their output lines. No store's content is open to it: no direct get, message get
+    or consumer on ``ember_bundles``, ``ember_volumes``, ``ember_volume_chunks`` or ``ember_assignments``."""
     pub = {
         f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
-        *_reader(assignments),
-        f"{_JS}.DIRECT.GET.{assignments}.>",
         f"$KV.{subjects.NODES_BUCKET}.{node_id}",
         f"$KV.{subjects.REPLICAS_BUCKET}.{subjects.replica_keys_of_node(node_id)}",
-        f"{_JS}.DIRECT.GET.{bundles}.>", f"{_JS}.STREAM.MSG.GET.{bundles}", *_reader(bundles),
         subjects.node_logs(node_id), subjects.node_secrets(node_id), subjects.node_build_events(node_id),
-        *_volume_reader(),
+        subjects.node_fetch(node_id),
     }
-    sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL, subjects.node_builds(node_id)}
+    sub = {f"{inbox_prefix}.>", subjects.REPLICA_STATUS_ALL, subjects.node_builds(node_id),
+           subjects.assignment_updates(node_id)}
     return _user(pub, sub)
-
-
-def _volume_reader() -> list[str]:
-    """Read volumes' versions (by key) and chunks (an object's chunks, through a consumer of one's own): no
-    publish to ``$KV.ember_volumes`` or ``$O.ember_volume_chunks``, so no write and no delete."""
-    versions, chunks = _kv(subjects.VOLUMES_BUCKET), _obj(subjects.VOLUME_CHUNKS_STORE)
-    return [f"{_JS}.DIRECT.GET.{versions}.>", f"{_JS}.STREAM.MSG.GET.{versions}",
-            f"{_JS}.DIRECT.GET.{chunks}", f"{_JS}.DIRECT.GET.{chunks}.>", f"{_JS}.STREAM.MSG.GET.{chunks}",
-            *_reader(chunks)]

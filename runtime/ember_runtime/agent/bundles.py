@@ -1,4 +1,5 @@
-"""The node's bundle cache (the artifact cache): fetched from the object store, verified by sha256,
+"""The node's bundle cache (the artifact cache): fetched through a control plane (``agent.fetch``: only the
+bundles assigned to this node), verified by sha256,
 unpacked once, its weight files read ahead into the page cache, so that a replica starts from local disk.
 
 It holds at most ``EMBER_NODE_BUNDLE_CACHE_BYTES`` (unpacked) when it can: ``evict`` removes the unpacked
@@ -95,8 +96,7 @@ class BundleCache:
             if dest.is_dir():
                 self._touch(sha256)
                 return dest
-            result = await self._store.get(sha256)
-            data = result.data or b""
+            data = await self._store.bundle(sha256)  # ``fetch.NodeFetcher``
             digest = hashlib.sha256(data).hexdigest()
             if digest != sha256:
                 raise ValueError(f"bundle {sha256} failed verification: its content hashes to {digest}")

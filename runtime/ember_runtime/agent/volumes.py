@@ -1,6 +1,7 @@
-"""The node's volume cache: each volume version a replica or zygote mounts is fetched once from the object
-store, every chunk checked against its sha256, into ``<state>/volumes/<name>@v<N>/``, made read-only, and mounted
-read-only in the sandboxes that use it (``--ro-bind``; see ``sandbox.Jail.mounts``).
+"""The node's volume cache: each volume version a replica or zygote mounts is fetched once through a control
+plane (``agent.fetch``: only the versions and chunks assigned to this node), every chunk checked against its
+sha256, into ``<state>/volumes/<name>@v<N>/``, made read-only, and mounted read-only in the sandboxes that use it
+(``--ro-bind``; see ``sandbox.Jail.mounts``).
 
 Only the agent writes here. What each cached version holds is recorded when it is fetched: its manifest with each
 chunk's size (``<key>.json``) and every file's path, mode, size and change time (``<key>.tree``). Before each
@@ -26,14 +27,11 @@ from typing import Any
 import msgspec
 import nats.aio.client as nats_client
 
-from ember.wire import subjects
-from ember.wire.jetstream import object_stream
 from ember.wire.volumes import VolumeMount, VolumeVersion, file_problem
 from ember_runtime.agent.bundles import CachedBundle, choose_evictions, make_read_only, remove_tree, tree_digest
 
 log = logging.getLogger("ember.agent.volumes")
 DEFAULT_BUDGET_BYTES = 100 * 1024**3
-STREAM = object_stream(subjects.VOLUME_CHUNKS_STORE)
 AHEAD = 4  # chunks fetched ahead of the one being written (memory: AHEAD + 1 chunks)
 _version_decoder = msgspec.json.Decoder(VolumeVersion)
 
@@ -73,13 +71,11 @@ def budget_from_env() -> int:
 
 
 class VolumeCache:
-    def __init__(self, root: Path, versions: Any, chunks: Any, js: Any, budget_bytes: int | None = None) -> None:
+    def __init__(self, root: Path, source: Any, budget_bytes: int | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
-        self._versions = versions  # the ember_volumes KV bucket
-        self._chunks = chunks  # the ember_volume_chunks object store
-        self._js = js
+        self._source = source  # ``fetch.NodeFetcher``: versions and chunks, through a control plane
         self.budget_bytes = budget_from_env() if budget_bytes is None else budget_bytes
         self._locks: dict[str, asyncio.Lock] = {}
         self._checked: set[str] = set()  # hashed (or fetched) by this process, its record matching since
@@ -115,8 +111,7 @@ class VolumeCache:
 
     async def _fetch(self, mount: VolumeMount, dest: Path) -> None:
         started = time.monotonic()
-        entry = await self._versions.get(f"{mount.name}.{mount.version}")
-        version = _version_decoder.decode(entry.value)
+        version = _version_decoder.decode(await self._source.volume(f"{mount.name}.{mount.version}"))
         if version.name != mount.name or version.version != mount.version:
             raise VolumeCorrupt(f"{mount.key}: the store's entry names {version.name}@v{version.version}")
         tmp = Path(tempfile.mkdtemp(prefix=f".{mount.key}-", dir=self.root))
@@ -175,18 +170,9 @@ class VolumeCache:
         return sizes
 
     async def _chunk(self, sha: str) -> bytes:
-        """One chunk, its object's messages read by direct gets (a request each: no consumer to create, and
-        several times faster than the object store's ``get``), checked against its sha256."""
-        info = await self._chunks.get_info(sha)
-        if info.deleted or not info.nuid:
-            raise VolumeCorrupt(f"chunk {sha} is not in the store")
-        subject = f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.{info.nuid}"
-        parts, seq = [], 1
-        for _ in range(info.chunks or 0):
-            msg = await self._js.get_msg(STREAM, seq=seq, subject=subject, direct=True, next=True)
-            parts.append(msg.data or b"")
-            seq = (msg.seq or seq) + 1
-        data = b"".join(parts)
+        """One chunk, read through a control plane (only a chunk of a version assigned to this node), checked
+        against its sha256."""
+        data = await self._source.chunk(sha)  # ``fetch.NodeFetcher``
         digest = await asyncio.to_thread(lambda: hashlib.sha256(data).hexdigest())
         if digest != sha:
             raise VolumeCorrupt(f"chunk {sha} from the store hashes to {digest}")

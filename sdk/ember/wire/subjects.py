@@ -238,3 +238,19 @@ STATS_ALL = "ember.stats.>"
 def stats(app: str, function: str) -> str:
     """Load reports of one function's replicas."""
     return f"ember.stats.{_token(app, 'app')}.{_fn_token(function)}"
+
+
+def node_fetch(node_id: str) -> str:
+    """A node agent's reads of what is assigned to it (``ember.wire.nodereads``): its assignment, and the bundles,
+    volume versions and chunks its replicas, zygotes and builds need. Only that node may publish here (its NATS
+    permissions); a control plane's queue group answers, after checking the node's assignment."""
+    return f"ember.node.{_token(node_id, 'node id')}.fetch"
+
+
+NODE_FETCH_ALL = "ember.node.*.fetch"
+
+
+def assignment_updates(node_id: str) -> str:
+    """The subject of one node's key in ``ember_assignments``: that node subscribes to it (no consumer, no read of
+    another node's key) and asks a control plane for the current value (``node_fetch``)."""
+    return f"$KV.{ASSIGNMENTS_BUCKET}.{_token(node_id, 'node id')}"

@@ -147,10 +147,13 @@ def _allowed(perms: dict, kind: str, subject: str) -> bool:  # type: ignore[type
     return any(match(p) for p in perms[kind]["allow"])
 
 
-def test_a_node_agent_reads_volumes_and_never_writes_them() -> None:
+def test_a_node_agent_reads_volumes_through_a_control_plane_and_never_writes_them() -> None:
     perms = permissions.node("n1", "_INBOX.n1")
-    assert _allowed(perms, "pub", "$JS.API.DIRECT.GET.KV_ember_volumes.$KV.ember_volumes.w.1")
-    assert _allowed(perms, "pub", "$JS.API.CONSUMER.CREATE.OBJ_ember_volume_chunks")
+    assert _allowed(perms, "pub", "ember.node.n1.fetch")  # a control plane checks what the node may read
+    assert not _allowed(perms, "pub", "ember.node.n2.fetch")
+    assert not _allowed(perms, "pub", "$JS.API.DIRECT.GET.KV_ember_volumes.$KV.ember_volumes.w.1")
+    assert not _allowed(perms, "pub", "$JS.API.CONSUMER.CREATE.OBJ_ember_volume_chunks")
+    assert not _allowed(perms, "pub", f"$JS.API.DIRECT.GET.OBJ_ember_volume_chunks.$O.ember_volume_chunks.C.{SHA}")
     assert not _allowed(perms, "pub", "$KV.ember_volumes.w.1")
     assert not _allowed(perms, "pub", f"$O.ember_volume_chunks.C.{SHA}")
     assert not _allowed(perms, "pub", "$JS.API.STREAM.PURGE.OBJ_ember_volume_chunks")
@@ -210,7 +213,7 @@ def _cached(cache: VolumeCache, key: str, size: int, used_at: float) -> None:
 
 
 def test_the_node_cache_keeps_its_budget_and_never_removes_a_volume_in_use(tmp_path: Path) -> None:
-    cache = VolumeCache(tmp_path / "volumes", versions=None, chunks=None, js=None, budget_bytes=150)
+    cache = VolumeCache(tmp_path / "volumes", source=None, budget_bytes=150)
     _cached(cache, "old@v1", 100, 1000.0)
     _cached(cache, "used@v1", 100, 500.0)  # the least recently used, but a replica mounts it
     _cached(cache, "new@v2", 10, 2000.0)
