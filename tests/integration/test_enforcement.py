@@ -22,6 +22,7 @@ from ember._client import Transport
 from ember._deploy import app_view
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import ReplicaStatus
+from ember_runtime.agent.gpu_usage import process_trees
 
 pytestmark = pytest.mark.integration
 APP = TEST_APPS / "enforce" / "enforce.py"
@@ -64,9 +65,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     cpu = min(os.sched_getaffinity(0))
     (tmp / "node.toml").write_text(inventory(cpu))
     with TestPlatform(tmp / "state") as platform, authed_client(platform) as http:
-        # Unsandboxed: the virtual GPU driver keys its table by pids on the node, which a sandboxed process
-        # (in its own pid namespace) does not know for the workers it starts.
-        agent = platform.add_agent(NODE, tmp / "node.toml", sandbox=False)
+        # Sandboxed, as production runs replicas: the virtual driver finds each entry's process by who holds it
+        # open, as NVML knows a context's process, whatever pid namespace the process sees.
+        agent = platform.add_agent(NODE, tmp / "node.toml")
         transport = Transport(platform.url, token=platform.token)
         try:
             wait_for(lambda: NODE in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
@@ -121,8 +122,10 @@ def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cl
     before = replica(cluster, "hog")
     assert before.state == "ready"
     # 5000 MB in the replica and 4318 MB in its worker: each within the 8 GB reservation, together over it.
-    pids = cluster.http.post("/v1/enforce/hog", json={"own_mb": 5000, "worker_mb": 4318}).json()
-    assert pids[0] == before.pid
+    inside = cluster.http.post("/v1/enforce/hog", json={"own_mb": 5000, "worker_mb": 4318}).json()
+    assert len(inside) == 2  # the replica and its worker, by their pids in the sandbox
+    pids = process_trees([before.pid])[before.pid]  # the same, and the sandbox's init, as the node sees them
+    assert len(pids) >= 2 and before.pid in pids
 
     def event() -> list[dict[str, object]]:
         lines = cluster.transport.json("GET", "/v1/apps/enforce/logs", params={"service": "hog", "limit": 5000})
@@ -135,7 +138,7 @@ def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cl
     after = wait_for(lambda: (r := replica(cluster, "hog")).state == "ready" and r.pid != before.pid and r, 60,
                      "the restarted replica to be ready")
     assert after.restarts == before.restarts + 1 and after.restart_reason == line["line"]
-    wait_for(lambda: all(gone(pid) for pid in pids), 30, "the replica's worker to go with it")
+    wait_for(lambda: all(gone(pid) for pid in pids), 30, "the replica's worker (its whole sandbox) to go with it")
     assert proc_status(after.pid, "Cpus_allowed_list") == str(cluster.cpu)  # pinned again
     agent_log = (cluster.platform.log_dir / f"agent-{NODE}.log").read_text()
     assert f"ERROR {line['line']} (enforced restart 1)" in agent_log

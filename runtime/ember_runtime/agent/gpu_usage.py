@@ -3,8 +3,10 @@
 A ``UsageSource`` answers one question: on each of these devices (GPU or MIG slice uuids), how many MB
 does each process use? ``NvmlUsage`` asks the driver. ``DeclaredUsage`` answers for the devices of a
 declared (virtual) inventory, which no driver knows: there a directory plays the driver's process table,
-and a process "allocates" by writing ``<table>/<pid>`` holding ``{"<device uuid>": MB}`` (replicas find
-the directory in ``EMBER_VIRTUAL_GPU_PROCESSES``). Everything after the answer (which processes are a
+and a process "allocates" by writing an entry ``<table>/<name>`` holding ``{"<device uuid>": MB}`` that it keeps
+open while it lives, as a driver's context (a sandboxed replica too: the agent finds the holder's pid on the node;
+replicas find the directory in ``EMBER_VIRTUAL_GPU_PROCESSES``); an entry nobody holds belongs to the pid its name
+says. Everything after the answer (which processes are a
 replica's, what it sums to, whether that breaks its reservation) is one code path for both.
 """
 
@@ -101,21 +103,41 @@ class DeclaredUsage:
         table.mkdir(parents=True, exist_ok=True)
 
     def sample(self, devices: Collection[str]) -> Sample:
+        """An entry is the memory of the processes holding it open, as a driver's context is (their pids on this
+        node: a sandboxed process knows only its own namespace's); held by none, of the process its name says."""
         sample: Sample = {uuid: {} for uuid in devices if uuid in self.devices}
+        holders = _holders(self.table)
         for entry in self.table.iterdir():
-            if not entry.name.isdigit():
+            if entry.name.startswith("."):  # being written
                 continue
-            pid = int(entry.name)
-            if not _alive(pid):  # the driver frees a process's memory when it exits
+            pids = holders.get(entry.name) or ({int(entry.name)} if entry.name.isdigit() else set())
+            pids = {pid for pid in pids if _alive(pid)}
+            if not pids:  # the driver frees a process's memory when it exits
                 entry.unlink(missing_ok=True)
                 continue
             for uuid, mb in _read_declared(entry).items():
                 if uuid in sample:
-                    sample[uuid][pid] = mb
+                    sample[uuid].update(dict.fromkeys(pids, mb))
         return sample
 
     def close(self) -> None:
         pass
+
+
+def _holders(table: Path, proc: Path = Path("/proc")) -> dict[str, set[int]]:
+    """Entry name -> the pids on this node with that entry of ``table`` open (read from ``/proc/<pid>/fd``)."""
+    held: dict[str, set[int]] = defaultdict(set)
+    prefix = f"{table.resolve()}{os.sep}"
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):  # gone, or not ours to read
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith(prefix):
+                        held[target[len(prefix):]].add(int(entry.name))
+    return held
 
 
 def _read_declared(entry: Path) -> dict[str, int]:

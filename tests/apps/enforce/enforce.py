@@ -2,7 +2,9 @@
 
 ``hog`` "allocates" GPU memory the way a virtual GPU allows: it declares it to the agent's virtual
 driver (the process table in ``EMBER_VIRTUAL_GPU_PROCESSES``), for itself and for a worker process it
-starts, so that only their sum breaks the reservation. ``far`` sits on a GPU whose NUMA node has no CPUs
+starts, so that only their sum breaks the reservation. Each keeps its entry open while it lives, as a
+driver's context: the agent finds whose it is by that, since in its sandbox a process knows only its own
+pid namespace's pids. ``far`` sits on a GPU whose NUMA node has no CPUs
 on this machine.
 """
 
@@ -10,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import ember
@@ -19,28 +22,33 @@ _workers: list[subprocess.Popen[str]] = []
 
 # The worker declares its share, says so, and lives until its replica closes the pipe (or dies).
 _WORKER = """
-import json, os, sys
+import json, os, sys, uuid
 from pathlib import Path
 table, device, mb = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-(table / f".{os.getpid()}").write_text(json.dumps({device: mb}))
-(table / f".{os.getpid()}").replace(table / str(os.getpid()))
+name = uuid.uuid4().hex
+fd = os.open(table / f".{name}", os.O_CREAT | os.O_WRONLY, 0o644)
+os.write(fd, json.dumps({device: mb}).encode())
+os.rename(table / f".{name}", table / name)
 print(os.getpid(), flush=True)
 sys.stdin.read()
 """
+_held: list[int] = []  # the descriptors of this process's entries: its "contexts" on the virtual GPU
 
 
-def _declare(pid: int, device: str, mb: int) -> None:
+def _declare(device: str, mb: int) -> None:
     table = Path(os.environ["EMBER_VIRTUAL_GPU_PROCESSES"])
-    staged = table / f".{pid}"
-    staged.write_text(json.dumps({device: mb}))
-    staged.replace(table / str(pid))  # whole, never half-written
+    name = uuid.uuid4().hex  # any name: the entry is this process's while it holds it open
+    fd = os.open(table / f".{name}", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, json.dumps({device: mb}).encode())
+    os.rename(table / f".{name}", table / name)  # whole, never half-written
+    _held.append(fd)
 
 
 @app.function(gpu="H100:8GB")
 def hog(own_mb: int, worker_mb: int) -> list[int]:
-    """Use ``own_mb`` here and ``worker_mb`` in a child process; returns both pids."""
+    """Use ``own_mb`` here and ``worker_mb`` in a child process; returns both pids (in its sandbox)."""
     device = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
-    _declare(os.getpid(), device, own_mb)
+    _declare(device, own_mb)
     worker = subprocess.Popen([sys.executable, "-c", _WORKER, os.environ["EMBER_VIRTUAL_GPU_PROCESSES"], device,
                                str(worker_mb)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     _workers.append(worker)

@@ -140,6 +140,31 @@ def test_the_virtual_driver_reports_what_live_processes_declared(tmp_path: Path,
     assert source.sample(["GPU-0", "GPU-1", "GPU-7"]) == {"GPU-0": {leader: 5000, worker: 4318}, "GPU-1": {}}
 
 
+_HOLDER = """
+import json, os, sys
+entry = sys.argv[1]
+fd = os.open(entry + ".tmp", os.O_CREAT | os.O_WRONLY)
+os.write(fd, json.dumps({"GPU-0": 700}).encode())
+os.rename(entry + ".tmp", entry)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_an_entry_belongs_to_the_processes_holding_it_open_whatever_its_name(tmp_path: Path) -> None:
+    """A sandboxed replica knows only its namespace's pid (2, say): the driver finds the holder's pid here."""
+    table = tmp_path / "gpu-processes"
+    source = DeclaredUsage(table, ["GPU-0"])
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(table / "2")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert source.sample(["GPU-0"]) == {"GPU-0": {holder.pid: 700}}
+    finally:
+        holder.communicate("")
+    assert source.sample(["GPU-0"]) in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
+
+
 def test_the_virtual_driver_frees_the_memory_of_exited_processes(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     table = tmp_path / "gpu-processes"
