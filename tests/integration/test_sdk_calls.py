@@ -1,7 +1,7 @@
 """The SDK's and the CLI's call verbs against the real platform (the session platform, the ``steer`` app): spawn
 and the call handle, options, map, the ``.aio`` forms, and the CLI's calls. A call's input steers the function
 (tests/apps/steer/steer.py): ``{"sleep": s}``, ``{"fail": msg}``, ``{"value": v}``. The SDK's own retries of a
-long poll are in tests/unit/sdk/test_sdk_calls.py."""
+long poll are in tests/unit/sdk/test_sdk_call_options.py."""
 
 from __future__ import annotations
 
