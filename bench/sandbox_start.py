@@ -1,5 +1,6 @@
 """What the sandbox and its own network cost: a replica's start (cold and from a zygote) and a call's NATS hop,
-with a network of its own (bwrap --unshare-net with pasta attached), on the node's network, and unsandboxed.
+with a network of its own (bwrap --unshare-net, NATS through its door, pasta attached), on the node's network, and
+unsandboxed.
 
 What is measured
     The node agent's own start paths (``ember_runtime.agent``), without the rest of the platform:
@@ -15,7 +16,8 @@ What is measured
                   its children in bwrap; not: plain processes.
 
     * ``call``    a NATS request/reply at concurrency 1 to a responder in the sandbox (nats-py, as a replica
-                  answers), p50: what pasta's forwarding adds to each call's NATS hop.
+                  answers), p50: what the sandbox's own network adds to each call's NATS hop (its door hands it
+                  a plain TCP connection to nats-server: nothing, expected).
 
     Runs are interleaved (own network, node network, unsandboxed, ...) so that all see the same machine; the
     table shows medians. Targets: the sandbox adds under 20 ms to a zygote start; its own network adds at most
@@ -55,7 +57,9 @@ TARGET_NETWORK_CALL_MS = 0.10  # and to a call's p50 at concurrency 1
 CALLS = 2000
 RESPONDER = """
 import asyncio, sys, nats
+from ember_runtime import natsdoor
 async def main():
+    natsdoor.install()  # as a replica connects: through its sandbox's door when it has one
     nc = await nats.connect(sys.argv[1])
     async def echo(msg):
         await msg.respond(msg.data)

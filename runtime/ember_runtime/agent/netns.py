@@ -1,12 +1,15 @@
 """A network of its own for each sandbox: bwrap's ``--unshare-net`` and Debian's ``pasta`` (package ``passt``).
 
-A sandbox gets a network namespace of its own: its own loopback, no other interface. Once bwrap has made it (and
-before the command runs: bwrap waits on its ``--block-fd``), the agent attaches ``pasta`` to it, which gives the
-namespace user-mode networking from outside, without privileges:
+A sandbox gets a network namespace of its own: its own loopback, no other interface. Every sandbox does, unless
+the agent is told ``--sandbox-network node``. Once bwrap has made it (and before the command runs: bwrap waits on
+its ``--block-fd``), the agent attaches ``pasta`` to it, which gives the namespace user-mode networking from
+outside, without privileges:
 
-- NATS, when it listens on this node's loopback, is forwarded (``-T <port>``): ``127.0.0.1:<port>`` inside
-  reaches it, and nothing else of the node's loopback does (the platform's HTTP port, NATS' monitoring and cluster
-  ports, other replicas' servers). No port of the node reaches in (``-t none -u none``).
+- NATS is reached through the sandbox's own door (``natsdoor``: a unix socket in a folder bound into that sandbox
+  alone, where the agent hands the replica a TCP socket it connected to one of NATS' servers), not through pasta:
+  pasta's splice stalled calls under load (bench/RESULTS.md). Nothing of the node's loopback is reachable (the
+  platform's HTTP port, NATS' own ports, monitoring and cluster ones, other replicas' servers). No port of the
+  node reaches in (``-t none -u none``).
 - So is the OpenTelemetry collector the agent's environment names (``OTEL_EXPORTER_OTLP_ENDPOINT``), when it
   listens on this node's loopback: replicas export their spans where the control plane does.
 - Outbound connections go out through pasta's sockets (model code downloads weights); the namespace takes the
@@ -14,9 +17,9 @@ namespace user-mode networking from outside, without privileges:
   mapped to the node's loopback (``--no-map-gw``). The node's other addresses (a Docker bridge's, a second
   interface's), which pasta would reach as any address out there, are made unreachable in the namespace
   (``ip route add unreachable``, run by the agent in the sandbox's namespaces, which its user owns).
-- ``block_network=True``: pasta forwards NATS and configures nothing else: the namespace has no route out.
-- NATS elsewhere (a remote URL): reached through the way out, which ``block_network`` then leaves open (the
-  agent logs it).
+- ``block_network=True``: no pasta at all (or one forwarding the collector alone, configuring nothing): the
+  namespace has no route out; NATS, on this node or elsewhere, through the door.
+- A NATS URL without a door (``Network`` built without ``nats_servers``): pasta forwards its loopback ports.
 
 pasta (a daemon once attached) holds the namespace; it does not notice the sandbox's end by itself: the agent
 stops it when bwrap exits (after the sandbox's last process), and every one left when it exits itself; the pastas
