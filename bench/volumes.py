@@ -7,9 +7,11 @@ What is measured (one run of the embedded platform: nats-server, control plane, 
                  through to the disk
     * ``put``    ``ember.put_volume`` of a fresh file of random bytes (nothing stored yet): read, hashed, sent over
                  HTTP in 8 MiB chunks, hashed again and stored in JetStream's object store, then committed
-    * ``fetch``  the node's volume cache (``ember_runtime.agent.volumes.VolumeCache``, as the agent runs it)
-                 fetching that version: each chunk from the object store, checked, written to its file, made
-                 read-only; measured in this process with the control plane's NATS credentials
+    * ``fetch``  the node's volume cache (``ember_runtime.agent.volumes.VolumeCache``) fetching that version:
+                 each chunk read from the object store, checked, written to its file, made read-only; measured in
+                 this process with the control plane's NATS credentials, reading the stores as a control plane
+                 does for a node (a node asks a control plane, ``agent.fetch``: the ``start`` rows below
+                 include that hop)
     * ``JetStream publish``  what nats-server takes on this machine: 4 MiB messages published one after the
                  other into the chunks' stream, then 4 at a time; and ``JetStream direct get`` what it gives: those
                  messages read back by direct gets, 4 at a time (then purged): the ceilings under put and fetch
@@ -38,6 +40,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 from ember._client import Transport
 from ember._deploy import deploy
@@ -68,13 +71,26 @@ def random_file(path: Path, mb: int) -> None:
             fh.write(os.urandom(4 * MB))
 
 
+class _Stores:
+    """Versions and chunks read straight from the stores, as a control plane reads them for a node."""
+
+    def __init__(self, versions: Any, chunks: Any) -> None:
+        self._versions, self._chunks = versions, chunks
+
+    async def volume(self, key: str) -> bytes:
+        return bytes((await self._versions.get(key)).value or b"")
+
+    async def chunk(self, sha: str) -> bytes:
+        return bytes((await self._chunks.get(sha)).data or b"")
+
+
 async def fetch(url: str, creds: object, root: Path, name: str) -> float:
     widen_nats_reads()  # as the node agent does
     nc = await connect(url, "bench-volumes", creds)  # type: ignore[arg-type]
     try:
         js = nc.jetstream()
-        cache = VolumeCache(root, await js.key_value(subjects.VOLUMES_BUCKET),
-                            await js.object_store(subjects.VOLUME_CHUNKS_STORE), js)
+        cache = VolumeCache(root, _Stores(await js.key_value(subjects.VOLUMES_BUCKET),
+                                          await js.object_store(subjects.VOLUME_CHUNKS_STORE)))
         started = time.perf_counter()
         await cache.ensure(VolumeMount(path="/data", name=name, version=1))
         return time.perf_counter() - started

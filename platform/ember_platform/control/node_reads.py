@@ -8,8 +8,11 @@ it, so a node cannot read another tenant's code or weights by knowing their hash
 
 What a node may not read is answered ``not found``, whether it exists or not. The check reads this control plane's
 mirror of the assignments and, when the mirror says no, the bucket itself (the mirror may lag a new assignment).
-Content is answered in pieces under NATS' max payload; what is being read is held in memory (``Blobs``, bounded)
-while its pieces are asked for, so that each piece costs no read of the store.
+A build's bundle is known only to the control plane that asked for the build (``control.builds`` keeps builds in
+memory): with several control planes, a node's read of it may reach another one and be refused, and the build
+fails, saying so; the push can be retried. Content is answered in pieces under NATS' max payload; what is being
+read is held in memory (``Blobs``, bounded) while its pieces are asked for, so that each piece costs no read of the
+store.
 """
 
 from __future__ import annotations
