@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 
 from ember.wire import NodeAssignment, assignment_decoder, encoder, subjects
@@ -24,7 +25,8 @@ from ember.wire.nodereads import ERROR_HEADER, SIZE_HEADER, FetchKind, FetchRequ
 log = logging.getLogger("ember.agent.fetch")
 AHEAD = 4  # pieces in flight per read
 REQUEST_TIMEOUT_S = 30.0
-RESYNC_S = 30.0
+RESYNC_S = 10.0  # a write missed while the connection was down is seen within this
+RETRY_S = 1.0  # until the first read succeeds (a control plane that just created the buckets may not answer yet)
 
 
 class NotFetched(Exception):
@@ -91,13 +93,15 @@ class AssignmentWatch:
         self._fetcher = fetcher
         self._on_change = on_change
         self.items: dict[str, NodeAssignment] = {}
+        self._synced = False  # read once since the start
         self._writes = 0  # writes heard: a read that overlapped one is dropped (the write is as new or newer)
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(subjects.assignment_updates(self._node_id), cb=self._on_write)
-        await self._read()
+        with contextlib.suppress(NotFetched):
+            await self._read()
         self._task = asyncio.create_task(self._run(), name="assignment-resync")
 
     async def stop(self) -> None:
@@ -110,7 +114,7 @@ class AssignmentWatch:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(RESYNC_S)
+            await asyncio.sleep(RESYNC_S if self._synced else RETRY_S)
             try:
                 await self._read()
             except asyncio.CancelledError:
@@ -121,6 +125,7 @@ class AssignmentWatch:
     async def _read(self) -> None:
         before = self._writes
         raw = await self._fetcher.fetch("assignment")
+        self._synced = True
         if self._writes == before:
             self._set(raw)
 
@@ -130,7 +135,11 @@ class AssignmentWatch:
         self._set(b"" if deleted else bytes(msg.data or b""))
 
     def _set(self, raw: bytes) -> None:
-        value = assignment_decoder.decode(raw) if raw else None
+        try:
+            value = assignment_decoder.decode(raw) if raw else None
+        except msgspec.DecodeError as exc:  # written by a newer control plane, or damaged: the last good one stays
+            log.warning("this node's assignment cannot be read: %s", exc)
+            return
         if value == self.items.get(self._node_id):
             return
         if value is None:
