@@ -48,12 +48,18 @@ def main() -> None:
     parser.add_argument("--insecure-no-nats-auth", action="store_true",
                         help="run without NATS credentials (no --nats-auth-dir): nats-server then admits any client, "
                              "which may read and write every app's calls, secrets' requests and bundles")
+    parser.add_argument("--replica-credentials-ttl", type=float, default=None, metavar="SECONDS",
+                        help="how long a replica's NATS credentials hold after each connect; replicas renew at half "
+                             "($EMBER_REPLICA_CREDENTIALS_TTL_S, default 3600; give node agents the same variable)")
     args = parser.parse_args()
+    if args.replica_credentials_ttl is not None and not 1 <= args.replica_credentials_ttl <= 30 * 86400:
+        parser.error("--replica-credentials-ttl is a number of seconds from 1 to 30 days")
     _check_auth(parser, args)
     _logging.configure("platform", args.log_format)
     _warn_insecure(args)
     tracing.setup("ember-platform")  # before the app is built: its hot path is chosen traced or not
-    overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir}
+    overrides = {"nats_url": args.nats, "nats_auth_dir": args.nats_auth_dir,
+                 "replica_credentials_ttl_s": args.replica_credentials_ttl}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 
     # uvicorn binds the port itself: sockets handed to it skip TCP_NODELAY, costing 40 ms per kept-alive call.

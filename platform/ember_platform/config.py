@@ -3,6 +3,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ember.wire.natscreds import replica_ttl_s
+
 
 def _env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
@@ -36,3 +38,9 @@ class Settings:
     bootstrap_token_file: str = field(default_factory=lambda: os.environ.get("EMBER_BOOTSTRAP_TOKEN_FILE", ""))
     # The secrets key's file (--secrets-key-file, mode 0600, a Fernet key): without one, secrets are off (503).
     secrets_key_file: str = field(default_factory=lambda: os.environ.get("EMBER_SECRETS_KEY_FILE", ""))
+    # How long a replica's NATS credentials are admitted after each connect (--replica-credentials-ttl, in s): the
+    # JWT's ``exp``. Agents read the same EMBER_REPLICA_CREDENTIALS_TTL_S to tell their replicas when to renew.
+    replica_credentials_ttl_s: float = field(default_factory=replica_ttl_s)
+    # How long an unassigned replica's connections live on for its drain before they are kicked (in s).
+    replica_drain_grace_s: float = field(default_factory=lambda: float(os.environ.get("EMBER_REPLICA_DRAIN_GRACE_S",
+                                                                                       30)))

@@ -7,9 +7,11 @@ callout key the servers trust, carrying the user's permissions, or an error (the
 - ``node.<node id>`` with the password derived for that node: a node agent (``permissions.node``);
 - ``replica.<node id>.<replica id>`` with the password its agent derived: a replica, if the scheduler assigned
   that replica to that node; its permissions are its app's and functions' (``permissions.replica``). A replica
-  no longer assigned is refused, so stopping a replica revokes its credentials. Its user JWT has no ``exp``:
-  nats-py closes a client for good when its credentials expire (``user authentication expired`` is not a reason
-  to reconnect there), so an expiry would end every replica's connection, not renew it;
+  no longer assigned is refused, so stopping a replica revokes its credentials. Its user JWT expires
+  ``replica_ttl_s`` after it connected (``exp``; ``EMBER_REPLICA_CREDENTIALS_TTL_S``, one hour by default): nats-py
+  closes a client for good when its credentials expire, so the replica reconnects at half that
+  (``ember_runtime.replica.renewal``) and is asked about again here, admitted only while still assigned. The
+  connections of a replica unassigned for its drain time are kicked (``replicas``);
 - an Ember token with the ``events`` scope (as the NATS token, or user ``token`` with the token as password): an
   outside producer or consumer of events (``clients``), cut off when the token is revoked;
 - ``system.ember`` with the password derived for it: the control plane's own connection in the system account,
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import time
 from typing import Any
 
 from nats.aio.client import Client
@@ -30,11 +33,12 @@ from nats.aio.subscription import Subscription
 
 from ember.wire import Deployment, NodeAssignment, SlotAssignment
 from ember.wire.jetstream import KVMirror
-from ember.wire.natscreds import NODE_USER_PREFIX, REPLICA_USER_PREFIX, replica_password
+from ember.wire.natscreds import NODE_USER_PREFIX, REPLICA_TTL_S, REPLICA_USER_PREFIX, replica_password
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.natsauth import clients, jwt, permissions
-from ember_platform.natsauth.clients import Admission, EventClients, Refused
+from ember_platform.natsauth.clients import Admission, EventClients, Kicker, Refused
 from ember_platform.natsauth.keys import AuthKeys, node_inbox
+from ember_platform.natsauth.replicas import DRAIN_GRACE_S, UnassignedReplicas
 
 log = logging.getLogger("ember.natsauth")
 AUTH_SUBJECT = "$SYS.REQ.USER.AUTH"
@@ -46,23 +50,30 @@ __all__ = ["AuthCallout", "Refused"]
 
 class AuthCallout:
     def __init__(self, nc: Client, keys: AuthKeys, assignments: KVMirror[NodeAssignment],
-                 deployments: KVMirror[Deployment], tokens: TokenStore | None = None) -> None:
+                 deployments: KVMirror[Deployment], tokens: TokenStore | None = None, *,
+                 replica_ttl_s: float = REPLICA_TTL_S, drain_grace_s: float = DRAIN_GRACE_S) -> None:
         self._nc = nc
         self._keys = keys
         self._issuer = keys.issuer
         self._assignments = assignments
         self._deployments = deployments
+        self.replica_ttl_s = replica_ttl_s
         servers = [u.geturl() for u in nc.servers] if nc is not None else []
-        self.clients = EventClients(keys, tokens, deployments, servers)
+        self._kicker = Kicker(keys, servers)
+        self.clients = EventClients(keys, tokens, deployments, servers, kicker=self._kicker)
+        self.unassigned = UnassignedReplicas(assignments, self._kicker, drain_grace_s)
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
         await self._assignments.start()
         self._sub = await self._nc.subscribe(AUTH_SUBJECT, queue=QUEUE, cb=self._on_request)
         await self.clients.start()
+        await self.unassigned.start()
 
     async def stop(self) -> None:
+        await self.unassigned.stop()
         await self.clients.stop()
+        await self._kicker.close()
         if self._sub is not None:
             await self._sub.unsubscribe()
         await self._assignments.stop()
@@ -102,7 +113,8 @@ class AuthCallout:
         if clients.is_system(self._keys, user, password):
             return Admission(name=user, nats=clients.system_permissions(), account=clients.SYSTEM_ACCOUNT)
         name, perms = self.authorize(user, password)
-        return Admission(name=name, nats=perms)
+        expires = time.time() + self.replica_ttl_s if name.startswith(REPLICA_USER_PREFIX) else None
+        return Admission(name=name, nats=perms, expires=expires)
 
     def authorize(self, user: str, password: str) -> tuple[str, dict[str, Any]]:
         """The user's name and permissions, or ``Refused``."""

@@ -16,7 +16,8 @@ app's subjects. An app deployed after it connected is in its permissions from it
 Revoking the token ends its connections: every control plane, every ``SWEEP_S``, looks for tokens revoked since
 (its mirror of the tokens), finds their connections on every server (``$SYS.REQ.SERVER.PING.CONNZ`` by user name,
 ``events.<token id>``) and kicks each (``$SYS.REQ.SERVER.<id>.KICK``), over a connection of its own in the system
-account; the client's reconnect is then refused. The delay is a sweep and the watch's delivery: about a second. An
+account (``Kicker``, which also cuts unassigned replicas: ``natsauth.replicas``); the client's reconnect is then
+refused. The delay is a sweep and the watch's delivery: about a second. An
 expiring token's JWT expires with it (``exp``): the server cuts the client then. No other expiry: nats-py closes a
 client for good when its credentials expire, so a shorter ``exp`` would end a healthy consumer's connection.
 The token is never logged.
@@ -157,18 +158,75 @@ class Admission:
     expires: float | None = None
 
 
+class Kicker:
+    """Ends a NATS user's connections on every server: finds them (``$SYS.REQ.SERVER.PING.CONNZ`` by user name) and
+    kicks each (``$SYS.REQ.SERVER.<id>.KICK``), over the control plane's own connection in the system account. Its
+    reconnects then meet the auth callout, which refuses them. Used for revoked tokens and unassigned replicas."""
+
+    def __init__(self, keys: AuthKeys, servers: list[str]) -> None:
+        self._keys = keys
+        self._servers = servers
+        self._system: Client | None = None
+
+    async def close(self) -> None:
+        if self._system is not None:
+            with contextlib.suppress(Exception):
+                await self._system.close()
+
+    async def kick(self, user: str) -> int:
+        """Kick every connection of ``user``; how many were kicked."""
+        system = await self._system_connection()
+        query = json.dumps({"user": user, "auth": True, "limit": 1024}).encode()
+        cut = 0
+        for server_id, cid in await self._gather(system, "$SYS.REQ.SERVER.PING.CONNZ", query):
+            answer = await system.request(f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(),
+                                          timeout=_KICK_TIMEOUT_S)
+            if b'"error"' not in answer.data:
+                cut += 1
+        return cut
+
+    @staticmethod
+    async def _gather(system: Client, subject: str, query: bytes) -> list[tuple[str, int]]:
+        """Every server's answer to a ``PING`` request (they answer on one inbox): its connections' (server, cid).
+        The answers are collected until none came for ``_QUIET_S``."""
+        inbox = system.new_inbox()
+        sub = await system.subscribe(inbox)
+        found: list[tuple[str, int]] = []
+        try:
+            await system.publish(subject, query, reply=inbox)
+            wait = _KICK_TIMEOUT_S
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=wait)
+                except TimeoutError:
+                    return found
+                wait = _QUIET_S
+                data = json.loads(msg.data).get("data") or {}
+                found += [(str(data.get("server_id")), int(c["cid"])) for c in data.get("connections") or []]
+        finally:
+            await sub.unsubscribe()
+
+    async def _system_connection(self) -> Client:
+        if self._system is None or self._system.is_closed:
+            # A few attempts, not forever: a sweep that cannot connect fails, and the next one connects anew.
+            self._system = await nats.connect(self._servers, user=SYSTEM_USER, password=system_password(self._keys),
+                                              name="ember-platform-system", max_reconnect_attempts=2,
+                                              reconnect_time_wait=0.2, connect_timeout=2)
+        return self._system
+
+
 class EventClients:
     """Admits event clients, and cuts the connections of tokens revoked while this control plane runs."""
 
     def __init__(self, keys: AuthKeys, tokens: TokenStore | None, deployments: KVMirror[Deployment],
-                 servers: list[str] | None = None) -> None:
+                 servers: list[str] | None = None, kicker: Kicker | None = None) -> None:
         self._keys = keys
         self._tokens = tokens
         self._deployments = deployments
-        self._servers = servers or []
+        self._owns_kicker = kicker is None  # else the callout's, shared with the sweep of unassigned replicas
+        self._kicker = kicker or Kicker(keys, servers or [])
         self._handled: set[str] = set()  # revoked tokens whose connections were cut (or were revoked before)
         self._failures: dict[str, int] = {}
-        self._system: Client | None = None
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -180,9 +238,8 @@ class EventClients:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._system is not None:
-            with contextlib.suppress(Exception):
-                await self._system.close()
+        if self._owns_kicker:
+            await self._kicker.close()
 
     def admit(self, token: str) -> Admission:
         """The admission of a client presenting ``token``, or ``Refused``: an unknown, revoked or expired token, one
@@ -225,47 +282,11 @@ class EventClients:
         return {token_id for token_id, stored in items.items() if stored.revoked_at is not None}
 
     async def _cut(self, token_id: str) -> int:
-        """Find the token's connections on every server (``CONNZ`` by user name) and kick each; how many."""
-        system = await self._system_connection()
-        query = json.dumps({"user": client_name(token_id), "auth": True, "limit": 1024}).encode()
-        cut = 0
-        for server_id, cid in await self._gather(system, "$SYS.REQ.SERVER.PING.CONNZ", query):
-            answer = await system.request(f"$SYS.REQ.SERVER.{server_id}.KICK", json.dumps({"cid": cid}).encode(),
-                                          timeout=_KICK_TIMEOUT_S)
-            if b'"error"' not in answer.data:
-                cut += 1
+        """Kick the token's connections on every server; how many."""
+        cut = await self._kicker.kick(client_name(token_id))
         if cut:
             log.info("cut %d connections of revoked token %s", cut, token_id)
         return cut
-
-    @staticmethod
-    async def _gather(system: Client, subject: str, query: bytes) -> list[tuple[str, int]]:
-        """Every server's answer to a ``PING`` request (they answer on one inbox): its connections' (server, cid).
-        The answers are collected until none came for ``_QUIET_S``."""
-        inbox = system.new_inbox()
-        sub = await system.subscribe(inbox)
-        found: list[tuple[str, int]] = []
-        try:
-            await system.publish(subject, query, reply=inbox)
-            wait = _KICK_TIMEOUT_S
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=wait)
-                except TimeoutError:
-                    return found
-                wait = _QUIET_S
-                data = json.loads(msg.data).get("data") or {}
-                found += [(str(data.get("server_id")), int(c["cid"])) for c in data.get("connections") or []]
-        finally:
-            await sub.unsubscribe()
-
-    async def _system_connection(self) -> Client:
-        if self._system is None or self._system.is_closed:
-            # A few attempts, not forever: a sweep that cannot connect fails, and the next one connects anew.
-            self._system = await nats.connect(self._servers, user=SYSTEM_USER, password=system_password(self._keys),
-                                              name="ember-platform-system", max_reconnect_attempts=2,
-                                              reconnect_time_wait=0.2, connect_timeout=2)
-        return self._system
 
     async def _sweep_every(self) -> None:
         while True:

@@ -51,6 +51,7 @@ from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
+from ember_runtime.replica.renewal import renew_until
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
 from ember_runtime.replica.standby import Standby
 from ember_runtime.replica.status import StatusRelay
@@ -92,6 +93,7 @@ class Replica:
         self.stuck = False
         self.endpoints: list[Endpoint] = []
         self._repeats = 0  # heartbeats in a row that wrote the status unchanged
+        self.renewal: asyncio.Task[None] | None = None
 
     async def run(self, creds: NatsCredentials | None = None) -> int:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
@@ -102,6 +104,8 @@ class Replica:
         inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection
         self.calls = CallStore(nc.jetstream(), *call_buckets(nc.jetstream()))  # its agent saw them: they exist
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        if creds is not None and creds.ttl_s:  # its credentials expire: reconnect before (``renewal``)
+            self.renewal = asyncio.create_task(renew_until(nc, creds.ttl_s, self.stop), name="renew-credentials")
         try:
             stopped = asyncio.create_task(self.stop.wait())
             limit = self.args.startup_timeout_s - (time.time() - self.args.main_at)
@@ -136,6 +140,8 @@ class Replica:
             return 0
         finally:
             heartbeat.cancel()
+            if self.renewal is not None:
+                self.renewal.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
             inner.uninstall()
             await nc.drain()

@@ -25,6 +25,9 @@ import msgspec
 
 CREDS_ENV = "EMBER_NATS_CREDS"  # a replica's credentials (JSON), set by its agent
 CREDS_FILE_ENV = "EMBER_NATS_CREDS_FILE"  # a node agent's or a tool's credentials file
+# How long a replica's credentials are admitted after each connect (the control plane's and the agents' setting).
+REPLICA_TTL_ENV = "EMBER_REPLICA_CREDENTIALS_TTL_S"
+REPLICA_TTL_S = 3600.0
 NODE_USER_PREFIX = "node."
 REPLICA_USER_PREFIX = "replica."
 
@@ -40,6 +43,7 @@ class NatsCredentials(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     password: str = ""
     nkey_seed: str = ""
     inbox_prefix: str = ""  # where this component's own replies arrive (its permissions allow no other)
+    ttl_s: float = 0.0  # the server ends a connection this long after it was admitted: renew before; 0: never
 
     def connect_options(self) -> dict[str, Any]:
         """Keyword arguments for ``nats.connect``."""
@@ -128,7 +132,22 @@ def replica_password(node_password: str, replica_id: str) -> str:
 
 
 def replica_credentials(node: NatsCredentials, replica_id: str) -> NatsCredentials:
-    """A replica's credentials, made by the agent of its node from the node's own."""
+    """A replica's credentials, made by the agent of its node from the node's own; they expire ``ttl_s`` after each
+    connect (``replica_ttl_s``), so the replica renews them by reconnecting (``ember_runtime.replica.renewal``)."""
     node_id = node.user[len(NODE_USER_PREFIX):]
     return NatsCredentials(user=replica_user(node_id, replica_id), password=replica_password(node.password, replica_id),
-                           inbox_prefix=replica_inbox(replica_id))
+                           inbox_prefix=replica_inbox(replica_id), ttl_s=replica_ttl_s())
+
+
+def replica_ttl_s() -> float:
+    """How long the auth callout admits a replica after each connect (``EMBER_REPLICA_CREDENTIALS_TTL_S``, one hour
+    by default): the control plane puts it in the replica's JWT (``exp``), the agent tells the replica, which
+    reconnects at half of it. Both must be given the same value."""
+    raw = os.environ.get(REPLICA_TTL_ENV, "").strip()
+    try:
+        ttl = float(raw) if raw else REPLICA_TTL_S
+    except ValueError:
+        raise ValueError(f"{REPLICA_TTL_ENV}={raw!r} is not a number of seconds") from None
+    if not 1.0 <= ttl <= 30 * 86400:
+        raise ValueError(f"{REPLICA_TTL_ENV}={raw!r} is not between 1 s and 30 days")
+    return ttl

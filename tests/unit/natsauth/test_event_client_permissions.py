@@ -127,16 +127,6 @@ def test_only_the_derived_password_enters_the_system_account_and_it_may_only_kic
         callout.admit({"user": clients.SYSTEM_USER, "pass": clients.system_password(keys.generate())})
 
 
-def test_a_replicas_credentials_have_no_expiry_since_nats_py_would_close_it_for_good(auth):
-    from ember.wire import NodeAssignment, SlotAssignment
-    from ember.wire.natscreds import replica_credentials
-
-    slot = SlotAssignment(replica_id="r1", app="ingest-x", service="svc", version=1, index=0)
-    callout = AuthCallout(nc=None, keys=auth, deployments=_Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
-                          assignments=_Mirror({"n1": NodeAssignment(node_id="n1", slots=[slot], updated_at=0.0)}))
-    creds = replica_credentials(auth.node_credentials("n1"), "r1")
-    assert callout.admit({"user": creds.user, "pass": creds.password}).expires is None
-
 
 def test_a_sweep_cuts_only_tokens_revoked_while_it_runs_and_retries_until_it_can():
     store, _ = _store(old=(["events"], ["*"], None, True), live=(["events"], ["*"], None, False))
