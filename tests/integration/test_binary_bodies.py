@@ -18,6 +18,8 @@ from support.paths import REPO
 import ember
 from ember._client import RawBody, invoke_op
 
+pytestmark = pytest.mark.integration
+
 ARRAYS = REPO / "tests" / "apps" / "arrays" / "arrays.py"
 OCTET = {"Content-Type": "application/octet-stream"}
 MSGPACK = "application/msgpack"

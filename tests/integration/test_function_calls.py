@@ -16,6 +16,7 @@ import msgspec
 import nats
 import pytest
 from support.auth import bearer
+from support.overlap import most_at_once
 from support.paths import REPO
 
 from ember._client import Transport
@@ -72,37 +73,32 @@ def test_a_function_calls_another_apps_function_over_nats_not_http(apps, http: h
 
 
 def test_a_batched_method_calls_for_its_whole_batch(apps, http: httpx.Client) -> None:
-    answers, _ = _concurrently(http, "/v1/fn-caller/Caller.batched", list(range(6)))
+    answers = _concurrently(http, "/v1/fn-caller/Caller.batched", list(range(6)))
     assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert [a.json()["x"] for a in answers] == list(range(6))
     assert all(a.json()["chain"] == ["fn-caller.Caller.batched"] for a in answers)
     assert max(a.json()["batch"] for a in answers) > 1  # they ran as batches, and each batch's calls were made
 
 
-def _concurrently(http: httpx.Client, path: str, bodies: list[object]) -> tuple[list[httpx.Response], float]:
+def _concurrently(http: httpx.Client, path: str, bodies: list[object]) -> list[httpx.Response]:
     async def calls() -> list[httpx.Response]:
         async with httpx.AsyncClient(base_url=str(http.base_url), headers=bearer(_token(http)), timeout=90) as c:
             return await asyncio.gather(*(c.post(path, json=body) for body in bodies))
 
-    started = time.monotonic()
-    answers = asyncio.run(calls())
-    return answers, time.monotonic() - started
+    return asyncio.run(calls())
 
 
 def test_calls_waiting_on_other_functions_do_not_hold_up_the_replica(apps, http: httpx.Client) -> None:
     # Eight calls of an async function that each await a 1 s call of another function, on one replica: they wait
-    # together on its event loop (a sanity bound, far under the 8 s of one after the other).
-    for _ in range(2):  # the first round may meet replicas still warming up
-        answers, took = _concurrently(http, "/v1/fn-caller/in_async", [{"seconds": 1.0}] * 8)
-        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-        if took < 4.0:
-            break
-    assert took < 4.0, took
+    # together on its event loop (one after the other, no two would overlap).
+    answers = _concurrently(http, "/v1/fn-caller/in_async", [{"seconds": 1.0}] * 8)
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
     assert len({a.json()["call_id"] for a in answers}) == 8 and all(a.json()["ok"] == 1.0 for a in answers)
+    assert most_at_once(a.json()["span"] for a in answers) > 1
     # A sync function with four threads: four calls wait on their inner calls at once, off the event loop.
-    answers, took = _concurrently(http, "/v1/fn-caller/in_threads", [1.0] * 4)
-    assert all(a.status_code == 200 and a.json() == 1.0 for a in answers), [a.text for a in answers]
-    assert took < 3.0, took
+    answers = _concurrently(http, "/v1/fn-caller/in_threads", [1.0] * 4)
+    assert all(a.status_code == 200 and a.json()["ok"] == 1.0 for a in answers), [a.text for a in answers]
+    assert most_at_once(a.json()["span"] for a in answers) > 1
     # A blocking call on the replica's event loop would stop it: refused, saying what to do instead.
     refused = http.post("/v1/fn-caller/in_async", json={"seconds": 0.1, "blocking": True}, timeout=30).json()
     assert "await the .aio form" in refused["message"], refused
@@ -111,7 +107,6 @@ def test_calls_waiting_on_other_functions_do_not_hold_up_the_replica(apps, http:
 def test_the_callers_deadline_bounds_the_callee(apps, http: httpx.Client, transport: Transport) -> None:
     # A queued call of fn-caller with 3 s to live calls fn-callee.slow(8): the inner call fails at the caller's
     # deadline (not the callee's 60 s), and the caller, told so, answers in time.
-    started = time.monotonic()
     body = {"app_name": "fn-callee", "function": "slow", "arg": 8}
     spawned = http.post("/v1/fn-caller/Caller.attempt/spawn", json=body, headers={"X-Ember-Timeout": "3"})
     assert spawned.status_code == 202, spawned.text
@@ -119,8 +114,7 @@ def test_the_callers_deadline_bounds_the_callee(apps, http: httpx.Client, transp
     assert record["status"] == "succeeded", record
     outcome = record["output"]
     assert outcome["code"] == "deadline_exceeded" and "fn-callee.slow" in outcome["message"], outcome
-    assert 1.0 < outcome["waited_s"] < 6.0, outcome
-    assert time.monotonic() - started < 15
+    assert 1.0 < outcome["waited_s"] < 8, outcome  # cut by the deadline before slow(8) could have answered
     # An option shorter than the caller's deadline bounds it too; a longer one does not extend it.
     short = _post(http, "attempt", {"app_name": "fn-callee", "function": "echo", "arg": 1, "timeout_s": 4})
     assert short.status_code == 200 and 0 < short.json()["ok"]["remaining_s"] <= 4, short.text
@@ -130,7 +124,6 @@ def test_the_callers_deadline_bounds_the_callee(apps, http: httpx.Client, transp
 
 
 def test_a_cycle_is_refused_with_the_chain_named(apps, http: httpx.Client) -> None:
-    started = time.monotonic()
     cycle = _post(http, "cycle", 1)
     assert cycle.status_code == 200, cycle.text
     outcome = cycle.json()
@@ -138,7 +131,6 @@ def test_a_cycle_is_refused_with_the_chain_named(apps, http: httpx.Client) -> No
     assert "fn-caller.Caller.cycle -> fn-callee.back -> fn-caller.Caller.cycle" in outcome["message"]
     itself = _post(http, "itself", 1).json()
     assert itself["code"] == "call_cycle" and "fn-caller.Caller.itself" in itself["message"], itself
-    assert time.monotonic() - started < 10  # refused at once, not at a deadline
 
 
 def test_an_error_a_function_lets_out_of_a_call_it_made_does_not_run_it_again(apps, http: httpx.Client) -> None:
@@ -176,10 +168,8 @@ def test_a_replica_may_not_call_an_app_its_app_does_not_name(apps, http: httpx.C
 def test_forged_headers_from_http_neither_extend_a_deadline_nor_skip_a_check(apps, http: httpx.Client) -> None:
     forged = {"Ember-Deadline": repr(time.time() + 3600), "Ember-Chain": "fn-callee.echo",
               "Ember-Call-Id": "forged", "X-Ember-Timeout": "2"}
-    started = time.monotonic()
     slow = http.post("/v1/fn-callee/slow", json=6, headers=forged, timeout=30)
-    assert slow.status_code == 504, slow.text
-    assert time.monotonic() - started < 5
+    assert slow.status_code == 504, slow.text  # the 2 s asked for, not the hour forged: slow(6) would answer 200
     echo = http.post("/v1/fn-callee/echo", json=1, headers=forged, timeout=30)
     assert echo.status_code == 200 and echo.json()["chain"] == [] and echo.json()["remaining_s"] <= 2, echo.text
     relay = _post(http, "relay", 2, **forged)  # a forged chain naming the callee does not make this a cycle ...

@@ -97,11 +97,9 @@ def test_new_lines_are_pushed_on_the_one_request_as_they_come(hello, http, follo
     assert follower.status == 200 and follower.media.startswith("application/x-ndjson")
     for n in range(3):
         name = f"Pushed{n}-{uuid.uuid4().hex[:6]}"
-        sent = time.monotonic()
         assert http.post("/v1/hello/greet", json=name).status_code == 200
         line = follower.until(_says(f"greeting {name}"))
         assert line["replica_id"].startswith("hello-greet-") and line["stream"] == "stdout"
-        assert time.monotonic() - sent < 10
     assert follower.requests == 1  # pushed, not polled
 
 

@@ -25,6 +25,8 @@ from tritonclient.utils import InferenceServerException
 
 from ember.dev.embedded import EmbeddedPlatform
 
+pytestmark = pytest.mark.integration
+
 ARRAYS = REPO / "tests" / "apps" / "arrays" / "arrays.py"
 LENGTH = "Inference-Header-Content-Length"
 

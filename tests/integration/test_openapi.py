@@ -16,7 +16,6 @@ documented and accepted, each only where it applies: 500 ``user_error`` when a d
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import httpx
@@ -106,12 +105,13 @@ def test_the_document_refuses_other_methods_and_ignores_a_body(hello, http):
     assert http.head("/openapi.json").status_code == 200
 
 
-def test_the_document_is_cheap_once_built(hello, http):
-    http.get("/openapi.json")
-    started = time.perf_counter()
+def test_the_document_is_the_same_once_built(hello, http):
+    """Built once and served again while no deployment changes (what it costs: bench/openapi.py)."""
+    first = http.get("/openapi.json")
+    assert first.status_code == 200
     for _ in range(20):
-        assert http.get("/openapi.json").status_code == 200
-    assert (time.perf_counter() - started) / 20 < 0.1
+        again = http.get("/openapi.json")
+        assert again.status_code == 200 and again.content == first.content
 
 
 def test_schemathesis_finds_no_server_error(platform, hello, http):

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from support import natsconn
 from support.auth import authed_client
+from support.overlap import most_at_once
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -167,9 +168,9 @@ def test_a_stream_that_never_ends_is_bounded_by_the_call_timeout(streams, http):
         events = list(_sse_events(response))
     took = time.monotonic() - started
     assert events[-1][0] == "error"
-    assert events[-1][1]["error"]["code"] == "deadline_exceeded"
+    assert events[-1][1]["error"]["code"] == "deadline_exceeded"  # ended by its deadline, no other bound
     assert len(events) > 10
-    assert 2 <= took < 2 + 3  # the call's timeout, plus slack
+    assert took >= 2  # not before the call's timeout
 
 
 def test_an_async_stream_past_its_deadline_is_cancelled_and_closed(streams, http):
@@ -233,17 +234,15 @@ def test_ember_call_prints_items_as_they_come(streams, platform, ember_cli):
 @pytest.mark.parametrize("fn", ["nap", "doze"])
 def test_one_replica_holds_max_concurrency_calls_at_once(streams, http, fn):
     http.post(f"/v1/streams/{fn}", json=0.0)  # warm
-    started = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         answers = list(pool.map(lambda _: http.post(f"/v1/streams/{fn}", json=0.2), range(32)))
-    took = time.monotonic() - started
     assert all(a.status_code == 200 for a in answers)
-    threads = {a.json() for a in answers}
+    threads = {a.json()["thread"] for a in answers}
     if fn == "nap":
         assert threads == {"MainThread"}  # async def runs on the replica's event loop
     else:
         assert len(threads) > 1 and all(t.startswith("ember-doze") for t in threads)
-    assert took < 32 * 0.2 / 4  # one at a time would take 6.4 s
+    assert most_at_once(a.json()["span"] for a in answers) > 1  # one at a time, no two would overlap
 
 
 def test_load_reports_count_the_slots(streams, platform):

@@ -93,11 +93,14 @@ async def in_async(seconds: float, blocking: bool = False) -> dict:
     nap = ember.lookup("fn-callee", "nap")
     if blocking:
         return _outcome(lambda: nap.remote(seconds))
-    call = ember.current_call()
-    return {"ok": await nap.remote.aio(seconds), "call_id": call.call_id if call else None}
+    call, started = ember.current_call(), time.time()
+    return {"ok": await nap.remote.aio(seconds), "call_id": call.call_id if call else None,
+            "span": [started, time.time()]}  # when it waited: calls that waited together overlap
 
 
 @app.function(timeout_s=60, max_concurrency=4)
-def in_threads(seconds: float) -> float:
-    """A sync function with four threads, each call waiting on ``fn-callee.nap`` (not on the event loop)."""
-    return ember.lookup("fn-callee", "nap").remote(seconds)
+def in_threads(seconds: float) -> dict:
+    """A sync function with four threads, each call waiting on ``fn-callee.nap`` (not on the event loop); answers
+    its value and when it waited."""
+    started = time.time()
+    return {"ok": ember.lookup("fn-callee", "nap").remote(seconds), "span": [started, time.time()]}

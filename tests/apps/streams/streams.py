@@ -101,14 +101,16 @@ class Streamer:
 
 
 @app.function(max_concurrency=32)
-async def nap(seconds: float) -> str:
-    """Sleeps on the replica's event loop; answers the name of the thread it ran on."""
+async def nap(seconds: float) -> dict:
+    """Sleeps on the replica's event loop; answers the name of the thread it ran on and when it slept."""
+    started = time.time()
     await asyncio.sleep(seconds)
-    return threading.current_thread().name
+    return {"thread": threading.current_thread().name, "span": [started, time.time()]}
 
 
 @app.function(max_concurrency=32)
-def doze(seconds: float) -> str:
-    """Sleeps on one of the replica's threads; answers that thread's name."""
+def doze(seconds: float) -> dict:
+    """Sleeps on one of the replica's threads; answers that thread's name and when it slept."""
+    started = time.time()
     time.sleep(seconds)
-    return threading.current_thread().name
+    return {"thread": threading.current_thread().name, "span": [started, time.time()]}
