@@ -20,9 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) examples/demo.py
 
+# The suite in TEST_WORKERS processes (pytest-xdist), a test file in one of them at a time (its module fixtures
+# shared there): most of it waits for servers and replicas, so four overlap well even on two cores.
+TEST_WORKERS ?= 4
+
 test: $(STAMP)
 	@.ci/system-deps  # chromium and passt: installed as root with apt-get, else their tests skip
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
