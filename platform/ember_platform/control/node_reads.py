@@ -28,7 +28,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment, assignment_decoder, subjects
-from ember.wire.jetstream import Stores
+from ember.wire.jetstream import Stores, object_stream
 from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, FetchRequest
 from ember.wire.volumes import VolumeVersion
 
@@ -124,8 +124,9 @@ class NodeReads:
         key = (request.kind, request.name)
         if request.kind == "volume":
             return await self._blobs.get(key, lambda: self._entry(self._stores.volumes, request.name))
+        bucket = subjects.BUNDLES_STORE if request.kind == "bundle" else subjects.VOLUME_CHUNKS_STORE
         store = self._stores.bundles if request.kind == "bundle" else self._stores.volume_chunks
-        return await self._blobs.get(key, lambda: self._object(store, request.name))
+        return await self._blobs.get(key, lambda: self._object(store, bucket, request.name))
 
     async def _allowed(self, node_id: str, request: FetchRequest) -> bool:
         """Whether the node's assignment (as mirrored, else as stored now) or its builds need what it asks for."""
@@ -170,9 +171,20 @@ class NodeReads:
                 return b""
             raise NotReadable(f"{key[:80]}: {type(exc).__name__}") from None
 
-    async def _object(self, store: Any, name: str) -> bytes:
+    async def _object(self, store: Any, bucket: str, name: str) -> bytes:
+        """An object's messages read by direct gets, one after the other (no consumer to create: several times
+        faster than the object store's own ``get``); the node checks the whole against its sha256."""
         try:
-            result = await store.get(name)
+            info = await store.get_info(name)
+            if info.deleted or not info.nuid:
+                raise NotReadable(f"{name[:80]}: deleted")
+            js, subject, seq, parts = self._nc.jetstream(), f"$O.{bucket}.C.{info.nuid}", 1, []
+            for _ in range(info.chunks or 0):
+                msg = await js.get_msg(object_stream(bucket), seq=seq, subject=subject, direct=True, next=True)
+                parts.append(msg.data or b"")
+                seq = (msg.seq or seq) + 1
+        except NotReadable:
+            raise
         except Exception as exc:
             raise NotReadable(f"{name[:80]}: {type(exc).__name__}") from None
-        return bytes(result.data or b"")
+        return b"".join(parts)
