@@ -68,13 +68,31 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _first_push(app_file: str, watch: bool) -> None:
-    """Push the app; when watching, a failure (a syntax error, say) is shown and the next save tries again."""
+    """Push the app once the platform is up. Whatever the push meets (an import that fails, a build that fails, a
+    setup that raises, a newer version pushed from another shell while this one starts) is shown, and Ember keeps
+    running: the platform is the developer's until Ctrl-C, not the first push's."""
+    views: list[AppView] = []
     try:
-        print_endpoints(push_app(app_file))
-    except EmberError as exc:
-        if not watch:
-            raise
+        print_endpoints(push_app(app_file, seen=views.append))
+    except KeyboardInterrupt:
+        raise
+    except Exception as exc:  # shown, never fatal: the platform keeps serving
         print(f"push failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        newer = _newer_version(views[-1]) if views else None
+        if newer is not None:
+            print(f"{newer.app} v{newer.version} was pushed meanwhile; it is the app's version now "
+                  f"(traffic: {traffic(newer)})", flush=True)
+        again = "save the app to push it again" if watch else f"push it again with `ember push {app_file}`"
+        print(f"Ember keeps running: {again}; Ctrl-C stops Ember", flush=True)
+
+
+def _newer_version(pushed: AppView) -> AppView | None:
+    """The app's view when a version newer than ``pushed`` took its place (a push from another shell), else None."""
+    try:
+        view = app_view(default_transport(), pushed.app)
+    except EmberError:  # only a hint: no view, no hint
+        return None
+    return view if view.version > pushed.version else None
 
 
 def _watch(app_file: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
 from ember._client import platform_url
 from ember._deploy import deploy
@@ -44,11 +45,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeout_s: float = 300.0,
-             canary_percent: int = 0, relock: bool = False) -> AppView:
+             canary_percent: int = 0, relock: bool = False,
+             seen: Callable[[AppView], None] | None = None) -> AppView:
+    """Push the app at ``path``, printing progress; ``seen`` is given each view of the app the wait sees."""
     started = time.monotonic()
 
-    def progress(message: str, _view: AppView | None) -> None:
+    def progress(message: str, view: AppView | None) -> None:
         print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+        if view is not None and seen is not None:
+            seen(view)
 
     return deploy(path, app_name=app_name, wait=wait, timeout_s=timeout_s, progress=progress,
                   canary_percent=canary_percent, relock=relock)
