@@ -48,6 +48,7 @@ from ember._volume import put_volume
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import VolumeMount, subjects
 from ember.wire.jetstream import connect, object_stream
+from ember_platform.control.node_reads import read_object
 from ember_runtime.agent.volumes import VolumeCache, widen_nats_reads
 
 MB = 1024 * 1024
@@ -74,14 +75,14 @@ def random_file(path: Path, mb: int) -> None:
 class _Stores:
     """Versions and chunks read straight from the stores, as a control plane reads them for a node."""
 
-    def __init__(self, versions: Any, chunks: Any) -> None:
-        self._versions, self._chunks = versions, chunks
+    def __init__(self, versions: Any, chunks: Any, js: Any) -> None:
+        self._versions, self._chunks, self._js = versions, chunks, js
 
     async def volume(self, key: str) -> bytes:
         return bytes((await self._versions.get(key)).value or b"")
 
     async def chunk(self, sha: str) -> bytes:
-        return bytes((await self._chunks.get(sha)).data or b"")
+        return await read_object(self._js, self._chunks, subjects.VOLUME_CHUNKS_STORE, sha)
 
 
 async def fetch(url: str, creds: object, root: Path, name: str) -> float:
@@ -90,7 +91,7 @@ async def fetch(url: str, creds: object, root: Path, name: str) -> float:
     try:
         js = nc.jetstream()
         cache = VolumeCache(root, _Stores(await js.key_value(subjects.VOLUMES_BUCKET),
-                                          await js.object_store(subjects.VOLUME_CHUNKS_STORE)))
+                                          await js.object_store(subjects.VOLUME_CHUNKS_STORE), js))
         started = time.perf_counter()
         await cache.ensure(VolumeMount(path="/data", name=name, version=1))
         return time.perf_counter() - started

@@ -172,19 +172,24 @@ class NodeReads:
             raise NotReadable(f"{key[:80]}: {type(exc).__name__}") from None
 
     async def _object(self, store: Any, bucket: str, name: str) -> bytes:
-        """An object's messages read by direct gets, one after the other (no consumer to create: several times
-        faster than the object store's own ``get``); the node checks the whole against its sha256."""
-        try:
-            info = await store.get_info(name)
-            if info.deleted or not info.nuid:
-                raise NotReadable(f"{name[:80]}: deleted")
-            js, subject, seq, parts = self._nc.jetstream(), f"$O.{bucket}.C.{info.nuid}", 1, []
-            for _ in range(info.chunks or 0):
-                msg = await js.get_msg(object_stream(bucket), seq=seq, subject=subject, direct=True, next=True)
-                parts.append(msg.data or b"")
-                seq = (msg.seq or seq) + 1
-        except NotReadable:
-            raise
-        except Exception as exc:
-            raise NotReadable(f"{name[:80]}: {type(exc).__name__}") from None
-        return b"".join(parts)
+        return await read_object(self._nc.jetstream(), store, bucket, name)
+
+
+async def read_object(js: Any, store: Any, bucket: str, name: str) -> bytes:
+    """An object's messages read by direct gets, one after the other (no consumer to create: several times faster
+    than the object store's own ``get``); the node checks the whole against its sha256. ``NotReadable`` if it is
+    not stored."""
+    try:
+        info = await store.get_info(name)
+        if info.deleted or not info.nuid:
+            raise NotReadable(f"{name[:80]}: deleted")
+        subject, seq, parts = f"$O.{bucket}.C.{info.nuid}", 1, []
+        for _ in range(info.chunks or 0):
+            msg = await js.get_msg(object_stream(bucket), seq=seq, subject=subject, direct=True, next=True)
+            parts.append(msg.data or b"")
+            seq = (msg.seq or seq) + 1
+    except NotReadable:
+        raise
+    except Exception as exc:
+        raise NotReadable(f"{name[:80]}: {type(exc).__name__}") from None
+    return b"".join(parts)
