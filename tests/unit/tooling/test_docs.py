@@ -66,6 +66,13 @@ def test_the_readme_is_a_front_page_of_at_most_200_lines() -> None:
     assert positions == sorted(positions)
 
 
+def test_the_quick_start_shows_what_the_readme_shows() -> None:
+    # docs/quickstart.md repeats the README's two commands and first app for the site: the same commands and code.
+    readme, quickstart = README.read_text(), (DOCS / "quickstart.md").read_text()
+    top = readme[readme.index("## The two commands"):readme.index("## Everyday commands")]
+    assert [block for block in FENCE.findall(top) if block not in quickstart] == []
+
+
 @pytest.mark.parametrize("page", [README, *sorted(DOCS.rglob("*.md"))], ids=lambda p: str(p.relative_to(REPO)))
 def test_every_relative_link_resolves(page: Path) -> None:
     hooks = _hooks()
