@@ -6,11 +6,17 @@ What is measured
 
     * ``steady``   the loop alone, for ``WINDOW_S``;
     * ``rollout``  the loop while a new version is pushed (``ember.deploy``, which returns once the new version
-                   takes the calls), then until the old version's replica has drained and stopped.
+                   takes the calls), then until the old version's replica has drained (and is kept warm).
 
     Reported per phase: calls, errors (any answer but 200), p50 / p95 / p99 / max latency over all of its rounds,
     and the median over rounds of each round's p99. The rollout's calls should look like steady ones: the new
     version takes calls only once ready, and the old one finishes what it holds before it stops.
+
+    Then rollbacks, timed from ``ember.rollback`` to its return (it returns once the version takes every call):
+
+    * ``within``   right after a push, while the version it replaced is still warm (``EMBER_KEEP_PREVIOUS_S``,
+                   ``KEEP_S`` here): the traffic switches to its kept replicas;
+    * ``after``    once the window passed and its replicas are gone: it starts again (interpreter, imports, setup).
 
 How
     One run starts an ``EmbeddedPlatform`` (nats-server, control plane, node agent) in a temporary folder; this
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import statistics
 import sys
 import tempfile
@@ -35,12 +42,13 @@ from pathlib import Path
 import httpx
 
 from ember._client import Transport
-from ember._deploy import deploy
+from ember._deploy import deploy, rollback
 from ember.dev.embedded import EmbeddedPlatform
 
 CONCURRENCY = 4
 WINDOW_S = 8.0
 SETUP_S = 2.0
+KEEP_S = 15.0  # the platform's EMBER_KEEP_PREVIOUS_S: short, so that the rollbacks after it are quick to reach
 SOURCE = '''import time
 import ember
 
@@ -97,7 +105,14 @@ def _running(http: httpx.Client) -> set[int]:
     return {r["version"] for s in view["services"] for r in s["replicas"]}
 
 
+def _drained(http: httpx.Client, version: int) -> bool:
+    """Whether every version but ``version`` has stopped or is kept warm (what it held is done)."""
+    others = [v for v in http.get("/v1/apps/rollbench").json()["versions"] if v["version"] != version]
+    return all(v["state"] == "kept" or v["warm"] for v in others)
+
+
 def _push(source: Path, version: int, transport: Transport) -> None:
+    source.parent.mkdir(exist_ok=True)
     source.write_text(SOURCE.format(version=version, setup_s=SETUP_S))
     deploy(source, transport=transport, timeout_s=300)
 
@@ -110,10 +125,12 @@ def main() -> int:
     rounds = 2 if args.quick else args.rounds
     with tempfile.TemporaryDirectory(prefix="ember-rollbench-") as tmp:
         work = Path(tmp)
+        os.environ["EMBER_KEEP_PREVIOUS_S"] = str(KEEP_S)  # the platform's processes inherit it
         platform = EmbeddedPlatform(work / "state", http_port=0)
         platform.start()
         try:
-            return _measure(platform, work, rounds)
+            _measure(platform, work, rounds)
+            return _rollbacks(platform, work, rounds)
         finally:
             platform.stop()
 
@@ -121,7 +138,7 @@ def main() -> int:
 def _measure(platform: EmbeddedPlatform, work: Path, rounds: int) -> int:
     transport = Transport(platform.url, token=platform.token)
     http = httpx.Client(base_url=platform.url, headers={"Authorization": f"Bearer {platform.token}"}, timeout=60)
-    source = work / "rollbench.py"
+    source = work / "app" / "rollbench.py"  # the app's folder is its bundle: not the platform's state
     version = 1
     _push(source, version, transport)
     loop = Loop(platform.url, platform.token)
@@ -137,10 +154,11 @@ def _measure(platform: EmbeddedPlatform, work: Path, rounds: int) -> int:
             version += 1
             _push(source, version, transport)
             switched = time.monotonic() - started
-            while _running(http) != {version}:
+            while not _drained(http, version):
                 time.sleep(0.2)
             print(f"round {r + 1}/{rounds}: v{version} took the calls {switched:.1f} s after the push, and v"
-                  f"{version - 1} was gone {time.monotonic() - started:.1f} s after it", file=sys.stderr, flush=True)
+                  f"{version - 1} had drained (kept warm) {time.monotonic() - started:.1f} s after it",
+                  file=sys.stderr, flush=True)
     finally:
         loop.mark("")
         loop.stop.set()
@@ -162,6 +180,37 @@ def _measure(platform: EmbeddedPlatform, work: Path, rounds: int) -> int:
     for phase, n, errors, p50, p95, p99, top, mp99 in rows:
         print(f"{phase:<8} {n:>7} {errors:>6} {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} {p99 * 1e3:>8.1f} "
               f"{top * 1e3:>8.1f} {mp99 * 1e3:>20.1f}")
+    return 0
+
+
+def _rollbacks(platform: EmbeddedPlatform, work: Path, rounds: int) -> int:
+    """Each round: a push, a rollback at once (within the window), a push, a rollback once the replaced version's
+    replicas are gone (after it)."""
+    transport = Transport(platform.url, token=platform.token)
+    http = httpx.Client(base_url=platform.url, headers={"Authorization": f"Bearer {platform.token}"}, timeout=60)
+    source = work / "app" / "rollbench.py"  # the app's folder is its bundle: not the platform's state
+    taken: dict[str, list[float]] = {"within": [], "after": []}
+    try:
+        serving = latest = http.get("/v1/apps/rollbench").json()["version"]
+        for r in range(rounds):
+            for phase in ("within", "after"):
+                latest += 1
+                _push(source, latest, transport)  # ``serving`` leaves the traffic: warm for KEEP_S
+                while phase == "after" and serving in _running(http):
+                    time.sleep(0.2)
+                started = time.monotonic()
+                rollback("rollbench", to=serving, transport=transport, timeout_s=300)
+                taken[phase].append(time.monotonic() - started)
+                print(f"round {r + 1}/{rounds}: rollback {phase} the window took {taken[phase][-1]:.2f} s",
+                      file=sys.stderr, flush=True)
+    finally:
+        http.close()
+        transport.close()
+    print(f"rollback: {rounds} rounds, EMBER_KEEP_PREVIOUS_S={KEEP_S:g}, replica setup {SETUP_S:.0f} s; seconds "
+          "from ember.rollback to its return (the version takes every call)")
+    print(f"{'phase':<8} {'rounds':>7} {'median s':>9} {'min s':>7} {'max s':>7}")
+    for phase, values in taken.items():
+        print(f"{phase:<8} {len(values):>7} {statistics.median(values):>9.2f} {min(values):>7.2f} {max(values):>7.2f}")
     return 0
 
 

@@ -216,8 +216,8 @@ class ControlLoop:
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
-        await self.switching.hold_standby(plan, deployments, now)
         await self.switching.switch(deployments)
+        await self.switching.hold_standby(plan, deployments, now)  # after it: a version that just left is told now
 
     def _isolated(self, dep: Deployment, svc: ServiceSpec, step: Callable[[], T], last: bool = False) -> T | None:
         """One step of one service's reconcile, so that a service whose reconcile raises (a manifest that got past
