@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 
 from nats.aio.client import Client
 
@@ -22,8 +23,9 @@ log = logging.getLogger("ember.replica")
 
 
 def renew_at_s(ttl_s: float) -> float:
-    """How long after a (re)connect the replica renews: half the TTL, leaving the other half for a slow reconnect."""
-    return ttl_s / 2
+    """How long after a (re)connect the replica renews: about half the TTL, leaving the rest for a slow reconnect;
+    spread over 40-50 % so that replicas that connected together (after a NATS restart) do not all renew together."""
+    return ttl_s * random.uniform(0.4, 0.5)
 
 
 async def renew_until(nc: Client, ttl_s: float, stopping: asyncio.Event) -> None:
