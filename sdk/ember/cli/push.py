@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from collections.abc import Callable
 
 from ember._client import platform_url
 from ember._deploy import deploy
+from ember.cli.output import progress_printer
 from ember.cli.rollout import traffic
 from ember.wire import AppView
 
@@ -48,10 +47,10 @@ def push_app(path: str, *, app_name: str | None = None, wait: bool = True, timeo
              canary_percent: int = 0, relock: bool = False,
              seen: Callable[[AppView], None] | None = None) -> AppView:
     """Push the app at ``path``, printing progress; ``seen`` is given each view of the app the wait sees."""
-    started = time.monotonic()
+    say = progress_printer()
 
     def progress(message: str, view: AppView | None) -> None:
-        print(f"[{time.monotonic() - started:6.1f}s] {message}", file=sys.stderr, flush=True)
+        say(message, view)
         if view is not None and seen is not None:
             seen(view)
 
