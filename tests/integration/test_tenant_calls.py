@@ -23,7 +23,8 @@ REFUSED = ("list every app's calls", "read a record by sequence", "read another 
            "find a record under any app", "read a record by its last subject", "forge another app's result",
            "forge another app's status", "write another app's large output", "read the large outputs",
            "list the stored chunks", "list the streams", "delete a dead letter",
-           "publish into another client's inbox", "reply to another app's event requester")
+           "publish into another client's inbox", "reply to another app's event requester",
+           "put another app's replica on standby", "ask for a bundle as its node does")
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +46,9 @@ def test_another_tenants_replica_cannot_list_read_or_forge_an_apps_calls(http, h
     assert call_id.startswith("hello_")  # the id names its app: the platform reads it under hello's keys only
     assert _finished(http, call_id)["output"] == "Hello, victim!"
 
-    seen = http.post("/v1/intruder/steal", json={"app": "hello", "call_id": call_id}, timeout=180).json()
+    victim = next(r for s in http.get("/v1/apps/hello").json()["services"] for r in s["replicas"])
+    seen = http.post("/v1/intruder/steal", json={"app": "hello", "call_id": call_id, "replica_id": victim["replica_id"],
+                                                 "node_id": victim["node_id"]}, timeout=180).json()
     assert set(seen) == {*REFUSED, "write under its own app"}
     for attempt in REFUSED:
         answer = seen[attempt]

@@ -72,6 +72,7 @@ def steal(victim: dict) -> dict:
     nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
     loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
     target, call_id = victim["app"], victim["call_id"]
+    replica, node = victim.get("replica_id", "r0"), victim.get("node_id", "n0")
     forged = json.dumps({"call_id": call_id, "app": target, "function": "greet", "status": "succeeded",
                          "output": "FORGED", "created_at": 1.0, "updated_at": 1.0}).encode()
     calls = "$KV.ember_calls"
@@ -123,6 +124,10 @@ def steal(victim: dict) -> dict:
         await attempt("publish into another client's inbox", lambda: publish("_INBOX.someone.x", b"FORGED"))
         await attempt("reply to another app's event requester", lambda: publish(
             f"_EMBER.replies.{target}.x", b"FORGED"))
+        await attempt("put another app's replica on standby", lambda: publish(
+            f"ember.replica.{replica}.standby", b"{}"))
+        await attempt("ask for a bundle as its node does", lambda: request(
+            f"ember.node.{node}.fetch", b'{"kind": "bundle", "name": "x"}'))
         # Its own app's keys it may write (its replicas keep their calls' records there): even one that names the
         # victim's call in its body changes nothing of the victim's.
         await attempt("write under its own app", lambda: publish(f"{calls}.r.intruder.{call_id}", forged))
