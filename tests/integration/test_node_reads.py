@@ -21,6 +21,8 @@ import msgspec
 import nats
 import pytest
 from nats import errors as nats_errors
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from support.natsconn import connect as admin_connect
 
 from ember._client import Transport
@@ -114,7 +116,8 @@ def test_a_node_reads_no_other_nodes_assignment(platform, hello) -> None:
         nc = await _node(platform, ROGUE, violations)
         try:
             js = nc.jetstream(timeout=2)
-            kv = await js.key_value(subjects.ASSIGNMENTS_BUCKET)
+            kv = KeyValue(name=subjects.ASSIGNMENTS_BUCKET, stream=stream, pre=f"$KV.{subjects.ASSIGNMENTS_BUCKET}.",
+                          js=js, direct=True)  # opened by name: a node may not ask about the stream
             seen: dict[str, Any] = {
                 "get": await _refused(nc, violations, kv.get(victim)),
                 "direct get": await _refused(nc, violations, nc.request(f"$JS.API.DIRECT.GET.{stream}.{key}", b"",
@@ -169,11 +172,15 @@ def test_a_node_reads_only_the_bundles_and_volumes_of_its_replicas(platform, hel
             js = nc.jetstream(timeout=2)
             seen: dict[str, Any] = {kind: await _fetch(nc, ROGUE, kind, name) for kind, name in asks}
             seen["absent"] = await _fetch(nc, ROGUE, "bundle", "0" * 64)
-            store = await js.object_store(subjects.BUNDLES_STORE)
+            for listed in ("KV_ember_calls", chunks, bundles):  # a stream's info lists its keys or objects' names
+                seen[f"list {listed}"] = await _refused(nc, violations, js.stream_info(
+                    listed, subjects_filter=">"))
+            store = ObjectStore(name=subjects.BUNDLES_STORE, stream=bundles, js=js)  # opened by name: no info
             seen["bundle get"] = await _refused(nc, violations, store.get(bundle))
             seen["bundle msg get"] = await _refused(nc, violations, js.get_last_msg(
                 bundles, f"$O.{subjects.BUNDLES_STORE}.>"))
-            volumes = await js.key_value(subjects.VOLUMES_BUCKET)
+            volumes = KeyValue(name=subjects.VOLUMES_BUCKET, stream=f"KV_{subjects.VOLUMES_BUCKET}",
+                               pre=f"$KV.{subjects.VOLUMES_BUCKET}.", js=js, direct=True)
             seen["volume get"] = await _refused(nc, violations, volumes.get(mounted["volume"]))
             seen["chunk direct get"] = await _refused(nc, violations, js.get_msg(
                 chunks, seq=1, subject=f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.>", direct=True, next=True))
@@ -187,7 +194,8 @@ def test_a_node_reads_only_the_bundles_and_volumes_of_its_replicas(platform, hel
     gc.collect()
     for kind in ("bundle", "volume", "chunk", "absent"):
         assert seen[kind] == (b"", NOT_FOUND), (kind, seen[kind])  # the same for what exists and what does not
-    for refused in ("bundle get", "bundle msg get", "volume get", "chunk direct get", "chunk consumer"):
+    for refused in ("bundle get", "bundle msg get", "volume get", "chunk direct get", "chunk consumer",
+                    "list KV_ember_calls", f"list {chunks}", f"list {bundles}"):
         assert seen[refused] is True, (refused, seen)
 
     async def as_owner() -> dict[str, tuple[bytes, str]]:  # the positive twin: the session node reads each

@@ -27,9 +27,6 @@ _UNLIMITED = {"subs": -1, "data": -1, "payload": -1, "type": "user", "version": 
 # answers and streams go to its app's answer subjects, never to another client's inbox).
 _ONE_ANSWER = {"max": 1, "ttl": 120_000_000_000}
 _JS = "$JS.API"
-# A stream's configuration and counts (never its messages): every process opens Ember's buckets by name.
-_STREAM_INFO = f"{_JS}.STREAM.INFO.*"
-_STREAM_NAMES = f"{_JS}.STREAM.NAMES"  # nats-py looks a stream up by subject before reading an object
 
 
 def _user(pub: Iterable[str], sub: Iterable[str]) -> dict[str, Any]:
@@ -75,9 +72,11 @@ def node(node_id: str, inbox_prefix: str) -> dict[str, Any]:
     (``subjects.node_fetch``: its assignment, its replicas' bundles and volumes, checked by the control plane) and
     for its replicas' secrets, writes its node's info and its own replicas' states (``<node id>.<replica id>``: no
     other node's) and publishes their output lines. No store's content is open to it: no direct get, message get
-    or consumer on ``ember_bundles``, ``ember_volumes``, ``ember_volume_chunks`` or ``ember_assignments``."""
+    or consumer on ``ember_bundles``, ``ember_volumes``, ``ember_volume_chunks`` or ``ember_assignments``, and no
+    stream's info but those of the two buckets it writes (their keys, node and replica ids, it hears anyway): the
+    info of ``ember_calls`` or an object store would list every app's call ids or every stored object's name."""
     pub = {
-        f"{_JS}.INFO", _STREAM_INFO, _STREAM_NAMES,
+        *(f"{_JS}.STREAM.INFO.{_kv(bucket)}" for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET)),
         f"$KV.{subjects.NODES_BUCKET}.{node_id}",
         f"$KV.{subjects.REPLICAS_BUCKET}.{subjects.replica_keys_of_node(node_id)}",
         subjects.node_logs(node_id), subjects.node_secrets(node_id), subjects.node_build_events(node_id),

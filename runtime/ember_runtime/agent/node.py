@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 from nats import errors as nats_errors
 from nats.aio.msg import Msg
+from nats.js import errors as nats_js_errors
+from nats.js.kv import KeyValue
 
 from ember.wire import (
     LogLine,
@@ -31,7 +33,7 @@ from ember.wire import (
     replica_decoder,
     subjects,
 )
-from ember.wire.jetstream import NODE_HEARTBEAT_S, BucketsMissingError, Stores, connect, ensure_buckets
+from ember.wire.jetstream import NODE_HEARTBEAT_S, connect, kv_stream, node_buckets
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import numa
@@ -445,13 +447,24 @@ class NodeAgent:
         return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}
 
 
-async def _open_buckets(nc: Any, stop: asyncio.Event) -> Stores | None:
-    """Ember's buckets, once the control plane has created them (an agent may start first; it may not create)."""
-    said = False
+@dataclasses.dataclass(frozen=True)
+class NodeBuckets:
+    nodes: KeyValue  # its node's info, under its node id
+    replicas: KeyValue  # its replicas' states, under <node id>.<replica id>
+
+
+async def _open_buckets(nc: Any, stop: asyncio.Event) -> NodeBuckets | None:
+    """The two buckets an agent writes (its node's info, its replicas' states), once the control plane has created
+    them (an agent may start first; it may not create). It asks about these two streams alone: their keys (node and
+    replica ids) are what it hears on ``REPLICA_STATUS_ALL`` anyway; every other store is closed to it."""
+    js, said = nc.jetstream(), False
     while True:
         try:
-            return await ensure_buckets(nc.jetstream(), create=False)
-        except (BucketsMissingError, nats_errors.TimeoutError) as exc:  # a cluster may still be creating them
+            for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET):
+                await js.stream_info(kv_stream(bucket))
+            nodes, replicas = node_buckets(js)
+            return NodeBuckets(nodes=nodes, replicas=replicas)
+        except (nats_js_errors.NotFoundError, nats_errors.TimeoutError) as exc:  # a cluster may still be creating
             if not said:
                 log.info("waiting for the control plane to create Ember's buckets (%s)", exc or type(exc).__name__)
                 said = True

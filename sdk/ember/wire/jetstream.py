@@ -200,6 +200,13 @@ def call_buckets(js: JetStreamContext) -> tuple[KeyValue, KeyValue]:
                  for bucket in (subjects.CALLS_BUCKET, subjects.RESULTS_BUCKET))  # type: ignore[return-value]
 
 
+def node_buckets(js: JetStreamContext) -> tuple[KeyValue, KeyValue]:
+    """``ember_nodes`` and ``ember_replicas`` as a node agent opens them: by name, to write its own keys, without
+    asking the server about the streams (a node may not: a stream's info lists every key it holds)."""
+    return tuple(KeyValue(name=bucket, stream=kv_stream(bucket), pre=f"$KV.{bucket}.", js=js, direct=False)
+                 for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET))  # type: ignore[return-value]
+
+
 class BucketsMissingError(RuntimeError):
     """Ember's buckets are not there yet, and this process may not create them (only the control plane may)."""
 
