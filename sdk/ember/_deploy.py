@@ -36,8 +36,8 @@ def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, 
     The app's folder is the bundle: every file in it but caches and ``.gitignore``d ones. A new version is rolled
     out without downtime: the version before keeps serving until the new one's minimum replicas are ready, then
     drains. With ``canary_percent`` (1 to 99) the new version takes only that share of calls once ready, until
-    ``promote`` or ``rollback``. An app with an image has it locked and built on the platform first (see README,
-    "Images"); an image that did not change keeps the running version's lock, unless ``relock``.
+    ``promote`` or ``rollback``. An app with an image has it locked and built on the platform first (see
+    docs/guides/images.md); an image that did not change keeps the running version's lock, unless ``relock``.
 
     Example:
         >>> ember.deploy("examples/hello/hello.py")
@@ -88,7 +88,7 @@ def promote(app: str, *, wait: bool = True, timeout_s: float = 300.0, transport:
 def rollback(app: str, *, to: int | None = None, wait: bool = True, timeout_s: float = 300.0,
              transport: Transport | None = None, progress: Progress | None = None) -> AppView:
     """Serve an older kept version of ``app`` again: ``to``, else the one before (during a rollout or a canary, the
-    version that serves). At once when it still serves or is kept warm (see README, "Rollouts"), else once its
+    version that serves). At once when it still serves or is kept warm (see docs/guides/rollouts.md), else once its
     replicas are ready; the versions it replaces drain. By default returns once that version takes every call (as
     ``deploy`` waits); ``wait=False`` returns at once. ``NotFoundError`` for a version the app does not keep.
 

@@ -25,7 +25,7 @@ class Image:
     environment of their own on each node, environment variables, a Python version.
 
     Each method returns a new image; the image is plain data until ``ember push`` has it locked and built on the
-    platform (see README, "Images"). Ember's own runtime is always there: do not install ``ember``.
+    platform (see docs/guides/images.md). Ember's own runtime is always there: do not install ``ember``.
 
     Args:
         python: the Python version (``"3.11"``); default: the nodes' own.

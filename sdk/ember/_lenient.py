@@ -2,7 +2,7 @@
 enough to declare its app and its images.
 
 Only ``ember push`` does this, to learn the app's name and its images; the manifest itself is read on the platform,
-by importing the app inside its image (see README, "Images"). The app is imported as written first; only a
+by importing the app inside its image (see docs/guides/images.md). The app is imported as written first; only a
 top-level package that this machine does not have, imported by the app's own files (its folder, not an installed
 package), is then stood in for, and the import tried again. Nothing under an installed package is ever stood in for:
 not a submodule it lacks, not an optional import it tries inside ``try/except ImportError`` (numpy's, torch's), so

@@ -51,7 +51,7 @@ RESERVED_ENV = frozenset({"PATH", "HOME", "TMPDIR", "PYTHONPATH", "PYTHONHOME", 
                           "PYTHONSAFEPATH", "PYTHONNOUSERSITE", "PYTHONINSPECT", "LD_PRELOAD", "LD_LIBRARY_PATH",
                           "LD_AUDIT", "VIRTUAL_ENV", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES"})
 RESERVED_ENV_PREFIXES = ("EMBER_", "UV_", "PIP_")
-# Distributions Ember itself provides inside every environment (see README, "Images"): an app may not install its
+# Distributions Ember itself provides inside every environment (see docs/guides/images.md): an app may not install its
 # own copy of them.
 EMBER_OWN = frozenset({"ember", "ember-runtime", "ember-platform"})
 
