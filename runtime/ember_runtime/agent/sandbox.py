@@ -62,8 +62,7 @@ ALLOWED_ENV = frozenset({
     "EMBER_ACK_WAIT_S",
 })
 # OpenTelemetry's settings (``OTEL_*``: the exporter's endpoint and headers, sampling, batching) reach replicas, which
-# then export their spans where the control plane does (docs/operations/tracing.md); each replica names its own
-# service.
+# then export their spans where the control plane does (docs/operations/tracing.md), each under its own name.
 ALLOWED_PREFIXES = ("LC_", "OTEL_")
 NOT_PASSED = frozenset({"OTEL_SERVICE_NAME"})
 UNSANDBOXED_ONLY = frozenset({"HOME", "USER", "LOGNAME", "TMPDIR"})  # a sandbox has its own
