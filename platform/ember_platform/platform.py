@@ -17,7 +17,7 @@ from ember_platform.config import Settings
 from ember_platform.control.builds import Builds
 from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
-from ember_platform.control.node_reads import NodeReads
+from ember_platform.control.node_reads import NodeReads, build_grant
 from ember_platform.control.registry import Registry
 from ember_platform.events.grants import GrantStore
 from ember_platform.gateway.body import Validators
@@ -33,7 +33,7 @@ from ember_platform.volumes.store import VolumeStore
 
 
 class Platform:
-    def __init__(self, settings: Settings, nc: Client, registry: Registry) -> None:
+    def __init__(self, settings: Settings, nc: Client, registry: Registry, grant_key: bytes | None = None) -> None:
         self.settings = settings
         self.nc = nc
         self.registry = registry
@@ -58,9 +58,10 @@ class Platform:
                                    max_value_bytes=StorageLimits.from_env().volumes_kv_max_value_bytes,
                                    max_payload=nc.max_payload)
         self.secrets_server = SecretsServer(nc, self.secrets, registry.stores.assignments, registry.stores.deployments)
-        self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle, self._running_images)  # images
+        grant = (lambda node, sha: build_grant(grant_key, node, sha)) if grant_key else (lambda _node, _sha: "")
+        self.builds = Builds(nc, self.control.live_nodes, registry.has_bundle, self._running_images, grant)  # images
         self.node_reads = NodeReads(nc, registry.stores, lambda: self.control.assignments.items,
-                                    self.builds.bundles_building_on)  # what a node reads: only what it is assigned
+                                    self.builds.bundles_building_on, grant_key)  # a node reads what it is assigned
         self.relay = Relay(nc, registry, self.validators, self.router, self.calls, lambda: self.quotas.limiter,
                            registry.stores.assignments, self.streams)  # calls between functions, from replicas
 
@@ -71,7 +72,7 @@ class Platform:
         registry = Registry(nc, settings.log_lines_kept, settings.ack_wait_s)
         try:
             await registry.start()
-            platform = cls(settings, nc, registry)
+            platform = cls(settings, nc, registry, keys.build_grant_key() if keys else None)
             platform.first_token = await bootstrap(platform.tokens, settings.bootstrap_token_file)
             await platform.quotas.start()
             await platform.subject_grants.start()

@@ -31,6 +31,8 @@ from ember._volume import put_volume
 from ember.wire import NodeAssignment, VolumeVersion, subjects
 from ember.wire.natscreds import read_file
 from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, FetchRequest
+from ember_platform.control.node_reads import build_grant
+from ember_platform.natsauth import keys as auth_keys
 
 pytestmark = [
     pytest.mark.integration,
@@ -88,9 +90,9 @@ async def _node(platform, node_id: str, violations: list[str]) -> nats.NATS:  # 
                               allow_reconnect=False, **creds.connect_options())
 
 
-async def _fetch(nc: nats.NATS, node_id: str, kind: str, name: str = "") -> tuple[bytes, str]:
+async def _fetch(nc: nats.NATS, node_id: str, kind: str, name: str = "", grant: str = "") -> tuple[bytes, str]:
     """What a control plane answers ``node_id``'s request for ``kind``/``name``: (the first piece, its error)."""
-    request = msgspec.json.encode(FetchRequest(kind=kind, name=name))  # type: ignore[arg-type]
+    request = msgspec.json.encode(FetchRequest(kind=kind, name=name, grant=grant))  # type: ignore[arg-type]
     msg = await nc.request(subjects.node_fetch(node_id), request, timeout=30)
     headers = msg.headers or {}
     assert headers.get(ERROR_HEADER) or int(headers[SIZE_HEADER]) == len(msg.data)  # small: one piece
@@ -212,3 +214,29 @@ def test_a_node_reads_only_the_bundles_and_volumes_of_its_replicas(platform, hel
     assert hashlib.sha256(own["chunk"][0]).hexdigest() == mounted["chunk"]
     assert http.post(f"/v1/{mounted['app']}/digest").json() == mounted["content"]  # its replica reads it
 
+
+
+def test_a_builds_grant_opens_its_bundle_to_its_node_alone(platform, hello) -> None:
+    """A build's bundle is read with the grant its build request carried (signed with a key every control plane
+    derives from the NATS auth secret): any control plane answers it, for that node and that bundle only. A grant
+    made up, or one given to another node, opens nothing."""
+    key = auth_keys.load(platform.auth_dir).build_grant_key()
+    bundle = next(s.bundle_sha256 for s in _assignment(platform).slots if s.app == hello.app)
+
+    async def as_rogue() -> dict[str, tuple[bytes, str]]:
+        nc = await _node(platform, ROGUE, [])
+        try:
+            return {
+                "made up": await _fetch(nc, ROGUE, "bundle", bundle, grant="0" * 64),
+                "another node's": await _fetch(nc, ROGUE, "bundle", bundle,
+                                               grant=build_grant(key, platform.node_id, bundle)),
+                "its own": await _fetch(nc, ROGUE, "bundle", bundle, grant=build_grant(key, ROGUE, bundle)),
+            }
+        finally:
+            await nc.close()
+
+    seen = asyncio.run(as_rogue())
+    gc.collect()
+    assert seen["made up"] == (b"", NOT_FOUND) and seen["another node's"] == (b"", NOT_FOUND)
+    data, error = seen["its own"]  # the positive twin: a control plane that asked for no build answers it
+    assert error == "" and hashlib.sha256(data).hexdigest() == bundle

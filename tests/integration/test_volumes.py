@@ -21,6 +21,8 @@ import nats
 import pytest
 from nats import errors as nats_errors
 from nats.js.errors import NoKeysError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
 from support.auth import bearer
 from support.natsconn import connect as admin_connect
 from support.owners import owners_of
@@ -402,8 +404,10 @@ def test_a_node_agent_cannot_read_or_change_volumes_directly(platform, http: htt
         refused = []
         try:
             js = nc.jetstream(timeout=2)  # a refused request is answered by nothing: each waits this long
-            kv = await js.key_value(subjects.VOLUMES_BUCKET)
-            store = await js.object_store(subjects.VOLUME_CHUNKS_STORE)
+            # opened by name (a node may not ask about these streams: their info would list their keys)
+            kv = KeyValue(name=subjects.VOLUMES_BUCKET, stream=f"KV_{subjects.VOLUMES_BUCKET}",
+                          pre=f"$KV.{subjects.VOLUMES_BUCKET}.", js=js, direct=True)
+            store = ObjectStore(name=subjects.VOLUME_CHUNKS_STORE, stream="OBJ_ember_volume_chunks", js=js)
             for attempt in (kv.get(f"{name}.1"), kv.put(f"{name}.1", b"{}"), kv.delete(f"{name}.1"),
                             store.delete(sha), store.put(sha, b"other bytes"),
                             js.purge_stream("OBJ_ember_volume_chunks"),

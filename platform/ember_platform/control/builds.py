@@ -90,8 +90,10 @@ class Build:
 class Builds:
     def __init__(self, nc: Any, live_nodes: Callable[[], Mapping[str, NodeInfo]],
                  has_bundle: Callable[[str, str], Any],
-                 running: Callable[[str], Iterable[ImageSpec]] = lambda _app: ()) -> None:
+                 running: Callable[[str], Iterable[ImageSpec]] = lambda _app: (),
+                 grant: Callable[[str, str], str] = lambda _node, _bundle: "") -> None:
         self._nc = nc
+        self._grant = grant  # (node, bundle) -> the grant that lets the node read the bundle (``node_reads``)
         self._running = running  # an app's locked images, as its current deployment has them
         self._live_nodes = live_nodes
         self._has_bundle = has_bundle
@@ -127,7 +129,8 @@ class Builds:
         self._keep(build)
         message = BuildRequest(build_id=build.build_id, app=app, bundle_sha256=request.bundle_sha256,
                                module=request.module, images=request.images, inspect_in=request.inspect_in,
-                               locks=[] if request.relock else self._kept_locks(app, request.images))
+                               locks=[] if request.relock else self._kept_locks(app, request.images),
+                               bundle_grant=self._grant(node_id, request.bundle_sha256))
         await self._nc.publish(subjects.node_builds(node_id), encoder.encode(message))
         log.info("build %s of %s asked of node %s", build.build_id[:8], app, node_id)
         return build.view(0)

@@ -8,17 +8,20 @@ it, so a node cannot read another tenant's code or weights by knowing their hash
 
 What a node may not read is answered ``not found``, whether it exists or not. The check reads this control plane's
 mirror of the assignments and, when the mirror says no, the bucket itself (the mirror may lag a new assignment).
-A build's bundle is known only to the control plane that asked for the build (``control.builds`` keeps builds in
-memory): with several control planes, a node's read of it may reach another one and be refused, and the build
-fails, saying so; the push can be retried. Content is answered in pieces under NATS' max payload; what is being
-read is held in memory (``Blobs``, bounded) while its pieces are asked for, so that each piece costs no read of the
-store.
+A build's bundle is read with a grant: the control plane that asks a node for a build signs (node, bundle) with a
+key every control plane derives from the NATS auth secret (``build_grant``), so whichever control plane answers the
+node's read checks it; a node cannot forge one for another bundle. Without NATS auth (no permissions to enforce
+anyway) only the control plane that asked for the build knows it. Content is answered in pieces under NATS' max
+payload; what is being read is held in memory (``Blobs``, bounded) while its pieces are asked for, so that each
+piece costs no read of the store.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
@@ -70,10 +73,16 @@ class Blobs:
             self._held.popitem(last=False)
 
 
+def build_grant(key: bytes, node_id: str, bundle_sha256: str) -> str:
+    """What lets node ``node_id`` read a build's bundle from any control plane (signed by the one that asked)."""
+    return hmac.new(key, f"build:{node_id}:{bundle_sha256}".encode(), hashlib.sha256).hexdigest()
+
+
 class NodeReads:
     def __init__(self, nc: Any, stores: Stores, mirror: Callable[[], Mapping[str, NodeAssignment]],
-                 builds: Callable[[str], set[str]] = lambda _node: set()) -> None:
+                 builds: Callable[[str], set[str]] = lambda _node: set(), grant_key: bytes | None = None) -> None:
         self._nc = nc
+        self._grant_key = grant_key  # checks a build's bundle grant (``build_grant``)
         self._stores = stores
         self._mirror = mirror  # this control plane's copy of the assignments
         self._builds = builds  # the bundles of the builds this control plane asked of a node
@@ -130,12 +139,18 @@ class NodeReads:
 
     async def _allowed(self, node_id: str, request: FetchRequest) -> bool:
         """Whether the node's assignment (as mirrored, else as stored now) or its builds need what it asks for."""
-        if request.kind == "bundle" and request.name in self._builds(node_id):
+        if request.kind == "bundle" and (request.name in self._builds(node_id) or self._granted(node_id, request)):
             return True
         if await self._needs(self._mirror().get(node_id), request):
             return True
         raw = await self._entry(self._stores.assignments, node_id, allow_missing=True)
         return bool(raw) and await self._needs(assignment_decoder.decode(raw), request)
+
+    def _granted(self, node_id: str, request: FetchRequest) -> bool:
+        """Whether the request carries a control plane's grant for this node to read this build's bundle."""
+        if self._grant_key is None or not request.grant:
+            return False
+        return hmac.compare_digest(request.grant, build_grant(self._grant_key, node_id, request.name))
 
     async def _needs(self, assignment: NodeAssignment | None, request: FetchRequest) -> bool:
         if assignment is None:

@@ -60,6 +60,10 @@ class AuthKeys:
         subjects.check_token(node_id, "node id")
         return hmac.new(bytes.fromhex(self.secret), f"node:{node_id}".encode(), hashlib.sha256).hexdigest()
 
+    def build_grant_key(self) -> bytes:
+        """The key every control plane signs a build's bundle grant with (``control.node_reads.build_grant``)."""
+        return hmac.new(bytes.fromhex(self.secret), b"build-grants", hashlib.sha256).digest()
+
     def node_credentials(self, node_id: str) -> NatsCredentials:
         return NatsCredentials(user=node_user(node_id), password=self.node_password(node_id),
                                inbox_prefix=node_inbox(node_id))

@@ -86,6 +86,11 @@ class BundleCache:
     def has(self, sha256: str) -> bool:
         return (self.root / sha256).is_dir()
 
+    def allow(self, sha256: str, grant: str) -> None:
+        """Fetch bundle ``sha256`` with a build request's ``grant`` (``fetch.NodeFetcher.allow``)."""
+        if hasattr(self._store, "allow"):
+            self._store.allow(sha256, grant)
+
     async def get(self, sha256: str) -> Path:
         """The unpacked folder of bundle ``sha256``, fetching and verifying it on first use."""
         dest = self.root / sha256

@@ -39,6 +39,12 @@ class NodeFetcher:
     def __init__(self, nc: Any, node_id: str) -> None:
         self._nc = nc
         self._subject = subjects.node_fetch(node_id)
+        self._grants: dict[str, str] = {}  # bundle sha256 -> the grant of a build that reads it
+
+    def allow(self, sha256: str, grant: str) -> None:
+        """Read bundle ``sha256`` with ``grant`` (a build request's): any control plane then answers it."""
+        if grant:
+            self._grants[sha256] = grant
 
     async def bundle(self, sha256: str) -> bytes:
         return await self.fetch("bundle", sha256)
@@ -72,7 +78,8 @@ class NodeFetcher:
         return data
 
     async def _piece(self, kind: FetchKind, name: str, offset: int) -> tuple[bytes, int]:
-        request = encoder.encode(FetchRequest(kind=kind, name=name, offset=offset))
+        grant = self._grants.get(name, "") if kind == "bundle" else ""
+        request = encoder.encode(FetchRequest(kind=kind, name=name, offset=offset, grant=grant))
         try:
             msg = await self._nc.request(self._subject, request, timeout=REQUEST_TIMEOUT_S)
         except Exception as exc:

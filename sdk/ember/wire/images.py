@@ -237,6 +237,7 @@ class BuildRequest(msgspec.Struct, frozen=True, kw_only=True):
     # per image: the lock the running version has for the same declaration (kept: a push that did not change an
     # image installs what runs now), or an empty ImageSpec (lock it)
     locks: list[ImageSpec] = []
+    bundle_grant: str = ""  # lets this node read the bundle from any control plane (``control.node_reads``)
 
 
 class BuildEvent(msgspec.Struct, frozen=True, kw_only=True):

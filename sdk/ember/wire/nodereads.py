@@ -26,3 +26,4 @@ class FetchRequest(msgspec.Struct, frozen=True, kw_only=True):
     kind: FetchKind
     name: str = ""
     offset: int = 0
+    grant: str = ""  # a bundle being built on this node: the grant the build request carried
