@@ -332,8 +332,13 @@ class Zygote:
             raise
 
     async def stop(self) -> None:
+        """Stop the zygote (the replicas it forked live on). One still being started has no process to signal yet:
+        its start is abandoned (``sandbox.start`` kills what it began), else the build would go on to start it and
+        then wait for an exit nobody asks for, and so would this stop and the agent's reconcile loop behind it."""
         self.state = "stopped"
         self.settled.set()
+        if self._proc is None and self._task is not None:
+            self._task.cancel()
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if self._pid:
