@@ -117,7 +117,7 @@ class Door:
         remove(self.folder)
 
     def stop_after(self, pid: int) -> None:
-        """Close once process ``pid`` (bwrap, a child of the agent) exits, seen by the running loop."""
+        """Close once process ``pid`` (the sandbox's first process) exits, seen by the running loop."""
         try:
             watched = os.pidfd_open(pid)
         except OSError:

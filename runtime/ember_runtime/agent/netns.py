@@ -22,7 +22,8 @@ outside, without privileges:
 - A NATS URL without a door (``Network`` built without ``nats_servers``): pasta forwards its loopback ports.
 
 pasta (a daemon once attached) holds the namespace; it does not notice the sandbox's end by itself: the agent
-stops it when bwrap exits (after the sandbox's last process), and every one left when it exits itself; the pastas
+stops it when the sandbox's first process (bwrap's init, the last to end) exits, not bwrap (which exits with its
+command, before the replicas a zygote forked), and every one left when it exits itself; the pastas
 of an agent killed outright are found by their pid files (``RUN_ROOT``) and stopped by the next agent's start. A
 zygote's sandbox pays this once; its forked replicas share the zygote's namespace (one version's replicas, one
 app).
@@ -112,7 +113,7 @@ def stop(*held: Pasta | natsdoor.Door | None) -> None:
 
 
 def stop_after(pid: int, *held: Pasta | natsdoor.Door | None) -> None:
-    """Stop each of ``held`` once process ``pid`` (a child of the agent) exits."""
+    """Stop each of ``held`` once process ``pid`` (the sandbox's first process: its last to end) exits."""
     for each in held:
         if each is not None:
             each.stop_after(pid)
@@ -190,7 +191,7 @@ class Pasta:
         return None
 
     def stop_after(self, pid: int) -> None:
-        """Stop once process ``pid`` (a child of the agent, not yet reaped) exits, seen by the running loop."""
+        """Stop once process ``pid`` (alive when this is called: no reuse of its number) exits, seen by the loop."""
         try:
             watched = os.pidfd_open(pid)
         except OSError:  # gone already

@@ -438,7 +438,7 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
         netns.stop(pasta, door)
         await _discard(proc, reading)
         raise
-    netns.stop_after(proc.pid, pasta, door)  # bwrap, which exits after the sandbox's last process
+    netns.stop_after(_child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
     _close(block_w)  # go on
     return SandboxedProcess(proc, _child_pid(info) or proc.pid)
 

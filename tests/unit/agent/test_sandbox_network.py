@@ -9,6 +9,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -288,3 +289,21 @@ def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(ne
     wait_for(lambda: not Path(f"/proc/{pasta}").exists() or "Z" in Path(f"/proc/{pasta}/stat").read_text().split()[2],
              timeout_s=30, what="the orphaned pasta to be stopped")
     assert not (netns.RUN_ROOT / killed.stdout.split()[0]).exists()
+
+
+def test_a_sandboxs_door_lasts_while_any_of_its_processes_does(networked, servers) -> None:
+    """A zygote's command ends before the replicas it forked (bwrap exits with it): the sandbox's door and way out
+    stay until its last process ends, so that those replicas still reach NATS (a reconnect, a renewal)."""
+    targets = shlex.quote(json.dumps([["door", servers[0]]]))
+    later = f"sleep 1.5; exec {sys.executable} -c {shlex.quote(REACH)} {targets}"
+
+    async def go() -> tuple[int, bytes]:
+        proc = await sandbox.start(networked, ["sh", "-c", f"({later}) & exit 0"],
+                                   Jail(bundle=Path("/tmp"), outlive_command=True),
+                                   environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        assert proc.stdout is not None
+        code = await asyncio.wait_for(proc.wait(), 60)  # bwrap: at once, with its command
+        return code, await asyncio.wait_for(proc.stdout.read(), 60)  # the background process's, 1.5 s later
+
+    code, out = asyncio.run(go())
+    assert code == 0 and json.loads(out) == ["ok"], out
