@@ -62,7 +62,11 @@ def main() -> None:
                  "replica_credentials_ttl_s": args.replica_credentials_ttl}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 
-    # uvicorn binds the port itself: sockets handed to it skip TCP_NODELAY, costing 40 ms per kept-alive call.
+    try:  # before anything starts: a port another process holds ends this start at once, not after NATS
+        listening = _listening_socket(args.host, args.port, reuse_port=args.reuse_port)
+    except OSError as exc:
+        hint = "" if args.reuse_port else " (several control planes share one port with --reuse-port, each of them)"
+        parser.exit(1, f"ember_platform: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}\n")
     config = uvicorn.Config(create_app(settings, on_first_token=_announce), host=args.host, port=args.port,
                             log_level="warning",
                             access_log=False, timeout_graceful_shutdown=10,
@@ -70,8 +74,7 @@ def main() -> None:
     server = uvicorn.Server(config)
 
     async def serve() -> None:
-        sockets = [_reuse_port_socket(args.host, args.port)] if args.reuse_port else None
-        task = asyncio.create_task(server.serve(sockets=sockets))
+        task = asyncio.create_task(server.serve(sockets=[listening]))
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
@@ -99,15 +102,16 @@ def settle_gc() -> None:
     _gc.settle(GC_THRESHOLDS)
 
 
-def _reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A listening address shared with the other processes that bind it with SO_REUSEPORT. ``IPPROTO_TCP`` so that
-    asyncio turns Nagle's algorithm off on the connections it accepts (a socket of protocol 0 would cost a kept-alive
-    call 40 ms)."""
+def _listening_socket(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    """The control plane's address, bound; with ``reuse_port``, shared with the other processes that bind it with
+    SO_REUSEPORT (the kernel spreads the connections among them). ``IPPROTO_TCP`` so that asyncio turns Nagle's
+    algorithm off on the connections it accepts (a socket of protocol 0 would cost a kept-alive call 40 ms)."""
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind(address)
     except OSError:
         sock.close()

@@ -28,9 +28,10 @@ _CREDS = struct.Struct("iII")  # struct ucred: pid, uid, gid
 
 
 def socket_pair() -> tuple[socket.socket, socket.socket]:
-    """(the agent's end, the end the process inherits)."""
+    """(the agent's end, non-blocking: ``answer`` waits on the loop, never in it; the end the process inherits)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    ours.setblocking(False)
     theirs.set_inheritable(True)
     return ours, theirs
 

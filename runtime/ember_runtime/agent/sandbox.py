@@ -463,6 +463,10 @@ async def _discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[byt
             os.killpg(child, signal.SIGKILL)
     with contextlib.suppress(Exception, asyncio.CancelledError):
         await asyncio.wait_for(proc.wait(), DISCARD_WAIT_S)
+    for output in (proc.stdout, proc.stderr):  # to their end: the process's transport then closes itself
+        if output is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(output.read(), DISCARD_WAIT_S)
 
 
 def _read_all(fd: int) -> bytes:

@@ -85,14 +85,48 @@ def networked(node_sandbox: Sandbox, servers: tuple[int, int]) -> Sandbox:
     return found
 
 
+def _ours() -> Path:
+    """This process's folder of pasta pid files and doors (the agent's, here the test's)."""
+    return netns.RUN_ROOT / str(os.getpid())
+
+
+def _pastas() -> set[str]:
+    """The pids of the pastas this process started: their pid file, in its folder, is on their command line."""
+    marker = f"--pid {_ours()}/".encode()
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
+                found.add(pid)
+    return found
+
+
+def _doors() -> set[Path]:
+    return set(_ours().glob("door-*"))
+
+
+async def _ended(pastas: set[str], doors: set[Path]) -> None:
+    """Wait, the loop still running (it sees the sandbox's first process exit), until none of ``pastas`` and
+    none of ``doors`` is left."""
+    await asyncio.to_thread(wait_for, lambda: not (_pastas() & pastas), timeout_s=30,
+                            what="pasta to end once its sandbox did")
+    await asyncio.to_thread(wait_for, lambda: not (_doors() & doors), timeout_s=30,
+                            what="the sandbox's door to go with it")
+
+
 def _reach(box: Sandbox, targets: list[tuple[str, int]], *, blocked: bool = False) -> list[str]:
+    """What the sandbox's connections to ``targets`` gave; its pasta and door have ended when this returns."""
     async def go() -> bytes:
+        before = (_pastas(), _doors())
         proc = await sandbox.start(box, [sys.executable, "-c", REACH, json.dumps(targets)],
                                    Jail(bundle=Path(os.environ.get("TMPDIR", "/tmp")), block_network=blocked),
                                    environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        started = (_pastas() - before[0], _doors() - before[1])
+        assert started[1] or not box.own_network_for(Jail(bundle=Path("/tmp"), block_network=blocked))
         assert proc.stdout is not None
         out = await asyncio.wait_for(proc.stdout.read(), 60)
         assert await proc.wait() == 0
+        await _ended(*started)
         return out
 
     return list(json.loads(asyncio.run(go())))
@@ -130,40 +164,44 @@ def test_by_default_only_block_network_sandboxes_get_a_network_of_their_own(netw
 
 
 def test_pasta_ends_with_its_sandbox(networked, servers) -> None:
-    _reach(networked, [("door", servers[0])])
-    marker = str(netns.RUN_ROOT / str(os.getpid())).encode()  # its pid file's folder, on its command line
+    """Its pasta and its door run while the sandbox does and end with it (``_reach`` waits for that), leaving
+    nothing behind."""
+    seen: list[tuple[set[str], set[Path]]] = []
+    hold = "import time; print('up', flush=True); time.sleep(600)"
 
-    def pastas() -> list[str]:
-        found = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                if marker in Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "):
-                    found.append(pid)
-            except OSError:
-                continue
-        return found
+    async def go() -> None:
+        before = (_pastas(), _doors())
+        proc = await sandbox.start(networked, [sys.executable, "-c", hold], Jail(bundle=Path("/tmp")),
+                                   environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        assert proc.stdout is not None
+        assert await asyncio.wait_for(proc.stdout.readline(), 60) == b"up\n"
+        seen.append((_pastas() - before[0], _doors() - before[1]))
+        proc.send_signal(signal.SIGKILL)  # its whole group: the way the agent ends a replica
+        await proc.wait()
+        await _ended(*seen[0])
 
-    wait_for(lambda: not pastas(), timeout_s=30, what="pasta to end once its sandbox did")
-    doors = netns.RUN_ROOT / str(os.getpid())
-    wait_for(lambda: not list(doors.glob("door-*")), timeout_s=30, what="the sandbox's door to go with it")
+    asyncio.run(go())
+    assert len(seen[0][0]) == 1 and len(seen[0][1]) == 1  # while it ran: one pasta, one door
 
 
 def test_a_sandboxs_door_is_its_own(networked, servers) -> None:
     """Each sandbox sees its own door's folder alone: not the agent's folder of doors, not another's door."""
     look = ("import json, os; d = os.environ['EMBER_NATS_DOOR']; print(json.dumps([d, os.listdir(os.path.dirname(d)),"
             f" os.path.exists({str(netns.RUN_ROOT)!r}), os.stat(d).st_ino]))")
-    doors = netns.RUN_ROOT / str(os.getpid())
 
     async def both() -> list[bytes]:
-        procs = [await sandbox.start(networked, [sys.executable, "-c", look], Jail(bundle=Path("/tmp")),
-                                     environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
-                 for _ in range(2)]
+        before = _doors()
+        procs, theirs = [], set()
+        for _ in range(2):
+            procs.append(await sandbox.start(networked, [sys.executable, "-c", look], Jail(bundle=Path("/tmp")),
+                                             environment({}, sandboxed=True), partial(sandbox.prepare_child, None)))
+            theirs |= _doors() - before
         outs = []
         for proc in procs:
             assert proc.stdout is not None and proc.stderr is not None
             outs.append(await asyncio.wait_for(proc.stdout.read(), 60))
             assert await proc.wait() == 0, await proc.stderr.read()
-        await asyncio.to_thread(wait_for, lambda: not list(doors.glob("door-*")), timeout_s=30, what="doors gone")
+        await _ended(set(), theirs)
         return outs
 
     seen = [json.loads(out) for out in asyncio.run(both())]
