@@ -20,6 +20,10 @@ from ember_platform.config import Settings
 from ember_platform.gateway.asgi import create_app
 from ember_platform.secrets.key import SecretsKeyError, read_key
 
+# An idle kept-alive connection is closed after this long: more than a client's or a load balancer's own idle
+# limit (httpx: 5 s, uvicorn's default too; AWS ALB: 60 s), so that the client always closes first. Otherwise a
+# request sent as the server closes meets "Server disconnected" (a POST is not retried).
+KEEP_ALIVE_S = 75
 GC_THRESHOLDS = (20_000, 50, 100)  # the cyclic collector's, for the control plane once it serves (``settle_gc``)
 
 
@@ -70,6 +74,7 @@ def main() -> None:
     config = uvicorn.Config(create_app(settings, on_first_token=_announce), host=args.host, port=args.port,
                             log_level="warning",
                             access_log=False, timeout_graceful_shutdown=10,
+                            timeout_keep_alive=KEEP_ALIVE_S,
                             proxy_headers=False)  # nothing reads the client's address; saves a layer per call
     server = uvicorn.Server(config)
 

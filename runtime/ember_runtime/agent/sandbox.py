@@ -461,12 +461,9 @@ async def _discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[byt
     if child := _child_pid(info):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child, signal.SIGKILL)
-    with contextlib.suppress(Exception, asyncio.CancelledError):
-        await asyncio.wait_for(proc.wait(), DISCARD_WAIT_S)
-    for output in (proc.stdout, proc.stderr):  # to their end: the process's transport then closes itself
-        if output is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(output.read(), DISCARD_WAIT_S)
+    for ending in (proc.wait(), *(out.read() for out in (proc.stdout, proc.stderr) if out is not None)):
+        with contextlib.suppress(Exception, asyncio.CancelledError):  # outputs read out: its transport then closes
+            await asyncio.wait_for(ending, DISCARD_WAIT_S)
 
 
 def _read_all(fd: int) -> bytes:

@@ -336,12 +336,16 @@ def test_a_sandboxs_door_lasts_while_any_of_its_processes_does(networked, server
     later = f"sleep 1.5; exec {sys.executable} -c {shlex.quote(REACH)} {targets}"
 
     async def go() -> tuple[int, bytes]:
+        before = (_pastas(), _doors())
         proc = await sandbox.start(networked, ["sh", "-c", f"({later}) & exit 0"],
                                    Jail(bundle=Path("/tmp"), outlive_command=True),
                                    environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        started = (_pastas() - before[0], _doors() - before[1])
         assert proc.stdout is not None
         code = await asyncio.wait_for(proc.wait(), 60)  # bwrap: at once, with its command
-        return code, await asyncio.wait_for(proc.stdout.read(), 60)  # the background process's, 1.5 s later
+        out = await asyncio.wait_for(proc.stdout.read(), 60)  # the background process's, 1.5 s later
+        await _ended(*started)  # and then they go
+        return code, out
 
     code, out = asyncio.run(go())
     assert code == 0 and json.loads(out) == ["ok"], out
