@@ -40,7 +40,7 @@ from typing import Any, Literal
 import ember
 import ember_runtime
 from ember._procs import die_with_parent
-from ember_runtime.agent import netns
+from ember_runtime.agent import netns, reap
 from ember_runtime.agent.cgroups import MemoryCgroups
 
 log = logging.getLogger("ember.agent")
@@ -77,7 +77,6 @@ NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "
                  "/dev/nvidia-caps")
 
 OPEN_FILES = 65536
-DISCARD_WAIT_S = 5.0  # what a sandbox whose start was abandoned is given to say its pid, and to exit
 PROCESSES = 16384
 
 
@@ -432,15 +431,15 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     try:
         info = await asyncio.shield(reading)
         if sandbox.network is not None and own:
-            pasta = await netns.attach(sandbox.network, _child_pid(info), blocked=jail.block_network)
+            pasta = await netns.attach(sandbox.network, reap.child_pid(info), blocked=jail.block_network)
     except BaseException:  # cancelled while it started (its slot was stopped), or no network: nobody knows of it
         _close(block_w)
         netns.stop(pasta, door)
-        await _discard(proc, reading)
+        await reap.discard(proc, reading)
         raise
-    netns.stop_after(_child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
+    netns.stop_after(reap.child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
     _close(block_w)  # go on
-    return SandboxedProcess(proc, _child_pid(info) or proc.pid)
+    return SandboxedProcess(proc, reap.child_pid(info) or proc.pid)
 
 
 def _close(*fds: int) -> None:
@@ -448,22 +447,6 @@ def _close(*fds: int) -> None:
         if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-async def _discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:
-    """Kill a sandbox whose start was abandoned: bwrap (its command dies with it, ``--die-with-parent``), then,
-    once bwrap has said which process that was, the command's own group (a zygote's outlives bwrap)."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.kill()
-    info = b""
-    with contextlib.suppress(Exception, asyncio.CancelledError):  # bwrap wrote it, or closed the pipe dying
-        info = await asyncio.wait_for(asyncio.shield(reading), DISCARD_WAIT_S)
-    if child := _child_pid(info):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(child, signal.SIGKILL)
-    for ending in (proc.wait(), *(out.read() for out in (proc.stdout, proc.stderr) if out is not None)):
-        with contextlib.suppress(Exception, asyncio.CancelledError):  # outputs read out: its transport then closes
-            await asyncio.wait_for(ending, DISCARD_WAIT_S)
 
 
 def _read_all(fd: int) -> bytes:
@@ -474,13 +457,6 @@ def _read_all(fd: int) -> bytes:
     finally:
         os.close(fd)
     return b"".join(chunks)
-
-
-def _child_pid(info: bytes) -> int:
-    with contextlib.suppress(ValueError, TypeError, AttributeError):
-        found: Any = json.loads(info).get("child-pid", 0)
-        return int(found)
-    return 0
 
 
 def volume_env(mounts: Iterable[tuple[Path, str]], *, sandboxed: bool) -> dict[str, str]:

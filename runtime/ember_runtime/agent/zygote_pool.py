@@ -33,7 +33,7 @@ import msgspec
 
 from ember.wire import ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
-from ember_runtime.agent import sandbox
+from ember_runtime.agent import reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
@@ -327,7 +327,7 @@ class Zygote:
         try:
             return ForkedProcess(pid, conn, await _reader(out_r), await _reader(err_r))
         except BaseException:  # cancelled (its slot was stopped) after the child went on: it must not run unseen
-            _kill_forked(pid)
+            reap.kill_group(pid)  # it leads its own session from before it is told to go on
             conn.close()
             raise
 
@@ -473,10 +473,3 @@ class ZygotePool:
         for fd in (self._lifeline_w, self._lifeline):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _kill_forked(pid: int) -> None:
-    """SIGKILL a forked replica and its group (it leads its own session from before it is told to go on)."""
-    for kill in (os.killpg, os.kill):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)

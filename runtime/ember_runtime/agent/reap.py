@@ -1,0 +1,57 @@
+"""Ending what a start left behind: a sandbox whose start was abandoned, a forked replica nobody will hear of."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+WAIT_S = 5.0  # what a sandbox whose start was abandoned is given to say its pid, and to exit
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL ``pid`` and the process group it leads (a sandbox's first process, a forked replica: each leads
+    its own session, where every process it started is)."""
+    for kill in (os.killpg, os.kill):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            kill(pid, signal.SIGKILL)
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` (one thread) started and that run still; [] where the kernel does not list them."""
+    with contextlib.suppress(OSError, ValueError):
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    return []
+
+
+def child_pid(info: bytes) -> int:
+    """The sandbox's first process on this node, from what bwrap wrote to its ``--info-fd`` (0 if it did not)."""
+    with contextlib.suppress(ValueError, TypeError, AttributeError):
+        found: Any = json.loads(info).get("child-pid", 0)
+        return int(found)
+    return 0
+
+
+async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:
+    """Kill a sandbox whose start was abandoned: bwrap, stopped first so that it starts nothing more, then each
+    process it had started, with its group (a zygote's outlives bwrap, and it may run before bwrap said which it
+    is: ``reading``, its ``--info-fd``). Its output is read to the end, so that its transport closes."""
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGSTOP)
+    started = children(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    for child in started:
+        kill_group(child)
+    info = b""
+    with contextlib.suppress(Exception, asyncio.CancelledError):  # bwrap wrote it, or closed the pipe dying
+        info = await asyncio.wait_for(asyncio.shield(reading), WAIT_S)
+    if child := child_pid(info):
+        kill_group(child)
+    for ending in (proc.wait(), *(out.read() for out in (proc.stdout, proc.stderr) if out is not None)):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(ending, WAIT_S)
