@@ -63,3 +63,29 @@ def test_calls_there_together_come_together_up_to_the_room(platform, monkeypatch
     first, second = asyncio.run(scenario())
     assert first == [b"%d" % i for i in range(6)]
     assert second == [b"%d" % i for i in range(6, 10)]
+
+
+def test_an_empty_pull_ends_in_nats_timeout_whichever_way_the_client_timed_out(platform, monkeypatch):
+    """nats-py ends an empty fetch with its own TimeoutError, or with the builtin one where its wait ran out
+    between its two requests: ``pull`` raises the first for both. Before, the second reached the queue worker as
+    a failure (a warning, then half a second before its next pull)."""
+    monkeypatch.setattr(queue_worker, "FETCH_WAIT_S", 0.0005)  # shorter than the first request's round trip
+
+    async def scenario() -> list[str]:
+        nc = await admin_connect(platform.nats_url)
+        try:
+            sub = await _stream(nc, "PULLNONE")
+            seen = []
+            for _ in range(20):
+                try:
+                    seen.append(f"{len(await pull(sub, 6))} messages")
+                except NatsTimeoutError:
+                    seen.append("nats timeout")
+                except TimeoutError:
+                    seen.append("builtin timeout")
+            return seen
+        finally:
+            await nc.jetstream().delete_stream("PULLNONE")
+            await nc.close()
+
+    assert set(asyncio.run(scenario())) == {"nats timeout"}

@@ -307,8 +307,16 @@ class QueueWorker:
 async def pull(sub: Any, room: int) -> list[Msg]:
     """Up to ``room`` calls from a pull subscription, waiting up to ``FETCH_WAIT_S`` on the server for the first;
     what is there comes back at once (a lone call is not held until the pull expires or ``room`` calls came).
-    Raises nats' TimeoutError when no call came."""
-    msgs: list[Msg] = await sub.fetch(room, timeout=FETCH_WAIT_S)
+    Raises nats' TimeoutError when no call came (nats-py raises the builtin one where its wait ran out between
+    its two requests)."""
+    try:
+        msgs: list[Msg] = await sub.fetch(room, timeout=FETCH_WAIT_S)
+    except NatsTimeoutError:
+        raise
+    except TimeoutError as exc:
+        raise NatsTimeoutError from exc
+    if not msgs:  # its wait ran out as the server said it had none
+        raise NatsTimeoutError
     return msgs
 
 
