@@ -28,6 +28,19 @@ def children(pid: int) -> list[int]:
     return []
 
 
+async def _stopped(pid: int, within_s: float = 1.0) -> None:
+    """Until ``pid`` is stopped (or gone), ``within_s`` at most."""
+    deadline = asyncio.get_running_loop().time() + within_s
+    while asyncio.get_running_loop().time() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("T", "t", "Z", "X"):
+            return
+        await asyncio.sleep(0.001)
+
+
 def child_pid(info: bytes) -> int:
     """The sandbox's first process on this node, from what bwrap wrote to its ``--info-fd`` (0 if it did not)."""
     with contextlib.suppress(ValueError, TypeError, AttributeError):
@@ -36,12 +49,22 @@ def child_pid(info: bytes) -> int:
     return 0
 
 
+async def spawned(spawning: asyncio.Future[asyncio.subprocess.Process]) -> asyncio.subprocess.Process | None:
+    """The process ``spawning`` (``create_subprocess_exec``, shielded from a cancel) started, once it has; None
+    where it failed."""
+    try:
+        return await spawning
+    except Exception:
+        return None
+
+
 async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:
     """Kill a sandbox whose start was abandoned: bwrap, stopped first so that it starts nothing more, then each
     process it had started, with its group (a zygote's outlives bwrap, and it may run before bwrap said which it
     is: ``reading``, its ``--info-fd``). Its output is read to the end, so that its transport closes."""
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGSTOP)
+    await _stopped(proc.pid)  # a signal takes effect as the process next runs: a clone under way completes first
     started = children(proc.pid)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()

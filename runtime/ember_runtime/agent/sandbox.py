@@ -415,17 +415,23 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     block_r, block_w = os.pipe() if sandbox.own_network_for(jail) else (-1, -1)
     own = (block_r,) if block_r >= 0 else ()
     jail, env, door = netns.with_door(sandbox.network if own else None, jail, env)  # its own way to NATS
+    spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
+        *sandbox.argv(command, jail, info_fd=info_w, block_fd=block_r if own else None),
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=env, start_new_session=True, pass_fds=(info_w, *own, *pass_fds), preexec_fn=preexec))
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *sandbox.argv(command, jail, info_fd=info_w, block_fd=block_r if own else None),
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            env=env, start_new_session=True, pass_fds=(info_w, *own, *pass_fds), preexec_fn=preexec)
+        proc = await asyncio.shield(spawning)  # cancelled meanwhile, bwrap may have started all the same
     except BaseException:
-        _close(info_r, block_w)
-        netns.stop(door)
-        raise
-    finally:
         _close(info_w, block_r)
+        if (started := await reap.spawned(spawning)) is None:
+            _close(info_r, block_w)
+            netns.stop(door)
+        else:  # a zygote's command outlives bwrap, which asyncio's own clean-up kills: it must not run unseen
+            await reap.discard(started, asyncio.ensure_future(asyncio.to_thread(_read_all, info_r)))
+            _close(block_w)
+            netns.stop(door)
+        raise
+    _close(info_w, block_r)
     reading = asyncio.ensure_future(asyncio.to_thread(_read_all, info_r))
     pasta = None
     try:

@@ -21,7 +21,8 @@ from ember_runtime.agent.sandbox import Jail, environment
 
 
 def _running(marker: str) -> list[int]:
-    """Processes whose command line holds ``marker`` (not zombies)."""
+    """The sandboxed command's processes (an interpreter whose command line holds ``marker``, not bwrap, whose
+    own command line holds it too), not zombies."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -29,7 +30,7 @@ def _running(marker: str) -> list[int]:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker.encode() in cmdline and state != "Z":
+        if marker.encode() in cmdline and cmdline.split(b"\0")[0] == sys.executable.encode() and state != "Z":
             found.append(int(pid))
     return found
 
@@ -95,3 +96,19 @@ def test_a_zygotes_sandbox_is_killed_though_bwrap_never_said_which_process_it_wa
         _abandon(node_sandbox, Jail(bundle=tmp_path / "bundle", outlive_command=True), said.set)
     finally:
         said.set()
+
+
+def test_a_sandbox_cancelled_while_asyncio_spawns_it_is_killed(node_sandbox, tmp_path, monkeypatch):
+    """The cancel may come while ``create_subprocess_exec`` itself is under way (bwrap forked, its pipes being
+    connected). Before, asyncio's clean-up killed bwrap alone: a zygote's command, which outlives bwrap, ran on
+    unseen, holding its output open."""
+    spawn = asyncio.create_subprocess_exec
+
+    async def slow_spawn(*args, **kwargs):  # the window in which the slot may be stopped, widened
+        proc = await spawn(*args, **kwargs)
+        await asyncio.sleep(2.0)
+        return proc
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", slow_spawn)
+    (tmp_path / "bundle").mkdir()
+    _abandon(node_sandbox, Jail(bundle=tmp_path / "bundle", outlive_command=True))
