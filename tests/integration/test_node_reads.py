@@ -240,3 +240,47 @@ def test_a_builds_grant_opens_its_bundle_to_its_node_alone(platform, hello) -> N
     assert seen["made up"] == (b"", NOT_FOUND) and seen["another node's"] == (b"", NOT_FOUND)
     data, error = seen["its own"]  # the positive twin: a control plane that asked for no build answers it
     assert error == "" and hashlib.sha256(data).hexdigest() == bundle
+
+
+def test_a_nodes_malformed_or_hostile_reads_are_answered_not_found_and_reads_go_on(platform, hello) -> None:
+    """The fetch subject's requests are a node's words: bodies that are not a FetchRequest, unknown kinds, names
+    that are paths or NATS wildcards, offsets before the start or past the end. Each gets "not found" (or, past
+    the end, an empty piece and the size), never an exception, and the node's own reads go on."""
+    node = platform.node_id
+    bundle = next(s.bundle_sha256 for s in _assignment(platform).slots if s.app == hello.app)
+    hostile = {
+        "not json": b"\xff\x00{",
+        "a list": b"[1, 2]",
+        "no kind": b'{"name": "x"}',
+        "unknown kind": b'{"kind": "secret", "name": "team-b-db"}',
+        "kind not a string": b'{"kind": 7}',
+        "offset not a number": msgspec.json.encode({"kind": "bundle", "name": bundle, "offset": "0"}),
+        "a path": msgspec.json.encode({"kind": "bundle", "name": f"../{bundle}"}),
+        "a wildcard": msgspec.json.encode({"kind": "chunk", "name": ">"}),
+        "a volume key with a wildcard": msgspec.json.encode({"kind": "volume", "name": "*.1"}),
+        "deep": b'{"kind": "bundle", "name": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+    }
+
+    async def ask(nc: nats.NATS, body: bytes) -> tuple[bytes, dict[str, str]]:
+        msg = await nc.request(subjects.node_fetch(node), body, timeout=30)
+        return msg.data, dict(msg.headers or {})
+
+    async def as_node() -> dict[str, tuple[bytes, dict[str, str]]]:
+        nc = await _node(platform, node, [])
+        try:
+            seen = {what: await ask(nc, body) for what, body in hostile.items()}
+            for what, offset in (("before the start", -5), ("past the end", 10**12)):
+                seen[what] = await ask(nc, msgspec.json.encode({"kind": "bundle", "name": bundle, "offset": offset}))
+            seen["then its own read"] = await ask(nc, msgspec.json.encode({"kind": "bundle", "name": bundle}))
+            return seen
+        finally:
+            await nc.close()
+
+    seen = asyncio.run(as_node())
+    gc.collect()
+    for what in hostile:
+        assert seen[what] == (b"", {ERROR_HEADER: NOT_FOUND}), (what, seen[what])
+    whole, headers = seen["then its own read"]
+    assert ERROR_HEADER not in headers and hashlib.sha256(whole).hexdigest() == bundle
+    assert seen["past the end"] == (b"", {SIZE_HEADER: str(len(whole))})
+    assert seen["before the start"] == (whole, {SIZE_HEADER: str(len(whole))})  # read from its start

@@ -186,9 +186,9 @@ class Sandbox:
                 environment({}, {"PATH": os.defpath}))
         except netns.NetworkUnavailable as exc:
             return self._shared_network(str(exc))
-        log.info("%s a network of its own (%s; NATS %s)",
+        log.info("%s a network of its own (%s; NATS through each sandbox's door, to %s)",
                  "each sandbox has" if own_for_all else "the sandboxes of block_network=True functions have", pasta,
-                 f"forwarded from port {network.nats_port}" if network.nats_port else "reached outbound")
+                 ", ".join(f"{host}:{port}" for host, port in sorted(network.nats_servers)) or "no server")
         return candidate
 
     def _shared_network(self, why: str) -> Sandbox:

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import logging
 import os
 import shlex
 import signal
@@ -349,3 +350,16 @@ def test_a_sandboxs_door_lasts_while_any_of_its_processes_does(networked, server
 
     code, out = asyncio.run(go())
     assert code == 0 and json.loads(out) == ["ok"], out
+
+
+def test_the_node_says_its_sandboxes_reach_nats_through_their_doors(node_sandbox, servers, caplog) -> None:
+    """The agent's start line names the way a sandbox reaches NATS: its door, to NATS' servers (before, it said
+    "forwarded from port N", which pasta no longer does)."""
+    if netns.find_pasta() is None:
+        pytest.skip("pasta is not installed (Debian's passt package)")
+    caplog.set_level(logging.INFO, logger=sandbox.log.name)
+    found = node_sandbox.with_network(f"nats://127.0.0.1:{servers[0]}")
+    if found.network is None:
+        pytest.skip(f"pasta cannot give a sandbox its own network here: {found.network_why_not}")
+    (line,) = [r.getMessage() for r in caplog.records if "a network of its own" in r.getMessage()]
+    assert f"NATS through each sandbox's door, to 127.0.0.1:{servers[0]}" in line and "forwarded" not in line
