@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ember_runtime import pidwatch
+
 log = logging.getLogger("ember.agent")
 DOOR = "/run/ember-nats"  # where a sandbox sees its door's folder
 DOOR_ENV = "EMBER_NATS_DOOR"  # the door's socket, inside the sandbox
@@ -118,19 +120,7 @@ class Door:
 
     def stop_after(self, pid: int) -> None:
         """Close once process ``pid`` (the sandbox's first process) exits, seen by the running loop."""
-        try:
-            watched = os.pidfd_open(pid)
-        except OSError:
-            self.stop()
-            return
-        loop = asyncio.get_running_loop()
-
-        def release() -> None:
-            loop.remove_reader(watched)
-            os.close(watched)
-            self.stop()
-
-        loop.add_reader(watched, release)
+        pidwatch.when_exits(pid, self.stop)
 
 
 async def _connect(server: tuple[str, int]) -> socket.socket:

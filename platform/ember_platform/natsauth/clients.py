@@ -31,7 +31,7 @@ import hashlib
 import hmac
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +231,7 @@ class EventClients:
 
     async def start(self) -> None:
         self._handled = self._revoked()  # cut by the control planes that ran then; their reconnects are refused
-        self._task = asyncio.create_task(self._sweep_every(), name="event-clients-sweep")
+        self._task = asyncio.create_task(sweep_every(self.sweep, "revoked tokens"), name="event-clients-sweep")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -288,12 +288,14 @@ class EventClients:
             log.info("cut %d connections of revoked token %s", cut, token_id)
         return cut
 
-    async def _sweep_every(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_S)
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("sweeping the connections of revoked tokens failed; trying again")
+
+async def sweep_every(sweep: Callable[[], Awaitable[int]], whose: str) -> None:
+    """``sweep()`` every ``SWEEP_S`` until cancelled; a pass that fails is logged, and the next one tries again."""
+    while True:
+        await asyncio.sleep(SWEEP_S)
+        try:
+            await sweep()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("sweeping the connections of %s failed; trying again", whose)

@@ -21,7 +21,7 @@ from nats.errors import Error as NatsError
 from ember.wire import NodeAssignment
 from ember.wire.jetstream import KVMirror
 from ember.wire.natscreds import replica_user
-from ember_platform.natsauth.clients import SWEEP_S, Kicker
+from ember_platform.natsauth.clients import Kicker, sweep_every
 
 log = logging.getLogger("ember.natsauth")
 DRAIN_GRACE_S = 30.0  # the agent gives a stopping replica 25 s before it kills it
@@ -40,7 +40,8 @@ class UnassignedReplicas:
 
     async def start(self) -> None:
         self._seen = self._assigned()
-        self._task = asyncio.create_task(self._sweep_every(), name="unassigned-replicas-sweep")
+        self._task = asyncio.create_task(sweep_every(self.sweep, "unassigned replicas"),
+                                         name="unassigned-replicas-sweep")
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -78,13 +79,3 @@ class UnassignedReplicas:
                 log.info("cut %d connections of unassigned replica %s", kicked, user)
             cut += kicked
         return cut
-
-    async def _sweep_every(self) -> None:
-        while True:
-            await asyncio.sleep(SWEEP_S)
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("sweeping the connections of unassigned replicas failed; trying again")

@@ -106,10 +106,9 @@ class DeclaredUsage:
         """An entry is the memory of the processes holding it open, as a driver's context is (their pids on this
         node: a sandboxed process knows only its own namespace's); held by none, of the process its name says."""
         sample: Sample = {uuid: {} for uuid in devices if uuid in self.devices}
-        holders = _holders(self.table)
-        for entry in self.table.iterdir():
-            if entry.name.startswith("."):  # being written
-                continue
+        entries = [entry for entry in self.table.iterdir() if not entry.name.startswith(".")]  # "." : being written
+        holders = _holders(self.table)  # after the listing: an entry renamed into place meanwhile is seen held
+        for entry in entries:
             pids = holders.get(entry.name) or ({int(entry.name)} if entry.name.isdigit() else set())
             pids = {pid for pid in pids if _alive(pid)}
             if not pids:  # the driver frees a process's memory when it exits

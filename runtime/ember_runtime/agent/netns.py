@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ember_runtime import natsdoor
+from ember_runtime import natsdoor, pidwatch
 
 log = logging.getLogger("ember.agent")
 ATTACH_TIMEOUT_S = 30.0  # pasta attaches in tens of milliseconds; a loaded node may take longer
@@ -192,19 +192,7 @@ class Pasta:
 
     def stop_after(self, pid: int) -> None:
         """Stop once process ``pid`` (alive when this is called: no reuse of its number) exits, seen by the loop."""
-        try:
-            watched = os.pidfd_open(pid)
-        except OSError:  # gone already
-            self.stop()
-            return
-        loop = asyncio.get_running_loop()
-
-        def release() -> None:
-            loop.remove_reader(watched)
-            os.close(watched)
-            self.stop()
-
-        loop.add_reader(watched, release)
+        pidwatch.when_exits(pid, self.stop)
 
     def stop(self) -> None:
         if self._pidfd < 0:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from support.nvml import NVMLError
 
+from ember_runtime.agent import gpu_usage
 from ember_runtime.agent.gpu_usage import DeclaredUsage, NvmlUsage, process_trees
 from ember_runtime.agent.memory_watch import Breach, MemoryWatch, Reservation, replica_usage
 
@@ -274,3 +275,28 @@ def test_an_nvml_failure_reaches_the_watch() -> None:
     nvml.nvmlDeviceGetComputeRunningProcesses_v3 = lost
     with pytest.raises(NVMLError, match="GPU is lost"):
         NvmlUsage(nvml).sample(["GPU-0"])
+
+
+def test_an_entry_renamed_into_place_while_the_driver_samples_is_kept(tmp_path: Path, monkeypatch) -> None:
+    """A process writes its entry under a dot name, then renames it into place, holding it open. Before, the
+    driver scanned /proc for holders first and listed the table after: an entry renamed in between (a slow scan,
+    on a loaded node) was listed with no holder found and deleted as a dead process's, so the memory it declared
+    was never counted (the enforcement test's missing restart)."""
+    table = tmp_path / "table"
+    usage = DeclaredUsage(table, ["GPU-0"])
+    fd = os.open(table / ".entry", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.write(fd, json.dumps({"GPU-0": 100}).encode())
+    scan = gpu_usage._holders
+
+    def renamed_during_the_scan(where: Path, *args: Any) -> dict[str, set[int]]:
+        held = scan(where, *args)
+        os.rename(table / ".entry", table / "entry")  # the writer, while the driver reads /proc
+        return held
+
+    try:
+        monkeypatch.setattr(gpu_usage, "_holders", renamed_during_the_scan)
+        usage.sample(["GPU-0"])
+        monkeypatch.setattr(gpu_usage, "_holders", scan)
+        assert usage.sample(["GPU-0"]) == {"GPU-0": {os.getpid(): 100}}
+    finally:
+        os.close(fd)
