@@ -1,0 +1,43 @@
+"""Where a test failed waiting for a replica to be ready ("... not ready after ..."), the Python stacks of this
+machine's node agents and replicas, with py-spy, added to the test's report: that wait has failed under the full
+suite's load with nothing in the agent's log, and the stacks at that moment say where each process was."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+MODULES = {b"ember_runtime.agent", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}
+MAX_PROCESSES = 40
+
+
+def _processes() -> list[tuple[int, str]]:
+    """(pid, command line) of each Python process running one of ``MODULES`` (``python -m MODULE``)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES:
+            found.append((int(pid), b" ".join(argv).decode(errors="replace")[:240]))
+    return found[:MAX_PROCESSES]
+
+
+def dump() -> str:
+    """The stacks of the agents, replicas and zygotes running now; a line saying why not, where py-spy cannot."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return "py-spy is not installed: no stacks"
+    parts = []
+    for pid, command in _processes():
+        try:
+            done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20,
+                                  check=False)
+            parts.append(f"===== {pid} {command}\n{done.stdout}{done.stderr[-500:]}")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            parts.append(f"===== {pid} {command}\npy-spy: {exc}")
+    return "\n".join(parts) or "no agent, replica or zygote process runs"
