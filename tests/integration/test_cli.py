@@ -7,12 +7,12 @@ import queue
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from support.paths import REPO
+from support.streams import read_lines
 
 pytestmark = pytest.mark.integration
 EMBER = [sys.executable, "-m", "ember.cli"]
@@ -64,8 +64,7 @@ def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path, ember_cl
     cmd = [*EMBER, "dev", str(REPO / "examples" / "hello" / "hello.py"), "--port", "0", "--state-dir", str(state)]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as dev:
         lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(line) for line in dev.stdout], daemon=True)  # type: ignore[union-attr]
-        reader.start()
+        reader = read_lines(dev.stdout, lines.put)
         try:
             url = token = ""
             deadline = time.monotonic() + 120

@@ -8,11 +8,11 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.streams import read_lines
 
 pytestmark = pytest.mark.integration
 EMBER = [sys.executable, "-m", "ember.cli"]
@@ -46,8 +46,7 @@ def test_a_free_port_is_where_ember_dev_serves(taken: socket.socket, tmp_path: P
     cmd = [*EMBER, "dev", "--port", str(port), "--state-dir", str(tmp_path / "dev-state")]
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as dev:
         lines: queue.Queue[str] = queue.Queue()
-        reader = threading.Thread(target=lambda: [lines.put(line) for line in dev.stdout], daemon=True)  # type: ignore[union-attr]
-        reader.start()
+        reader = read_lines(dev.stdout, lines.put)
         try:
             said = ""
             while not said.startswith("Ember is running at "):

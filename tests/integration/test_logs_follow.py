@@ -17,6 +17,7 @@ import httpx
 import pytest
 from support.auth import bearer
 from support.polling import wait_for
+from support.streams import read_lines
 
 pytestmark = pytest.mark.integration
 
@@ -182,7 +183,7 @@ def test_ember_logs_follow_prints_lines_as_they_come(hello, http, platform):
                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                           env={**os.environ, "EMBER_URL": platform.url, "EMBER_TOKEN": platform.token}) as proc:
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(out) for out in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+        read_lines(proc.stdout, lines.put)
         name = f"Cli-{uuid.uuid4().hex[:6]}"
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

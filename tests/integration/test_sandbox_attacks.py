@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from support.polling import wait_for
+from support.streams import read_lines
 
 from ember._client import Transport
 from ember._deploy import deploy
@@ -365,8 +366,7 @@ def test_ember_dev_says_in_its_own_output_when_sandboxes_share_the_machines_netw
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                           start_new_session=True) as dev:
         lines: list[str] = []
-        reader = threading.Thread(target=lambda: lines.extend(iter(dev.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
-        reader.start()
+        reader = read_lines(dev.stdout, lines.append)
         try:
             wait_for(lambda: any(line.startswith("export EMBER_TOKEN=") for line in lines), timeout_s=120,
                      what="ember dev to be up")
