@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 MODULES = {b"ember_runtime.agent", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}
-MAX_PROCESSES = 40
+MAX_PROCESSES = 60
 
 
 def _processes() -> list[tuple[int, str]]:
@@ -24,6 +24,7 @@ def _processes() -> list[tuple[int, str]]:
             continue
         if len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES:
             found.append((int(pid), b" ".join(argv).decode(errors="replace")[:240]))
+    found.sort(key=lambda p: (" ember_runtime.agent " not in f"{p[1]} ", p[0]))  # the agents first
     return found[:MAX_PROCESSES]
 
 
