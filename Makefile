@@ -11,6 +11,11 @@ STAMP  := $(VENV)/.installed-$(subst $(COMMA),-,$(EXTRAS))
 
 .PHONY: demo test lint bench dev docs clean
 
+# Every process the suite and the demo start (control planes, agents, replicas, the CLI) caches its bytecode:
+# where the machine sets PYTHONDONTWRITEBYTECODE, each of them compiled Ember's modules again, and pytest rewrote
+# every test module in each of its workers.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -18,6 +23,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
+	@$(PY) -m compileall -q sdk platform runtime
 	$(PY) examples/demo.py
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file in one of them at a time (its module fixtures
@@ -26,7 +32,8 @@ TEST_WORKERS ?= 4
 
 test: $(STAMP)
 	@.ci/system-deps  # chromium and passt: installed as root with apt-get, else their tests skip
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	@$(PY) -m compileall -q sdk platform runtime  # sandboxed replicas cannot write the bytecode they read
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

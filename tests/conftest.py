@@ -14,6 +14,30 @@ def repo_root() -> Path:
     return REPO
 
 
+def _file_seconds() -> dict[str, float]:
+    """``tests/slowest.txt``: seconds per test file (relative to tests/), as last measured."""
+    seconds = {}
+    for line in (REPO / "tests" / "slowest.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            took, path = line.split(maxsplit=1)
+            seconds[path.strip()] = float(took)
+    return seconds
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Slowest files first (``tests/slowest.txt``; then other integration files, then the rest), each file's
+    tests in their own order: ``make test``'s workers take files in this order (``--no-loadscope-reorder``), so
+    the long ones start early and the short ones fill in at the end."""
+    seconds = _file_seconds()
+    tests = REPO / "tests"
+
+    def weight(item: pytest.Item) -> float:
+        path = item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else ""
+        return seconds.get(path, 2.0 if path.startswith("integration/") else 0.0)
+
+    items.sort(key=weight, reverse=True)  # stable: a file's tests stay together, in order
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
     """A test that failed waiting for a replica to be ready gets the stacks of the node's processes in its report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 
 from nats.aio.client import Client
@@ -30,6 +32,9 @@ from ember_platform.secrets.key import read_key
 from ember_platform.secrets.server import SecretsServer
 from ember_platform.secrets.store import SecretStore
 from ember_platform.volumes.store import VolumeStore
+
+log = logging.getLogger("ember.platform")
+SLOW_STOP_S = 2.0  # a part of the control plane that takes longer to stop is named in its log
 
 
 class Platform:
@@ -98,23 +103,22 @@ class Platform:
         return platform
 
     async def stop(self) -> None:
-        if self.callout is not None:
-            await self.callout.stop()
-        await self.control.stop()
-        await self.control.stop_acting()
-        await self.relay.stop()
-        await self.streams.stop()
-        await self.router.stop()
-        await self.registry.stop()
-        await self.tokens.stop()
-        await self.quotas.stop()
-        await self.subject_grants.stop()
-        await self.secrets_server.stop()
-        await self.node_reads.stop()
-        await self.builds.stop()
-        await self.secrets.stop()
-        await self.volumes.stop()
-        await self.nc.drain()
+        """Each part stopped in turn, then the connection drained. A part slow to stop (a SIGTERM that took long to
+        end the process) is named in the log with its time."""
+        parts = [("auth callout", self.callout.stop if self.callout is not None else None),
+                 ("control loop", self.control.stop), ("control actions", self.control.stop_acting),
+                 ("relay", self.relay.stop), ("streams", self.streams.stop), ("router", self.router.stop),
+                 ("registry", self.registry.stop), ("tokens", self.tokens.stop), ("quotas", self.quotas.stop),
+                 ("subject grants", self.subject_grants.stop), ("secrets server", self.secrets_server.stop),
+                 ("node reads", self.node_reads.stop), ("builds", self.builds.stop), ("secrets", self.secrets.stop),
+                 ("volumes", self.volumes.stop), ("NATS drain", self.nc.drain)]
+        for name, stop in parts:
+            if stop is None:
+                continue
+            started = time.monotonic()
+            await stop()
+            if (took := time.monotonic() - started) > SLOW_STOP_S:
+                log.warning("stopping: %s took %.1fs", name, took)
 
     def _running_images(self, app: str) -> list[ImageSpec]:
         """The locked images of ``app``'s current deployment (a push that did not change one keeps its lock)."""

@@ -14,6 +14,18 @@ from ember import _loop as ember_loop
 from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
+from ember_runtime.agent.slots import STOP_GRACE_S
+
+
+def _grace(text: str) -> float:
+    """``--stop-grace-s``: seconds, more than 0 and at most an hour."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < seconds <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is not more than 0 and at most 3600 seconds")
+    return seconds
 
 
 def main() -> None:
@@ -37,6 +49,10 @@ def main() -> None:
     parser.add_argument("--insecure-no-auth", action="store_true",
                         help="connect to NATS without credentials (a nats-server that checks none): refused without "
                              "this flag, since such a server lets any client read and write everything")
+    parser.add_argument("--stop-grace-s", type=_grace, default=os.environ.get("EMBER_STOP_GRACE_S") or STOP_GRACE_S,
+                        help="when the agent stops (SIGTERM), how long each replica may take to finish the calls it "
+                             "runs before it is killed (their calls are then delivered again); 0 < seconds <= 3600 "
+                             f"(default {STOP_GRACE_S:g}, $EMBER_STOP_GRACE_S)")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -60,7 +76,8 @@ def main() -> None:
     if creds is None:
         logging.getLogger("ember.agent").warning(
             "INSECURE (--insecure-no-auth): connected to NATS without credentials")
-    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox)
+    agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox,
+                      stop_grace_s=args.stop_grace_s)
 
     async def run() -> None:
         stop = asyncio.Event()

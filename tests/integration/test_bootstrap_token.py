@@ -12,12 +12,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import nats
 import pytest
+from support import stacks
 from support.auth import bearer
 from support.polling import wait_for
 
@@ -63,64 +64,89 @@ class ControlPlane:
                                           "--url-file", str(url_file), "--insecure-no-nats-auth", *extra],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          preexec_fn=die_with_parent)
-        self.url = str(wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what=name))
+        try:
+            self.url = str(wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=120, what=name))
+        except AssertionError as exc:  # never left running (a later test would meet it as a ResourceWarning)
+            self.stop(kill=True)
+            raise AssertionError(f"{exc}; it printed:\n{self.out.read_text()[-3000:]}") from None
 
     def printed(self) -> list[str]:
         return _PRINTED.findall(self.out.read_text())
 
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
+    def stop(self, *, kill: bool = False) -> None:
+        """SIGTERM (or SIGKILL) it and wait for it to exit; one still running 30 s after a SIGTERM is killed, and
+        the test fails with its stacks at that moment."""
+        if self.proc.poll() is not None:
+            return
+        self.proc.kill() if kill else self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            where = stacks.dump([self.proc.pid])
+            self.proc.kill()
+            self.proc.wait(30)
+            raise AssertionError(f"{self.out.name}: still running 30 s after SIGTERM; its stacks were:\n{where}") \
+                from None
 
 
 def _whoami(url: str, token: str) -> httpx.Response:
     return httpx.get(f"{url}/v1/tokens/self", headers=bearer(token), timeout=30)
 
 
-def test_the_first_start_prints_one_admin_token_once(tmp_path: Path, nats_url: str):
-    first, second = ControlPlane(tmp_path, "a", nats_url), ControlPlane(tmp_path, "b", nats_url)
-    try:
-        printed = first.printed() + second.printed()
-        assert len(printed) == 1, printed  # two control planes starting together: one token between them
-        token = printed[0]
-        for plane in (first, second):  # the other one sees it through the bucket's watch
-            wait_for(lambda plane=plane: _whoami(plane.url, token).status_code == 200, timeout_s=10, what="token")
-        assert _whoami(first.url, token).json()["scopes"] == ["admin"]
-        # Started without NATS credentials, on purpose: it says so in its log (a bare nats-server checks none).
-        assert "INSECURE (--insecure-no-nats-auth)" in first.out.read_text()
-        status = httpx.get(f"{first.url}/v1/status", headers=bearer(token), timeout=30).json()  # and ember status
-        assert status["insecure"] == ["NATS admits clients without credentials (no --nats-auth-dir)"]
-        first.stop()
-        again = ControlPlane(tmp_path, "a2", nats_url)
+@pytest.fixture
+def start(tmp_path: Path, nats_url: str) -> Iterator[Callable[..., ControlPlane]]:
+    """Start a named control plane on the test's nats-server; each is stopped after the test."""
+    started: list[ControlPlane] = []
+
+    def start(name: str, *extra: str) -> ControlPlane:
+        started.append(ControlPlane(tmp_path, name, nats_url, *extra))
+        return started[-1]
+
+    yield start
+    for plane in started:
+        plane.proc.terminate()  # all at once, so that each stops as the others do
+    failures = []
+    for plane in started:
         try:
-            assert again.printed() == []  # never again
-            assert _whoami(again.url, token).status_code == 200
-        finally:
-            again.stop()
-    finally:
-        first.stop()
-        second.stop()
+            plane.stop()
+        except AssertionError as exc:  # the others are still stopped
+            failures.append(str(exc))
+    assert not failures, "\n".join(failures)
 
 
-def test_a_bootstrap_file_is_ensured_by_every_control_plane(tmp_path: Path, nats_url: str):
+def test_the_first_start_prints_one_admin_token_once(start: Callable[..., ControlPlane]):
+    first, second = start("a"), start("b")
+    printed = first.printed() + second.printed()
+    assert len(printed) == 1, printed  # two control planes starting together: one token between them
+    token = printed[0]
+    for plane in (first, second):  # the other one sees it through the bucket's watch
+        wait_for(lambda plane=plane: _whoami(plane.url, token).status_code == 200, timeout_s=10, what="token")
+    assert _whoami(first.url, token).json()["scopes"] == ["admin"]
+    # Started without NATS credentials, on purpose: it says so in its log (a bare nats-server checks none).
+    assert "INSECURE (--insecure-no-nats-auth)" in first.out.read_text()
+    status = httpx.get(f"{first.url}/v1/status", headers=bearer(token), timeout=30).json()  # and ember status
+    assert status["insecure"] == ["NATS admits clients without credentials (no --nats-auth-dir)"]
+    first.stop()
+    again = start("a2")
+    assert again.printed() == []  # never again
+    assert _whoami(again.url, token).status_code == 200
+
+
+def test_a_bootstrap_file_is_ensured_by_every_control_plane(tmp_path: Path, start: Callable[..., ControlPlane]):
     token_file = tmp_path / "token"
     token_file.write_text(new_token() + "\n")
     token_file.chmod(0o600)
     token = token_file.read_text().strip()
-    planes = [ControlPlane(tmp_path, f"cp{i}", nats_url, "--bootstrap-token-file", str(token_file)) for i in range(2)]
-    try:
-        assert [p.printed() for p in planes] == [[], []]
-        for plane in planes:
-            assert _whoami(plane.url, token).json()["name"] == "bootstrap"
-            assert token not in plane.out.read_text()
-        planes[0].stop()
-        planes[0] = ControlPlane(tmp_path, "cp0-again", nats_url, "--bootstrap-token-file", str(token_file))
-        assert _whoami(planes[0].url, token).status_code == 200  # across restarts
-        listed = httpx.get(f"{planes[0].url}/v1/tokens", headers=bearer(token), timeout=30).json()
-        assert len(listed) == 1  # recorded once
-    finally:
-        for plane in planes:
-            plane.stop()
+    planes = [start(f"cp{i}", "--bootstrap-token-file", str(token_file)) for i in range(2)]
+    assert [p.printed() for p in planes] == [[], []]
+    for plane in planes:
+        assert _whoami(plane.url, token).json()["name"] == "bootstrap"
+        assert token not in plane.out.read_text()
+    planes[0].stop()
+    again = start("cp0-again", "--bootstrap-token-file", str(token_file))
+    assert _whoami(again.url, token).status_code == 200  # across restarts
+    listed = httpx.get(f"{again.url}/v1/tokens", headers=bearer(token), timeout=30).json()
+    assert len(listed) == 1  # recorded once
 
 
 def test_a_bootstrap_file_others_can_read_is_refused(tmp_path: Path):

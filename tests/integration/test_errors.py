@@ -86,10 +86,10 @@ def test_wrong_batch_output_length_is_a_clear_error(probe, http):
 
 
 def test_deadline_passed_is_504(probe, http, ember_url):
-    # a 504 at the deadline: waiting for slow(3.0) to finish would have answered 200
-    error_of(http.post("/v1/probe/slow", json=3.0, headers={"X-Ember-Timeout": "0.5"}), 504, "deadline_exceeded")
+    # a 504 at the deadline: waiting for nap(3.0) to finish would have answered 200
+    error_of(http.post("/v1/probe/nap", json=3.0, headers={"X-Ember-Timeout": "0.5"}), 504, "deadline_exceeded")
     with pytest.raises(ember.DeadlineExceededError):
-        ember._client.default_transport().invoke("probe", "slow", b"3.0", timeout_s=0.5)
+        ember._client.default_transport().invoke("probe", "nap", b"3.0", timeout_s=0.5)
 
 
 def test_bad_timeout_header_is_400(hello, http):

@@ -40,7 +40,8 @@ def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):
                                    "--url-file", str(url_file), "--bootstrap-token-file", str(token_file)], env)
         cluster.spawn("agent", ["-m", "ember_runtime", "--nats", cluster.url, "--state-dir", str(tmp_path / "node")],
                       env)
-        url = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=60, what="the control plane")
+        url = wait_for(lambda: url_file.exists() and url_file.read_text(), timeout_s=120, what="the control plane",
+                       explain=lambda: (tmp_path / "nats" / "platform.log").read_text()[-3000:])
         wait_for(lambda: http.get(f"{url}/readyz").status_code == 200, timeout_s=60, what="readyz")
         token = token_file.read_text().strip()
         http.headers["Authorization"] = f"Bearer {token}"

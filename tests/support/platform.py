@@ -12,6 +12,8 @@ from ember.dev.embedded import EmbeddedPlatform, secrets_key
 from support.faults import AgentFaults
 from support.natsconn import remember
 
+STOP_GRACE_S = 2.0  # what each replica of a test platform's agents is given to drain when the platform stops
+
 
 class TestPlatform(EmbeddedPlatform):
     """The embedded platform, with what only tests do to it: more node agents and control planes, a NATS restart,
@@ -25,8 +27,12 @@ class TestPlatform(EmbeddedPlatform):
         self.faults = faults
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        if self.faults is not None and cmd[1:3] == ["-m", "ember_runtime"]:
-            cmd = self.faults.command(cmd)
+        if cmd[1:3] == ["-m", "ember_runtime"]:
+            # A test's platform stops at its end with calls still running (a call a test left busy for 20 s): its
+            # replicas are not waited for as a production node's are.
+            cmd = [*cmd, "--stop-grace-s", str(STOP_GRACE_S)]
+            if self.faults is not None:
+                cmd = self.faults.command(cmd)
         return super()._spawn(name, cmd)
 
     def _start_nats(self, timeout_s: float, port: int = -1) -> None:

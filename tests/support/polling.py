@@ -10,12 +10,14 @@ T = TypeVar("T")
 
 
 def wait_for(predicate: Callable[[], T], timeout_s: float = 60.0, what: str = "condition",
-             every_s: float = 0.1) -> T:
-    """``predicate()``'s first truthy value; AssertionError naming ``what`` after ``timeout_s``."""
+             every_s: float = 0.1, explain: Callable[[], str] | None = None) -> T:
+    """``predicate()``'s first truthy value; AssertionError naming ``what`` after ``timeout_s``, with what
+    ``explain()`` says then (a log's tail, say)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(every_s)
-    raise AssertionError(f"timed out waiting for {what}")
+    said = f"\n{explain()}" if explain is not None else ""
+    raise AssertionError(f"timed out waiting for {what}{said}")

@@ -10,8 +10,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODULES = {b"ember_runtime.agent", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}
+MODULES = {b"ember_runtime", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}  # agents first
 MAX_PROCESSES = 60
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:240]
+    except OSError:
+        return "(gone)"
 
 
 def _processes() -> list[tuple[int, str]]:
@@ -22,19 +29,21 @@ def _processes() -> list[tuple[int, str]]:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES:
+        agent = len(argv) > 2 and argv[1] == b"-c" and b"support.faults" in argv[2]  # an agent with faults
+        if agent or len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES:
             found.append((int(pid), b" ".join(argv).decode(errors="replace")[:240]))
-    found.sort(key=lambda p: (" ember_runtime.agent " not in f"{p[1]} ", p[0]))  # the agents first
+    found.sort(key=lambda p: (" -m ember_runtime " not in p[1] and "support.faults" not in p[1], p[0]))
     return found[:MAX_PROCESSES]
 
 
-def dump() -> str:
-    """The stacks of the agents, replicas and zygotes running now; a line saying why not, where py-spy cannot."""
+def dump(pids: list[int] | None = None) -> str:
+    """The stacks of the agents, replicas and zygotes running now (or of ``pids``); a line saying why not, where
+    py-spy cannot."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         return "py-spy is not installed: no stacks"
     parts = []
-    for pid, command in _processes():
+    for pid, command in _processes() if pids is None else [(pid, _command(pid)) for pid in pids]:
         try:
             done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20,
                                   check=False)

@@ -45,7 +45,7 @@ from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, Nvml
 from ember_runtime.agent.images import NodeImages
 from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
-from ember_runtime.agent.slots import ReplicaSlot, SlotKey
+from ember_runtime.agent.slots import STOP_GRACE_S, ReplicaSlot, SlotKey
 from ember_runtime.agent.volumes import VolumeCache, widen_nats_reads
 from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
 
@@ -66,8 +66,9 @@ class NodeAgent:
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
                  inventory: Path | None = None, creds: NatsCredentials | None = None,
-                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
+                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, stop_grace_s: float = STOP_GRACE_S) -> None:
         self.nats_url = nats_url
+        self.stop_grace_s = stop_grace_s  # what each replica is given to drain when the agent stops
         self.creds = creds  # this node's NATS credentials; its replicas' are derived from them
         self.state_dir = state_dir
         self.node_id = node_id or (creds.user[len(NODE_USER_PREFIX):] if creds else None) or \
@@ -137,7 +138,8 @@ class NodeAgent:
             for start in starting:
                 start.cancel()
             await asyncio.gather(*starting, return_exceptions=True)
-            await asyncio.gather(*(slot.stop() for slot in self.slots.values()), return_exceptions=True)
+            await asyncio.gather(*(slot.stop(self.stop_grace_s) for slot in self.slots.values()),
+                                 return_exceptions=True)
             with contextlib.suppress(Exception):
                 await status_sub.unsubscribe()
             self.slots.clear()

@@ -58,10 +58,11 @@ async def spawned(spawning: asyncio.Future[asyncio.subprocess.Process]) -> async
         return None
 
 
-async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> None:
+async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[bytes]) -> bytes:
     """Kill a sandbox whose start was abandoned: bwrap, stopped first so that it starts nothing more, then each
     process it had started, with its group (a zygote's outlives bwrap, and it may run before bwrap said which it
-    is: ``reading``, its ``--info-fd``). Its output is read to the end, so that its transport closes."""
+    is: ``reading``, its ``--info-fd``). Its output is read to the end, so that its transport closes; what it
+    wrote to stderr is returned (bwrap's own words, where it failed by itself)."""
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGSTOP)
     await _stopped(proc.pid)  # a signal takes effect as the process next runs: a clone under way completes first
@@ -75,6 +76,11 @@ async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[byte
         info = await asyncio.wait_for(asyncio.shield(reading), WAIT_S)
     if child := child_pid(info):
         kill_group(child)
-    for ending in (proc.wait(), *(out.read() for out in (proc.stdout, proc.stderr) if out is not None)):
+    said = b""
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(proc.wait(), WAIT_S)
+    for out in (proc.stdout, proc.stderr):
         with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(ending, WAIT_S)
+            if out is not None:
+                said = await asyncio.wait_for(out.read(), WAIT_S)  # stderr last
+    return said

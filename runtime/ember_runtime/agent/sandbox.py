@@ -84,6 +84,10 @@ class SandboxUnavailable(RuntimeError):
     """bwrap is missing, or the kernel does not let it make a sandbox here."""
 
 
+class SandboxFailed(RuntimeError):
+    """A sandbox ended before its command began (bwrap could not set it up): bwrap's own words."""
+
+
 @dataclass(frozen=True)
 class Jail:
     """What one sandbox holds besides the system and the Python environment."""
@@ -434,18 +438,32 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     _close(info_w, block_r)
     reading = asyncio.ensure_future(asyncio.to_thread(_read_all, info_r))
     pasta = None
+    info = b""
     try:
         info = await asyncio.shield(reading)
         if sandbox.network is not None and own:
             pasta = await netns.attach(sandbox.network, reap.child_pid(info), blocked=jail.block_network)
-    except BaseException:  # cancelled while it started (its slot was stopped), or no network: nobody knows of it
+    except BaseException as exc:  # cancelled while it started (its slot was stopped), or no network: nobody knows
         _close(block_w)
         netns.stop(pasta, door)
-        await reap.discard(proc, reading)
+        ended = isinstance(exc, netns.NetworkUnavailable) and not _running(reap.child_pid(info))
+        said = await reap.discard(proc, reading)
+        if ended:  # bwrap's child died setting the sandbox up (before it waits for pasta): say what bwrap said
+            words = said.decode(errors="replace").strip()[-500:] or f"bwrap exited with code {proc.returncode}"
+            raise SandboxFailed(f"the sandbox ended before its command began: {words}") from exc
         raise
     netns.stop_after(reap.child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
     _close(block_w)  # go on
     return SandboxedProcess(proc, reap.child_pid(info) or proc.pid)
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return pid > 0 and state not in ("Z", "X")
 
 
 def _close(*fds: int) -> None:

@@ -32,6 +32,7 @@ HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
 MAX_FAILED_SETUPS = 3  # setups failed in a row after which the replica is failed and no longer restarted
 FAILED_REPORT_S = 5.0  # how often a failed replica's status is written again (the bucket forgets it otherwise)
 STOP_GRACE_S = 25.0
+SLOW_STOP_S = 2.0  # a replica that takes longer to drain and exit is named in the agent's log
 ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
 MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line is cut, and says so
 _READ_CHUNK = 64 * 1024
@@ -98,11 +99,16 @@ class ReplicaSlot:
         proc = self._proc
         if proc is not None and proc.returncode is None:
             _signal_group(proc.pid, signal.SIGTERM)
+            started = time.monotonic()
             try:
                 await asyncio.wait_for(proc.wait(), grace_s)
             except TimeoutError:
+                log.warning("replica %s still ran %.0fs after SIGTERM: killed", self.replica_id, grace_s)
                 _signal_group(proc.pid, signal.SIGKILL)
                 await proc.wait()
+            else:
+                if (took := time.monotonic() - started) > SLOW_STOP_S:
+                    log.info("replica %s took %.1fs to stop", self.replica_id, took)
         if proc is not None:
             _signal_group(proc.pid, signal.SIGKILL)  # children that outlived the replica
         if self._task is not None:

@@ -42,6 +42,14 @@ def slow(seconds: float) -> float:
 
 
 @app.function()
+def nap(seconds: float) -> float:
+    """``slow`` for the deadline test alone: no other test's calls teach its replica how long it takes (a replica
+    refuses at once, 429, a call it predicts to end after its deadline)."""
+    time.sleep(seconds)
+    return seconds
+
+
+@app.function()
 def boom(message: str) -> str:
     raise ValueError(message)
 

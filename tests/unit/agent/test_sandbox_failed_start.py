@@ -1,0 +1,57 @@
+"""A sandbox whose own set-up fails (bwrap's child dies before it waits for pasta) is reported with bwrap's words:
+before, the start failed naming the network (``/proc/<pid>/ns/user`` missing, as pasta's routes were added),
+which said nothing of what went wrong (seen in CI, as an image build's failure)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from ember_runtime.agent import netns, sandbox
+from ember_runtime.agent.sandbox import Jail, environment
+
+
+@pytest.fixture(scope="module")
+def networked(node_sandbox):
+    found = node_sandbox.with_network("nats://127.0.0.1:4222")
+    if not found.own_network:
+        pytest.skip(f"no network of its own for a sandbox here: {found.network_why_not}")
+    return found
+
+
+def test_a_sandbox_that_cannot_be_set_up_says_what_bwrap_said(networked, tmp_path):
+    (tmp_path / "bundle").mkdir()
+    missing = tmp_path / "not-there"
+    jail = Jail(bundle=tmp_path / "bundle", readonly=(missing,))
+
+    async def start() -> None:
+        await sandbox.start(networked, [sys.executable, "-c", "print('never')"], jail,
+                            environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+
+    with pytest.raises(sandbox.SandboxFailed) as failed:
+        asyncio.run(start())
+    assert str(missing) in str(failed.value)  # bwrap: "Can't find source path ...: No such file or directory"
+    assert "before its command began" in str(failed.value)
+
+
+def test_a_sandbox_that_can_be_set_up_runs_and_its_door_closes_after_it(networked, tmp_path):
+    (tmp_path / "bundle").mkdir()
+    doors = netns.RUN_ROOT / str(os.getpid())  # this process's doors: one folder each
+
+    async def run() -> tuple[bytes, list[Path]]:
+        proc = await sandbox.start(networked, [sys.executable, "-c", "print('ran')"], Jail(bundle=tmp_path / "bundle"),
+                                   environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
+        out = await proc.stdout.read()
+        assert await proc.wait() == 0
+        deadline = time.monotonic() + 10
+        while list(doors.glob("door-*")) and time.monotonic() < deadline:  # closed as the loop sees the exit
+            await asyncio.sleep(0.02)
+        return out, list(doors.glob("door-*"))
+
+    assert asyncio.run(run()) == (b"ran\n", [])
