@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-MODULES = {b"ember_runtime", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}  # agents first
+# The node agents (shown first, with the processes under them), replicas and zygotes.
+MODULES = {b"ember_runtime", b"ember_runtime.replica", b"ember_runtime.zygote", b"ember_runtime.hostpid"}
 MAX_PROCESSES = 60
 
 
@@ -30,10 +31,28 @@ def _processes() -> list[tuple[int, str]]:
         except OSError:
             continue
         agent = len(argv) > 2 and argv[1] == b"-c" and b"support.faults" in argv[2]  # an agent with faults
-        if agent or len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES:
+        if agent or (len(argv) > 2 and argv[1] == b"-m" and argv[2] in MODULES):
             found.append((int(pid), b" ".join(argv).decode(errors="replace")[:240]))
     found.sort(key=lambda p: (" -m ember_runtime " not in p[1] and "support.faults" not in p[1], p[0]))
     return found[:MAX_PROCESSES]
+
+
+def _tree(pid: int, depth: int = 0) -> list[str]:
+    """``pid`` and every process under it: pid, state, what it waits in (wchan), command line."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip() or "-"
+    except (OSError, IndexError):
+        return []
+    lines = [f"{'  ' * depth}{pid} {state} {wchan} {_command(pid)[:160]}"]
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            lines += _tree(int(child), depth + 1)
+    return lines
 
 
 def dump(pids: list[int] | None = None) -> str:
@@ -47,7 +66,9 @@ def dump(pids: list[int] | None = None) -> str:
         try:
             done = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20,
                                   check=False)
-            parts.append(f"===== {pid} {command}\n{done.stdout}{done.stderr[-500:]}")
+            tree = "\n".join(_tree(pid)[1:]) if " -m ember_runtime " in f"{command} " else ""
+            parts.append(f"===== {pid} {command}\n{done.stdout}{done.stderr[-500:]}"
+                         + (f"its processes (pid, state, wchan, command):\n{tree}\n" if tree else ""))
         except (OSError, subprocess.TimeoutExpired) as exc:
             parts.append(f"===== {pid} {command}\npy-spy: {exc}")
     return "\n".join(parts) or "no agent, replica or zygote process runs"
