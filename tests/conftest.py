@@ -44,7 +44,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     (``support.stacks``)."""
     outcome = yield
     report = outcome.get_result()
-    if report.when == "call" and report.failed and "not ready after" in str(report.longrepr):
+    if report.when in ("setup", "call") and report.failed and "not ready after" in str(report.longrepr):
         from support import stacks
 
         report.sections.append(("stacks of the agents and replicas (py-spy)", stacks.dump()))
