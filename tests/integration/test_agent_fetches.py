@@ -1,5 +1,5 @@
 """A node agent fetches each replica's bundle on its own: a fetch that takes long holds up no other replica, not
-even one assigned while it runs."""
+even one assigned while it runs. A start that fails before any process runs is said and tried again."""
 
 from __future__ import annotations
 
@@ -39,5 +39,21 @@ def test_a_slow_bundle_fetch_holds_up_no_other_replica(tmp_path: Path):
             assert transport.json("POST", "/v1/quickfetch/ping", json=40) == 42
             assert "starting slowfetch" not in log.read_text()  # still fetching
             assert transport.request("DELETE", "/v1/apps/slowfetch").status_code == 204
+        finally:
+            transport.close()
+
+
+def test_a_start_that_fails_before_its_process_runs_is_said_and_tried_again(tmp_path: Path):
+    """Before, the replica's supervisor died with the start's exception: the replica stayed 'starting' for good,
+    with nothing in the agent's log (CI's replicas never ready: a sandbox that could not be set up)."""
+    app = _app(tmp_path / "retried", "retried", 3)
+    with TestPlatform(tmp_path / "state", faults=AgentFaults(failed_starts={"retried": 2})) as ember:
+        transport = Transport(ember.url, token=ember.token)
+        try:
+            deploy(app, transport=transport, timeout_s=90)
+            assert transport.json("POST", "/v1/retried/ping", json=39) == 42
+            log = (ember.log_dir / "agent.log").read_text().splitlines()
+            said = [line for line in log if "could not start" in line]
+            assert len(said) == 2 and all("OSError: fault: a start of retried's replica failed" in s for s in said)
         finally:
             transport.close()

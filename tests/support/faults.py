@@ -25,9 +25,11 @@ _starting_app: contextvars.ContextVar[str] = contextvars.ContextVar("starting_ap
 @dataclass(frozen=True)
 class AgentFaults:
     """What to do wrong in a node agent. ``hold_fetch``: app -> seconds its bundle's fetch waits before it begins
-    (to prove that a slow fetch holds up no other replica)."""
+    (to prove that a slow fetch holds up no other replica). ``failed_starts``: app -> how many starts of its
+    replicas fail before a process runs (as a sandbox that cannot be set up does)."""
 
     hold_fetch: dict[str, float] = field(default_factory=dict)
+    failed_starts: dict[str, int] = field(default_factory=dict)
 
     def command(self, cmd: list[str]) -> list[str]:
         """``cmd`` (``python -m ember_runtime ...``) started through :func:`main` with these faults."""
@@ -40,7 +42,19 @@ def install(faults: AgentFaults) -> None:
     """Wrap the agent's functions in this process as ``faults`` asks."""
     from ember_runtime.agent.bundles import BundleCache
     from ember_runtime.agent.node import NodeAgent
+    from ember_runtime.agent.slots import ReplicaSlot
 
+    if faults.failed_starts:
+        spawn, left = ReplicaSlot._spawn, dict(faults.failed_starts)
+
+        async def failing_spawn(self: ReplicaSlot, *args: Any) -> Any:
+            if left.get(self.key.app, 0) > 0:
+                left[self.key.app] -= 1
+                log.warning("fault: failing a start of %s", self.replica_id)
+                raise OSError(f"fault: a start of {self.key.app}'s replica failed")
+            return await spawn(self, *args)
+
+        ReplicaSlot._spawn = failing_spawn  # type: ignore[method-assign]
     if not faults.hold_fetch:
         return
     start, get = NodeAgent._start, BundleCache.get

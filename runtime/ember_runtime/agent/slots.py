@@ -144,19 +144,25 @@ class ReplicaSlot:
         failures = failed_setups = 0
         while not self._stopping.is_set():
             started = time.monotonic()
-            code = await self._run_once()
+            try:
+                code: int | None = await self._run_once()
+            except Exception as exc:  # no process: its sandbox, network or bundle failed it; said, and tried again
+                code, self._restart_reason = None, f"could not start: {type(exc).__name__}: {exc}"
+                MemoryCgroups.remove(self._cgroup)
             if self._stopping.is_set():
                 return
             failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
             failed_setups = failed_setups + 1 if code in SETUP_FAILURES else 0
-            reason, self._restart_reason = self._restart_reason or self._exit_reason(code), ""
+            reason = self._restart_reason or self._exit_reason(code if code is not None else 0)
+            self._restart_reason = ""
             if failed_setups >= MAX_FAILED_SETUPS:
                 await self._give_up(f"setup failed {failed_setups} times in a row; not restarted until the next "
                                     f"version: {reason}")
                 return
             self.restarts += 1
             self._last_restart_reason = reason
-            log.warning("replica %s exited (%s); restart %d", self.replica_id, reason, self.restarts)
+            log.warning("replica %s %s; restart %d", self.replica_id,
+                        reason if code is None else f"exited ({reason})", self.restarts)
             await self._report_crash(reason)
             delay = min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (failures - 1))
             with contextlib.suppress(TimeoutError):
