@@ -374,6 +374,7 @@ async def _drain(pumps: asyncio.Future[Any], grace_s: float = 2.0) -> None:
         await asyncio.wait_for(asyncio.shield(pumps), grace_s)
     except TimeoutError:
         pumps.cancel()
+        await asyncio.gather(pumps, return_exceptions=True)  # its cancellation retrieved: nothing logged at exit
     except Exception:
         pass
 
