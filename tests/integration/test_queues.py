@@ -73,8 +73,12 @@ def test_a_poisoned_input_is_dead_lettered_and_the_queue_keeps_flowing(probe, ht
     failed = result(http, poison)
     assert failed["status"] == "failed" and failed["attempts"] == 3  # the first try and max_retries=2
     assert failed["error"]["type"] == "RuntimeError" and "poisoned" in failed["error"]["message"]
-    dead = transport.json("GET", "/v1/apps/probe/dead", params={"function": "flaky"})
-    letter = next(d for d in dead if d["call_id"] == poison)
+    # its letter follows its final record (the record first: a replica never has to take a letter back)
+    def letter_of_poison() -> dict | None:
+        dead = transport.json("GET", "/v1/apps/probe/dead", params={"function": "flaky"})
+        return next((d for d in dead if d["call_id"] == poison), None)
+
+    letter = wait_for(letter_of_poison, timeout_s=30, what="the poisoned call's letter")
     assert letter["input"] == "poison-1" and letter["attempts"] == 3
     replayed = transport.json("POST", "/v1/apps/probe/dead/replay", json={"function": "flaky", "call_ids": [poison]})
     (new_id,) = replayed["replayed"]

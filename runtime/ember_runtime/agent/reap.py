@@ -6,11 +6,17 @@ import asyncio
 import contextlib
 import json
 import os
+import platform
 import signal
 from pathlib import Path
 from typing import Any
 
 WAIT_S = 5.0  # what a sandbox whose start was abandoned is given to say its pid, and to exit
+_READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine())  # read(2)'s number, in /proc/PID/syscall
+
+
+class Unstarted(RuntimeError):
+    """A sandbox's first process ended, or took too long, before it waited to be let go on."""
 
 
 def kill_group(pid: int) -> None:
@@ -84,3 +90,30 @@ async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[byte
             if out is not None:
                 said = await asyncio.wait_for(out.read(), WAIT_S)  # stderr last
     return said
+
+
+async def until_waiting(pid: int, fd: int, timeout_s: float) -> None:
+    """Until bwrap's first process ``pid`` has set its sandbox up and waits on ``fd`` (``--block-fd``), read from
+    /proc: the system call it is blocked in (read on ``fd``), or where the kernel shows no number for it, what it
+    waits in (a pipe read). Unstarted if it ends first, or takes longer."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if not running(pid):
+            raise Unstarted("the sandbox ended as it was set up")
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            call = Path(f"/proc/{pid}/syscall").read_text().split()
+            if _READ is not None and call[0] == str(_READ) and int(call[1], 16) == fd:
+                return
+            if _READ is None and "pipe" in Path(f"/proc/{pid}/wchan").read_text():
+                return
+        await asyncio.sleep(0.001)
+    raise Unstarted(f"the sandbox was not set up within {timeout_s:.0f}s")
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return pid > 0 and state not in ("Z", "X")

@@ -27,7 +27,6 @@ import dataclasses
 import json
 import logging
 import os
-import platform
 import resource
 import shutil
 import signal
@@ -446,12 +445,12 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
         if sandbox.network is not None and own:
             # pasta configures the namespace (its loopback up) only once bwrap has (it adds 127.0.0.1 itself, and
             # fails where the address is there already: "loopback: Failed RTM_NEWADDR")
-            await _until_waiting(reap.child_pid(info), block_r)
+            await reap.until_waiting(reap.child_pid(info), block_r, SET_UP_TIMEOUT_S)
             pasta = await netns.attach(sandbox.network, reap.child_pid(info), blocked=jail.block_network)
     except BaseException as exc:  # cancelled while it started (its slot was stopped), or no network: nobody knows
         _close(block_w)
         netns.stop(pasta, door)
-        ended = isinstance(exc, netns.NetworkUnavailable | SandboxFailed) and not _running(reap.child_pid(info))
+        ended = isinstance(exc, netns.NetworkUnavailable | reap.Unstarted) and not reap.running(reap.child_pid(info))
         said = await reap.discard(proc, reading)
         if ended:  # bwrap's child died setting the sandbox up (before it waits for pasta): say what bwrap said
             words = said.decode(errors="replace").strip()[-500:] or f"bwrap exited with code {proc.returncode}"
@@ -460,36 +459,6 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
     netns.stop_after(reap.child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
     _close(block_w)  # go on
     return SandboxedProcess(proc, reap.child_pid(info) or proc.pid)
-
-
-_READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine())  # read(2)'s number, in /proc/PID/syscall
-
-
-async def _until_waiting(pid: int, fd: int, timeout_s: float = SET_UP_TIMEOUT_S) -> None:
-    """Until bwrap's first process ``pid`` has set its sandbox up and waits on ``fd`` (``--block-fd``), read from
-    /proc: the system call it is blocked in (read on ``fd``), or where the kernel shows no number for it, what it
-    waits in (a pipe read). SandboxFailed if it ends first (bwrap's words are read by the caller)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while asyncio.get_running_loop().time() < deadline:
-        if not _running(pid):
-            raise SandboxFailed("the sandbox ended as it was set up")
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            call = Path(f"/proc/{pid}/syscall").read_text().split()
-            if _READ is not None and call[0] == str(_READ) and int(call[1], 16) == fd:
-                return
-            if _READ is None and "pipe" in Path(f"/proc/{pid}/wchan").read_text():
-                return
-        await asyncio.sleep(0.001)
-    raise SandboxFailed(f"the sandbox was not set up within {timeout_s:.0f}s")
-
-
-def _running(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie does not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return False
-    return pid > 0 and state not in ("Z", "X")
 
 
 def _close(*fds: int) -> None:
