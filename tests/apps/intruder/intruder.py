@@ -6,6 +6,20 @@ import ember
 app = ember.App("intruder")
 
 
+async def refusable(nc, subject, payload=b""):
+    """A request's answer; or, as soon as the server says it refused it (its permissions violation, which comes
+    before any answer could), an error naming that: a refused request is not waited for until its timeout."""
+    import asyncio
+
+    asked = asyncio.ensure_future(nc.request(subject, payload, timeout=2))
+    while not asked.done() and not nc.last_error:
+        await asyncio.sleep(0.01)
+    if not asked.done():
+        asked.cancel()
+        raise RuntimeError(f"refused before any answer; {nc.last_error!r}")
+    return (await asked).data
+
+
 @app.function(timeout_s=120)
 def attack(target: str) -> dict:
     import asyncio
@@ -32,7 +46,7 @@ def attack(target: str) -> dict:
                 seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
 
         async def request(subject, payload=b""):
-            await nc.request(subject, payload, timeout=2)
+            return await refusable(nc, subject, payload)
 
         async def subscribe(subject):
             await nc.subscribe(subject)
@@ -94,8 +108,7 @@ def steal(victim: dict) -> dict:
                 seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
 
         async def request(subject, payload=b""):
-            reply = await nc.request(subject, payload, timeout=2)
-            return reply.data
+            return await refusable(nc, subject, payload)
 
         async def publish(subject, payload=b""):
             await nc.publish(subject, payload)
