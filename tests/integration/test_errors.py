@@ -33,6 +33,23 @@ def test_a_post_to_an_api_route_is_never_taken_for_a_call(hello, http, path):
     error_of(http.post(path, json={}), 405, "method_not_allowed")
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("TRACE", "/v1/hello/greet", "OPTIONS, POST"),
+    ("GET", "/v1/hello/greet", "OPTIONS, POST"),
+    ("PUT", "/v1/apps/hello", "DELETE, GET, HEAD, OPTIONS"),  # two routes of one path: both methods
+    ("PATCH", "/v1/calls/abc", "DELETE, GET, HEAD, OPTIONS"),
+    ("POST", "/healthz", "GET, HEAD, OPTIONS"),
+    ("DELETE", "/v2/models/hello.greet/infer", "GET, HEAD, OPTIONS, POST"),  # GET: the protocol's own 404
+])
+def test_a_method_a_path_does_not_take_is_a_405_that_says_which_it_takes(hello, http, method, path, allowed):
+    """RFC 9110: a 405 carries ``Allow``, every method of the path; OPTIONS answers with it too."""
+    response = http.request(method, path)
+    assert error_of(response, 405, "method_not_allowed")["message"].endswith(f"allowed: {allowed}")
+    assert response.headers["allow"] == allowed
+    options = http.request("OPTIONS", path)
+    assert (options.status_code, options.headers["allow"], options.content) == (204, allowed, b"")
+
+
 def test_an_app_may_not_take_the_name_of_an_api_route(hello, http):
     manifest = {"app": "apps", "module": "m", "services": [{"name": "f", "kind": "function", "functions": [
         {"name": "f", "attr": "f", "input_mode": "none"}]}]}

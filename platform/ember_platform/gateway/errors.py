@@ -6,9 +6,10 @@ import math
 
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from ember._errors import EmberError, error_class
-from ember.wire import ErrorBody, ErrorInfo, encoder, error_info
+from ember.wire import RESERVED_APP_NAMES, ErrorBody, ErrorInfo, encoder, error_info
 from ember_platform.auth.tokens import TokenRefused
 
 
@@ -35,7 +36,27 @@ async def ember_error_handler(_request: Request, exc: Exception) -> Response:
     return ember_error_response(exc)
 
 
-async def http_error_handler(_request: Request, exc: Exception) -> Response:
+async def http_error_handler(request: Request, exc: Exception) -> Response:
     status = getattr(exc, "status_code", 500)
-    code = {404: "not_found", 405: "method_not_allowed"}.get(status, "bad_request")
+    if status == 405:
+        return method_not_allowed(request)
+    code = {404: "not_found"}.get(status, "bad_request")
     return error_response(ErrorInfo(code=code, message=str(getattr(exc, "detail", exc))), status)
+
+
+def method_not_allowed(request: Request) -> Response:
+    """A path the API has, asked with a method it does not take: 405 with ``Allow`` (RFC 9110: every method of
+    every route of that path, one route per method here), or, asked with OPTIONS, 204 with the same ``Allow``."""
+    allowed = {"OPTIONS"}
+    for candidate in request.app.router.routes:
+        match, child = candidate.matches(request.scope)
+        app = str(child.get("path_params", {}).get("app", "")).partition("@")[0]
+        if match != Match.NONE and app not in RESERVED_APP_NAMES:  # the path is its (``/v1/apps/x`` is no call)
+            allowed |= set(getattr(candidate, "methods", None) or ())
+    allow = {"Allow": ", ".join(sorted(allowed))}
+    if request.method == "OPTIONS":
+        return Response(status_code=204, headers=allow)
+    message = f"{request.method} is not allowed here; allowed: {allow['Allow']}"
+    response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
+    response.headers.update(allow)
+    return response
