@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from typing import Any
 
 import msgspec
@@ -59,8 +61,39 @@ _output_encoders: dict[tuple[str, bool], msgspec.json.Encoder | msgspec.msgpack.
 
 def encode_output(value: Any, codec: str = "json", compact: bool = False) -> bytes:
     """A function's output as JSON (or msgpack; arrays as compact tensors with ``compact``); ``RemoteError`` (the
-    user's fault, not the platform's) when it is not JSON-able."""
+    user's fault, not the platform's) when it is not JSON-able, or, in JSON, holds an infinity or a NaN: JSON has
+    neither, and the encoder would have written ``null`` silently (``remote_type`` ``InvalidOutput``, naming the
+    field). A function that has no number to give returns None (and declares ``float | None``)."""
     try:
-        return _output_encoders[codec, compact and codec == "msgpack"].encode(value)
+        encoded = _output_encoders[codec, compact and codec == "msgpack"].encode(value)
     except (TypeError, ValueError) as exc:
         raise RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__) from exc
+    # Only an answer with a null in it is looked through: a substring search costs nothing on the others.
+    if codec == "json" and b"null" in encoded and (where := non_finite(value)) is not None:
+        raise RemoteError(f"the output is not JSON: {where} (JSON has no infinity or NaN; return None for a "
+                          "number there is none of)", remote_type="InvalidOutput")
+    return encoded
+
+
+def non_finite(value: Any, path: str = "$", depth: int = 0) -> str | None:
+    """Where ``value`` holds a float that is not finite (``$.total is inf``), or None. Arrays are read as lists."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value}"
+    if depth > 64 or isinstance(value, str | bytes | int | bool) or value is None:
+        return None
+    if isinstance(value, dict):
+        items: Any = ((f"{path}.{key}", item) for key, item in value.items())
+    elif isinstance(value, list | tuple | set | frozenset):
+        items = ((f"{path}[{i}]", item) for i, item in enumerate(value))
+    elif isinstance(value, msgspec.Struct):
+        items = ((f"{path}.{name}", getattr(value, name)) for name in value.__struct_fields__)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f"{path}.{f.name}", getattr(value, f.name)) for f in dataclasses.fields(value))
+    elif type(value).__module__.partition(".")[0] in ("numpy", "torch") and hasattr(value, "tolist"):
+        return non_finite(value.tolist(), path, depth + 1)
+    else:
+        return None
+    for where, item in items:
+        if (found := non_finite(item, where, depth + 1)) is not None:
+            return found
+    return None
