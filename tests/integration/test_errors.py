@@ -109,9 +109,15 @@ def test_deadline_passed_is_504(probe, http, ember_url):
         ember._client.default_transport().invoke("probe", "nap", b"3.0", timeout_s=0.5)
 
 
-def test_bad_timeout_header_is_400(hello, http):
-    err = error_of(http.post("/v1/hello/greet", json="x", headers={"X-Ember-Timeout": "soon"}), 400, "bad_request")
-    assert err["field"] == "X-Ember-Timeout"
+@pytest.mark.parametrize("timeout", ["soon", "0", "-1", "5e-324", "0.0009", "inf", "nan", ""])
+def test_bad_timeout_header_is_400(hello, http, timeout):
+    """Before any call: a timeout too small to serve anything (5e-324) was a 504 after running nothing."""
+    err = error_of(http.post("/v1/hello/greet", json="x", headers={"X-Ember-Timeout": timeout}), 400, "bad_request")
+    assert err["field"] == "X-Ember-Timeout" and "at least 0.001" in err["message"]
+
+
+def test_the_least_timeout_header_is_taken(hello, http):
+    assert http.post("/v1/hello/add", json={"a": 1}, headers={"X-Ember-Timeout": "0.001"}).status_code in (200, 504)
 
 
 def test_no_ready_replica_is_503_with_retry_after(deployed, transport, http):

@@ -22,6 +22,7 @@ from ember.wire import (
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
     HTTP_VERSION_HEADER,
+    MIN_TIMEOUT_S,
     RESERVED_APP_NAMES,
     CallRecord,
     Deployment,
@@ -266,7 +267,8 @@ def _timeout(request: Request, limit: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 < value < float("inf"):
-        raise BadRequestError(f"{HTTP_TIMEOUT_HEADER} must be a positive number of seconds", field=HTTP_TIMEOUT_HEADER)
+    if not MIN_TIMEOUT_S <= value < float("inf"):
+        raise BadRequestError(f"{HTTP_TIMEOUT_HEADER} must be a number of seconds, at least {MIN_TIMEOUT_S:g}",
+                              field=HTTP_TIMEOUT_HEADER)
     return min(value, limit)
 

@@ -12,6 +12,7 @@ from ember.wire import (
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
     HTTP_VERSION_HEADER,
+    MIN_TIMEOUT_S,
     Deployment,
     FunctionSpec,
 )
@@ -56,7 +57,7 @@ def _header(name: str, description: str, schema: dict[str, Any]) -> dict[str, An
 
 
 _TIMEOUT = _header(HTTP_TIMEOUT_HEADER, "the call's deadline in seconds (capped by the function's timeout_s)",
-                   {"type": "number", "exclusiveMinimum": 0})
+                   {"type": "number", "minimum": MIN_TIMEOUT_S})
 _IDEMPOTENCY_KEY = _header("Idempotency-Key", "a repeat with the same key and body answers the first call",
                            {"type": "string", "minLength": 1, "maxLength": 256})
 def _json_body(schema: dict[str, Any], required: bool = True) -> dict[str, Any]:

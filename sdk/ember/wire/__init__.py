@@ -62,6 +62,7 @@ from ember.wire.headers import (
     HTTP_CALL_ID_HEADER,
     HTTP_TIMEOUT_HEADER,
     HTTP_VERSION_HEADER,
+    MIN_TIMEOUT_S,
 )
 from ember.wire.nodes import (
     Device,
@@ -145,6 +146,7 @@ __all__ = [
     "HTTP_CALL_ID_HEADER",
     "HTTP_TIMEOUT_HEADER",
     "HTTP_VERSION_HEADER",
+    "MIN_TIMEOUT_S",
     "RESERVED_APP_NAMES",
     "Answer",
     "AppView",

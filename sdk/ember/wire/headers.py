@@ -7,6 +7,7 @@ DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
+MIN_TIMEOUT_S = 0.001  # the least X-Ember-Timeout: below a millisecond no call can be served (a 400, not a 504)
 HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
 HTTP_VERSION_HEADER = "X-Ember-Version"  # on an answer: the app version that ran the call
