@@ -206,6 +206,16 @@ def test_binary_sizes_must_match_the_body(arrays, http):
     assert ok.json()["outputs"][0]["data"] == [2.0], ok.text
 
 
+def test_the_document_declares_the_protocols_own_errors(arrays, http):
+    """The 404s below answer {"error": message}; /openapi.json said ErrorBody (schemathesis' ST108)."""
+    paths = http.get("/openapi.json").json()["paths"]
+    for method, path in [("get", "/v2/models/{model}"), ("get", "/v2/models/{model}/ready"),
+                         ("get", "/v2/models/{model}/config"), ("post", "/v2/models/{model}/infer")]:
+        declared = paths[path][method]["responses"]["404"]["content"]["application/json"]["schema"]
+        assert declared == {"$ref": "#/components/schemas/OipError"}, (method, path)
+        _refused(http.request(method.upper(), path.replace("{model}", "arrays.nothing"), json={"inputs": []}), 404)
+
+
 def test_unknown_models_versions_and_tokens(arrays, http, anon_http):
     _refused(http.get("/v2/models/arrays.nothing"), 404, "nothing")
     _refused(http.get("/v2/models/nobody.scale"), 404)

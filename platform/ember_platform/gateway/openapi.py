@@ -299,10 +299,11 @@ def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any
                    for name in re.findall(r"\{(\w+)(?::\w+)?\}", path)]
     if need != OPEN:
         errors = tuple(sorted({*errors, 401, *((403,) if need != "token" else ())}))
+    error_body = _ref("OipError" if path == "/v2" or path.startswith("/v2/") else "ErrorBody")  # the protocol's own
     operation: dict[str, Any] = {
         "operationId": f"{method.lower()} {path}", "summary": summary,
         "responses": {str(status): answer,
-                      **{str(code): _answer(_ERRORS[code], _ref("ErrorBody")) for code in errors}},
+                      **{str(code): _answer(_ERRORS[code], error_body) for code in errors}},
     }
     if need == OPEN:
         operation["security"] = []
