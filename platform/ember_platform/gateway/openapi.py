@@ -284,6 +284,19 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
 }
 
 
+# Answers that are streams beside their JSON: each media type a route may answer, with what one event or line is.
+_STREAMS: dict[tuple[str, str], dict[str, Any]] = {
+    ("GET", "/v1/apps/{app}/logs"): {  # with follow=true: open until the client leaves
+        "text/event-stream": {"schema": {"type": "string", "description": "Server-Sent Events: `line` (data: a "
+                                         "LogLine), `dropped` ({\"dropped\": n}), `error` (an ErrorBody); "
+                                         "comments as keep-alives"}},
+        "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON object per line: a LogLine, "
+                                            "or {\"event\": \"dropped\"|\"error\", ...}; empty lines as "
+                                            "keep-alives"}},
+    },
+}
+
+
 def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any]:
     op = _OPERATIONS.get((method, path))
     if op is None:  # a route without an entry above: documented all the same, with what every route has
@@ -293,6 +306,8 @@ def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any
         answer = _answer(description, schema, media, _CALL_HEADERS if status == 200 else None)
     else:
         answer = _answer(description, schema, media)
+    if (method, path) in _STREAMS:
+        answer.setdefault("content", {}).update(_STREAMS[method, path])
     path_params = [{"name": name, "in": "path", "required": True, "description": _PATH_PARAMS[name][0],
                     "schema": _PATH_PARAMS[name][1]} if name in _PATH_PARAMS else
                    {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}

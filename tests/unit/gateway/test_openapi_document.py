@@ -152,3 +152,10 @@ def test_the_encoded_document_follows_the_deployments():
     paths = msgspec.json.decode(second)["paths"]
     assert "/v1/a/g" in paths and "/v1/a/f" not in paths
     assert "/v1/a/f" not in msgspec.json.decode(cache.document(ROUTES, {}))["paths"]
+
+
+def test_the_logs_route_declares_its_streams():
+    """With follow=true the answer is a stream that stays open (schemathesis read it to a timeout): the document
+    says which media types it may be, beside the JSON list of kept lines."""
+    answer = openapi.static_document(ROUTES)["paths"]["/v1/apps/{app}/logs"]["get"]["responses"]["200"]
+    assert set(answer["content"]) == {"application/json", "text/event-stream", "application/x-ndjson"}
