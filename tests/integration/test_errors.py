@@ -39,7 +39,10 @@ def test_a_post_to_an_api_route_is_never_taken_for_a_call(hello, http, path):
     ("PUT", "/v1/apps/hello", "DELETE, GET, HEAD, OPTIONS"),  # two routes of one path: both methods
     ("PATCH", "/v1/calls/abc", "DELETE, GET, HEAD, OPTIONS"),
     ("POST", "/healthz", "GET, HEAD, OPTIONS"),
-    ("DELETE", "/v2/models/hello.greet/infer", "GET, HEAD, OPTIONS, POST"),  # GET: the protocol's own 404
+    ("DELETE", "/v2/models/hello.greet/infer", "OPTIONS, POST"),
+    ("POST", "/v2/health/live", "GET, HEAD, OPTIONS"),  # a path the protocol has: not its 404 for any other
+    ("PUT", "/v2/models", "GET, HEAD, OPTIONS"),
+    ("PUT", "/v2/no/such/path", "GET, HEAD, OPTIONS, POST"),  # the protocol answers any other path (its 404)
 ])
 def test_a_method_a_path_does_not_take_is_a_405_that_says_which_it_takes(hello, http, method, path, allowed):
     """RFC 9110: a 405 carries ``Allow``, every method of the path; OPTIONS answers with it too."""

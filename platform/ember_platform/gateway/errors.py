@@ -47,16 +47,25 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
 def method_not_allowed(request: Request) -> Response:
     """A path the API has, asked with a method it does not take: 405 with ``Allow`` (RFC 9110: every method of
     every route of that path, one route per method here), or, asked with OPTIONS, 204 with the same ``Allow``."""
-    allowed = {"OPTIONS"}
-    for candidate in request.app.router.routes:
-        match, child = candidate.matches(request.scope)
-        app = str(child.get("path_params", {}).get("app", "")).partition("@")[0]
-        if match != Match.NONE and app not in RESERVED_APP_NAMES:  # the path is its (``/v1/apps/x`` is no call)
-            allowed |= set(getattr(candidate, "methods", None) or ())
-    allow = {"Allow": ", ".join(sorted(allowed))}
+    allowed = path_methods(request) or path_methods(request, fallbacks=True)
+    allow = {"Allow": ", ".join(sorted({"OPTIONS", *allowed}))}
     if request.method == "OPTIONS":
         return Response(status_code=204, headers=allow)
     message = f"{request.method} is not allowed here; allowed: {allow['Allow']}"
     response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
     response.headers.update(allow)
     return response
+
+
+def path_methods(request: Request, *, fallbacks: bool = False) -> set[str]:
+    """The methods of the routes whose path is the request's: its own routes, or with ``fallbacks`` the catch-alls
+    (``/v2/{path:path}``, the protocol's 404 for any path it does not have). ``/v1/apps/x`` is no call of an app
+    named ``apps``."""
+    methods: set[str] = set()
+    for candidate in request.app.router.routes:
+        match, child = candidate.matches(request.scope)
+        app = str(child.get("path_params", {}).get("app", "")).partition("@")[0]
+        fallback = ":path}" in getattr(candidate, "path", "")
+        if match != Match.NONE and app not in RESERVED_APP_NAMES and fallback == fallbacks:
+            methods |= set(getattr(candidate, "methods", None) or ())
+    return methods

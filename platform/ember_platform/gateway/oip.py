@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -55,6 +56,7 @@ from ember_platform.auth.scopes import INVOKE, READ
 from ember_platform.auth.tokens import TokenRefused
 from ember_platform.gateway import binary, calls
 from ember_platform.gateway.body import header, read_body
+from ember_platform.gateway.errors import path_methods
 from ember_platform.gateway.guard import TOKEN, Need, authorize, checks_itself, principal_of
 from ember_platform.gateway.metrics import CALLED
 from ember_platform.gateway.responses import platform_of
@@ -121,7 +123,10 @@ async def server_metadata(request: Request) -> Response:
 @checks_itself(TOKEN)
 @oip_errors
 async def unknown(request: Request) -> Response:
-    """Any other ``/v2/...`` path (with a token: without one, nobody learns what is served): the protocol's 404."""
+    """Any other ``/v2/...`` path (with a token: without one, nobody learns what is served): the protocol's 404; a
+    path the protocol has, asked with another method (``POST /v2/health/live``), is a 405 with ``Allow``."""
+    if path_methods(request):
+        raise HTTPException(405)
     authorize(request, TOKEN)
     raise NotFoundError(f"no route {request.method} {request.url.path[:200]} (the Open Inference Protocol's "
                         "routes are /v2, /v2/health/..., /v2/repository/index and /v2/models/<app>.<fn>/...)")
