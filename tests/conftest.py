@@ -14,6 +14,14 @@ def repo_root() -> Path:
     return REPO
 
 
+def pytest_markeval_namespace(config: pytest.Config) -> dict[str, object]:
+    """Names a string condition of ``skipif`` may use, evaluated when its test runs: ``cuda()`` (torch imported
+    then, not as each worker collects; ``support.lazy``)."""
+    from support.lazy import cuda
+
+    return {"cuda": cuda}
+
+
 def _file_seconds() -> dict[str, float]:
     """``tests/slowest.txt``: seconds per test file (relative to tests/), as last measured."""
     seconds = {}

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
+from support.lazy import torch
 from support.paths import DIGITS
 
 import ember
@@ -26,7 +26,7 @@ MODEL = DIGITS / "digits.onnx"
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 PIXELS = np.asarray([s["pixels"] for s in SAMPLES], dtype=np.float32)
 LABELS = [s["label"] for s in SAMPLES]
-ort_cannot_use_cuda = pytest.mark.skipif(torch.cuda.is_available(),
+ort_cannot_use_cuda = pytest.mark.skipif("cuda()",
                                          reason="checks the silent CPU fallback of a machine without a GPU")
 
 
@@ -176,7 +176,7 @@ def test_the_onnx_digits_example_predicts_as_before(monkeypatch: pytest.MonkeyPa
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.skipif("not cuda()", reason="needs an NVIDIA GPU")
 def test_on_a_gpu_the_session_really_runs_there() -> None:
     sess = eo.session(MODEL, device="cuda:0", tensorrt=False)
     assert (sess.device, sess.degraded) == ("cuda:0", False)

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-import torch
+from support.lazy import torch
 from support.paths import DIGITS
 
 import ember
@@ -19,7 +19,7 @@ from ember.backends import BackendUnavailableError
 from ember.backends import torch as et
 
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
-no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine where torch has no CUDA")
+no_cuda = pytest.mark.skipif("cuda()", reason="checks a machine where torch has no CUDA")
 
 
 @pytest.fixture

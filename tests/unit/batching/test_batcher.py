@@ -9,9 +9,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.lazy import torch
 
 from ember._errors import DeadlineExceededError, EmberError, OverloadedError, RemoteError, UnavailableError
 from ember_runtime.batching.batcher import Batcher, Call

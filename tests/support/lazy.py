@@ -1,0 +1,25 @@
+"""torch for the test files that use it, imported when one of their tests first does: not by every xdist worker
+that only collects those files (a second of CPU each, while the suite starts on two cores). A skip that depends on
+CUDA is a string condition (``skipif("cuda()")``, ``cuda`` given by tests/conftest.py), which pytest evaluates
+when the test runs."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+class _Lazy(ModuleType):
+    """A module imported on its first attribute lookup."""
+
+    def __getattr__(self, attribute: str) -> Any:
+        return getattr(importlib.import_module(self.__name__), attribute)
+
+
+torch: Any = _Lazy("torch")
+
+
+def cuda() -> bool:
+    """Whether torch sees a CUDA device (the CPU build never does)."""
+    return bool(torch.cuda.is_available())
