@@ -5,15 +5,14 @@ which said nothing of what went wrong (seen in CI, as an image build's failure).
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import pytest
+from support import doors
 
-from ember_runtime.agent import netns, sandbox
+from ember_runtime.agent import sandbox
 from ember_runtime.agent.sandbox import Jail, environment
 
 
@@ -42,16 +41,12 @@ def test_a_sandbox_that_cannot_be_set_up_says_what_bwrap_said(networked, tmp_pat
 
 def test_a_sandbox_that_can_be_set_up_runs_and_its_door_closes_after_it(networked, tmp_path):
     (tmp_path / "bundle").mkdir()
-    doors = netns.RUN_ROOT / str(os.getpid())  # this process's doors: one folder each
 
     async def run() -> tuple[bytes, list[Path]]:
         proc = await sandbox.start(networked, [sys.executable, "-c", "print('ran')"], Jail(bundle=tmp_path / "bundle"),
                                    environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
         out = await proc.stdout.read()
         assert await proc.wait() == 0
-        deadline = time.monotonic() + 10
-        while list(doors.glob("door-*")) and time.monotonic() < deadline:  # closed as the loop sees the exit
-            await asyncio.sleep(0.02)
-        return out, list(doors.glob("door-*"))
+        return out, await doors.until_closed()  # closed as the loop sees the sandbox end
 
     assert asyncio.run(run()) == (b"ran\n", [])

@@ -12,6 +12,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from support import doors
 
 from ember_runtime.agent import netns, sandbox
 from ember_runtime.agent.sandbox import Jail, environment
@@ -42,6 +43,7 @@ def test_pasta_attaches_once_the_sandbox_waits_for_it(networked, tmp_path, monke
                                        environment({}, sandboxed=True), partial(sandbox.prepare_child, None))
             await proc.stdout.read()
             assert await proc.wait() == 0
+        assert await doors.until_closed() == []
 
     asyncio.run(run())
     assert len(seen) == 5 and all("pipe" in wchan for wchan in seen), seen  # blocked reading --block-fd
