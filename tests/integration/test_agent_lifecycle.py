@@ -13,6 +13,7 @@ import httpx
 import msgspec
 import pytest
 from support.auth import bearer
+from support.natsconn import all_keys
 from support.natsconn import connect as admin_connect
 from support.paths import TEST_APPS
 from support.platform import TestPlatform
@@ -59,10 +60,7 @@ def _states(url: str, replica_ids: list[str]) -> set[str]:
         nc = await admin_connect(url)
         try:
             kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
-            try:  # a replica's key is <node id>.<replica id>
-                keys = {key.partition(".")[2]: key for key in await kv.keys()}
-            except Exception:  # no keys at all
-                keys = {}
+            keys = {key.partition(".")[2]: key for key in await all_keys(kv)}  # <node id>.<replica id>
             states = set()
             for replica_id in replica_ids:
                 try:

@@ -11,8 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import pytest
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js.errors import NoKeysError
+from support.natsconn import all_keys
 from support.natsconn import connect as admin_connect
 
 from ember._errors import UnavailableError
@@ -47,17 +46,11 @@ def _big(char: str) -> bytes:
 
 
 async def _objects(stores: Stores, call_id: str) -> list[str]:
-    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``). Listing the
-    keys may time out on a loaded machine: asked again (before, a timeout read as "no chunks", failing the test)."""
-    for _ in range(5):
-        try:
-            keys = await stores.results.keys()
-        except NoKeysError:  # the bucket holds nothing
-            return []
-        except (TimeoutError, NatsTimeoutError):
-            continue
-        return sorted({k.split(".")[2] for k in keys if k.startswith(f"a.{call_id}.")})
-    raise AssertionError("the results bucket's keys could not be listed")
+    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``)."""
+    keys = await all_keys(stores.results)
+    return sorted({k.split(".")[2] for k in keys if k.startswith(f"a.{call_id}.")})
+
+
 
 
 def test_a_late_duplicate_never_overwrites_the_winners_large_output(platform):
@@ -144,7 +137,4 @@ class _Refusing:
 
 
 async def _keys(stores: Stores) -> list[str]:
-    try:
-        return list(await stores.calls.keys())
-    except Exception:  # no keys at all
-        return []
+    return await all_keys(stores.calls)

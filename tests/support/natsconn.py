@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import nats
+from nats.js.errors import NoKeysError
 
 from ember.wire.natscreds import NatsCredentials
 
@@ -22,3 +23,16 @@ async def connect(url: str = "", *, servers: list[str] | None = None, **options:
     listed = servers or [u.strip() for u in url.split(",")]
     creds = next((_CREDENTIALS[u] for u in listed if u in _CREDENTIALS), None)
     return await nats.connect(servers=listed, **(creds.connect_options() if creds else {}), **options)
+
+
+async def all_keys(bucket: Any) -> list[str]:
+    """Every key of a KV ``bucket``. Listing may time out on a loaded machine: asked again (a timeout read as "no
+    keys" failed tests that compare key lists, and could pass one that waits for keys to go)."""
+    for _ in range(5):
+        try:
+            return list(await bucket.keys())
+        except NoKeysError:  # the bucket holds nothing
+            return []
+        except (TimeoutError, nats.errors.TimeoutError):
+            continue
+    raise AssertionError("the bucket's keys could not be listed")
