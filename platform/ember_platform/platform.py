@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from pathlib import Path
 
 from nats.aio.client import Client
+from nats.js.errors import APIError, ServiceUnavailableError
 
 from ember.wire import assignment_decoder
 from ember.wire.images import ImageSpec
@@ -35,6 +37,12 @@ from ember_platform.volumes.store import VolumeStore
 
 log = logging.getLogger("ember.platform")
 SLOW_STOP_S = 2.0  # a part of the control plane that takes longer to stop is named in its log
+START_RETRY_S = 60.0  # how long a start waits for a JetStream cluster that cannot place streams yet
+_NOT_PLACEABLE = {10005, 10008}  # JetStream: no suitable peers (insufficient resources); cluster not available
+
+
+def _not_placeable_yet(exc: APIError) -> bool:
+    return isinstance(exc, ServiceUnavailableError) or exc.err_code in _NOT_PLACEABLE
 
 
 class Platform:
@@ -72,6 +80,22 @@ class Platform:
 
     @classmethod
     async def start(cls, settings: Settings) -> Platform:
+        """Connected, with every bucket and stream in place. A JetStream cluster that has just formed may not place
+        a replicated stream yet ("no suitable peers for placement": its peers have not all reported): the start
+        is tried again, each second for ``START_RETRY_S``, not given up at once (a control plane started with its
+        NATS cluster exited, CI's test_nats_cluster)."""
+        deadline = time.monotonic() + START_RETRY_S
+        while True:
+            try:
+                return await cls._start_once(settings)
+            except APIError as exc:
+                if not _not_placeable_yet(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("JetStream cannot place Ember's streams yet (%s); starting again in 1 s", exc.description)
+                await asyncio.sleep(1.0)
+
+    @classmethod
+    async def _start_once(cls, settings: Settings) -> Platform:
         keys = auth_keys.load(Path(settings.nats_auth_dir)) if settings.nats_auth_dir else None
         nc = await connect(settings.nats_url, "ember-platform", keys.platform_credentials() if keys else None)
         registry = Registry(nc, settings.log_lines_kept, settings.ack_wait_s)
