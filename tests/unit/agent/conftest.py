@@ -14,3 +14,12 @@ def node_sandbox() -> Sandbox:
         return Sandbox.for_node("required")
     except sandbox.SandboxUnavailable as exc:
         pytest.skip(f"this kernel does not allow sandboxes: {exc}")
+
+
+@pytest.fixture(scope="module")
+def networked(node_sandbox: Sandbox) -> Sandbox:
+    """The node's sandbox with a network namespace of its own per sandbox (pasta), or a skip where it has none."""
+    found = node_sandbox.with_network("nats://127.0.0.1:4222")
+    if not found.own_network:
+        pytest.skip(f"no network of its own for a sandbox here: {found.network_why_not}")
+    return found

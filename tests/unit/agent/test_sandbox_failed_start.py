@@ -16,14 +16,6 @@ from ember_runtime.agent import sandbox
 from ember_runtime.agent.sandbox import Jail, environment
 
 
-@pytest.fixture(scope="module")
-def networked(node_sandbox):
-    found = node_sandbox.with_network("nats://127.0.0.1:4222")
-    if not found.own_network:
-        pytest.skip(f"no network of its own for a sandbox here: {found.network_why_not}")
-    return found
-
-
 def test_a_sandbox_that_cannot_be_set_up_says_what_bwrap_said(networked, tmp_path):
     (tmp_path / "bundle").mkdir()
     missing = tmp_path / "not-there"

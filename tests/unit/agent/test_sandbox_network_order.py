@@ -11,19 +11,10 @@ import sys
 from functools import partial
 from pathlib import Path
 
-import pytest
 from support import doors
 
 from ember_runtime.agent import netns, sandbox
 from ember_runtime.agent.sandbox import Jail, environment
-
-
-@pytest.fixture(scope="module")
-def networked(node_sandbox):
-    found = node_sandbox.with_network("nats://127.0.0.1:4222")
-    if not found.own_network:
-        pytest.skip(f"no network of its own for a sandbox here: {found.network_why_not}")
-    return found
 
 
 def test_pasta_attaches_once_the_sandbox_waits_for_it(networked, tmp_path, monkeypatch):
