@@ -100,14 +100,19 @@ def body_limit(platform: Platform, fn: FunctionSpec) -> int:
 
 async def read_call_body(request: Request, platform: Platform, app: str, fn: FunctionSpec) -> bytes:
     """A call's body within its function's limit; the 413 names the limit and where it comes from."""
-    limit = body_limit(platform, fn)
     try:
-        return await read_body(request, limit)
+        return await read_body(request, body_limit(platform, fn))
     except PayloadTooLargeError as exc:
-        source = (f"{app}.{fn.name}'s max_body_bytes" if fn.max_body_bytes else "the platform's EMBER_MAX_BODY_BYTES")
-        if limit < (fn.max_body_bytes or platform.settings.max_body_bytes):
-            source = "the platform's cap (EMBER_MAX_BODY_CAP_BYTES, or the NATS message limit)"
-        raise PayloadTooLargeError(f"{exc} ({source}: {limit} bytes)", field="body") from exc
+        raise over_limit(platform, app, fn, str(exc)) from exc
+
+
+def over_limit(platform: Platform, app: str, fn: FunctionSpec, what: str) -> PayloadTooLargeError:
+    """The 413 of a call over its function's limit: ``what`` is over it, with the limit and where it comes from."""
+    limit = body_limit(platform, fn)
+    source = (f"{app}.{fn.name}'s max_body_bytes" if fn.max_body_bytes else "the platform's EMBER_MAX_BODY_BYTES")
+    if limit < (fn.max_body_bytes or platform.settings.max_body_bytes):
+        source = "the platform's cap (EMBER_MAX_BODY_CAP_BYTES, or the NATS message limit)"
+    return PayloadTooLargeError(f"{what} ({source}: {limit} bytes)", field="body")
 
 
 def prepare(validator: InputValidator, formats: Formats, body: bytes) -> tuple[bytes, bool]:

@@ -11,8 +11,9 @@ import pytest
 
 from ember._errors import BadRequestError, NotFoundError
 from ember.wire import FunctionSpec
-from ember.wire.tensors import TensorMeta, TensorSignature, read_compact
-from ember_platform.gateway.oip import _inputs, _outputs, _split, _timeout, _version
+from ember.wire.tensors import CompactTensor, TensorMeta, TensorSignature
+from ember_platform.gateway.oip import HEADER_LENGTH, _split
+from ember_platform.gateway.oip_infer import BodyTail, inputs, timeout_of, version_of, wants_binary
 
 SCALE = FunctionSpec(name="scale", attr="scale", input_mode="kwargs", params=["x", "k"], tensors=TensorSignature(
     inputs=[TensorMeta(name="x", datatype="FP32", shape=[-1, 2]), TensorMeta(name="k", datatype="INT64", shape=[1])],
@@ -21,10 +22,10 @@ ANY = FunctionSpec(name="any", attr="any", input_mode="single", params=["x"], te
     inputs=[TensorMeta(name="x")], outputs=[TensorMeta(name="output")]))
 
 
-def _parse(fn: FunctionSpec, head: dict[str, Any], binary: bytes = b"") -> dict[str, Any]:
+def _parse(fn: FunctionSpec, head: dict[str, Any], binary: bytes = b"") -> dict[str, CompactTensor]:
     data = msgspec.json.encode(head)
     req, tail = _split(data + binary, str(len(data)) if binary else None)
-    return {name: read_compact(ext.data) for name, ext in _inputs(req, tail, fn).items()}
+    return inputs(req, fn, BodyTail(tail, HEADER_LENGTH))
 
 
 def test_json_and_binary_inputs_become_the_same_compact_tensors() -> None:
@@ -96,20 +97,20 @@ def test_the_header_length_must_be_honest(declared: str, words: str) -> None:
 def test_requested_outputs_and_timeouts() -> None:
     req, _ = _split(msgspec.json.encode({"inputs": [], "parameters": {"binary_data_output": True, "timeout": 5000}}),
                     None)
-    assert _outputs(req, SCALE) is True
-    assert _timeout(req, 60.0) == 0.005
+    assert wants_binary(req, SCALE) is True
+    assert timeout_of(req, 60.0) == 0.005
     req, _ = _split(b'{"inputs": [], "outputs": [{"name": "output", "parameters": {"binary_data": false}}]}', None)
-    assert _outputs(req, SCALE) is False
+    assert wants_binary(req, SCALE) is False
     req, _ = _split(b'{"inputs": [], "outputs": [{"name": "logits"}]}', None)
     with pytest.raises(BadRequestError, match="unknown output"):
-        _outputs(req, SCALE)
+        wants_binary(req, SCALE)
     req, _ = _split(b'{"inputs": [], "parameters": {"timeout": -1}}', None)
     with pytest.raises(BadRequestError, match="microseconds"):
-        _timeout(req, 60.0)
+        timeout_of(req, 60.0)
 
 
 @pytest.mark.parametrize("raw", ["0", "-1", "\u00b2", "\u0661", "1e3", "9" * 13, ""])
 def test_a_version_that_is_no_whole_number_is_a_404(raw: str) -> None:
     with pytest.raises(NotFoundError, match="version"):
-        _version(raw)
-    assert _version("12") == 12
+        version_of(raw)
+    assert version_of("12") == 12
