@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import logging
 import os
 import socket
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +38,11 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8700, help="0 picks a free port")
     parser.add_argument("--url-file", type=Path, help="write the served URL here once listening")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="serve the Open Inference Protocol over gRPC (Triton's and KServe's "
+                             "inference.GRPCInferenceService) on this port too; 0 picks a free port (off unless given)")
+    parser.add_argument("--grpc-url-file", type=Path,
+                        help="write the gRPC address (host:port) here once listening, before --url-file is written")
     parser.add_argument("--reuse-port", action="store_true",
                         help="bind with SO_REUSEPORT, so that several control planes on this host serve one --port "
                              "(the kernel spreads the connections among them)")
@@ -66,12 +74,17 @@ def main() -> None:
                  "replica_credentials_ttl_s": args.replica_credentials_ttl}
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None}, **_auth_settings(args))
 
+    port = args.port
     try:  # before anything starts: a port another process holds ends this start at once, not after NATS
-        listening = _listening_socket(args.host, args.port, reuse_port=args.reuse_port)
+        listening = _listening_socket(args.host, port, reuse_port=args.reuse_port)
+        if args.grpc_port:
+            port = args.grpc_port
+            _listening_socket(args.host, port, reuse_port=args.reuse_port).close()  # grpc binds it again, itself
     except OSError as exc:
         hint = "" if args.reuse_port else " (several control planes share one port with --reuse-port, each of them)"
-        parser.exit(1, f"ember_platform: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}{hint}\n")
-    config = uvicorn.Config(create_app(settings, on_first_token=_announce), host=args.host, port=args.port,
+        parser.exit(1, f"ember_platform: cannot listen on {args.host}:{port}: {exc.strerror or exc}{hint}\n")
+    config = uvicorn.Config(create_app(settings, on_first_token=_announce, beside=_grpc(args)), host=args.host,
+                            port=args.port,
                             log_level="warning",
                             access_log=False, timeout_graceful_shutdown=10,
                             timeout_keep_alive=KEEP_ALIVE_S,
@@ -97,6 +110,17 @@ def main() -> None:
         ember_loop.run(serve())
     finally:
         tracing.shutdown()  # the last spans, flushed
+
+
+def _grpc(args: argparse.Namespace) -> Callable[[Any], AbstractAsyncContextManager[object]] | None:
+    """The gRPC server of ``--grpc-port``, None without it. Its module is imported only then: grpc costs a control
+    plane's start a fifth more imports (60 ms), and most control planes (the test suite's) serve no gRPC."""
+    if args.grpc_port is None:
+        return None
+    oip_grpc = importlib.import_module("ember_platform.gateway.oip_grpc")
+    serving: Callable[[Any], AbstractAsyncContextManager[object]] = oip_grpc.serving(
+        args.host, args.grpc_port, reuse_port=args.reuse_port, url_file=args.grpc_url_file)
+    return serving
 
 
 def settle_gc() -> None:

@@ -55,8 +55,14 @@ class CallIO:
         """Read the call types of ``fn`` (a plain function, or a method with ``self``)."""
         io = cls._of(fn, batched=batched, is_method=is_method)
         if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            where = f"{fn.__qualname__}()"
             io.stream = True
-            io.output_type = stream_item(f"{fn.__qualname__}()", io.output_type)
+            io.output_type = stream_item(where, io.output_type)
+            # A generator of arrays: each item a tensor (a decoupled model of the Open Inference Protocol).
+            io.output_tensor = tensor_of(stream_item(where, typing.get_type_hints(fn, include_extras=True).get(
+                "return", Any)))
+            if io.output_tensor is not None:
+                io.output_type = Any
         return io
 
     @classmethod

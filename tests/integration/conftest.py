@@ -27,7 +27,8 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]
         env.setenv("EMBER_ACK_WAIT_S", "3")  # short, so that redelivery after a crash is quick to test
         env.setenv("EMBER_KEEP_PREVIOUS_S", "0")  # a replaced version stops after its drain (test_keep_previous:
         #                                          the platforms that keep it warm)
-        with TestPlatform(state) as running:  # every test platform: every sandbox in a network of its own (the default)
+        # every test platform: every sandbox in a network of its own (the default); this one serves gRPC too
+        with TestPlatform(state, grpc_port=0) as running:
             yield running
 
 

@@ -8,7 +8,7 @@ To add a route: write its handler in the module of its group (``calls``, ``apps`
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -113,10 +113,11 @@ ROUTES = [
 ]
 
 
-def create_app(settings: Settings | None = None, *,
-               on_first_token: Callable[[str], None] | None = None) -> Gateway:
+def create_app(settings: Settings | None = None, *, on_first_token: Callable[[str], None] | None = None,
+               beside: Callable[[Platform], AbstractAsyncContextManager[object]] | None = None) -> Gateway:
     """The control plane's ASGI app; it connects to NATS on startup and drains on shutdown. ``on_first_token`` is
-    given the installation's first admin token when this start created it (to show it, once)."""
+    given the installation's first admin token when this start created it (to show it, once). ``beside``: what
+    else serves the platform (the gRPC server), entered once it has started and left before it stops."""
     settings = settings or Settings()
 
     @asynccontextmanager
@@ -126,7 +127,8 @@ def create_app(settings: Settings | None = None, *,
         if platform.first_token and on_first_token is not None:
             on_first_token(platform.first_token)
         try:
-            yield
+            async with beside(platform) if beside is not None else nullcontext():
+                yield
         finally:
             await platform.stop()
 

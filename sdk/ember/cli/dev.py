@@ -20,11 +20,16 @@ from ember.dev.embedded import EmbeddedPlatform, PortInUseError
 from ember.dev.watch import changes
 from ember.wire import AppView
 
+GRPC_PORT = 8701
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser("dev", help="run nats-server, the control plane and a node agent on this machine")
     p.add_argument("app_file", nargs="?", help="an app to push once the platform is up")
     p.add_argument("--port", type=int, default=8700, help="HTTP port of the control plane (0: any free port)")
+    p.add_argument("--grpc-port", type=int, default=None,
+                   help="gRPC port of the control plane, the Open Inference Protocol's (0: any free port; default "
+                        f"{GRPC_PORT}, or any free port with --port 0)")
     p.add_argument("--state-dir", type=Path, default=Path(".ember/dev"))
     p.add_argument("--watch", action="store_true",
                    help="push a new version (a rollout: the one before serves until it is ready) whenever the app "
@@ -37,13 +42,15 @@ def run(args: argparse.Namespace) -> int:
         print("ember dev: --watch needs the app file to watch", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
-    platform = EmbeddedPlatform(args.state_dir, http_port=args.port)
+    grpc_port = args.grpc_port if args.grpc_port is not None else (GRPC_PORT if args.port else 0)
+    platform = EmbeddedPlatform(args.state_dir, http_port=args.port, grpc_port=grpc_port)
     try:
         platform.start()
         os.environ["EMBER_URL"] = platform.url
         os.environ["EMBER_TOKEN"] = platform.token
         print(f"Ember is running at {platform.url} (NATS {platform.nats_url}); logs in {platform.log_dir}",
               flush=True)
+        print(f"Open Inference Protocol over gRPC at {platform.grpc_address} (tritonclient.grpc)", flush=True)
         for note in platform.isolation_notes():
             print(f"WARNING: {note}", flush=True)
         if args.app_file:
@@ -56,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
         while True:
             signal.pause()
     except PortInUseError as exc:  # raised before anything started
-        print(f"ember dev: {exc}; choose another with --port, as in `ember dev --port {args.port + 1}` "
-              "(--port 0: any free port)", file=sys.stderr)
+        print(f"ember dev: {exc}; choose another with {exc.flag}, as in `ember dev {exc.flag} {exc.port + 1}` "
+              f"({exc.flag} 0: any free port)", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("draining and stopping...", flush=True)

@@ -31,7 +31,13 @@ _NOT_INHERITED = frozenset({"EMBER_TOKEN", "EMBER_NATS_CREDS", "EMBER_NATS_CREDS
 
 
 class PortInUseError(UnavailableError):
-    """The HTTP port asked for is taken; nothing was started."""
+    """A port asked for (HTTP's, or gRPC's) is taken; nothing was started. ``flag``: the ``ember dev`` flag that
+    chooses another."""
+
+    def __init__(self, message: str, *, port: int, flag: str = "--port") -> None:
+        super().__init__(message)
+        self.port = port
+        self.flag = flag
 
 
 def nats_server_binary() -> str:
@@ -51,11 +57,15 @@ class EmbeddedPlatform:
         ...     print(platform.url)
     """
 
-    def __init__(self, state_dir: Path, *, http_port: int = 0, host: str = "127.0.0.1") -> None:
+    def __init__(self, state_dir: Path, *, http_port: int = 0, host: str = "127.0.0.1",
+                 grpc_port: int | None = None) -> None:
+        """``grpc_port``: serve the Open Inference Protocol over gRPC there too (0: a free port; None: not)."""
         self.state_dir = Path(state_dir).resolve()
         self.http_port = http_port
+        self.grpc_port = grpc_port
         self.host = host
         self.url = ""
+        self.grpc_address = ""  # host:port of the gRPC server (as tritonclient.grpc takes it), when it serves
         self.nats_url = ""
         self.token = ""  # an admin token, kept in <state_dir>/token (mode 0600): the same across restarts
         self.node_id = f"{socket.gethostname().split('.')[0]}-{uuid.uuid4().hex[:6]}".replace("_", "-")
@@ -105,20 +115,21 @@ class EmbeddedPlatform:
         return self
 
     def _check_port(self) -> None:
-        """Refuse a taken HTTP port before starting anything: otherwise nats-server and the agent start, and the
-        control plane's exit code is all that tells why (often another Ember still running there)."""
-        if not self.http_port:
-            return
-        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        with socket.socket(family, socket.SOCK_STREAM) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the control plane binds it
-            try:
-                probe.bind((self.host, self.http_port))
-            except OSError as exc:
-                if exc.errno != errno.EADDRINUSE:
-                    raise UnavailableError(f"cannot use port {self.http_port} on {self.host}: {exc.strerror}") from None
-                raise PortInUseError(f"port {self.http_port} on {self.host} is in use (another Ember still "
-                                     "running?)") from None
+        """Refuse a taken port (HTTP's, gRPC's) before starting anything: otherwise nats-server and the agent start,
+        and the control plane's exit code is all that tells why (often another Ember still running there)."""
+        for port, flag, what in ((self.http_port, "--port", "port"), (self.grpc_port, "--grpc-port", "gRPC port")):
+            if not port:
+                continue
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the control plane binds it
+                try:
+                    probe.bind((self.host, port))
+                except OSError as exc:
+                    if exc.errno != errno.EADDRINUSE:
+                        raise UnavailableError(f"cannot use {what} {port} on {self.host}: {exc.strerror}") from None
+                    raise PortInUseError(f"{what} {port} on {self.host} is in use (another Ember still running?)",
+                                         port=port, flag=flag) from None
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = (self.log_dir / f"{name}.log").open("ab")
@@ -151,9 +162,18 @@ class EmbeddedPlatform:
                                         "--secrets-key-file", str(secrets_key(self.state_dir / "secrets.key")),
                                         "--nats-auth-dir", str(self.auth_dir),
                                         "--host", self.host, "--port", str(self.http_port),
-                                        "--url-file", str(url_file)])
+                                        "--url-file", str(url_file), *self._grpc_flags()])
         self.url = self._await(lambda: url_file.read_text() if url_file.exists() else None, proc,
                                "the control plane", timeout_s)
+        if self.grpc_port is not None:  # written before the URL file
+            self.grpc_address = (self.state_dir / "platform.grpc").read_text()
+
+    def _grpc_flags(self) -> list[str]:
+        if self.grpc_port is None:
+            return []
+        grpc_file = self.state_dir / "platform.grpc"
+        grpc_file.unlink(missing_ok=True)
+        return ["--grpc-port", str(self.grpc_port), "--grpc-url-file", str(grpc_file)]
 
     def _wait_ready(self, timeout_s: float) -> None:
         def ready() -> bool | None:

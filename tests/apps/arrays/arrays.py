@@ -2,6 +2,7 @@
 bytes, and of numpy arrays (the array functions run numpy and torch on the CPU)."""
 
 import hashlib
+from collections.abc import Iterator
 from typing import Annotated
 
 import msgspec
@@ -70,6 +71,15 @@ def batched_sums(xs: list[Rows]) -> list[Annotated[np.ndarray, ember.Tensor(dtyp
 def counts(x: np.ndarray) -> np.ndarray:
     """Any array: the number of elements of each dtype it came as, as int64."""
     return np.array([x.size], dtype=np.int64)
+
+
+@app.function()
+def running_sums(x: Rows) -> Iterator[Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=(4,))]]:
+    """The running sum of the rows, one item per row: a decoupled model (gRPC's ModelStreamInfer streams it)."""
+    total = np.zeros(4, dtype=np.float32)
+    for row in x:
+        total = total + row
+        yield total
 
 
 other = ember.App("arrays-other")  # a second app: a token limited to "arrays" must not see its models
