@@ -9,7 +9,7 @@ COMMA  := ,
 EXTRAS := $(shell $(NVIDIA_SMI) -L >/dev/null 2>&1 && echo cpu,dev,gpu || echo cpu,dev)
 STAMP  := $(VENV)/.installed-$(subst $(COMMA),-,$(EXTRAS))
 
-.PHONY: demo test lint bench dev docs clean
+.PHONY: demo test fuzz lint bench dev docs clean
 
 # Every process the suite and the demo start (control planes, agents, replicas, the CLI) caches its bytecode:
 # where the machine sets PYTHONDONTWRITEBYTECODE, each of them compiled Ember's modules again, and pytest rewrote
@@ -34,6 +34,11 @@ test: $(STAMP)
 	@.ci/system-deps  # chromium and passt: installed as root with apt-get, else their tests skip
 	@$(PY) -m compileall -q sdk platform runtime  # sandboxed replicas cannot write the bytecode they read
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
+# The API's contract, schemathesis with every check (tests/integration/test_api_contract.py), with ten times the
+# suite's examples per operation: a nightly run.
+fuzz: $(STAMP)
+	EMBER_CONTRACT_EXAMPLES=50 $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_api_contract.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -16,7 +16,8 @@ def create_token(scopes: Sequence[str], apps: Sequence[str] = ("*",), *, name: s
                  transport: Transport | None = None) -> NewToken:
     """A new token with ``scopes`` on ``apps`` (names or globs), living ``ttl`` (``30d``, ``12h``...) or until
     revoked. The answer holds the token itself: it is never shown again."""
-    body = encoder.encode(TokenRequest(scopes=list(scopes), apps=list(apps), name=name, ttl=ttl))
+    body = encoder.encode(TokenRequest(scopes=list(scopes), apps=list(apps), name=name,  # type: ignore[arg-type]
+                                       ttl=ttl))  # scopes: the platform names an unknown one
     response = (transport or default_transport()).request("POST", "/v1/tokens", content=body, headers=_JSON)
     return msgspec.json.decode(response.content, type=NewToken)
 

@@ -30,7 +30,7 @@ class Follower:
         self.events: queue.Queue[dict[str, object]] = queue.Queue()
         self.ended = threading.Event()
         self.requests = 0
-        headers = {**bearer(token), **({"Accept": "text/event-stream"} if sse else {})}
+        headers = {**bearer(token), "Accept": "text/event-stream" if sse else "application/x-ndjson"}
         self._client = httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(None, connect=5))
         self._params = {**params, "follow": "true"}
         self._sse = sse
@@ -173,9 +173,13 @@ def test_a_bad_follow_query_is_a_400_naming_the_field(hello, http, field, value)
     assert response.json()["error"]["field"] == field
 
 
-def test_until_before_since_is_refused(hello, http):
-    response = http.get("/v1/apps/hello/logs", params={"since": 100, "until": 50})
-    assert response.status_code == 400 and response.json()["error"]["field"] == "until"
+def test_until_before_since_is_a_window_without_lines(hello, http):
+    """Each bound is valid alone, as the document says; together they hold no line (schemathesis' ST202 when this
+    was a 400). A bound that is no timestamp is still refused, naming it."""
+    assert http.get("/v1/apps/hello/logs", params={"since": 100, "until": 50}).json() == []
+    for bad in ("-1", "inf", "soon"):
+        response = http.get("/v1/apps/hello/logs", params={"since": 100, "until": bad})
+        assert response.status_code == 400 and response.json()["error"]["field"] == "until", bad
 
 
 def test_ember_logs_follow_prints_lines_as_they_come(hello, http, platform):

@@ -21,7 +21,8 @@ from fnmatch import fnmatchcase
 from typing import Literal
 
 from ember._errors import ForbiddenError, InvalidInputError, NotFoundError
-from ember.wire.tokens import SCOPES, TokenInfo, TokenRequest
+from ember.wire import bounds
+from ember.wire.tokens import SCOPES, TOKEN_NAME, TOKEN_TTL, TokenInfo, TokenRequest
 
 Scope = Literal["admin", "deploy", "invoke", "read", "events"]
 ADMIN: Scope = "admin"
@@ -36,10 +37,10 @@ _IMPLIES: dict[str, frozenset[str]] = {
     "read": frozenset({"read"}),
     "events": frozenset({"events"}),
 }
-APP_PATTERN = re.compile(r"[a-z0-9*?][a-z0-9*?-]{0,62}")
+APP_PATTERN = re.compile(bounds.APP_PATTERN)
 MAX_PATTERNS = 100
 MAX_NAME = 64
-_TTL = re.compile(r"([0-9]{1,7})([smhd])")
+_TTL = re.compile(TOKEN_TTL)
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_TTL_S = 3650 * 86400  # ten years
 
@@ -94,7 +95,7 @@ EVERYONE = Principal("", frozenset(SCOPES), ["*"])
 def parse_ttl(text: str, field: str = "$.ttl") -> float:
     """Seconds in ``30d``, ``12h``, ``15m`` or ``90s`` (1 second to ten years); ``InvalidInputError`` naming
     ``field`` otherwise."""
-    found = _TTL.fullmatch(text.strip()) if isinstance(text, str) else None
+    found = _TTL.fullmatch(text) if isinstance(text, str) else None
     seconds = int(found[1]) * _UNIT_S[found[2]] if found else 0
     if not 0 < seconds <= MAX_TTL_S:
         shown = text if len(str(text)) <= 40 else str(text)[:40] + "..."
@@ -122,7 +123,7 @@ def check_request(req: TokenRequest) -> tuple[list[str], list[str], float]:
                                     "'*' and '?'", field=f"$.apps[{i}]")
     if "admin" in req.scopes and req.apps != ["*"]:
         raise InvalidInputError("an admin token covers every app: give apps ['*'] (or leave it out)", field="$.apps")
-    if len(req.name) > MAX_NAME or not req.name.isprintable():
-        raise InvalidInputError(f"name: at most {MAX_NAME} printable characters", field="$.name")
+    if len(req.name) > MAX_NAME or not re.search(TOKEN_NAME, req.name):
+        raise InvalidInputError(f"name: at most {MAX_NAME} characters, no control characters", field="$.name")
     ttl = parse_ttl(req.ttl) if req.ttl is not None else math.inf
     return sorted(set(req.scopes)), list(dict.fromkeys(req.apps)), ttl

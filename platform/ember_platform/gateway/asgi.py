@@ -7,10 +7,12 @@ To add a route: write its handler in the module of its group (``calls``, ``apps`
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, nullcontext
 
 from starlette.applications import Starlette
+from starlette.convertors import Convertor, register_url_convertor
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
@@ -48,6 +50,24 @@ from ember_platform.platform import Platform
 INVOKE_METERED = metrics.metered(calls.invoke)  # the synchronous call, counted for GET /metrics
 INVOKE_TRACED = traced(INVOKE_METERED, "ember.gateway", "/v1/{app}/{name}")  # and in a span, when tracing is on
 OIP_INFER = traced(metrics.metered(oip.infer), "ember.gateway", "/v2/models/{model}/infer")  # counted too
+class _AnyBut(Convertor[str]):
+    """A path segment, any but ``literal``, checked by its handler (a malformed one is a 4xx naming it): where a
+    route ``.../{x}`` sits beside ``.../<literal>`` of other methods, so that ``.../<literal>`` is answered as that
+    path alone (``PUT .../chunks/missing``: a 405 allowing POST, not a chunk named "missing")."""
+
+    def __init__(self, literal: str) -> None:
+        self.regex = f"(?!{re.escape(literal)}$)[^/]+"  # type: ignore[misc]  # starlette reads it per instance
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("chunk", _AnyBut("missing"))
+register_url_convertor("token", _AnyBut("self"))
+
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
     route("/readyz", health.readyz, "GET", OPEN),
@@ -73,7 +93,7 @@ ROUTES = [
     route("/v1/tokens", tokens.create_token, "POST", ADMIN),
     route("/v1/tokens", tokens.list_tokens, "GET", ADMIN),
     route("/v1/tokens/self", tokens.own_token, "GET", TOKEN),
-    route("/v1/tokens/{token_id}", tokens.revoke_token, "DELETE", ADMIN),
+    route("/v1/tokens/{token_id:token}", tokens.revoke_token, "DELETE", ADMIN),  # not .../self
     route("/v1/quotas", quotas.list_quotas, "GET", ADMIN),
     route("/v1/quotas/{quota}", quotas.put_quota, "PUT", ADMIN),
     route("/v1/quotas/{quota}", quotas.delete_quota, "DELETE", ADMIN),
@@ -81,7 +101,7 @@ ROUTES = [
     route("/v1/subjects/grant", subjects.grant, "POST", ADMIN),
     route("/v1/subjects/revoke", subjects.revoke, "POST", ADMIN),
     route("/v1/volumes", volumes.list_volumes, "GET", READ),
-    route("/v1/volumes/-/chunks/{sha256}", volumes.put_chunk, "PUT", DEPLOY),
+    route("/v1/volumes/-/chunks/{sha256:chunk}", volumes.put_chunk, "PUT", DEPLOY),  # not .../missing
     route("/v1/volumes/-/chunks/missing", volumes.missing_chunks, "POST", DEPLOY),
     route("/v1/volumes/{volume}", volumes.get_volume, "GET", READ),  # and the volume's name: checked inside
     route("/v1/volumes/{volume}", volumes.delete_volume, "DELETE", DEPLOY),

@@ -202,7 +202,7 @@ async def dead_letters(request: Request) -> Response:
     platform = platform_of(request)
     app = request.path_params["app"]
     platform.registry.view(app)  # 404 for an unknown app
-    function = request.query_params.get("function") or None
+    function = request.query_params.get("function")  # given empty: a 400 naming it, as the document says
     if function is not None:
         platform.registry.resolve(app, check_function_name(function, "function"))  # 404 naming those that exist
 

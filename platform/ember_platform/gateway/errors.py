@@ -52,7 +52,10 @@ def method_not_allowed(request: Request) -> Response:
     if request.method == "OPTIONS":
         return Response(status_code=204, headers=allow)
     message = f"{request.method} is not allowed here; allowed: {allow['Allow']}"
-    response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
+    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):  # the protocol's own error shape
+        response = Response(encoder.encode({"error": message}), 405, media_type="application/json")
+    else:
+        response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
     response.headers.update(allow)
     return response
 

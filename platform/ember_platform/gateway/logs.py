@@ -1,5 +1,6 @@
 """``GET /v1/apps/<app>/logs``: the replicas' output, as a list of the kept lines or, with ``follow=true``, pushed as
-it comes (Server-Sent Events when the client accepts ``text/event-stream``, else newline-delimited JSON).
+it comes (newline-delimited JSON when the client accepts ``application/x-ndjson``, as ``ember logs -f`` does,
+else Server-Sent Events).
 
 Filters: ``service``, ``replica``, ``stream`` (stdout, stderr or agent), ``since`` (exclusive) and ``until``
 (inclusive, timestamps); ``limit`` lines (the last ones). A follower first gets the kept lines its filter wants (at
@@ -36,7 +37,7 @@ async def app_logs(request: Request) -> Response:
     query = request.query_params
     since, limit = log_window(query)
     flt = LogFilter(app=app, service=_service(query, app, [s.name for s in view.services]), replica=_replica(query),
-                    stream=_stream(query), since=since, until=_until(query, since))
+                    stream=_stream(query), since=since, until=_until(query))
     follow = _follow(query)
     kept = platform.registry.logs(flt, limit)
     if not follow:
@@ -45,7 +46,9 @@ async def app_logs(request: Request) -> Response:
         follower = platform.registry.log_feed.open(flt)
     except TooManyFollowersError as exc:
         raise OverloadedError(f"{exc}; try again later", retry_after_s=KEEPALIVE_S) from None
-    sse = "text/event-stream" in request.headers.get("accept", "")
+    # Server-Sent Events unless the client asks for newline-delimited JSON: SSE is what HTTP tools (browsers,
+    # fuzzers, proxies) know to read as a stream that does not end
+    sse = "application/x-ndjson" not in request.headers.get("accept", "")
     header = authorization(request)
 
     async def lines() -> AsyncIterator[bytes]:
@@ -112,7 +115,7 @@ def _stream(query: Mapping[str, str]) -> str | None:
     return stream
 
 
-def _until(query: Mapping[str, str], since: float) -> float | None:
+def _until(query: Mapping[str, str]) -> float | None:
     raw = query.get("until")
     if raw is None:
         return None
@@ -120,7 +123,8 @@ def _until(query: Mapping[str, str], since: float) -> float | None:
         until = float(raw)
     except ValueError:
         until = math.nan
-    if not since <= until < math.inf:
-        raise BadRequestError("until is a timestamp, not before since", field="until")
+    if not 0 <= until < math.inf:  # before since: a window no line is in, so none is answered
+        raise BadRequestError("until is a timestamp: a finite number of seconds since the epoch, 0 or more",
+                              field="until")
     return until
 

@@ -54,7 +54,7 @@ from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView
 from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
-from ember.wire.volumes import ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
+from ember.wire.volumes import VOLUME_NAME, ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
 from ember_platform.gateway import events, openapi_oip
 from ember_platform.gateway.apps import MAX_LOG_LINES
@@ -79,6 +79,7 @@ from ember_platform.gateway.responses import platform_of
 
 OPENAPI_VERSION = "3.1.0"
 _CONVERTER = re.compile(r"\{(\w+):\w+\}")  # starlette's {path:path}: OpenAPI's {path}
+_BARE = r"{\1}"
 
 # The answers' and requests' bodies, by the Struct (or container of one) they are encoded from.
 _BODIES: dict[str, Any] = {
@@ -133,6 +134,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "quota": ("a quota's name", _string(QUOTA_NAME, 63)),
     "secret": ("a secret's name", _string(SECRET_NAME, 63)),
     "build_id": ("a build's id", {"type": "string", "pattern": "^[0-9a-f]{32}$"}),
+    "volume": ("a volume's name", _string(VOLUME_NAME, 63)),
     **openapi_oip.PATH_PARAMS,
     **events.PATH_PARAMS,
 }
@@ -183,15 +185,17 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         [_query("since", "the first log line wanted", {"type": "integer", "minimum": 0, "maximum": 999_999_999})],
         None),
     ("GET", "/v1/apps/{app}/logs"): (
-        "Replica output: the kept lines, or with follow=true those then each new line as it comes (Server-Sent "
-        "Events for Accept: text/event-stream, else newline-delimited JSON)",
+        "Replica output: the kept lines, or with follow=true those then each new line as it comes "
+        "(newline-delimited JSON for Accept: application/x-ndjson, else Server-Sent Events)",
         (200, "log lines, oldest first", _ref("LogLines"), JSON), (400, 404, 429),
         [_SERVICE_QUERY, _query("since", "only lines after this timestamp", {"type": "number", "minimum": 0}),
          _query("until", "only lines up to this timestamp", {"type": "number", "minimum": 0}),
-         _query("replica", "only this replica's lines", {"type": "string", "maxLength": 128}),
+         _query("replica", "only this replica's lines (an id as `ember status` shows it)",
+                {"type": "string", "pattern": "^[ -~]*$", "maxLength": 128}),
          _query("stream", "only this stream's lines", {"enum": ["stdout", "stderr", "agent"]}),
          _query("follow", "keep the answer open and push each new line", {"type": "boolean"}),
-         _query("limit", "at most this many lines", {"type": "integer", "minimum": 1, "maximum": MAX_LOG_LINES})],
+         _query("limit", f"at most this many lines (the last {MAX_LOG_LINES} are kept: more asks for all)",
+                {"type": "integer", "minimum": 1})],
         None),
     ("GET", "/v1/apps/{app}/dead"): (
         "An app's dead letters, oldest first", (200, "a page of dead letters", _ref("DeadLetters"), JSON), (400, 404),
@@ -202,7 +206,8 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "Resubmit dead letters as new calls", (200, "the new call ids", _ref("ReplayReply"), JSON),
         (400, 404, 413, 422), [], _json_body(_ref("ReplayRequest"))),
     ("POST", "/v1/apps/{app}/scale"): (
-        "Set a service's replica bounds at run time", (200, "the service's status", _ref("ServiceStatus"), JSON),
+        "Set a service's replica bounds at run time (max_replicas at least min_replicas, else 422)",
+        (200, "the service's status", _ref("ServiceStatus"), JSON),
         (400, 404, 413, 422), [], _json_body(_ref("ScaleRequest"))),
     ("POST", "/v1/apps/{app}/promote"): (
         "Give the canary all of the app's calls; the version it replaces drains and stops",
@@ -229,7 +234,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                             (200, "the tokens' records", _ref("TokenList"), JSON), (), [], None),
     ("GET", "/v1/tokens/self"): ("The calling token's record: what it may do",
                                  (200, "its record", _ref("TokenInfo"), JSON), (), [], None),
-    ("DELETE", "/v1/tokens/{token_id}"): (
+    ("DELETE", "/v1/tokens/{token_id:token}"): (
         "Revoke a token (admin): it fails at its next request", (200, "the revoked token's record",
                                                                   _ref("TokenInfo"), JSON), (400, 404), [], None),
     ("GET", "/v1/quotas"): ("List the quotas, with what each uses now (admin)",
@@ -243,7 +248,8 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
     ("POST", "/v1/subjects/grant"): (
         "Let apps bind subjects inside a pattern (admin), checked at their next push",
         (200, "the grant", _ref("SubjectGrant"), JSON), (400, 413, 422, 503), [],
-        _json_body(_ref("SubjectGrantRequest"))),
+        _json_body({"allOf": [_ref("SubjectGrantRequest"), {"required": ["apps"], "properties": {
+            "apps": {"minItems": 1}}}]})),
     ("POST", "/v1/subjects/revoke"): (
         "Take a pattern back from apps (admin; no apps: from all), checked at their next push",
         (200, "what is left of the grant (null: nothing)", _ref("SubjectGrantLeft"), JSON), (400, 404, 413, 422, 503),
@@ -255,7 +261,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                       (400, 413, 422, 503), [], _json_body(_ref("SecretRequest"))),
     ("DELETE", "/v1/secrets/{secret}"): ("Remove a secret (admin)", (204, "removed", None, JSON), (404, 422, 503),
                                          [], None),
-    ("PUT", "/v1/volumes/-/chunks/{sha256}"): (
+    ("PUT", "/v1/volumes/-/chunks/{sha256:chunk}"): (
         "Upload one chunk of a volume's file, addressed by its sha256 (checked)",
         (201, "stored (200: it was there already)", _ref("BundleReply"), JSON), (400, 413, 422), [],
         {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
@@ -287,9 +293,11 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
 # Answers that are streams beside their JSON: each media type a route may answer, with what one event or line is.
 _STREAMS: dict[tuple[str, str], dict[str, Any]] = {
     ("GET", "/v1/apps/{app}/logs"): {  # with follow=true: open until the client leaves
-        "text/event-stream": {"schema": {"type": "string", "description": "Server-Sent Events: `line` (data: a "
-                                         "LogLine), `dropped` ({\"dropped\": n}), `error` (an ErrorBody); "
-                                         "comments as keep-alives"}},
+        "text/event-stream": {"schema": {  # one event
+            "type": "object", "required": ["event", "data"], "description": "Server-Sent Events: `line` (data: a "
+            "LogLine), `dropped` ({\"dropped\": n}), `error` (an ErrorBody); comments as keep-alives",
+            "properties": {"event": {"enum": ["line", "dropped", "error"]},
+                           "data": {"type": "string", "contentMediaType": "application/json"}}}},
         "application/x-ndjson": {"schema": {"type": "string", "description": "one JSON object per line: a LogLine, "
                                             "or {\"event\": \"dropped\"|\"error\", ...}; empty lines as "
                                             "keep-alives"}},
@@ -316,7 +324,7 @@ def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any
         errors = tuple(sorted({*errors, 401, *((403,) if need != "token" else ())}))
     error_body = _ref("OipError" if path == "/v2" or path.startswith("/v2/") else "ErrorBody")  # the protocol's own
     operation: dict[str, Any] = {
-        "operationId": f"{method.lower()} {path}", "summary": summary,
+        "operationId": f"{method.lower()} {_CONVERTER.sub(_BARE, path)}", "summary": summary,
         "responses": {str(status): answer,
                       **{str(code): _answer(_ERRORS[code], error_body) for code in errors}},
     }
@@ -369,7 +377,7 @@ def static_document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
         if not isinstance(route, Route):
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
-            paths.setdefault(_CONVERTER.sub(r"{\1}", route.path), {})[method.lower()] = _operation(
+            paths.setdefault(_CONVERTER.sub(_BARE, route.path), {})[method.lower()] = _operation(
                 method, route.path, getattr(route.endpoint, NEED, None))
     return {
         "openapi": OPENAPI_VERSION,
@@ -411,10 +419,27 @@ class _Cache:
 
 
 def build(static: dict[str, Any], deployments: Mapping[str, Deployment]) -> dict[str, Any]:
-    """The whole document: ``static`` and the deployed functions' paths."""
+    """The whole document: ``static`` and the deployed functions' paths. The templated call paths then stand for
+    the apps not deployed (an app served later, or ``<app>@<version>``): a deployed app's functions take what
+    their own paths say, not any JSON."""
     paths, schemas = function_paths(deployments)
-    return {**static, "paths": {**static["paths"], **paths},
+    templated = {path: _other_apps(static["paths"][path], sorted(deployments)) for path in _TEMPLATED_CALLS
+                 if deployments and path in static["paths"]}
+    return {**static, "paths": {**static["paths"], **templated, **paths},
             "components": {"schemas": {**static["components"]["schemas"], **schemas}}}
+
+
+_TEMPLATED_CALLS = ("/v1/{app}/{name}", "/v1/{app}/{name}/spawn")
+
+
+def _other_apps(item: dict[str, Any], apps: list[str]) -> dict[str, Any]:
+    """A copy of a templated call path whose ``{app}`` is none of ``apps``."""
+    def narrowed(param: dict[str, Any]) -> dict[str, Any]:
+        if param.get("in") != "path" or param.get("name") != "app":
+            return param
+        return {**param, "schema": {"allOf": [param["schema"], {"not": {"enum": apps}}]}}
+    return {method: {**op, "parameters": [narrowed(p) for p in op.get("parameters", [])]}
+            for method, op in item.items()}
 
 
 _cache = _Cache()

@@ -65,6 +65,7 @@ async def scale(request: Request) -> Response:
     """``POST /v1/apps/<app>/scale`` ``{"service", "min_replicas", "max_replicas"}`` → the service's status."""
     platform = platform_of(request)
     app = request.path_params["app"]
+    platform.registry.view(app)  # 404 for an unknown app, before its name reaches a KV key
     req = decode_json(_scale_decoder, await read_body(request, _MAX_SCALE_BODY))
     dep = await platform.registry.set_scale(app, req.service, req.min_replicas, req.max_replicas)
     svc = next(s for s in dep.manifest.services if s.name == req.service)  # set_scale checked it is there

@@ -6,13 +6,9 @@ import math
 from fnmatch import fnmatchcase
 
 from ember._errors import InvalidInputError
-from ember.wire.quotas import QUOTA_NAME, Quota, QuotaRequest
+from ember.wire.quotas import MAX_COUNT, MAX_GPU_MEMORY_MB, MAX_RATE_PER_S, QUOTA_NAME, Quota, QuotaRequest
 from ember.wire.tokens import TOKEN_ID
 from ember_platform.auth.scopes import APP_PATTERN
-
-MAX_COUNT = 1_000_000  # replicas, concurrent calls, burst
-MAX_GPU_MEMORY_MB = 1 << 40
-MAX_RATE_PER_S = 1_000_000.0
 
 
 def check_name(name: str) -> str:

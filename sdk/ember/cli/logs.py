@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     import httpx
 
     try:
-        with default_transport().stream("GET", path, params=params,
+        with default_transport().stream("GET", path, params=params, headers={"accept": "application/x-ndjson"},
                                         timeout=httpx.Timeout(None, connect=5.0)) as response:
             for raw in response.iter_lines():
                 if raw and not follow_event(raw, args.json):

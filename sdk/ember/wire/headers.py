@@ -7,7 +7,7 @@ DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
-MIN_TIMEOUT_S = 0.001  # the least X-Ember-Timeout: below a millisecond no call can be served (a 400, not a 504)
+MIN_TIMEOUT_S = 0.05  # the least X-Ember-Timeout: a shorter deadline is a 400 naming the header, not a 504 after a try
 HTTP_CALL_ID_HEADER = "X-Ember-Call-Id"
 HTTP_BATCH_SIZE_HEADER = "X-Ember-Batch-Size"
 HTTP_VERSION_HEADER = "X-Ember-Version"  # on an answer: the app version that ran the call

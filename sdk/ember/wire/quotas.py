@@ -7,10 +7,17 @@ A quota is kept in the ``ember_quotas`` bucket under its name and mirrored in me
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
+
+from ember.wire.bounds import AppPattern, TokenId
 
 QUOTA_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+MAX_COUNT = 1_000_000  # replicas, concurrent calls, burst
+MAX_GPU_MEMORY_MB = 1 << 40
+MAX_RATE_PER_S = 1_000_000.0
 
 
 class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -19,13 +26,13 @@ class QuotaRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ``max_gpu_memory_mb`` hold for an apps quota only; ``burst`` goes with ``rate_per_s`` (default: one second's
     worth, at least 1)."""
 
-    apps: str | None = None
-    token: str | None = None
-    max_replicas: int | None = None
-    max_gpu_memory_mb: int | None = None
-    max_concurrent_calls: int | None = None
-    rate_per_s: float | None = None
-    burst: int | None = None
+    apps: AppPattern | None = None
+    token: TokenId | None = None
+    max_replicas: Annotated[int, Meta(ge=0, le=MAX_COUNT)] | None = None
+    max_gpu_memory_mb: Annotated[int, Meta(ge=0, le=MAX_GPU_MEMORY_MB)] | None = None
+    max_concurrent_calls: Annotated[int, Meta(ge=0, le=MAX_COUNT)] | None = None
+    rate_per_s: Annotated[float, Meta(gt=0, le=MAX_RATE_PER_S)] | None = None
+    burst: Annotated[int, Meta(ge=1, le=MAX_COUNT)] | None = None
 
 
 class Quota(msgspec.Struct, frozen=True, kw_only=True):

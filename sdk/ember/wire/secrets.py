@@ -11,8 +11,12 @@ patterns (``team-b-*``, ``'*'`` for every app) whose apps may declare it; one st
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
+
+from ember.wire.bounds import AppPattern, anchored
 
 SECRET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 SECRET_KEY = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
@@ -23,6 +27,13 @@ MAX_SECRETS_PER_SERVICE = 16
 RESERVED_KEYS = frozenset({"PATH", "HOME", "TMPDIR", "USER", "SHELL", "PWD", "CUDA_VISIBLE_DEVICES",
                            "NVIDIA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS"})
 RESERVED_PREFIXES = ("EMBER_", "PYTHON", "LD_", "NATS_", "BWRAP")
+MAX_SECRET_APPS = 100
+# key_problem's rule as a pattern: an environment variable name that is neither reserved nor under a reserved prefix
+SECRET_KEY_PATTERN = anchored(
+    f"(?!(?:{'|'.join(RESERVED_PREFIXES)}))(?!(?:{'|'.join(sorted(RESERVED_KEYS))})$){SECRET_KEY.pattern}")
+# Not a constraint msgspec checks: key_problem does, with a message that names the key and why (a reserved one).
+SecretKey = Annotated[str, Meta(description=f"an environment variable name, not one Ember sets: {SECRET_KEY_PATTERN}")]
+SecretValue = Annotated[str, Meta(pattern="^[^\\x00]*$", description="any text but NUL")]
 
 
 def name_problem(name: str) -> str | None:
@@ -49,8 +60,8 @@ class SecretRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
     app patterns whose apps may use it. ``apps`` is required (None is refused naming it): no secret is every
     app's by default."""
 
-    values: dict[str, str]
-    apps: list[str] | None = None
+    values: Annotated[dict[SecretKey, SecretValue], Meta(min_length=1, max_length=MAX_SECRET_KEYS)]
+    apps: Annotated[list[AppPattern], Meta(min_length=1, max_length=MAX_SECRET_APPS)]
 
 
 class StoredSecret(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,6 +9,7 @@ import msgspec
 
 from ember._errors import InvalidSpecError
 from ember._resources import GpuRequest
+from ember.wire.bounds import MaxReplicas, MinReplicas, Version
 from ember.wire.images import ImageSpec
 from ember.wire.tensors import TensorSignature
 from ember.wire.volumes import VolumeMount
@@ -162,8 +163,8 @@ class ScaleRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """``POST /v1/apps/<app>/scale`` (``ember scale``): one service's bounds at run time."""
 
     service: str
-    min_replicas: int
-    max_replicas: int
+    min_replicas: MinReplicas
+    max_replicas: MaxReplicas
 
 
 class Release(msgspec.Struct, frozen=True, kw_only=True):
@@ -249,4 +250,4 @@ class DeployRequest(msgspec.Struct, frozen=True, kw_only=True):
 class RolloutRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/apps/<app>/rollback`` (``version``: 0 for the one before) and ``.../promote`` (no fields)."""
 
-    version: int = 0
+    version: Version = 0

@@ -10,12 +10,20 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+from typing import Annotated, Literal
 
 import msgspec
+from msgspec import Meta
+
+from ember.wire import bounds
 
 TOKEN_PREFIX = "ember_"
 SCOPES = ("admin", "deploy", "invoke", "read", "events")
-TOKEN_ID = re.compile(r"[a-z0-9]{1,32}")
+TOKEN_ID = re.compile(bounds.TOKEN_ID)
+MAX_TOKEN_APPS = 100
+MAX_TOKEN_NAME = 64
+TOKEN_NAME = "^[^\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029]*$"  # no control characters (a name is shown in logs)
+TOKEN_TTL = r"([0-9]{1,7})([smhd])"
 _SECRET = re.compile(r"[A-Za-z0-9_-]{32,128}")
 _ID_BYTES = 6  # 12 hex characters: ids need only be unique (each is created only if absent), not secret
 _SECRET_BYTES = 24  # 32 url-safe characters, 192 bits
@@ -45,10 +53,11 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
 class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/tokens`` (``ember token create``). ``ttl``: ``30d``, ``12h``, ``15m``, ``90s``, or none."""
 
-    scopes: list[str]
-    apps: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    name: str = ""
-    ttl: str | None = None
+    scopes: Annotated[list[Literal["admin", "deploy", "invoke", "read", "events"]], Meta(min_length=1)]
+    apps: Annotated[list[bounds.AppPattern], Meta(min_length=1, max_length=MAX_TOKEN_APPS)] = msgspec.field(
+        default_factory=lambda: ["*"])
+    name: Annotated[str, Meta(max_length=MAX_TOKEN_NAME, pattern=TOKEN_NAME)] = ""
+    ttl: Annotated[str, Meta(pattern=bounds.anchored(TOKEN_TTL))] | None = None
 
 
 class NewToken(msgspec.Struct, frozen=True, kw_only=True):

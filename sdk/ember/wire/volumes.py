@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import posixpath
 import re
+from typing import Annotated
 
 import msgspec
+from msgspec import Meta
+
+from ember.wire.bounds import Sha256
 
 VOLUME_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
 CHUNK_SHA = re.compile(r"[0-9a-f]{64}")
@@ -111,7 +115,7 @@ class VolumeVersion(msgspec.Struct, frozen=True, kw_only=True):
 class ChunksQuery(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """``POST /v1/volumes/chunks/missing``: which of these chunks the platform does not hold (to upload them)."""
 
-    chunks: list[str]
+    chunks: Annotated[list[Sha256], Meta(max_length=MAX_CHUNKS_QUERY)]
 
 
 class ChunksMissing(msgspec.Struct, frozen=True, kw_only=True):

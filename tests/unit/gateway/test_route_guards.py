@@ -40,7 +40,7 @@ def test_a_route_is_checked_by_its_wrapper_unless_its_handler_checks_itself():
 def test_what_the_routes_need():
     table = {(method, path): need for method, path, need in _routes()}
     assert table[("POST", "/v1/tokens")] == table[("GET", "/v1/tokens")] == "admin"
-    assert table[("DELETE", "/v1/tokens/{token_id}")] == "admin"
+    assert table[("DELETE", "/v1/tokens/{token_id:token}")] == "admin"
     assert table[("GET", "/v1/tokens/self")] == "token"
     assert table[("PUT", "/v1/quotas/{quota}")] == table[("GET", "/v1/quotas")] == "admin"
     assert table[("DELETE", "/v1/quotas/{quota}")] == "admin"

@@ -87,7 +87,7 @@ SAMPLES: list[msgspec.Struct] = [
                   info=wire.TokenInfo(id="0a1b2c3d4e5f", name="", scopes=["read"], apps=["*"], created_at=1.0)),
     wire.QuotaRequest(apps="team-a-*", max_replicas=4, max_gpu_memory_mb=81920, rate_per_s=50.0, burst=100),
     wire.Quota(name="team-a", token="0a1b2c3d4e5f", max_concurrent_calls=8, created_at=1.0, created_by="admin"),
-    wire.SecretRequest(values={"HF_TOKEN": "hf_x"}),
+    wire.SecretRequest(values={"HF_TOKEN": "hf_x"}, apps=["team-*"]),
     wire.StoredSecret(name="hf", keys=["HF_TOKEN"], ciphertext="gAAAA", created_at=1.0, updated_at=2.0, updated_by="a"),
     wire.SecretView(name="hf", keys=["HF_TOKEN"], created_at=1.0, updated_at=2.0),
     wire.SecretsRequest(replica_id="r-1"),
