@@ -62,7 +62,9 @@ def test_cli_reports_an_unreachable_platform_clearly(ember_cli):
 def test_ember_dev_serves_an_app_and_stops_leaving_no_process(tmp_path, ember_cli):
     state = tmp_path / "dev-state"
     cmd = [*EMBER, "dev", str(REPO / "examples" / "hello" / "hello.py"), "--port", "0", "--state-dir", str(state)]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as dev:
+    # started with SIGINT ignored, as a shell's background job is: Ctrl-C (SIGINT) stops it all the same
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) as dev:
         lines: queue.Queue[str] = queue.Queue()
         reader = read_lines(dev.stdout, lines.put)
         try:

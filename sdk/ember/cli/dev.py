@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
         print("ember dev: --watch needs the app file to watch", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl-C stops Ember even where this process was started with SIGINT ignored (a shell's background job, a
+    # runner that ignores it): Python then leaves it ignored, and nothing would stop it but SIGKILL
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     grpc_port = args.grpc_port if args.grpc_port is not None else (GRPC_PORT if args.port else 0)
     platform = EmbeddedPlatform(args.state_dir, http_port=args.port, grpc_port=grpc_port)
     try:
