@@ -72,12 +72,12 @@ def test_a_scope_the_token_lacks_on_an_app_it_sees_is_a_403():
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86400), ("12h", 43200), ("15m", 900), ("90s", 90),
-                                               ("1s", 1), (" 2h ", 7200), ("3650d", 3650 * 86400)])
+                                               ("1s", 1), ("3650d", 3650 * 86400)])
 def test_ttl(text, seconds):
     assert parse_ttl(text) == seconds
 
 
-@pytest.mark.parametrize("text", ["", "0s", "-1h", "1", "1w", "1.5h", "h", "1h30m", "3651d", "99999999d", "1 h",
+@pytest.mark.parametrize("text", ["", "0s", "-1h", "1", "1w", "1.5h", "h", "1h30m", "3651d", "99999999d", "1 h", " 2h ",
                                   "1H", "٣d", "1e3s"])
 def test_a_bad_ttl_is_a_422_naming_the_field(text):
     with pytest.raises(InvalidInputError) as caught:
