@@ -107,6 +107,8 @@ class DeclaredUsage:
         node: a sandboxed process knows only its own namespace's); held by none, of the process its name says."""
         sample: Sample = {uuid: {} for uuid in devices if uuid in self.devices}
         entries = [entry for entry in self.table.iterdir() if not entry.name.startswith(".")]  # "." : being written
+        if not entries:  # nothing declared: no need to read every process's open files (a node's thousands)
+            return sample
         holders = _holders(self.table)  # after the listing: an entry renamed into place meanwhile is seen held
         for entry in entries:
             pids = holders.get(entry.name) or ({int(entry.name)} if entry.name.isdigit() else set())

@@ -284,6 +284,7 @@ def test_an_entry_renamed_into_place_while_the_driver_samples_is_kept(tmp_path: 
     was never counted (the enforcement test's missing restart)."""
     table = tmp_path / "table"
     usage = DeclaredUsage(table, ["GPU-0"])
+    (table / "other").write_text(json.dumps({"GPU-1": 5}))  # an entry listed, so that the driver scans
     fd = os.open(table / ".entry", os.O_CREAT | os.O_WRONLY, 0o644)
     os.write(fd, json.dumps({"GPU-0": 100}).encode())
     scan = gpu_usage._holders
@@ -300,3 +301,14 @@ def test_an_entry_renamed_into_place_while_the_driver_samples_is_kept(tmp_path: 
         assert usage.sample(["GPU-0"]) == {"GPU-0": {os.getpid(): 100}}
     finally:
         os.close(fd)
+
+
+def test_an_empty_table_is_read_without_scanning_every_process(tmp_path: Path, monkeypatch) -> None:
+    """Reading every process's open files costs seconds on a node of a few hundred sandboxes (pasta holds ~430
+    each); with nothing declared there is nothing to find."""
+    def no_scan(*args: Any) -> dict[str, set[int]]:
+        raise AssertionError("scanned /proc for an empty table")
+
+    monkeypatch.setattr(gpu_usage, "_holders", no_scan)
+    assert DeclaredUsage(tmp_path / "table", ["GPU-0"]).sample(["GPU-0"]) == {"GPU-0": {}}
+
