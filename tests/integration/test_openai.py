@@ -228,3 +228,18 @@ def test_a_cancelled_sequence_frees_its_slot(platform, http, client):
                                                           max_tokens=30), others))
     steps = http.post("/v1/llm/Counter.history", json={}).json()["steps"]
     assert max(len(set(step) & set(others)) for step in steps) == 4
+
+
+def test_tiny_gpt_example_streams_the_same_text_alone_and_together(deployed, platform, client):
+    """examples/tiny_gpt: a torch decoder under Continuous, as OpenAI's client calls it."""
+    deployed(REPO / "examples" / "tiny_gpt" / "app.py")
+    prompts = ["Hello", "Once upon a time", "Ember"]
+
+    def text(prompt: str) -> str:
+        chunks = client.completions.create(model="tiny-gpt", prompt=prompt, max_tokens=12, stream=True)
+        return "".join(c.choices[0].text for c in chunks)
+
+    alone = [text(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(text, prompts))
+    assert together == alone and all(len(t) == 12 for t in alone)
