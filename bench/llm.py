@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_latency import ROOT, markdown_table, run_interruptible, say  # noqa: E402
+from http_latency import ROOT, markdown_table, run_interruptible, say
 
-from ember import _loop as ember_loop  # noqa: E402
+from ember import _loop as ember_loop
 
 STREAMS, TOKENS, WORDS = 16, 64, 2000
 

@@ -85,7 +85,7 @@ class TinyGPT:
         states = [seq.state for seq in seqs]
         longest = max(s["length"] for s in states)
         pad = [longest - s["length"] for s in states]
-        past = [torch.stack([nn.functional.pad(s["caches"][i], (0, 0, p, 0)) for s, p in zip(states, pad)], dim=1)
+        past = [torch.stack([nn.functional.pad(s["caches"][i], (0, 0, p, 0)) for s, p in zip(states, pad, strict=True)], dim=1)
                 for i in range(LAYERS)]  # (2, B, H, longest, W/H), each padded on the left
         seen = torch.ones(len(seqs), longest + 1, dtype=torch.bool)
         for row, p in enumerate(pad):
@@ -94,7 +94,7 @@ class TinyGPT:
         start = torch.tensor([s["length"] for s in states])
         logits, caches = self.model(ids, start, past, seen[:, None, None, :])
         out: list[str | None] = []
-        for row, (state, p) in enumerate(zip(states, pad)):
+        for row, (state, p) in enumerate(zip(states, pad, strict=True)):
             out.append(bytes([state["next"]]).decode("latin-1"))
             state["caches"] = [c[:, row, :, p:] for c in caches]
             state["length"] += 1

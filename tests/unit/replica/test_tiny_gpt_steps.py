@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 
+from support.paths import REPO
+
 import ember
 from ember._app import method_def
 from ember._setup import run_setup
 from ember.wire.openai import CompletionRequest
-from support.paths import REPO
 
 
 def _model():
