@@ -85,7 +85,8 @@ class TinyGPT:
         states = [seq.state for seq in seqs]
         longest = max(s["length"] for s in states)
         pad = [longest - s["length"] for s in states]
-        past = [torch.stack([nn.functional.pad(s["caches"][i], (0, 0, p, 0)) for s, p in zip(states, pad, strict=True)], dim=1)
+        pairs = list(zip(states, pad, strict=True))
+        past = [torch.stack([nn.functional.pad(s["caches"][i], (0, 0, p, 0)) for s, p in pairs], dim=1)
                 for i in range(LAYERS)]  # (2, B, H, longest, W/H), each padded on the left
         seen = torch.ones(len(seqs), longest + 1, dtype=torch.bool)
         for row, p in enumerate(pad):
