@@ -27,6 +27,7 @@ from ember_platform.events.grants import GrantStore
 from ember_platform.gateway.body import Validators
 from ember_platform.gateway.relay import Relay
 from ember_platform.metrics.calls import CallMetrics
+from ember_platform.metrics.llm import LlmMetrics
 from ember_platform.natsauth import keys as auth_keys
 from ember_platform.natsauth.callout import AuthCallout
 from ember_platform.quotas.store import QuotaStore
@@ -55,6 +56,7 @@ class Platform:
         self.calls = registry.calls
         self.validators = Validators()
         self.call_metrics = CallMetrics()  # the call path's counters (GET /metrics)
+        self.llm_metrics = LlmMetrics()  # the OpenAI-compatible routes' figures (GET /metrics)
         self.quotas = QuotaStore(registry.stores.quotas)
         self.subject_grants = GrantStore(registry.stores.subject_grants)  # what apps may bind beyond events.<app>
         self.control = ControlLoop(registry, registry.stores,

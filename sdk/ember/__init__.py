@@ -11,6 +11,7 @@ Deploy with ``ember push hello.py`` and call ``greet.remote("Ada")`` or ``POST /
 queue a call with ``call = greet.spawn("Ada")`` and fetch its result with ``call.get()``.
 """
 
+from ember import openai
 from ember._app import App, method
 from ember._deploy import deploy, promote, rollback
 from ember._errors import (
@@ -35,11 +36,12 @@ from ember._function_call import FunctionCall
 from ember._handles import Function, FunctionHandle, MethodHandle, lookup
 from ember._image import Image
 from ember._inner import CallContext, current_call
+from ember._llm import Sequence
 from ember._setup import setup
 from ember._tensor import Tensor
 from ember._version import __version__
 from ember._volume import Volume, mounted
-from ember.wire import Batch, Retries
+from ember.wire import Batch, Continuous, Retries
 
 __all__ = [
     "App",
@@ -49,6 +51,7 @@ __all__ = [
     "CallCycleError",
     "ConflictError",
     "ConnectionError",
+    "Continuous",
     "DeadlineExceededError",
     "EmberError",
     "ForbiddenError",
@@ -65,6 +68,7 @@ __all__ = [
     "RateLimitedError",
     "RemoteError",
     "Retries",
+    "Sequence",
     "Tensor",
     "UnauthenticatedError",
     "UnavailableError",
@@ -75,6 +79,7 @@ __all__ = [
     "lookup",
     "method",
     "mounted",
+    "openai",
     "promote",
     "rollback",
     "setup",

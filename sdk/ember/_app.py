@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,26 +10,22 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 import msgspec
 
+from ember import _options as options
 from ember._errors import InvalidSpecError
 from ember._handles import Function, MethodHandle
 from ember._image import Image, image_field, image_spec
-from ember._resources import GpuRequest, network_field, parse_gpu
+from ember._llm import check_generator, check_openai, continuous_io, continuous_spec
+from ember._resources import network_field
 from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember._volume import Volume
 from ember._volume import mounts as volume_mounts
-from ember.wire import RESERVED_APP_NAMES, Batch, FunctionSpec, Manifest, Retries, ServiceSpec
-from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
+from ember.wire import RESERVED_APP_NAMES, Batch, Continuous, FunctionSpec, Manifest, Retries, ServiceSpec
 from ember.wire.validate import (
     APP_NAME,
     MAX_BODY_BYTES,
-    MAX_BUFFER_REPLICAS,
     MAX_CONCURRENCY,
-    MAX_HOST_MEMORY_MB,
-    MAX_REPLICAS,
-    MAX_SCALEDOWN_WINDOW_S,
-    MAX_TIMEOUT_S,
     PY_NAME,
     STREAM_BATCH_PROBLEM,
     manifest_problems,
@@ -90,23 +84,25 @@ class App:
     def function(self, fn: Callable[P, R], /) -> Function[P, R]: ...
     @overload
     def function(self, /, *, gpu: Any = None, min_replicas: int = 1, max_replicas: int | None = None,
-                 batch: Batch | None = None, timeout_s: float = 60.0, cost: Callable[[Any], float] | None = None,
+                 batch: Batch | Continuous | None = None, timeout_s: float = 60.0,
+                 cost: Callable[[Any], float] | None = None,
                  retries: int | Retries = 0, on: str | list[str] | None = None, result_subject: str | None = None,
                  buffer_replicas: int = 0, scaledown_window_s: float = 60.0, memory: int | str | None = None,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0,
                  public: bool = False, secrets: list[str] | None = None,
                  volumes: dict[str, Volume] | None = None, image: Image | None = None,
                  max_body_bytes: int | None = None, max_concurrency: int = 1, block_network: bool = False,
-                 ) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 openai: str | None = None) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
-                 max_replicas: int | None = None, batch: Batch | None = None, timeout_s: float = 60.0,
+                 max_replicas: int | None = None, batch: Batch | Continuous | None = None, timeout_s: float = 60.0,
                  cost: Callable[[Any], float] | None = None, retries: int | Retries = 0,
                  on: str | list[str] | None = None, result_subject: str | None = None, buffer_replicas: int = 0,
                  scaledown_window_s: float = 60.0, memory: int | str | None = None, block_network: bool = False,
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
                  secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
-                 image: Image | None = None, max_body_bytes: int | None = None, max_concurrency: int = 1) -> Any:
+                 image: Image | None = None, max_body_bytes: int | None = None, max_concurrency: int = 1,
+                 openai: str | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         A generator (or async generator) streams its items to the caller (``.remote_gen()``, or Server-Sent Events /
@@ -146,14 +142,16 @@ class App:
             max_concurrency: calls one replica runs at once (1 to 1024): sync code in a pool of that many threads,
                 ``async def`` code that many at once on the event loop; the router and autoscaler count that many slots.
             block_network: its replicas reach NATS and nothing else (by default also the internet; never the node).
+            openai: serve this generator of text pieces as the model of that name on ``/openai/v1`` (chat and
+                completions, streamed or not); the name is unique across the platform. See docs/guides/llm.md.
         """
         if fn is not None:
             return self.function()(fn)
-        resources = _resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
-        resources |= _scaling("@app.function", buffer_replicas, scaledown_window_s, target_p95_ms)
-        resources |= _host_memory("@app.function", memory)
-        resources |= _startup("@app.function", startup_timeout_s)
-        resources |= _secrets("@app.function", secrets)
+        resources = options.resources("@app.function", gpu, min_replicas, max_replicas, timeout_s, retries)
+        resources |= options.scaling("@app.function", buffer_replicas, scaledown_window_s, target_p95_ms)
+        resources |= options.host_memory("@app.function", memory)
+        resources |= options.startup("@app.function", startup_timeout_s)
+        resources |= options.secrets("@app.function", secrets)
         resources |= volume_mounts("@app.function", volumes)
         resources |= image_field("@app.function", image, self.image) | network_field("@app.function", block_network)
         _check_batch("@app.function", batch, cost)
@@ -161,19 +159,24 @@ class App:
         body_limit = _body_limit("@app.function", max_body_bytes)
         concurrency = _check_concurrency("@app.function", max_concurrency)
         triggers = _check_events("@app.function", on, result_subject)
+        model_name = check_openai("@app.function", openai)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
                 raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
             _check_name("@app.function()", raw.__name__)
             _check_streaming("@app.function", raw, batch)
-            io = CallIO.of(raw, batched=batch is not None, is_method=False)
+            if isinstance(batch, Continuous):
+                io = continuous_io()
+                function = continuous_spec("@app.function", raw.__name__, raw, batch, model_name, False)
+            else:
+                check_generator("@app.function", raw, model_name)
+                io = CallIO.of(raw, batched=batch is not None, is_method=False)
+                function = _executing(_function_spec(raw.__name__, raw.__name__, io, batch), raw, concurrency)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
-            function = _function_spec(raw.__name__, raw.__name__, io, batch)
             function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject, public=public,
-                                               max_body_bytes=body_limit)
-            function = _executing(function, raw, concurrency)
+                                               max_body_bytes=body_limit, openai=model_name)
             spec = ServiceSpec(name=raw.__name__, kind="function", functions=[function], **resources)
             self._register(spec, handle)
             return handle
@@ -199,11 +202,11 @@ class App:
             ...     @ember.method(batch=ember.Batch(max_size=32))
             ...     def predict(self, images: list[Image]) -> list[Label]: ...
         """
-        resources = _resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
-        resources |= _scaling("@app.model", buffer_replicas, scaledown_window_s, target_p95_ms)
-        resources |= _host_memory("@app.model", memory)
-        resources |= _startup("@app.model", startup_timeout_s)
-        resources |= _secrets("@app.model", secrets)
+        resources = options.resources("@app.model", gpu, min_replicas, max_replicas, timeout_s, retries)
+        resources |= options.scaling("@app.model", buffer_replicas, scaledown_window_s, target_p95_ms)
+        resources |= options.host_memory("@app.model", memory)
+        resources |= options.startup("@app.model", startup_timeout_s)
+        resources |= options.secrets("@app.model", secrets)
         resources |= volume_mounts("@app.model", volumes)
         resources |= image_field("@app.model", image, self.image) | network_field("@app.model", block_network)
         concurrency = _check_concurrency("@app.model", max_concurrency)
@@ -216,9 +219,8 @@ class App:
             methods = {name: m for name, m in members(cls) if isinstance(m, _MethodDef)}
             if not methods:
                 raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")
-            functions = [_executing(msgspec.structs.replace(
-                _function_spec(f"{cls.__name__}.{name}", name, m.io, m.batch), public=m.public,
-                max_body_bytes=m.max_body_bytes), m.raw, concurrency) for name, m in methods.items()]
+            functions = [msgspec.structs.replace(m.spec(f"{cls.__name__}.{name}", concurrency), public=m.public,
+                                                 max_body_bytes=m.max_body_bytes) for name, m in methods.items()]
             spec = ServiceSpec(name=cls.__name__, kind="class", functions=functions, snap=has_snap_setup(cls),
                                **resources)
             cls.__ember_app__ = self.name  # type: ignore[attr-defined]
@@ -255,20 +257,30 @@ class _MethodDef:
 
     max_body_bytes = 0  # max_body_bytes= of @ember.method; 0: the platform's default
 
-    def __init__(self, raw: Callable[..., Any], batch: Batch | None, cost: Callable[[Any], float] | None,
-                 public: bool = False) -> None:
+    def __init__(self, raw: Callable[..., Any], batch: Batch | Continuous | None,
+                 cost: Callable[[Any], float] | None, public: bool = False, openai: str = "") -> None:
         self.raw = raw
         self.batch = batch
         self.cost = cost
         self.public = public
+        self.openai = openai
         _check_streaming("@ember.method", raw, batch)
-        self.io = CallIO.of(raw, batched=batch is not None, is_method=True)
+        if not isinstance(batch, Continuous):
+            check_generator("@ember.method", raw, openai)
+        self.io = continuous_io() if isinstance(batch, Continuous) else CallIO.of(raw, batched=batch is not None,
+                                                                                   is_method=True)
         self.attr = raw.__name__
         self.__doc__ = raw.__doc__
         self.__wrapped__ = raw
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.attr = name
+
+    def spec(self, name: str, concurrency: int) -> FunctionSpec:
+        if isinstance(self.batch, Continuous):
+            return continuous_spec("@ember.method", name, self.raw, self.batch, self.openai, True)
+        spec = _executing(_function_spec(name, self.attr, self.io, self.batch), self.raw, concurrency)
+        return msgspec.structs.replace(spec, openai=self.openai)
 
     def __get__(self, instance: Any, owner: type) -> MethodHandle:
         app = getattr(owner, "__ember_app__", "")
@@ -278,13 +290,18 @@ class _MethodDef:
 @overload
 def method(fn: Callable[..., Any], /) -> Any: ...
 @overload
-def method(*, batch: Batch | None = None, cost: Callable[[Any], float] | None = None, public: bool = False,
-           max_body_bytes: int | None = None) -> Callable[[Callable[..., Any]], Any]: ...
+def method(*, batch: Batch | Continuous | None = None, cost: Callable[[Any], float] | None = None,
+           public: bool = False, max_body_bytes: int | None = None,
+           openai: str | None = None) -> Callable[[Callable[..., Any]], Any]: ...
 
 
-def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any], float] | None = None,
-           public: bool = False, max_body_bytes: int | None = None) -> Any:
+def method(fn: Any = None, /, *, batch: Batch | Continuous | None = None,
+           cost: Callable[[Any], float] | None = None, public: bool = False, max_body_bytes: int | None = None,
+           openai: str | None = None) -> Any:
     """Mark a method of an ``@app.model`` class as served; ``batch=`` makes it take a list of inputs.
+
+    ``batch=ember.Continuous(max_seqs=N)``: the method is a decoder's step over the running ``ember.Sequence``s
+    (continuous batching). ``openai="NAME"``: served as that model on ``/openai/v1`` (a generator or a step).
 
     ``cost=`` gives the cost of one input of a batched method (batches stay under ``batch.max_cost``).
     ``public=True``: its synchronous call (``POST /v1/<app>/<Class>.<method>``) needs no token.
@@ -293,12 +310,13 @@ def method(fn: Any = None, /, *, batch: Batch | None = None, cost: Callable[[Any
     _check_batch("@ember.method", batch, cost)
     _check_public("@ember.method", public)
     body_limit = _body_limit("@ember.method", max_body_bytes)
+    model_name = check_openai("@ember.method", openai)
 
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
         _check_name("@ember.method", raw.__name__)
-        definition = _MethodDef(raw, batch, cost, public)
+        definition = _MethodDef(raw, batch, cost, public, model_name)
         definition.max_body_bytes = body_limit
         return definition
 
@@ -341,7 +359,7 @@ def _body_limit(where: str, max_body_bytes: Any) -> int:
     the platform's default."""
     if max_body_bytes is None:
         return 0
-    if not _int_in(max_body_bytes, 1, MAX_BODY_BYTES):
+    if not options.int_in(max_body_bytes, 1, MAX_BODY_BYTES):
         raise InvalidSpecError(f"{where}(max_body_bytes={max_body_bytes!r}): a whole number of bytes from 1 to "
                                f"{MAX_BODY_BYTES} (the platform may allow less: EMBER_MAX_BODY_CAP_BYTES)")
     return int(max_body_bytes)
@@ -360,14 +378,14 @@ def _check_name(where: str, name: str) -> None:
 
 
 def _check_concurrency(where: str, max_concurrency: Any) -> int:
-    if not _int_in(max_concurrency, 1, MAX_CONCURRENCY):
+    if not options.int_in(max_concurrency, 1, MAX_CONCURRENCY):
         raise InvalidSpecError(f"{where}(max_concurrency={max_concurrency!r}): the calls one replica runs at once, "
                                f"an int from 1 to {MAX_CONCURRENCY}")
     return int(max_concurrency)
 
 
 def _check_streaming(where: str, raw: Callable[..., Any], batch: Any) -> None:
-    if batch is not None and (inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw)):
+    if isinstance(batch, Batch) and (inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw)):
         raise InvalidSpecError(f"{where}(batch=...) on {raw.__qualname__}(): {STREAM_BATCH_PROBLEM}")
 
 
@@ -380,6 +398,10 @@ def _executing(spec: FunctionSpec, raw: Callable[..., Any], max_concurrency: int
 
 
 def _check_batch(where: str, batch: Any, cost: Any = None) -> None:
+    if isinstance(batch, Continuous):
+        if cost is not None:
+            raise InvalidSpecError(f"{where}(cost=...): a Continuous step's sequences have no cost; drop cost=")
+        return
     if batch is not None and not isinstance(batch, Batch):
         raise InvalidSpecError(
             f"{where}(batch={batch!r}): pass ember.Batch(max_size=..., window_ms=...), "
@@ -405,96 +427,3 @@ def _check_constructor(cls: type) -> None:
         raise InvalidSpecError(
             f"@app.model(): {cls.__name__}() must be constructible without arguments; load state in an "
             f"@ember.setup method instead of __init__({', '.join(p.name for p in required)})")
-
-
-def _resources(where: str, gpu: Any, min_replicas: Any, max_replicas: Any, timeout_s: Any,
-               retries: Any = 0) -> dict[str, Any]:
-    if not _int_in(min_replicas, 0, MAX_REPLICAS):
-        raise InvalidSpecError(f"{where}(min_replicas={min_replicas!r}): min_replicas is an int >= 0 and "
-                               f"at most {MAX_REPLICAS}")
-    if max_replicas is None:
-        max_replicas = max(min_replicas, 1)
-    if not _int_in(max_replicas, max(min_replicas, 1), MAX_REPLICAS):
-        raise InvalidSpecError(
-            f"{where}(max_replicas={max_replicas!r}): max_replicas is an int >= 1 and >= min_replicas "
-            f"({min_replicas}), at most {MAX_REPLICAS}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= MAX_TIMEOUT_S:
-        raise InvalidSpecError(f"{where}(timeout_s={timeout_s!r}): timeout_s is a number of seconds in (0, 86400]")
-    return {**_parse_gpu(where, gpu), "min_replicas": min_replicas, "max_replicas": max_replicas,
-            "timeout_s": float(timeout_s), "retries": _retries(where, retries)}
-
-
-def _int_in(value: Any, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-def _scaling(where: str, buffer_replicas: Any, scaledown_window_s: Any, target_p95_ms: Any) -> dict[str, Any]:
-    if not _int_in(buffer_replicas, 0, MAX_BUFFER_REPLICAS):
-        raise InvalidSpecError(f"{where}(buffer_replicas={buffer_replicas!r}): an int from 0 to "
-                               f"{MAX_BUFFER_REPLICAS}")
-    if isinstance(scaledown_window_s, bool) or not isinstance(scaledown_window_s, int | float) \
-            or not 0 <= scaledown_window_s <= MAX_SCALEDOWN_WINDOW_S:
-        raise InvalidSpecError(f"{where}(scaledown_window_s={scaledown_window_s!r}): seconds from 0 to 86400")
-    if target_p95_ms is not None and (isinstance(target_p95_ms, bool) or not isinstance(target_p95_ms, int | float)
-                                      or not 0 < target_p95_ms < math.inf):
-        raise InvalidSpecError(f"{where}(target_p95_ms={target_p95_ms!r}): target_p95_ms is a positive number of "
-                               "milliseconds (e.g. target_p95_ms=250), or None for no latency target")
-    return {"buffer_replicas": buffer_replicas, "scaledown_window_s": float(scaledown_window_s),
-            "target_p95_ms": None if target_p95_ms is None else float(target_p95_ms)}
-
-
-def _startup(where: str, startup_timeout_s: Any) -> dict[str, Any]:
-    if isinstance(startup_timeout_s, bool) or not isinstance(startup_timeout_s, int | float) \
-            or not 0 < startup_timeout_s <= MAX_TIMEOUT_S:
-        raise InvalidSpecError(f"{where}(startup_timeout_s={startup_timeout_s!r}): seconds in (0, {MAX_TIMEOUT_S:g}]")
-    return {"startup_timeout_s": float(startup_timeout_s)}
-
-
-def _secrets(where: str, secrets: Any) -> dict[str, Any]:
-    """``secrets=``: a list of secret names; None: none."""
-    if secrets is None:
-        return {}
-    if isinstance(secrets, str) or not isinstance(secrets, list | tuple) \
-            or not all(isinstance(n, str) for n in secrets):
-        raise InvalidSpecError(f"{where}(secrets={secrets!r}): a list of secret names, e.g. secrets=['hf']")
-    for name in secrets:
-        problem = name_problem(name)
-        if problem:
-            raise InvalidSpecError(f"{where}(secrets=...): {problem}")
-    if len(set(secrets)) != len(secrets) or len(secrets) > MAX_SECRETS_PER_SERVICE:
-        raise InvalidSpecError(f"{where}(secrets={secrets!r}): at most {MAX_SECRETS_PER_SERVICE} names, each once")
-    return {"secrets": list(secrets)}
-
-
-def _host_memory(where: str, memory: Any) -> dict[str, Any]:
-    """``memory=``: MB as an int, or a string such as ``"4GB"`` or ``"512MB"``; None: not declared."""
-    if memory is None:
-        return {}
-    mb: float | None = None
-    if isinstance(memory, int) and not isinstance(memory, bool):
-        mb = memory
-    elif isinstance(memory, str):
-        match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(GB|MB)\s*", memory, re.IGNORECASE)
-        if match:
-            mb = float(match[1]) * (1024 if match[2].upper() == "GB" else 1)
-    if mb is None or not 0 < mb <= MAX_HOST_MEMORY_MB:
-        raise InvalidSpecError(f"{where}(memory={memory!r}): host memory in MB (an int) or a string such as "
-                               "'4GB' or '512MB'")
-    return {"memory_mb": round(mb)}
-
-
-def _retries(where: str, retries: Any) -> Retries:
-    if isinstance(retries, Retries):
-        return retries
-    if isinstance(retries, int) and not isinstance(retries, bool) and 0 <= retries <= 100:
-        return Retries(max_retries=retries)
-    raise InvalidSpecError(f"{where}(retries={retries!r}): a count from 0 to 100, or ember.Retries(max_retries=..., "
-                           "initial_delay_s=..., backoff_coefficient=...)")
-
-
-def _parse_gpu(where: str, gpu: Any) -> dict[str, Any]:
-    """The ``gpu=`` argument as the manifest carries it: a full request, and the count and types."""
-    request = parse_gpu(gpu, where=where)
-    if request == GpuRequest():
-        return {"gpu_count": 0, "gpu_types": [], "gpu": None}
-    return {"gpu_count": max(request.count, 1), "gpu_types": list(request.types), "gpu": request}

@@ -19,13 +19,14 @@ from nats.js.errors import KeyWrongLastSequenceError, ObjectNotFoundError
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
-from ember._errors import InvalidInputError, NotFoundError
+from ember._errors import ConflictError, InvalidInputError, NotFoundError
 from ember.wire import (
     AppView,
     Deployment,
     DeployRequest,
     FunctionSpec,
     LogLine,
+    Manifest,
     ReplicaStatus,
     ScaleBounds,
     ServiceSpec,
@@ -204,6 +205,7 @@ class Registry:
             raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
                                     field="$.manifest.app")
         check_manifest(request.manifest)
+        self._check_models(app, request.manifest)
         if not await self.has_bundle(request.bundle_sha256, None if any_content else app):
             raise no_such_bundle(request.bundle_sha256)
         if not any_content:
@@ -217,6 +219,20 @@ class Registry:
             return rollout.record_push(current, app, request, time.time())
 
         return await self._update(app, push, create=True)
+
+    def _check_models(self, app: str, manifest: Manifest) -> None:
+        """Model names (``openai=``) are unique across the platform: one that another app serves is a 409."""
+        wanted = {fn.openai for svc in manifest.services for fn in svc.functions if fn.openai}
+        for other, dep in self.deployments.items.items():
+            if other == app or not wanted:
+                continue
+            for version in dep.running():
+                held = dep.at(version)
+                for svc in held.manifest.services if held is not None else []:
+                    for fn in svc.functions:
+                        if fn.openai in wanted:
+                            raise ConflictError(f"the model name {fn.openai!r} is taken by another app; choose "
+                                                "another openai= name", field="$.manifest.openai")
 
     async def _check_image_owners(self, app: str, services: list[ServiceSpec]) -> None:
         """Each locked image was locked by a build of ``app``: 404 naming the field otherwise."""

@@ -32,6 +32,7 @@ from ember_platform.gateway import (
     logs,
     metrics,
     oip,
+    openai_api,
     openapi,
     quotas,
     rollouts,
@@ -127,6 +128,10 @@ ROUTES = [
     route("/v2/models/{model}/versions/{version}/infer", OIP_INFER, "POST", INVOKE),
     route("/v2/{path:path}", oip.unknown, "GET", TOKEN),  # the protocol's 404 for any other /v2 path
     route("/v2/{path:path}", oip.unknown, "POST", TOKEN),
+    route("/openai/v1/chat/completions", openai_api.chat_completions, "POST", INVOKE),  # OpenAI's: check themselves
+    route("/openai/v1/completions", openai_api.completions, "POST", INVOKE),
+    route("/openai/v1/models", openai_api.list_models, "GET", READ),
+    route("/openai/v1/models/{model_id:path}", openai_api.get_model, "GET", READ),
     route("/v1/{app}/{name}/spawn", traced(metrics.metered(calls.spawn), "ember.spawn", "/v1/{app}/{name}/spawn"),
           "POST", INVOKE),  # counted as answered when queued (202)
     route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token

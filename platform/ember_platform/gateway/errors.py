@@ -54,6 +54,10 @@ def method_not_allowed(request: Request) -> Response:
     message = f"{request.method} is not allowed here; allowed: {allow['Allow']}"
     if request.url.path == "/v2" or request.url.path.startswith("/v2/"):  # the protocol's own error shape
         response = Response(encoder.encode({"error": message}), 405, media_type="application/json")
+    elif request.url.path.startswith("/openai/"):  # OpenAI's error shape
+        response = Response(encoder.encode({"error": {"message": message, "type": "invalid_request_error",
+                                                      "param": None, "code": "method_not_allowed"}}), 405,
+                            media_type="application/json")
     else:
         response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
     response.headers.update(allow)

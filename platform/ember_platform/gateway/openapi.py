@@ -56,7 +56,7 @@ from ember.wire.tokens import TOKEN_ID, NewToken
 from ember.wire.validate import APP_NAME
 from ember.wire.volumes import VOLUME_NAME, ChunksMissing, ChunksQuery, VolumeCommit, VolumeView
 from ember_platform.calls.durable import CALL_ID, MAX_CALL_ID
-from ember_platform.gateway import events, openapi_oip
+from ember_platform.gateway import events, openapi_oip, openapi_openai
 from ember_platform.gateway.apps import MAX_LOG_LINES
 from ember_platform.gateway.calls import FUNCTION_NAME
 from ember_platform.gateway.guard import NEED, OPEN, principal_of
@@ -97,6 +97,7 @@ _BODIES: dict[str, Any] = {
     "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
     "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
     **openapi_oip.BODIES,
+    **openapi_openai.BODIES,
 }
 # Answers that are plain dicts in their handlers, not Structs.
 _PLAIN: dict[str, dict[str, Any]] = {
@@ -136,6 +137,7 @@ _PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "build_id": ("a build's id", {"type": "string", "pattern": "^[0-9a-f]{32}$"}),
     "volume": ("a volume's name", _string(VOLUME_NAME, 63)),
     **openapi_oip.PATH_PARAMS,
+    **openapi_openai.PATH_PARAMS,
     **events.PATH_PARAMS,
 }
 
@@ -280,6 +282,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "Remove a volume, every version of it and the chunks nothing else uses",
         (204, "removed", None, JSON), (404, 409, 422), [], None),
     **openapi_oip.OPERATIONS,
+    **openapi_openai.OPERATIONS,
     **events.OPERATIONS,
     ("POST", "/v1/{app}/{name}/spawn"): (
         "Queue a call durably (`{app}` may be `<app>@<version>`: the call waits for that version)",
@@ -302,6 +305,7 @@ _STREAMS: dict[tuple[str, str], dict[str, Any]] = {
                                             "or {\"event\": \"dropped\"|\"error\", ...}; empty lines as "
                                             "keep-alives"}},
     },
+    **openapi_openai.STREAMS,
 }
 
 
@@ -322,7 +326,8 @@ def _operation(method: str, path: str, need: str | None = None) -> dict[str, Any
                    for name in re.findall(r"\{(\w+)(?::\w+)?\}", path)]
     if need != OPEN:
         errors = tuple(sorted({*errors, 401, *((403,) if need != "token" else ())}))
-    error_body = _ref("OipError" if path == "/v2" or path.startswith("/v2/") else "ErrorBody")  # the protocol's own
+    error_body = _ref("OipError" if path == "/v2" or path.startswith("/v2/") else  # the protocols' own
+                      "OpenAIError" if path.startswith("/openai/") else "ErrorBody")
     operation: dict[str, Any] = {
         "operationId": f"{method.lower()} {_CONVERTER.sub(_BARE, path)}", "summary": summary,
         "responses": {str(status): answer,

@@ -51,5 +51,6 @@ def render(platform: Platform, sees: Callable[[str], bool]) -> bytes:
     """The Prometheus text for a reader who sees the apps ``sees`` accepts."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Visible(platform.call_metrics.registry(), sees))
+    registry.register(Visible(platform.llm_metrics.registry, sees))
     registry.register(Visible(StateCollector(platform, sees), sees))
     return generate_latest(registry)

@@ -7,12 +7,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from ember._app import method_def
-from ember._errors import RemoteError
+from ember._errors import InvalidInputError, RemoteError
 from ember._handles import Function
+from ember._inner import current_call
+from ember._llm import decode_request
 from ember._setup import run_setup
-from ember._types import CallIO
+from ember._types import CallIO, invalid_input
 from ember.wire import FunctionSpec, ServiceSpec
+from ember.wire.openai import Request
+from ember_runtime.replica.continuous import StepLoop
 from ember_runtime.replica.streams import StreamSink, collect_async, collect_sync, drain_async, drain_sync
 
 
@@ -42,7 +48,10 @@ class Endpoint:
         self._cost = cost
         self.batched = spec.batch is not None
         self.executor: ThreadPoolExecutor | None = None
-        if spec.max_concurrency > 1 and not spec.is_async:
+        self.steps: StepLoop | None = None  # a Continuous step's loop, started with the first sequence
+        if spec.continuous is not None:
+            self.steps = StepLoop(fn, spec.name)
+        elif spec.max_concurrency > 1 and not spec.is_async:
             self.executor = ThreadPoolExecutor(max_workers=spec.max_concurrency,
                                                thread_name_prefix=f"ember-{spec.name}")
 
@@ -51,6 +60,8 @@ class Endpoint:
         return self.arun if self.spec.is_async else self.run
 
     def close(self) -> None:
+        if self.steps is not None:
+            self.steps.close()
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
@@ -65,6 +76,8 @@ class Endpoint:
 
     def decode(self, body: bytes, codec: str = "json") -> Any:
         """One call's input (JSON, or msgpack from a msgpack frame) as the function's arguments."""
+        if self.steps is not None:
+            return (_request_of(body, codec),), {}
         return self._io.decode_item(body, codec) if self.batched else self._io.decode_input(body, codec)
 
     def run(self, values: list[Any]) -> list[Any]:
@@ -82,9 +95,21 @@ class Endpoint:
         return collect_sync(self._fn(*args, **kwargs))
 
     async def arun(self, values: list[Any]) -> list[Any]:
+        if self.steps is not None:
+            return [await self._sequence(value) for value in values]
         if self.batched:
             return await self._fn(values)  # type: ignore[no-any-return]
         return [await self._acall(value) for value in values]
+
+    async def _sequence(self, value: tuple[tuple[Any, ...], dict[str, Any]] | Streamed) -> Any:
+        """A Continuous step's call: a sequence in its loop until it ends (a queued call gets its pieces)."""
+        assert self.steps is not None
+        context = current_call()
+        call_id, deadline = (context.call_id, context.deadline) if context is not None else ("", float("inf"))
+        if isinstance(value, Streamed):
+            await self.steps.generate(value.args[0], value.sink.call_id, value.sink.deadline, value.sink)
+            return None
+        return await self.steps.generate(value[0][0], call_id, deadline, None)
 
     async def _acall(self, value: tuple[tuple[Any, ...], dict[str, Any]] | Streamed) -> Any:
         if isinstance(value, Streamed):
@@ -94,6 +119,15 @@ class Endpoint:
         if self.spec.stream:
             return await collect_async(self._fn(*args, **kwargs))
         return await self._fn(*args, **kwargs)
+
+
+def _request_of(body: bytes, codec: str) -> Request:
+    try:
+        return decode_request(body if codec == "json" else msgspec.json.encode(msgspec.msgpack.decode(body)))
+    except msgspec.ValidationError as exc:
+        raise invalid_input(exc) from exc
+    except msgspec.DecodeError as exc:
+        raise InvalidInputError(f"malformed request: {exc}") from exc
 
 
 def prepare(service: ServiceSpec, target: Any) -> Any:

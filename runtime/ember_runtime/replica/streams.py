@@ -76,6 +76,18 @@ class StreamSink:
         for raw in handed:
             self._queue(raw)
 
+    def put_now(self, item: Any) -> None:
+        """Hand one item over on the loop, within the credit the caller checked (a Continuous step's piece)."""
+        raw = self._encode(item)
+        self._check_deadline()
+        self.produced += 1
+        self._queue(raw)
+
+    @property
+    def credit_event(self) -> asyncio.Event:
+        """Set when the reader grants more credit, or the call is cancelled."""
+        return self._credit
+
     async def put(self, item: Any) -> None:
         """Hand one item over on the loop; waits while the reader has no credit left."""
         raw = self._encode(item)

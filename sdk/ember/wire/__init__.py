@@ -99,6 +99,7 @@ from ember.wire.secrets import SecretRequest, SecretsAnswer, SecretsRequest, Sec
 from ember.wire.specs import (
     RESERVED_APP_NAMES,
     Batch,
+    Continuous,
     Deployment,
     DeployRequest,
     FunctionSpec,
@@ -156,6 +157,7 @@ __all__ = [
     "ChunksMissing",
     "ChunksQuery",
     "CompactTensor",
+    "Continuous",
     "DeadLetter",
     "DeployRequest",
     "Deployment",

@@ -58,6 +58,24 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
                                    "(and cost= on the decorator) too")
 
 
+class Continuous(msgspec.Struct, frozen=True, kw_only=True):
+    """Continuous (iteration-level) batching of a decoder's steps inside each replica.
+
+    The method takes the running sequences (``list[ember.Sequence]``) and returns one piece of text for each (None:
+    that sequence ends). A new call becomes a sequence that joins at the next step; a sequence leaves when its
+    piece is None, at its ``max_tokens``, at a stop string, or when its caller goes away, freeing its slot.
+
+    Example:
+        ``@ember.method(openai="tiny-gpt", batch=ember.Continuous(max_seqs=32))``
+    """
+
+    max_seqs: int = 32
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_seqs, bool) or not isinstance(self.max_seqs, int) or not 1 <= self.max_seqs <= 4096:
+            raise InvalidSpecError(f"Continuous(max_seqs={self.max_seqs!r}): max_seqs must be an int from 1 to 4096")
+
+
 class Retries(msgspec.Struct, frozen=True, kw_only=True):
     """How a queued (spawned or event) call that fails in user code is retried.
 
@@ -114,6 +132,8 @@ class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     stream: bool = False  # a generator: its items stream to the caller (SSE or NDJSON); queued calls store the list
     is_async: bool = False  # ``async def`` (or an async generator): runs on the replica's event loop
     max_concurrency: int = 1  # calls one replica runs at once (threads for sync code, tasks on the loop for async)
+    openai: str = ""  # served as this model on /openai/v1 (a generator of text pieces); "": not
+    continuous: Continuous | None = None  # a decoder's step under continuous batching (max_concurrency: max_seqs)
 
 
 class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):

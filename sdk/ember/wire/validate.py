@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from ember._errors import InvalidInputError
 from ember._resources import MAX_GPUS
 from ember.wire.images import image_problems
+from ember.wire.openai import MODEL_NAME
 from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.specs import RESERVED_APP_NAMES, FunctionSpec, Manifest, ServiceSpec
 from ember.wire.tensors import DATATYPES, MAX_TENSOR_RANK
@@ -73,6 +74,8 @@ def manifest_problems(manifest: Manifest, at: str = "$.manifest") -> Iterator[Pr
     for i, service in enumerate(manifest.services):
         yield from _service_problems(service, f"{at}.services[{i}]")
     yield from _calls(manifest.calls, f"{at}.calls")
+    models = [fn.openai for svc in manifest.services for fn in svc.functions if fn.openai]
+    yield from _duplicates(models, f"{at}.services", "openai model")
 
 
 def _calls(apps: list[str], at: str) -> Iterator[Problem]:
@@ -170,6 +173,7 @@ def _function_problems(fn: FunctionSpec, svc: ServiceSpec, at: str) -> Iterator[
         if problem:
             yield f"{at}.on[{i}]", problem
     yield from _concurrency_problems(fn, at)
+    yield from _openai_problems(fn, at)
     if fn.result_subject is not None:
         problem = subject_problem(fn.result_subject, wildcards=False)
         if problem:
@@ -183,6 +187,16 @@ def _concurrency_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:
         yield f"{at}.max_concurrency", f"max_concurrency={fn.max_concurrency!r}: an int from 1 to {MAX_CONCURRENCY}"
     if fn.stream and fn.batch is not None:
         yield f"{at}.batch", STREAM_BATCH_PROBLEM
+
+
+def _openai_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:
+    if fn.openai and not re.fullmatch(MODEL_NAME, fn.openai):
+        yield f"{at}.openai", (f"model name {fn.openai[:80]!r}: 1 to 128 letters, digits and '._:/@+-', "
+                               "starting with a letter or digit")
+    if fn.openai and not fn.stream:
+        yield f"{at}.openai", "a model served on /openai/v1 is a generator of text pieces (or a Continuous step)"
+    if fn.continuous is not None and (not fn.stream or fn.max_concurrency != fn.continuous.max_seqs):
+        yield f"{at}.continuous", "a Continuous step streams, and runs max_seqs sequences at once"
 
 
 def _tensor_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:

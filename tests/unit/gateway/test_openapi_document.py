@@ -79,14 +79,17 @@ def test_the_static_document_is_valid_openapi_and_every_reference_resolves():
 
 def test_errors_have_the_one_shape():
     """Ember's errors are ErrorBody; the Open Inference Protocol's (/v2) are the protocol's own {"error": message},
-    as they answer (a /v2 404 declared as ErrorBody was schemathesis' ST108)."""
+    as they answer (a /v2 404 declared as ErrorBody was schemathesis' ST108); OpenAI's routes (/openai) answer
+    OpenAI's {"error": {"message", "type", "param", "code"}}."""
     document = openapi.static_document(ROUTES)
     schemas = document["components"]["schemas"]
     assert schemas["ErrorBody"]["required"] == ["error"]
     assert set(schemas["ErrorInfo"]["properties"]) == {"code", "message", "field", "type", "retry_after_s", "call_id"}
     assert schemas["OipError"]["properties"] == {"error": {"type": "string"}}
+    assert set(schemas["ErrorDetail"]["properties"]) == {"message", "type", "param", "code"}
     for path, operations in document["paths"].items():
-        body = "OipError" if path == "/v2" or path.startswith("/v2/") else "ErrorBody"
+        body = "OipError" if path == "/v2" or path.startswith("/v2/") else \
+            "OpenAIError" if path.startswith("/openai/") else "ErrorBody"
         for method, operation in operations.items():
             for status, answer in operation["responses"].items():
                 if int(status) >= 400:

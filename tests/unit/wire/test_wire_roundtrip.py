@@ -65,6 +65,7 @@ SAMPLES: list[msgspec.Struct] = [
     wire.InferOutput(name="output", datatype="BOOL", shape=[2], data=[True, False]),
     wire.Batch(max_size=8, window_ms=0.0),
     wire.Batch(max_size=8, window_ms=1.0, latency_budget_ms=20.0, max_cost=4096.0),
+    wire.Continuous(max_seqs=8),
     _HIST,
     _STATS,
     wire.Retries(max_retries=3, initial_delay_s=0.5, backoff_coefficient=3.0, max_delay_s=10.0),

@@ -1,0 +1,147 @@
+"""Language models through the OpenAI-compatible routes: continuous batching's gain, time to first token under load,
+and the platform's own cost per streamed token, in interleaved rounds on one embedded platform.
+
+    python bench/llm.py [--rounds 5]
+
+Model: examples/tiny_gpt (a 2-layer torch GPT built from its config, CPU). Rows: aggregate tokens/s of 16 concurrent
+streams of 64 tokens against the same 16 one at a time; time to first token p50 under 16 streams against a lone
+stream's; and per streamed token, the time of tests/apps/llm's echo-words model (a generator of 2,000 words) through
+the platform minus the same generator run in process, divided by the pieces (wall time of one stream: an upper bound
+of the platform's CPU per token, since the stream's parts run one after the other).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from http_latency import ROOT, markdown_table, run_interruptible, say
+
+from ember import _loop as ember_loop
+
+STREAMS, TOKENS, WORDS = 16, 64, 2000
+
+
+async def _stream(client, model: str, prompt: str, max_tokens: int) -> tuple[float, float, int]:
+    """(time to first piece, total time, pieces) of one streamed completion."""
+    started = time.perf_counter()
+    first, pieces = 0.0, 0
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, stream=True)
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].text:
+            pieces += 1
+            first = first or time.perf_counter() - started
+    return first, time.perf_counter() - started, pieces
+
+
+async def _together(client) -> tuple[float, float]:
+    """Aggregate tokens/s and TTFT p50 (ms) of 16 concurrent streams."""
+    started = time.perf_counter()
+    runs = await asyncio.gather(*(_stream(client, "tiny-gpt", f"prompt {i}", TOKENS) for i in range(STREAMS)))
+    took = time.perf_counter() - started
+    return sum(r[2] for r in runs) / took, statistics.median(r[0] for r in runs) * 1000
+
+
+async def _one_at_a_time(client) -> tuple[float, float]:
+    started, pieces, firsts = time.perf_counter(), 0, []
+    for i in range(STREAMS):
+        first, _, n = await _stream(client, "tiny-gpt", f"prompt {i}", TOKENS)
+        pieces += n
+        firsts.append(first)
+    return pieces / (time.perf_counter() - started), statistics.median(firsts) * 1000
+
+
+async def _platform_cost(chat) -> float:
+    """ms per streamed token: echo-words through the platform minus the same generator in process."""
+    text = " ".join(f"w{i}" for i in range(WORDS))
+    started = time.perf_counter()
+    stream = await chat.chat.completions.create(model="echo-words", stream=True, max_tokens=WORDS,
+                                                messages=[{"role": "user", "content": text}])
+    pieces = sum([1 async for c in stream if c.choices and c.choices[0].delta.content])
+    through = time.perf_counter() - started
+    started = time.perf_counter()
+    local = [word + " " for word in text.split()]  # what echo-words does in process
+    alone = time.perf_counter() - started
+    assert pieces >= WORDS - 1 and len(local) == WORDS, pieces
+    return (through - alone) / WORDS * 1000
+
+
+def run(rounds: int) -> dict[str, list[float]]:
+    import openai
+
+    import ember
+    from ember._client import Transport
+    from ember.dev.embedded import EmbeddedPlatform
+
+    work = Path(tempfile.mkdtemp(prefix="ember-llm-bench-"))
+    platform = EmbeddedPlatform(work / "state", http_port=0)
+    results: dict[str, list[float]] = {}
+    try:
+        platform.start()
+        transport = Transport(platform.url, token=platform.token)
+        for app in (ROOT / "examples" / "tiny_gpt" / "app.py", ROOT / "tests" / "apps" / "llm" / "llm.py"):
+            say(f"deploying {app.name}")
+            ember.deploy(app, transport=transport, timeout_s=180)
+        transport.close()
+
+        async def rounds_() -> None:
+            client = openai.AsyncOpenAI(base_url=f"{platform.url}/openai/v1", api_key=platform.token, timeout=300)
+            await _stream(client, "tiny-gpt", "warm up", 8)
+
+            async def together() -> None:
+                rate, ttft = await _together(client)
+                results.setdefault("tokens/s, 16 streams together", []).append(rate)
+                results.setdefault("TTFT p50 under 16 streams (ms)", []).append(ttft)
+
+            async def alone() -> None:
+                rate, ttft = await _one_at_a_time(client)
+                results.setdefault("tokens/s, 16 streams one at a time", []).append(rate)
+                results.setdefault("TTFT p50, a lone stream (ms)", []).append(ttft)
+
+            async def cost() -> None:
+                results.setdefault("platform ms per streamed token", []).append(await _platform_cost(client))
+
+            rows: list[Callable[[], Awaitable[None]]] = [together, alone, cost]
+            for r in range(rounds):
+                for row in rows[r % len(rows):] + rows[:r % len(rows)]:
+                    say(f"round {r + 1}/{rounds}: {row.__name__}")
+                    await row()
+            await client.close()
+
+        ember_loop.run(rounds_())
+    finally:
+        platform.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def render(results: dict[str, list[float]], rounds: int) -> str:
+    rows = [[f"median of {rounds} rounds", "value", "min", "max"]]
+    for name in sorted(results):
+        values = results[name]
+        fmt = "{:.3f}" if "per streamed token" in name else "{:,.1f}"
+        rows.append([name, fmt.format(statistics.median(values)), fmt.format(min(values)), fmt.format(max(values))])
+    median = {name: statistics.median(v) for name, v in results.items()}
+    gain = median["tokens/s, 16 streams together"] / median["tokens/s, 16 streams one at a time"]
+    ttft = median["TTFT p50 under 16 streams (ms)"] / median["TTFT p50, a lone stream (ms)"]
+    return (markdown_table(rows) + f"\n\ncontinuous batching: {gain:.1f}x the tokens/s of one stream at a time; "
+            f"TTFT p50 under 16 streams: {ttft:.2f}x a lone stream's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    args = parser.parse_args()
+    print(render(run_interruptible(lambda: run(args.rounds)), args.rounds))
+
+
+if __name__ == "__main__":
+    main()

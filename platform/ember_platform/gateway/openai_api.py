@@ -1,0 +1,240 @@
+"""OpenAI-compatible routes: ``POST /openai/v1/chat/completions``, ``POST /openai/v1/completions``,
+``GET /openai/v1/models[/<model>]``.
+
+A model is a generator of text pieces (or a ``Continuous`` step) declared with ``openai="NAME"``; the body's
+``model`` picks it. The token is the API key (``Authorization: Bearer``) with Ember's scopes: invoking needs
+``invoke`` on the model's app, and a model of an app the token does not see is a 404, as one that does not exist.
+The request is checked here (its bounds are those of ``ember.wire.openai``), then sent to the function as its one
+input; its pieces come back over the stream of a streamed call, and the platform cuts them at ``max_tokens`` pieces
+and at the first stop string, whatever the function does (closing the stream: the replica closes the generator, or
+drops the sequence at its next step). A client that goes away closes it too. Errors are OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from ember._errors import EmberError, InvalidInputError, NotFoundError, PayloadTooLargeError
+from ember.wire import Deployment, FunctionSpec, ServiceSpec
+from ember.wire.openai import (
+    MAX_EXTRA_FIELDS,
+    ChatRequest,
+    CompletionRequest,
+    Model,
+    ModelList,
+)
+from ember.wire.openai import Request as LlmRequest
+from ember_platform.auth.scopes import INVOKE, READ
+from ember_platform.calls.streams import CallStream
+from ember_platform.gateway import calls
+from ember_platform.gateway.body import decode_json, read_body
+from ember_platform.gateway.guard import TOKEN, authorize, checks_itself
+from ember_platform.gateway.openai_text import Format, Shaper, error_event, error_response, not_text
+from ember_platform.gateway.responses import platform_of
+from ember_platform.metrics.llm import LlmTimer
+from ember_platform.platform import Platform
+
+Handler = Callable[[Request], Awaitable[Response]]
+_decoders: dict[str, msgspec.json.Decoder[Any]] = {"chat": msgspec.json.Decoder(ChatRequest),
+                                                   "completion": msgspec.json.Decoder(CompletionRequest)}
+_fields = {kind: set(decoder.type.__struct_fields__) for kind, decoder in _decoders.items()}
+_head = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_encoder = msgspec.json.Encoder()
+_str = msgspec.json.Decoder(str)
+
+
+def openai_errors(handler: Handler) -> Handler:
+    """Answer the handler's errors in OpenAI's shape."""
+    @functools.wraps(handler)
+    async def answered(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except EmberError as exc:
+            return error_response(exc)
+
+    return answered
+
+
+# -- models ----------------------------------------------------------------------------------------
+
+def models_of(platform: Platform) -> dict[str, tuple[str, str]]:
+    """Every served model: name -> (app, function), in the apps' current versions."""
+    return {fn.openai: (app, fn.name) for app, dep in platform.registry.deployments.items.items()
+            for svc in dep.manifest.services for fn in svc.functions if fn.openai}
+
+
+def _find(request: Request, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+    """The model ``name``, once the request may invoke it (a public function's needs no token)."""
+    platform = platform_of(request)
+    found = models_of(platform).get(name)
+    if found is None:
+        authorize(request, INVOKE)  # without a token, nobody learns which models exist
+        raise _no_model(name)
+    app, function = found
+    dep, svc, fn = platform.registry.route(app, function, None, random.random())
+    if fn.public:
+        return dep, svc, fn
+    try:
+        authorize(request, INVOKE, app)
+    except NotFoundError:
+        raise _no_model(name) from None
+    return dep, svc, fn
+
+
+def _no_model(name: str) -> NotFoundError:
+    return NotFoundError(f"The model `{name[:256]}` does not exist (GET /openai/v1/models lists those this key may "
+                         "use)", field="model")
+
+
+@checks_itself(READ)
+@openai_errors
+async def list_models(request: Request) -> Response:
+    """``GET /openai/v1/models``: the models the token may invoke."""
+    principal = authorize(request, TOKEN)
+    platform = platform_of(request)
+    items = platform.registry.deployments.items
+    data = [Model(id=name, created=int(items[app].created_at), owned_by=app)
+            for name, (app, _) in sorted(models_of(platform).items()) if principal.sees(app) and principal.may(INVOKE)]
+    return Response(_encoder.encode(ModelList(data=data)), media_type="application/json")
+
+
+@checks_itself(READ)
+@openai_errors
+async def get_model(request: Request) -> Response:
+    """``GET /openai/v1/models/<model>``."""
+    name = request.path_params["model_id"]
+    dep, _, _ = _find(request, name)
+    return Response(_encoder.encode(Model(id=name, created=int(dep.created_at), owned_by=dep.app)),
+                    media_type="application/json")
+
+
+# -- completions -----------------------------------------------------------------------------------
+
+@checks_itself(INVOKE)
+@openai_errors
+async def chat_completions(request: Request) -> Response:
+    """``POST /openai/v1/chat/completions``."""
+    return await _complete(request, "chat")
+
+
+@checks_itself(INVOKE)
+@openai_errors
+async def completions(request: Request) -> Response:
+    """``POST /openai/v1/completions``."""
+    return await _complete(request, "completion")
+
+
+def parse(kind: str, body: bytes) -> LlmRequest:
+    """The request, its unknown fields in ``extra``: 422 naming the field that does not fit, 400 for bad JSON."""
+    head = decode_json(_head, body)
+    extra = {k: v for k, v in head.items() if k not in _fields[kind]}
+    if len(extra) > MAX_EXTRA_FIELDS:
+        raise InvalidInputError(f"at most {MAX_EXTRA_FIELDS} fields that Ember does not read", field="$")
+    req: LlmRequest = decode_json(_decoders[kind], body)
+    if extra:
+        req = msgspec.structs.replace(req, extra={k: decode_json(msgspec.json.Decoder(), bytes(v))
+                                                  for k, v in extra.items()})
+    return req
+
+
+async def _complete(request: Request, kind: str) -> Response:
+    platform = platform_of(request)
+    try:
+        body = await read_body(request, platform.settings.max_body_bytes)
+    except PayloadTooLargeError as exc:
+        raise PayloadTooLargeError(f"{exc} (EMBER_MAX_BODY_BYTES)", field="body") from exc
+    req = parse(kind, body)
+    dep, svc, fn = _find(request, req.model)
+    token = "" if fn.public else authorize(request, INVOKE, dep.app).token_id
+    held = platform.quotas.limiter.admit(dep.app, token)
+    call_id = os.urandom(16).hex()
+    stream = platform.streams.open(dep.app, fn.name, dep.version, _encoder.encode(req), call_id=call_id,
+                                   deadline=time.time() + svc.timeout_s)
+    timer = LlmTimer(platform.llm_metrics, req.model, dep.app)
+    try:
+        started = await calls._unless_disconnected(request, _first(stream))
+    except BaseException:
+        await _done(stream, held, timer, None)
+        raise
+    if started is None:
+        await _done(stream, held, timer, None)
+        return Response(status_code=499)
+    timer.first()
+    answer = Format(kind, call_id, req.model, req)
+    shaper = Shaper(req.limit, req.stops)
+    pieces = _pieces(stream, started[0], shaper, timer)
+    if not req.stream:
+        try:
+            async for _ in pieces:
+                pass
+        finally:
+            await _done(stream, held, timer, shaper)
+        return Response(answer.whole(shaper), media_type="application/json", headers={"X-Ember-Call-Id": call_id})
+    usage = req.stream_options is not None and req.stream_options.include_usage
+    return StreamingResponse(_events(stream, pieces, answer, shaper, usage, held, timer),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no",
+                                      "X-Ember-Call-Id": call_id})
+
+
+async def _first(stream: CallStream) -> tuple[list[msgspec.Raw] | None]:
+    await stream.start()
+    return (await stream.next_items(),)
+
+
+async def _pieces(stream: CallStream, first: list[msgspec.Raw] | None, shaper: Shaper,
+                  timer: LlmTimer) -> AsyncIterator[str]:
+    """The text to send as it comes, until the model ends or the shaper does (then the stream is closed)."""
+    items = first
+    while items is not None:
+        for raw in items:
+            try:
+                piece = _str.decode(raw)
+            except msgspec.ValidationError:
+                raise not_text(msgspec.json.decode(raw)) from None
+            timer.piece()
+            text = shaper.add(piece)
+            if text:
+                yield text
+            if shaper.finish is not None:
+                await stream.aclose()
+                return
+        items = await stream.next_items()
+    rest = shaper.end()
+    if rest:
+        yield rest
+
+
+async def _events(stream: CallStream, pieces: AsyncIterator[str], answer: Format, shaper: Shaper, usage: bool,
+                  held: Any, timer: LlmTimer) -> AsyncIterator[bytes]:
+    try:
+        yield answer.chunk("" if answer.chat else None, role=True) if answer.chat else b""
+        try:
+            async for text in pieces:
+                yield answer.chunk(text)
+        except EmberError as exc:
+            yield error_event(exc)
+            return
+        yield answer.chunk(None, shaper.finish or "stop")
+        if usage:
+            yield answer.usage_chunk(shaper)
+        yield b"data: [DONE]\n\n"
+    finally:
+        await _done(stream, held, timer, shaper)
+
+
+async def _done(stream: CallStream, held: Any, timer: LlmTimer, shaper: Shaper | None) -> None:
+    await stream.aclose()
+    if held is not None:
+        held.release()
+    timer.done(shaper.pieces if shaper is not None else 0)
+

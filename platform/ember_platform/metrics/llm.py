@@ -1,0 +1,54 @@
+"""Language models' figures on the gateway, under the names vLLM's users know: time to first token, inter-token
+latency, prompt and generation tokens (``rate(vllm:generation_tokens_total[1m])`` is tokens/s), and the requests
+running now, by ``model_name`` (and ``app``, which decides who sees them: see ``scrape``)."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from ember_platform.metrics.calls import LATENCY_BUCKETS
+
+LABELS = ("model_name", "app")
+
+
+class LlmMetrics:
+    """The OpenAI-compatible routes' counters, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time from a request to its first piece.", LABELS,
+                              buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between two pieces of one answer.", LABELS,
+                             buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.generated = Counter("vllm:generation_tokens", "Pieces generated (one per item or step).", LABELS,
+                                 registry=self.registry)
+        self.running = Gauge("vllm:num_requests_running", "Requests being answered now.", LABELS,
+                             registry=self.registry)
+
+
+class LlmTimer:
+    """One request's figures: ``first`` at its first piece, ``piece`` at each, ``done`` once (however it ends)."""
+
+    def __init__(self, metrics: LlmMetrics, model: str, app: str) -> None:
+        self._labels = (model, app)
+        self._metrics = metrics
+        self._started = self._last = time.perf_counter()
+        self._ended = False
+        metrics.running.labels(*self._labels).inc()
+
+    def first(self) -> None:
+        self._metrics.ttft.labels(*self._labels).observe(time.perf_counter() - self._started)
+
+    def piece(self) -> None:
+        now = time.perf_counter()
+        if self._last != self._started:
+            self._metrics.itl.labels(*self._labels).observe(now - self._last)
+        self._last = now
+
+    def done(self, pieces: int) -> None:
+        if not self._ended:
+            self._ended = True
+            self._metrics.running.labels(*self._labels).dec()
+            self._metrics.generated.labels(*self._labels).inc(pieces)

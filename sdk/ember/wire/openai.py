@@ -1,0 +1,200 @@
+"""OpenAI's API, as far as Ember serves it: the requests of ``/openai/v1/chat/completions`` and
+``/openai/v1/completions`` (what a function with ``openai="NAME"`` receives), and the answers, chunks and errors the
+gateway sends back.
+
+The requests are decoded with their bounds (msgspec constraints, also shown by ``/openapi.json``): a field out of
+them is an OpenAI-shaped 422 naming it. Fields OpenAI has and Ember does not read (``logprobs``, ``tools``, ...) are
+accepted and passed on in ``extra``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+MAX_TOKENS = 32_768  # the most tokens one request may ask for (a larger max_tokens is a 422 naming it)
+MAX_MESSAGES = 1024
+MAX_TEXT_CHARS = 1_048_576  # one message's content, or a prompt
+MAX_STOPS = 4  # as OpenAI
+MAX_STOP_CHARS = 256
+MAX_EXTRA_FIELDS = 64
+DEFAULT_CHAT_MAX_TOKENS = 4096  # a chat request without max_tokens or max_completion_tokens
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # a completion request without max_tokens (OpenAI's default)
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"  # a served model's name (openai="...")
+
+Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
+Tokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS, description=f"at most {MAX_TOKENS}")]
+ModelName = Annotated[str, Meta(min_length=1, max_length=256, description="a model that GET /openai/v1/models lists")]
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """One message of a chat: ``role`` and its text ``content``."""
+
+    role: Role
+    content: Text = ""
+    name: Annotated[str, Meta(max_length=256)] | None = None
+
+
+class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
+    include_usage: bool = False
+
+
+class _Sampling(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields both requests share."""
+
+    model: ModelName
+    max_tokens: Tokens | None = None
+    temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
+    stop: Stop | Annotated[list[Stop], Meta(max_length=MAX_STOPS)] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, Meta(ge=1, le=1, description="1 only: one choice per request")] = 1
+    user: Annotated[str, Meta(max_length=256)] | None = None
+    extra: dict[str, Any] = {}  # the request's other fields, as sent (for the model's own sampling parameters)
+
+    @property
+    def stops(self) -> list[str]:
+        """``stop`` as a list (empty: none)."""
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class ChatRequest(_Sampling, frozen=True, kw_only=True):
+    """A request of ``POST /openai/v1/chat/completions``.
+
+    Example:
+        >>> @app.function(openai="echo-chat")
+        ... def echo(req: ember.openai.ChatRequest) -> Iterator[str]:
+        ...     yield from req.messages[-1].content.split()
+    """
+
+    messages: Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Tokens | None = None
+
+    @property
+    def limit(self) -> int:
+        """The most pieces to generate: ``max_completion_tokens``, else ``max_tokens``, else the default."""
+        return self.max_completion_tokens or self.max_tokens or DEFAULT_CHAT_MAX_TOKENS
+
+    def text(self) -> str:
+        """The messages' contents, one per line (a prompt for a model without a chat template)."""
+        return "\n".join(m.content for m in self.messages)
+
+
+class CompletionRequest(_Sampling, frozen=True, kw_only=True):
+    """A request of ``POST /openai/v1/completions``."""
+
+    prompt: Text | Annotated[list[Text], Meta(min_length=1, max_length=1, description="one prompt")]
+    echo: bool = False
+
+    @property
+    def limit(self) -> int:
+        return self.max_tokens or DEFAULT_COMPLETION_MAX_TOKENS
+
+    def text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+Request = ChatRequest | CompletionRequest
+FinishReason = Literal["stop", "length"]
+
+
+class Usage(msgspec.Struct, frozen=True, kw_only=True):
+    """``completion_tokens`` counts the pieces generated (one per item of the generator or per step);
+    ``prompt_tokens`` the prompt's whitespace-separated words."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class AnswerMessage(msgspec.Struct, frozen=True, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+
+
+class ChatChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    message: AnswerMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class ChatCompletion(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(msgspec.Struct, frozen=True, kw_only=True):
+    """One ``data:`` event of a streamed chat completion (the last one, with ``include_usage``, has no choices)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(msgspec.Struct, frozen=True, kw_only=True):
+    index: int = 0
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class Completion(msgspec.Struct, frozen=True, kw_only=True):
+    """A completion, and (``stream: true``) each ``data:`` event of one."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class Model(msgspec.Struct, frozen=True, kw_only=True):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str  # the app that serves it
+
+
+class ModelList(msgspec.Struct, frozen=True, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class ErrorDetail(msgspec.Struct, frozen=True, kw_only=True):
+    message: str
+    type: str  # invalid_request_error, authentication_error, permission_error, rate_limit_error, server_error
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """OpenAI's error body."""
+
+    error: ErrorDetail

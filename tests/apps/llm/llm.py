@@ -1,0 +1,71 @@
+"""A test subject: OpenAI-compatible models, a plain generator and a Continuous step that records its steps."""
+
+import threading
+import time
+from collections.abc import Iterator
+
+import ember
+
+app = ember.App("llm")
+
+
+@app.model(max_concurrency=16, timeout_s=60)
+class Words:
+    """Generators of text pieces in one replica, which remembers which of its generators were closed."""
+
+    @ember.setup
+    def start(self) -> None:
+        self.closed: list[str] = []
+
+    @ember.method(openai="echo-words")
+    def echo(self, req: ember.openai.ChatRequest) -> Iterator[str]:
+        for word in req.messages[-1].content.split():
+            yield word + " "
+
+    @ember.method(openai="forever")
+    def forever(self, req: ember.openai.CompletionRequest) -> Iterator[str]:
+        tag = str(req.extra.get("tag", ""))
+        try:
+            i = 0
+            while True:
+                yield f"w{i} "
+                i += 1
+                time.sleep(0.01)
+        finally:
+            self.closed.append(tag)
+
+    @ember.method
+    def closed_tags(self) -> list[str]:
+        return list(self.closed)
+
+
+@app.model(timeout_s=60)
+class Counter:
+    """A decoder's stand-in under continuous batching: each sequence gives ``int(prompt)`` pieces, then ends."""
+
+    @ember.setup
+    def start(self) -> None:
+        self.lock = threading.Lock()
+        self.steps: list[list[str]] = []  # the tags of the sequences of each step
+        self.finished: list[str] = []  # tags, in the order their sequences ended by themselves
+
+    @ember.method(openai="counter", batch=ember.Continuous(max_seqs=4))
+    def step(self, seqs: list[ember.Sequence]) -> list[str | None]:
+        time.sleep(0.01)  # a decode step's pace
+        out: list[str | None] = []
+        with self.lock:
+            self.steps.append([str(s.request.extra.get("tag", "")) for s in seqs])
+            for seq in seqs:
+                if seq.state is None:
+                    seq.state = int(seq.request.text())
+                if len(seq.pieces) >= seq.state:
+                    self.finished.append(str(seq.request.extra.get("tag", "")))
+                    out.append(None)
+                else:
+                    out.append(f"t{len(seq.pieces)} ")
+        return out
+
+    @ember.method
+    def history(self) -> dict[str, list]:
+        with self.lock:
+            return {"steps": list(self.steps), "finished": list(self.finished)}

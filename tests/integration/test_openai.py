@@ -1,0 +1,245 @@
+"""OpenAI-compatible routes, end to end with OpenAI's own client: real HTTP, a real nats-server, real replicas."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import uuid
+
+import httpx
+import openai
+import pytest
+from support.auth import bearer
+from support.paths import REPO
+from support.polling import wait_for
+
+import ember
+from ember._deploy import deploy
+from ember.wire import AppView
+
+pytestmark = pytest.mark.integration
+APP = REPO / "tests" / "apps" / "llm" / "llm.py"
+
+
+@pytest.fixture(scope="module")
+def llm(deployed) -> AppView:
+    return deployed(APP)
+
+
+@pytest.fixture(scope="module")
+def client(platform, llm) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{platform.url}/openai/v1", api_key=platform.token, max_retries=0, timeout=60)
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+def test_chat_completion_with_usage(client):
+    answer = client.chat.completions.create(model="echo-words",
+                                            messages=[{"role": "user", "content": "hello big world"}])
+    assert answer.object == "chat.completion"
+    assert answer.choices[0].message.role == "assistant"
+    assert answer.choices[0].message.content == "hello big world "
+    assert answer.choices[0].finish_reason == "stop"
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens) == (3, 3, 6)
+
+
+def test_chat_stream_with_usage(client):
+    chunks = list(client.chat.completions.create(model="echo-words", stream=True,
+                                                 stream_options={"include_usage": True},
+                                                 messages=[{"role": "user", "content": "one two three four"}]))
+    assert {c.object for c in chunks} == {"chat.completion.chunk"}
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "one two three four "
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 4
+
+
+def test_completions_stream_and_not(client):
+    tag = _tag()
+    whole = client.completions.create(model="forever", prompt="go", max_tokens=3, extra_body={"tag": tag})
+    assert whole.object == "text_completion"
+    assert whole.choices[0].text == "w0 w1 w2 " and whole.choices[0].finish_reason == "length"
+    assert whole.usage.completion_tokens == 3
+    pieces = list(client.completions.create(model="forever", prompt="go", max_tokens=4, stream=True))
+    assert "".join(p.choices[0].text for p in pieces) == "w0 w1 w2 w3 "
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_max_tokens_closes_the_generator(client, http):
+    """The platform cuts at max_tokens whatever the generator does, and the generator is closed."""
+    tag = _tag()
+    answer = client.completions.create(model="forever", prompt="go", max_tokens=5, extra_body={"tag": tag})
+    assert answer.choices[0].text.split() == ["w0", "w1", "w2", "w3", "w4"]
+    wait_for(lambda: tag in http.post("/v1/llm/Words.closed_tags", json={}).json(), timeout_s=30,
+             what="the generator closed")
+
+
+def test_stop_strings_end_the_answer(client):
+    answer = client.chat.completions.create(model="echo-words", stop=["world"],
+                                            messages=[{"role": "user", "content": "hello big world again"}])
+    assert answer.choices[0].message.content == "hello big "
+    assert answer.choices[0].finish_reason == "stop"
+    streamed = client.chat.completions.create(model="echo-words", stop="g w", stream=True,
+                                              messages=[{"role": "user", "content": "hello big world again"}])
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == "hello bi"
+
+
+def test_unknown_model_and_bad_key(client, platform):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "hi"}])
+    assert missing.value.code == "model_not_found" and missing.value.body["param"] == "model"
+    stranger = openai.OpenAI(base_url=f"{platform.url}/openai/v1", api_key="not-a-token", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        stranger.chat.completions.create(model="echo-words", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.AuthenticationError):
+        stranger.models.list()
+
+
+def test_raw_sse_stream(platform, llm):
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
+            raw.stream("POST", "/openai/v1/chat/completions",
+                       json={"model": "echo-words", "stream": True,
+                             "messages": [{"role": "user", "content": "a b"}]}) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    assert {e["object"] for e in events} == {"chat.completion.chunk"}
+    assert len({e["id"] for e in events}) == 1 and events[0]["id"].startswith("chatcmpl-")
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == "a b "
+    assert events[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"max_tokens": 10**9}, 422, "max_tokens"),
+    ({"max_completion_tokens": 0}, 422, "max_completion_tokens"),
+    ({"n": 2}, 422, "n"),
+    ({"messages": [{"role": "user", "content": ["x", {"deep": [[[[1]]]]}]}]}, 422, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "x"}] * 5000}, 422, "messages"),
+    ({"messages": json.loads("[" * 40 + "]" * 40)}, 422, "messages[0]"),
+    ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role"),
+    ({"temperature": -1}, 422, "temperature"),
+    ({"stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
+    ({"model": 7}, 422, "model"),
+])
+def test_hostile_bodies_get_openai_shaped_4xx(http, llm, body, status, param):
+    sent = {"model": "echo-words", "messages": [{"role": "user", "content": "hi"}]} | body
+    response = http.post("/openai/v1/chat/completions", json=sent)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_malformed_and_oversized_bodies(http, llm):
+    bad = http.post("/openai/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
+    deep = http.post("/openai/v1/completions", content=b'{"model":"forever","prompt":"x","logit_bias":'
+                     + b"[" * 100_000 + b"]" * 100_000 + b"}")
+    assert 400 <= deep.status_code < 500 and "error" in deep.json()
+    huge = http.post("/openai/v1/completions", json={"model": "forever", "prompt": "x" * (5 * 1024 * 1024)})
+    assert huge.status_code == 413 and huge.json()["error"]["param"] == "body"
+
+
+def test_models_are_scoped_by_token(http, client, platform, llm, hello):
+    assert {"echo-words", "forever", "counter"} <= {m.id for m in client.models.list()}
+    assert client.models.retrieve("counter").owned_by == "llm"
+    made = http.post("/v1/tokens", json={"scopes": ["invoke", "read"], "apps": ["hello"], "name": f"oa-{_tag()}"})
+    assert made.status_code == 201, made.text
+    other = openai.OpenAI(base_url=f"{platform.url}/openai/v1", api_key=made.json()["token"], max_retries=0)
+    assert not {"echo-words", "forever", "counter"} & {m.id for m in other.models.list()}
+    with pytest.raises(openai.NotFoundError) as hidden:
+        other.chat.completions.create(model="echo-words", messages=[{"role": "user", "content": "hi"}])
+    assert hidden.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        other.models.retrieve("echo-words")
+
+
+def test_a_taken_model_name_is_a_409(llm, transport):
+    with pytest.raises(ember.ConflictError, match="taken"):
+        deploy(APP.parent / "taken.py", transport=transport, timeout_s=60)
+
+
+def test_a_client_that_leaves_closes_the_generator(platform, http, llm):
+    tag = _tag()
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
+            raw.stream("POST", "/openai/v1/completions",
+                       json={"model": "forever", "prompt": "go", "max_tokens": 30000, "stream": True,
+                             "tag": tag}) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+    wait_for(lambda: tag in http.post("/v1/llm/Words.closed_tags", json={}).json(), timeout_s=30,
+             what="the generator closed after its client left")
+
+
+def test_continuous_sequences_finish_in_order_of_their_length(client, http):
+    tags = {_tag(): n for n in (30, 6, 15)}
+
+    def run(tag: str) -> str:
+        answer = client.completions.create(model="counter", prompt=str(tags[tag]), max_tokens=100,
+                                           extra_body={"tag": tag})
+        return answer.choices[0].text
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        texts = dict(zip(tags, pool.map(run, tags), strict=True))
+    for tag, n in tags.items():
+        assert texts[tag] == "".join(f"t{i} " for i in range(n))
+    history = http.post("/v1/llm/Counter.history", json={}).json()
+    finished = [t for t in history["finished"] if t in tags]
+    assert finished == sorted(tags, key=tags.get)
+    together = max(len(set(step) & set(tags)) for step in history["steps"])
+    assert together == 3  # the three ran in the same steps: one batch, each leaving when done
+
+
+def test_continuous_max_tokens_and_stream(client):
+    chunks = list(client.completions.create(model="counter", prompt="50", max_tokens=4, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == "t0 t1 t2 t3 "
+    assert chunks[-1].choices[0].finish_reason == "length"
+    chat = client.chat.completions.create(model="counter", messages=[{"role": "user", "content": "3"}])
+    assert chat.choices[0].message.content == "t0 t1 t2 " and chat.choices[0].finish_reason == "stop"
+
+
+def test_a_cancelled_sequence_frees_its_slot(platform, http, client):
+    tag = _tag()
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
+            raw.stream("POST", "/openai/v1/completions",
+                       json={"model": "counter", "prompt": "5000", "max_tokens": 6000, "stream": True,
+                             "tag": tag}) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))
+
+    def left() -> dict | None:  # a step run after the close does not have it
+        client.completions.create(model="counter", prompt="1", max_tokens=2)
+        history = http.post("/v1/llm/Counter.history", json={}).json()
+        return history if tag not in history["steps"][-1] else None
+
+    history = wait_for(left, timeout_s=30, what="the sequence left")
+    ran = sum(tag in step for step in history["steps"])
+    assert 0 < ran < 5000 and tag not in history["finished"]  # it left early, not by ending
+    # Its slot is free: four new sequences (max_seqs=4) run together.
+    others = [_tag() for _ in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda t: client.completions.create(model="counter", prompt="20", extra_body={"tag": t},
+                                                          max_tokens=30), others))
+    steps = http.post("/v1/llm/Counter.history", json={}).json()["steps"]
+    assert max(len(set(step) & set(others)) for step in steps) == 4
+
+
+def test_tiny_gpt_example_streams_the_same_text_alone_and_together(deployed, platform, client):
+    """examples/tiny_gpt: a torch decoder under Continuous, as OpenAI's client calls it."""
+    deployed(REPO / "examples" / "tiny_gpt" / "app.py")
+    prompts = ["Hello", "Once upon a time", "Ember"]
+
+    def text(prompt: str) -> str:
+        chunks = client.completions.create(model="tiny-gpt", prompt=prompt, max_tokens=12, stream=True)
+        return "".join(c.choices[0].text for c in chunks)
+
+    alone = [text(p) for p in prompts]
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        together = list(pool.map(text, prompts))
+    assert together == alone and all(len(t) == 12 for t in alone)

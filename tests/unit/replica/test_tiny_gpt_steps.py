@@ -1,0 +1,56 @@
+"""examples/tiny_gpt's step, in process with real torch: sequences that join and leave a batched step get the same
+text as each alone (the padded, masked caches change nothing)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from support.paths import REPO
+
+import ember
+from ember._app import method_def
+from ember._setup import run_setup
+from ember.wire.openai import CompletionRequest
+
+
+def _model():
+    spec = importlib.util.spec_from_file_location("tiny_gpt_app", REPO / "examples" / "tiny_gpt" / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    instance = module.TinyGPT()
+    run_setup(instance, snap=False)
+    return method_def(module.TinyGPT, "step").raw.__get__(instance)
+
+
+def _seq(prompt: str) -> ember.Sequence:
+    return ember.Sequence(CompletionRequest(model="tiny-gpt", prompt=prompt))
+
+
+def _take(seqs: list[ember.Sequence], pieces: list[str | None]) -> None:
+    for seq, piece in zip(seqs, pieces, strict=True):
+        assert isinstance(piece, str) and len(piece) == 1
+        seq.pieces.append(piece)
+
+
+def test_joining_and_leaving_sequences_decode_as_alone():
+    step = _model()
+    alone = {}
+    for prompt in ("Hello", "Hi there, friend", ""):
+        seq = _seq(prompt)
+        for _ in range(12):
+            _take([seq], step([seq]))
+        alone[prompt] = seq.text
+    first, second, third = _seq("Hello"), _seq("Hi there, friend"), _seq("")
+    for _ in range(3):
+        _take([first], step([first]))
+    for _ in range(5):
+        _take([first, second], step([first, second]))
+    for _ in range(4):
+        _take([first, second, third], step([first, second, third]))  # first leaves after this
+    for _ in range(3):
+        _take([second, third], step([second, third]))
+    for _ in range(5):
+        _take([third], step([third]))
+    assert [first.text, second.text, third.text] == [alone["Hello"], alone["Hi there, friend"], alone[""]]
+    assert len(set(alone.values())) == 3
