@@ -78,7 +78,18 @@ def _nap_replicas(http) -> list[dict]:
     return next(s for s in services if s["name"] == "nap")["replicas"]
 
 
-def test_a_replica_stuck_past_its_timeout_is_replaced_before_it_stops(transport, http):
+def _running(needle: str) -> bool:
+    """Whether a process of this machine has ``needle`` in its command line."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle.encode() in (entry / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_a_replica_stuck_past_its_timeout_is_replaced_before_it_stops(platform, transport, http):
     deploy(TEST_APPS / "wedge" / "wedge.py", transport=transport, timeout_s=120)  # the test above deleted it
     stuck = [r["replica_id"] for r in _nap_replicas(http) if r["state"] == "ready"]
     assert len(stuck) == 1
@@ -95,4 +106,8 @@ def test_a_replica_stuck_past_its_timeout_is_replaced_before_it_stops(transport,
     # and the stuck replica goes once its replacement serves
     wait_for(lambda: stuck[0] not in {r["replica_id"] for r in _nap_replicas(http)}, timeout_s=60,
              what="the stuck replica to go")
+    # and its process leaves on its own, its stuck call still asleep: not killed once the node's drain grace ran out
+    # (it waited for its stuck batch, then at exit for the model thread)
+    wait_for(lambda: not _running(stuck[0]), timeout_s=60, what="the stuck replica's process to exit")
+    assert f"replica {stuck[0]} still ran" not in (platform.state_dir / "logs" / "agent.log").read_text()
     http.delete("/v1/apps/wedge")

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -364,8 +365,12 @@ class Replica:
         await asyncio.gather(*self.pullers, return_exceptions=True)
         for batcher in self.batchers:
             batcher.close()
-        _, pending = await asyncio.wait(loops, timeout=DRAIN_GRACE_S)
-        for task in pending:
+        now, limit = time.monotonic(), self.service.timeout_s + STUCK_GRACE_S
+        stuck = {f"batcher-{b.name}" for b in self.batchers if b.running_since and now - b.running_since > limit}
+        # ^ batches past their calls' timeout cannot finish in any grace: not waited for
+        waited = [task for task in loops if task.get_name() not in stuck]
+        _, pending = await asyncio.wait(waited, timeout=DRAIN_GRACE_S) if waited else (set(), set())
+        for task in {*pending, *(task for task in loops if task.get_name() in stuck)}:
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         for batcher in self.batchers:  # past the grace period: callers retry elsewhere at once
@@ -487,8 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     """Run a replica in a fresh interpreter, started by the node agent."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     code = ember_loop.run(serve(args))
-    if code in (EXIT_ABANDONED_SETUP, EXIT_SETUP_TIMED_OUT):
-        # The setup thread is still running user code; do not wait for it at interpreter exit.
-        sys.stderr.flush()
+    busy = any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread())
+    if code in (EXIT_ABANDONED_SETUP, EXIT_SETUP_TIMED_OUT) or busy:
+        # the setup, or a call past its timeout (stuck), still runs on the model thread: leave without waiting for it
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         os._exit(code)
     return code
