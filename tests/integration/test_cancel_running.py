@@ -120,10 +120,10 @@ def test_cancelling_a_parent_cancels_the_call_it_waits_on(sdk) -> None:
 
 
 def test_terminate_replaces_the_replica_without_losing_its_other_calls(sdk, http: httpx.Client) -> None:
-    def stubborn() -> list[str]:
+    def stubborn() -> list[tuple[str, float]]:  # its ready processes (a restarted replica keeps its id)
         view = http.get("/v1/apps/cancels").json()
-        return [r["replica_id"] for s in view["services"] if s["name"] == "Stubborn" for r in s["replicas"]
-                if r["state"] == "ready"]
+        return [(r["replica_id"], r["started_at"]) for s in view["services"] if s["name"] == "Stubborn"
+                for r in s["replicas"] if r["state"] == "ready"]
 
     before = wait_for(stubborn, timeout_s=60, what="a Stubborn replica")
     tag = _tag()
@@ -136,5 +136,5 @@ def test_terminate_replaces_the_replica_without_losing_its_other_calls(sdk, http
     assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.text
     assert waiting.get(timeout=120) == 7  # retried on the replacement
     wait_for(lambda: (now := stubborn()) and not set(now) & set(before), timeout_s=120,
-             what="a replacement replica")
+             what="a new process in place of the terminated one")
     assert stuck.record().status == "cancelled"

@@ -158,6 +158,7 @@ class Batcher:
             self.metrics.cancelled += 1
         else:
             self.cancel(call_id)
+            where = "running" if call.run is not None else "queued"  # an unbatched call's hop holds it
         if call.run is not None:  # an unbatched call's hop has it; or a batch runs it
             call.run.cancel(call)
         error = CallCancelledError(f"the call was cancelled while {where}", call_id=call_id)
