@@ -95,8 +95,8 @@ def test_a_cancelled_input_leaves_its_batch_and_the_rest_complete(sdk) -> None:
     calls = dict(zip(tags, (fn.spawn(t) for t in tags), strict=True))
 
     def shared_batch() -> list[str]:  # a batch of two or more of these calls, as it starts
-        for note in _notes():
-            ours = [t for t in note.removeprefix("batch:").split(",") if t in calls] if note.startswith("batch:") else []
+        for note in (n for n in _notes() if n.startswith("batch:")):
+            ours = [t for t in note.removeprefix("batch:").split(",") if t in calls]
             if len(ours) >= 2:
                 return ours
         return []
