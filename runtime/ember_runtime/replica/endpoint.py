@@ -17,8 +17,8 @@ from ember._llm import decode_request
 from ember._setup import run_setup
 from ember._types import CallIO, invalid_input
 from ember.wire import FunctionSpec, ServiceSpec
-from ember_runtime.batching.batcher import Batcher
 from ember.wire.openai import Request
+from ember_runtime.batching.batcher import Batcher
 from ember_runtime.replica.continuous import StepLoop
 from ember_runtime.replica.streams import StreamSink, collect_async, collect_sync, drain_async, drain_sync
 
