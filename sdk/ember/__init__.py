@@ -16,6 +16,7 @@ from ember._app import App, method
 from ember._deploy import deploy, promote, rollback
 from ember._errors import (
     BadRequestError,
+    CallCancelledError,
     CallCycleError,
     ConflictError,
     ConnectionError,
@@ -37,6 +38,7 @@ from ember._handles import Function, FunctionHandle, MethodHandle, lookup
 from ember._image import Image
 from ember._inner import CallContext, current_call
 from ember._llm import Sequence
+from ember._schedule import Cron, Period
 from ember._setup import setup
 from ember._tensor import Tensor
 from ember._version import __version__
@@ -47,11 +49,13 @@ __all__ = [
     "App",
     "BadRequestError",
     "Batch",
+    "CallCancelledError",
     "CallContext",
     "CallCycleError",
     "ConflictError",
     "ConnectionError",
     "Continuous",
+    "Cron",
     "DeadlineExceededError",
     "EmberError",
     "ForbiddenError",
@@ -65,6 +69,7 @@ __all__ = [
     "NotFoundError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "Period",
     "RateLimitedError",
     "RemoteError",
     "Retries",

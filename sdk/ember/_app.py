@@ -12,10 +12,12 @@ import msgspec
 
 from ember import _options as options
 from ember._errors import InvalidSpecError
+from ember._events import check_events
 from ember._handles import Function, MethodHandle
 from ember._image import Image, image_field, image_spec
 from ember._llm import check_generator, check_openai, continuous_io, continuous_spec
 from ember._resources import network_field
+from ember._schedule import Cron, Period, schedule_spec
 from ember._setup import has_snap_setup, members
 from ember._types import CallIO
 from ember._version import __version__
@@ -29,7 +31,6 @@ from ember.wire.validate import (
     PY_NAME,
     STREAM_BATCH_PROBLEM,
     manifest_problems,
-    subject_problem,
 )
 
 P = ParamSpec("P")
@@ -92,7 +93,8 @@ class App:
                  public: bool = False, secrets: list[str] | None = None,
                  volumes: dict[str, Volume] | None = None, image: Image | None = None,
                  max_body_bytes: int | None = None, max_concurrency: int = 1, block_network: bool = False,
-                 openai: str | None = None) -> Callable[[Callable[P, R]], Function[P, R]]: ...
+                 openai: str | None = None,
+                 schedule: Period | Cron | None = None) -> Callable[[Callable[P, R]], Function[P, R]]: ...
 
     def function(self, fn: Any = None, /, *, gpu: Any = None, min_replicas: int = 1,
                  max_replicas: int | None = None, batch: Batch | Continuous | None = None, timeout_s: float = 60.0,
@@ -102,7 +104,8 @@ class App:
                  target_p95_ms: float | None = None, startup_timeout_s: float = 600.0, public: bool = False,
                  secrets: list[str] | None = None, volumes: dict[str, Volume] | None = None,
                  image: Image | None = None, max_body_bytes: int | None = None, max_concurrency: int = 1,
-                 openai: str | None = None) -> Any:
+                 openai: str | None = None,
+                 schedule: Period | Cron | None = None) -> Any:
         """Serve a function. Its annotations type the call; the platform validates inputs against them.
 
         A generator (or async generator) streams its items to the caller (``.remote_gen()``, or Server-Sent Events /
@@ -121,6 +124,7 @@ class App:
                 its input as JSON, exactly as an HTTP body.
             result_subject: where each event's result is published (a message's ``Ember-Reply-To``
                 header overrides it).
+            schedule: ``ember.Period(...)`` or ``ember.Cron(...)``: it also runs by itself, once per tick.
             buffer_replicas: idle replicas kept beyond the need while there is load.
             scaledown_window_s: how long the need must stay lower before replicas are removed.
             memory: host memory one replica needs, in MB or as ``"4GB"``: placement counts it against each
@@ -158,8 +162,9 @@ class App:
         _check_public("@app.function", public)
         body_limit = _body_limit("@app.function", max_body_bytes)
         concurrency = _check_concurrency("@app.function", max_concurrency)
-        triggers = _check_events("@app.function", on, result_subject)
+        triggers = check_events("@app.function", on, result_subject)
         model_name = check_openai("@app.function", openai)
+        ticks = schedule_spec("@app.function", schedule)
 
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
@@ -176,7 +181,7 @@ class App:
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
             function = msgspec.structs.replace(function, on=triggers, result_subject=result_subject, public=public,
-                                               max_body_bytes=body_limit, openai=model_name)
+                                               max_body_bytes=body_limit, openai=model_name, schedule=ticks)
             spec = ServiceSpec(name=raw.__name__, kind="function", functions=[function], **resources)
             self._register(spec, handle)
             return handle
@@ -339,19 +344,6 @@ def _function_spec(name: str, attr: str, io: CallIO, batch: Batch | None) -> Fun
                             tensors=io.tensor_signature())
     except TypeError as exc:
         raise InvalidSpecError(f"{name}(): its annotations are not JSON-able types: {exc}") from exc
-
-
-def _check_events(where: str, on: Any, result_subject: Any) -> list[str]:
-    subjects = [on] if isinstance(on, str) else list(on or [])
-    checks = [(s, True) for s in subjects] + ([(result_subject, False)] if result_subject is not None else [])
-    for subject, wildcards in checks:
-        problem = subject_problem(subject, wildcards=wildcards) if isinstance(subject, str) else "not a string"
-        if problem:
-            raise InvalidSpecError(f"{where}(on={on!r}, result_subject={result_subject!r}): {problem} (wildcards "
-                                   "only in on=)")
-    if result_subject is not None and not subjects:
-        raise InvalidSpecError(f"{where}(result_subject=...): only events have result subjects; add on=...")
-    return subjects
 
 
 def _body_limit(where: str, max_body_bytes: Any) -> int:

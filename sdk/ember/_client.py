@@ -123,9 +123,11 @@ def record_op(call_id: str, *, wait_s: float = 0.0) -> Op[CallRecord]:
               read_timeout_s=wait_s + _LONG_POLL_MARGIN_S)
 
 
-def cancel_op(call_id: str) -> Op[CallRecord]:
-    """``DELETE /v1/calls/<id>``: cancel a queued call (``ConflictError`` once it started)."""
-    return Op("DELETE", _call_path(call_id), _record_decoder.decode)
+def cancel_op(call_id: str, *, terminate: bool = False) -> Op[CallRecord]:
+    """``DELETE /v1/calls/<id>[?terminate=true]``: cancel a queued or running call (``ConflictError`` once it
+    finished)."""
+    params = {"terminate": "true"} if terminate else {}
+    return Op("DELETE", _call_path(call_id), _record_decoder.decode, params=params)
 
 
 def dead_letters_op(app: str, name: str) -> Op[list[DeadLetter]]:

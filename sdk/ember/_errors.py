@@ -147,6 +147,13 @@ class DeadlineExceededError(EmberError, TimeoutError):
     http_status = 504
 
 
+class CallCancelledError(EmberError):
+    """The call was cancelled (``DELETE /v1/calls/<id>``, ``FunctionCall.cancel()``, or its caller's cancel)."""
+
+    code = "cancelled"
+    http_status = 409
+
+
 class RemoteError(EmberError):
     """User code raised; ``remote_type`` is the name of the exception's class."""
 
@@ -168,7 +175,8 @@ _BY_CODE: dict[str, type[EmberError]] = {
     cls.code: cls
     for cls in (EmberError, InvalidSpecError, BadRequestError, UnauthenticatedError, ForbiddenError, NotFoundError,
                 ConflictError, CallCycleError, InvalidInputError, PayloadTooLargeError, OverloadedError,
-                RateLimitedError, UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError)
+                RateLimitedError, UnavailableError, DeadlineExceededError, RemoteError, PlatformUnreachableError,
+                CallCancelledError)
 }
 
 # The public name (``ember.ConnectionError``), kept for compatibility; inside Ember the class goes by the name

@@ -7,6 +7,8 @@ from typing import Any
 from urllib.parse import quote
 
 from ember._client import Transport, default_transport
+from ember._errors import InvalidSpecError
+from ember.wire.validate import subject_problem
 
 
 def publish_event(subject: str, data: bytes, *, idempotency_key: str | None = None,
@@ -20,3 +22,16 @@ def publish_event(subject: str, data: bytes, *, idempotency_key: str | None = No
                                                           content=data, headers=headers)
     answer: dict[str, Any] = response.json()
     return answer
+
+
+def check_events(where: str, on: Any, result_subject: Any) -> list[str]:
+    subjects = [on] if isinstance(on, str) else list(on or [])
+    checks = [(s, True) for s in subjects] + ([(result_subject, False)] if result_subject is not None else [])
+    for subject, wildcards in checks:
+        problem = subject_problem(subject, wildcards=wildcards) if isinstance(subject, str) else "not a string"
+        if problem:
+            raise InvalidSpecError(f"{where}(on={on!r}, result_subject={result_subject!r}): {problem} (wildcards "
+                                   "only in on=)")
+    if result_subject is not None and not subjects:
+        raise InvalidSpecError(f"{where}(result_subject=...): only events have result subjects; add on=...")
+    return subjects

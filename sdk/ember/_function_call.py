@@ -180,26 +180,30 @@ class FunctionCall:
         """
         return self.record().status
 
-    async def _cancel_aio(self) -> bool:
+    async def _cancel_aio(self, *, terminate: bool = False) -> bool:
         async with self._async_transport() as transport:
             try:
-                await transport.send(cancel_op(self.call_id))
+                await transport.send(cancel_op(self.call_id, terminate=terminate))
             except ConflictError:
                 return False
         return True
 
     @verb(_cancel_aio)
-    def cancel(self) -> bool:
-        """Cancel the call if it has not started: ``True`` if cancelled, ``False`` if it already runs or ended.
+    def cancel(self, *, terminate: bool = False) -> bool:
+        """Cancel the call, queued or running: ``True`` if cancelled, ``False`` if it had finished already.
 
-        A cancelled call never runs; its ``.get()`` raises an ``ember.EmberError``.
+        A queued call never runs. A running one is stopped: an ``async def`` function's task is cancelled, a
+        generator closed at its next item, and sync code told through ``ember.current_call().cancelled``; with
+        ``terminate=True`` its replica is also stopped and replaced (its other calls are retried elsewhere), for
+        sync code that never looks. Its record says ``cancelled``, by whom and when; ``.get()`` raises
+        ``ember.CallCancelledError``.
 
         Example:
             >>> if not call.cancel():
             ...     print("too late, it is", call.status())
         """
         try:
-            self._sync_transport().send(cancel_op(self.call_id))
+            self._sync_transport().send(cancel_op(self.call_id, terminate=terminate))
         except ConflictError:
             return False
         return True

@@ -15,10 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 from urllib.parse import unquote
@@ -51,6 +52,10 @@ class CallContext:
             it calls get no more time than this.
         chain: the calls waiting on this one when a function called it, outermost first (empty for a call from
             outside).
+        cancelled: set once the call is cancelled while it runs (for a batch: once all its calls are). Sync code
+            that runs long may poll it (``if call.cancelled.is_set(): return``) and stop early; whatever it then
+            returns is dropped. An ``async def`` function is cancelled where it awaits instead, and a generator
+            closed at its next item.
     """
 
     app: str
@@ -58,6 +63,7 @@ class CallContext:
     call_id: str
     deadline: float
     chain: tuple[Hop, ...] = ()
+    cancelled: threading.Event = field(default_factory=threading.Event)
 
     def remaining_s(self) -> float:
         """Seconds left before the deadline (``math.inf`` without one)."""

@@ -94,8 +94,8 @@ def test_a_cancelled_queued_call_never_runs(probe, http, transport):
     cancelled = http.delete(f"/v1/calls/{queued}")
     assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
     assert http.delete(f"/v1/calls/{queued}").status_code == 409
-    assert http.delete(f"/v1/calls/{busy}").status_code == 409  # it runs: too late to cancel
     assert result(http, busy)["status"] == "succeeded"
+    assert http.delete(f"/v1/calls/{busy}").status_code == 409  # finished: too late to cancel
     assert result(http, spawn(http, "slow", 0.01))["status"] == "succeeded"  # queued after: ran after
     assert result(http, queued)["status"] == "cancelled"
     assert log_count(transport, "slow", "slow(0.31) started") == 0

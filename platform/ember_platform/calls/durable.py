@@ -33,6 +33,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
+from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
@@ -64,6 +65,7 @@ class Calls:
         """``event_app``: the app whose function's event stream has a scope (``subjects.event_scope``), from what
         is deployed: an event call's id names its function by that scope only."""
         self._event_app = event_app
+        self._nc = nc
         self._js = nc.jetstream()
         self.store = CallStore(self._js, stores.calls, stores.results)
         self._ack_wait_s = ack_wait_s
@@ -235,16 +237,35 @@ class Calls:
             await asyncio.sleep(min(pause, max(give_up - time.monotonic(), 0)))
             pause = min(pause * 2, _WAIT_POLL_S[1])
 
-    async def cancel(self, call_id: str) -> CallRecord:
-        """Cancel a call that has not started; ``ConflictError`` once it runs or has finished."""
+    async def cancel(self, call_id: str, *, by: str = "", terminate: bool = False) -> CallRecord:
+        """Cancel a call that waits or runs; ``ConflictError`` once it has finished. ``by``: who cancels (kept in
+        the record, with when).
+
+        The record is made final first (first writer wins: a replica finishing the call at the same moment wins or
+        loses as a whole, and a loser's result is dropped). A call that runs is then told where it runs: its
+        replica (named in its record) cancels it (``ember_runtime.replica.process``), with ``terminate`` gives way to
+        a replacement, and every control plane's relay cancels the calls it made (``lineage``). A replica acts only
+        on a call it holds, so a record naming another replica moves nothing there."""
         record = await self.get(call_id)
-        if record.status != "queued":
-            raise ConflictError(f"call {call_id} is {record.status}; only a queued call can be cancelled")
-        cancelled = final(record, "cancelled", error=ErrorInfo(code="cancelled", message="cancelled before it ran",
-                                                               call_id=call_id))
+        if record.status in FINAL_STATUSES:
+            raise ConflictError(f"call {call_id} is {record.status} already; only a queued or running call can be "
+                                "cancelled")
+        now = time.time()
+        error = ErrorInfo(code="cancelled", message=f"cancelled{f' by {by}' if by else ''} while {record.status}",
+                          call_id=call_id)
+        cancelled = msgspec.structs.replace(final(record, "cancelled", error=error), cancelled_by=by,
+                                            cancelled_at=now)
         if not await self.store.finish(cancelled):
             raise ConflictError(f"call {call_id} finished before it could be cancelled")
+        running = await self.store.status(record.app, call_id)  # it may have started since it was read
         await self.store.set_status(cancelled)
+        replica = running.replica if running is not None and running.status == "running" else ""
+        if replica:  # written by a replica of the app: a subject token, or nothing is sent
+            headers = {TERMINATE_HEADER: "1"} if terminate else None
+            with contextlib.suppress(NatsError, OSError, ValueError):
+                await self._nc.publish(subjects.replica_cancel(replica), call_id.encode(), headers=headers)
+        with contextlib.suppress(NatsError, OSError):
+            await self._nc.publish(subjects.CANCELLED_CALLS, f"{record.app} {call_id}".encode())
         return cancelled
 
     # -- dead letters --------------------------------------------------------------------------------

@@ -182,9 +182,15 @@ async def get_call(request: Request) -> Response:
 
 
 async def cancel_call(request: Request) -> Response:
+    """``DELETE /v1/calls/<id>[?terminate=true]``: cancel a queued or running call (``Calls.cancel``); the record
+    names the token that cancelled it."""
     call_id = check_call_id(request.path_params["call_id"])
+    raw = request.query_params.get("terminate", "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise BadRequestError("terminate is true or false", field="terminate")
     await _own_call(request, call_id)
-    return json_response(await platform_of(request).calls.cancel(call_id))
+    return json_response(await platform_of(request).calls.cancel(
+        call_id, by=principal_of(request).token_id or "a token", terminate=raw in ("true", "1")))
 
 
 async def _own_call(request: Request, call_id: str) -> CallRecord:

@@ -227,7 +227,11 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         [_query("wait", "long-poll up to this many seconds until the call is final",
                 {"type": "number", "minimum": 0, "maximum": 300})], None),
     ("DELETE", "/v1/calls/{call_id}"): (
-        "Cancel a queued call", (200, "the cancelled record", _ref("CallRecord"), JSON), (400, 404, 409), [], None),
+        "Cancel a queued or running call: an async function's task is cancelled, a generator closed at its next item, "
+        "a sync function told through ember.current_call().cancelled", (200, "the cancelled record",
+                                                                      _ref("CallRecord"), JSON), (400, 404, 409),
+        [_query("terminate", "also stop and replace the replica running it (its other calls are retried elsewhere)",
+                {"type": "boolean"})], None),
     ("POST", "/v1/tokens"): (
         "Create a token (admin); the answer is the only time the token is shown",
         (201, "the token and its record", _ref("NewToken"), JSON), (400, 413, 422), [],

@@ -29,6 +29,7 @@ import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -39,6 +40,7 @@ from nats.js.kv import KeyValue
 from ember import _tracing as tracing
 from ember._errors import (
     BadRequestError,
+    CallCancelledError,
     CallCycleError,
     DeadlineExceededError,
     EmberError,
@@ -71,6 +73,7 @@ from ember.wire.relay import (
     request_decoder,
 )
 from ember_platform.calls.durable import MAX_CALL_ID, Calls, check_call_id, no_such_call
+from ember_platform.calls.lineage import Lineage
 from ember_platform.calls.router import Router
 from ember_platform.calls.streams import CallStream, Streams
 from ember_platform.control.registry import Registry
@@ -119,9 +122,11 @@ class Relay:
         self._of_node: dict[str, list[str]] = {}  # node id -> the replica ids of its assignment
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.lineage = Lineage()  # the calls each call made: cancelled with it
 
     async def start(self) -> None:
         await self._assignments.start()
+        await self.lineage.start(self._nc)
         self._sub = await self._nc.subscribe(subjects.RELAY_ALL, queue=QUEUE, cb=self._on_request,
                                              pending_msgs_limit=65536)
 
@@ -133,6 +138,7 @@ class Relay:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.lineage.stop()
         await self._assignments.stop()
 
     async def _on_request(self, msg: Msg) -> None:
@@ -156,6 +162,12 @@ class Relay:
             reply = RelayReply(output=msgspec.Raw(await self.handle(caller, request)))
         except EmberError as exc:
             reply = RelayReply(error=error_info(exc))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is None or not self.lineage.was_cancelled(task):
+                raise  # the control plane stops
+            task.uncancel()
+            reply = RelayReply(error=error_info(CallCancelledError("the call that made this call was cancelled")))
         except Exception as exc:  # never leave the caller without an answer
             log.exception("relaying a call from replica %s failed", replica_id[:80])
             reply = RelayReply(error=error_info(EmberError(f"the control plane could not relay the call: {exc}")))
@@ -194,19 +206,29 @@ class Relay:
         held = self._limiter().admit(dep.app, "")  # the app's quotas count calls from functions too
         call_id = os.urandom(16).hex()
         try:
-            if fn.stream:  # a generator function: its items, collected into one list
-                return await self._collected(self._streams.open(dep.app, fn.name, dep.version, body, call_id=call_id,
-                                                                deadline=deadline, chain=chain))
-            answer = await self._router.call(dep.app, fn.name, dep.version, body, call_id=call_id, deadline=deadline,
-                                             chain=chain)
+            with self.lineage.made_by(caller.app, req.caller_call_id):
+                answer = await self._invoke_as(dep, fn, body, call_id, deadline, chain)
+        except asyncio.CancelledError:
+            self.lineage.cancel(dep.app, call_id)  # and the calls it made
+            raise
         finally:
             if held is not None:
                 held.release()
+        if isinstance(answer, bytes):
+            return answer
         if answer.error is not None:
             raise error_class(answer.error.code)(answer.error.message, field=answer.error.field,
                                             retry_after_s=answer.error.retry_after_s,
                                             remote_type=answer.error.type, call_id=call_id)
         return bytes(answer.output)
+
+    async def _invoke_as(self, dep: Deployment, fn: FunctionSpec, body: bytes, call_id: str, deadline: float,
+                         chain: list[Hop]) -> Any:
+        if fn.stream:  # a generator function: its items, collected into one list
+            return await self._collected(self._streams.open(dep.app, fn.name, dep.version, body, call_id=call_id,
+                                                            deadline=deadline, chain=chain))
+        return await self._router.call(dep.app, fn.name, dep.version, body, call_id=call_id, deadline=deadline,
+                                       chain=chain)
 
     @staticmethod
     async def _collected(stream: CallStream) -> bytes:
@@ -259,7 +281,7 @@ class Relay:
         record = await self._calls.get(check_call_id(req.call_id))
         if not caller.may_call(record.app):
             raise no_such_call(req.call_id)
-        return encoder.encode(await self._calls.cancel(req.call_id))
+        return encoder.encode(await self._calls.cancel(req.call_id, by=f"app {caller.app}"))
 
     # -- the checks ----------------------------------------------------------------------------------
 

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ember import _tracing as tracing
-from ember._errors import DeadlineExceededError, EmberError, OverloadedError, UnavailableError
+from ember._errors import CallCancelledError, DeadlineExceededError, EmberError, OverloadedError, UnavailableError
 from ember_runtime.batching import spans
 from ember_runtime.batching.costmodel import CostModel
 from ember_runtime.batching.isolation import BatchReport, BatchRunner, Outcome
 from ember_runtime.batching.policy import Limits, QueueView, hold_for
+from ember_runtime.batching.running import Run, halted
 from ember_runtime.batching.stats import BatcherMetrics
 
 PRIORITY_RANK = {"interactive": 0, "batch": 1}
@@ -62,6 +63,7 @@ class Call:
     seq: int = 0  # arrival order, the last tie-breaker of the queue's order
     chain: list[Any] = field(default_factory=list)  # a call from a function: the calls waiting on it (wire ``Hop``s)
     span: Any = None  # its ``ember.call`` span, when tracing is on (see ``spans``)
+    run: Run | None = None  # the batch it runs in, once it runs
 
     def deadline_mono(self) -> float:
         return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
@@ -97,6 +99,7 @@ class Batcher:
         self._tasks: set[asyncio.Task[None]] = set()  # batches running beside the loop (slots > 1)
         self._heap: list[tuple[int, float, int, Call]] = []
         self._by_id: dict[str, Call] = {}
+        self._live: dict[str, Call] = {}  # calls that run now, by id
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._closed = False
@@ -142,6 +145,27 @@ class Batcher:
         if call.span is not None:  # never answered: its span ends here
             tracing.end(call.span, "cancelled")
         return True
+
+    async def withdraw(self, call_id: str) -> str:
+        """Cancel a call, queued or running, and answer it ``cancelled`` (see ``running``): "queued" or "running"
+        for where it was, "" when this batcher holds no such call (or it was cancelled already)."""
+        call = self._by_id.get(call_id)
+        where = "queued"
+        if call is None or call.cancelled:
+            call, where = self._live.get(call_id), "running"
+            if call is None or call.cancelled:
+                return ""
+            self.metrics.cancelled += 1
+        else:
+            self.cancel(call_id)
+            where = "running" if call.run is not None else "queued"  # an unbatched call's hop holds it
+        if call.run is not None:  # an unbatched call's hop has it; or a batch runs it
+            call.run.cancel(call)
+        error = CallCancelledError(f"the call was cancelled while {where}", call_id=call_id)
+        if call.span is not None and where == "running":
+            spans.answered(call.span, error)
+        await call.answer(None, error, 0)
+        return where
 
     def close(self) -> None:
         """Stop intake; :meth:`run_forever` returns once the queued calls are answered."""
@@ -313,6 +337,11 @@ class Batcher:
         number, started = begun
         traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
             if tracing.ON else None
+        run = Run(batch)
+        for call in batch:
+            call.run = run
+            if call.call_id:
+                self._live[call.call_id] = call
         try:
             values = [c.value for c in batch]
             with self._serving(batch):  # what ``ember.current_call()`` answers in the function (copied to its thread)
@@ -320,6 +349,8 @@ class Batcher:
                     await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
                                                                      self._runner, values)
         finally:
+            for call in batch:
+                self._live.pop(call.call_id, None)
             self._end(number)
             if traced is not None:
                 spans.end(traced)
@@ -331,6 +362,8 @@ class Batcher:
         self.metrics.observe_batch(len(batch), self.limits.max_size, elapsed,
                                    [started - c.enqueued_at for c in batch])
         for call, outcome in zip(batch, report.outcomes, strict=True):
+            if call.cancelled:
+                continue  # answered when it was cancelled
             if not outcome.ok:
                 self.metrics.failed += 1
             await call.answer(outcome.value, outcome.error, len(batch))
@@ -341,6 +374,8 @@ class Batcher:
         number, started = begun
         traced = spans.begin([c.span for c in batch if c.span is not None], self.name, len(batch)) \
             if tracing.ON else None
+        for call in batch:
+            call.run = Run([call])
         try:
             ran = await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
                                                                    self._run_each, batch)
@@ -354,8 +389,8 @@ class Batcher:
             self._wake.set()
         for call, (what, outcome, seconds) in zip(batch, ran, strict=False):
             self._by_id.pop(call.call_id, None)
-            if what == "cancelled":
-                continue  # nobody waits for it
+            if what == "cancelled" or call.cancelled:
+                continue  # nobody waits for it, or it was answered when cancelled
             if what == "expired":
                 self.metrics.expired += 1
             else:
@@ -392,9 +427,17 @@ class Batcher:
         answered 504 by now, and its slot is free again at once (sync code cannot be interrupted: see the replica's
         stuck watch)."""
         deadline = min(c.deadline for c in batch)
+        task = asyncio.ensure_future(self._runner.arun(values))
+        if batch[0].run is not None:
+            batch[0].run.task = task
         try:
             async with asyncio.timeout(deadline - time.time() if math.isfinite(deadline) else None):
-                return await self._runner.arun(values)
+                return await task
+        except asyncio.CancelledError:
+            if not halted(task):
+                raise
+            gone = CallCancelledError("the call was cancelled while running")
+            return BatchReport(outcomes=[Outcome(False, error=gone) for _ in batch], clean=False)
         except TimeoutError:
             late = DeadlineExceededError("the call ran past its deadline and was cancelled")
             return BatchReport(outcomes=[Outcome(False, error=late) for _ in batch], clean=False)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -67,5 +68,6 @@ def batch_context(app: str, function: str, batch: list[Call]) -> _inner.CallCont
     for call in batch:
         chain.extend(hop for hop in call.chain if hop not in chain)
     deadline = max((c.deadline for c in batch), default=math.inf)
-    return _inner.CallContext(app=app, function=function, call_id=batch[0].call_id if batch else "",
+    halt = batch[0].run.halt if batch and batch[0].run is not None else threading.Event()
+    return _inner.CallContext(app=app, function=function, call_id=batch[0].call_id if batch else "", cancelled=halt,
                               deadline=deadline, chain=tuple(chain))

@@ -18,6 +18,7 @@ from ember._setup import run_setup
 from ember._types import CallIO, invalid_input
 from ember.wire import FunctionSpec, ServiceSpec
 from ember.wire.openai import Request
+from ember_runtime.batching.batcher import Batcher
 from ember_runtime.replica.continuous import StepLoop
 from ember_runtime.replica.streams import StreamSink, collect_async, collect_sync, drain_async, drain_sync
 
@@ -157,3 +158,19 @@ def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> 
         definition = method_def(target, spec.attr)
         endpoints.append(Endpoint(spec, definition.raw.__get__(instance), definition.io, definition.cost))
     return endpoints
+
+
+RUN_READY = 64  # an unbatched function's ready calls that one hop to the model thread may run, one by one
+
+
+def batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
+    batch = endpoint.spec.batch
+    if batch is None:  # ready calls run back to back in one hop (a stream's call runs alone: it may run long)
+        return Batcher(endpoint.runner, max_size=1, window_s=0.0, executor=endpoint.executor or executor,
+                       name=endpoint.spec.name, serving=serves, slots=endpoint.spec.max_concurrency,
+                       run_ready=1 if endpoint.spec.stream else RUN_READY)
+    budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
+    return Batcher(endpoint.runner, max_size=batch.max_size, window_s=batch.window_ms / 1000,
+                   executor=endpoint.executor or executor, max_cost=batch.max_cost, latency_budget_s=budget,
+                   group_by_cost=batch.group_by_cost, name=endpoint.spec.name, serving=serves,
+                   slots=endpoint.spec.max_concurrency)

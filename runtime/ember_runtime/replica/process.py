@@ -41,16 +41,17 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore
+from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import call_buckets, connect
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
 from ember_runtime import hostpid, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
-from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT
+from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
-from ember_runtime.replica.endpoint import Endpoint, Streamed, build_endpoints
+from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.renewal import renew_until
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
@@ -63,7 +64,6 @@ CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may 
 DRAIN_GRACE_S = 20.0
 STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
 STUCK_CHECK_S = 1.0
-RUN_READY = 64  # an unbatched function's ready calls that one hop to the model thread may run, one by one
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ class Replica:
         self.stop = asyncio.Event()
         self.activity = asyncio.Event()  # a call was queued (wakes the load reports of an idle replica)
         self.stuck = False
+        self._intake: tuple[list[Any], list[Any]] = [], []  # all subscriptions, those that take calls
         self.endpoints: list[Endpoint] = []
         self._repeats = 0  # heartbeats in a row that wrote the status unchanged
         self.renewal: asyncio.Task[None] | None = None
@@ -185,15 +186,17 @@ class Replica:
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
         for endpoint in endpoints:
-            batcher = _batcher_for(endpoint, self.executor, serving(self.args.app, endpoint.spec.name))
+            batcher = batcher_for(endpoint, self.executor, serving(self.args.app, endpoint.spec.name))
             batcher.on_submit = self.activity.set
             self.batchers.append(batcher)
             loops.append(asyncio.create_task(batcher.run_forever(), name=f"batcher-{endpoint.spec.name}"))
             kinds = [False, True] if endpoint.spec.on else [False]
             workers = [QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher, self.service.retries,
-                                   events=events, standby=self.standby) for events in kinds]
+                                   events=events, standby=self.standby, replica_id=self.args.replica_id)
+                       for events in kinds]
             workers.append(QueueWorker(nc.jetstream(), self.calls, self.args.app, endpoint, batcher,  # pinned calls
-                                       self.service.retries, pinned=self.args.version))
+                                       self.service.retries, pinned=self.args.version,
+                                       replica_id=self.args.replica_id))
             for worker in workers:
                 self.workers.append(worker)
                 self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
@@ -204,6 +207,7 @@ class Replica:
                                        pending_msgs_limit=65536))
         intake = list(subs)
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
+        self._intake = subs, intake
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
@@ -341,10 +345,22 @@ class Replica:
                 wait.cancel()
 
     async def _on_cancel(self, msg: Msg) -> None:
+        """A call whose caller went away, or cancelled (``calls.durable``): see ``Batcher.withdraw``. With
+        ``Ember-Terminate: 1`` a call running here also makes the replica leave as if it crashed, its other calls
+        handed back first. Only a call held here has any effect."""
         call_id = msg.data.decode(errors="replace")
         self.streams.cancel(call_id)  # a stream is running, or queued in its batcher too
         for batcher in self.batchers:
-            if batcher.cancel(call_id):
+            where = await batcher.withdraw(call_id)
+            if where == "running" and (msg.headers or {}).get(TERMINATE_HEADER) == "1" and not self.stuck:
+                await self._give_way(*self._intake, f"call {call_id} of {batcher.name} was cancelled with "
+                                                    "terminate: this replica is being replaced")
+                for worker in self.workers:  # its other calls: redelivered elsewhere at once, as after a crash
+                    await worker.hand_back()
+                await self.answers.drain()
+                await msg._client.flush()
+                os._exit(EXIT_TERMINATED)  # sync code may never return: leave without it (the agent restarts it)
+            if where:
                 return
 
     async def _on_credit(self, msg: Msg) -> None:
@@ -411,19 +427,6 @@ class Replica:
                 await self._put(beat=True)
             except Exception as exc:
                 log.warning("heartbeat failed: %s", exc)
-
-
-def _batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
-    batch = endpoint.spec.batch
-    if batch is None:  # ready calls run back to back in one hop (a stream's call runs alone: it may run long)
-        return Batcher(endpoint.runner, max_size=1, window_s=0.0, executor=endpoint.executor or executor,
-                       name=endpoint.spec.name, serving=serves, slots=endpoint.spec.max_concurrency,
-                       run_ready=1 if endpoint.spec.stream else RUN_READY)
-    budget = batch.latency_budget_ms / 1000 if batch.latency_budget_ms is not None else None
-    return Batcher(endpoint.runner, max_size=batch.max_size, window_s=batch.window_ms / 1000,
-                   executor=endpoint.executor or executor, max_cost=batch.max_cost, latency_budget_s=budget,
-                   group_by_cost=batch.group_by_cost, name=endpoint.spec.name, serving=serves,
-                   slots=endpoint.spec.max_concurrency)
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

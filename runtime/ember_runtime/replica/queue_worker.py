@@ -23,6 +23,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from ember import _tracing as tracing
 from ember._errors import (
+    CallCancelledError,
     DeadlineExceededError,
     EmberError,
     OverloadedError,
@@ -65,7 +66,7 @@ _RETRYABLE = (UnavailableError.code, OverloadedError.code)
 class QueueWorker:
     def __init__(self, js: Any, store: CallStore, app: str, endpoint: Endpoint, batcher: Batcher,
                  retries: Retries, *, events: bool = False, pinned: int | None = None,
-                 standby: Standby | None = None) -> None:
+                 standby: Standby | None = None, replica_id: str = "") -> None:
         """``events``: the function's event stream; ``pinned``: the calls spawned pinned to this version (see
         ``subjects.pinned_calls``); neither: its queued calls. ``standby``: while held, pull nothing."""
         self._stream = subjects.events_stream(app, endpoint.spec.name) if events else subjects.CALLS_STREAM
@@ -83,6 +84,7 @@ class QueueWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self.stop = asyncio.Event()
         self._standby = standby
+        self._replica_id = replica_id  # in the running call's record: where a cancel of it goes
 
     @property
     def function(self) -> str:
@@ -137,6 +139,13 @@ class QueueWorker:
     async def finish(self) -> None:
         """After the batcher is drained: settle the answers in flight, nak anything still held."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for msg in list(self._held.values()):
+            with contextlib.suppress(Exception):
+                await msg.nak()
+        self._held.clear()
+
+    async def hand_back(self) -> None:
+        """Nak every call held now, for prompt redelivery elsewhere (a replica about to leave without draining)."""
         for msg in list(self._held.values()):
             with contextlib.suppress(Exception):
                 await msg.nak()
@@ -199,7 +208,7 @@ class QueueWorker:
         except EmberError as exc:  # this input can never succeed
             await self._settle(msg, record, "failed", error=exc, dead=True)
             return
-        running = msgspec.structs.replace(record, status="running", updated_at=time.time())
+        running = msgspec.structs.replace(record, status="running", updated_at=time.time(), replica=self._replica_id)
         await self._store.set_status(running)
         # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
         # seen here or refused; a finished call (a late duplicate) is acked without running again.
@@ -251,6 +260,8 @@ class QueueWorker:
             elif error.code in _RETRYABLE:
                 await self._store.set_status(msgspec.structs.replace(record, status="queued"))
                 await msg.nak(delay=0.1)
+            elif error.code == CallCancelledError.code:  # its record says so already (the canceller wrote it)
+                await self._settle(msg, record, "cancelled", error=error)
             elif error.code == DeadlineExceededError.code:
                 await self._settle(msg, record, "expired", error=error)
             elif error.code == RemoteError.code and record.attempts <= self._retries.max_retries:

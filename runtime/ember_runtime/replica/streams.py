@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from ember._errors import DeadlineExceededError, EmberError, RemoteError
+from ember._inner import current_call
 from ember.wire import encode_output, encoder, error_info
 from ember.wire.frames import FRAME_ITEM_OVERHEAD_BYTES
 from ember.wire.streams import STREAM_WINDOW, StreamChunk
@@ -265,8 +266,20 @@ def _cancelling() -> bool:
 
 
 def collect_sync(gen: Iterator[Any]) -> list[Any]:
-    """A queued call of a streaming function: its items, as one list."""
-    return list(gen)
+    """A queued call of a streaming function: its items, as one list; a cancelled call's generator is closed at its
+    next item."""
+    call = current_call()
+    items: list[Any] = []
+    try:
+        for item in gen:
+            if call is not None and call.cancelled.is_set():
+                break
+            items.append(item)
+    finally:
+        close = getattr(gen, "close", None)
+        if close is not None:
+            close()
+    return items
 
 
 async def collect_async(agen: AsyncIterator[Any]) -> list[Any]:

@@ -24,8 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--wait", type=float, default=0.0, metavar="S",
                    help="wait up to S seconds for the call to finish (at most 300)")
     g.set_defaults(run=run_get)
-    c = verbs.add_parser("cancel", help="cancel a call that has not started")
+    c = verbs.add_parser("cancel", help="cancel a queued or running call")
     c.add_argument("call_id", metavar="ID")
+    c.add_argument("--terminate", action="store_true",
+                   help="also stop and replace the replica running it (for sync code that never checks "
+                        "ember.current_call().cancelled); its other calls are retried elsewhere")
     c.set_defaults(run=run_cancel)
     d = verbs.add_parser("dead", help="list a function's dead letters")
     d.add_argument("target", metavar="APP.FUNCTION")
@@ -45,10 +48,11 @@ def run_get(args: argparse.Namespace) -> int:
 
 def run_cancel(args: argparse.Namespace) -> int:
     call = FunctionCall.from_id(args.call_id)
-    if call.cancel():
+    if call.cancel(terminate=args.terminate):
         print(f"cancelled {args.call_id}")
         return 0
-    print(f"ember: call {args.call_id} is {call.status()}; only a queued call can be cancelled", file=sys.stderr)
+    print(f"ember: call {args.call_id} is {call.status()} already; only a queued or running call can be cancelled",
+          file=sys.stderr)
     return 1
 
 

@@ -75,6 +75,9 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     output: msgspec.Raw = msgspec.Raw(b"null")  # the result, once succeeded
     error: ErrorInfo | None = None
     input_sha256: str = ""  # of the body, for a call submitted with an Idempotency-Key (a reuse must match it)
+    replica: str = ""  # the replica running it (set with "running"): where a cancel goes
+    cancelled_by: str = ""  # who cancelled it: a token's id, or ``app <name>`` for a function's code
+    cancelled_at: float | None = None  # when (seconds since the epoch)
 
 
 class SpawnReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -4,6 +4,8 @@
 # event calls are batch-class in the replica's batcher; synchronous calls are interactive.
 CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
+# On a control plane's cancel of a running call (``subjects.replica_cancel``): "1" to stop and replace the replica.
+TERMINATE_HEADER = "Ember-Terminate"
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s

@@ -11,6 +11,7 @@ from ember._errors import InvalidSpecError
 from ember._resources import GpuRequest
 from ember.wire.bounds import MaxReplicas, MinReplicas, Version
 from ember.wire.images import ImageSpec
+from ember.wire.schedules import ScheduleSpec
 from ember.wire.tensors import TensorSignature
 from ember.wire.volumes import VolumeMount
 
@@ -134,6 +135,7 @@ class FunctionSpec(msgspec.Struct, frozen=True, kw_only=True):
     max_concurrency: int = 1  # calls one replica runs at once (threads for sync code, tasks on the loop for async)
     openai: str = ""  # served as this model on /openai/v1 (a generator of text pieces); "": not
     continuous: Continuous | None = None  # a decoder's step under continuous batching (max_concurrency: max_seqs)
+    schedule: ScheduleSpec | None = None  # it runs by itself (ember.Period / ember.Cron): see ``wire.schedules``
 
 
 class ServiceSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -74,6 +74,11 @@ def replica_cancel(replica_id: str) -> str:
     return f"ember.replica.{_token(replica_id, 'replica id')}.cancel"
 
 
+# Call ids cancelled while running, for every control plane's relay (which cancels the calls they made in turn).
+# Control planes alone publish and read it: no replica's or node's permissions name it.
+CANCELLED_CALLS = "ember.control.cancelled"
+
+
 @lru_cache(maxsize=4096)
 def replica_credit(replica_id: str) -> str:
     """Flow control of the streams a replica sends: how many items each stream's reader can take (``StreamCredit``)."""

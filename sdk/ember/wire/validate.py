@@ -17,6 +17,7 @@ from ember._errors import InvalidInputError
 from ember._resources import MAX_GPUS
 from ember.wire.images import image_problems
 from ember.wire.openai import MODEL_NAME
+from ember.wire.schedules import problem as schedule_problem
 from ember.wire.secrets import MAX_SECRETS_PER_SERVICE, name_problem
 from ember.wire.specs import RESERVED_APP_NAMES, FunctionSpec, Manifest, ServiceSpec
 from ember.wire.tensors import DATATYPES, MAX_TENSOR_RANK
@@ -157,6 +158,8 @@ def _function_problems(fn: FunctionSpec, svc: ServiceSpec, at: str) -> Iterator[
             or (svc.kind == "class" and parts[0] != svc.name):
         shape = "a Python name" if svc.kind == "function" else f"'{svc.name}.<method>'"
         yield f"{at}.name", f"function name {fn.name!r}: {shape}"
+    if fn.schedule is not None and (found := schedule_problem(fn.schedule)) is not None:
+        yield f"{at}.schedule.{found[0]}", found[1]
     if not PY_NAME.fullmatch(fn.attr):
         yield f"{at}.attr", f"attr {fn.attr!r} is not a Python name"
     for i, param in enumerate(fn.params):

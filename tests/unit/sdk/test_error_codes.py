@@ -19,6 +19,7 @@ TABLE = [
     ("not_found", ember.NotFoundError, 404),
     ("conflict", ember.ConflictError, 409),
     ("call_cycle", ember.CallCycleError, 409),
+    ("cancelled", ember.CallCancelledError, 409),
     ("invalid_input", ember.InvalidInputError, 422),
     ("payload_too_large", ember.PayloadTooLargeError, 413),
     ("overloaded", ember.OverloadedError, 429),

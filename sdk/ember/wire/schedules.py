@@ -1,0 +1,143 @@
+"""Schedules: a function's ``ember.Period`` or ``ember.Cron`` as the manifest carries it, the arithmetic of its ticks
+(pure: the clock is an argument), and the state the control plane keeps of each scheduled function.
+
+A period's ticks are the multiples of its length since the epoch (UTC), so every control plane computes the same
+ticks and a new version keeps them. A cron expression's ticks are computed by ``cronsim`` in the schedule's IANA
+zone, with its daylight-saving rules: a time skipped when the clocks go forward runs once, at the first minute that
+exists; a time that happens twice when they go back runs once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+
+Overlap = Literal["skip", "queue", "allow"]
+CatchUp = Literal["latest", "none", "all"]
+MAX_CATCH_UP = 100  # catch_up="all": at most this many missed ticks run, the most recent ones
+MIN_PERIOD_S, MAX_PERIOD_S = 1.0, 366 * 86400.0
+NAMED = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
+         "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
+
+
+class ScheduleSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """When a function runs by itself: every ``period_s`` seconds, or at the times ``cron`` names in ``timezone``."""
+
+    period_s: Annotated[float, msgspec.Meta(ge=0, le=MAX_PERIOD_S)] = 0.0
+    cron: Annotated[str, msgspec.Meta(max_length=256)] = ""
+    timezone: Annotated[str, msgspec.Meta(max_length=64)] = "UTC"
+    overlap: Overlap = "skip"
+    catch_up: CatchUp = "latest"
+
+
+class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
+    """What the control plane keeps of one scheduled function (KV ``ember_schedules``, key ``<app>.<function>``)."""
+
+    last_tick: float = 0.0  # the most recent tick handled (fired, skipped or missed); 0: none yet
+    last_call_id: str = ""  # the call of the last tick that ran
+    last_status: str = ""  # "fired", "skipped" (the previous run still ran) or "missed" (catch_up)
+    paused: bool = False
+    runs: int = 0
+
+
+def problem(spec: ScheduleSpec) -> tuple[str, str] | None:
+    """(field, what is wrong) for a schedule that cannot tick; None when it can."""
+    if (spec.period_s > 0) == bool(spec.cron):
+        return "period_s", "a schedule is a period or a cron expression, exactly one of them"
+    if spec.period_s and not MIN_PERIOD_S <= spec.period_s <= MAX_PERIOD_S:
+        return "period_s", f"a period is {MIN_PERIOD_S:g} s to 366 days"
+    try:
+        zone = ZoneInfo(spec.timezone)
+    except (ZoneInfoNotFoundError, ValueError, TypeError):
+        return "timezone", f"{spec.timezone[:64]!r} is not an IANA time zone (such as 'UTC' or 'Europe/Paris')"
+    if spec.cron:
+        from cronsim import CronSim, CronSimError
+
+        try:
+            CronSim(expand(spec.cron), datetime(2000, 1, 1, tzinfo=zone))
+        except (CronSimError, ValueError) as exc:
+            return "cron", f"{spec.cron[:80]!r} is not a 5-field cron expression: {exc}"
+    return None
+
+
+def expand(expr: str) -> str:
+    """``@hourly``-style names as the 5 fields they stand for."""
+    return NAMED.get(expr.strip().lower(), expr.strip())
+
+
+def ticks_between(spec: ScheduleSpec, after: float, upto: float, limit: int = MAX_CATCH_UP + 1) -> list[float]:
+    """The ticks in (``after``, ``upto``], oldest first; only the most recent ``limit`` of them."""
+    if spec.period_s:
+        first = math.floor(after / spec.period_s) + 1
+        last = math.floor(upto / spec.period_s)
+        return [n * spec.period_s for n in range(max(first, last - limit + 1), last + 1)]
+    ticks: list[float] = []
+    tick = next_tick(spec, after)
+    while tick <= upto:
+        ticks.append(tick)
+        if len(ticks) > limit:
+            ticks.pop(0)
+        tick = next_tick(spec, tick)
+    return ticks
+
+
+def next_tick(spec: ScheduleSpec, after: float) -> float:
+    """The first tick strictly after ``after`` (seconds since the epoch)."""
+    if spec.period_s:
+        return (math.floor(after / spec.period_s) + 1) * spec.period_s
+    from cronsim import CronSim
+
+    zone = ZoneInfo(spec.timezone)
+    start = datetime.fromtimestamp(math.floor(after), tz=UTC).astimezone(zone)
+    return next(CronSim(expand(spec.cron), start)).timestamp()
+
+
+def due(spec: ScheduleSpec, state: ScheduleState, now: float) -> tuple[list[float], int]:
+    """The ticks to run now, oldest first, and how many were missed (not run, by ``catch_up``). A schedule seen for
+    the first time runs from its next tick on."""
+    if not state.last_tick:
+        return [], 0
+    ticks = ticks_between(spec, state.last_tick, now)
+    total = len(ticks)  # a cron's count stops at the limit; a period's is exact
+    if spec.period_s:
+        total = math.floor(now / spec.period_s) - math.floor(state.last_tick / spec.period_s)
+    if total <= 1:
+        return ticks, 0
+    if spec.catch_up == "all":
+        kept = ticks[-MAX_CATCH_UP:]
+        return kept, total - len(kept)
+    if spec.catch_up == "latest":
+        return ticks[-1:], total - 1
+    on_time = [t for t in ticks[-1:] if now - t < max(5.0, min(spec.period_s or 60.0, 60.0))]
+    return on_time, total - len(on_time)
+
+
+def tick_call_id(app: str, function: str, tick: float) -> str:
+    """The call id of ``function``'s run for ``tick``: the same on every control plane (as a spawned call's)."""
+    return f"{app}_{hashlib.sha256(f'{app}.{function}.{tick_ms(tick)}'.encode()).hexdigest()[:32]}"
+
+
+def tick_msg_id(app: str, function: str, tick: float) -> str:
+    """Its ``Nats-Msg-Id``: JetStream stores the tick's message once within the stream's duplicate window."""
+    return f"{app}.{function}.{tick_ms(tick)}"
+
+
+def tick_ms(tick: float) -> int:
+    return round(tick * 1000)
+
+
+def describe(spec: ScheduleSpec) -> str:
+    """The schedule in words, as ``ember schedules`` shows it."""
+    if spec.period_s:
+        seconds = spec.period_s
+        for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+            if seconds >= size and seconds % size == 0:
+                n = int(seconds // size)
+                return f"every {n} {unit}{'s' if n > 1 else ''}"
+        return f"every {seconds:g} seconds"
+    return f"cron {spec.cron!r} ({spec.timezone})"

@@ -1,0 +1,95 @@
+"""A test subject for cancelling running calls: each kind of function notes what happens to it (started, cancelled,
+closed, noticed) in its replica, and ``Stoppable.events``/``Kid.events`` answer the notes."""
+
+import asyncio
+import time
+
+import ember
+
+app = ember.App("cancels")
+NOTES: list[str] = []  # per replica process: each class model below is a service with a replica of its own
+
+
+@app.model(timeout_s=120)
+class Stoppable:
+    @ember.method
+    async def events(self) -> list[str]:
+        return NOTES
+
+    @ember.method
+    async def spin_async(self, tag: str) -> str:
+        NOTES.append(f"started:{tag}")
+        try:
+            while True:
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            NOTES.append(f"cancelled:{tag}")
+            raise
+
+    @ember.method
+    def spin_sync(self, tag: str) -> str:
+        NOTES.append(f"started:{tag}")
+        call = ember.current_call()
+        assert call is not None
+        while not call.cancelled.wait(0.02):
+            pass
+        NOTES.append(f"noticed:{tag}")
+        return "stopped"
+
+    @ember.method
+    def items(self, tag: str):
+        try:
+            for i in range(100_000):
+                NOTES.append(f"item:{tag}:{i}")
+                yield i
+                time.sleep(0.02)
+        finally:
+            NOTES.append(f"closed:{tag}")
+
+    @ember.method(batch=ember.Batch(max_size=4, window_ms=500))
+    def batched(self, tags: list[str]) -> list[str]:
+        NOTES.append(f"batch:{','.join(sorted(tags))}")
+        call = ember.current_call()
+        assert call is not None
+        call.cancelled.wait(3.0)  # a batch with some calls left runs on (set only once all are cancelled)
+        return [f"done:{t}" for t in tags]
+
+    @ember.method
+    def parent(self, tag: str) -> str:
+        """Waits on ``Kid.spin``: cancelling this call cancels that one."""
+        NOTES.append(f"started:{tag}")
+        try:
+            return ember.lookup("cancels", "Kid.spin").remote(tag)
+        except ember.EmberError as exc:
+            NOTES.append(f"child-ended:{tag}:{exc.code}")
+            raise
+
+
+@app.model(timeout_s=120)
+class Kid:
+    @ember.method
+    async def events(self) -> list[str]:
+        return NOTES
+
+    @ember.method
+    async def spin(self, tag: str) -> str:
+        NOTES.append(f"started:{tag}")
+        try:
+            while True:
+                await asyncio.sleep(0.02)
+        except asyncio.CancelledError:
+            NOTES.append(f"cancelled:{tag}")
+            raise
+
+
+@app.model(timeout_s=300)
+class Stubborn:
+    @ember.method
+    def forever(self, tag: str) -> str:
+        """Never looks at ``cancelled``: only ``terminate`` stops it."""
+        while True:
+            time.sleep(0.05)
+
+    @ember.method
+    def quick(self, x: int) -> int:
+        return x

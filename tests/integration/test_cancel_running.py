@@ -1,0 +1,140 @@
+"""Cancelling calls that already run, against the real platform: an ``async def`` function's task is cancelled, a
+generator closed at its next item, a sync function told through ``ember.current_call().cancelled``, a batched call
+leaves its batch while the rest complete, a parent's cancel reaches the call it waits on, and ``terminate`` replaces
+a replica whose code never looks, without losing its other calls. The record says who cancelled and when."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import httpx
+import pytest
+from support.paths import REPO
+from support.polling import wait_for
+
+import ember
+from ember.wire import AppView
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+APP = REPO / "tests" / "apps" / "cancel" / "stoppable.py"
+
+
+@pytest.fixture(scope="module")
+def cancels(deployed) -> AppView:
+    return deployed(APP)
+
+
+@pytest.fixture
+def sdk(cancels, ember_url):
+    return cancels
+
+
+def _notes(cls: str = "Stoppable") -> list[str]:
+    return ember.lookup("cancels", f"{cls}.events").remote()
+
+
+def _started(tag: str, cls: str = "Stoppable") -> None:
+    wait_for(lambda: f"started:{tag}" in _notes(cls), timeout_s=60, what=f"{tag} to start")
+
+
+def _tag() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+def test_an_async_functions_task_is_cancelled_and_the_record_says_who_and_when(sdk, http: httpx.Client) -> None:
+    tag = _tag()
+    call = ember.lookup("cancels", "Stoppable.spin_async").spawn(tag)
+    _started(tag)
+    before = time.time()
+    answer = http.delete(f"/v1/calls/{call.call_id}")
+    assert answer.status_code == 200, answer.text
+    record = answer.json()
+    assert record["status"] == "cancelled" and record["cancelled_by"]  # the token's id
+    assert before <= record["cancelled_at"] <= time.time()
+    assert record["error"]["code"] == "cancelled" and "while running" in record["error"]["message"]
+    wait_for(lambda: f"cancelled:{tag}" in _notes(), timeout_s=30, what="the task's CancelledError")
+    with pytest.raises(ember.CallCancelledError):
+        call.get(timeout=5)
+    assert call.record().status == "cancelled"  # the replica's own settle lost to the cancel's record
+    again = http.delete(f"/v1/calls/{call.call_id}")  # final: nothing more to cancel
+    assert again.status_code == 409, again.text
+    # the replica serves the next call
+    assert ember.lookup("cancels", "Stoppable.spin_async").spawn(tag + "x").cancel() is True
+
+
+def test_a_sync_function_is_told_and_its_replica_serves_the_next_call(sdk) -> None:
+    tag = _tag()
+    call = ember.lookup("cancels", "Stoppable.spin_sync").spawn(tag)
+    _started(tag)
+    assert call.cancel() is True
+    wait_for(lambda: f"noticed:{tag}" in _notes(), timeout_s=30, what="the sync code to see cancelled")
+    assert call.record().status == "cancelled"
+    follow = ember.lookup("cancels", "Stoppable.spin_sync").spawn(tag + "b")  # the model thread is free again
+    _started(tag + "b")
+    assert follow.cancel() is True
+    assert call.cancel() is False  # already final
+
+
+def test_a_generator_is_closed_at_its_next_item(sdk) -> None:
+    tag = _tag()
+    call = ember.lookup("cancels", "Stoppable.items").spawn(tag)
+    wait_for(lambda: f"item:{tag}:3" in _notes(), timeout_s=60, what="some items")
+    assert call.cancel() is True
+    wait_for(lambda: f"closed:{tag}" in _notes(), timeout_s=30, what="the generator's close")
+    notes = _notes()
+    made = [n for n in notes if n.startswith(f"item:{tag}:")]
+    assert call.record().status == "cancelled"
+    time.sleep(0.2)
+    assert [n for n in _notes() if n.startswith(f"item:{tag}:")] == made  # no item after the close
+
+
+def test_a_cancelled_input_leaves_its_batch_and_the_rest_complete(sdk) -> None:
+    tags = [_tag() for _ in range(4)]
+    fn = ember.lookup("cancels", "Stoppable.batched")
+    calls = dict(zip(tags, (fn.spawn(t) for t in tags), strict=True))
+
+    def shared_batch() -> list[str]:  # a batch of two or more of these calls, as it starts
+        for note in (n for n in _notes() if n.startswith("batch:")):
+            ours = [t for t in note.removeprefix("batch:").split(",") if t in calls]
+            if len(ours) >= 2:
+                return ours
+        return []
+
+    batch = wait_for(shared_batch, timeout_s=60, what="a batch of several calls")
+    gone, *rest = batch
+    assert calls[gone].cancel() is True
+    assert calls[gone].record().status == "cancelled"
+    assert [calls[t].get(timeout=60) for t in rest] == [f"done:{t}" for t in rest]
+    assert calls[gone].record().status == "cancelled"
+
+
+def test_cancelling_a_parent_cancels_the_call_it_waits_on(sdk) -> None:
+    tag = _tag()
+    call = ember.lookup("cancels", "Stoppable.parent").spawn(tag)
+    _started(tag, "Kid")  # the child runs in the Kid replica
+    assert call.cancel() is True
+    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
+    wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the parent to see it")
+    assert call.record().status == "cancelled"
+
+
+def test_terminate_replaces_the_replica_without_losing_its_other_calls(sdk, http: httpx.Client) -> None:
+    def stubborn() -> list[tuple[str, float]]:  # its ready processes (a restarted replica keeps its id)
+        view = http.get("/v1/apps/cancels").json()
+        return [(r["replica_id"], r["started_at"]) for s in view["services"] if s["name"] == "Stubborn"
+                for r in s["replicas"] if r["state"] == "ready"]
+
+    before = wait_for(stubborn, timeout_s=60, what="a Stubborn replica")
+    tag = _tag()
+    stuck = ember.lookup("cancels", "Stubborn.forever").spawn(tag)
+    wait_for(lambda: stuck.status() == "running", timeout_s=60, what="forever to run")
+    waiting = ember.lookup("cancels", "Stubborn.quick").spawn(7)  # behind it, on the same replica
+    answer = http.delete(f"/v1/calls/{stuck.call_id}", params={"terminate": "yes"})
+    assert answer.status_code == 400 and answer.json()["error"]["field"] == "terminate", answer.text
+    answer = http.delete(f"/v1/calls/{stuck.call_id}", params={"terminate": "true"})
+    assert answer.status_code == 200 and answer.json()["status"] == "cancelled", answer.text
+    assert waiting.get(timeout=120) == 7  # retried on the replacement
+    wait_for(lambda: (now := stubborn()) and not set(now) & set(before), timeout_s=120,
+             what="a new process in place of the terminated one")
+    assert stuck.record().status == "cancelled"
