@@ -49,6 +49,7 @@ from ember_runtime import hostpid, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
+from ember_runtime.replica import arguments
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints
@@ -433,7 +434,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The replica's arguments, with ``main_at``: when it began (the interpreter and Ember's modules are
     loaded by then, or the fork is done); and its logging set up."""
     main_at = time.time()
-    args = _parse(argv)
+    args = arguments.parse(argv)
     args.main_at = main_at
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s",
                         force=True)
@@ -468,27 +469,6 @@ def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -
         log.warning("cannot watch process %d: this replica will not stop with it", pid)
         return
     loop.add_reader(fd, stop.set)
-
-
-def _parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="ember_runtime.replica")
-    p.add_argument("--nats", required=True)
-    p.add_argument("--bundle", required=True, help="unpacked bundle folder")
-    p.add_argument("--module", required=True)
-    p.add_argument("--app", required=True)
-    p.add_argument("--service", required=True)
-    p.add_argument("--version", type=int, required=True)
-    p.add_argument("--replica-id", required=True)
-    p.add_argument("--node-id", required=True)
-    p.add_argument("--restarts", type=int, default=0)
-    p.add_argument("--restart-reason", default="", help="why the previous process of this replica ended")
-    p.add_argument("--start-kind", choices=["cold", "artifact", "zygote"], default="cold")
-    p.add_argument("--exit-with", type=int, default=0, metavar="PID",
-                   help="drain and exit when process PID (the node agent) exits; for replicas forked from a zygote")
-    p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
-    p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
-    p.add_argument("--startup-timeout-s", type=float, default=0.0, help="the import and setup at most; 0: no limit")
-    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
