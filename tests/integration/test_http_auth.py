@@ -101,6 +101,10 @@ def test_every_route_but_the_probes_needs_a_token(hello, anon, http):
                 assert response.status_code == 401, (method, route.path, response.text)
                 assert response.headers["www-authenticate"] == "Bearer"
                 assert isinstance(response.json()["error"], str)
+            elif route.path.startswith("/openai/"):  # OpenAI's: {"error": {"message", "type", "param", "code"}}
+                assert response.status_code == 401, (method, route.path, response.text)
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert response.json()["error"]["param"] == "Authorization", response.text
             else:
                 unauthenticated(response, given=False)
     hello_answers(http)

@@ -152,8 +152,16 @@ async def _complete(request: Request, kind: str) -> Response:
         body = await read_body(request, platform.settings.max_body_bytes)
     except PayloadTooLargeError as exc:
         raise PayloadTooLargeError(f"{exc} (EMBER_MAX_BODY_BYTES)", field="body") from exc
-    req = parse(kind, body)
-    dep, svc, fn = _find(request, req.model)
+    # A public model needs no token, and which model is asked is in the body: a token given is checked at once; with
+    # none, a body that names no public model is a 401, whatever else is wrong with it (nothing of it is told).
+    if request.headers.get("authorization") is not None:
+        authorize(request, TOKEN)
+    try:
+        req = parse(kind, body)
+        dep, svc, fn = _find(request, req.model)
+    except EmberError:
+        authorize(request, TOKEN)
+        raise
     token = "" if fn.public else authorize(request, INVOKE, dep.app).token_id
     held = platform.quotas.limiter.admit(dep.app, token)
     call_id = os.urandom(16).hex()
