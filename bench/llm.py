@@ -5,10 +5,12 @@ and the platform's own cost per streamed token, in interleaved rounds on one emb
 
 Model: examples/tiny_gpt (a 2-layer torch GPT built from its config, CPU). Rows: aggregate tokens/s of 16 concurrent
 streams of 64 tokens against the same 16 one at a time; time to first token p50 under 16 streams against a lone
-stream's; and per streamed token, for tests/apps/llm's echo-words model (a generator of 2,000 words) streamed through
-the platform: the CPU time the platform's processes spent meanwhile (the control plane with its gateway, nats-server,
-the node agent and the replicas: every process this one started, from ``/proc/<pid>/stat``) minus the CPU of the same
-generator run in process, divided by the pieces; and the stream's wall time minus the generator's, per piece.
+stream's (at the client, and at the gateway: the mean of ``vllm:time_to_first_token_seconds`` in /metrics, from a
+request's arrival to its first piece, which leaves out the client's own time); and per streamed token, for
+tests/apps/llm's echo-words model (a generator of 2,000 words) streamed through the platform: the CPU time the
+platform's processes spent meanwhile (the control plane with its gateway, nats-server, the node agent and the
+replicas: every process this one started, from ``/proc/<pid>/stat``) minus the CPU of the same generator run in
+process, divided by the pieces; and the stream's wall time minus the generator's, per piece.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -86,6 +89,16 @@ def _platform_cpu_s() -> float:
     return total * _TICK_S
 
 
+def _gateway_ttft(url: str, token: str) -> tuple[float, float]:
+    """(sum of seconds, count) of ``vllm:time_to_first_token_seconds`` for tiny-gpt, from the gateway's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    found = [float(re.search(rf'vllm:time_to_first_token_seconds_{part}{{[^}}]*model_name="tiny-gpt"[^}}]*}} (\S+)',
+                             text).group(1)) for part in ("sum", "count")]  # type: ignore[union-attr]
+    return found[0], found[1]
+
+
 async def _platform_cost(chat) -> tuple[float, float]:
     """ms per streamed token of echo-words through the platform, minus the same generator in process: (the
     platform's processes' CPU, the stream's wall time)."""
@@ -124,13 +137,21 @@ def run(rounds: int) -> dict[str, list[float]]:
             client = openai.AsyncOpenAI(base_url=f"{platform.url}/openai/v1", api_key=platform.token, timeout=300)
             await _stream(client, "tiny-gpt", "warm up", 8)
 
+            def gateway(name: str, since: tuple[float, float]) -> None:
+                now = _gateway_ttft(platform.url, platform.token)
+                results.setdefault(name, []).append((now[0] - since[0]) / (now[1] - since[1]) * 1000)
+
             async def together() -> None:
+                since = _gateway_ttft(platform.url, platform.token)
                 rate, ttft = await _together(client)
+                gateway("TTFT mean at the gateway, under 16 streams (ms)", since)
                 results.setdefault("tokens/s, 16 streams together", []).append(rate)
                 results.setdefault("TTFT p50 under 16 streams (ms)", []).append(ttft)
 
             async def alone() -> None:
+                since = _gateway_ttft(platform.url, platform.token)
                 rate, ttft = await _one_at_a_time(client)
+                gateway("TTFT mean at the gateway, a lone stream (ms)", since)
                 results.setdefault("tokens/s, 16 streams one at a time", []).append(rate)
                 results.setdefault("TTFT p50, a lone stream (ms)", []).append(ttft)
 
@@ -159,7 +180,10 @@ def render(results: dict[str, list[float]], rounds: int) -> str:
                    results["tokens/s, 16 streams together"], results["tokens/s, 16 streams one at a time"],
                    strict=True)],
                "TTFT p50: under 16 / lone (x)": [a / b for a, b in zip(
-                   results["TTFT p50 under 16 streams (ms)"], results["TTFT p50, a lone stream (ms)"], strict=True)]}
+                   results["TTFT p50 under 16 streams (ms)"], results["TTFT p50, a lone stream (ms)"], strict=True)],
+               "TTFT mean at the gateway: under 16 / lone (x)": [a / b for a, b in zip(
+                   results["TTFT mean at the gateway, under 16 streams (ms)"],
+                   results["TTFT mean at the gateway, a lone stream (ms)"], strict=True)]}
     rows = [[f"median of {rounds} rounds", "value", "min", "max"]]
     for name in sorted(results):
         values = results[name]
