@@ -5,15 +5,20 @@ and the platform's own cost per streamed token, in interleaved rounds on one emb
 
 Model: examples/tiny_gpt (a 2-layer torch GPT built from its config, CPU). Rows: aggregate tokens/s of 16 concurrent
 streams of 64 tokens against the same 16 one at a time; time to first token p50 under 16 streams against a lone
-stream's; and per streamed token, the time of tests/apps/llm's echo-words model (a generator of 2,000 words) through
-the platform minus the same generator run in process, divided by the pieces (wall time of one stream: an upper bound
-of the platform's CPU per token, since the stream's parts run one after the other).
+stream's (at the client, and at the gateway: the mean of ``vllm:time_to_first_token_seconds`` in /metrics, from a
+request's arrival to its first piece, which leaves out the client's own time); and per streamed token, for
+tests/apps/llm's echo-words model (a generator of 2,000 words) streamed through the platform: the CPU time the
+platform's processes spent meanwhile (the control plane with its gateway, nats-server, the node agent and the
+replicas: every process this one started, from ``/proc/<pid>/stat``) minus the CPU of the same generator run in
+process, divided by the pieces; and the stream's wall time minus the generator's, per piece.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
 import shutil
 import statistics
 import sys
@@ -59,19 +64,55 @@ async def _one_at_a_time(client) -> tuple[float, float]:
     return pieces / (time.perf_counter() - started), statistics.median(firsts) * 1000
 
 
-async def _platform_cost(chat) -> float:
-    """ms per streamed token: echo-words through the platform minus the same generator in process."""
+_TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+
+
+def _platform_cpu_s() -> float:
+    """CPU seconds (user + system) spent so far by every live process descended from this one (the platform's)."""
+    parents: dict[int, int] = {}
+    ticks: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        ticks[int(entry)] = int(fields[11]) + int(fields[12])
+    mine, total = {os.getpid()}, 0
+    for _ in range(8):  # a few generations: nats-server, the control plane, the agent, its replicas (and sandboxes)
+        mine |= {pid for pid, parent in parents.items() if parent in mine}
+    for pid in mine - {os.getpid()}:
+        total += ticks.get(pid, 0)
+    return total * _TICK_S
+
+
+def _gateway_ttft(url: str, token: str) -> tuple[float, float]:
+    """(sum of seconds, count) of ``vllm:time_to_first_token_seconds`` for tiny-gpt, from the gateway's /metrics."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=30).text
+    found = [float(re.search(rf'vllm:time_to_first_token_seconds_{part}{{[^}}]*model_name="tiny-gpt"[^}}]*}} (\S+)',
+                             text).group(1)) for part in ("sum", "count")]  # type: ignore[union-attr]
+    return found[0], found[1]
+
+
+async def _platform_cost(chat) -> tuple[float, float]:
+    """ms per streamed token of echo-words through the platform, minus the same generator in process: (the
+    platform's processes' CPU, the stream's wall time)."""
     text = " ".join(f"w{i}" for i in range(WORDS))
-    started = time.perf_counter()
+    cpu, started = _platform_cpu_s(), time.perf_counter()
     stream = await chat.chat.completions.create(model="echo-words", stream=True, max_tokens=WORDS,
                                                 messages=[{"role": "user", "content": text}])
     pieces = sum([1 async for c in stream if c.choices and c.choices[0].delta.content])
-    through = time.perf_counter() - started
-    started = time.perf_counter()
+    through, cpu = time.perf_counter() - started, _platform_cpu_s() - cpu
+    own, started = time.process_time(), time.perf_counter()
     local = [word + " " for word in text.split()]  # what echo-words does in process
-    alone = time.perf_counter() - started
+    alone, own = time.perf_counter() - started, time.process_time() - own
     assert pieces >= WORDS - 1 and len(local) == WORDS, pieces
-    return (through - alone) / WORDS * 1000
+    return (cpu - own) / WORDS * 1000, (through - alone) / WORDS * 1000
 
 
 def run(rounds: int) -> dict[str, list[float]]:
@@ -96,18 +137,28 @@ def run(rounds: int) -> dict[str, list[float]]:
             client = openai.AsyncOpenAI(base_url=f"{platform.url}/openai/v1", api_key=platform.token, timeout=300)
             await _stream(client, "tiny-gpt", "warm up", 8)
 
+            def gateway(name: str, since: tuple[float, float]) -> None:
+                now = _gateway_ttft(platform.url, platform.token)
+                results.setdefault(name, []).append((now[0] - since[0]) / (now[1] - since[1]) * 1000)
+
             async def together() -> None:
+                since = _gateway_ttft(platform.url, platform.token)
                 rate, ttft = await _together(client)
+                gateway("TTFT mean at the gateway, under 16 streams (ms)", since)
                 results.setdefault("tokens/s, 16 streams together", []).append(rate)
                 results.setdefault("TTFT p50 under 16 streams (ms)", []).append(ttft)
 
             async def alone() -> None:
+                since = _gateway_ttft(platform.url, platform.token)
                 rate, ttft = await _one_at_a_time(client)
+                gateway("TTFT mean at the gateway, a lone stream (ms)", since)
                 results.setdefault("tokens/s, 16 streams one at a time", []).append(rate)
                 results.setdefault("TTFT p50, a lone stream (ms)", []).append(ttft)
 
             async def cost() -> None:
-                results.setdefault("platform ms per streamed token", []).append(await _platform_cost(client))
+                cpu, wall = await _platform_cost(client)
+                results.setdefault("platform CPU ms per streamed token", []).append(cpu)
+                results.setdefault("platform wall ms per streamed token", []).append(wall)
 
             rows: list[Callable[[], Awaitable[None]]] = [together, alone, cost]
             for r in range(rounds):
@@ -124,10 +175,19 @@ def run(rounds: int) -> dict[str, list[float]]:
 
 
 def render(results: dict[str, list[float]], rounds: int) -> str:
+    results = {**results,  # each round's ratios too
+               "gain: together / one at a time (x)": [a / b for a, b in zip(
+                   results["tokens/s, 16 streams together"], results["tokens/s, 16 streams one at a time"],
+                   strict=True)],
+               "TTFT p50: under 16 / lone (x)": [a / b for a, b in zip(
+                   results["TTFT p50 under 16 streams (ms)"], results["TTFT p50, a lone stream (ms)"], strict=True)],
+               "TTFT mean at the gateway: under 16 / lone (x)": [a / b for a, b in zip(
+                   results["TTFT mean at the gateway, under 16 streams (ms)"],
+                   results["TTFT mean at the gateway, a lone stream (ms)"], strict=True)]}
     rows = [[f"median of {rounds} rounds", "value", "min", "max"]]
     for name in sorted(results):
         values = results[name]
-        fmt = "{:.3f}" if "per streamed token" in name else "{:,.1f}"
+        fmt = "{:.3f}" if "per streamed token" in name else "{:.2f}" if "(x)" in name else "{:,.1f}"
         rows.append([name, fmt.format(statistics.median(values)), fmt.format(min(values)), fmt.format(max(values))])
     median = {name: statistics.median(v) for name, v in results.items()}
     gain = median["tokens/s, 16 streams together"] / median["tokens/s, 16 streams one at a time"]

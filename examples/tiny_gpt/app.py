@@ -48,7 +48,7 @@ class Gpt(nn.Module):
 
     def forward(self, ids: torch.Tensor, start: torch.Tensor, past: list[torch.Tensor] | None,
                 mask: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        positions = (start[:, None] + torch.arange(ids.shape[1])).clamp(max=CONTEXT - 1)
+        positions = (start[:, None] + torch.arange(ids.shape[1])).clamp(0, CONTEXT - 1)
         x = self.tokens(ids) + self.positions(positions)
         caches = []
         for i, block in enumerate(self.blocks):
@@ -67,21 +67,39 @@ class TinyGPT:
 
     @ember.method(openai="tiny-gpt", batch=ember.Continuous(max_seqs=32))
     def step(self, seqs: list[ember.Sequence]) -> list[str | None]:
-        """One decode step for every running sequence: a new one reads its prompt first (its prefill)."""
+        """One step for every running sequence: a new one reads its prompt (its prefill), whose last position gives
+        its first piece at once; the others decode their next piece together, in one batched forward pass."""
+        out: list[str | None] = [None] * len(seqs)
+        new = [i for i, seq in enumerate(seqs) if seq.state is None]
+        running = [i for i, seq in enumerate(seqs) if seq.state is not None]
         with torch.inference_mode():
-            for seq in seqs:
-                if seq.state is None:
-                    seq.state = self._prefill(seq.request.text())
-            return self._decode(seqs)
+            if new:
+                self._prefill([seqs[i] for i in new])
+                for i in new:
+                    out[i] = bytes([seqs[i].state["next"]]).decode("latin-1")
+            if running:
+                for i, piece in zip(running, self._decode([seqs[i] for i in running]), strict=True):
+                    out[i] = piece
+        return out
 
-    def _prefill(self, prompt: str) -> dict:
-        ids = torch.tensor([list(prompt.encode()[-(CONTEXT // 2):]) or [0]])
-        n = ids.shape[1]
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None]
-        logits, caches = self.model(ids, torch.zeros(1, dtype=torch.long), None, causal)
-        return {"next": int(logits.argmax(-1)), "length": n, "caches": [c[:, 0] for c in caches]}
+    def _prefill(self, seqs: list[ember.Sequence]) -> None:
+        """The new sequences' prompts in one forward pass (padded on the left, masked): each one's cache, and the
+        piece its last position predicts."""
+        prompts = [list(seq.request.text().encode()[-(CONTEXT // 2):]) or [0] for seq in seqs]
+        longest = max(len(p) for p in prompts)
+        pad = [longest - len(p) for p in prompts]
+        ids = torch.tensor([[0] * p + prompt for p, prompt in zip(pad, prompts, strict=True)])
+        seen = torch.ones(len(seqs), longest, longest, dtype=torch.bool).tril()
+        for row, p in enumerate(pad):
+            seen[row, :, :p] = False
+            seen[row, :p, :p] = torch.eye(p, dtype=torch.bool)  # a pad sees itself only: no empty row
+        logits, caches = self.model(ids, -torch.tensor(pad), None, seen[:, None])
+        for row, (seq, p) in enumerate(zip(seqs, pad, strict=True)):
+            seq.state = {"next": int(logits[row].argmax()), "length": longest - p,
+                         "caches": [c[:, row, :, p:] for c in caches]}
 
     def _decode(self, seqs: list[ember.Sequence]) -> list[str | None]:
+        """Feed each sequence's last piece (``next``); the piece it predicts is the step's."""
         states = [seq.state for seq in seqs]
         longest = max(s["length"] for s in states)
         pad = [longest - s["length"] for s in states]
@@ -96,10 +114,8 @@ class TinyGPT:
         logits, caches = self.model(ids, start, past, seen[:, None, None, :])
         out: list[str | None] = []
         for row, (state, p) in enumerate(zip(states, pad, strict=True)):
-            out.append(bytes([state["next"]]).decode("latin-1"))
             state["caches"] = [c[:, row, :, p:] for c in caches]
             state["length"] += 1
             state["next"] = int(logits[row].argmax())
-            if state["length"] >= CONTEXT:
-                out[-1] = None  # its context is full: it ends
-        return out
+            out.append(bytes([state["next"]]).decode("latin-1") if state["length"] < CONTEXT else None)
+        return out  # a sequence whose context is full ends

@@ -146,6 +146,18 @@ def test_malformed_and_oversized_bodies(http, llm):
     assert huge.status_code == 413 and huge.json()["error"]["param"] == "body"
 
 
+def test_a_models_own_body_limit_holds(client, http, llm):
+    """A model's max_body_bytes, not the platform's default, bounds its bodies: below the default, and above it."""
+    assert client.completions.create(model="small-body", prompt="x" * 3000).choices[0].text == "3000 "
+    small = http.post("/openai/v1/completions", json={"model": "small-body", "prompt": "x" * 5000})
+    assert small.status_code == 413 and small.json()["error"]["param"] == "body", small.text
+    parts = [{"role": "user", "content": "x" * 1_000_000} for _ in range(5)]  # 5 MB: over the default of 4 MiB
+    answer = client.chat.completions.create(model="big-body", messages=parts)
+    assert answer.choices[0].message.content == f"{5 * 1_000_000 + 4} "  # the contents, one per line
+    over = http.post("/openai/v1/chat/completions", json={"model": "big-body", "messages": parts * 2})
+    assert over.status_code == 413 and over.json()["error"]["param"] == "body"
+
+
 def test_models_are_scoped_by_token(http, client, platform, llm, hello):
     assert {"echo-words", "forever", "counter"} <= {m.id for m in client.models.list()}
     assert client.models.retrieve("counter").owned_by == "llm"

@@ -82,6 +82,21 @@ class LoadBoard:
         return 1.0 / statistics.median(costs) if costs else None
 
 
+def fewest_running(candidates: Sequence[LoadReport], opened: Mapping[str, int],
+                   rng: random.Random | None = None) -> str | None:
+    """The replica to send a new stream to: the one with the fewest running (and queued) sequences, by its last
+    report or by the streams this gateway has open on it, whichever is more (a report lags a burst of streams by up
+    to ``LOAD_REPORT_S``; other gateways' streams show only in reports); ties at random. None without candidates."""
+    if not candidates:
+        return None
+
+    def load(report: LoadReport) -> int:
+        return max(report.in_flight + report.queued, opened.get(report.replica_id, 0))
+
+    least = min(load(r) for r in candidates)
+    return (rng or random).choice([r.replica_id for r in candidates if load(r) == least])
+
+
 def choose(candidates: Sequence[LoadReport], sent: Mapping[str, int],
            rng: random.Random | None = None) -> str | None:
     """The replica to send a call to among ``candidates`` (fresh, live, not yet tried), or None when there is

@@ -56,7 +56,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.calls import Hop
-from ember_platform.calls.choice import LoadBoard, choose
+from ember_platform.calls.choice import LoadBoard, choose, fewest_running
 
 log = logging.getLogger("ember.router")
 
@@ -95,6 +95,7 @@ class Router:
         self.loads = LoadBoard()
         self.capacity = self.loads.capacity
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
+        self.streams_on: Counter[str] = Counter()  # replica id -> streams sent to it that have not ended
         self._subs: list[Subscription] = []
         self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
         self._packed: Outbox[str, _Pending] = Outbox(self._packed_frame)  # the same, for msgpack frames
@@ -126,6 +127,12 @@ class Router:
         candidates = [r for r in self.loads.fresh(app, function, version)
                       if r.replica_id not in exclude and self._alive(r.replica_id)]
         return choose(candidates, self._sent)
+
+    def choose_stream(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
+        """The replica to send a new stream to (see ``choice.fewest_running``), or None: use the queue group."""
+        candidates = [r for r in self.loads.fresh(app, function, version)
+                      if r.replica_id not in exclude and self._alive(r.replica_id)]
+        return fewest_running(candidates, self.streams_on)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float, chain: list[Hop] | None = None, packed: bool = False,

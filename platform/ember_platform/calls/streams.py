@@ -1,7 +1,8 @@
 """Streamed calls, gateway side: send a generator function's call to a replica and read its items as they come.
 
-The protocol is in ``ember.wire.streams``. The call is routed like a synchronous one (the router's load board,
-power of two choices, else the version's queue group) and resent while no replica accepts it, at most
+The protocol is in ``ember.wire.streams``. The call goes to the replica with the fewest running streams (its
+sequences, by the router's load board and the streams this gateway holds open there; else the version's queue
+group) and resent while no replica accepts it, at most
 ``MAX_ATTEMPTS`` times, each attempt with a reply subject of its own (a late accept from an earlier attempt is
 dropped, and that replica told to cancel). Once accepted, the call stays with its replica: an error after that,
 a replica that dies, or the deadline passing ends the stream with an error. The reader grants credit as it
@@ -116,6 +117,7 @@ class CallStream:
         self._load_key = (app, function.split(".")[0])
         self._counted = False  # in the router's in-flight count (the autoscaler's gateway load)
         self._overflow = False
+        self._on = ""  # the replica counted in the router's ``streams_on`` for this stream
 
     # -- starting: route, send, wait for an accept ------------------------------------------------------------------
 
@@ -129,7 +131,8 @@ class CallStream:
         attempts = 0
         try:
             while True:
-                target = router.choose(self.app, self.function, self.version, tried)
+                target = router.choose_stream(self.app, self.function, self.version, tried)
+                self._count_on(target or "")
                 await self._send(target)
                 attempts += 1
                 outcome = await self._accepted(target)
@@ -187,6 +190,7 @@ class CallStream:
             raise error_from_info(msgspec.structs.replace(first.error, call_id=self.call_id))
         if first.replica:
             self.holder = first.replica
+            self._count_on(first.replica)
             return None
         self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
         return None
@@ -262,8 +266,20 @@ class CallStream:
         """Give up on the stream: the reader sees its error; the replica is told by ``aclose``."""
         self._streams.forget(self._token)
 
+    def _count_on(self, replica: str) -> None:
+        """Count this stream on ``replica`` (nothing: on none) in the router's open streams per replica."""
+        on = self._streams.router.streams_on
+        if self._on:
+            on[self._on] -= 1
+            if on[self._on] <= 0:
+                del on[self._on]
+        self._on = replica
+        if replica:
+            on[replica] += 1
+
     def _done(self) -> None:
         self._streams.forget(self._token)
+        self._count_on("")
         if self._counted:
             self._counted = False
             in_flight = self._streams.router.in_flight

@@ -36,6 +36,7 @@ from ember.wire.openai import Request as LlmRequest
 from ember_platform.auth.scopes import INVOKE, READ
 from ember_platform.calls.streams import CallStream
 from ember_platform.gateway import calls
+from ember_platform.gateway.binary import body_limit, over_limit
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import TOKEN, authorize, checks_itself
 from ember_platform.gateway.openai_text import Format, Shaper, error_event, error_response, not_text
@@ -148,15 +149,17 @@ def parse(kind: str, body: bytes) -> LlmRequest:
 
 async def _complete(request: Request, kind: str) -> Response:
     platform = platform_of(request)
-    try:
-        body = await read_body(request, platform.settings.max_body_bytes)
+    try:  # within the largest limit of a served model, until the body names its model (whose own limit then holds)
+        body = await read_body(request, _largest_limit(platform))
     except PayloadTooLargeError as exc:
-        raise PayloadTooLargeError(f"{exc} (EMBER_MAX_BODY_BYTES)", field="body") from exc
+        raise PayloadTooLargeError(f"{exc} (the largest max_body_bytes of a model, or EMBER_MAX_BODY_BYTES)",
+                                   field="body") from exc
     # A public model needs no token, and which model is asked is in the body: a token given is checked at once; with
     # none, a body that names no public model is a 401, whatever else is wrong with it (nothing of it is told).
     if request.headers.get("authorization") is not None:
         authorize(request, TOKEN)
     try:
+        _check_limit(request, platform, body)
         req = parse(kind, body)
         dep, svc, fn = _find(request, req.model)
     except EmberError:
@@ -194,16 +197,46 @@ async def _complete(request: Request, kind: str) -> Response:
                                       "X-Ember-Call-Id": call_id})
 
 
+def _check_limit(request: Request, platform: Platform, body: bytes) -> None:
+    """413 for a body over its model's own limit, before the body is checked field by field (a model the request
+    may not invoke, or a body that names none, is left to ``parse`` and ``_find``)."""
+    if len(body) <= platform.settings.max_body_bytes and len(body) <= min(
+            (body_limit(platform, fn) for _, fn in _openai_functions(platform)), default=len(body)):
+        return  # within every model's limit
+    try:
+        name = _str.decode(decode_json(_head, body)["model"])
+        dep, _, fn = _find(request, name)
+    except (EmberError, KeyError, msgspec.ValidationError, msgspec.DecodeError):
+        return
+    if len(body) > body_limit(platform, fn):
+        raise over_limit(platform, dep.app, fn, f"the body of {len(body)} bytes is over the limit")
+
+
+def _openai_functions(platform: Platform) -> list[tuple[str, FunctionSpec]]:
+    return [(app, fn) for app, dep in platform.registry.deployments.items.items()
+            for svc in dep.manifest.services for fn in svc.functions if fn.openai]
+
+
+def _largest_limit(platform: Platform) -> int:
+    """The most any served model takes (``binary.body_limit``: its ``max_body_bytes``, else the platform's default,
+    within the platform's cap); the platform's default when none is served."""
+    return max((body_limit(platform, fn) for _, fn in _openai_functions(platform)),
+               default=platform.settings.max_body_bytes)
+
+
 async def _first(stream: CallStream) -> tuple[list[msgspec.Raw] | None]:
     await stream.start()
     return (await stream.next_items(),)
 
 
 async def _pieces(stream: CallStream, first: list[msgspec.Raw] | None, shaper: Shaper,
-                  timer: LlmTimer) -> AsyncIterator[str]:
-    """The text to send as it comes, until the model ends or the shaper does (then the stream is closed)."""
+                  timer: LlmTimer) -> AsyncIterator[list[str]]:
+    """The text to send as it comes, the pieces of each message from the replica together (those of one step, or
+    what a generator gave while the last went out), until the model ends or the shaper does (then the stream is
+    closed)."""
     items = first
     while items is not None:
+        texts = []
         for raw in items:
             try:
                 piece = _str.decode(raw)
@@ -212,23 +245,30 @@ async def _pieces(stream: CallStream, first: list[msgspec.Raw] | None, shaper: S
             timer.piece()
             text = shaper.add(piece)
             if text:
-                yield text
+                texts.append(text)
             if shaper.finish is not None:
-                await stream.aclose()
-                return
+                break
+        if shaper.finish is not None:
+            if texts:
+                yield texts
+            await stream.aclose()
+            return
+        if texts:
+            yield texts
         items = await stream.next_items()
     rest = shaper.end()
     if rest:
-        yield rest
+        yield [rest]
 
 
-async def _events(stream: CallStream, pieces: AsyncIterator[str], answer: Format, shaper: Shaper, usage: bool,
-                  held: Any, timer: LlmTimer) -> AsyncIterator[bytes]:
+async def _events(stream: CallStream, pieces: AsyncIterator[list[str]], answer: Format, shaper: Shaper,
+                  usage: bool, held: Any, timer: LlmTimer) -> AsyncIterator[bytes]:
+    """The SSE events: one chunk per piece, those of one message from the replica written together."""
     try:
         yield answer.chunk("" if answer.chat else None, role=True) if answer.chat else b""
         try:
-            async for text in pieces:
-                yield answer.chunk(text)
+            async for texts in pieces:
+                yield b"".join(map(answer.chunk, texts))
         except EmberError as exc:
             yield error_event(exc)
             return

@@ -36,6 +36,7 @@ class LlmTimer:
         self._metrics = metrics
         self._started = self._last = time.perf_counter()
         self._ended = False
+        self._itl = metrics.itl.labels(*self._labels)  # looked up once: it is observed at every piece
         metrics.running.labels(*self._labels).inc()
 
     def first(self) -> None:
@@ -44,7 +45,7 @@ class LlmTimer:
     def piece(self) -> None:
         now = time.perf_counter()
         if self._last != self._started:
-            self._metrics.itl.labels(*self._labels).observe(now - self._last)
+            self._itl.observe(now - self._last)
         self._last = now
 
     def done(self, pieces: int) -> None:

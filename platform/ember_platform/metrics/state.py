@@ -62,6 +62,13 @@ def replica_families(replicas: Iterable[ReplicaStatus]) -> Iterator[Metric]:
             h: Histogram = getattr(f, attr)
             hist.add_metric(_fn_labels(r, f), _buckets(h), h.sum)
         yield hist
+    running = GaugeMetricFamily("ember_replica_running_sequences",
+                                "Sequences in a replica's Continuous step loop now (each holds one of its max_seqs).",
+                                labels=_FN)
+    for r, f in rows:
+        if f.sequences is not None:
+            running.add_metric(_fn_labels(r, f), f.sequences)
+    yield running
     yield _by_state(replicas)
     yield _start_phases(replicas)
 

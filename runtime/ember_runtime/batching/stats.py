@@ -52,9 +52,10 @@ class BatcherMetrics:
         for wait in waits:
             self.queue_wait.observe(max(wait, 0.0))
 
-    def snapshot(self, function: str, queued: int, in_flight: int = 0) -> FunctionStats:
+    def snapshot(self, function: str, queued: int, in_flight: int = 0, sequences: int | None = None) -> FunctionStats:
         return FunctionStats(function=function, calls=self.calls, batches=self.batches, expired=self.expired,
                              rejected=self.rejected, cancelled=self.cancelled, failed=self.failed,
                              queue_depth=queued, fill_ratio=self.fill_sum / self.batches if self.batches else 0.0,
                              batch_size=self.batch_size.snapshot(), queue_wait_s=self.queue_wait.snapshot(),
-                             run_s=self.run_time.snapshot(), in_flight=in_flight)
+                             run_s=self.run_time.snapshot(), in_flight=in_flight,
+                             sequences=sequences)

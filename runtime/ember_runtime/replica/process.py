@@ -406,7 +406,8 @@ class Replica:
 
     async def _put(self, beat: bool = False) -> None:
         """Write the status; ``beat``: the heartbeat's write, skipped while nothing changed (``heartbeat_due``)."""
-        stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight) for b in self.batchers]
+        steps = {e.spec.name: e.steps.running for e in self.endpoints if e.steps is not None}
+        stats = [b.metrics.snapshot(b.name, b.queued, b.in_flight, steps.get(b.name)) for b in self.batchers]
         first = min((b.metrics.first_batch_at for b in self.batchers if b.metrics.first_batch_at), default=None)
         start = self.status.start
         if start is not None and start.first_call_s is None and first is not None:

@@ -153,6 +153,7 @@ class FunctionStats(msgspec.Struct, frozen=True, kw_only=True):
     queue_wait_s: Histogram
     run_s: Histogram
     in_flight: int = 0
+    sequences: int | None = None  # a Continuous step's running sequences (None: not a Continuous step)
 
 
 class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):

@@ -22,6 +22,14 @@ class Words:
         for word in req.messages[-1].content.split():
             yield word + " "
 
+    @ember.method(openai="small-body", max_body_bytes=4096)
+    def small(self, req: ember.openai.CompletionRequest) -> Iterator[str]:
+        yield f"{len(req.text())} "
+
+    @ember.method(openai="big-body", max_body_bytes=6 * 1024 * 1024)
+    def big(self, req: ember.openai.ChatRequest) -> Iterator[str]:
+        yield f"{len(req.text())} "
+
     @ember.method(openai="forever")
     def forever(self, req: ember.openai.CompletionRequest) -> Iterator[str]:
         tag = str(req.extra.get("tag", ""))

@@ -165,3 +165,28 @@ def test_replicas_that_stopped_reporting_are_forgotten_and_their_versions_too():
     assert loads.fresh("a", "f", 1) == [] and loads.fresh("a", "f", 2) == [live]
     assert list(loads._reports) == [("a", "f", 2)] and loads._services == {("a", "f"): {("a", "f", 2)}}
     assert loads.capacity("a", "f") == 1000.0
+
+
+def test_a_new_stream_goes_to_the_replica_with_the_fewest_running_sequences():
+    reports = [load("r1", 0, 5), load("r2", 1, 1), load("r3", 0, 4)]
+    assert {choice.fewest_running(reports, {}, random.Random(seed)) for seed in range(20)} == {"r2"}
+    # streams this gateway opened since the reports count too: r2 holds 3 now, r3's 4 is still more
+    assert choice.fewest_running(reports, {"r2": 3}) == "r2"
+    assert choice.fewest_running(reports, {"r2": 6}) == "r3"
+    assert choice.fewest_running([], {}) is None
+
+
+def test_ties_among_the_least_loaded_are_broken_at_random():
+    reports = [load("r1", 0, 2), load("r2", 0, 2), load("r3", 0, 9)]
+    assert {choice.fewest_running(reports, {}, random.Random(seed)) for seed in range(40)} == {"r1", "r2"}
+
+
+def test_a_burst_of_streams_is_spread_by_the_streams_the_gateway_holds_open():
+    """Reports lag a burst: 8 streams opened in a row, counted as they go, land 4 and 4 on two idle replicas."""
+    reports = [load("r1", 0, 0), load("r2", 0, 0)]
+    opened: dict[str, int] = {}
+    for _ in range(8):
+        chosen = choice.fewest_running(reports, opened)
+        assert chosen is not None
+        opened[chosen] = opened.get(chosen, 0) + 1
+    assert opened == {"r1": 4, "r2": 4}

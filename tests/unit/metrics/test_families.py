@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -125,3 +126,12 @@ def test_call_metrics_parse_back() -> None:
     assert counts == {"200": 3.0, "422": 1.0}
     (count,) = [s[2] for s in scraped["ember_request_duration_seconds"] if s[0].endswith("_count")]
     assert count == 4.0
+
+
+def test_running_sequences_per_replica_only_for_continuous_steps() -> None:
+    plain = _replica("r1", "a")
+    step = msgspec.structs.replace(plain.functions[0], function="step", sequences=3)
+    both = msgspec.structs.replace(plain, functions=[plain.functions[0], step])
+    scraped = _scrape(_Families(*state.replica_families([both])))
+    assert scraped["ember_replica_running_sequences"] == [
+        ("ember_replica_running_sequences", {"app": "a", "function": "step", "version": "2", "replica": "r1"}, 3.0)]

@@ -54,3 +54,19 @@ def test_joining_and_leaving_sequences_decode_as_alone():
         _take([third], step([third]))
     assert [first.text, second.text, third.text] == [alone["Hello"], alone["Hi there, friend"], alone[""]]
     assert len(set(alone.values())) == 3
+
+
+def test_sequences_joining_together_prefill_as_alone():
+    """Prompts of different lengths read in one padded prefill give the text each gives alone."""
+    step = _model()
+    prompts = ("Hello", "Hi there, friend", "", "a much longer prompt than the others")
+    alone = {}
+    for prompt in prompts:
+        seq = _seq(prompt)
+        for _ in range(8):
+            _take([seq], step([seq]))
+        alone[prompt] = seq.text
+    together = [_seq(p) for p in prompts]
+    for _ in range(8):
+        _take(together, step(together))
+    assert [s.text for s in together] == [alone[p] for p in prompts]
