@@ -23,6 +23,7 @@ from ember_platform.control.lease import Lease
 from ember_platform.control.loop import ControlLoop
 from ember_platform.control.node_reads import NodeReads, build_grant
 from ember_platform.control.registry import Registry
+from ember_platform.control.schedules import ScheduleLoop
 from ember_platform.events.grants import GrantStore
 from ember_platform.gateway.body import Validators
 from ember_platform.gateway.relay import Relay
@@ -64,6 +65,8 @@ class Platform:
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
                                    lease=Lease(nc.jetstream()), quotas=self.quotas.all)
+        self.schedules = ScheduleLoop(nc.jetstream(), registry.calls, registry.deployments,
+                                      active=lambda: self.control.active)  # ticks: fired by the lease holder only
         self.callout: AuthCallout | None = None
         self.tokens = TokenStore(registry.stores.tokens, enabled=settings.auth)
         self.first_token: str | None = None  # an installation's first admin token, created by this start
@@ -123,6 +126,7 @@ class Platform:
             await platform.streams.start()
             await platform.relay.start()
             await platform.control.start()
+            await platform.schedules.start()
         except BaseException:
             await nc.close()
             raise
@@ -132,7 +136,8 @@ class Platform:
         """Each part stopped in turn, then the connection drained. A part slow to stop (a SIGTERM that took long to
         end the process) is named in the log with its time."""
         parts = [("auth callout", self.callout.stop if self.callout is not None else None),
-                 ("control loop", self.control.stop), ("control actions", self.control.stop_acting),
+                 ("schedules", self.schedules.stop), ("control loop", self.control.stop),
+                 ("control actions", self.control.stop_acting),
                  ("relay", self.relay.stop), ("streams", self.streams.stop), ("router", self.router.stop),
                  ("registry", self.registry.stop), ("tokens", self.tokens.stop), ("quotas", self.quotas.stop),
                  ("subject grants", self.subject_grants.stop), ("secrets server", self.secrets_server.stop),

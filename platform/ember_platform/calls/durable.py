@@ -172,7 +172,7 @@ class Calls:
     # -- calls ---------------------------------------------------------------------------------------
 
     async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float,
-                     version: int | None = None) -> SpawnReply:
+                     version: int | None = None, call_id: str = "", msg_id: str = "") -> SpawnReply:
         """Queue a call under a new random id. An idempotency ``key`` maps to a call id per app in KV (the first
         writer wins; the id is random, not derived from the key): a repeated submit of the same body returns the
         first call's id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by
@@ -183,8 +183,11 @@ class Calls:
         A publish that fails (NATS unreachable, no ack in time) removes the status this submit created, so that no
         "queued" record waits for a message that never came, and is an ``UnavailableError`` (503, Retry-After):
         retrying is safe with an Idempotency-Key (if the message was stored after all, the retry's publish is
-        deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew)."""
-        call_id = new_call_id(app)
+        deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew).
+
+        ``call_id`` and ``msg_id``: a scheduled tick's (``ember.wire.schedules``), the same on every control plane,
+        so that a tick submitted twice (a failover, two control planes) is recorded and queued once."""
+        call_id = call_id or new_call_id(app)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
         try:
@@ -203,7 +206,7 @@ class Calls:
                                 field="Idempotency-Key")
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
-        headers = {"Nats-Msg-Id": call_id, CALL_ID_HEADER: call_id}
+        headers = {"Nats-Msg-Id": msg_id or call_id, CALL_ID_HEADER: call_id}
         if tracing.ON:  # the spawn's span: the replica's span of the call is its child
             headers.update(tracing.current_headers({"ember.call_id": call_id}))
         if math.isfinite(deadline):

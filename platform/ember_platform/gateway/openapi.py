@@ -50,6 +50,7 @@ from ember.wire.builds import BuildStart
 from ember.wire.grants import SubjectGrant, SubjectGrantRequest
 from ember.wire.images import BuildView
 from ember.wire.quotas import QUOTA_NAME
+from ember.wire.schedules import ScheduleRun, ScheduleView
 from ember.wire.secrets import SECRET_NAME, SecretRequest, SecretView
 from ember.wire.stats import StatsView
 from ember.wire.tokens import TOKEN_ID, NewToken
@@ -96,6 +97,7 @@ _BODIES: dict[str, Any] = {
     "RolloutRequest": RolloutRequest, "BuildStart": BuildStart, "BuildView": BuildView,
     "VolumeView": VolumeView, "VolumeList": list[VolumeView], "VolumeCommit": VolumeCommit,
     "ChunksQuery": ChunksQuery, "ChunksMissing": ChunksMissing,
+    "ScheduleList": list[ScheduleView], "ScheduleView": ScheduleView, "ScheduleRun": ScheduleRun,
     **openapi_oip.BODIES,
     **openapi_openai.BODIES,
 }
@@ -219,6 +221,19 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         "serves, else once its minimum replicas are ready; the versions it replaces drain and stop",
         (200, "the app", _ref("AppView"), JSON), (400, 404, 409, 413, 422), [],
         {"required": False, "content": {JSON: {"schema": _ref("RolloutRequest")}}}),
+    ("GET", "/v1/schedules"): (
+        "The scheduled functions of the apps the token sees: each one's schedule, next and last run, paused or not",
+        (200, "the schedules", _ref("ScheduleList"), JSON), (400,),
+        [_query("app", "only this app's", _string(APP_NAME, 63))], None),
+    ("POST", "/v1/apps/{app}/schedules/{name}/pause"): (
+        "Pause a function's schedule: its ticks pass unrun until resumed",
+        (200, "the schedule", _ref("ScheduleView"), JSON), (400, 404, 409, 413), [], None),
+    ("POST", "/v1/apps/{app}/schedules/{name}/resume"): (
+        "Resume a function's schedule from its next tick (the ticks that passed are not caught up)",
+        (200, "the schedule", _ref("ScheduleView"), JSON), (400, 404, 409, 413), [], None),
+    ("POST", "/v1/apps/{app}/schedules/{name}/run"): (
+        "Run a scheduled function now, outside its schedule: an ordinary spawned call",
+        (202, "the call queued", _ref("ScheduleRun"), JSON), (400, 404, 413, 503), [], None),
     ("GET", "/v1/status"): (
         "Nodes, GPUs, replicas and services", (200, "the cluster", _ref("StatusView"), JSON), (404,),
         [_query("app", "only this app's services", {"type": "string"}), _SERVICE_QUERY], None),

@@ -52,5 +52,6 @@ def render(platform: Platform, sees: Callable[[str], bool]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Visible(platform.call_metrics.registry(), sees))
     registry.register(Visible(platform.llm_metrics.registry, sees))
+    registry.register(Visible(platform.schedules.metrics.registry, sees))
     registry.register(Visible(StateCollector(platform, sees), sees))
     return generate_latest(registry)

@@ -18,6 +18,7 @@ from ember.cli import (
     quota,
     rollout,
     scale,
+    schedule,
     secret,
     status,
     subject,
@@ -30,8 +31,8 @@ from ember.cli import (
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ember", description="Serverless functions for ML models on GPUs.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, push, rollout, apps, call, calls, events, logs, status, scale, login, token, quota, secret,
-                   subject, volume, ui):
+    for module in (dev, push, rollout, apps, call, calls, events, logs, status, scale, schedule, login, token, quota,
+                   secret, subject, volume, ui):
         module.register(sub)
     return parser
 

@@ -410,6 +410,10 @@ class KVMirror(Generic[T]):
                 if watcher is not None:
                     await asyncio.shield(_quiet_stop(watcher))
 
+    def revision(self, key: str) -> int:
+        """The revision of ``key`` as last seen (0: none), for a compare-and-set ``update``."""
+        return self._revisions.get(key, 0)
+
     def record(self, key: str, value: T | None, revision: int) -> None:
         """Apply this process's own write at once (read-your-writes); older watch updates are then skipped."""
         if revision < self._revisions.get(key, 0):

@@ -39,10 +39,46 @@ class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
     """What the control plane keeps of one scheduled function (KV ``ember_schedules``, key ``<app>.<function>``)."""
 
     last_tick: float = 0.0  # the most recent tick handled (fired, skipped or missed); 0: none yet
-    last_call_id: str = ""  # the call of the last tick that ran
-    last_status: str = ""  # "fired", "skipped" (the previous run still ran) or "missed" (catch_up)
+    last_call_id: str = ""  # the call of the last tick that ran (or of the last run asked for)
+    last_status: str = ""  # "fired", "skipped" (the previous run still ran), "missed" (catch_up), "paused", "run"
+    last_run_at: float = 0.0  # when that call was queued
     paused: bool = False
     runs: int = 0
+    queued: tuple[float, ...] = ()  # overlap="queue": ticks waiting for the run before them, oldest first
+
+
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=257)]
+Text = Annotated[str, msgspec.Meta(max_length=512)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ScheduleView(msgspec.Struct, frozen=True, kw_only=True):
+    """One scheduled function, as ``GET /v1/schedules`` and ``ember schedules`` show it."""
+
+    app: Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+    function: Name
+    schedule: Text  # in words ("every 5 minutes", "cron '0 6 * * 1-5' (Europe/Paris)")
+    spec: ScheduleSpec
+    paused: bool = False
+    next_run: Seconds = 0.0  # the next tick (seconds since the epoch; 0 while paused)
+    last_tick: Seconds = 0.0  # the last tick handled (0: none yet)
+    last_status: Text = ""  # what became of it: fired, skipped, missed, paused, run (a run asked for)
+    last_call_id: Annotated[str, msgspec.Meta(max_length=512)] = ""
+    last_call_status: Text = ""  # that call's status now (queued, running, succeeded, ...; "" when unknown)
+    runs: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class ScheduleRun(msgspec.Struct, frozen=True, kw_only=True):
+    """``POST /v1/apps/<app>/schedules/<fn>/run``: the call queued now, outside the schedule."""
+
+    app: Annotated[str, msgspec.Meta(min_length=1, max_length=63)]
+    function: Name
+    call_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+
+
+def state_key(app: str, function: str) -> str:
+    """The key of ``app``'s ``function`` in ``ember_schedules``: the app is its first token."""
+    return f"{app}.{function}"
 
 
 def problem(spec: ScheduleSpec) -> tuple[str, str] | None:

@@ -32,6 +32,7 @@ QUOTAS_BUCKET = "ember_quotas"  # key: <quota name>           value: wire.Quota 
 VOLUMES_BUCKET = "ember_volumes"  # key: <volume>.<version>   value: wire.VolumeVersion (the files and their chunks)
 VOLUME_CHUNKS_STORE = "ember_volume_chunks"  # object name: <sha256>  value: one chunk of a volume's file
 SECRETS_BUCKET = "ember_secrets"  # key: <secret name>      value: wire.StoredSecret, encrypted (control plane only)
+SCHEDULES_BUCKET = "ember_schedules"  # key: <app>.<function>  value: wire.schedules.ScheduleState (control plane only)
 OWNERS_BUCKET = "ember_owners"  # key: <kind>.<sha256>     value: its uploaders' app patterns (control plane only)
 SUBJECT_GRANTS_BUCKET = "ember_subject_grants"  # key: sha256 of a pattern  value: wire.grants.SubjectGrant (the
 # control plane's alone: no replica or node may read or write it)

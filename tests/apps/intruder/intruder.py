@@ -161,3 +161,55 @@ def credentials() -> dict:
     nc = next(o for o in gc.get_objects() if isinstance(o, Client) and not o.is_closed)  # maybe renewing just now
     return {"user": nc.options["user"], "password": nc.options["password"],
             "inbox_prefix": bytes(nc._inbox_prefix).decode(), "reconnects": nc.stats["reconnects"]}
+
+
+@app.function(timeout_s=120)
+def meddle(victim: dict) -> dict:
+    """From this replica's own connection: read, watch and write another app's schedule state (KV ember_schedules,
+    the control planes' alone), and cancel another app's call (``ember.control.cancelled``, the control planes'
+    relay subject, and the replica's cancel subject). ``victim``: {"app", "function", "call_id", "replica"}."""
+    import asyncio
+    import gc
+
+    from nats.aio.client import Client
+
+    gc.unfreeze()
+    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
+    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    key = f"{victim['app']}.{victim['function']}"
+    forged = b'{"last_tick":1.0,"paused":true}'
+
+    async def attempts() -> dict:
+        seen = {}
+
+        async def attempt(name, action):
+            nc._err = None
+            try:
+                answer = await action()
+                await nc.flush(timeout=5)
+                await asyncio.sleep(0.3)
+                seen[name] = repr(nc.last_error) if nc.last_error else f"no error: {answer!r}"[:300]
+            except Exception as exc:
+                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
+
+        async def request(subject, payload=b""):
+            return await refusable(nc, subject, payload)
+
+        async def publish(subject, payload=b""):
+            await nc.publish(subject, payload)
+
+        await attempt("read a schedule", lambda: request(
+            f"$JS.API.DIRECT.GET.KV_ember_schedules.$KV.ember_schedules.{key}"))
+        await attempt("read a schedule by sequence", lambda: request(
+            "$JS.API.STREAM.MSG.GET.KV_ember_schedules", b'{"seq": 1}'))
+        await attempt("list the schedules", lambda: request("$JS.API.STREAM.INFO.KV_ember_schedules"))
+        await attempt("watch the schedules", lambda: request("$JS.API.CONSUMER.CREATE.KV_ember_schedules", b"{}"))
+        await attempt("write a schedule", lambda: publish(f"$KV.ember_schedules.{key}", forged))
+        await attempt("purge the schedules", lambda: request("$JS.API.STREAM.PURGE.KV_ember_schedules", b"{}"))
+        await attempt("say a call was cancelled", lambda: publish(
+            "ember.control.cancelled", f"{victim['app']} {victim['call_id']}".encode()))
+        await attempt("cancel at its replica", lambda: publish(
+            f"ember.replica.{victim['replica']}.cancel", victim["call_id"].encode()))
+        return seen
+
+    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
