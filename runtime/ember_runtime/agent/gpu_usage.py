@@ -33,8 +33,9 @@ _declared = msgspec.json.Decoder(dict[str, int])
 
 
 class UsageSource(Protocol):
-    def sample(self, devices: Collection[str]) -> Sample:
-        """Each of ``devices`` this node has, with the GPU memory each process uses on it (MB)."""
+    def sample(self, devices: Collection[str], pids: Collection[int]) -> Sample:
+        """Each of ``devices`` this node has, with the GPU memory each process uses on it (MB); ``pids``: the
+        processes that are asked about (the node's GPU replicas and theirs), where a driver needs to be told."""
         ...
 
     def close(self) -> None: ...
@@ -52,7 +53,7 @@ class NvmlUsage:
         self._nvml = nvml
         self._handles: dict[str, Any] = {}
 
-    def sample(self, devices: Collection[str]) -> Sample:
+    def sample(self, devices: Collection[str], pids: Collection[int] = ()) -> Sample:
         if not set(devices) <= self._handles.keys():  # first use, or MIG slices were reconfigured
             self._handles = _handles(self._nvml)
         return {uuid: _processes(self._nvml, self._handles[uuid]) for uuid in devices if uuid in self._handles}
@@ -102,14 +103,16 @@ class DeclaredUsage:
         self.devices = frozenset(devices)
         table.mkdir(parents=True, exist_ok=True)
 
-    def sample(self, devices: Collection[str]) -> Sample:
+    def sample(self, devices: Collection[str], pids: Collection[int] = ()) -> Sample:
         """An entry is the memory of the processes holding it open, as a driver's context is (their pids on this
-        node: a sandboxed process knows only its own namespace's); held by none, of the process its name says."""
+        node: a sandboxed process knows only its own namespace's); held by none, of the process its name says.
+        Only ``pids`` are looked at for holders: reading every process's open files costs seconds on a node of a
+        few hundred sandboxes (each one's pasta holds ~430)."""
         sample: Sample = {uuid: {} for uuid in devices if uuid in self.devices}
         entries = [entry for entry in self.table.iterdir() if not entry.name.startswith(".")]  # "." : being written
         if not entries:  # nothing declared: no need to read every process's open files (a node's thousands)
             return sample
-        holders = _holders(self.table)  # after the listing: an entry renamed into place meanwhile is seen held
+        holders = _holders(self.table, pids)  # after the listing: an entry renamed into place meanwhile is seen held
         for entry in entries:
             pids = holders.get(entry.name) or ({int(entry.name)} if entry.name.isdigit() else set())
             pids = {pid for pid in pids if _alive(pid)}
@@ -125,19 +128,17 @@ class DeclaredUsage:
         pass
 
 
-def _holders(table: Path, proc: Path = Path("/proc")) -> dict[str, set[int]]:
-    """Entry name -> the pids on this node with that entry of ``table`` open (read from ``/proc/<pid>/fd``)."""
+def _holders(table: Path, pids: Iterable[int], proc: Path = Path("/proc")) -> dict[str, set[int]]:
+    """Entry name -> which of ``pids`` have that entry of ``table`` open (read from ``/proc/<pid>/fd``)."""
     held: dict[str, set[int]] = defaultdict(set)
     prefix = f"{table.resolve()}{os.sep}"
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in pids:
         with contextlib.suppress(OSError):  # gone, or not ours to read
-            for fd in (entry / "fd").iterdir():
+            for fd in (proc / str(pid) / "fd").iterdir():
                 with contextlib.suppress(OSError):
                     target = os.readlink(fd)
                     if target.startswith(prefix):
-                        held[target[len(prefix):]].add(int(entry.name))
+                        held[target[len(prefix):]].add(pid)
     return held
 
 

@@ -161,5 +161,6 @@ class UsageWatcher:
         return breaches
 
     def _measure(self, reservations: list[Reservation]) -> dict[str, dict[str, int]]:
-        sample = self.source.sample({d for r in reservations for d in r.devices})
-        return replica_usage(reservations, sample, process_trees(r.pid for r in reservations))
+        trees = process_trees(r.pid for r in reservations)
+        sample = self.source.sample({d for r in reservations for d in r.devices}, set().union(*trees.values()))
+        return replica_usage(reservations, sample, trees)

@@ -160,10 +160,11 @@ def test_an_entry_belongs_to_the_processes_holding_it_open_whatever_its_name(tmp
                               stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        assert source.sample(["GPU-0"]) == {"GPU-0": {holder.pid: 700}}
+        assert source.sample(["GPU-0"], [holder.pid]) == {"GPU-0": {holder.pid: 700}}
     finally:
         holder.communicate("")
-    assert source.sample(["GPU-0"]) in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
+    freed = source.sample(["GPU-0"], [holder.pid])
+    assert freed in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
 
 
 def test_the_virtual_driver_frees_the_memory_of_exited_processes(tmp_path: Path) -> None:
@@ -296,9 +297,9 @@ def test_an_entry_renamed_into_place_while_the_driver_samples_is_kept(tmp_path: 
 
     try:
         monkeypatch.setattr(gpu_usage, "_holders", renamed_during_the_scan)
-        usage.sample(["GPU-0"])
+        usage.sample(["GPU-0"], [os.getpid()])
         monkeypatch.setattr(gpu_usage, "_holders", scan)
-        assert usage.sample(["GPU-0"]) == {"GPU-0": {os.getpid(): 100}}
+        assert usage.sample(["GPU-0"], [os.getpid()]) == {"GPU-0": {os.getpid(): 100}}
     finally:
         os.close(fd)
 
