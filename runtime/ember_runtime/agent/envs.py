@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -202,9 +203,12 @@ class EnvCache:
         same = python == node_python()
         declared = msgspec.structs.replace(image.declared(), python=python)
         wanted = [*image.packages, *([] if same else runtime_requirements())]
-        constraints = self.root / f".constraints-{os.getpid()}.txt"
         self.root.mkdir(parents=True, exist_ok=True)
-        constraints.write_text("\n".join(runtime_constraints()) + "\n")
+        # one file per lock: two builds lock at once on a node (a file per process was unlinked under the other)
+        fd, name = tempfile.mkstemp(prefix=".constraints-", suffix=".txt", dir=self.root)
+        constraints = Path(name)
+        with os.fdopen(fd, "w") as written:
+            written.write("\n".join(runtime_constraints()) + "\n")
         await _say(say, f"resolving {len(image.packages)} requirement(s) for Python {python} with uv")
         argv = [uv_binary(), "pip", "compile", "-", "--python-version", python, "--generate-hashes", "--no-header",
                 "--no-annotate", "--quiet", "--no-build", *(["-c", str(constraints)] if same else []),

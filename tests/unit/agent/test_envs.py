@@ -147,3 +147,28 @@ def test_a_source_distribution_is_never_built_on_the_node(tmp_path, wheels):
     with pytest.raises(BuildError, match="emberbuild"):
         asyncio.run(cache.lock(sdist_only))
     assert not marker.exists()  # its setup.py never ran
+
+
+def test_two_locks_at_once_on_a_node_each_keep_their_constraints(tmp_path, wheels):
+    """Two builds lock at once on a node (the suite met it): each lock's constraints file is its own, so the first
+    to finish cannot remove the other's while its uv still reads it (one file per process was, and failed the
+    second with uv's 'File not found')."""
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    uv = cache._uv
+    seen: list[Path] = []
+
+    async def slowed(argv: list[str], **kwargs):  # the first lock's uv ends while the second's still runs
+        constraints = Path(argv[argv.index("-c") + 1])
+        seen.append(constraints)
+        await asyncio.sleep(0.5 if len(seen) == 2 else 0.0)
+        assert constraints.is_file(), f"{constraints.name} was removed under its lock"
+        return await uv(argv, **kwargs)
+
+    cache._uv = slowed  # type: ignore[method-assign]
+
+    async def both() -> list[ImageSpec]:
+        return list(await asyncio.gather(cache.lock(image(wheels, "1.0")), cache.lock(image(wheels, "2.0"))))
+
+    first, second = asyncio.run(both())
+    assert first.sha256 != second.sha256 and len({*seen}) == 2
+    assert not [p for p in cache.root.iterdir() if p.name.startswith(".constraints-")]  # each removed after
