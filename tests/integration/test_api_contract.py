@@ -46,6 +46,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestPlatform]:
         transport = Transport(running.url, token=running.token)
         try:
             deploy(REPO / "examples" / "hello" / "hello.py", transport=transport, timeout_s=120)
+            # valid scale requests are sent too (up to 1,000 replicas): a quota keeps the machine's share bounded
+            capped = transport.request("PUT", "/v1/quotas/contract-cap", json={"apps": "*", "max_replicas": 8})
+            assert capped.status_code == 200, capped.text
         finally:
             transport.close()
         yield running
