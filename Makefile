@@ -38,7 +38,7 @@ test: $(STAMP)
 # The API's contract, schemathesis with every check (tests/integration/test_api_contract.py), with ten times the
 # suite's examples per operation: a nightly run.
 fuzz: $(STAMP)
-	EMBER_CONTRACT_EXAMPLES=50 $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_api_contract.py
+	EMBER_CONTRACT_EXAMPLES=30 $(PY) -m pytest -q -p no:cacheprovider tests/integration/test_api_contract.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -27,7 +27,7 @@ from ember._client import Transport
 from ember._deploy import deploy
 
 pytestmark = pytest.mark.integration
-SUITE_EXAMPLES = int(os.environ.get("EMBER_CONTRACT_EXAMPLES", "5"))  # per operation; `make fuzz`: 50
+SUITE_EXAMPLES = int(os.environ.get("EMBER_CONTRACT_EXAMPLES", "3"))  # per operation; `make fuzz`: 30
 SEED = 1
 TESTS = Path(__file__).resolve().parents[1]
 
