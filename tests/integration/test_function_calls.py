@@ -16,6 +16,7 @@ import msgspec
 import nats
 import pytest
 from support.auth import bearer
+from support.natsconn import ends_refused
 from support.overlap import most_at_once
 from support.paths import REPO
 
@@ -200,17 +201,9 @@ async def _relay(nc: nats.NATS, replica_id: str, request: object) -> RelayReply:
 
 
 async def _refused(nc: nats.NATS, subject: str, data: bytes) -> str:
-    """A request the server should refuse: "answered" if an answer came, else the errors the connection was told,
-    once the server's refusal arrives (not at the request's timeout)."""
-    before = len(nc.errors)  # type: ignore[attr-defined]
-    asked = asyncio.ensure_future(nc.request(subject, data, timeout=20))
-    while not asked.done() and len(nc.errors) == before:  # type: ignore[attr-defined]
-        await asyncio.sleep(0.005)
-    if asked.done() and asked.exception() is None:
-        return "answered"
-    asked.cancel()
-    await asyncio.gather(asked, return_exceptions=True)
-    return repr(nc.errors)  # type: ignore[attr-defined]
+    """A request the server should refuse: "answered" if an answer came, else the errors the connection was told."""
+    refused = await ends_refused(nc.request(subject, data, timeout=20), nc.errors)  # type: ignore[attr-defined]
+    return repr(nc.errors) if refused else "answered"  # type: ignore[attr-defined]
 
 
 def test_a_replicas_own_connection_cannot_get_past_the_relay(platform, apps, http: httpx.Client) -> None:

@@ -20,10 +20,10 @@ from typing import Any
 import msgspec
 import nats
 import pytest
-from nats import errors as nats_errors
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 from support.natsconn import connect as admin_connect
+from support.natsconn import ends_refused
 
 from ember._client import Transport
 from ember._deploy import deploy
@@ -100,21 +100,10 @@ async def _fetch(nc: nats.NATS, node_id: str, kind: str, name: str = "", grant: 
 
 
 async def _refused(nc: nats.NATS, violations: list[str], attempt: Any) -> bool:
-    """Whether ``attempt`` (a request) is dropped by the server as a permissions violation: the server says so on
-    the connection (the attempt ends there), and the request would time out. An answer, or any other error, fails
-    the test as itself."""
+    """Whether ``attempt`` (a request) is dropped by the server as a permissions violation."""
     said = len(violations)
-    asked = asyncio.ensure_future(attempt)
-    while not asked.done() and len(violations) == said:
-        await asyncio.sleep(0.005)
-    if asked.done():
-        with pytest.raises(nats_errors.TimeoutError):
-            asked.result()
-        await asyncio.sleep(0.2)
-    else:
-        asked.cancel()
-        await asyncio.gather(asked, return_exceptions=True)
-    return any("permissions violation" in v.lower() for v in violations[said:])
+    return await ends_refused(attempt, violations) and any("permissions violation" in v.lower()
+                                                           for v in violations[said:])
 
 
 def test_a_node_reads_no_other_nodes_assignment(platform, hello) -> None:

@@ -3,6 +3,8 @@ anonymous client). ``remember`` is told each server's credentials when it starts
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import nats
@@ -36,3 +38,23 @@ async def all_keys(bucket: Any) -> list[str]:
         except (TimeoutError, nats.errors.TimeoutError):
             continue
     raise AssertionError("the bucket's keys could not be listed")
+
+
+async def ends_refused(attempt: Awaitable[Any], errors: Sequence[object]) -> bool:
+    """Await ``attempt`` (a NATS request the server should refuse) until it ends or the server's word of a refusal
+    reaches ``errors`` (what the connection's error callback collects): True when refused, that way or by going
+    unanswered to its timeout; False when it was answered. Any other error is raised as itself."""
+    said = len(errors)
+    asked = asyncio.ensure_future(attempt)
+    while not asked.done() and len(errors) == said:
+        await asyncio.sleep(0.005)
+    if not asked.done():
+        asked.cancel()
+        await asyncio.gather(asked, return_exceptions=True)
+        return True
+    try:
+        asked.result()
+    except nats.errors.TimeoutError:
+        await asyncio.sleep(0.2)  # the server says why asynchronously
+        return True
+    return False
