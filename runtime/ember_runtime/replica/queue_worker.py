@@ -53,13 +53,11 @@ from ember_runtime.replica.event_headers import (
     queued_delivery,
     reply_subject,
 )
+from ember_runtime.replica.pulls import FETCH_WAIT_S, Puller
 from ember_runtime.replica.standby import Standby
 
 log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
-# A pull waits this long on the server for a call (one arriving is delivered at once, see ``pull``): an idle
-# worker asks every few seconds, not twice a second (a stopping replica waits at most this long for its pulls).
-FETCH_WAIT_S = 2.0
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
 
 
@@ -101,10 +99,11 @@ class QueueWorker:
                     await asyncio.wait_for(self.stop.wait(), 1.0)
 
     async def _pull(self) -> None:
-        sub = await self._bind()
-        if sub is None:
+        ack_wait = await self._bind()
+        if ack_wait is None:
             return
-        ack_wait = (await sub.consumer_info()).config.ack_wait or 30.0
+        puller = Puller(self._js._nc, self._stream, self._durable)
+        await puller.open()
         keepalive = asyncio.create_task(self._keep_alive(ack_wait / 3), name=f"in-progress-{self.function}")
         try:
             while not self.stop.is_set():
@@ -119,7 +118,7 @@ class QueueWorker:
                         await asyncio.wait_for(self._batcher.room.wait(), FETCH_WAIT_S)
                     continue
                 try:
-                    msgs = await pull(sub, room)
+                    msgs = await puller.pull(room, self.stop)
                 except NatsTimeoutError:
                     continue
                 except Exception as exc:  # a disconnect, say: pull again once it is back
@@ -133,8 +132,8 @@ class QueueWorker:
                 await asyncio.gather(*(self._take_safely(msg) for msg in msgs))
         finally:
             keepalive.cancel()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+            # delivered as the pulls stopped, to no pull: back to the queue at once, for another replica
+            await asyncio.gather(*(msg.nak() for msg in await puller.close()), return_exceptions=True)
 
     async def finish(self) -> None:
         """After the batcher is drained: settle the answers in flight, nak anything still held."""
@@ -151,11 +150,13 @@ class QueueWorker:
                 await msg.nak()
         self._held.clear()
 
-    async def _bind(self) -> Any:
+    async def _bind(self) -> float | None:
+        """The consumer's ack wait, once it is there; None if stopped first."""
         durable = self._durable
         while not self.stop.is_set():
             try:
-                return await self._js.pull_subscribe_bind(durable=durable, stream=self._stream)
+                info = await self._js.consumer_info(self._stream, durable)
+                return float(info.config.ack_wait or 30.0)
             except Exception as exc:
                 log.warning("queue %s not available yet (%s); retrying", durable, exc)
                 with contextlib.suppress(TimeoutError):
@@ -313,22 +314,6 @@ class QueueWorker:
             body = bytes(done.output) if done.error is None else encoder.encode(done.error)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
                                                               EVENT_STATUS_HEADER: done.status})
-
-
-async def pull(sub: Any, room: int) -> list[Msg]:
-    """Up to ``room`` calls from a pull subscription, waiting up to ``FETCH_WAIT_S`` on the server for the first;
-    what is there comes back at once (a lone call is not held until the pull expires or ``room`` calls came).
-    Raises nats' TimeoutError when no call came (nats-py raises the builtin one where its wait ran out between
-    its two requests)."""
-    try:
-        msgs: list[Msg] = await sub.fetch(room, timeout=FETCH_WAIT_S)
-    except NatsTimeoutError:
-        raise
-    except TimeoutError as exc:
-        raise NatsTimeoutError from exc
-    if not msgs:  # its wait ran out as the server said it had none
-        raise NatsTimeoutError
-    return msgs
 
 
 def _new_record(call_id: str, app: str, function: str) -> CallRecord:

@@ -1,0 +1,104 @@
+"""A replica's pulls from one durable consumer, over JetStream's own pull protocol, that a stop ends at once.
+
+nats-py's ``fetch`` holds the calls it got in its own variables while it waits for the rest of its batch, and
+cannot be interrupted without losing them (they would come back only after the consumer's ack wait). So a
+stopping replica waited for each pull to expire on the server (``FETCH_WAIT_S``) before it could leave. Here
+each pull request has a reply subject of its own under this puller's inbox (the end of one, the server's 408 at
+its expiry, is never taken for another's), every message delivered lands in one queue, and nothing is held
+anywhere else: a stop withdraws the inbox (``close``: nats-server serves no waiting pull request whose reply
+subject has lost its interest), and what had already been delivered is handed back to be nak'ed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+
+# A pull waits this long on the server for a call (one arriving is delivered at once): an idle worker asks every
+# few seconds, not twice a second. A stop does not wait for it.
+FETCH_WAIT_S = 2.0
+_LATE_S = 1.0  # the server's 408 may come this much after the pull's expiry before the pull gives up on it
+_HEARTBEAT = "100"
+_ENDS = {"404", "408", "409"}  # no messages, expired, or ended by the server (the consumer changed, say)
+
+
+class Puller:
+    """Pulls from durable consumer ``durable`` of ``stream`` on connection ``nc`` (see the module's docstring)."""
+
+    def __init__(self, nc: Any, stream: str, durable: str) -> None:
+        self._nc = nc
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._inbox = nc.new_inbox()
+        self._delivered: asyncio.Queue[Msg] = asyncio.Queue()
+        self._sub: Any = None
+        self._requests = 0
+
+    async def open(self) -> None:
+        self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
+
+    async def _on_message(self, msg: Msg) -> None:
+        self._delivered.put_nowait(msg)
+
+    async def pull(self, room: int, stop: asyncio.Event | None = None) -> list[Msg]:
+        """Up to ``room`` calls: those delivered already (a pull request lingers on the server after it returned,
+        until its batch is full or it expires), else the first to arrive within ``FETCH_WAIT_S`` with whatever
+        came with it. A lone call is not held until the pull expires or ``room`` calls came. Raises nats'
+        TimeoutError when none came, or when ``stop`` was set first."""
+        if got := self._take(room):
+            return got
+        self._requests += 1
+        reply = f"{self._inbox}.{self._requests}"
+        request = {"batch": room, "expires": int(FETCH_WAIT_S * 1e9)}
+        await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=reply)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + FETCH_WAIT_S + _LATE_S
+        while True:
+            msg = await self._next(deadline - loop.time(), stop)
+            if msg is None:
+                raise NatsTimeoutError
+            status = (msg.headers or {}).get("Status")
+            if status is None:
+                return [msg, *self._take(room - 1)]
+            if msg.subject == reply and status in _ENDS:
+                raise NatsTimeoutError
+            # a heartbeat, or the end of an earlier request: not this pull's answer
+
+    async def close(self) -> list[Msg]:
+        """Stop pulling: the server forgets this puller's inbox (and with it every pull request still waiting
+        there), then the calls it had delivered and no pull took are returned, for the caller to hand back."""
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.drain()  # the server's answer to the unsubscribe comes after all it had sent
+            self._sub = None
+        return self._take(None)
+
+    def _take(self, room: int | None) -> list[Msg]:
+        """What was delivered and not taken yet, calls only, at most ``room`` of them (None: all)."""
+        got: list[Msg] = []
+        while (room is None or len(got) < room) and not self._delivered.empty():
+            msg = self._delivered.get_nowait()
+            if (msg.headers or {}).get("Status") is None:
+                got.append(msg)
+        return got
+
+    async def _next(self, timeout_s: float, stop: asyncio.Event | None) -> Msg | None:
+        """The next message delivered within ``timeout_s``; None at the timeout or once ``stop`` is set."""
+        if timeout_s <= 0 or (stop is not None and stop.is_set()):
+            return None
+        getting = asyncio.ensure_future(self._delivered.get())
+        waits: set[asyncio.Future[Any]] = {getting}
+        if stop is not None:
+            waits.add(asyncio.ensure_future(stop.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        if getting.done() and not getting.cancelled():
+            return getting.result()  # taken from the queue: returned, whatever else happened meanwhile
+        return None
