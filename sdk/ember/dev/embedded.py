@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -87,27 +88,44 @@ class EmbeddedPlatform:
 
     def node_credentials(self, node_id: str) -> Path:
         """Write node ``node_id``'s NATS credentials file (mode 0600) under the state dir; its path."""
+        return self._node_credentials(node_id)()
+
+    def _node_credentials(self, node_id: str) -> Callable[[], Path]:
+        """Start writing node ``node_id``'s NATS credentials; a function that waits for them and returns the path."""
         path = self.state_dir / "nats-creds" / f"{node_id}.creds"
-        self._natsauth("node-creds", str(self.auth_dir), node_id, str(path))
-        return path
+        written = self._natsauth_start("node-creds", str(self.auth_dir), node_id, str(path))
+        return lambda: (written(), path)[1]
 
     def _natsauth(self, *args: str) -> None:
-        proc = subprocess.run([sys.executable, "-m", "ember_platform.natsauth", *args], capture_output=True,
-                              text=True, check=False, timeout=60)
-        if proc.returncode:
-            raise UnavailableError(f"setting up NATS auth failed: {proc.stderr.strip()[-500:]}")
+        self._natsauth_start(*args)()
+
+    def _natsauth_start(self, *args: str) -> Callable[[], None]:
+        """Start ``python -m ember_platform.natsauth ARGS``; a function that waits for it (raising if it failed)."""
+        proc = subprocess.Popen([sys.executable, "-m", "ember_platform.natsauth", *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+        def wait() -> None:
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+            if proc.returncode:
+                raise UnavailableError(f"setting up NATS auth failed: {err.strip()[-500:]}")
+
+        return wait
 
     def start(self, timeout_s: float = 60.0) -> EmbeddedPlatform:
         self._check_port()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         try:
             self._natsauth("init", str(self.auth_dir))
+            node_credentials = self._node_credentials(self.node_id)  # written while NATS and the platform start
             self._start_nats(timeout_s)
             self._start_platform(timeout_s)
             self._spawn("agent", [sys.executable, "-m", "ember_runtime", "--nats", self.nats_url,
                                   "--state-dir", str(self.state_dir / "node"), "--node-id", self.node_id,
-                                  "--nats-creds", str(self.node_credentials(self.node_id)),
-                                  "--sandbox-if-possible"])
+                                  "--nats-creds", str(node_credentials()), "--sandbox-if-possible"])
             self._wait_ready(timeout_s)
         except BaseException:
             self.stop()
