@@ -4,7 +4,9 @@
 happens in the CLI's own process. With ``--images`` it imports the app as written, standing in only for a
 top-level package this machine lacks that the app's own files import (``ember._lenient``), and prints its images
 (``ember._plan.ImagePlan``): the platform then reads the manifest by importing the app inside its image, on a node
-(``python -m ember._inspect`` with the image's Python).
+(``python -m ember._inspect`` with the image's Python). With ``--modules`` the manifest's line is followed by one
+more: the files of the modules the import loaded, from which the node compiles
+the bytecode replicas will read (``ember_runtime.agent.bytecode``).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from ember._loader import find_app, import_app_file
 from ember._plan import plan
 from ember.wire import encoder
 
+MAX_MODULE_FILES = 20_000
+
 
 def main(argv: list[str]) -> int:
     lenient = bool(argv) and argv[0] == "--images"
-    argv = argv[1:] if lenient else argv
+    modules = bool(argv) and argv[0] == "--modules"
+    argv = argv[1:] if lenient or modules else argv
     if len(argv) not in (1, 2):
-        print("usage: python -m ember._inspect [--images] APP_FILE [APP_NAME]", file=sys.stderr)
+        print("usage: python -m ember._inspect [--images | --modules] APP_FILE [APP_NAME]", file=sys.stderr)
         return 2
     if lenient:
         try:
@@ -39,7 +44,15 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     sys.stdout.buffer.write(encoder.encode(manifest) + b"\n")
+    if modules:
+        sys.stdout.buffer.write(encoder.encode(loaded_files()) + b"\n")
     return 0
+
+
+def loaded_files() -> list[str]:
+    """The source files of the modules loaded so far (the node keeps those of its environment)."""
+    files = {getattr(module, "__file__", None) for module in list(sys.modules.values())}
+    return sorted(f for f in files if isinstance(f, str) and f.endswith(".py"))[:MAX_MODULE_FILES]
 
 
 if __name__ == "__main__":

@@ -48,7 +48,8 @@ app = ember.App({app!r}, image=image)
 def report() -> dict:
     envs = os.path.dirname(os.path.dirname(os.path.dirname(sys.executable)))  # <state>/envs/<sha>/bin/python
     return {{"version": {package}.__version__, "hello": hello(), "python": sys.executable,
-             "greeting": os.environ.get("PROBE_GREETING", ""), "envs_seen": sorted(os.listdir(envs))}}
+             "greeting": os.environ.get("PROBE_GREETING", ""), "envs_seen": sorted(os.listdir(envs)),
+             "bytecode": os.path.isfile({package}.__cached__)}}  # the sandbox cannot write it: the node compiled it
 
 
 @app.model(min_replicas=1)
@@ -119,6 +120,7 @@ def test_two_apps_pin_two_versions_side_by_side_pushed_from_a_machine_without_th
     assert second["version"] == "2.0" and second["hello"] == f"{PACKAGE} 2.0"
     assert first["python"] != second["python"] and "/envs/" in first["python"]  # each its own environment
     assert first["greeting"] == "hi"  # the image's environment variables
+    assert first["bytecode"] and second["bytecode"]  # what the app imports from its image, compiled at the push
     if "replicas run in sandboxes" in (node.log_dir / "agent.log").read_text():  # a sandbox sees its own alone
         other = Path(second["python"]).parents[1].name
         assert other not in first["envs_seen"] and Path(first["python"]).parents[1].name in first["envs_seen"]

@@ -21,6 +21,7 @@ import msgspec
 from ember.wire import Manifest, encoder, subjects
 from ember.wire.images import BUILD_ID, MAX_LOG_LINE, SHA256, BuildEvent, BuildRequest, ImageSpec, same_declaration
 from ember.wire.validate import APP_NAME, MODULE_NAME, manifest_problems
+from ember_runtime.agent import bytecode
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.envs import BuildError, Env, EnvCache
 
@@ -107,16 +108,22 @@ class Builder:
         self._bundles.allow(request.bundle_sha256, request.bundle_grant)  # any control plane answers its read
         bundle = await self._bundles.get(request.bundle_sha256)
         say(f"importing {request.module} inside its image to read its manifest")
-        image = locked[request.inspect_in]
-        raw = await self._inspect(bundle, request, envs[request.inspect_in], image)
-        return _with_locks(_decode(raw), request, locked)
+        image, env = locked[request.inspect_in], envs[request.inspect_in]
+        raw, loaded = (await self._inspect(bundle, request, env, image)).partition(b"\n")[::2]
+        manifest = _with_locks(_decode(raw), request, locked)
+        compiled = await bytecode.compile_imported(env.path, env.python, _module_files(loaded))
+        log.info("compiled the bytecode of %d modules %s imports from environment %s", compiled, request.app,
+                 env.sha256[:12])
+        if compiled:
+            say(f"compiled the bytecode of the {compiled} modules {request.module} imports from its image")
+        return manifest
 
     async def _inspect(self, bundle: Path, request: BuildRequest, env: Env, image: ImageSpec) -> bytes:
         """``python -m ember._inspect`` with the image's interpreter, in a sandbox as a replica's (no credentials)."""
         enabled = self._sandbox.enabled
         root = sandboxes.BUNDLE if enabled else str(bundle)
         app_file = f"{root}/{request.module.replace('.', '/')}.py"
-        command = [str(env.python), "-m", "ember._inspect", app_file, request.app]
+        command = [str(env.python), "-m", "ember._inspect", "--modules", app_file, request.app]
         variables = sandboxes.environment(dict(image.env), sandboxed=enabled)
         preexec = partial(sandboxes.prepare_child, None)
         proc: Any
@@ -129,8 +136,8 @@ class Builder:
                 stderr=asyncio.subprocess.PIPE, cwd=bundle, env=variables, start_new_session=True,
                 preexec_fn=preexec)
         try:
-            out, err = await asyncio.wait_for(asyncio.gather(proc.stdout.read(MAX_MANIFEST_BYTES),
-                                                             proc.stderr.read(64 * 1024)), INSPECT_TIMEOUT_S)
+            out, err = await asyncio.wait_for(asyncio.gather(_read_up_to(proc.stdout, MAX_MANIFEST_BYTES),
+                                                             _read_up_to(proc.stderr, 64 * 1024)), INSPECT_TIMEOUT_S)
             code = await proc.wait()
         except BaseException:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -149,6 +156,26 @@ def _check(request: BuildRequest) -> None:
         raise BuildError("the build request names no valid app, bundle or module")
     if not 1 <= len(request.images) <= 16 or not 0 <= request.inspect_in < len(request.images):
         raise BuildError("a build locks 1 to 16 images and imports the app in one of them")
+
+
+async def _read_up_to(stream: Any, limit: int) -> bytes:
+    """What ``stream`` gives until it ends, at most ``limit`` bytes (the rest is read and dropped, so that the
+    process never blocks on a full pipe). One ``read(limit)`` returns as soon as anything came: a manifest larger
+    than the pipe's buffer came cut."""
+    kept = bytearray()
+    while chunk := await stream.read(64 * 1024):
+        kept += chunk[:max(limit - len(kept), 0)]
+    return bytes(kept)
+
+
+def _module_files(raw: bytes) -> list[object]:
+    """The files of the modules the app's import loaded from its image, as ``ember._inspect --modules`` says
+    (written by the app's process: ``bytecode.selected`` checks each); none if it said nothing sensible."""
+    try:
+        files = msgspec.json.decode(raw.strip() or b"[]")
+    except msgspec.DecodeError:
+        return []
+    return files if isinstance(files, list) else []
 
 
 def _decode(raw: bytes) -> Manifest:

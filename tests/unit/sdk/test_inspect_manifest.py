@@ -71,4 +71,4 @@ def test_not_a_python_file_exits_2(tmp_path: Path, name: str) -> None:
 def test_usage_exits_2() -> None:
     proc = _inspect()
     assert proc.returncode == 2
-    assert b"usage: python -m ember._inspect [--images] APP_FILE [APP_NAME]" in proc.stderr
+    assert b"usage: python -m ember._inspect [--images | --modules] APP_FILE [APP_NAME]" in proc.stderr
