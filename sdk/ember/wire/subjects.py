@@ -33,6 +33,7 @@ VOLUMES_BUCKET = "ember_volumes"  # key: <volume>.<version>   value: wire.Volume
 VOLUME_CHUNKS_STORE = "ember_volume_chunks"  # object name: <sha256>  value: one chunk of a volume's file
 SECRETS_BUCKET = "ember_secrets"  # key: <secret name>      value: wire.StoredSecret, encrypted (control plane only)
 SCHEDULES_BUCKET = "ember_schedules"  # key: <app>.<function>  value: wire.schedules.ScheduleState (control plane only)
+MODELS_BUCKET = "ember_models"  # key: model_key(<model name>)  value: the app that holds the name (control plane only)
 OWNERS_BUCKET = "ember_owners"  # key: <kind>.<sha256>     value: its uploaders' app patterns (control plane only)
 SUBJECT_GRANTS_BUCKET = "ember_subject_grants"  # key: sha256 of a pattern  value: wire.grants.SubjectGrant (the
 # control plane's alone: no replica or node may read or write it)
@@ -49,6 +50,18 @@ def _token(value: str, what: str) -> str:
 def check_token(value: str, what: str) -> str:
     """``value`` if it is one subject token (letters, digits, '-', '_'), else ``ValueError`` naming ``what``."""
     return _token(value, what)
+
+
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"  # a served model's name (openai="...")
+_MODEL_NAME = re.compile(MODEL_NAME)
+
+
+def model_key(name: str) -> str:
+    """The ``ember_models`` key of a served model's name (hex: a name may hold ':', '@' and '+', which a key may not);
+    ``ValueError`` for a name that is none."""
+    if not _MODEL_NAME.fullmatch(name):
+        raise ValueError(f"model name {name[:80]!r}: 1 to 128 letters, digits and '._:/@+-'")
+    return name.encode().hex()
 
 
 def _fn_token(name: str) -> str:
