@@ -297,7 +297,7 @@ class Replica:
     def _take_stream(self, reply: str, invocation: Invocation, endpoint: Endpoint, batcher: Batcher,
                      codec: str) -> None:
         """A call of a generator: accepted at once (``ember.wire.streams``), its items sent as they come."""
-        sink = self.streams.open(reply, invocation.call_id, invocation.deadline)
+        sink = self.streams.open(reply, invocation.call_id, invocation.deadline, invocation.bundles)
         finish: Any = sink.finish
         span: Any = None
         if tracing.ON:  # its ``ember.call`` lasts until the stream's end

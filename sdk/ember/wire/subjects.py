@@ -133,6 +133,22 @@ def answers_inbox(gateway_id: str) -> str:
     return f"{ANSWERS_ROOT}.{_token(gateway_id, 'gateway id')}"
 
 
+STREAM_BUNDLE = "bundle"  # the last token of a stream bundle's subject (a reply token is 16 hex digits: never this)
+
+
+def stream_bundle(reply: str) -> tuple[str, str] | None:
+    """For a stream's reply subject ``<root>.<gateway id>.<app>.<token>``: the subject of the bundles that carry its
+    messages together with those of the gateway's other streams of the app (``<root>.<gateway id>.<app>.bundle``),
+    and its token. None for any other subject (its messages then go alone)."""
+    parts = reply.rsplit(".", 3)
+    if len(parts) != 4:
+        return None
+    root, gateway, app, token = parts
+    if root != ANSWERS_ROOT or not all(map(_TOKEN.fullmatch, (gateway, app, token))) or token == STREAM_BUNDLE:
+        return None
+    return f"{root}.{gateway}.{app}.{STREAM_BUNDLE}", token
+
+
 def answers_of_app(app: str) -> str:
     """Every gateway's answer subjects of one app's frames (a replica's publish permission)."""
     return f"{ANSWERS_ROOT}.*.{_token(app, 'app')}.*"
