@@ -59,6 +59,8 @@ def attack(target: str) -> dict:
         await attempt("register a fake replica", lambda: nc.publish("$KV.ember_replicas.forged-replica", b"{}"))
         await attempt("write an assignment", lambda: nc.publish("$KV.ember_assignments.some-node", b"{}"))
         await attempt("answer another app's call", lambda: nc.publish(f"_EMBER.answers.gw.{target}.frame", b"[]"))
+        await attempt("send a bundle to another app's streams", lambda: nc.publish(
+            f"_EMBER.answers.gw.{target}.bundle", b'[["0123456789abcdef"],[["c",0,[],"",true,null]]]'))
         await attempt("log as another app", lambda: nc.publish(f"ember.logs.{target}.default", forged))
         await attempt("report as another replica", lambda: nc.publish("ember.replica.someone-else.status", b"{}"))
         await attempt("purge the call queue", lambda: request("$JS.API.STREAM.PURGE.EMBER_CALLS", b"{}"))
