@@ -5,15 +5,18 @@ it takes the traffic; another tenant's replica can neither read, watch nor write
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import gc
 import threading
+import time
 from pathlib import Path
 
 import httpx
 import msgspec
 import pytest
 from support.auth import authed_client
+from support.natsconn import connect
 from support.paths import REPO
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -21,6 +24,7 @@ from support.polling import wait_for
 from ember._bundle import build_bundle
 from ember._deploy import inspect_app
 from ember.wire import DeployRequest, Manifest, encoder, subjects
+from ember_platform.control.models import STALE_S, ModelClaim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
@@ -106,3 +110,25 @@ def test_another_tenants_replica_cannot_touch_the_claims(deployed, http):
     http.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data, headers={"content-type": "application/gzip"})
     answer = _push(http, "", bundle.sha256, taken)
     assert answer.status_code == 409 and answer.json()["error"]["field"] == FIELD, answer.text
+
+
+def test_a_claim_left_behind_is_taken_over_only_once_old(platform, http):
+    """A control plane that died between claiming a name and recording its push leaves a claim whose app serves no
+    such model: a push in progress elsewhere looks the same while it is fresh (409), and it is taken once old."""
+    base, bundle = inspect_app(APP), build_bundle(APP.parent)
+    http.put(f"/v1/bundles/{bundle.sha256}", content=bundle.data, headers={"content-type": "application/gzip"})
+
+    async def claim(claimed_at: float) -> None:
+        nc = await connect(platform.nats_url)
+        kv = await nc.jetstream().key_value(subjects.MODELS_BUCKET)
+        await kv.put(subjects.model_key("left-behind"),
+                     msgspec.json.encode(ModelClaim(model="left-behind", app="never-recorded", claimed_at=claimed_at)))
+        await nc.close()
+
+    late = _manifest(base, "llm-claim-late", "left-behind")
+    asyncio.run(claim(time.time()))
+    answer = _push(http, "", bundle.sha256, late)
+    assert answer.status_code == 409 and answer.json()["error"]["field"] == FIELD, answer.text
+    asyncio.run(claim(time.time() - STALE_S - 1))
+    assert _push(http, "", bundle.sha256, late).status_code == 201
+    assert http.delete("/v1/apps/llm-claim-late").status_code in (200, 204)

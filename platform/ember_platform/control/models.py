@@ -106,6 +106,14 @@ class ModelClaims:
             except KeyWrongLastSequenceError:  # claimed anew meanwhile: it is no longer this claim
                 continue
 
+    async def release_after(self, app: str, names: Iterable[str]) -> None:
+        """:meth:`release` once what they were held for is written: a failure is logged, not raised (the claims
+        left behind are taken over after ``STALE_S``, their app serving no such model)."""
+        try:
+            await self.release(app, names)
+        except Exception:
+            log.exception("app %s: could not release the model names %s", app, sorted(names))
+
     async def _claim_one(self, app: str, name: str, field: str) -> bool:
         key = subjects.model_key(name)
         value = _encoder.encode(ModelClaim(model=name, app=app, claimed_at=time.time()))

@@ -300,12 +300,12 @@ class Registry:
                     else:
                         written = await kv.update(app, encoder.encode(dep), last=revision)
                 except BaseException as exc:
-                    await self.models.release(app, claimed)
+                    await self.models.release_after(app, claimed)
                     if isinstance(exc, KeyWrongLastSequenceError):
                         continue
                     raise
                 self.deployments.record(app, dep, written)  # read-your-writes
-                await self.models.release(app, served(current).keys() - served(dep).keys())
+                await self.models.release_after(app, served(current).keys() - served(dep).keys())
                 await self._pinned_queues(current, dep)
                 return dep
         raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
@@ -326,7 +326,7 @@ class Registry:
             raise NotFoundError(f"no app named {app!r} is deployed")
         current, revision = _deployment(await self.stores.deployments.get(app))
         await self.stores.deployments.delete(app)
-        await self.models.release(app, served(current))
+        await self.models.release_after(app, served(current))
         await self.calls.remove(current.manifest)
         for release in [*current.releases, current.release(current.version)]:
             if release is not None:
