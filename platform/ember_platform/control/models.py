@@ -23,7 +23,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
 from ember._errors import ConflictError
-from ember.wire import Deployment, deployment_decoder, subjects
+from ember.wire import Deployment, Manifest, deployment_decoder, subjects
 from ember.wire.jetstream import StorageLimits, js_replicas
 
 log = logging.getLogger("ember.models")
@@ -43,19 +43,22 @@ _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(ModelClaim)
 
 
+def named(manifest: Manifest, field: str | None = None) -> dict[str, str]:
+    """The model names ``manifest`` serves, each with the field that names it (``field`` for all, if given)."""
+    return {fn.openai: field or f"$.manifest.services[{i}].functions[{j}].openai"
+            for i, svc in enumerate(manifest.services) for j, fn in enumerate(svc.functions) if fn.openai}
+
+
 def served(dep: Deployment | None) -> dict[str, str]:
     """The model names that the running versions of ``dep`` serve, each with the field that names it (in the
     deployment's own manifest where it names it, else its version)."""
     if dep is None:
         return {}
-    names: dict[str, str] = {}
-    for version in sorted(dep.running(), key=lambda v: v != dep.version):
+    names = named(dep.manifest)
+    for version in sorted(dep.running() - {dep.version}):
         held = dep.at(version)
-        for i, svc in enumerate(held.manifest.services if held is not None else []):
-            for j, fn in enumerate(svc.functions):
-                if fn.openai:
-                    names.setdefault(fn.openai, f"$.manifest.services[{i}].functions[{j}].openai"
-                                     if version == dep.version else "$.version")
+        if held is not None:
+            names = {**named(held.manifest, "$.version"), **names}
     return names
 
 

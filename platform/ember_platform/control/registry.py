@@ -42,7 +42,7 @@ from ember_platform.calls.durable import Calls
 from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
-from ember_platform.control.models import ModelClaims, served
+from ember_platform.control.models import ModelClaims, named, served
 from ember_platform.control.owners import Owners, covers
 from ember_platform.control.replica_mirror import ReplicaMirror
 
@@ -220,7 +220,12 @@ class Registry:
             raise no_such_bundle(request.bundle_sha256)
         if not any_content:
             await self._check_image_owners(app, request.manifest.services)
-        await self.calls.ensure_consumers(request.manifest)
+        claimed = await self.models.claim(app, named(request.manifest))  # a 409 before anything is made for it
+        try:
+            await self.calls.ensure_consumers(request.manifest)
+        except BaseException:
+            await self.models.release_after(app, claimed)
+            raise
 
         def push(current: Deployment | None) -> Deployment | None:
             if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest \
