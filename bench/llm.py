@@ -10,7 +10,9 @@ request's arrival to its first piece, which leaves out the client's own time); a
 tests/apps/llm's echo-words model (a generator of 2,000 words) streamed through the platform: the CPU time the
 platform's processes spent meanwhile (the control plane with its gateway, nats-server, the node agent and the
 replicas: every process this one started, from ``/proc/<pid>/stat``) minus the CPU of the same generator run in
-process, divided by the pieces; and the stream's wall time minus the generator's, per piece.
+process, divided by the pieces; and the stream's wall time minus the generator's, per piece. Last, the NATS
+messages that carried 16 streams' pieces to the gateway (``_EMBER.answers.>``, counted by a subscriber of its own,
+in a run of its own: the count's cost stays out of the other rows), per piece.
 """
 
 from __future__ import annotations
@@ -115,6 +117,27 @@ async def _platform_cost(chat) -> tuple[float, float]:
     return (cpu - own) / WORDS * 1000, (through - alone) / WORDS * 1000
 
 
+async def _messages_per_piece(client, nats_url: str, options: dict) -> float:
+    """NATS messages on the gateways' answer subjects per piece, 16 streams together."""
+    import nats
+
+    from ember.wire import subjects
+
+    nc = await nats.connect(nats_url, **options)
+    seen = 0
+
+    async def count(_msg) -> None:
+        nonlocal seen
+        seen += 1
+
+    await nc.subscribe(f"{subjects.ANSWERS_ROOT}.>", cb=count)
+    await nc.flush()
+    runs = await asyncio.gather(*(_stream(client, "tiny-gpt", f"prompt {i}", TOKENS) for i in range(STREAMS)))
+    await nc.flush()
+    await nc.close()
+    return seen / sum(r[2] for r in runs)
+
+
 def run(rounds: int) -> dict[str, list[float]]:
     import openai
 
@@ -160,7 +183,12 @@ def run(rounds: int) -> dict[str, list[float]]:
                 results.setdefault("platform CPU ms per streamed token", []).append(cpu)
                 results.setdefault("platform wall ms per streamed token", []).append(wall)
 
-            rows: list[Callable[[], Awaitable[None]]] = [together, alone, cost]
+            async def messages() -> None:
+                per_piece = await _messages_per_piece(client, platform.nats_url,
+                                                      platform.nats_credentials.connect_options())
+                results.setdefault("NATS messages per piece, 16 streams together", []).append(per_piece)
+
+            rows: list[Callable[[], Awaitable[None]]] = [together, alone, cost, messages]
             for r in range(rounds):
                 for row in rows[r % len(rows):] + rows[:r % len(rows)]:
                     say(f"round {r + 1}/{rounds}: {row.__name__}")
@@ -187,7 +215,8 @@ def render(results: dict[str, list[float]], rounds: int) -> str:
     rows = [[f"median of {rounds} rounds", "value", "min", "max"]]
     for name in sorted(results):
         values = results[name]
-        fmt = "{:.3f}" if "per streamed token" in name else "{:.2f}" if "(x)" in name else "{:,.1f}"
+        fmt = "{:.3f}" if "per streamed token" in name or "per piece" in name else \
+            "{:.2f}" if "(x)" in name else "{:,.1f}"
         rows.append([name, fmt.format(statistics.median(values)), fmt.format(min(values)), fmt.format(max(values))])
     median = {name: statistics.median(v) for name, v in results.items()}
     gain = median["tokens/s, 16 streams together"] / median["tokens/s, 16 streams one at a time"]

@@ -24,9 +24,11 @@ class Sequence:
         state: the user's own per-sequence data (a KV cache, token ids...); None until the step sets it.
         cancelled: its caller went away; it leaves the running set before the next step.
         call_id: the call it answers.
+        done: it left the running set (it ended, or its caller went away): no step sees it again, and what it held
+            (a slot of a preallocated KV cache, say) may be reused.
     """
 
-    __slots__ = ("call_id", "cancelled", "pieces", "request", "state")
+    __slots__ = ("call_id", "cancelled", "done", "pieces", "request", "state")
 
     def __init__(self, request: Request, call_id: str = "") -> None:
         self.request = request
@@ -34,6 +36,7 @@ class Sequence:
         self.pieces: list[str] = []
         self.state: Any = None
         self.cancelled = False
+        self.done = False
 
     @property
     def text(self) -> str:

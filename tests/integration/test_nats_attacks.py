@@ -28,7 +28,7 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
 ]
 
-ATTEMPTS = 12
+ATTEMPTS = 13
 
 
 @pytest.fixture(autouse=True)

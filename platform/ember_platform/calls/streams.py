@@ -29,7 +29,7 @@ from ember import _tracing as tracing
 from ember._errors import DeadlineExceededError, UnavailableError
 from ember.wire import Invocation, encoder, error_from_info, subjects
 from ember.wire.calls import Hop
-from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, chunk_decoder
+from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, bundle_decoder, chunk_decoder
 from ember_platform.calls.router import ACK_TIMEOUT_S, LIVENESS_CHECK_S, MAX_ATTEMPTS, NO_REPLICA_POLL_S, Router
 
 log = logging.getLogger("ember.streams")
@@ -78,6 +78,9 @@ class Streams:
 
     async def _on_message(self, msg: Msg) -> None:
         app, _, token = msg.subject[len(self.inbox) + 1:].partition(".")
+        if token == subjects.STREAM_BUNDLE:
+            self._on_bundle(app, msg)
+            return
         stream = self._open.get(token)
         if stream is None or stream.app != app:
             return  # a stream that ended, or an earlier attempt's late message
@@ -92,6 +95,25 @@ class Streams:
         if chunk.call_id == stream.call_id:
             stream.deliver(token, chunk)
 
+    def _on_bundle(self, app: str, msg: Msg) -> None:
+        """Chunks of several streams of ``app`` in one message: each to its stream, as if it had come alone."""
+        try:
+            bundle = bundle_decoder.decode(msg.data)
+        except msgspec.DecodeError as exc:
+            log.warning("undecodable stream bundle on %s: %s", msg.subject, exc)
+            return
+        for token, raw in zip(bundle.tokens, bundle.chunks, strict=False):
+            stream = self._open.get(token)
+            if stream is None or stream.app != app:
+                continue  # a stream that ended, or another app's: a replica speaks for its own app's streams only
+            try:
+                chunk = chunk_decoder.decode(raw)
+            except msgspec.DecodeError as exc:
+                log.warning("undecodable stream message in a bundle on %s: %s", msg.subject, exc)
+                continue
+            if chunk.call_id == stream.call_id:
+                stream.deliver(token, chunk)
+
 
 class CallStream:
     """One streamed call: ``await start()``, then ``await next_items()`` until it returns None; ``aclose()``."""
@@ -105,7 +127,7 @@ class CallStream:
         self.deadline = deadline
         trace = tracing.current_headers({"ember.call_id": call_id}) if tracing.ON else {}  # the gateway's span
         self._invocation = Invocation(call_id=call_id, function=function, deadline=deadline,
-                                      input=msgspec.Raw(body), trace=trace, chain=chain or [])
+                                      input=msgspec.Raw(body), trace=trace, chain=chain or [], bundles=True)
         self.holder = ""  # the replica that accepted it
         self.received = 0  # items handed to the reader
         self.granted = STREAM_WINDOW

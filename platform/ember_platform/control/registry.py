@@ -26,7 +26,6 @@ from ember.wire import (
     DeployRequest,
     FunctionSpec,
     LogLine,
-    Manifest,
     ReplicaStatus,
     ScaleBounds,
     ServiceSpec,
@@ -43,6 +42,7 @@ from ember_platform.calls.durable import Calls
 from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
+from ember_platform.control.models import ModelClaims, named, served
 from ember_platform.control.owners import Owners, covers
 from ember_platform.control.replica_mirror import ReplicaMirror
 
@@ -67,10 +67,12 @@ class Registry:
         self._refresh_after_s = gc_grace_s() / 2  # an older stored copy of an uploaded bundle is written again
         self.calls: Calls  # set by start()
         self.owners: Owners  # set by start(): who uploaded each bundle and volume chunk
+        self.models: ModelClaims  # set by start(): which app holds each served model name
 
     async def start(self) -> None:
         self.stores = await ensure_buckets(self.js)
         self.owners = await Owners.open(self.js)
+        self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
         self.replicas = ReplicaMirror(self.stores.replicas)
@@ -78,6 +80,15 @@ class Registry:
         await self.replicas.start()
         self._log_sub = await self._follow_logs()
         await self._pinned_queues_of_running_versions()
+        await self._claims_of_running_versions()
+
+    async def _claims_of_running_versions(self) -> None:
+        """Every deployed app holds the model names it serves (those deployed before names were claimed get them)."""
+        for dep in list(self.deployments.items.values()):
+            try:
+                await self.models.claim(dep.app, served(dep))
+            except ConflictError as exc:
+                log.warning("app %s: %s", dep.app, exc)
 
     async def _pinned_queues_of_running_versions(self) -> None:
         """Every running version has its pinned queues (those deployed before pinned calls existed get them now, so
@@ -205,12 +216,16 @@ class Registry:
             raise InvalidInputError(f"manifest is for app {request.manifest.app!r}, not {app!r}",
                                     field="$.manifest.app")
         check_manifest(request.manifest)
-        self._check_models(app, request.manifest)
         if not await self.has_bundle(request.bundle_sha256, None if any_content else app):
             raise no_such_bundle(request.bundle_sha256)
         if not any_content:
             await self._check_image_owners(app, request.manifest.services)
-        await self.calls.ensure_consumers(request.manifest)
+        claimed = await self.models.claim(app, named(request.manifest))  # a 409 before anything is made for it
+        try:
+            await self.calls.ensure_consumers(request.manifest)
+        except BaseException:
+            await self.models.release_after(app, claimed)
+            raise
 
         def push(current: Deployment | None) -> Deployment | None:
             if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest \
@@ -219,20 +234,6 @@ class Registry:
             return rollout.record_push(current, app, request, time.time())
 
         return await self._update(app, push, create=True)
-
-    def _check_models(self, app: str, manifest: Manifest) -> None:
-        """Model names (``openai=``) are unique across the platform: one that another app serves is a 409."""
-        wanted = {fn.openai for svc in manifest.services for fn in svc.functions if fn.openai}
-        for other, dep in self.deployments.items.items():
-            if other == app or not wanted:
-                continue
-            for version in dep.running():
-                held = dep.at(version)
-                for svc in held.manifest.services if held is not None else []:
-                    for fn in svc.functions:
-                        if fn.openai in wanted:
-                            raise ConflictError(f"the model name {fn.openai!r} is taken by another app; choose "
-                                                "another openai= name", field="$.manifest.openai")
 
     async def _check_image_owners(self, app: str, services: list[ServiceSpec]) -> None:
         """Each locked image was locked by a build of ``app``: 404 naming the field otherwise."""
@@ -297,14 +298,19 @@ class Registry:
                 if dep is None:
                     assert current is not None
                     return current
+                claimed = await self.models.claim(app, served(dep))  # 409 before anything is written
                 try:
                     if revision is None:
                         written = await kv.create(app, encoder.encode(dep))
                     else:
                         written = await kv.update(app, encoder.encode(dep), last=revision)
-                except KeyWrongLastSequenceError:
-                    continue
+                except BaseException as exc:
+                    await self.models.release_after(app, claimed)
+                    if isinstance(exc, KeyWrongLastSequenceError):
+                        continue
+                    raise
                 self.deployments.record(app, dep, written)  # read-your-writes
+                await self.models.release_after(app, served(current).keys() - served(dep).keys())
                 await self._pinned_queues(current, dep)
                 return dep
         raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
@@ -325,6 +331,7 @@ class Registry:
             raise NotFoundError(f"no app named {app!r} is deployed")
         current, revision = _deployment(await self.stores.deployments.get(app))
         await self.stores.deployments.delete(app)
+        await self.models.release_after(app, served(current))
         await self.calls.remove(current.manifest)
         for release in [*current.releases, current.release(current.version)]:
             if release is not None:

@@ -160,6 +160,7 @@ class StepLoop:
 
 
 def _settle(entry: _Entry, error: BaseException | None = None) -> None:
+    entry.seq.done = True  # before the next step: a step may reuse what it held
     if entry.done.done():
         return
     if error is None:

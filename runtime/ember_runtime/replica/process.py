@@ -297,7 +297,7 @@ class Replica:
     def _take_stream(self, reply: str, invocation: Invocation, endpoint: Endpoint, batcher: Batcher,
                      codec: str) -> None:
         """A call of a generator: accepted at once (``ember.wire.streams``), its items sent as they come."""
-        sink = self.streams.open(reply, invocation.call_id, invocation.deadline)
+        sink = self.streams.open(reply, invocation.call_id, invocation.deadline, invocation.bundles)
         finish: Any = sink.finish
         span: Any = None
         if tracing.ON:  # its ``ember.call`` lasts until the stream's end
@@ -313,7 +313,7 @@ class Replica:
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck): a
-        changed report at once (within ``LOAD_REPORT_S``), the same one again only every ``IDLE_REPORT_S``."""
+        changed report at once (within ``LOAD_REPORT_S``), the same one again only when due (``report_due``)."""
         sent: dict[str, tuple[LoadReport, float]] = {}
         while not self.stop.is_set() and not self.stuck:
             for endpoint, batcher in zip(endpoints, self.batchers, strict=True):

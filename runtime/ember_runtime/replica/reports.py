@@ -9,7 +9,9 @@ from ember.wire import LoadReport, ReplicaStatus
 HEARTBEAT_S = 2.0
 IDLE_HEARTBEAT_S = 5.0  # an unchanged status is written again after this (its bucket forgets it after 15 s)
 LOAD_REPORT_S = 0.1
-IDLE_REPORT_S = 2.0  # an unchanged load report is sent again this often
+IDLE_REPORT_S = 2.0  # an unchanged load report of nothing queued or running is sent again this often
+BUSY_REPORT_S = 0.5  # an unchanged busy one, this often: within the router's REPORT_FRESH_S (1 s), or a replica whose
+#                      load holds still (long streams) would drop out of the routing between two reports
 
 
 def heartbeat_due(status: ReplicaStatus, last: ReplicaStatus, repeats: int, now: float) -> bool:
@@ -24,7 +26,11 @@ def heartbeat_due(status: ReplicaStatus, last: ReplicaStatus, repeats: int, now:
 
 
 def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: float) -> bool:
-    """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old (an
-    idle replica's unchanged report keeps it fresh for the router, which counts a report of nothing queued or
-    running for ``IDLE_FRESH_S``, 5 s, and a busy one for 1 s)."""
-    return last is None or last[0] != report or now - last[1] >= IDLE_REPORT_S
+    """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old
+    (``BUSY_REPORT_S`` for a report of calls queued or running): an unchanged report keeps the replica fresh for
+    the router, which counts a report of nothing queued or running for ``IDLE_FRESH_S``, 5 s, and a busy one for
+    ``REPORT_FRESH_S``, 1 s."""
+    if last is None or last[0] != report:
+        return True
+    idle = report.queued == 0 and report.in_flight == 0
+    return now - last[1] >= (IDLE_REPORT_S if idle else BUSY_REPORT_S)

@@ -23,9 +23,9 @@ import msgspec
 
 from ember._errors import DeadlineExceededError, EmberError, RemoteError
 from ember._inner import current_call
-from ember.wire import encode_output, encoder, error_info
+from ember.wire import encode_output, encoder, error_info, subjects
 from ember.wire.frames import FRAME_ITEM_OVERHEAD_BYTES
-from ember.wire.streams import STREAM_WINDOW, StreamChunk
+from ember.wire.streams import STREAM_WINDOW, StreamBundle, StreamChunk
 
 log = logging.getLogger("ember.replica")
 
@@ -39,10 +39,11 @@ class StreamClosed(EmberError):
 class StreamSink:
     """Where one streamed call's items go: the gateway's reply subject, within its credit."""
 
-    def __init__(self, streams: Streams, reply: str, call_id: str, deadline: float) -> None:
+    def __init__(self, streams: Streams, reply: str, call_id: str, deadline: float, bundles: bool = False) -> None:
         self._streams = streams
         self._loop = asyncio.get_running_loop()
         self.reply = reply
+        self.bundles = bundles  # its caller reads bundles: its messages may go with other streams' (StreamBundle)
         self.call_id = call_id
         self.deadline = deadline
         self.granted = STREAM_WINDOW  # items numbered below this may be sent
@@ -137,7 +138,10 @@ class StreamSink:
             self.task.cancel()
 
     def accept(self, replica_id: str) -> None:
-        self._streams.send(self.reply, StreamChunk(call_id=self.call_id, replica=replica_id))
+        self._send(StreamChunk(call_id=self.call_id, replica=replica_id))
+
+    def _send(self, chunk: StreamChunk) -> None:
+        self._streams.send(self.reply, chunk, self.bundles)
 
     def _queue(self, raw: msgspec.Raw) -> None:
         if self._flush is None:
@@ -152,11 +156,11 @@ class StreamSink:
             first, used, items = self._first, 0, list[msgspec.Raw]()
             for raw in pending:  # cut into messages within the NATS limit
                 if items and used + len(raw) + FRAME_ITEM_OVERHEAD_BYTES > limit:
-                    self._streams.send(self.reply, StreamChunk(call_id=self.call_id, seq=first, items=items))
+                    self._send(StreamChunk(call_id=self.call_id, seq=first, items=items))
                     first, used, items = first + len(items), 0, []
                 items.append(raw)
                 used += len(raw) + FRAME_ITEM_OVERHEAD_BYTES
-            self._streams.send(self.reply, StreamChunk(call_id=self.call_id, seq=first, items=items))
+            self._send(StreamChunk(call_id=self.call_id, seq=first, items=items))
         self._first += len(pending)
 
     async def finish(self, _output: Any, error: EmberError | None, _batch_size: int) -> None:
@@ -170,22 +174,24 @@ class StreamSink:
             self._frame()
         end = StreamChunk(call_id=self.call_id, seq=self.produced, end=error is None,
                           error=error_info(error, self.call_id) if error is not None else None)
-        self._streams.send(self.reply, end)
+        self._send(end)
 
 
 class Streams:
-    """A replica's streamed calls in progress, by call id; their messages go out in order, one sender task."""
+    """A replica's streamed calls in progress, by call id; their messages go out in order, one sender task, those
+    of one turn of the loop for the same gateway in one bundle where the gateway reads bundles (a Continuous step's
+    pieces for all of that gateway's streams: one message per step, not one per sequence)."""
 
     def __init__(self, nc: Any, replica_id: str) -> None:
         self._nc = nc
         self.replica_id = replica_id
         self.max_payload: int = nc.max_payload
         self._open: dict[str, StreamSink] = {}
-        self._outbox: list[tuple[str, bytes]] = []
+        self._outbox: list[tuple[str, bytes, bool]] = []  # (reply subject, chunk, may go in a bundle)
         self._sender: asyncio.Task[None] | None = None
 
-    def open(self, reply: str, call_id: str, deadline: float) -> StreamSink:
-        sink = StreamSink(self, reply, call_id, deadline)
+    def open(self, reply: str, call_id: str, deadline: float, bundles: bool = False) -> StreamSink:
+        sink = StreamSink(self, reply, call_id, deadline, bundles)
         self._open[call_id] = sink
         sink.accept(self.replica_id)
         return sink
@@ -209,24 +215,72 @@ class Streams:
         for call_id in list(self._open):
             self.cancel(call_id)
 
-    def send(self, reply: str, chunk: StreamChunk) -> None:
-        self._outbox.append((reply, encoder.encode(chunk)))
+    def send(self, reply: str, chunk: StreamChunk, bundles: bool = False) -> None:
+        self._outbox.append((reply, encoder.encode(chunk), bundles))
         if self._sender is None or self._sender.done():
             self._sender = asyncio.get_running_loop().create_task(self._send_all(), name="stream-sender")
 
     async def _send_all(self) -> None:
         while self._outbox:
             batch, self._outbox = self._outbox, []
-            for reply, data in batch:
+            for subject, data in bundled(batch, self.max_payload):
                 try:
-                    await self._nc.publish(reply, data)
+                    await self._nc.publish(subject, data)
                 except Exception as exc:  # the gateway's liveness check ends a stream that gets nothing
-                    log.warning("could not send a stream message to %s: %s", reply, exc)
+                    log.warning("could not send a stream message to %s: %s", subject, exc)
 
     async def drain(self) -> None:
         """Wait until what is queued has been handed to the connection."""
         while self._sender is not None and not self._sender.done():
             await asyncio.shield(self._sender)
+
+
+_BUNDLE_ITEM_BYTES = 24  # a bundled chunk's share of its bundle beyond its own bytes (its token, separators)
+
+
+def bundled(batch: list[tuple[str, bytes, bool]], limit: int) -> list[tuple[str, bytes]]:
+    """The messages to publish for ``batch`` (reply subject, chunk, may go in a bundle), in its order: the chunks
+    for one gateway's streams of one app together, as ``StreamBundle``s within ``limit`` bytes, where there are
+    several; each other chunk alone, to its own reply subject."""
+    order: list[str | tuple[str, bytes]] = []  # a message to send alone, or the subject of a bundle's group
+    groups: dict[str, list[tuple[str, str, bytes]]] = {}  # bundle subject -> (reply, token, chunk) in order
+    for reply, data, bundles in batch:
+        target = subjects.stream_bundle(reply) if bundles else None
+        if target is None:
+            order.append((reply, data))
+            continue
+        if target[0] not in groups:
+            groups[target[0]] = []
+            order.append(target[0])
+        groups[target[0]].append((reply, target[1], data))
+    messages: list[tuple[str, bytes]] = []
+    for entry in order:
+        if not isinstance(entry, str):
+            messages.append(entry)
+            continue
+        group = groups[entry]
+        if len(group) == 1:
+            messages.append((group[0][0], group[0][2]))
+        else:
+            messages.extend(_bundles(entry, group, limit))
+    return messages
+
+
+def _bundles(subject: str, group: list[tuple[str, str, bytes]], limit: int) -> list[tuple[str, bytes]]:
+    bundles: list[tuple[str, bytes]] = []
+    tokens: list[str] = []
+    chunks: list[msgspec.Raw] = []
+    used = 64
+    for _reply, token, data in group:
+        size = len(data) + len(token) + _BUNDLE_ITEM_BYTES
+        if chunks and used + size > limit:
+            bundles.append((subject, encoder.encode(StreamBundle(tokens=tokens, chunks=chunks))))
+            tokens, chunks, used = [], [], 64
+        tokens.append(token)
+        chunks.append(msgspec.Raw(data))
+        used += size
+    bundles.append((subject, encoder.encode(StreamBundle(tokens=tokens, chunks=chunks))))
+    return bundles
 
 
 def drain_sync(gen: Iterator[Any], sink: StreamSink) -> None:

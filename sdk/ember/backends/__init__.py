@@ -1,4 +1,4 @@
-"""Model backends for ``@ember.setup``: torch, ONNX Runtime and TensorRT on the replica's device.
+"""Model backends for ``@ember.setup``: torch, ONNX Runtime, TensorRT and vLLM on the replica's device.
 
 Each backend is a module whose library is imported only when one of its helpers runs, so importing
 ``ember.backends`` (or ``ember``) loads none of them.
@@ -7,6 +7,7 @@ Each backend is a module whose library is imported only when one of its helpers 
 - :mod:`ember.backends.torch`: placement, ``inference_mode``, half/bfloat16, batch stacking with padding.
 - :mod:`ember.backends.onnx`: sessions on the real device, never silently on the CPU; IO binding on GPU.
 - :mod:`ember.backends.tensorrt`: TensorRT 10 engines; their profile batch sizes become the batcher's buckets.
+- :mod:`ember.backends.vllm`: a vLLM engine on the replica's GPUs (tensor parallel), served on ``/openai/v1``.
 - :func:`warm_up` and :func:`is_out_of_memory`, for any backend.
 
 Example:
@@ -16,7 +17,7 @@ Example:
     ...     self.net = et.load_module(DigitsNet, "weights.pt")   # on ember.backends.device()
 """
 
-from ember.backends import onnx, tensorrt, torch
+from ember.backends import onnx, tensorrt, torch, vllm
 from ember.backends._device import device
 from ember.backends._errors import BackendError, BackendUnavailableError, DeviceFallbackError
 from ember.backends._oom import causes
@@ -31,6 +32,7 @@ __all__ = [
     "onnx",
     "tensorrt",
     "torch",
+    "vllm",
     "warm_up",
 ]
 

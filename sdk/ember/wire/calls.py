@@ -45,6 +45,7 @@ class Invocation(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     compact: bool = False  # answer arrays as compact tensors (msgpack frames: the Open Inference Protocol's routes)
     chain: list[Hop] = []  # a call made by functions: the calls waiting on it, outermost first (empty from HTTP)
     trace: dict[str, str] = {}  # W3C trace context (traceparent, tracestate) of the gateway's span; empty untraced
+    bundles: bool = False  # a streamed call: its caller reads ``StreamBundle``s too (see ``ember.wire.streams``)
 
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True, array_like=True):

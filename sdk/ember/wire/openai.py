@@ -14,6 +14,8 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta
 
+from ember.wire import subjects
+
 MAX_TOKENS = 32_768  # the most tokens one request may ask for (a larger max_tokens is a 422 naming it)
 MAX_MESSAGES = 1024
 MAX_TEXT_CHARS = 1_048_576  # one message's content, or a prompt
@@ -22,7 +24,7 @@ MAX_STOP_CHARS = 256
 MAX_EXTRA_FIELDS = 64
 DEFAULT_CHAT_MAX_TOKENS = 4096  # a chat request without max_tokens or max_completion_tokens
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # a completion request without max_tokens (OpenAI's default)
-MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"  # a served model's name (openai="...")
+MODEL_NAME = subjects.MODEL_NAME  # a served model's name (openai="...")
 
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
 Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]

@@ -14,6 +14,12 @@ the gateway's stream inbox for that call (``<stream inbox>.<app>.<token>``). The
 
 A caller that goes away is announced on ``ember.replica.<id>.cancel`` as for a synchronous call: the replica
 closes the generator (its ``finally`` runs) and sends nothing more.
+
+A caller whose ``Invocation`` says ``bundles`` also takes its stream's chunks in a ``StreamBundle`` on
+``<stream inbox>.<app>.bundle`` (``subjects.stream_bundle``): the chunks that a replica has for several of one
+gateway's streams at once (a Continuous step's pieces) travel in one message, each with its stream's reply token;
+the gateway hands each to its stream as if it had come alone (a token of another app's stream is dropped). Each
+stream's chunks stay in order: a replica sends its messages in order, on one connection.
 """
 
 from __future__ import annotations
@@ -43,7 +49,16 @@ class StreamCredit(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     upto: int
 
 
+class StreamBundle(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Replica to gateway: the ``StreamChunk``s (raw JSON each) of several streams of one app, ``chunks[i]`` for the
+    stream whose reply token is ``tokens[i]``."""
+
+    tokens: list[str]
+    chunks: list[msgspec.Raw]
+
+
 chunk_decoder = msgspec.json.Decoder(StreamChunk)
+bundle_decoder = msgspec.json.Decoder(StreamBundle)
 credit_decoder = msgspec.json.Decoder(StreamCredit)
 
 

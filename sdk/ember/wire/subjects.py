@@ -33,6 +33,7 @@ VOLUMES_BUCKET = "ember_volumes"  # key: <volume>.<version>   value: wire.Volume
 VOLUME_CHUNKS_STORE = "ember_volume_chunks"  # object name: <sha256>  value: one chunk of a volume's file
 SECRETS_BUCKET = "ember_secrets"  # key: <secret name>      value: wire.StoredSecret, encrypted (control plane only)
 SCHEDULES_BUCKET = "ember_schedules"  # key: <app>.<function>  value: wire.schedules.ScheduleState (control plane only)
+MODELS_BUCKET = "ember_models"  # key: model_key(<model name>)  value: the app that holds the name (control plane only)
 OWNERS_BUCKET = "ember_owners"  # key: <kind>.<sha256>     value: its uploaders' app patterns (control plane only)
 SUBJECT_GRANTS_BUCKET = "ember_subject_grants"  # key: sha256 of a pattern  value: wire.grants.SubjectGrant (the
 # control plane's alone: no replica or node may read or write it)
@@ -49,6 +50,18 @@ def _token(value: str, what: str) -> str:
 def check_token(value: str, what: str) -> str:
     """``value`` if it is one subject token (letters, digits, '-', '_'), else ``ValueError`` naming ``what``."""
     return _token(value, what)
+
+
+MODEL_NAME = r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}"  # a served model's name (openai="...")
+_MODEL_NAME = re.compile(MODEL_NAME)
+
+
+def model_key(name: str) -> str:
+    """The ``ember_models`` key of a served model's name (hex: a name may hold ':', '@' and '+', which a key may not);
+    ``ValueError`` for a name that is none."""
+    if not _MODEL_NAME.fullmatch(name):
+        raise ValueError(f"model name {name[:80]!r}: 1 to 128 letters, digits and '._:/@+-'")
+    return name.encode().hex()
 
 
 def _fn_token(name: str) -> str:
@@ -118,6 +131,22 @@ ANSWERS_ROOT = "_EMBER.answers"
 
 def answers_inbox(gateway_id: str) -> str:
     return f"{ANSWERS_ROOT}.{_token(gateway_id, 'gateway id')}"
+
+
+STREAM_BUNDLE = "bundle"  # the last token of a stream bundle's subject (a reply token is 16 hex digits: never this)
+
+
+def stream_bundle(reply: str) -> tuple[str, str] | None:
+    """For a stream's reply subject ``<root>.<gateway id>.<app>.<token>``: the subject of the bundles that carry its
+    messages together with those of the gateway's other streams of the app (``<root>.<gateway id>.<app>.bundle``),
+    and its token. None for any other subject (its messages then go alone)."""
+    parts = reply.rsplit(".", 3)
+    if len(parts) != 4:
+        return None
+    root, gateway, app, token = parts
+    if root != ANSWERS_ROOT or not all(map(_TOKEN.fullmatch, (gateway, app, token))) or token == STREAM_BUNDLE:
+        return None
+    return f"{root}.{gateway}.{app}.{STREAM_BUNDLE}", token
 
 
 def answers_of_app(app: str) -> str:

@@ -59,6 +59,8 @@ def attack(target: str) -> dict:
         await attempt("register a fake replica", lambda: nc.publish("$KV.ember_replicas.forged-replica", b"{}"))
         await attempt("write an assignment", lambda: nc.publish("$KV.ember_assignments.some-node", b"{}"))
         await attempt("answer another app's call", lambda: nc.publish(f"_EMBER.answers.gw.{target}.frame", b"[]"))
+        await attempt("send a bundle to another app's streams", lambda: nc.publish(
+            f"_EMBER.answers.gw.{target}.bundle", b'[["0123456789abcdef"],[["c",0,[],"",true,null]]]'))
         await attempt("log as another app", lambda: nc.publish(f"ember.logs.{target}.default", forged))
         await attempt("report as another replica", lambda: nc.publish("ember.replica.someone-else.status", b"{}"))
         await attempt("purge the call queue", lambda: request("$JS.API.STREAM.PURGE.EMBER_CALLS", b"{}"))
@@ -210,6 +212,52 @@ def meddle(victim: dict) -> dict:
             "ember.control.cancelled", f"{victim['app']} {victim['call_id']}".encode()))
         await attempt("cancel at its replica", lambda: publish(
             f"ember.replica.{victim['replica']}.cancel", victim["call_id"].encode()))
+        return seen
+
+    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+
+
+@app.function(timeout_s=120)
+def claim_model(victim: dict) -> dict:
+    """From this replica's own connection: read, watch and write the claim of a served model name (KV ember_models,
+    the control planes' alone). ``victim``: {"key": the name's key}."""
+    import asyncio
+    import gc
+
+    from nats.aio.client import Client
+
+    gc.unfreeze()
+    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
+    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    key = victim["key"]
+    forged = b'{"model":"echo-words","app":"intruder","claimed_at":1.0}'
+
+    async def attempts() -> dict:
+        seen = {}
+
+        async def attempt(name, action):
+            nc._err = None
+            try:
+                answer = await action()
+                await nc.flush(timeout=5)
+                await asyncio.sleep(0.3)
+                seen[name] = repr(nc.last_error) if nc.last_error else f"no error: {answer!r}"[:300]
+            except Exception as exc:
+                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
+
+        async def request(subject, payload=b""):
+            return await refusable(nc, subject, payload)
+
+        async def publish(subject, payload=b""):
+            await nc.publish(subject, payload)
+
+        await attempt("read a claim", lambda: request(f"$JS.API.DIRECT.GET.KV_ember_models.$KV.ember_models.{key}"))
+        await attempt("read a claim by sequence", lambda: request(
+            "$JS.API.STREAM.MSG.GET.KV_ember_models", b'{"seq": 1}'))
+        await attempt("list the claims", lambda: request("$JS.API.STREAM.INFO.KV_ember_models"))
+        await attempt("watch the claims", lambda: request("$JS.API.CONSUMER.CREATE.KV_ember_models", b"{}"))
+        await attempt("write a claim", lambda: publish(f"$KV.ember_models.{key}", forged))
+        await attempt("purge the claims", lambda: request("$JS.API.STREAM.PURGE.KV_ember_models", b"{}"))
         return seen
 
     return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)

@@ -17,7 +17,7 @@ import ember.backends
 from ember.backends import BackendError, BackendUnavailableError, DeviceFallbackError, device, warm_up
 
 PUBLIC = ["BackendError", "BackendUnavailableError", "DeviceFallbackError", "device", "is_out_of_memory", "onnx",
-          "tensorrt", "torch", "warm_up"]
+          "tensorrt", "torch", "vllm", "warm_up"]
 
 
 def test_all_is_pinned() -> None:

@@ -16,6 +16,7 @@ from ember_platform.calls.choice import IDLE_FRESH_S, REPORT_FRESH_S, LoadBoard
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica import process
 from ember_runtime.replica.process import IDLE_REPORT_S, LOAD_REPORT_S, report_due
+from ember_runtime.replica.reports import BUSY_REPORT_S
 
 IDLE = LoadReport(replica_id="r1", app="a", function="f", version=1, queued=0, in_flight=0, per_call_s=0.001, slots=1)
 
@@ -28,6 +29,22 @@ def test_an_unchanged_report_waits_for_the_idle_period():
     assert not report_due(IDLE, (IDLE, 10.0), 10.0 + LOAD_REPORT_S)
     assert not report_due(IDLE, (IDLE, 10.0), 10.0 + IDLE_REPORT_S - 0.01)
     assert report_due(IDLE, (IDLE, 10.0), 10.0 + IDLE_REPORT_S)
+
+
+def test_a_busy_replicas_unchanged_report_keeps_it_fresh_for_the_router():
+    """Long streams hold a replica's load still: its unchanged report must come again before the router's
+    ``REPORT_FRESH_S`` runs out, or the replica drops out of the routing between two reports."""
+    busy = msgspec.structs.replace(IDLE, in_flight=2)
+    assert not report_due(busy, (busy, 10.0), 10.0 + LOAD_REPORT_S)
+    assert report_due(busy, (busy, 10.0), 10.0 + BUSY_REPORT_S)
+    assert BUSY_REPORT_S + LOAD_REPORT_S < REPORT_FRESH_S
+    now = [100.0]
+    board = LoadBoard(clock=lambda: now[0])
+    board.record(busy)
+    for _ in range(10):  # the report every BUSY_REPORT_S, each a loop pass late at worst
+        now[0] += BUSY_REPORT_S + LOAD_REPORT_S
+        assert [r.replica_id for r in board.fresh("a", "f", 1)] == ["r1"]
+        board.record(busy)
 
 
 def test_a_changed_report_goes_at_once():

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import ember
 from ember_platform.scheduler import AutoscaleConfig, AutoscaleState, Signals, desired_replicas, initial_state
+from ember_platform.scheduler.autoscale import in_flight_target
 
 TICK_S = 1.0
 THROUGHPUT = 10.0  # calls/s one replica serves
@@ -226,3 +227,12 @@ def test_a_service_first_seen_keeps_what_runs_within_its_bounds() -> None:
     assert initial_state(config, running=3).desired == 3
     assert initial_state(config, running=9).desired == 4
     assert initial_state(AutoscaleConfig(min_replicas=2, max_replicas=4), running=0).desired == 2
+
+
+def test_running_sequences_count_against_max_seqs():
+    """A Continuous step's sequences are its calls in flight (max_concurrency is its max_seqs): a replica takes
+    80 % of its max_seqs before another is asked for, whatever their pace (a stream's rate says nothing of them)."""
+    config = AutoscaleConfig(min_replicas=1, max_replicas=4, target_in_flight=in_flight_target(32))
+    for running, replicas in ((25, 1), (26, 2), (51, 2), (52, 3)):
+        signals = Signals(now=0.0, ready=1, in_flight=running, arrival_rate=0.1, throughput_per_replica=50.0)
+        assert desired_replicas(signals, config, initial_state(config))[0] == replicas, running

@@ -31,6 +31,7 @@ def test_the_trace_context_travels_in_json_and_msgpack_frames() -> None:
 def test_untraced_it_costs_three_bytes_and_older_frames_decode_with_none() -> None:
     before = Before(call_id="c1", function="f", deadline=1.5, input=msgspec.Raw(b"[1]"))
     now = Invocation(call_id="c1", function="f", deadline=1.5, input=msgspec.Raw(b"[1]"))
-    assert len(msgspec.json.encode(now)) - len(msgspec.json.encode(before)) == 3  # ,{}
+    # ,{} for the trace context; ,false for ``bundles`` (added after it: a stream's caller that reads bundles)
+    assert len(msgspec.json.encode(now)) - len(msgspec.json.encode(before)) == 3 + 6
     assert invocations_decoder.decode(msgspec.json.encode([before]))[0].trace == {}
     assert msgspec.json.decode(msgspec.json.encode(now), type=Before).call_id == "c1"  # an older replica reads it

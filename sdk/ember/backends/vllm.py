@@ -1,0 +1,168 @@
+"""vLLM engines in a replica: a model served on ``/openai/v1`` by vLLM's own continuous batching and paged KV cache.
+
+:class:`Engine` runs vLLM's ``AsyncLLMEngine`` (``AsyncLLM`` in vLLM's V1 engine) in the replica, across every GPU
+the replica was given (tensor parallelism: ``@app.model(gpu=N)`` places one replica with N GPUs of one node, and the
+engine spreads the model over them). :meth:`Engine.generate` turns an ``ember.openai`` request into vLLM's prompt
+and sampling parameters and yields the text as vLLM makes it, so that an async generator method with ``openai=``
+serves it behind the same routes as any other model: OpenAI's client, token streaming, ``max_tokens`` and ``stop``
+enforced by the platform too, and a client that leaves aborts its request in the engine. vLLM is imported when an
+:class:`Engine` is made, never when this module is imported (``pip install 'ember[gpu]'`` on a GPU host brings it).
+
+Example:
+    >>> from ember.backends import vllm as evllm
+    >>> @app.model(gpu=2, min_replicas=1)
+    ... class Llama:
+    ...     @ember.setup
+    ...     def load(self):
+    ...         self.engine = evllm.Engine("/models/llama-3-8b-instruct", max_model_len=8192)
+    ...
+    ...     @ember.method(openai="llama-3-8b", max_concurrency=256)
+    ...     async def chat(self, req: ember.openai.ChatRequest) -> AsyncIterator[str]:
+    ...         async for piece in self.engine.generate(req):
+    ...             yield piece
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from ember._errors import InvalidInputError, InvalidSpecError
+from ember.backends._device import cuda_index, resolve
+from ember.backends._errors import BackendError, BackendUnavailableError, require
+from ember.openai import ChatRequest, Request
+
+__all__ = ["Engine", "chat_messages", "sampling_options", "visible_gpus"]
+
+log = logging.getLogger("ember.backends")
+_INSTALL = "pip install 'ember[gpu]' (or vllm itself) on a host with an NVIDIA GPU"
+# Sampling parameters of vLLM that a request may set among its other fields (``extra``), with the type each takes.
+EXTRA_SAMPLING: dict[str, type | tuple[type, ...]] = {
+    "top_k": int, "min_p": (int, float), "presence_penalty": (int, float), "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float), "min_tokens": int, "ignore_eos": bool,
+}
+
+
+def visible_gpus() -> int:
+    """The GPUs this replica was given (``CUDA_VISIBLE_DEVICES``, set by its node agent); 1 when it is not set."""
+    listed = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return len(listed) or 1
+
+
+def chat_messages(req: ChatRequest) -> list[dict[str, str]]:
+    """The request's messages as a chat template takes them."""
+    return [{"role": m.role, "content": m.content} for m in req.messages]
+
+
+def sampling_options(req: Request) -> dict[str, Any]:
+    """vLLM ``SamplingParams`` keywords for ``req``: its limit as ``max_tokens`` (so that the engine stops where the
+    platform would), ``temperature``, ``top_p``, ``seed`` and ``stop`` where given, and those of
+    ``EXTRA_SAMPLING`` that the request sets among its other fields. ``InvalidInputError`` naming the field for an
+    extra of the wrong type."""
+    options: dict[str, Any] = {"max_tokens": req.limit, "n": 1}
+    for name in ("temperature", "top_p", "seed"):
+        value = getattr(req, name)
+        if value is not None:
+            options[name] = value
+    if req.stops:
+        options["stop"] = req.stops
+    for name, kind in EXTRA_SAMPLING.items():
+        if name not in req.extra:
+            continue
+        value = req.extra[name]
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+            raise InvalidInputError(f"{name}={value!r}: a {_names(kind)}", field=name)
+        options[name] = value
+    return options
+
+
+class Engine:
+    """A vLLM engine on this replica's GPUs.
+
+    Args:
+        model: a model vLLM can load: a local folder (a volume's mount, say) or a Hugging Face name.
+        gpu_count: tensor-parallel size; defaults to the GPUs the replica was given (:func:`visible_gpus`).
+        device: the replica's device unless given; vLLM needs a GPU.
+        **engine_args: more of vLLM's ``AsyncEngineArgs`` (``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
+            ``quantization``, ...).
+
+    Raises:
+        BackendUnavailableError: vLLM is not installed, or the replica has no GPU.
+        BackendError: vLLM could not start the engine (the model, its memory, the arguments).
+    """
+
+    def __init__(self, model: str, *, gpu_count: int | None = None, device: str | None = None,
+                 **engine_args: Any) -> None:
+        name = resolve(device)
+        if cuda_index(name) is None:
+            raise BackendUnavailableError(f"Engine(): vLLM runs on GPUs, and this replica's device is {name!r}; ask "
+                                          "for them with @app.model(gpu=N) (N GPUs of one node: tensor parallelism)")
+        size = visible_gpus() if gpu_count is None else gpu_count
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise InvalidSpecError(f"Engine(gpu_count={gpu_count!r}): a number of GPUs, at least 1")
+        require("vllm", _INSTALL)
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.engine.async_llm_engine import AsyncLLMEngine
+
+        self.model = model
+        self.gpu_count = size
+        try:
+            self._engine = AsyncLLMEngine.from_engine_args(
+                AsyncEngineArgs(model=model, tensor_parallel_size=size, **engine_args))
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise BackendError(f"vLLM could not start {model!r} on {size} GPU(s): {exc}") from exc
+        self._tokenizer: Any = None
+
+    def __repr__(self) -> str:
+        return f"<ember.backends.vllm.Engine {self.model} on {self.gpu_count} GPU(s)>"
+
+    async def prompt(self, req: Request) -> str:
+        """The text vLLM reads for ``req``: a chat's messages through the model's chat template (their lines
+        joined, for a model without one); a completion's prompt."""
+        if not isinstance(req, ChatRequest):
+            return req.text()
+        tokenizer = await self._chat_tokenizer()
+        if tokenizer is None:
+            return req.text()
+        return str(tokenizer.apply_chat_template(chat_messages(req), tokenize=False, add_generation_prompt=True))
+
+    async def generate(self, req: Request, request_id: str | None = None) -> AsyncIterator[str]:
+        """The text of ``req``'s answer, piece by piece as the engine makes it. Leaving the loop early (the client
+        went away) aborts the request in the engine: its KV cache blocks are free at once."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(**sampling_options(req), output_kind=RequestOutputKind.DELTA)
+        rid = request_id or f"ember-{uuid.uuid4().hex}"
+        prompt = await self.prompt(req)
+        finished = False
+        try:
+            async for output in self._engine.generate(prompt, params, rid):
+                finished = bool(output.finished)
+                piece = output.outputs[0].text if output.outputs else ""
+                if piece:
+                    yield piece
+        finally:
+            if not finished:
+                await self._engine.abort(rid)
+
+    def shutdown(self) -> None:
+        """Stop the engine and its workers (where this vLLM can: its V1 engine)."""
+        stop = getattr(self._engine, "shutdown", None)
+        if stop is not None:
+            stop()
+
+    async def _chat_tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            tokenizer = self._engine.get_tokenizer()
+            self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
+        return self._tokenizer if getattr(self._tokenizer, "chat_template", None) else None
+
+
+def _names(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({"int": "integer", "float": "number", "bool": "boolean"}[k.__name__] for k in kinds)
