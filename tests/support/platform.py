@@ -25,8 +25,10 @@ class TestPlatform(EmbeddedPlatform):
         """``faults``: what its node agents do wrong (see ``support.faults``); none unless asked."""
         super().__init__(state_dir, **kwargs)
         self.faults = faults
+        self._commands: dict[str, list[str]] = {}
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        self._commands[name] = cmd
         if cmd[1:3] == ["-m", "ember_runtime"]:
             # A test's platform stops at its end with calls still running (a call a test left busy for 20 s): its
             # replicas are not waited for as a production node's are.
@@ -74,6 +76,11 @@ class TestPlatform(EmbeddedPlatform):
         proc = self._procs.pop(name)
         proc.kill()
         proc.wait()
+
+    def start_again(self, name: str) -> subprocess.Popen[bytes]:
+        """Start one of its processes again (after ``kill``: a node agent, say) as it was started: same node and
+        state dir."""
+        return self._spawn(name, self._commands[name])
 
     def restart_platform(self, timeout_s: float = 60.0) -> None:
         """SIGKILL the control plane and start it again on the same port (its memory is gone)."""
