@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -100,7 +101,7 @@ def not_ours(record: Record) -> str:
         return f"process {record.pid} is gone (its number is another process's now)"
     if f"{MARK_ENV}={record.nonce}".encode() not in environ:
         return f"process {record.pid} does not carry the agent's mark"
-    if not any(a == b"--replica-id" and b == record.replica_id.encode() for a, b in zip(argv, argv[1:])):
+    if (b"--replica-id", record.replica_id.encode()) not in itertools.pairwise(argv):
         return f"process {record.pid} is not replica {record.replica_id}"
     return ""
 

@@ -326,9 +326,9 @@ def readopt(pid: int, pid_file: str, door: str, servers: frozenset[tuple[str, in
     and checked): its door listens again in the same folder (bound into that sandbox alone), and both are stopped
     once the sandbox ends, as for a sandbox this agent started."""
     held: list[Pasta | natsdoor.Door] = []
-    if pid_file and _in_run_root(Path(pid_file)) and _is_pasta_of(Path(pid_file)):
-        if (pasta := Pasta.from_pid_file(pid_file)) is not None:
-            held.append(pasta)
+    if pid_file and _in_run_root(Path(pid_file)) and _is_pasta_of(Path(pid_file)) and \
+            (pasta := Pasta.from_pid_file(pid_file)) is not None:
+        held.append(pasta)
     if door and _in_run_root(Path(door)):
         with contextlib.suppress(OSError):
             held.append(natsdoor.Door.reopen(Path(door), servers))

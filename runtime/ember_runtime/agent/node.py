@@ -35,8 +35,8 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_HEARTBEAT_S, connect, kv_stream, node_buckets
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
-from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import adoption, numa
+from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups

@@ -39,6 +39,9 @@ MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line 
 _READ_CHUNK = 64 * 1024
 
 
+Running = asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | adoption.Adopted
+
+
 @dataclass(frozen=True)
 class SlotKey:
     app: str
@@ -78,7 +81,7 @@ class ReplicaSlot:
         self._node_id = node_id
         self._bundle = bundle
         self._module = module
-        self._proc: asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | None = None
+        self._proc: Running | None = None
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0

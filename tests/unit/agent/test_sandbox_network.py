@@ -332,9 +332,10 @@ def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(ne
     assert not (netns.RUN_ROOT / killed.stdout.split()[0]).exists()
 
 
-OUTLIVED_AGENT = KILLED_AGENT.replace('["true"], sandbox.Jail(bundle=Path("/tmp"))',
-                                     '["sleep", "60"], sandbox.Jail(bundle=Path("/tmp"), outlive_command=True)').replace(
-    "partial(sandbox.prepare_child, None)", "partial(sandbox.prepare_child, None, outlive_agent=True)")
+OUTLIVED_AGENT = KILLED_AGENT.replace(
+    '["true"], sandbox.Jail(bundle=Path("/tmp"))',
+    '["sleep", "60"], sandbox.Jail(bundle=Path("/tmp"), outlive_command=True)',
+).replace("partial(sandbox.prepare_child, None)", "partial(sandbox.prepare_child, None, outlive_agent=True)")
 
 
 def test_a_killed_agents_pasta_stays_while_its_sandbox_runs(networked, servers) -> None:
