@@ -12,7 +12,7 @@ The process model, and what this changes:
   end (a write never fails while no agent reads: it waits in a 1 MiB pipe); its lifeline is a FIFO too, whose
   write end the agent holds: the replica sees it hang up when the agent dies, keeps serving over its own NATS
   connection, and drains and stops if no agent has opened it again within ``NODE_LOST_S``, when the control plane
-  counts the node lost and starts its replicas elsewhere (``ember_runtime.replica.lifeline``).
+  counts the node lost and starts its replicas elsewhere (``ember_runtime.lifeline``).
 - Per running replica, a record (``Record``) in ``<state dir>/replicas/<replica id>/`` (folders 0700, the agent's
   alone), beside its FIFOs: pid and start time (from ``/proc/<pid>/stat``: a reused pid is not it), a random
   nonce in its environment, its replica id, app, version, index, bundle, cgroup, restarts, pasta and door. Written
@@ -47,7 +47,7 @@ from typing import Any
 import msgspec
 
 from ember_runtime.agent import netns
-from ember_runtime.replica.lifeline import LIFELINE_ENV
+from ember_runtime.lifeline import LIFELINE_ENV
 
 log = logging.getLogger("ember.agent")
 MARK_ENV = "EMBER_REPLICA_MARK"  # a nonce in the replica's environment: the agent's mark on what it started

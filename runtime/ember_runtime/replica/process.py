@@ -45,11 +45,11 @@ from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import call_buckets, connect
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
-from ember_runtime import hostpid, natsdoor
+from ember_runtime import hostpid, lifeline, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
-from ember_runtime.replica import arguments, lifeline
+from ember_runtime.replica import arguments
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints
