@@ -64,7 +64,7 @@ def main() -> None:
     _logging.configure("agent", args.log_format)
     try:
         sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own",
-                                   keep=Records(args.state_dir / "replicas").held_paths())  # to adopt them
+                                   keep=Records.of(args.state_dir).held_paths())  # to adopt them
     except SandboxUnavailable as exc:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")

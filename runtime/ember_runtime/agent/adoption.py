@@ -215,6 +215,11 @@ class Records:
     def __init__(self, root: Path) -> None:
         self.root = root
 
+    @classmethod
+    def of(cls, state_dir: Path) -> Records:
+        """The records of the agent whose state dir is ``state_dir``."""
+        return cls(state_dir / "replicas")
+
     def folder(self, replica_id: str) -> Path:
         """The replica's folder (made 0700 if missing): its record and FIFOs."""
         if not _ID.match(replica_id):
@@ -237,12 +242,13 @@ class Records:
         if _ID.match(replica_id):
             shutil.rmtree(self.root / replica_id, ignore_errors=True)
 
-    def load(self) -> dict[str, Record]:
-        """The records whose replica still runs and is the one started (by replica id); every other one removed,
-        with the reason in the log."""
+    def load(self, *, clean: bool = True) -> tuple[dict[str, Record], dict[str, Record]]:
+        """The records whose replica still runs and is the one started, and those whose replica ended (by replica
+        id); with ``clean``, every record not in the first is removed, with the reason in the log."""
         found: dict[str, Record] = {}
+        ended: dict[str, Record] = {}
         if not self.root.is_dir() or self.root.is_symlink():
-            return found
+            return found, ended
         for folder in sorted(self.root.iterdir()):
             try:
                 if folder.is_symlink() or not _ID.match(folder.name):
@@ -250,22 +256,26 @@ class Records:
                 record = _decoder.decode((folder / RECORD).read_bytes())
                 if record.replica_id != folder.name:
                     raise ValueError(f"it names replica {record.replica_id!r}")
+                if record.pid > 1 and start_time(record.pid) != record.start_time:
+                    ended[record.replica_id] = record
+                    raise ValueError(f"its process {record.pid} ended while no agent watched it")
                 if why := not_ours(record):
                     raise ValueError(why)
             except (OSError, ValueError, msgspec.DecodeError) as exc:
-                log.warning("replica record %s dropped: %s", folder.name, exc)
-                if folder.is_symlink():
-                    folder.unlink()
-                else:
-                    shutil.rmtree(folder, ignore_errors=True)
+                if clean:
+                    log.warning("replica record %s dropped: %s", folder.name, exc)
+                    if folder.is_symlink():
+                        folder.unlink()
+                    else:
+                        shutil.rmtree(folder, ignore_errors=True)
                 continue
             found[record.replica_id] = record
-        return found
+        return found, ended
 
     def held_paths(self) -> frozenset[str]:
         """The pastas' pid files and the NATS doors of the replicas still running: a sweep of a dead agent's leaves
         them to be adopted."""
-        return frozenset(p for r in self.load().values() for p in (r.pasta_pid_file, r.door) if p)
+        return frozenset(p for r in self.load(clean=False)[0].values() for p in (r.pasta_pid_file, r.door) if p)
 
     async def stop(self, record: Record, grace_s: float) -> None:
         """Stop a running replica no slot adopted (no longer assigned here, or the agent stops): SIGTERM to its
@@ -300,19 +310,21 @@ class Adoptions:
         self.records = records
         self._servers = servers  # this node's NATS servers, for the doors of sandboxes with a network of their own
         self.pending: dict[str, Record] = {}
+        self.ended: dict[str, Record] = {}  # replicas that ended while no agent ran: their restart is said
 
     def load(self) -> None:
-        self.pending = self.records.load()
+        self.pending, self.ended = self.records.load()
         if self.pending:
             log.info("%d replica(s) of the agent before still run, to be adopted: %s", len(self.pending),
                      ", ".join(sorted(self.pending)))
 
-    async def take(self, key: Any, bundle_sha256: str, grace_s: float) -> Adopted | None:
-        """The running replica of slot ``key`` (a ``SlotKey``), adopted, when one of this version runs; None
-        otherwise (one of another version or bundle under this id is stopped)."""
+    async def take(self, key: Any, bundle_sha256: str, grace_s: float) -> Adopted | Record | None:
+        """The running replica of slot ``key`` (a ``SlotKey``), adopted, when one of this version runs; the record
+        of one that ended while no agent ran (the slot starts it again, as after a crash); None otherwise (one of
+        another version or bundle under this id is stopped)."""
         record = self.pending.pop(key.replica_id, None)
         if record is None:
-            return None
+            return self.ended.pop(key.replica_id, None)
         if (record.app, record.service, record.version, record.index, record.bundle_sha256) != \
                 (key.app, key.service, key.version, key.index, bundle_sha256):
             await self.stop(record, grace_s)

@@ -64,11 +64,11 @@ class ReplicaSlot:
                  zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0,
                  confinement: sandbox.Confinement = sandbox.NOT_CONFINED,
                  verify: Callable[[], Awaitable[Path]] | None = None, python: Path | None = None,
-                 records: adoption.Records | None = None, adopt: adoption.Adopted | None = None,
+                 records: adoption.Records | None = None, adopt: adoption.Adopted | adoption.Record | None = None,
                  bundle_sha256: str = "") -> None:
         self.key = key
         self._records = records  # where a fresh start is recorded, for a restarted agent to adopt it
-        self._adopted = adopt  # a running replica a killed agent started: the first "start" adopts it
+        self._adopted = adopt if isinstance(adopt, adoption.Adopted) else None  # the first "start" adopts it
         self._bundle_sha256 = bundle_sha256
         self._lifeline = -1  # the write end of the running replica's lifeline (see ``adoption``)
         self._python = str(python) if python is not None else sys.executable  # its image's interpreter, or ours
@@ -98,9 +98,13 @@ class ReplicaSlot:
         self._verify = verify  # the bundle, checked (and unpacked again if it changed) before a fresh start
         self._cgroup: Path | None = None
         self._task: asyncio.Task[None] | None = None
-        if adopt is not None:
+        if isinstance(adopt, adoption.Adopted):  # a replica a killed agent started, running still
             self.restarts = adopt.record.restarts
             self._cgroup = Path(adopt.record.cgroup) if adopt.record.cgroup else None
+        elif adopt is not None:  # one that ended while no agent ran: this start is its restart, and says so
+            self.restarts = adopt.restarts + 1
+            self._last_restart_reason = "it ended while its node agent was away (exit code not known)"
+            MemoryCgroups.remove(Path(adopt.cgroup) if adopt.cgroup else None)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"slot-{self.replica_id}")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from support.polling import wait_for
 
 from ember_runtime.agent import adoption
 from ember_runtime.agent.adoption import MARK_ENV, Record, Records, start_time
@@ -32,6 +33,8 @@ def _start(procs: list[subprocess.Popen[bytes]], replica_id: str, env: dict[str,
     proc = subprocess.Popen([sys.executable, "-c", SLEEP, "--replica-id", replica_id], env={**os.environ, **env},
                             start_new_session=True)
     procs.append(proc)
+    # exec(2) has begun when Popen returns; its arguments and environment show in /proc once it has completed
+    wait_for(lambda: Path(f"/proc/{proc.pid}/cmdline").read_bytes(), timeout_s=10, what="the process to start")
     return proc
 
 
@@ -69,7 +72,9 @@ def test_only_the_processes_the_agent_started_are_kept(tmp_path: Path, procs) ->
     (elsewhere / adoption.RECORD).write_bytes(msgspec.json.encode(_record("r-link", ours.pid, "a" * 32)))
     (records.root / "r-link").symlink_to(elsewhere)
 
-    assert set(records.load()) == {"r-ours"}
+    found, ended = records.load()
+    assert set(found) == {"r-ours"}
+    assert set(ended) == {"r-reused"}  # its process ended: its slot's next start is counted as a restart
     assert {p.name for p in records.root.iterdir()} == {"r-ours"}  # the others' records are removed
     assert (elsewhere / adoption.RECORD).exists()  # what a link pointed at is left alone
     assert records.root.stat().st_mode & 0o777 == 0o700
