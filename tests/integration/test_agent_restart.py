@@ -4,6 +4,8 @@ started elsewhere, and the ones it left stop by themselves; a clean stop leaves 
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -117,6 +119,25 @@ def test_a_restarted_agent_adopts_its_replicas_and_no_call_fails(tmp_path: Path)
     # A clean stop (the platform's SIGTERM to its agent) drains and stops the replica: nothing is left running.
     assert not _running(pid)
     assert not any(records.iterdir())
+
+
+def test_a_replica_that_ended_while_its_agent_was_away_starts_again_as_the_same_replica(tmp_path: Path):
+    with TestPlatform(tmp_path / "state") as platform:
+        transport = _deploy(platform, tmp_path)
+        try:
+            [(replica_id, node, pid, restarts)] = wait_for(lambda: len(_replicas(transport)) == 1 and
+                                                           _replicas(transport), 60, "a ready replica")
+            platform.kill("agent")
+            os.kill(pid, signal.SIGKILL)
+            wait_for(lambda: not _running(pid), 30, "the replica to end")
+            platform.start_again("agent")
+            again = wait_for(lambda: [r for r in _replicas(transport) if r[2] != pid], 60, "the replica started again")
+            assert again == [(replica_id, node, again[0][2], restarts + 1)]  # the same replica, restarted once
+            view = app_view(transport, "adopt")
+            [reason] = [r.restart_reason for s in view.services for r in s.replicas if r.state == "ready"]
+            assert "ended while its node agent was away" in reason
+        finally:
+            transport.close()
 
 
 def test_an_agent_away_longer_than_its_lease_has_its_replicas_started_elsewhere(tmp_path: Path):
