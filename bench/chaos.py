@@ -333,21 +333,24 @@ def report(sync: Tally, spawned: Tally, events: Tally, faults: list[tuple[str, f
         broken = str(t.broken) if name == "synchronous" else "-"
         print(f"| {name} | {t.accepted:,} | {t.completed:,} | {t.failed:,} | {lost:,} | {broken} |")
     print()
-    print("| fault | sync p99 ms in the window after | max ms | sync p99 ms before any fault "
+    print("| fault | sync p99 ms in the window after | max ms | sync p99 ms before any fault | max ms before any fault "
           "| first success after, s | longest gap between served calls, ms | sync calls failed or broken |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     first_fault = faults[0][1] if faults else float("inf")
     calm = [s for at, s in sync.latencies if at < first_fault]
     calm_p99 = _p99(calm)
+    calm_max = max(calm, default=float("nan")) * 1000
     for what, at in faults:
         during = [s for t, s in sync.latencies if at <= t < at + window]
         recovered = min((t + s for t, s in sync.latencies if t >= at), default=float("nan")) - at
-        worst = max(during, default=float("nan")) * 1000
+        worst, worst_at = max(((s * 1000, t - at) for t, s in sync.latencies if at <= t < at + window),
+                              default=(float("nan"), float("nan")))
         served = sorted(t + s for t, s in sync.latencies if at - window <= t + s < at + window)
-        gap = max((b - a for a, b in itertools.pairwise(served) if b >= at), default=float("nan")) * 1000
+        gap, gap_at = max(((b - a, a - at) for a, b in itertools.pairwise(served) if b >= at),
+                          default=(float("nan"), float("nan")))
         errors = sum(1 for t in sync.errors if at <= t < at + window)
-        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} | {calm_p99:.1f} | {recovered:.2f} | {gap:.0f} "
-              f"| {errors} |")
+        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} (at {worst_at:+.2f} s) | {calm_p99:.1f} | {calm_max:.0f} | {recovered:.2f} "
+              f"| {gap * 1000:.0f} (at {gap_at:+.2f} s) | {errors} |")
 
 
 def _p99(seconds: list[float]) -> float:

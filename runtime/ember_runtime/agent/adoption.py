@@ -55,7 +55,7 @@ RECORD = "record.json"
 OUT, ERR, LIFELINE = "stdout", "stderr", "lifeline"
 PIPE_BYTES = 1 << 20  # what a replica may write while no agent reads before a write waits
 UNKNOWN_EXIT = 255  # an adopted replica is not the agent's child: its exit code is not known
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+_ID = re.compile(r"^[A-Za-z0-9_-]{1,200}$")  # a replica id: one NATS subject token
 
 
 class Record(msgspec.Struct, frozen=True, kw_only=True):

@@ -232,7 +232,7 @@ class ReplicaSlot:
             self._bundle = await self._verify()
         jail = self._jail
         self._cgroup = jail.cgroups.prepare(f"replica-{self.replica_id}", jail.memory_mb) if jail.cgroups else None
-        pipes = adoption.Pipes(self._records.folder(self.replica_id)) if self._records is not None else None
+        pipes = self._pipes()
         preexec = partial(sandbox.prepare_child, self._cpus, cgroup=MemoryCgroups.joiner(self._cgroup),
                           outlive_agent=pipes is not None)
         env = sandbox.environment(self._env, sandboxed=jail.sandbox.enabled, secrets=jail.secrets)
@@ -254,6 +254,16 @@ class ReplicaSlot:
             self._record(proc, pipes.nonce)
         return proc
 
+    def _pipes(self) -> adoption.Pipes | None:
+        """The FIFOs of a start that a restarted agent can adopt; None: a start that ends with the agent."""
+        if self._records is None:
+            return None
+        try:
+            return adoption.Pipes(self._records.folder(self.replica_id))
+        except (OSError, ValueError) as exc:
+            log.warning("replica %s will not outlive this agent: %s", self.replica_id, exc)
+            return None
+
     async def _start_process(self, command: list[str], env: dict[str, str], preexec: Callable[[], None],
                              out: dict[str, Any],
                              keep: Sequence[int]) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
@@ -264,7 +274,7 @@ class ReplicaSlot:
                 preexec_fn=preexec, pass_fds=keep, **out)
         ours, theirs = hostpid.socket_pair()
         env[hostpid.FD_ENV] = str(theirs.fileno())
-        outlive = dataclasses.replace(jail.jail(self._bundle, env), outlive_command=self._records is not None)
+        outlive = dataclasses.replace(jail.jail(self._bundle, env), outlive_command=bool(keep))  # see ``_pipes``
         try:
             proc = await sandbox.start(jail.sandbox, command, outlive, env, preexec,
                                        pass_fds=[theirs.fileno(), *keep], **out)

@@ -104,7 +104,7 @@ def test_a_replica_of_the_agent_is_stopped_through_its_record(tmp_path: Path, pr
     assert not (records.root / "r-1").exists()
 
 
-@pytest.mark.parametrize("replica_id", ["../escape", "", ".hidden", "a/b", "x" * 200])
+@pytest.mark.parametrize("replica_id", ["../escape", "", ".hidden", "a/b", "r.1", "x" * 201])
 def test_a_replica_id_that_is_not_a_plain_name_gets_no_folder(tmp_path: Path, replica_id: str) -> None:
     with pytest.raises(ValueError, match="replica id"):
         Records(tmp_path / "replicas").folder(replica_id)
