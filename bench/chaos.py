@@ -339,7 +339,7 @@ def report(sync: Tally, spawned: Tally, events: Tally, faults: list[tuple[str, f
     first_fault = faults[0][1] if faults else float("inf")
     calm = [s for at, s in sync.latencies if at < first_fault]
     calm_p99 = _p99(calm)
-    calm_max = max(calm, default=float("nan")) * 1000
+    calm_max = max((s for at, s in sync.latencies if at + s < first_fault), default=float("nan")) * 1000  # ended
     for what, at in faults:
         during = [s for t, s in sync.latencies if at <= t < at + window]
         recovered = min((t + s for t, s in sync.latencies if t >= at), default=float("nan")) - at
@@ -349,7 +349,8 @@ def report(sync: Tally, spawned: Tally, events: Tally, faults: list[tuple[str, f
         gap, gap_at = max(((b - a, a - at) for a, b in itertools.pairwise(served) if b >= at),
                           default=(float("nan"), float("nan")))
         errors = sum(1 for t in sync.errors if at <= t < at + window)
-        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} (at {worst_at:+.2f} s) | {calm_p99:.1f} | {calm_max:.0f} | {recovered:.2f} "
+        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} (at {worst_at:+.2f} s) | {calm_p99:.1f} | {calm_max:.0f} "
+              f"| {recovered:.2f} "
               f"| {gap * 1000:.0f} (at {gap_at:+.2f} s) | {errors} |")
 
 
