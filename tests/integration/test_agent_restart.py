@@ -83,8 +83,11 @@ def _deploy(platform: TestPlatform, tmp_path: Path) -> Transport:
     return transport
 
 
-def test_a_restarted_agent_adopts_its_replicas_and_no_call_fails(tmp_path: Path):
-    with TestPlatform(tmp_path / "state") as platform:
+@pytest.mark.parametrize("sandbox", [True, False], ids=["sandboxed", "unsandboxed"])
+def test_a_restarted_agent_adopts_its_replicas_and_no_call_fails(tmp_path: Path, sandbox: bool):
+    with TestPlatform(tmp_path / "state", sandbox=sandbox) as platform:
+        if not sandbox:  # the other way to start a replica (no bwrap, no network of its own)
+            assert any("UNSANDBOXED" in note for note in platform.isolation_notes())
         transport = _deploy(platform, tmp_path)
         try:
             before = wait_for(lambda: len(_replicas(transport)) == 1 and _replicas(transport), 60, "a ready replica")
