@@ -124,13 +124,20 @@ class Pipes:
                 (folder / name).unlink()
             os.mkfifo(folder / name, 0o600)
         self.nonce = secrets.token_hex(16)
-        self.reads = [os.open(folder / n, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) for n in (OUT, ERR)]
-        self.writes = [os.open(folder / n, os.O_WRONLY | os.O_CLOEXEC) for n in (OUT, ERR)]
-        for fd in self.writes:
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        self._life_read = os.open(folder / LIFELINE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self.lifeline = os.open(folder / LIFELINE, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.reads: list[int] = []
+        self.writes: list[int] = []
+        self._life_read = self.lifeline = -1
+        try:
+            self.reads = [os.open(folder / n, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) for n in (OUT, ERR)]
+            self.writes = [os.open(folder / n, os.O_WRONLY | os.O_CLOEXEC) for n in (OUT, ERR)]
+            for fd in self.writes:
+                with contextlib.suppress(OSError):
+                    fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+            self._life_read = os.open(folder / LIFELINE, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            self.lifeline = os.open(folder / LIFELINE, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            self.close()
+            raise
 
     @property
     def pass_fds(self) -> tuple[int, ...]:
