@@ -11,24 +11,27 @@ What is measured
       on ``events.chaos.out``.
 
     Every ``--every`` seconds one process is SIGKILLed, in turn: a replica, the node agent, the control plane
-    holding the lease, one NATS server of three. What a supervisor would do is done too: the agent, the
-    control plane and the NATS server are started again a few seconds later (a killed replica is the
-    agent's to restart).
+    holding the lease, one NATS server of three (``--faults`` picks some of them). What a supervisor would do is
+    done too: the agent, the control plane and the NATS server are started again a few seconds later (a killed
+    replica is the agent's to restart).
 
     Reported: per kind of call, how many were accepted, completed, failed with a clear error (an HTTP error
     answer, or a failed record), and lost: accepted but with no outcome at the end (must be 0). A synchronous
     call whose connection broke with no answer is counted apart (its control plane died holding it; the client
     is told by the broken connection). Per fault: the p99 latency of synchronous calls in the ``--every``
-    seconds after it (and the slowest), and the time until synchronous calls succeeded again.
+    seconds after it (and the slowest), the time until synchronous calls succeeded again, the longest gap between
+    two served synchronous calls in that window, and the synchronous calls that failed or broke in it.
 
 Usage
     python bench/chaos.py [--every 20] [--workers 6] [--spawn-rate 20] [--event-rate 20]
+                          [--faults replica,agent,control-plane,nats]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import signal
 import statistics
@@ -69,6 +72,8 @@ def event(x: int) -> int:
     return x
 '''
 ENV = {"EMBER_JS_REPLICAS": "3", "EMBER_ACK_WAIT_S": "5"}
+FAULTS = {"replica": "a replica", "agent": "the node agent", "control-plane": "the control plane holding the lease",
+          "nats": "one NATS server of three"}
 
 
 @dataclass
@@ -78,6 +83,7 @@ class Tally:
     failed: int = 0  # a clear error
     broken: int = 0  # sync only: the connection broke without an answer
     latencies: list[tuple[float, float]] = field(default_factory=list)  # (when, seconds) of completed sync calls
+    errors: list[float] = field(default_factory=list)  # when each failed or broken sync call was sent
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -133,6 +139,7 @@ def sync_worker(ember: Ember, tally: Tally, stop: threading.Event, offset: int) 
                 turn += 1  # that control plane is gone: the other one next
                 with tally.lock:
                     tally.broken += 1
+                    tally.errors.append(started)
                 time.sleep(0.05)
                 continue
             with tally.lock:
@@ -142,6 +149,7 @@ def sync_worker(ember: Ember, tally: Tally, stop: threading.Event, offset: int) 
                     tally.latencies.append((started, time.monotonic() - started))
                 else:
                     tally.failed += 1
+                    tally.errors.append(started)
             if response.status_code >= 500 or response.status_code == 429:
                 turn += 1
                 time.sleep(0.05)
@@ -219,7 +227,12 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=6)
     parser.add_argument("--spawn-rate", type=float, default=20.0)
     parser.add_argument("--event-rate", type=float, default=20.0)
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"which faults, in this order: a comma-separated subset of {','.join(FAULTS)}")
     args = parser.parse_args()
+    args.faults = args.faults.split(",")
+    if unknown := set(args.faults) - set(FAULTS):
+        parser.error(f"--faults: unknown {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
     with tempfile.TemporaryDirectory() as tmp:
         ember = Ember(Path(tmp))
         try:
@@ -251,6 +264,8 @@ def run(ember: Ember, tmp: Path, args: argparse.Namespace) -> int:
     faults: list[tuple[str, float]] = []
 
     def fault(what: str, action) -> None:  # type: ignore[no-untyped-def]
+        if what.split(" (")[0] not in [FAULTS[f] for f in args.faults]:
+            return
         print(f"[chaos] SIGKILL {what}", file=sys.stderr)
         at = time.monotonic()
         action()
@@ -318,17 +333,25 @@ def report(sync: Tally, spawned: Tally, events: Tally, faults: list[tuple[str, f
         broken = str(t.broken) if name == "synchronous" else "-"
         print(f"| {name} | {t.accepted:,} | {t.completed:,} | {t.failed:,} | {lost:,} | {broken} |")
     print()
-    print("| fault | sync p99 ms in the window after | max ms | sync p99 ms before any fault "
-          "| first success after, s |")
-    print("|---|---:|---:|---:|---:|")
+    print("| fault | sync p99 ms in the window after | max ms | sync p99 ms before any fault | max ms before any fault "
+          "| first success after, s | longest gap between served calls, ms | sync calls failed or broken |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     first_fault = faults[0][1] if faults else float("inf")
     calm = [s for at, s in sync.latencies if at < first_fault]
     calm_p99 = _p99(calm)
+    calm_max = max((s for at, s in sync.latencies if at + s < first_fault), default=float("nan")) * 1000  # ended
     for what, at in faults:
         during = [s for t, s in sync.latencies if at <= t < at + window]
         recovered = min((t + s for t, s in sync.latencies if t >= at), default=float("nan")) - at
-        worst = max(during, default=float("nan")) * 1000
-        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} | {calm_p99:.1f} | {recovered:.2f} |")
+        worst, worst_at = max(((s * 1000, t - at) for t, s in sync.latencies if at <= t < at + window),
+                              default=(float("nan"), float("nan")))
+        served = sorted(t + s for t, s in sync.latencies if at - window <= t + s < at + window)
+        gap, gap_at = max(((b - a, a - at) for a, b in itertools.pairwise(served) if b >= at),
+                          default=(float("nan"), float("nan")))
+        errors = sum(1 for t in sync.errors if at <= t < at + window)
+        print(f"| {what} | {_p99(during):.1f} | {worst:.0f} (at {worst_at:+.2f} s) | {calm_p99:.1f} | {calm_max:.0f} "
+              f"| {recovered:.2f} "
+              f"| {gap * 1000:.0f} (at {gap_at:+.2f} s) | {errors} |")
 
 
 def _p99(seconds: list[float]) -> float:

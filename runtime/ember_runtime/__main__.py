@@ -12,6 +12,7 @@ from pathlib import Path
 from ember import _logging
 from ember import _loop as ember_loop
 from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
+from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
 from ember_runtime.agent.slots import STOP_GRACE_S
@@ -62,7 +63,8 @@ def main() -> None:
     args = parser.parse_args()
     _logging.configure("agent", args.log_format)
     try:
-        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own")
+        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own",
+                                   keep=Records.of(args.state_dir).held_paths())  # to adopt them
     except SandboxUnavailable as exc:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")

@@ -62,7 +62,20 @@ class Door:
     @classmethod
     def open(cls, root: Path, servers: frozenset[tuple[str, int]]) -> Door:
         """A door in a new folder under ``root``, answered by the running loop (it only accepts and connects)."""
-        folder = Path(tempfile.mkdtemp(prefix="door-", dir=root))
+        return cls._listen(Path(tempfile.mkdtemp(prefix="door-", dir=root)), servers)
+
+    @classmethod
+    def reopen(cls, folder: Path, servers: frozenset[tuple[str, int]]) -> Door:
+        """The door of a sandbox whose agent was killed, listening again in its folder (the agent's own, 0700)."""
+        info = folder.lstat()
+        if not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise OSError(f"{folder} is not a door's folder of this agent")
+        with contextlib.suppress(FileNotFoundError):
+            (folder / SOCKET_NAME).unlink()
+        return cls._listen(folder, servers)
+
+    @classmethod
+    def _listen(cls, folder: Path, servers: frozenset[tuple[str, int]]) -> Door:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(folder / SOCKET_NAME))

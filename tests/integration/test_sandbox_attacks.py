@@ -110,6 +110,8 @@ class Snoop:
             "other_bundle": attempt(lambda: open(targets["other_bundle_file"]).read()),
             "bundles": attempt(lambda: os.listdir(targets["bundles"])),
             "state_dir": attempt(lambda: os.listdir(targets["state_dir"])),
+            "records": attempt(lambda: os.listdir(targets["records"])),
+            "other_output": attempt(lambda: os.open(targets["other_output"], os.O_RDONLY | os.O_NONBLOCK)),
             "agent_environ": attempt(lambda: open(f"/proc/{targets['agent_pid']}/environ", "rb").read()),
             "environ": sorted(os.environ),
             "own_code": attempt(lambda: open(os.path.join(os.getcwd(), "hostile.py"), "a").write("# mine now")),
@@ -138,17 +140,21 @@ def test_a_hostile_replica_reads_nothing_of_the_node_and_cannot_fork(tmp_path, t
     sockets = sorted(str(p) for p in (node / "zygotes").glob("*.sock"))
     assert any("hostile" in s for s in sockets)  # its own zygote's socket exists, on the node
     other = next(p for p in (node / "bundles").glob("*/hello.py"))
+    # another app's replica record and output (a FIFO): the agent's, for a restarted agent to adopt that replica
+    other_output = next(p for p in (node / "replicas").glob("hello-*/stdout"))
     agent_pid = platform._procs["agent"].pid
     agent_env = Path(f"/proc/{agent_pid}/environ").read_bytes()
     assert b"PYTEST_CURRENT_TEST=" in agent_env  # something of the agent's own that no replica may see
     targets = {"other_bundle_file": str(other), "bundles": str(node / "bundles"), "state_dir": str(node),
-               "agent_pid": agent_pid, "zygote_sockets": sockets}
+               "agent_pid": agent_pid, "zygote_sockets": sockets, "records": str(node / "replicas"),
+               "other_output": str(other_output)}
 
     response = http.post("/v1/hostile/Snoop.snoop", json=targets)
     assert response.status_code == 200, response.text
     seen = response.json()
     assert seen["other_bundle"] == "FileNotFoundError"
     assert seen["bundles"] == "FileNotFoundError" and seen["state_dir"] == "FileNotFoundError"
+    assert seen["records"] == "FileNotFoundError" and seen["other_output"] == "FileNotFoundError"
     assert seen["agent_environ"] == "FileNotFoundError"  # no such process in its pid namespace
     assert "PYTEST_CURRENT_TEST" not in seen["environ"]
     assert not [k for k in seen["environ"] if "TOKEN" in k or "SECRET" in k]

@@ -21,12 +21,19 @@ class TestPlatform(EmbeddedPlatform):
 
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
-    def __init__(self, state_dir: Path, *, faults: AgentFaults | None = None, **kwargs: Any) -> None:
-        """``faults``: what its node agents do wrong (see ``support.faults``); none unless asked."""
+    def __init__(self, state_dir: Path, *, faults: AgentFaults | None = None, sandbox: bool = True,
+                 **kwargs: Any) -> None:
+        """``faults``: what its node agents do wrong (see ``support.faults``); none unless asked. ``sandbox``: its own
+        agent's replicas in sandboxes where this machine allows them (else unsandboxed, ``--insecure-no-sandbox``)."""
         super().__init__(state_dir, **kwargs)
         self.faults = faults
+        self.sandbox = sandbox
+        self._commands: dict[str, list[str]] = {}
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        self._commands[name] = cmd
+        if name == "agent" and not self.sandbox:
+            cmd = [("--insecure-no-sandbox" if arg == "--sandbox-if-possible" else arg) for arg in cmd]
         if cmd[1:3] == ["-m", "ember_runtime"]:
             # A test's platform stops at its end with calls still running (a call a test left busy for 20 s): its
             # replicas are not waited for as a production node's are.
@@ -74,6 +81,11 @@ class TestPlatform(EmbeddedPlatform):
         proc = self._procs.pop(name)
         proc.kill()
         proc.wait()
+
+    def start_again(self, name: str) -> subprocess.Popen[bytes]:
+        """Start one of its processes again (after ``kill``: a node agent, say) as it was started: same node and
+        state dir."""
+        return self._spawn(name, self._commands[name])
 
     def restart_platform(self, timeout_s: float = 60.0) -> None:
         """SIGKILL the control plane and start it again on the same port (its memory is gone)."""

@@ -105,6 +105,11 @@ class AssignmentWatch:
         self._sub: Any = None
         self._task: asyncio.Task[None] | None = None
 
+    @property
+    def synced(self) -> bool:
+        """Whether this node's assignment was read since the start (what is not in it is not wanted here)."""
+        return self._synced
+
     async def start(self) -> None:
         self._sub = await self._nc.subscribe(subjects.assignment_updates(self._node_id), cb=self._on_write)
         with contextlib.suppress(NotFetched):

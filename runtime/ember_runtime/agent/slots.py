@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ from typing import Any, Literal
 
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime import hostpid
-from ember_runtime.agent import sandbox
+from ember_runtime.agent import adoption, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
@@ -36,6 +37,9 @@ SLOW_STOP_S = 2.0  # a replica that takes longer to drain and exit is named in t
 ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
 MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line is cut, and says so
 _READ_CHUNK = 64 * 1024
+
+
+Running = asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | adoption.Adopted
 
 
 @dataclass(frozen=True)
@@ -59,8 +63,14 @@ class ReplicaSlot:
                  gpu_uuids: Sequence[str] = (), gpu_memory_mb: int = 0, cpus: frozenset[int] | None = None,
                  zygotes: ZygotePool | None = None, startup_timeout_s: float = 0.0,
                  confinement: sandbox.Confinement = sandbox.NOT_CONFINED,
-                 verify: Callable[[], Awaitable[Path]] | None = None, python: Path | None = None) -> None:
+                 verify: Callable[[], Awaitable[Path]] | None = None, python: Path | None = None,
+                 records: adoption.Records | None = None, adopt: adoption.Adopted | adoption.Record | None = None,
+                 bundle_sha256: str = "") -> None:
         self.key = key
+        self._records = records  # where a fresh start is recorded, for a restarted agent to adopt it
+        self._adopted = adopt if isinstance(adopt, adoption.Adopted) else None  # the first "start" adopts it
+        self._bundle_sha256 = bundle_sha256
+        self._lifeline = -1  # the write end of the running replica's lifeline (see ``adoption``)
         self._python = str(python) if python is not None else sys.executable  # its image's interpreter, or ours
         self._first_start = first_start  # (kind, decided at, fetch seconds) of the first start
         self.replica_id = key.replica_id
@@ -71,7 +81,7 @@ class ReplicaSlot:
         self._node_id = node_id
         self._bundle = bundle
         self._module = module
-        self._proc: asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | None = None
+        self._proc: Running | None = None
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0
@@ -88,6 +98,13 @@ class ReplicaSlot:
         self._verify = verify  # the bundle, checked (and unpacked again if it changed) before a fresh start
         self._cgroup: Path | None = None
         self._task: asyncio.Task[None] | None = None
+        if isinstance(adopt, adoption.Adopted):  # a replica a killed agent started, running still
+            self.restarts = adopt.record.restarts
+            self._cgroup = Path(adopt.record.cgroup) if adopt.record.cgroup else None
+        elif adopt is not None:  # one that ended while no agent ran: this start is its restart, and says so
+            self.restarts = adopt.restarts + 1
+            self._last_restart_reason = "it ended while its node agent was away (exit code not known)"
+            MemoryCgroups.remove(Path(adopt.cgroup) if adopt.cgroup else None)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._supervise(), name=f"slot-{self.replica_id}")
@@ -114,6 +131,7 @@ class ReplicaSlot:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        self._release()
         with contextlib.suppress(Exception):
             await self._kv.delete(subjects.replica_key(self._node_id, self.replica_id))
 
@@ -170,7 +188,11 @@ class ReplicaSlot:
 
     async def _run_once(self) -> int:
         kind, decided, fetch_s = self._first_start if self.restarts == 0 else ("artifact", time.time(), 0.0)
-        self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
+        if (adopted := self._adopted) is not None:
+            self._proc, self._adopted, self._lifeline = adopted, None, adopted.lifeline
+            log.info("replica %s adopted (pid %d)", self.replica_id, adopted.pid)
+        else:
+            self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                  asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
@@ -180,6 +202,16 @@ class ReplicaSlot:
             _signal_group(self._proc.pid, signal.SIGKILL)  # what a crashed replica started dies with it
             await asyncio.gather(*pumps, return_exceptions=True)
             MemoryCgroups.remove(self._cgroup)
+            self._release()
+
+    def _release(self) -> None:
+        """The replica ended (or is stopped): its lifeline let go, its record removed."""
+        if self._lifeline >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._lifeline)
+            self._lifeline = -1
+        if self._records is not None:
+            self._records.remove(self.replica_id)
 
     def _argv(self, kind: str, decided: float, fetch_s: float) -> list[str]:
         """``ember_runtime.replica``'s arguments for this start."""
@@ -200,19 +232,52 @@ class ReplicaSlot:
             self._bundle = await self._verify()
         jail = self._jail
         self._cgroup = jail.cgroups.prepare(f"replica-{self.replica_id}", jail.memory_mb) if jail.cgroups else None
-        preexec = partial(sandbox.prepare_child, self._cpus, cgroup=MemoryCgroups.joiner(self._cgroup))
+        pipes = self._pipes()
+        preexec = partial(sandbox.prepare_child, self._cpus, cgroup=MemoryCgroups.joiner(self._cgroup),
+                          outlive_agent=pipes is not None)
         env = sandbox.environment(self._env, sandboxed=jail.sandbox.enabled, secrets=jail.secrets)
+        env.update(pipes.env if pipes is not None else {})
         command = [self._python, "-m", "ember_runtime.hostpid", "ember_runtime.replica",
                    *self._argv(kind, decided, fetch_s)]
+        out: dict[str, Any] = {"stdout": asyncio.subprocess.PIPE, "stderr": asyncio.subprocess.PIPE}
+        if pipes is not None:
+            out = {"stdout": pipes.writes[0], "stderr": pipes.writes[1]}
+        try:
+            proc = await self._start_process(command, env, preexec, out, pipes.pass_fds if pipes else ())
+        except BaseException:
+            if pipes is not None:
+                pipes.close()
+            raise
+        if pipes is not None:
+            proc.stdout, proc.stderr = await pipes.started()
+            self._lifeline = pipes.lifeline
+            self._record(proc, pipes.nonce)
+        return proc
+
+    def _pipes(self) -> adoption.Pipes | None:
+        """The FIFOs of a start that a restarted agent can adopt; None: a start that ends with the agent."""
+        if self._records is None:
+            return None
+        try:
+            return adoption.Pipes(self._records.folder(self.replica_id))
+        except (OSError, ValueError) as exc:
+            log.warning("replica %s will not outlive this agent: %s", self.replica_id, exc)
+            return None
+
+    async def _start_process(self, command: list[str], env: dict[str, str], preexec: Callable[[], None],
+                             out: dict[str, Any],
+                             keep: Sequence[int]) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
+        jail = self._jail
         if not jail.sandbox.enabled:
             return await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=self._bundle, env=env, start_new_session=True, preexec_fn=preexec)
+                *command, stdin=asyncio.subprocess.DEVNULL, cwd=self._bundle, env=env, start_new_session=True,
+                preexec_fn=preexec, pass_fds=keep, **out)
         ours, theirs = hostpid.socket_pair()
         env[hostpid.FD_ENV] = str(theirs.fileno())
+        outlive = dataclasses.replace(jail.jail(self._bundle, env), outlive_command=bool(keep))  # see ``_pipes``
         try:
-            proc = await sandbox.start(jail.sandbox, command, jail.jail(self._bundle, env), env, preexec,
-                                       pass_fds=[theirs.fileno()])
+            proc = await sandbox.start(jail.sandbox, command, outlive, env, preexec,
+                                       pass_fds=[theirs.fileno(), *keep], **out)
         except BaseException:
             ours.close()
             raise
@@ -222,6 +287,19 @@ class ReplicaSlot:
         self._hellos.add(hello)
         hello.add_done_callback(self._hellos.discard)
         return proc
+
+    def _record(self, proc: asyncio.subprocess.Process | sandbox.SandboxedProcess, nonce: str) -> None:
+        """What a restarted agent needs to find this replica again and adopt it (see ``adoption``)."""
+        assert self._records is not None
+        started = adoption.start_time(proc.pid)
+        if started is None:  # it ended already: nothing to adopt
+            return
+        k = self.key
+        self._records.write(adoption.Record(
+            replica_id=k.replica_id, app=k.app, service=k.service, version=k.version, index=k.index,
+            bundle_sha256=self._bundle_sha256, pid=proc.pid, start_time=started, nonce=nonce, restarts=self.restarts,
+            cgroup=str(self._cgroup or ""), pasta_pid_file=getattr(proc, "pasta_pid_file", ""),
+            door=getattr(proc, "door", "")))
 
     async def _fork(self, decided: float) -> ForkedProcess | None:
         """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
@@ -255,6 +333,8 @@ class ReplicaSlot:
                 LogLine(replica_id=self.replica_id, stream=stream, line=line, ts=time.time())))
 
     def _exit_reason(self, code: int) -> str:
+        if isinstance(self._proc, adoption.Adopted):
+            return "ended (adopted from the agent before: its exit code is not known)"
         what = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
         last = self._stderr_tail[-1] if self._stderr_tail and code > 0 else ""
         return f"{what}: {last}" if last else what

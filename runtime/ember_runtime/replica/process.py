@@ -45,7 +45,7 @@ from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import call_buckets, connect
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
-from ember_runtime import hostpid, natsdoor
+from ember_runtime import hostpid, lifeline, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
@@ -455,15 +455,19 @@ async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None) ->
         loop.add_signal_handler(sig, replica.stop.set)
     if args.exit_with:
         _exit_with(loop, args.exit_with, replica.stop)
+    agent = lifeline.watch(replica.stop)  # a fresh replica outlives its agent for a while (see ``lifeline``)
     try:
         return await replica.run(creds)
     finally:
+        if agent is not None:
+            agent.cancel()
+            await asyncio.gather(agent, return_exceptions=True)
         tracing.shutdown()  # the last spans, flushed before the process leaves
 
 
 def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
-    """Stop (drain) when process ``pid`` exits. A fresh replica dies with the agent that started it through
-    the kernel's parent-death signal; a forked one's parent is its zygote, so it watches the agent itself."""
+    """Stop (drain) when process ``pid`` exits (a forked replica: its parent is its zygote, so it watches the
+    agent itself). A fresh replica outlives its agent for a while instead (``lifeline``)."""
     try:
         fd = os.pidfd_open(pid)
     except (OSError, AttributeError):

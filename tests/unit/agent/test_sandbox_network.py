@@ -324,10 +324,40 @@ def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(ne
     (pid_file,) = (p for p in left if p.is_file())  # its pasta's, left with the pasta (and its sandbox's door)
     pasta = int(pid_file.read_text())
     assert Path(f"/proc/{pasta}").exists()
-    assert netns.sweep() >= 1
+    # once its sandbox has ended too (it dies with the agent, a few milliseconds later): a sandbox still running
+    # keeps its pasta (see the next test)
+    wait_for(lambda: netns.sweep() >= 0 and not (netns.RUN_ROOT / killed.stdout.split()[0]).exists(), timeout_s=30,
+             what="the sweep to stop the pasta")  # another test's may be among those it stops
     wait_for(lambda: not Path(f"/proc/{pasta}").exists() or "Z" in Path(f"/proc/{pasta}/stat").read_text().split()[2],
              timeout_s=30, what="the orphaned pasta to be stopped")
     assert not (netns.RUN_ROOT / killed.stdout.split()[0]).exists()
+
+
+OUTLIVED_AGENT = KILLED_AGENT.replace(
+    '["true"], sandbox.Jail(bundle=Path("/tmp"))',
+    '["sleep", "60"], sandbox.Jail(bundle=Path("/tmp"), outlive_command=True)',
+).replace("partial(sandbox.prepare_child, None)", "partial(sandbox.prepare_child, None, outlive_agent=True)")
+
+
+def test_a_killed_agents_pasta_stays_while_its_sandbox_runs(networked, servers) -> None:
+    """A replica outlives its agent, to be adopted by the next one: another agent's sweep meanwhile leaves its pasta
+    and its door; once the sandbox has ended, the sweep stops them."""
+    assert OUTLIVED_AGENT != KILLED_AGENT
+    killed = subprocess.run([sys.executable, "-c", OUTLIVED_AGENT, f"nats://127.0.0.1:{servers[0]}"],
+                            capture_output=True, text=True, timeout=120, check=False)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    folder = netns.RUN_ROOT / killed.stdout.split()[0]
+    (pid_file,) = (p for p in folder.iterdir() if p.is_file())
+    (door,) = (p for p in folder.iterdir() if p.is_dir())
+    pasta = int(pid_file.read_text())
+    sandbox_init = int(Path(f"/proc/{pasta}/cmdline").read_bytes().split(b"\0")[-4])  # PID --pid FILE ''
+    try:
+        netns.sweep()
+        assert Path(f"/proc/{pasta}").exists() and pid_file.exists() and door.is_dir()
+    finally:
+        os.killpg(sandbox_init, signal.SIGKILL)
+    wait_for(lambda: netns.sweep() >= 0 and not folder.exists(), timeout_s=30,
+             what="the sweep to stop the pasta once the sandbox ended")
 
 
 def test_a_sandboxs_door_lasts_while_any_of_its_processes_does(networked, servers) -> None:
