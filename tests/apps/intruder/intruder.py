@@ -20,101 +20,95 @@ async def refusable(nc, subject, payload=b""):
     return (await asked).data
 
 
+class Attempts:
+    """This replica's own NATS connection, found as any code in a replica can find it, and what each attempt made
+    of it: the error the server answered with, or "no error: <its answer>"."""
+
+    def __init__(self):
+        import asyncio
+        import gc
+
+        from nats.aio.client import Client
+
+        gc.unfreeze()  # the replica froze what its start made (its connection too); any code may thaw it to look
+        self.nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
+        self.loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+        self.seen = {}
+
+    def run(self, attempts) -> dict:
+        """Run ``attempts()`` (a coroutine function calling ``attempt``) on the replica's own loop."""
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(attempts(), self.loop).result(120)
+        return self.seen
+
+    async def attempt(self, name, action):
+        import asyncio
+
+        nc = self.nc
+        nc._err = None  # the server's answer to this attempt, if it sends one, lands here
+        try:
+            answer = await action()
+            await nc.flush(timeout=5)
+            await asyncio.sleep(0.3)
+            self.seen[name] = repr(nc.last_error) if nc.last_error else f"no error: {answer!r}"[:300]
+        except Exception as exc:  # a request that got no answer: the server dropped it
+            self.seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
+
+    async def request(self, subject, payload=b""):
+        return await refusable(self.nc, subject, payload)
+
+    async def publish(self, subject, payload=b""):
+        await self.nc.publish(subject, payload)
+
+    async def subscribe(self, subject):
+        await self.nc.subscribe(subject)
+
+
 @app.function(timeout_s=120)
 def attack(target: str) -> dict:
-    import asyncio
-    import gc
-
-    from nats.aio.client import Client
-
-    gc.unfreeze()  # the replica froze what its start made (its connection too); any code may thaw it to look
-    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
-    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    probe = Attempts()
     forged = b'{"replica_id":"%s-forged","stream":"stdout","line":"FORGED LINE","ts":1.0}' % target.encode()
 
-    async def attempts() -> dict:
-        seen = {}
-
-        async def attempt(name, action):
-            nc._err = None  # the server's answer to this attempt, if it sends one, lands here
-            try:
-                await action()
-                await nc.flush(timeout=5)
-                await asyncio.sleep(0.3)
-                seen[name] = repr(nc.last_error) if nc.last_error else "no error"
-            except Exception as exc:  # a request that got no answer: the server dropped it
-                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
-
-        async def request(subject, payload=b""):
-            return await refusable(nc, subject, payload)
-
-        async def subscribe(subject):
-            await nc.subscribe(subject)
-
+    async def attempts() -> None:
+        attempt, request, publish, subscribe = probe.attempt, probe.request, probe.publish, probe.subscribe
         await attempt("subscribe to another app's calls", lambda: subscribe(f"ember.invoke.default.{target}.greet.v1"))
         await attempt("subscribe to every call", lambda: subscribe("ember.>"))
         await attempt("read a deployment", lambda: request(
             f"$JS.API.DIRECT.GET.KV_ember_deployments.$KV.ember_deployments.{target}"))
         await attempt("watch the tokens", lambda: request("$JS.API.CONSUMER.CREATE.KV_ember_tokens", b"{}"))
-        await attempt("register a fake replica", lambda: nc.publish("$KV.ember_replicas.forged-replica", b"{}"))
-        await attempt("write an assignment", lambda: nc.publish("$KV.ember_assignments.some-node", b"{}"))
-        await attempt("answer another app's call", lambda: nc.publish(f"_EMBER.answers.gw.{target}.frame", b"[]"))
-        await attempt("send a bundle to another app's streams", lambda: nc.publish(
+        await attempt("register a fake replica", lambda: publish("$KV.ember_replicas.forged-replica", b"{}"))
+        await attempt("write an assignment", lambda: publish("$KV.ember_assignments.some-node", b"{}"))
+        await attempt("answer another app's call", lambda: publish(f"_EMBER.answers.gw.{target}.frame", b"[]"))
+        await attempt("send a bundle to another app's streams", lambda: publish(
             f"_EMBER.answers.gw.{target}.bundle", b'[["0123456789abcdef"],[["c",0,[],"",true,null]]]'))
-        await attempt("log as another app", lambda: nc.publish(f"ember.logs.{target}.default", forged))
-        await attempt("report as another replica", lambda: nc.publish("ember.replica.someone-else.status", b"{}"))
+        await attempt("log as another app", lambda: publish(f"ember.logs.{target}.default", forged))
+        await attempt("report as another replica", lambda: publish("ember.replica.someone-else.status", b"{}"))
         await attempt("purge the call queue", lambda: request("$JS.API.STREAM.PURGE.EMBER_CALLS", b"{}"))
-        node = str(nc.options.get("user") or "replica.x.y").split(".")[1]  # its own node, as its user says
+        node = str(probe.nc.options.get("user") or "replica.x.y").split(".")[1]  # its own node, as its user says
         await attempt("ask for its node's secrets", lambda: request(
             f"ember.node.{node}.secrets", b'{"replica_id":"%s"}' % target.encode()))
         await attempt("read a secret", lambda: request(
             f"$JS.API.DIRECT.GET.KV_ember_secrets.$KV.ember_secrets.{target}"))
-        return seen
 
-    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+    return probe.run(attempts)
 
 
 @app.function(timeout_s=120)
 def steal(victim: dict) -> dict:
     """From this replica's own connection, everything another app's calls must be safe from: listing, reading and
     forging its records and results, and the shared streams' indexes. ``victim``: {"app": ..., "call_id": ...}."""
-    import asyncio
-    import gc
     import json
 
-    from nats.aio.client import Client
-
-    gc.unfreeze()
-    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
-    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    probe = Attempts()
     target, call_id = victim["app"], victim["call_id"]
     replica, node = victim.get("replica_id", "r0"), victim.get("node_id", "n0")
     forged = json.dumps({"call_id": call_id, "app": target, "function": "greet", "status": "succeeded",
                          "output": "FORGED", "created_at": 1.0, "updated_at": 1.0}).encode()
     calls = "$KV.ember_calls"
 
-    async def attempts() -> dict:
-        seen = {}
-
-        async def attempt(name, action):
-            nc._err = None
-            try:
-                answer = await action()
-                await nc.flush(timeout=5)
-                await asyncio.sleep(0.3)
-                if nc.last_error:
-                    seen[name] = repr(nc.last_error)
-                else:
-                    seen[name] = f"no error: {answer!r}"[:300]
-            except Exception as exc:
-                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
-
-        async def request(subject, payload=b""):
-            return await refusable(nc, subject, payload)
-
-        async def publish(subject, payload=b""):
-            await nc.publish(subject, payload)
-
+    async def attempts() -> None:
+        attempt, request, publish = probe.attempt, probe.request, probe.publish
         await attempt("list every app's calls", lambda: request(
             "$JS.API.STREAM.INFO.KV_ember_calls", b'{"subjects_filter": ">"}'))
         await attempt("read a record by sequence", lambda: request(
@@ -146,9 +140,8 @@ def steal(victim: dict) -> dict:
         # Its own app's keys it may write (its replicas keep their calls' records there): even one that names the
         # victim's call in its body changes nothing of the victim's.
         await attempt("write under its own app", lambda: publish(f"{calls}.r.intruder.{call_id}", forged))
-        return seen
 
-    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+    return probe.run(attempts)
 
 
 @app.function(timeout_s=60)
@@ -170,36 +163,12 @@ def meddle(victim: dict) -> dict:
     """From this replica's own connection: read, watch and write another app's schedule state (KV ember_schedules,
     the control planes' alone), and cancel another app's call (``ember.control.cancelled``, the control planes'
     relay subject, and the replica's cancel subject). ``victim``: {"app", "function", "call_id", "replica"}."""
-    import asyncio
-    import gc
-
-    from nats.aio.client import Client
-
-    gc.unfreeze()
-    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
-    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    probe = Attempts()
     key = f"{victim['app']}.{victim['function']}"
     forged = b'{"last_tick":1.0,"paused":true}'
 
-    async def attempts() -> dict:
-        seen = {}
-
-        async def attempt(name, action):
-            nc._err = None
-            try:
-                answer = await action()
-                await nc.flush(timeout=5)
-                await asyncio.sleep(0.3)
-                seen[name] = repr(nc.last_error) if nc.last_error else f"no error: {answer!r}"[:300]
-            except Exception as exc:
-                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
-
-        async def request(subject, payload=b""):
-            return await refusable(nc, subject, payload)
-
-        async def publish(subject, payload=b""):
-            await nc.publish(subject, payload)
-
+    async def attempts() -> None:
+        attempt, request, publish = probe.attempt, probe.request, probe.publish
         await attempt("read a schedule", lambda: request(
             f"$JS.API.DIRECT.GET.KV_ember_schedules.$KV.ember_schedules.{key}"))
         await attempt("read a schedule by sequence", lambda: request(
@@ -212,45 +181,20 @@ def meddle(victim: dict) -> dict:
             "ember.control.cancelled", f"{victim['app']} {victim['call_id']}".encode()))
         await attempt("cancel at its replica", lambda: publish(
             f"ember.replica.{victim['replica']}.cancel", victim["call_id"].encode()))
-        return seen
 
-    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+    return probe.run(attempts)
 
 
 @app.function(timeout_s=120)
 def claim_model(victim: dict) -> dict:
     """From this replica's own connection: read, watch and write the claim of a served model name (KV ember_models,
     the control planes' alone). ``victim``: {"key": the name's key}."""
-    import asyncio
-    import gc
-
-    from nats.aio.client import Client
-
-    gc.unfreeze()
-    nc = next(o for o in gc.get_objects() if isinstance(o, Client) and o.is_connected)
-    loop = next(o for o in gc.get_objects() if isinstance(o, asyncio.AbstractEventLoop) and o.is_running())
+    probe = Attempts()
     key = victim["key"]
     forged = b'{"model":"echo-words","app":"intruder","claimed_at":1.0}'
 
-    async def attempts() -> dict:
-        seen = {}
-
-        async def attempt(name, action):
-            nc._err = None
-            try:
-                answer = await action()
-                await nc.flush(timeout=5)
-                await asyncio.sleep(0.3)
-                seen[name] = repr(nc.last_error) if nc.last_error else f"no error: {answer!r}"[:300]
-            except Exception as exc:
-                seen[name] = f"{type(exc).__name__}: {exc}; {nc.last_error!r}"
-
-        async def request(subject, payload=b""):
-            return await refusable(nc, subject, payload)
-
-        async def publish(subject, payload=b""):
-            await nc.publish(subject, payload)
-
+    async def attempts() -> None:
+        attempt, request, publish = probe.attempt, probe.request, probe.publish
         await attempt("read a claim", lambda: request(f"$JS.API.DIRECT.GET.KV_ember_models.$KV.ember_models.{key}"))
         await attempt("read a claim by sequence", lambda: request(
             "$JS.API.STREAM.MSG.GET.KV_ember_models", b'{"seq": 1}'))
@@ -258,6 +202,5 @@ def claim_model(victim: dict) -> dict:
         await attempt("watch the claims", lambda: request("$JS.API.CONSUMER.CREATE.KV_ember_models", b"{}"))
         await attempt("write a claim", lambda: publish(f"$KV.ember_models.{key}", forged))
         await attempt("purge the claims", lambda: request("$JS.API.STREAM.PURGE.KV_ember_models", b"{}"))
-        return seen
 
-    return asyncio.run_coroutine_threadsafe(attempts(), loop).result(120)
+    return probe.run(attempts)
