@@ -45,6 +45,7 @@ from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
 from ember.wire.quotas import Quota
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
+from ember_platform.control.pace import until_next_tick
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.control.switching import Switching
@@ -72,7 +73,6 @@ from ember_platform.scheduler import (
 from ember_platform.scheduler.autoscale import in_flight_target
 
 log = logging.getLogger("ember.control")
-TICK_S = 0.5
 PENDING_IDLE_ASK_S = 2.0  # an empty queue's backlog is asked again this often (each ask is a JetStream API request)
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
@@ -166,7 +166,7 @@ class ControlLoop:
                     self.bundle_gc.poke()
             except Exception:
                 log.exception("bundle collection could not start")
-            await asyncio.sleep(TICK_S)
+            await until_next_tick(self.registry.deployments.changed)
 
     def _bundles_in_use(self) -> set[str]:
         """The bundles of the deployments and the versions they keep (for rollback), and of every slot and zygote
