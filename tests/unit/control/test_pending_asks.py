@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from support.builders import deployment, service_spec
 
 from ember_platform.control import loop as control_loop
+from ember_platform.control import pace
 from ember_platform.control.loop import PENDING_IDLE_ASK_S, ControlLoop
 
 
@@ -42,11 +43,11 @@ def test_an_empty_queue_is_asked_rarely_a_busy_one_every_tick(monkeypatch):
 
     def tick() -> None:
         asyncio.run(loop._refresh_pending(deps))
-        now[0] += control_loop.TICK_S
+        now[0] += pace.TICK_S
 
     tick()
     assert js.asked == 1 and loop.pending[("a", "f")] == 0
-    for _ in range(int(PENDING_IDLE_ASK_S / control_loop.TICK_S) - 1):
+    for _ in range(int(PENDING_IDLE_ASK_S / pace.TICK_S) - 1):
         tick()
     assert js.asked == 1  # empty: not asked again within the idle period
     tick()
