@@ -14,7 +14,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from support.natsconn import connect as admin_connect
 
 from ember_runtime.replica import pulls
-from ember_runtime.replica.pulls import Puller
+from ember_runtime.replica.pulls import Puller, PullError
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +134,21 @@ def test_calls_delivered_to_no_pull_are_handed_back_at_close(platform, monkeypat
         return [m.data for m in taken], [m.data for m in await puller.close()]
 
     assert _with_stream(platform, "PULLBACK", scenario) == ([b"taken"], [b"delivered, not taken"])
+
+
+def test_a_pull_the_server_ends_with_an_error_says_so(platform, monkeypatch):
+    """Its consumer deleted (the app was deleted while its replica still pulled), the waiting pull ends with the
+    server's word, not at its expiry nor as an empty pull that the worker would send again at once."""
+    monkeypatch.setattr(pulls, "FETCH_WAIT_S", 60.0)
+
+    async def scenario(nc: nats.NATS, js: Any) -> str:
+        puller = await _puller(nc, "PULLGONE")
+        waiting = asyncio.ensure_future(puller.pull(8))
+        await asyncio.sleep(0.2)
+        await js.delete_consumer("PULLGONE", "w")
+        with pytest.raises(PullError) as ended:
+            await asyncio.wait_for(waiting, 10)
+        await puller.close()
+        return str(ended.value)
+
+    assert _with_stream(platform, "PULLGONE", scenario).startswith("409")

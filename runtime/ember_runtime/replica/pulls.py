@@ -23,8 +23,12 @@ from nats.errors import TimeoutError as NatsTimeoutError
 # few seconds, not twice a second. A stop does not wait for it.
 FETCH_WAIT_S = 2.0
 _LATE_S = 1.0  # the server's 408 may come this much after the pull's expiry before the pull gives up on it
-_HEARTBEAT = "100"
-_ENDS = {"404", "408", "409"}  # no messages, expired, or ended by the server (the consumer changed, say)
+_EMPTY = {"404", "408"}  # no messages; the request expired
+
+
+class PullError(Exception):
+    """The server ended a pull request with an error (409: the consumer was deleted, a leader changed, too many
+    waiting requests; 503: no JetStream answered): the caller pulls again after a pause."""
 
 
 class Puller:
@@ -48,7 +52,8 @@ class Puller:
         """Up to ``room`` calls: those delivered already (a pull request lingers on the server after it returned,
         until its batch is full or it expires), else the first to arrive within ``FETCH_WAIT_S`` with whatever
         came with it. A lone call is not held until the pull expires or ``room`` calls came. Raises nats'
-        TimeoutError when none came, or when ``stop`` was set first."""
+        TimeoutError when none came, or when ``stop`` was set first; ``PullError`` when the server ended it
+        with an error."""
         if got := self._take(room):
             return got
         self._requests += 1
@@ -64,9 +69,12 @@ class Puller:
             status = (msg.headers or {}).get("Status")
             if status is None:
                 return [msg, *self._take(room - 1)]
-            if msg.subject == reply and status in _ENDS:
+            if msg.subject != reply:
+                continue  # the end of an earlier request: not this pull's answer
+            if status in _EMPTY:
                 raise NatsTimeoutError
-            # a heartbeat, or the end of an earlier request: not this pull's answer
+            if status != "100":  # not a heartbeat
+                raise PullError(f"{status} {(msg.headers or {}).get('Description', '')}".strip())
 
     async def close(self) -> list[Msg]:
         """Stop pulling: the server forgets this puller's inbox (and with it every pull request still waiting
