@@ -53,7 +53,7 @@ from ember_runtime.replica.event_headers import (
     queued_delivery,
     reply_subject,
 )
-from ember_runtime.replica.pulls import FETCH_WAIT_S, Puller
+from ember_runtime.replica.pulls import FETCH_WAIT_S, Puller, PullError
 from ember_runtime.replica.standby import Standby
 
 log = logging.getLogger("ember.queue")
@@ -121,6 +121,11 @@ class QueueWorker:
                     msgs = await puller.pull(room, self.stop)
                 except NatsTimeoutError:
                     continue
+                except PullError as exc:  # the consumer changed (deleted, say): bound again once it is there
+                    log.info("pulling %s ended: %s", self.function, exc)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.stop.wait(), 0.5)
+                    return
                 except Exception as exc:  # a disconnect, say: pull again once it is back
                     log.warning("pulling %s failed: %s", self.function, exc)
                     await asyncio.sleep(0.5)
