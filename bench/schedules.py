@@ -55,6 +55,18 @@ APPS, PER_APP, PERIOD_S = 10, 100, 2.0
 GOALS = "goals: lag p99 <= 200 ms, loop pass <= 5 ms"
 
 
+def started_at(now: float) -> dict[str, float]:  # a replica sets it with "running"; older records lack it
+    return {"started_at": now} if "started_at" in CallRecord.__struct_fields__ else {}
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, or of process ``pid``."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class TimedCalls(Calls):
     """The platform's calls, noting when each tick's call was queued."""
 
@@ -111,7 +123,7 @@ async def replicas(url: str, out: Path) -> None:
         call_id, msg_id = msg.headers[CALL_ID_HEADER], msg.headers["Nats-Msg-Id"]
         app, function = msg_id.split(".")[:2]
         record = CallRecord(call_id=call_id, app=app, function=function, status="running", created_at=now,
-                            updated_at=now, replica="bench")
+                            updated_at=now, replica="bench", **started_at(now))
         started[msg_id] = now
         await store.set_status(record)
         await store.finish(final(record, "succeeded"))
@@ -129,7 +141,7 @@ async def replicas(url: str, out: Path) -> None:
 
 # -- the control plane's side -------------------------------------------------------------------------------------
 
-async def run(url: str, work: Path, overlap: str, rounds: int) -> list[list[str]]:
+async def run(url: str, work: Path, overlap: str, rounds: int, server: int) -> list[list[str]]:
     nc = await connect(url, "bench-schedules")
     stores: Stores = await ensure_buckets(nc.jetstream())
     calls = TimedCalls(nc, stores, 30.0)
@@ -139,7 +151,11 @@ async def run(url: str, work: Path, overlap: str, rounds: int) -> list[list[str]
                         active=lambda: True)
     await loop.start()
     first = math.floor(time.time() / PERIOD_S) * PERIOD_S + PERIOD_S  # functions seen now run from this tick on
+    await asyncio.sleep(max(0.0, first - 0.5 - time.time()))
+    pids = {"control plane (the loop)": None, "stand-in replicas": stand_in.pid, "nats-server": server}
+    cpu = {name: cpu_s(pid) for name, pid in pids.items()}
     await asyncio.sleep(first + (rounds - 1) * PERIOD_S + 1.0 - time.time())  # ``rounds`` ticks, then 1 s
+    cpu = {name: (cpu_s(pid) - cpu[name]) / rounds for name, pid in pids.items()}
     await loop.stop()
     await asyncio.sleep(1.0)  # the last ticks' calls started
     stop_process(stand_in)  # type: ignore[arg-type]
@@ -160,7 +176,8 @@ async def run(url: str, work: Path, overlap: str, rounds: int) -> list[list[str]
             ["lag tick -> start p99 (ms)", f"{pct(start_lags, 0.99):.1f}"],
             ["loop pass, nothing due p50 (ms)", f"{pct(idle, 0.5):.3f}"],
             ["loop pass, nothing due p99 (ms)", f"{pct(idle, 0.99):.3f}"],
-            ["loop pass at a tick (1,000 due) mean (ms)", f"{statistics.mean(busy) if busy else math.nan:.1f}"]]
+            ["loop pass at a tick (1,000 due) mean (ms)", f"{statistics.mean(busy) if busy else math.nan:.1f}"],
+            *([f"CPU per tick, {name} (ms)", f"{1000 * seconds:.0f}"] for name, seconds in cpu.items())]
 
 
 def outcomes(loop: ScheduleLoop) -> list[tuple[str, float]]:
@@ -210,7 +227,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:
         proc, url = start_nats(Path(work))
         try:
-            rows = run_loop(run(url, Path(work), args.overlap, args.rounds))
+            rows = run_loop(run(url, Path(work), args.overlap, args.rounds, proc.pid))
         finally:
             stop_process(proc)
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())

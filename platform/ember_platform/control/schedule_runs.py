@@ -2,31 +2,30 @@
 
 The schedule loop asks, before a tick of a function whose ``overlap`` is ``"skip"`` or ``"queue"``, whether the call
 of its previous run still waits or runs. Reading that call's record at every tick cost two KV reads per function per
-tick. Instead, while it holds the lease, the loop watches the call keys of the apps that have scheduled functions
-(``$KV.ember_calls.*.<app>.>``: an ordered consumer per app, from new messages only) and notes, for the calls it
-tracks, when each starts (its status becomes ``running``: ``ember_schedule_lag_seconds`` observes its tick to that
-moment) and when it ends (its final record, or a final status). A call not seen since the watch began (one fired
-by a control plane that held the lease before, or a run asked for on another) is read once; the watch tells the
-rest. The cost of the watch is one small message per status change of those apps' calls.
-"""
+tick. Instead, while it holds the lease, the loop watches the final records of the apps that have scheduled functions
+(``$KV.ember_calls.r.<app>.>``, headers only: an ordered consumer per app, from new messages only) and notes, for
+the calls it tracks, when each ends. A call not seen since the watch began (one fired by a control plane that held
+the lease before, or a run asked for on another) is read once; the watch tells the rest. The watch costs one small
+message per finished call of those apps (no record's body). When a fired tick's run has ended, its final record is
+read once for when the run started (``CallRecord.started_at``, set by the replica that ran it):
+``ember_schedule_lag_seconds`` observes the tick to that start."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy
 
-from ember.wire import FINAL_STATUSES, CallRecord, subjects
+from ember.wire import FINAL_STATUSES, subjects
 from ember.wire.callstore import CallStore
 from ember.wire.jetstream import kv_stream
 
 log = logging.getLogger("ember.schedules")
-_record_decoder = msgspec.json.Decoder(CallRecord)
 _PREFIX = f"$KV.{subjects.CALLS_BUCKET}."
 
 
@@ -41,6 +40,7 @@ class RunWatch:
         self.finished: dict[str, bool] = {}  # call id -> ended (True) or still waits or runs (False), as last told
         self._ticks: dict[str, tuple[str, float]] = {}  # call id -> (app, tick) of a fired tick not yet started
         self._reading: set[str] = set()  # call ids read now: a watch message meanwhile wins over the read
+        self._tasks: set[asyncio.Task[None]] = set()  # reads of finished runs' start times
 
     async def watch(self, apps: set[str]) -> None:
         """Watch exactly ``apps``' call keys. What was known of an app newly watched may be stale: forgotten."""
@@ -50,24 +50,33 @@ class RunWatch:
             self._forget_app(app)
             try:
                 self._subs[app] = await self._js.subscribe(
-                    _PREFIX + subjects.calls_keys_of_app("*", app), stream=kv_stream(subjects.CALLS_BUCKET),
-                    cb=self._on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW,
+                    _PREFIX + subjects.calls_keys_of_app("r", app), stream=kv_stream(subjects.CALLS_BUCKET),
+                    cb=self._on_message, ordered_consumer=True, deliver_policy=DeliverPolicy.NEW, headers_only=True,
                     inactive_threshold=300.0)
             except (NatsError, OSError, TimeoutError) as exc:
                 log.warning("the calls of %s are not watched (%s): their records are read at each tick", app, exc)
 
     async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         for app in list(self._subs):
             await self._unsubscribe(app)
         self.finished.clear()
         self._ticks.clear()
 
-    def fired(self, app: str, call_id: str, tick: float | None) -> None:
-        """A call just queued by the loop (``tick``) or asked for (None): it waits."""
+    def expect(self, app: str, call_id: str, tick: float | None) -> None:
+        """A call about to be queued by the loop (``tick``) or asked for (None): it waits. Said before the call is
+        queued, so that its end is caught however soon it comes."""
         if app in self._subs:
             self.finished[call_id] = False
             if tick is not None:
                 self._ticks[call_id] = (app, tick)
+
+    def failed(self, call_id: str) -> None:
+        """The call expected could not be queued."""
+        self.finished.pop(call_id, None)
+        self._ticks.pop(call_id, None)
 
     async def still_runs(self, app: str, call_id: str) -> bool:
         """Whether ``call_id`` (of ``app``) still waits or runs: known from the watch, or read once."""
@@ -95,32 +104,26 @@ class RunWatch:
             for call_id in [c for c in table if c not in call_ids]:
                 del table[call_id]
 
-    def _on_message_sync(self, subject: str, data: bytes) -> None:
-        kind, _, rest = subject[len(_PREFIX):].partition(".")
-        _app, _, call_id = rest.partition(".")
+    def _on_message_sync(self, subject: str) -> None:
+        call_id = subject[len(_PREFIX):].split(".", 2)[-1]
         if call_id not in self.finished and call_id not in self._reading:
             return
-        if kind == "r":
-            self.finished[call_id] = True
-            self._ticks.pop(call_id, None)
-            return
-        if kind != "s":
-            return
-        if not data:  # the status removed: the call was never queued after all
-            self.finished[call_id] = True
-            return
-        try:
-            record = _record_decoder.decode(data)
-        except msgspec.DecodeError:
-            return
-        if record.status in FINAL_STATUSES:
-            self.finished[call_id] = True
-        elif record.status == "running" and call_id in self._ticks:
-            app, tick = self._ticks.pop(call_id)
-            self._started(app, tick, record.updated_at)
+        self.finished[call_id] = True
+        fired = self._ticks.pop(call_id, None)
+        if fired is not None:
+            task = asyncio.create_task(self._observe(*fired, call_id), name="schedule-lag")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _observe(self, app: str, tick: float, call_id: str) -> None:
+        """The tick's lag to its run's start, from its final record."""
+        with contextlib.suppress(NatsError, OSError, TimeoutError):
+            record = await self._store.result(app, call_id)
+            if record is not None and record.started_at:
+                self._started(app, tick, record.started_at)
 
     async def _on_message(self, msg: Any) -> None:
-        self._on_message_sync(msg.subject, msg.data)
+        self._on_message_sync(msg.subject)
 
     def _forget_app(self, app: str) -> None:
         prefix = f"{app}_"

@@ -39,6 +39,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ember._errors import ConflictError, EmberError, NotFoundError
 from ember.wire import Deployment, encoder, subjects
+from ember.wire.callstore import new_call_id
 from ember.wire.jetstream import KVMirror, js_replicas
 from ember.wire.schedules import (
     MAX_CATCH_UP,
@@ -51,6 +52,7 @@ from ember.wire.schedules import (
     state_key,
     tick_call_id,
     tick_msg_id,
+    ticks_between,
 )
 from ember_platform.calls.durable import Calls
 from ember_platform.control.schedule_runs import RunWatch
@@ -213,11 +215,16 @@ class ScheduleLoop:
         found = await asyncio.gather(*(self._one(key, now) for key in keys if key in self._index))
         writes = [write for write in found if write is not None]
         done = await asyncio.gather(*(self._write(*write) for write in writes))
-        for (key, state, _create), ok in zip(writes, done, strict=True):
-            if not ok or state.queued:  # written meanwhile (a pause, a resume), or a tick waits: looked at again
+        for (key, _state, _create), ok in zip(writes, done, strict=True):
+            if not ok:  # written meanwhile (a pause, a resume): looked at again
                 self._dirty.add(key)
         for key in keys:
-            if key in self._index and key not in self._dirty:
+            if key not in self._index or key in self._dirty:
+                continue
+            state = self.states.items.get(key)
+            if state is not None and state.queued:  # a tick waits for the run before it: looked at in each pass
+                self._dirty.add(key)
+            else:
                 self._plan(key, next_tick(self._index[key][2], now))
         if len(self.runs.finished) > 2 * len(self._index) + 64:
             self.runs.keep({state.last_call_id for state in self.states.items.values()})
@@ -248,7 +255,8 @@ class ScheduleLoop:
         else:
             if missed:
                 self.metrics.runs.labels(dep.app, "missed").inc(missed)
-                new = msgspec.structs.replace(new, last_status="missed")
+                latest = ticks[-1:] or ticks_between(spec, state.last_tick, now, limit=1)  # catch_up="none": all
+                new = msgspec.structs.replace(new, last_status="missed", last_tick=latest[-1])
             if ticks:
                 new = msgspec.structs.replace(new, last_tick=ticks[-1])
             for tick in ticks:
@@ -259,6 +267,9 @@ class ScheduleLoop:
 
     async def _tick(self, dep: Deployment, function: str, spec: ScheduleSpec, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
+        if spec.overlap == "queue" and state.queued:  # older ticks wait: this one goes after them
+            self.metrics.runs.labels(dep.app, "queued").inc()
+            return msgspec.structs.replace(state, queued=(*state.queued, tick)[-MAX_CATCH_UP:])
         if spec.overlap != "allow" and await self.runs.still_runs(dep.app, state.last_call_id):
             if spec.overlap == "skip":
                 self.metrics.runs.labels(dep.app, "skipped").inc()
@@ -277,15 +288,16 @@ class ScheduleLoop:
     async def _fire(self, dep: Deployment, function: str, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
         call_id = tick_call_id(dep.app, function, tick)
+        self.runs.expect(dep.app, call_id, tick)
         try:
             async with self._limit:
                 await self._calls.submit(dep.app, function, b"{}", key=None, deadline=math.inf, call_id=call_id,
                                          msg_id=tick_msg_id(dep.app, function, tick))
         except EmberError as exc:
+            self.runs.failed(call_id)
             log.warning("%s.%s: the tick at %s could not be queued: %s", dep.app, function, tick, exc)
             self.metrics.runs.labels(dep.app, "failed").inc()
             return msgspec.structs.replace(state, last_status="failed")
-        self.runs.fired(dep.app, call_id, tick)
         self.metrics.runs.labels(dep.app, "fired").inc()
         return msgspec.structs.replace(state, last_call_id=call_id, last_status="fired", last_run_at=now,
                                        runs=state.runs + 1)
@@ -346,8 +358,13 @@ class ScheduleLoop:
     async def run_now(self, app: str, function: str) -> str:
         """Queue a run now, outside the schedule (paused or not): an ordinary spawned call; its id."""
         self.find(app, function)
-        reply = await self._calls.submit(app, function, b"{}", key=None, deadline=math.inf)
-        self.runs.fired(app, reply.call_id, None)
+        call_id = new_call_id(app)
+        self.runs.expect(app, call_id, None)
+        try:
+            reply = await self._calls.submit(app, function, b"{}", key=None, deadline=math.inf, call_id=call_id)
+        except BaseException:
+            self.runs.failed(call_id)
+            raise
         self.metrics.runs.labels(app, "run").inc()
         assert self.kv is not None
         key = state_key(app, function)
