@@ -27,6 +27,7 @@ from ember.wire.jetstream import kv_stream
 
 log = logging.getLogger("ember.schedules")
 _PREFIX = f"$KV.{subjects.CALLS_BUCKET}."
+MAX_PENDING_READS = 10_000  # fired ticks whose run has not ended, and ended runs whose start is still to be read
 
 
 class RunWatch:
@@ -40,7 +41,8 @@ class RunWatch:
         self.finished: dict[str, bool] = {}  # call id -> ended (True) or still waits or runs (False), as last told
         self._ticks: dict[str, tuple[str, float]] = {}  # call id -> (app, tick) of a fired tick not yet started
         self._reading: set[str] = set()  # call ids read now: a watch message meanwhile wins over the read
-        self._tasks: set[asyncio.Task[None]] = set()  # reads of finished runs' start times
+        self._ended: list[tuple[str, float, str]] = []  # (app, tick, call id) of fired ticks whose run ended
+        self._reader: asyncio.Task[None] | None = None  # reads their start times
 
     async def watch(self, apps: set[str]) -> None:
         """Watch exactly ``apps``' call keys. What was known of an app newly watched may be stale: forgotten."""
@@ -57,9 +59,10 @@ class RunWatch:
                 log.warning("the calls of %s are not watched (%s): their records are read at each tick", app, exc)
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        self._ended.clear()
         for app in list(self._subs):
             await self._unsubscribe(app)
         self.finished.clear()
@@ -72,6 +75,8 @@ class RunWatch:
             self.finished[call_id] = False
             if tick is not None:
                 self._ticks[call_id] = (app, tick)
+                if len(self._ticks) > MAX_PENDING_READS:  # runs that never end: the oldest are not observed
+                    del self._ticks[next(iter(self._ticks))]
 
     def failed(self, call_id: str) -> None:
         """The call expected could not be queued."""
@@ -99,28 +104,34 @@ class RunWatch:
         return not ended
 
     def keep(self, call_ids: set[str]) -> None:
-        """Forget every call but ``call_ids`` (the schedules' last calls): memory bounded by the schedules."""
-        for table in (self.finished, self._ticks):
-            for call_id in [c for c in table if c not in call_ids]:
-                del table[call_id]
+        """Forget whether calls other than ``call_ids`` (the schedules' last calls) ended: bounded by the schedules."""
+        for call_id in [c for c in self.finished if c not in call_ids]:
+            del self.finished[call_id]
 
     def _on_message_sync(self, subject: str) -> None:
         call_id = subject[len(_PREFIX):].split(".", 2)[-1]
-        if call_id not in self.finished and call_id not in self._reading:
-            return
-        self.finished[call_id] = True
         fired = self._ticks.pop(call_id, None)
-        if fired is not None:
-            task = asyncio.create_task(self._observe(*fired, call_id), name="schedule-lag")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+        if call_id in self.finished or call_id in self._reading:
+            self.finished[call_id] = True
+        if fired is not None and len(self._ended) < MAX_PENDING_READS:
+            self._ended.append((*fired, call_id))
 
-    async def _observe(self, app: str, tick: float, call_id: str) -> None:
-        """The tick's lag to its run's start, from its final record."""
-        with contextlib.suppress(NatsError, OSError, TimeoutError):
-            record = await self._store.result(app, call_id)
-            if record is not None and record.started_at:
-                self._started(app, tick, record.started_at)
+    def observe(self) -> None:
+        """Read the start of the runs that ended, in one task beside the loop (after a pass: never while a tick's
+        calls are being queued)."""
+        if self._ended and (self._reader is None or self._reader.done()):
+            ended, self._ended = self._ended, []
+            self._reader = asyncio.create_task(self._observe(ended), name="schedule-lag")
+
+    async def _observe(self, ended: list[tuple[str, float, str]]) -> None:
+        """Each tick's lag to its run's start, from the run's final record."""
+        async def one(app: str, tick: float, call_id: str) -> None:
+            with contextlib.suppress(NatsError, OSError, TimeoutError):
+                record = await self._store.result(app, call_id)
+                if record is not None and record.started_at:
+                    self._started(app, tick, record.started_at)
+
+        await asyncio.gather(*(one(*run) for run in ended))
 
     async def _on_message(self, msg: Any) -> None:
         self._on_message_sync(msg.subject)

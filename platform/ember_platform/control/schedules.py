@@ -168,6 +168,7 @@ class ScheduleLoop:
             except BaseException:  # none is lost: what was not planned again is looked at in the next pass
                 self._dirty |= {key for key in keys if key not in self._due}
                 raise
+        self.runs.observe()
         return (self._heap[0][0] if self._heap else now + MAX_WAIT_S) - time.time(), len(keys)
 
     def _changed(self, key: str, value: ScheduleState | None) -> None:
