@@ -6,15 +6,16 @@ tick. Instead, while it holds the lease, the loop watches the final records of t
 (``$KV.ember_calls.r.<app>.>``, headers only: an ordered consumer per app, from new messages only) and notes, for
 the calls it tracks, when each ends. A call not seen since the watch began (one fired by a control plane that held
 the lease before, or a run asked for on another) is read once; the watch tells the rest. The watch costs one small
-message per finished call of those apps (no record's body). When a fired tick's run has ended, its final record is
-read once for when the run started (``CallRecord.started_at``, set by the replica that ran it):
-``ember_schedule_lag_seconds`` observes the tick to that start."""
+message per finished call of those apps (no record's body). A final record's message carries when its run started
+(``STARTED_AT_HEADER``, ``CallRecord.started_at``, set by the replica that ran it): ``ember_schedule_lag_seconds``
+observes each fired tick to that start (a record without the header is read once, after the loop's pass)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ from nats.js.api import DeliverPolicy
 
 from ember.wire import FINAL_STATUSES, subjects
 from ember.wire.callstore import CallStore
+from ember.wire.headers import STARTED_AT_HEADER
 from ember.wire.jetstream import kv_stream
 
 log = logging.getLogger("ember.schedules")
@@ -108,12 +110,20 @@ class RunWatch:
         for call_id in [c for c in self.finished if c not in call_ids]:
             del self.finished[call_id]
 
-    def _on_message_sync(self, subject: str) -> None:
+    def _on_message_sync(self, subject: str, started_at: str | None) -> None:
         call_id = subject[len(_PREFIX):].split(".", 2)[-1]
         fired = self._ticks.pop(call_id, None)
         if call_id in self.finished or call_id in self._reading:
             self.finished[call_id] = True
-        if fired is not None and len(self._ended) < MAX_PENDING_READS:
+        if fired is None:
+            return
+        try:
+            started = float(started_at) if started_at else 0.0
+        except ValueError:
+            started = 0.0
+        if math.isfinite(started) and started > 0:
+            self._started(*fired, started)
+        elif len(self._ended) < MAX_PENDING_READS:  # a record without the header (a replica of an older version)
             self._ended.append((*fired, call_id))
 
     def observe(self) -> None:
@@ -134,7 +144,7 @@ class RunWatch:
         await asyncio.gather(*(one(*run) for run in ended))
 
     async def _on_message(self, msg: Any) -> None:
-        self._on_message_sync(msg.subject)
+        self._on_message_sync(msg.subject, (msg.headers or {}).get(STARTED_AT_HEADER))
 
     def _forget_app(self, app: str) -> None:
         prefix = f"{app}_"
