@@ -1,37 +1,70 @@
-"""Schedule lag and the schedule loop's cost with 1,000 scheduled functions on one platform.
+"""Schedule lag and the schedule loop's cost with 1,000 scheduled functions.
 
-A platform starts (``EmbeddedPlatform``); 10 apps of 100 functions each, every one on ``ember.Period(seconds=2)``, are
-handed to a ``ScheduleLoop`` connected to that platform's NATS as a control plane (the loop is the platform's own
-code; the deployments are given to it in memory, so that no 1,000 replicas are needed). For ``ROUNDS`` periods the
-loop fires every tick onto the durable queue (a call record and a JetStream publish each, deduplicated by
-``<app>.<fn>.<tick ms>``). Figures: the lag from a tick to its call queued (p50/p99), and the loop's pass cost, the
-pass at a tick (1,000 calls queued) and the passes between ticks (nothing due). A replica starts a queued call
-within its pull (bench/queues.py measures that path): tick -> start is this lag plus that.
+What runs
+    A fresh nats-server with JetStream, Ember's buckets and streams (``ensure_buckets``), and the control plane's own
+    ``ScheduleLoop`` holding the lease, with 10 apps of 100 functions each, every one on ``ember.Period(seconds=2)``
+    (``--overlap``, "skip" by default). The deployments are given to the loop in memory, so that no 1,000 replicas
+    are needed; a full platform is not started because its own loop, holding the lease, would forget the keys of
+    functions it has not deployed. A second process stands in for the replicas: it pulls the queued calls from the
+    durable queue, marks each running (as a replica does: its status record, which the loop's watch reads) and
+    stores its final record at once, so that every tick's previous run has ended and, with ``overlap="skip"``,
+    every tick fires.
 
-    python bench/schedules.py
+Figures
+    lag tick -> queued: from the tick to the call's publish acknowledged (the loop's side); lag tick -> start: from
+    the tick to the stand-in replica marking the call running (what ``ember_schedule_lag_seconds`` observes, the
+    queue's pull included); the loop's pass: a pass with nothing due, and a pass at a tick (every function due).
+
+    python bench/schedules.py [--overlap skip|queue|allow] [--rounds 5]
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import json
 import math
-import platform as host
+import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from ember._deploy import inspect_app
-from ember.dev.embedded import EmbeddedPlatform
-from ember.wire import Deployment
-from ember.wire.jetstream import Stores, connect, ensure_buckets
-from ember_platform.calls.durable import Calls
-from ember_platform.control.schedules import ScheduleLoop
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
 
-APPS, PER_APP, PERIOD_S, ROUNDS = 10, 100, 2.0, 5
+from http_latency import markdown_table, stop_process  # noqa: E402
+
+from ember._deploy import inspect_app  # noqa: E402
+from ember._loop import run as run_loop  # noqa: E402
+from ember.dev.embedded import nats_server_binary  # noqa: E402
+from ember.wire import CallRecord, Deployment, subjects  # noqa: E402
+from ember.wire.callstore import CallStore, final  # noqa: E402
+from ember.wire.headers import CALL_ID_HEADER  # noqa: E402
+from ember.wire.jetstream import Stores, connect, ensure_buckets  # noqa: E402
+from ember_platform.calls.durable import Calls  # noqa: E402
+from ember_platform.control.schedules import ScheduleLoop  # noqa: E402
+
+APPS, PER_APP, PERIOD_S = 10, 100, 2.0
 GOALS = "goals: lag p99 <= 200 ms, loop pass <= 5 ms"
+
+
+def started_at(now: float) -> dict[str, float]:  # a replica sets it with "running"; older records lack it
+    return {"started_at": now} if "started_at" in CallRecord.__struct_fields__ else {}
+
+
+def cpu_s(pid: int | None = None) -> float:
+    """CPU seconds (user + system) of this process, or of process ``pid``."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class TimedCalls(Calls):
@@ -46,14 +79,14 @@ class TimedCalls(Calls):
         return reply
 
 
-def deployments(work: Path) -> dict[str, Deployment]:
+def deployments(work: Path, overlap: str) -> dict[str, Deployment]:
     """The manifests of ``APPS`` modules of ``PER_APP`` scheduled functions, as ``ember push`` reads them."""
     out = {}
     for a in range(APPS):
         app = f"sched-{a}"
         source = [f"import ember\napp = ember.App({app!r})\n"]
-        source += [f"@app.function(schedule=ember.Period(seconds={PERIOD_S}))\ndef f{i}() -> None: ...\n"
-                   for i in range(PER_APP)]
+        source += [f"@app.function(schedule=ember.Period(seconds={PERIOD_S}, overlap={overlap!r}))\n"
+                   f"def f{i}() -> None: ...\n" for i in range(PER_APP)]
         path = work / f"sched_{a}.py"
         path.write_text("\n".join(source))
         out[app] = Deployment(app=app, version=1, bundle_sha256="0" * 64, created_at=time.time(),
@@ -62,38 +95,144 @@ def deployments(work: Path) -> dict[str, Deployment]:
 
 
 def pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1)]
 
 
-async def run(nats_url: str, creds: object, work: Path) -> None:
-    nc = await connect(nats_url, "bench-schedules", creds)  # type: ignore[arg-type]
-    stores: Stores = await ensure_buckets(nc.jetstream())
-    calls = TimedCalls(nc, stores, 30.0)
-    loop = ScheduleLoop(nc.jetstream(), calls, SimpleNamespace(items=deployments(work)), active=lambda: True)  # type: ignore[arg-type]
-    await loop.start()
-    first = math.floor(time.time() / PERIOD_S) * PERIOD_S + PERIOD_S
-    await asyncio.sleep(first + ROUNDS * PERIOD_S + 1.0 - time.time())
-    await loop.stop()
-    lags = [1000 * (at - int(msg_id.rsplit(".", 1)[1]) / 1000) for msg_id, at in calls.queued.items()]
-    passes = [1000 * s for s in loop.pass_s]
-    busy = [p for p in passes if p > statistics.median(passes) * 5] or passes
-    rows = [("scheduled functions", f"{APPS * PER_APP}"), ("ticks fired", f"{len(lags)}"),
-            ("lag tick -> queued p50 (ms)", f"{pct(lags, 0.5):.1f}"),
-            ("lag tick -> queued p99 (ms)", f"{pct(lags, 0.99):.1f}"),
-            ("loop pass, nothing due p50 (ms)", f"{statistics.median(passes):.2f}"),
-            ("loop pass, nothing due p99 (ms)", f"{pct(passes, 0.99):.2f}"),
-            ("loop pass at a tick (1,000 queued) mean (ms)", f"{statistics.mean(busy):.1f}")]
-    width = max(len(r[0]) for r in rows)
-    print(f"{host.node()} {host.machine()} python {sys.version.split()[0]} {time.strftime('%Y-%m-%d')}; {GOALS}")
-    for name, value in rows:
-        print(f"{name.ljust(width)}  {value:>10}")
+def tick_of(msg_id: str) -> float:
+    return int(msg_id.rsplit(".", 1)[1]) / 1000
+
+
+# -- the stand-in replicas (a process of their own) ---------------------------------------------------------------
+
+async def replicas(url: str, out: Path) -> None:
+    """Pull every queued call, mark it running, store its final record, ack; write each tick's start at the end."""
+    nc = await connect(url, "bench-replicas")
+    js = nc.jetstream()
+    stores = await ensure_buckets(js, create=False)
+    store = CallStore(js, stores.calls, stores.results)
+    sub = await js.pull_subscribe(subjects.CALLS_ALL, durable="bench-replicas", stream=subjects.CALLS_STREAM)
+    started: dict[str, float] = {}
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+
+    async def run(msg) -> None:  # type: ignore[no-untyped-def]
+        now = time.time()
+        call_id, msg_id = msg.headers[CALL_ID_HEADER], msg.headers["Nats-Msg-Id"]
+        app, function = msg_id.split(".")[:2]
+        record = CallRecord(call_id=call_id, app=app, function=function, status="running", created_at=now,
+                            updated_at=now, replica="bench", **started_at(now))
+        started[msg_id] = now
+        await store.set_status(record)
+        await store.finish(final(record, "succeeded"))
+        await msg.ack()
+
+    while not stop.is_set():
+        try:
+            msgs = await sub.fetch(512, timeout=0.25)
+        except TimeoutError:
+            continue
+        await asyncio.gather(*(run(m) for m in msgs))
+    out.write_text(json.dumps(started))
     await nc.close()
 
 
+# -- the control plane's side -------------------------------------------------------------------------------------
+
+async def run(url: str, work: Path, overlap: str, rounds: int, server: int) -> list[list[str]]:
+    nc = await connect(url, "bench-schedules")
+    stores: Stores = await ensure_buckets(nc.jetstream())
+    calls = TimedCalls(nc, stores, 30.0)
+    started_file = work / "started.json"
+    stand_in = subprocess.Popen([sys.executable, __file__, "--replicas", url, str(started_file)])
+    loop = ScheduleLoop(nc.jetstream(), calls, SimpleNamespace(items=deployments(work, overlap)),  # type: ignore[arg-type]
+                        active=lambda: True)
+    await loop.start()
+    first = math.floor(time.time() / PERIOD_S) * PERIOD_S + PERIOD_S  # functions seen now run from this tick on
+    await asyncio.sleep(max(0.0, first - 0.5 - time.time()))
+    pids = {"control plane (the loop)": None, "stand-in replicas": stand_in.pid, "nats-server": server}
+    cpu = {name: cpu_s(pid) for name, pid in pids.items()}
+    await asyncio.sleep(first + (rounds - 1) * PERIOD_S + 1.0 - time.time())  # ``rounds`` ticks, then 1 s
+    cpu = {name: (cpu_s(pid) - cpu[name]) / rounds for name, pid in pids.items()}
+    await loop.stop()
+    await asyncio.sleep(1.0)  # the last ticks' calls started
+    stop_process(stand_in)  # type: ignore[arg-type]
+    await nc.close()
+    started = json.loads(started_file.read_text()) if started_file.exists() else {}
+    queued_lags = [1000 * (at - tick_of(m)) for m, at in calls.queued.items()]
+    start_lags = [1000 * (at - tick_of(m)) for m, at in started.items()]
+    idle, busy = passes(loop)
+    return [["figure", "value"],
+            ["scheduled functions", f"{APPS * PER_APP}"],
+            ["overlap", overlap],
+            ["ticks due", f"{APPS * PER_APP * rounds}"],
+            ["ticks queued", f"{len(queued_lags)}"],
+            *([f"ticks {status}", f"{count:.0f}"] for status, count in outcomes(loop) if status != "fired"),
+            ["lag tick -> queued p50 (ms)", f"{pct(queued_lags, 0.5):.1f}"],
+            ["lag tick -> queued p99 (ms)", f"{pct(queued_lags, 0.99):.1f}"],
+            ["lag tick -> start p50 (ms)", f"{pct(start_lags, 0.5):.1f}"],
+            ["lag tick -> start p99 (ms)", f"{pct(start_lags, 0.99):.1f}"],
+            ["loop pass, nothing due p50 (ms)", f"{pct(idle, 0.5):.3f}"],
+            ["loop pass, nothing due p99 (ms)", f"{pct(idle, 0.99):.3f}"],
+            ["loop pass at a tick (1,000 due) mean (ms)", f"{statistics.mean(busy) if busy else math.nan:.1f}"],
+            *([f"CPU per tick, {name} (ms)", f"{1000 * seconds:.0f}"] for name, seconds in cpu.items())]
+
+
+def outcomes(loop: ScheduleLoop) -> list[tuple[str, float]]:
+    """How many ticks the loop fired, skipped, missed, ... (``ember_schedule_runs_total``), all apps together."""
+    found: dict[str, float] = {}
+    for metric in loop.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "ember_schedule_runs_total":
+                found[sample.labels["status"]] = found.get(sample.labels["status"], 0) + sample.value
+    return sorted(found.items())
+
+
+def passes(loop: ScheduleLoop) -> tuple[list[float], list[float]]:
+    """The passes with nothing due and those at a tick (ms). Where the loop does not say what each pass handled
+    (an older loop), a pass 5 times the median or more counts as one at a tick."""
+    counted = getattr(loop, "passes", None)
+    if counted is not None:
+        return [1000 * s for s, n in counted if n == 0], [1000 * s for s, n in counted if n >= APPS * PER_APP // 2]
+    ms = [1000 * s for s in loop.pass_s]
+    median = statistics.median(ms)
+    return [p for p in ms if p < median * 5], [p for p in ms if p >= median * 5]
+
+
+def start_nats(work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+                             str(work / "nats")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for _ in range(200):
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc, f"nats://127.0.0.1:{port}"
+        time.sleep(0.05)
+    raise SystemExit("nats-server did not start")
+
+
 def main() -> None:
-    with tempfile.TemporaryDirectory() as work, EmbeddedPlatform(Path(work) / "state", http_port=0) as platform:
-        asyncio.run(run(platform.nats_url, platform.nats_credentials, Path(work)))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--overlap", default="skip", choices=("skip", "queue", "allow"))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--replicas", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.replicas:
+        run_loop(replicas(args.replicas[0], Path(args.replicas[1])))
+        return
+    with tempfile.TemporaryDirectory() as work:
+        proc, url = start_nats(Path(work))
+        try:
+            rows = run_loop(run(url, Path(work), args.overlap, args.rounds, proc.pid))
+        finally:
+            stop_process(proc)
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    print(f"{os.uname().nodename} python {sys.version.split()[0]} {when}; {GOALS}")
+    print(markdown_table(rows))
 
 
 if __name__ == "__main__":

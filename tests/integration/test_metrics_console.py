@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support.auth import authed_client, bearer
+from support.browser import CHROMIUM, CHROMIUM_ARGS
 from support.paths import REPO
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -55,9 +56,6 @@ INVENTORY = ('[host]\nname = "g"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 1\nmemor
              'utilization = 0.3\n')
 GIB = 1 << 30
 DASHBOARD = REPO / "deploy" / "grafana" / "ember.json"
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,10 @@ class TestPlatform(EmbeddedPlatform):
     def restart_platform(self, timeout_s: float = 60.0) -> None:
         """SIGKILL the control plane and start it again on the same port (its memory is gone)."""
         self.kill("platform")
+        self.start_platform(timeout_s)
+
+    def start_platform(self, timeout_s: float = 60.0) -> None:
+        """Start the control plane again on the same port, after ``kill("platform")``."""
         self.http_port = int(self.url.rsplit(":", 1)[1])
         self._start_platform(timeout_s)
         self._wait_ready(timeout_s)

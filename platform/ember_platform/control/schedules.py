@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,7 +38,8 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ember._errors import ConflictError, EmberError, NotFoundError
-from ember.wire import FINAL_STATUSES, Deployment, encoder, subjects
+from ember.wire import Deployment, encoder, subjects
+from ember.wire.callstore import new_call_id
 from ember.wire.jetstream import KVMirror, js_replicas
 from ember.wire.schedules import (
     MAX_CATCH_UP,
@@ -49,33 +52,40 @@ from ember.wire.schedules import (
     state_key,
     tick_call_id,
     tick_msg_id,
+    ticks_between,
 )
 from ember_platform.calls.durable import Calls
+from ember_platform.control.schedule_runs import RunWatch
 
 log = logging.getLogger("ember.schedules")
 _state_decoder = msgspec.json.Decoder(ScheduleState)
 MAX_WAIT_S = 0.25  # the loop looks at least this often (new deployments, a pause, the lease)
-FIRE_CONCURRENCY = 128  # ticks submitted at once (each is two JetStream round trips, then a KV write)
+FIRE_CONCURRENCY = 1024  # ticks submitted at once (each is two JetStream round trips), and state writes at once
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 STATUSES = ("fired", "skipped", "missed", "paused", "queued", "failed", "run")
 
 
 class ScheduleMetrics:
-    """``ember_schedule_runs_total{app,status}`` and ``ember_schedule_lag_seconds{app}`` (tick time to queued)."""
+    """``ember_schedule_runs_total{app,status}`` and ``ember_schedule_lag_seconds{app}`` (tick to the run's start)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.runs = Counter("ember_schedule_runs", "Scheduled ticks by what became of them: fired, skipped (the run "
                             "before still ran), missed (catch_up), paused, queued (overlap='queue'), failed (could "
                             "not be queued), run (asked for).", ("app", "status"), registry=self.registry)
-        self.lag = Histogram("ember_schedule_lag_seconds", "Time from a tick to its call queued.", ("app",),
-                             buckets=LAG_BUCKETS, registry=self.registry)
+        self.lag = Histogram("ember_schedule_lag_seconds", "Time from a tick to the start of its run (its call "
+                             "marked running by a replica).", ("app",), buckets=LAG_BUCKETS, registry=self.registry)
 
 
 Scheduled = tuple[Deployment, str, ScheduleSpec]  # the deployment, the function, its schedule
+Write = tuple[str, ScheduleState, bool]  # a key, its new state, whether it is created
 
 
 class ScheduleLoop:
+    """Fires the due ticks. A pass costs what is due: the next tick of every schedule waits in a heap, the state
+    and the previous runs' calls are known from watches (``states``, ``RunWatch``), a tick's calls are queued
+    together and the states written together; a pass with nothing due pops nothing."""
+
     def __init__(self, js: Any, calls: Calls, deployments: KVMirror[Deployment], active: Callable[[], bool]) -> None:
         self._js = js
         self._calls = calls
@@ -84,10 +94,20 @@ class ScheduleLoop:
         self.metrics = ScheduleMetrics()
         self.kv: KeyValue | None = None
         self.states: KVMirror[ScheduleState] | None = None
-        self._next: dict[str, tuple[ScheduleSpec, float]] = {}  # key -> (its spec, its next tick), while acting
+        self.runs = RunWatch(js, calls.store, self._started)
         self._task: asyncio.Task[None] | None = None
-        self.pass_s: list[float] = []  # the last passes' cost (seconds), for the bench
+        self.passes: deque[tuple[float, int]] = deque(maxlen=1000)  # the last passes: (seconds, schedules handled)
         self._limit = asyncio.Semaphore(FIRE_CONCURRENCY)
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget what the loop knew (a standby's view is rebuilt from the buckets when it acts)."""
+        self._index: dict[str, Scheduled] = {}  # key -> its scheduled function
+        self._seen: dict[str, Deployment] | None = None  # the deployments the index was built from
+        self._due: dict[str, float] = {}  # key -> its next tick
+        self._heap: list[tuple[float, str]] = []  # (next tick, key); an entry whose tick is not _due[key] is stale
+        self._dirty: set[str] = set()  # keys to look at in the next pass, due or not
+        self._mine: dict[str, ScheduleState] = {}  # key -> the state this loop wrote last (its echo is no change)
 
     async def start(self) -> None:
         try:
@@ -96,7 +116,7 @@ class ScheduleLoop:
             self.kv = await self._js.create_key_value(bucket=subjects.SCHEDULES_BUCKET, history=1,
                                                       max_value_size=64 * 1024, storage=StorageType.FILE,
                                                       replicas=js_replicas())
-        self.states = KVMirror(self.kv, _state_decoder.decode)
+        self.states = KVMirror(self.kv, _state_decoder.decode, on_change=self._changed)
         await self.states.start()
         self._task = asyncio.create_task(self._run(), name="schedule-loop")
 
@@ -104,6 +124,7 @@ class ScheduleLoop:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        await self.runs.stop()
         if self.states is not None:
             await self.states.stop()
 
@@ -116,60 +137,116 @@ class ScheduleLoop:
                         yield dep, fn.name, fn.schedule
 
     async def _run(self) -> None:
+        acting = False
         while True:
             wait = MAX_WAIT_S
             try:
                 if self._active():
+                    acting = True
                     started = time.perf_counter()
-                    wait = await self.tick(time.time())
-                    self.pass_s = [*self.pass_s[-999:], time.perf_counter() - started]
-                else:
-                    self._next.clear()  # a standby's view is rebuilt from the bucket when it acts
+                    wait, handled = await self.tick(time.time())
+                    self.passes.append((time.perf_counter() - started, handled))
+                elif acting:
+                    acting = False
+                    self._reset()
+                    await self.runs.stop()
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("schedule loop pass failed")
             await asyncio.sleep(max(0.0, min(wait, MAX_WAIT_S)))
 
-    async def tick(self, now: float) -> float:
-        """Fire what is due at ``now``; the seconds until the next tick of any schedule."""
-        assert self.states is not None
-        keys = set()
-        work = []
-        soonest = math.inf
-        for dep, function, spec in self.scheduled():
-            key = state_key(dep.app, function)
-            keys.add(key)
-            state = self.states.items.get(key)
-            cached = self._next.get(key)
-            if state is not None and cached is not None and cached[0] == spec and now < cached[1] \
-                    and not state.queued:
-                soonest = min(soonest, cached[1])
-                continue
-            work.append(self._one(dep, function, spec, state, now))
-        for found in await asyncio.gather(*work):
-            soonest = min(soonest, found)
-        await self._forget(keys)
-        return soonest - time.time()
+    async def tick(self, now: float) -> tuple[float, int]:
+        """Fire what is due at ``now``; the seconds until the next tick of any schedule, and how many schedules were
+        looked at."""
+        if self._deployments_changed():
+            await self._reindex()
+        keys = self._take_due(now)
+        if keys:
+            try:
+                await self._handle(keys, now)
+            except BaseException:  # none is lost: what was not planned again is looked at in the next pass
+                self._dirty |= {key for key in keys if key not in self._due}
+                raise
+        self.runs.observe()
+        return (self._heap[0][0] if self._heap else now + MAX_WAIT_S) - time.time(), len(keys)
 
-    async def _forget(self, keys: set[str]) -> None:
-        """The keys of functions no longer scheduled: their app deleted, or a version without them."""
+    def _changed(self, key: str, value: ScheduleState | None) -> None:
+        """A state written elsewhere (a pause, a resume, a run asked for, another control plane): looked at again."""
+        if value is None or value != self._mine.get(key):
+            self._dirty.add(key)
+
+    def _deployments_changed(self) -> bool:
+        deps = self._deployments.items
+        return self._seen is None or len(deps) != len(self._seen) or any(
+            self._seen.get(app) is not dep for app, dep in deps.items())
+
+    async def _reindex(self) -> None:
+        """The scheduled functions again, after a deployment changed: new or changed schedules are looked at."""
+        assert self.states is not None
+        self._seen = dict(self._deployments.items)
+        index = {state_key(dep.app, fn): (dep, fn, spec) for dep, fn, spec in self.scheduled()}
+        for key, (_dep, _fn, spec) in index.items():
+            old = self._index.get(key)
+            if old is None or old[2] != spec:
+                self._dirty.add(key)
+        self._dirty |= (set(self._index) - set(index)) | (set(self.states.items) - set(index))
+        self._index = index
+        await self.runs.watch({dep.app for dep, _fn, _spec in index.values()})
+
+    def _take_due(self, now: float) -> set[str]:
+        keys, self._dirty = self._dirty, set()
+        while self._heap and self._heap[0][0] <= now:
+            at, key = heapq.heappop(self._heap)
+            if self._due.get(key) == at:
+                del self._due[key]
+                keys.add(key)
+        return keys
+
+    def _plan(self, key: str, at: float) -> None:
+        self._due[key] = at
+        heapq.heappush(self._heap, (at, key))
+
+    async def _handle(self, keys: set[str], now: float) -> None:
+        """The given schedules at ``now``: their ticks queued together, then their states written together."""
+        assert self.states is not None
+        gone = [key for key in keys if key not in self._index]
+        for key in gone:
+            await self._forget(key)
+        found = await asyncio.gather(*(self._one(key, now) for key in keys if key in self._index))
+        writes = [write for write in found if write is not None]
+        done = await asyncio.gather(*(self._write(*write) for write in writes))
+        for (key, _state, _create), ok in zip(writes, done, strict=True):
+            if not ok:  # written meanwhile (a pause, a resume): looked at again
+                self._dirty.add(key)
+        for key in keys:
+            if key not in self._index or key in self._dirty:
+                continue
+            state = self.states.items.get(key)
+            if state is not None and state.queued:  # a tick waits for the run before it: looked at in each pass
+                self._dirty.add(key)
+            else:
+                self._plan(key, next_tick(self._index[key][2], now))
+        if len(self.runs.finished) > 2 * len(self._index) + 64:
+            self.runs.keep({state.last_call_id for state in self.states.items.values()})
+
+    async def _forget(self, key: str) -> None:
+        """The key of a function no longer scheduled: its app deleted, or a version without it."""
         assert self.states is not None and self.kv is not None
-        for key in set(self.states.items) - keys:
+        self._due.pop(key, None)
+        self._mine.pop(key, None)
+        if key in self.states.items:
             with contextlib.suppress(NatsError, OSError):
                 await self.kv.delete(key)
                 self.states.record(key, None, self.states.revision(key) + 1)
-            self._next.pop(key, None)
 
-    async def _one(self, dep: Deployment, function: str, spec: ScheduleSpec, state: ScheduleState | None,
-                   now: float) -> float:
-        """Handle one schedule at ``now``; its next tick."""
-        key = state_key(dep.app, function)
-        upcoming = next_tick(spec, now)
+    async def _one(self, key: str, now: float) -> Write | None:
+        """Handle one schedule at ``now``; the state to write, if it changed."""
+        assert self.states is not None
+        dep, function, spec = self._index[key]
+        state = self.states.items.get(key)
         if state is None:  # first seen: it runs from its next tick on
-            await self._write(key, ScheduleState(last_tick=now), create=True)
-            self._next[key] = (spec, upcoming)
-            return upcoming
+            return key, ScheduleState(last_tick=now), True
         new = state
         ticks, missed = due(spec, state, now)
         if state.paused:  # its ticks pass unrun: a resume does not catch them up
@@ -179,22 +256,22 @@ class ScheduleLoop:
         else:
             if missed:
                 self.metrics.runs.labels(dep.app, "missed").inc(missed)
-                new = msgspec.structs.replace(new, last_status="missed")
+                latest = ticks[-1:] or ticks_between(spec, state.last_tick, now, limit=1)  # catch_up="none": all
+                new = msgspec.structs.replace(new, last_status="missed", last_tick=latest[-1])
             if ticks:
                 new = msgspec.structs.replace(new, last_tick=ticks[-1])
             for tick in ticks:
                 new = await self._tick(dep, function, spec, new, tick, now)
             if new.queued:
                 new = await self._drain_queue(dep, function, new, now)
-        if new != state and not await self._write(key, new):
-            self._next.pop(key, None)  # written meanwhile (a pause, a resume): looked at again next pass
-            return now
-        self._next[key] = (spec, upcoming)
-        return upcoming
+        return (key, new, False) if new != state else None
 
     async def _tick(self, dep: Deployment, function: str, spec: ScheduleSpec, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
-        if spec.overlap != "allow" and await self._still_runs(dep.app, state.last_call_id):
+        if spec.overlap == "queue" and state.queued:  # older ticks wait: this one goes after them
+            self.metrics.runs.labels(dep.app, "queued").inc()
+            return msgspec.structs.replace(state, queued=(*state.queued, tick)[-MAX_CATCH_UP:])
+        if spec.overlap != "allow" and await self.runs.still_runs(dep.app, state.last_call_id):
             if spec.overlap == "skip":
                 self.metrics.runs.labels(dep.app, "skipped").inc()
                 return msgspec.structs.replace(state, last_status="skipped")
@@ -204,7 +281,7 @@ class ScheduleLoop:
 
     async def _drain_queue(self, dep: Deployment, function: str, state: ScheduleState, now: float) -> ScheduleState:
         """overlap="queue": the oldest waiting tick runs once the run before it has finished."""
-        if await self._still_runs(dep.app, state.last_call_id):
+        if await self.runs.still_runs(dep.app, state.last_call_id):
             return state
         tick, rest = state.queued[0], state.queued[1:]
         return await self._fire(dep, function, msgspec.structs.replace(state, queued=rest), tick, now)
@@ -212,36 +289,33 @@ class ScheduleLoop:
     async def _fire(self, dep: Deployment, function: str, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
         call_id = tick_call_id(dep.app, function, tick)
+        self.runs.expect(dep.app, call_id, tick)
         try:
             async with self._limit:
                 await self._calls.submit(dep.app, function, b"{}", key=None, deadline=math.inf, call_id=call_id,
                                          msg_id=tick_msg_id(dep.app, function, tick))
         except EmberError as exc:
+            self.runs.failed(call_id)
             log.warning("%s.%s: the tick at %s could not be queued: %s", dep.app, function, tick, exc)
             self.metrics.runs.labels(dep.app, "failed").inc()
             return msgspec.structs.replace(state, last_status="failed")
         self.metrics.runs.labels(dep.app, "fired").inc()
-        self.metrics.lag.labels(dep.app).observe(max(0.0, time.time() - tick))
         return msgspec.structs.replace(state, last_call_id=call_id, last_status="fired", last_run_at=now,
                                        runs=state.runs + 1)
 
-    async def _still_runs(self, app: str, call_id: str) -> bool:
-        if not call_id:
-            return False
-        try:
-            record = await self._calls.store.get(app, call_id)  # the final record, else the status
-        except (NatsError, OSError):
-            return True  # unknown now: not run beside it
-        return record is not None and record.status not in FINAL_STATUSES
+    def _started(self, app: str, tick: float, at: float) -> None:
+        self.metrics.lag.labels(app).observe(max(0.0, at - tick))
 
     async def _write(self, key: str, state: ScheduleState, create: bool = False) -> bool:
         """Compare-and-set against the revision last seen; False when someone wrote it meanwhile."""
         assert self.kv is not None and self.states is not None
+        self._mine[key] = state  # its echo from the watch may come before the answer
         try:
-            if create:
-                revision = await self.kv.create(key, encoder.encode(state))
-            else:
-                revision = await self.kv.update(key, encoder.encode(state), last=self.states.revision(key))
+            async with self._limit:
+                if create:
+                    revision = await self.kv.create(key, encoder.encode(state))
+                else:
+                    revision = await self.kv.update(key, encoder.encode(state), last=self.states.revision(key))
         except KeyWrongLastSequenceError:
             return False
         except (NatsError, OSError) as exc:
@@ -285,7 +359,13 @@ class ScheduleLoop:
     async def run_now(self, app: str, function: str) -> str:
         """Queue a run now, outside the schedule (paused or not): an ordinary spawned call; its id."""
         self.find(app, function)
-        reply = await self._calls.submit(app, function, b"{}", key=None, deadline=math.inf)
+        call_id = new_call_id(app)
+        self.runs.expect(app, call_id, None)
+        try:
+            reply = await self._calls.submit(app, function, b"{}", key=None, deadline=math.inf, call_id=call_id)
+        except BaseException:
+            self.runs.failed(call_id)
+            raise
         self.metrics.runs.labels(app, "run").inc()
         assert self.kv is not None
         key = state_key(app, function)

@@ -214,7 +214,9 @@ class QueueWorker:
         except EmberError as exc:  # this input can never succeed
             await self._settle(msg, record, "failed", error=exc, dead=True)
             return
-        running = msgspec.structs.replace(record, status="running", updated_at=time.time(), replica=self._replica_id)
+        now = time.time()
+        running = msgspec.structs.replace(record, status="running", updated_at=now, started_at=now,
+                                          replica=self._replica_id)
         await self._store.set_status(running)
         # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
         # seen here or refused; a finished call (a late duplicate) is acked without running again.

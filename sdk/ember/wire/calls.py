@@ -79,6 +79,7 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     replica: str = ""  # the replica running it (set with "running"): where a cancel goes
     cancelled_by: str = ""  # who cancelled it: a token's id, or ``app <name>`` for a function's code
     cancelled_at: float | None = None  # when (seconds since the epoch)
+    started_at: float | None = None  # when its last attempt started to run (set with "running"; kept when final)
 
 
 class SpawnReply(msgspec.Struct, frozen=True, kw_only=True):

@@ -3,8 +3,9 @@
 Each call has two keys in the ``ember_calls`` KV bucket, under its app: ``s.<app>.<id>``, its status while it waits or
 runs, and ``r.<app>.<id>``, its final record. The app in the key is what confines a replica: its NATS permissions
 name its own app's keys, so it can neither read nor write another app's calls (``ember_platform.natsauth``). The
-final record is written with ``create`` (only if absent), so the first writer wins: a late duplicate of a
-redelivered call, or a cancel racing a finish, can never overwrite or duplicate a result. Outputs too large for a
+final record is written with ``create`` (only if absent; the run's start in a header beside it, ``STARTED_AT_HEADER``),
+so the first writer wins: a late duplicate of a redelivered call, or a cancel racing a finish, can never overwrite or
+duplicate a result. Outputs too large for a
 record go to the ``ember_results`` bucket in chunks, ``<app>.<id>.<writer>.<n>`` (a name of their own writer's),
 written before the record that points at them: the winner's record always points at the winner's chunks, and a
 writer that lost removes its own.
@@ -26,15 +27,18 @@ from collections.abc import Callable
 from typing import Any
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
+from nats.js.api import Header
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
 from ember.wire import CallRecord, CallStatus, DeadLetter, ErrorInfo, encoder, subjects
+from ember.wire.headers import STARTED_AT_HEADER
 from ember.wire.jetstream import RESULT_CHUNK_BYTES
 
 MAX_INLINE_OUTPUT = 256 * 1024
 _record_decoder = msgspec.json.Decoder(CallRecord)
 _ABSENT = (KeyNotFoundError, NotFoundError, NoKeysError)
+_WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence": the key exists (as nats-py reads it)
 _SPAWNED = re.compile(r"([a-z0-9][a-z0-9-]{0,62})_[0-9a-f]{32}")
 _EVENT = re.compile(r"evs?-([0-9a-f]{12})-.+")
 
@@ -116,12 +120,25 @@ class CallStore:
             ref = encoder.encode(_ChunksRef(ember_result="chunks", name=name, chunks=len(pieces)))
             record = msgspec.structs.replace(record, output=msgspec.Raw(ref))
         try:
-            await self._kv.create(subjects.call_key("r", record.app, record.call_id), encoder.encode(record))
+            await self._create_final(subjects.call_key("r", record.app, record.call_id), encoder.encode(record),
+                                     record.started_at)
         except KeyWrongLastSequenceError:
             if name is not None:
                 await asyncio.gather(*(self._results.purge(f"{name}.{n}") for n in range(len(pieces))))
             return False
         return True
+
+    async def _create_final(self, key: str, value: bytes, started_at: float | None) -> None:
+        """``KeyValue.create`` of a final record (only if absent), with ``STARTED_AT_HEADER`` beside it."""
+        headers: dict[str, str] = {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0"}
+        if started_at:
+            headers[STARTED_AT_HEADER] = repr(started_at)
+        try:
+            await self._js.publish(f"{self._kv._pre}{key}", value, headers=headers)
+        except APIError as exc:
+            if exc.err_code in _WRONG_LAST_SEQUENCE:
+                raise KeyWrongLastSequenceError(description=exc.description) from exc
+            raise
 
     async def result(self, app: str, call_id: str) -> CallRecord | None:
         return await self._with_output(await self._read(subjects.call_key("r", app, call_id)))

@@ -6,6 +6,9 @@ CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 # On a control plane's cancel of a running call (``subjects.replica_cancel``): "1" to stop and replace the replica.
 TERMINATE_HEADER = "Ember-Terminate"
+# On a call's final record in ``ember_calls`` (``r.<app>.<id>``): when its run started (``CallRecord.started_at``), so
+# that a watch of the records' headers alone (the schedule loop's) knows it without reading the record.
+STARTED_AT_HEADER = "Ember-Started-At"
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s

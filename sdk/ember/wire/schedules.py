@@ -20,6 +20,7 @@ import msgspec
 Overlap = Literal["skip", "queue", "allow"]
 CatchUp = Literal["latest", "none", "all"]
 MAX_CATCH_UP = 100  # catch_up="all": at most this many missed ticks run, the most recent ones
+ON_TIME_S = 5.0  # catch_up="none": a tick handled within this long after its time still runs (not a missed one)
 MIN_PERIOD_S, MAX_PERIOD_S = 1.0, 366 * 86400.0
 NAMED = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
          "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
@@ -142,15 +143,15 @@ def due(spec: ScheduleSpec, state: ScheduleState, now: float) -> tuple[list[floa
     total = len(ticks)  # a cron's count stops at the limit; a period's is exact
     if spec.period_s:
         total = math.floor(now / spec.period_s) - math.floor(state.last_tick / spec.period_s)
+    if spec.catch_up == "none":  # even a single tick, when it is handled late (the control planes were down)
+        on_time = [t for t in ticks[-1:] if now - t < ON_TIME_S]
+        return on_time, total - len(on_time)
     if total <= 1:
         return ticks, 0
     if spec.catch_up == "all":
         kept = ticks[-MAX_CATCH_UP:]
         return kept, total - len(kept)
-    if spec.catch_up == "latest":
-        return ticks[-1:], total - 1
-    on_time = [t for t in ticks[-1:] if now - t < max(5.0, min(spec.period_s or 60.0, 60.0))]
-    return on_time, total - len(on_time)
+    return ticks[-1:], total - 1  # "latest"
 
 
 def tick_call_id(app: str, function: str, tick: float) -> str:

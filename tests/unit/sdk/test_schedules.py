@@ -91,6 +91,15 @@ def test_catch_up_none_skips_a_latest_tick_long_past_and_all_keeps_the_last_hund
     assert len(run) == 100 and run[-1] == 1000.0 and missed == 900
 
 
+def test_catch_up_none_runs_a_tick_only_within_a_few_seconds_of_its_time() -> None:
+    spec = ember.Period(seconds=30, catch_up="none").spec
+    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_052.0) == ([1_000_050.0], 0)  # 2 s late: on time
+    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_058.0) == ([], 1)  # 8 s late: missed
+    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_058.0 - 30) == ([], 0)  # nothing due yet
+    latest = ember.Period(seconds=30, catch_up="latest").spec
+    assert due(latest, ScheduleState(last_tick=1_000_020.0), 1_000_058.0) == ([1_000_050.0], 0)
+
+
 def test_a_tick_has_the_same_ids_everywhere() -> None:
     assert tick_msg_id("app", "Cls.fn", 1_000_000.0) == "app.Cls.fn.1000000000"
     call_id = tick_call_id("app", "fn", 1.0)

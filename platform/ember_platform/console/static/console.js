@@ -11,6 +11,8 @@
   const $ = (id) => document.getElementById(id);
   let timer = null;
   let apps = [];
+  let polls = 0;
+  const SCHEDULES_EVERY = 5;
 
   // --- the token -----------------------------------------------------------------------------------------
   function takeTokenFromFragment() {
@@ -191,6 +193,26 @@
     }
   }
 
+  const when = (ts) => {
+    const at = new Date(ts * 1000);
+    return `${at.toLocaleString()} (${at.toISOString().slice(11, 19)} UTC)`;
+  };
+
+  function renderSchedules(views) {
+    const body = $("schedules").tBodies[0];
+    body.replaceChildren();
+    for (const v of views) {
+      const status = v.last_call_status ? ` (call ${v.last_call_status})` : "";
+      const last = v.last_tick ? el("span", {}, `${when(v.last_tick)} `, el("b", { class: `last-${v.last_status}` },
+        v.last_status || "-"), status) : "-";
+      body.append(el("tr", { "data-schedule": `${v.app}.${v.function}`, class: v.paused ? "paused" : "" },
+        el("td", {}, `${v.app}.${v.function}`), el("td", { class: "words" }, v.schedule),
+        el("td", { class: "next" }, v.paused ? "paused" : when(v.next_run)), el("td", { class: "last" }, last),
+        el("td", {}, v.runs), el("td", { class: "is-paused" }, v.paused ? "yes" : "no")));
+    }
+    if (!views.length) body.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "No scheduled functions.")));
+  }
+
   function replicaChip(r) {
     return el("span", { class: `replica state-${r.state}`, "data-replica": r.replica_id,
                         title: `${r.app}.${r.service} v${r.version}: ${r.state}` },
@@ -307,10 +329,13 @@
 
   async function refresh() {
     await guarded(async () => {
-      const [stats, status, appList] = await Promise.all([api("/v1/stats"), api("/v1/status"), api("/v1/apps")]);
+      // The schedules every SCHEDULES_EVERY polls: each row costs the control plane a read of its last call.
+      const [stats, status, appList, schedules] = await Promise.all([api("/v1/stats"), api("/v1/status"),
+        api("/v1/apps"), polls++ % SCHEDULES_EVERY === 0 ? api("/v1/schedules") : null]);
       apps = appList;
       renderTraffic(stats);
       renderApps(status);
+      if (schedules) renderSchedules(schedules);
       renderNodes(status);
       renderStarts(status);
       fillAppChoices();
