@@ -22,7 +22,7 @@ from ember.wire.schedules import ON_TIME_S, tick_call_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 APP = REPO / "tests" / "apps" / "schedules" / "catching_up.py"
-PERIOD_S = 30.0
+PERIOD_S = 20.0  # the period of "latest" and "none" in the app (tests/apps/schedules/catching_up.py)
 
 
 def _views(http: httpx.Client) -> dict[str, dict]:
@@ -45,7 +45,7 @@ def test_latest_runs_the_last_missed_tick_and_none_runs_none(tmp_path: Path):
                  timeout_s=60, what="the three schedules seen by the loop")
         wait_for(lambda: _views(http)["often"]["runs"] >= 2, timeout_s=30, what="two ticks of often")
 
-        tick = math.ceil(time.time() / PERIOD_S) * PERIOD_S  # the 30 s tick the control plane will be down for
+        tick = math.ceil(time.time() / PERIOD_S) * PERIOD_S  # the tick the control plane will be down for
         if tick - time.time() < 3:
             tick += PERIOD_S
         time.sleep(max(0.0, tick - 2 - time.time()))
