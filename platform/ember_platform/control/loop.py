@@ -193,7 +193,7 @@ class ControlLoop:
         plan: Plan = {nid: list(a.slots) for nid, a in self.assignments.items.items() if nid in nodes}
         for nid in nodes:
             plan.setdefault(nid, [])
-        deployments = self.registry.deployments.items
+        deployments = dict(self.registry.deployments.items)  # a push while this tick awaits changes the mirror
         await self._refresh_pending(deployments)
         _drop(plan, lambda s: s.app not in deployments)
         await self.switching.refresh_pinned(plan, deployments)
