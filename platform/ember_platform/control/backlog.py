@@ -38,12 +38,17 @@ class Backlog:
         self._queues: dict[str, Key] = {}  # queue subject -> (app, function), of the deployments seen so far
         self._events: dict[Key, int] = {}  # events waiting in each bound function's stream
         self._asked: dict[Key, float] = {}  # when each bound function's stream was last asked
+        self._bound_at: tuple[int | None, set[Key]] = (None, set())  # the functions bound to subjects, as of when
 
-    async def refresh(self, deployments: dict[str, Deployment]) -> None:
+    async def refresh(self, deployments: dict[str, Deployment], generation: int | None = None) -> None:
+        """``generation``: the deployments' (``KVMirror.generation``); the same as last time, they are unchanged."""
         queued = await self._queued(deployments)
         if queued is not None:  # else (the stream could not be asked) what was known stands
             self._calls = queued
-        await self._ask_events(deployments)
+        if generation is None or generation != self._bound_at[0]:
+            self._bound_at = generation, {(dep.app, fn.name) for dep in deployments.values()
+                                          for svc in dep.manifest.services for fn in svc.functions if fn.on}
+        await self._ask_events(self._bound_at[1])
         pending = dict(self._calls)
         for key, waiting in self._events.items():
             pending[key] = pending.get(key, 0) + waiting
@@ -60,10 +65,9 @@ class Backlog:
             self._queues = {subjects.calls(dep.app, fn): (dep.app, fn) for dep, fn in _functions(deployments)}
         return {self._queues[s]: n for s, n in held.items() if s in self._queues and self._queues[s][0] in deployments}
 
-    async def _ask_events(self, deployments: dict[str, Deployment]) -> None:
+    async def _ask_events(self, bound: set[Key]) -> None:
+        """The backlog of each function bound to subjects (``bound``), in its own event stream."""
         now = time.monotonic()
-        bound = {(dep.app, fn.name) for dep in deployments.values() for svc in dep.manifest.services
-                 for fn in svc.functions if fn.on}
         self._events = {k: n for k, n in self._events.items() if k in bound}
         for app, function in sorted(bound):
             key = (app, function)

@@ -111,6 +111,7 @@ class ControlLoop:
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
     lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
     quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
+    _services_at: tuple[int, list[tuple[Deployment, ServiceSpec]]] = (-1, [])
 
     async def start(self) -> None:
         self.switching = Switching(self.registry)
@@ -192,8 +193,9 @@ class ControlLoop:
         plan: Plan = {nid: list(a.slots) for nid, a in self.assignments.items.items() if nid in nodes}
         for nid in nodes:
             plan.setdefault(nid, [])
-        deployments = dict(self.registry.deployments.items)  # a push while this tick awaits changes the mirror
-        await self.backlog.refresh(deployments)
+        # a push while this tick awaits changes the mirror: the tick works on a copy, as of ``generation``
+        deployments, generation = dict(self.registry.deployments.items), self.registry.deployments.generation
+        await self.backlog.refresh(deployments, generation)
         self.pending = self.backlog.pending
         _drop(plan, lambda s: s.app not in deployments)
         await self.switching.refresh_pinned(plan, deployments)
@@ -202,7 +204,7 @@ class ControlLoop:
         self._finish_moves(plan, now)
         busy = {(s.app, s.service) for slots in plan.values() for s in slots}
         busy.update((r.app, r.service) for r in self.registry.replicas.items.values())
-        services = [(dep, svc) for dep in deployments.values() for svc in dep.manifest.services
+        services = [(dep, svc) for dep, svc in self._every_service(deployments, generation)
                     if not self._quiet(dep, svc, busy)]
         wanted = {(dep.app, svc.name): (dep, svc, n) for dep, svc in services
                   if (n := self._isolated(dep, svc, functools.partial(self._want, plan, dep, svc, now))) is not None}
@@ -223,6 +225,13 @@ class ControlLoop:
         await self._write(plan, zygotes, now)
         await self.switching.switch(deployments)
         await self.switching.hold_standby(plan, deployments, now)  # after it: a version that just left is told now
+
+    def _every_service(self, deployments: dict[str, Deployment],
+                       generation: int) -> list[tuple[Deployment, ServiceSpec]]:
+        """Each deployment's services, listed again only once the deployments changed (``KVMirror.generation``)."""
+        if self._services_at[0] != generation:
+            self._services_at = generation, [(d, s) for d in deployments.values() for s in d.manifest.services]
+        return self._services_at[1]
 
     def _quiet(self, dep: Deployment, svc: ServiceSpec, busy: set[tuple[str, str]]) -> bool:
         """Whether ``svc`` needs no reconcile this tick: last reconciled to no replica as this very deployment, and

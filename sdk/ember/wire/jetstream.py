@@ -382,6 +382,7 @@ class KVMirror(Generic[T]):
         self._decode = decode
         self._on_change = on_change
         self.items: dict[str, T] = {}
+        self.generation = 0  # bumped by every change of ``items``: what is derived from them is stale once it moves
         self._revisions: dict[str, int] = {}
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -424,6 +425,7 @@ class KVMirror(Generic[T]):
         if revision < self._revisions.get(key, 0):
             return
         self._revisions[key] = revision
+        self.generation += 1
         if value is None:
             self.items.pop(key, None)
         else:
