@@ -1,31 +1,43 @@
 """Where a lone call's time goes (``per_call.py --stages``): the NATS hop alone, and each replica alone.
 
-With the platform of ``per_call.py`` running, a NATS client of this process (the platform's credentials) sends
-frames of one call (``Invocation``, as the gateway's router does) straight to each replica's own subject, and the
-same bytes to a bare responder (a child process on uvloop that publishes each message back to its reply subject,
-as ``nats_rtt.py`` does) on the same nats-server: concurrency 1, the targets interleaved call by call (their order
-turns each cycle), so that all of them see the same machine. Their p50s split Ember's p50 at c=1:
+With the platform of ``per_call.py`` running, this process sends, at concurrency 1, interleaved
+in blocks of ``BLOCK`` calls back to back per target (the first ``BLOCK_WARMUP`` of each not counted), the targets
+in turn and their order reversed each cycle, so that every target sees the same machine:
 
-- NATS hop: the bare responder's round trip (nats-py on both ends, nats-server twice);
+- frames of one call (``Invocation``, as the gateway's router sends them) straight to each replica's own subject,
+  over a NATS connection with the platform's credentials;
+- the same bytes to a bare responder (a child process on uvloop that publishes each message back to its reply
+  subject, as ``nats_rtt.py`` does) on the same nats-server;
+- the HTTP requests of the floor's and Ember's targets, each on its keep-alive connection (``http_latency``).
+
+Their p50s split Ember's p50 at c=1:
+
+- HTTP: the floor's echo (a bare HTTP endpoint);
 - model: what the floor's model call adds to the floor's echo (the MLP inline, with its decoding);
+- NATS hop: the bare responder's round trip (nats-py on both ends, nats-server twice);
 - replica: a replica's round trip minus the hop and the model (its event loop, the frame's decoding, the batcher,
   the hand-over to the model thread, the answer's encoding and publishing);
 - gateway: Ember's p50 over HTTP minus the replica's round trip minus the floor's echo (what the gateway adds to a
   bare HTTP endpoint: token, validation, routing, its NATS send and receive).
 
-The gap to the floor is then NATS hop + replica + gateway. On a shared machine the split is as noisy as the p50s it
-is made of; read it within one run.
+The gap to the floor is then NATS hop + replica + gateway.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 BARE_SUBJECT = "ember.replica.bench-bare.invoke"
+BARE_INBOX = "bench.stages.bare"
+BLOCK = 25  # calls in a row to one target before the next (back to back, as at c=1: not a cold call each)
+BLOCK_WARMUP = 5  # the first calls of a block, not counted (the target was idle while the others ran)
+WARMUP_CYCLES = 2
 
 
 def serve_bare(nats_url: str, auth_dir: str) -> None:
@@ -50,43 +62,70 @@ def serve_bare(nats_url: str, auth_dir: str) -> None:
 
 
 async def round_trips(nats_url: str, auth_dir: Path, targets: dict[str, tuple[str, str, bytes]],
-                      calls: int) -> dict[str, float]:
-    """p50 ms of each target, ``name -> (subject, function, body)``, interleaved call by call."""
+                      http: dict[str, Any], calls: int) -> dict[str, float]:
+    """p50 ms of each target, interleaved call by call: ``targets``, name -> (subject, function, body), over NATS;
+    ``http``, name -> an ``http_latency.Target`` (its first body)."""
     import msgspec
     import nats
+    from http_latency import Connection
 
-    from ember.wire import Invocation, encoder, subjects
+    from ember.wire import Invocation, answers_decoder, encoder, subjects
     from ember_platform.natsauth import keys
 
     nc = await nats.connect(nats_url, **keys.load(auth_dir).platform_credentials().connect_options())
     inbox = f"{subjects.answers_inbox('bench')}.percall.stages"  # <inbox>.<app>.<frame>, as the router's
-    answered: asyncio.Queue[bytes] = asyncio.Queue()
+    waiting: dict[str, asyncio.Future[None]] = {}
 
-    async def on_answer(msg) -> None:  # type: ignore[no-untyped-def]
-        answered.put_nowait(msg.data)
+    async def on_answers(msg) -> None:  # type: ignore[no-untyped-def]
+        if msg.subject == BARE_INBOX:  # the bare responder sends the frame back as it came
+            waiting.pop("bare").set_result(None)
+            return
+        for answer in answers_decoder.decode(msg.data):
+            if not answer.ack and answer.call_id in waiting:  # a call held a while is acked first: not its answer
+                waiting.pop(answer.call_id).set_result(None)
 
-    await nc.subscribe(inbox, cb=on_answer)
+    for subject in (inbox, BARE_INBOX):
+        await nc.subscribe(subject, cb=on_answers)
     await nc.flush()
-    names = list(targets)
+    conns = {name: await Connection.open(t.url, t.token) for name, t in http.items()}
+    loop = asyncio.get_running_loop()
+    ids = itertools.count()
+
+    async def one(name: str, i: int) -> None:
+        if name in conns:
+            status, _ = await conns[name].post(http[name].bodies[0])
+            if status != 200:
+                raise RuntimeError(f"{name} answered {status}")
+            return
+        subject, function, body = targets[name]
+        call_id = "bare" if subject == BARE_SUBJECT else f"s{next(ids)}"
+        frame = encoder.encode([Invocation(call_id=call_id, function=function, deadline=time.time() + 30,
+                                           input=msgspec.Raw(body))])
+        done = waiting[call_id] = loop.create_future()
+        await nc.publish(subject, frame, reply=BARE_INBOX if call_id == "bare" else inbox)
+        await asyncio.wait_for(done, 30)
+
+    names = [*targets, *http]
     times: dict[str, list[float]] = {name: [] for name in names}
-    warmup = 200
-    for i in range(warmup + calls):
-        order = names if i % 2 == 0 else names[::-1]
-        for name in order:
-            subject, function, body = targets[name]
-            frame = encoder.encode([Invocation(call_id=f"s{i}", function=function, deadline=time.time() + 30,
-                                               input=msgspec.Raw(body))])
-            started = time.perf_counter()
-            await nc.publish(subject, frame, reply=inbox)
-            await answered.get()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - started)
-    await nc.close()
+    try:
+        for cycle in range(WARMUP_CYCLES + max(calls // BLOCK, 1)):
+            for name in names if cycle % 2 == 0 else names[::-1]:
+                for i in range(BLOCK):
+                    started = time.perf_counter()
+                    await one(name, i)
+                    if cycle >= WARMUP_CYCLES and i >= BLOCK_WARMUP:
+                        times[name].append(time.perf_counter() - started)
+    finally:
+        for conn in conns.values():
+            await conn.close()
+        await nc.close()
     return {name: 1000 * sorted(t)[len(t) // 2] for name, t in times.items()}
 
 
-def measure(nats_url: str, auth_dir: Path, replicas: dict[str, tuple[str, str, bytes]], calls: int) -> dict[str, float]:
-    """``replicas``: target name -> (replica id, function, body). Returns p50 ms by target name, and ``NATS hop``."""
+def measure(nats_url: str, auth_dir: Path, replicas: dict[str, tuple[str, str, bytes]], http: dict[str, Any],
+            calls: int) -> dict[str, float]:
+    """``replicas``: name -> (replica id, function, body), each measured as ``<name> alone``; ``http``: name -> an
+    ``http_latency.Target``. Returns p50 ms by name, and ``NATS hop``."""
     from ember._procs import die_with_parent
     from ember.wire import subjects
 
@@ -96,28 +135,25 @@ def measure(nats_url: str, auth_dir: Path, replicas: dict[str, tuple[str, str, b
         assert bare.stdout is not None
         if bare.stdout.readline().strip() != b"ready":
             raise RuntimeError("the bare responder did not start")
-        targets = {name: (subjects.replica_invoke(rid), fn, body) for name, (rid, fn, body) in replicas.items()}
+        targets = {f"{name} alone": (subjects.replica_invoke(rid), fn, body)
+                   for name, (rid, fn, body) in replicas.items()}
         targets["NATS hop"] = (BARE_SUBJECT, "", next(iter(replicas.values()))[2])
-        return asyncio.run(round_trips(nats_url, auth_dir, targets, calls))
+        return asyncio.run(round_trips(nats_url, auth_dir, targets, http, calls))
     finally:
         bare.kill()
         bare.wait()
 
 
-def render(p50: dict[str, float], http_ms: float, model_ms: dict[str, float], ember: dict[str, float]
-           ) -> list[list[str]]:
-    """The split of each target's Ember p50 (ms): ``http_ms`` the floor's echo (HTTP alone), ``model_ms`` what the
-    floor's model adds to it (its MLP p50 minus its echo p50), ``ember`` Ember's p50 over HTTP, by target."""
-    hop = p50["NATS hop"]
+def render(p50: dict[str, float], floors: dict[str, str], http_floor: str) -> list[list[str]]:
+    """The split of each Ember target's p50 (ms). ``floors``: Ember target -> the floor target of the same work;
+    ``http_floor``: the floor's echo (HTTP alone)."""
+    hop, http = p50["NATS hop"], p50[http_floor]
     rows = [["target", "HTTP (floor echo)", "model (floor)", "NATS hop", "replica", "gateway", "Ember p50",
              "gap to its floor"]]
-    for name, alone in p50.items():
-        if name == "NATS hop":
-            continue
-        model = model_ms[name]
-        rows.append([name, f"{http_ms:.3f}", f"{model:.3f}", f"{hop:.3f}", f"{alone - hop - model:+.3f}",
-                     f"{ember[name] - alone - http_ms:+.3f}", f"{ember[name]:.3f}",
-                     f"{ember[name] - http_ms - model:+.3f}"])
+    for name, floor in floors.items():
+        model, alone, ember = p50[floor] - http, p50[f"{name} alone"], p50[name]
+        rows.append([name, f"{http:.3f}", f"{model:.3f}", f"{hop:.3f}", f"{alone - hop - model:+.3f}",
+                     f"{ember - alone - http:+.3f}", f"{ember:.3f}", f"{ember - p50[floor]:+.3f}"])
     return rows
 
 

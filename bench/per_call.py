@@ -23,8 +23,8 @@ What is measured
     batched MLP) is bound to, timed from the first publish to the last result (bench/queued_rate.py).
 
     ``--stages N`` (default 2,000; 0 skips) then splits each Ember target's p50 at c=1 into the floor's HTTP, the
-    model, the NATS hop, the replica and the gateway: N calls straight to each replica over NATS and to a bare NATS
-    responder, interleaved call by call (bench/call_stages.py).
+    model, the NATS hop, the replica and the gateway: N calls to each of the five targets over HTTP, straight to each
+    replica over NATS and to a bare NATS responder, interleaved in blocks of 25 (bench/call_stages.py).
 
     ``--profile DIR`` adds, after the rounds, one py-spy window (``py-spy record``, 200 Hz, raw) on the
     gateway and on the replica of each Ember target at concurrency 1 and 64, and prints where the samples
@@ -209,7 +209,7 @@ def render(sides: dict[str, Side]) -> str:
         f, e = med(floor.cpu_ms[concurrency]), med(ember.cpu_ms[concurrency])
         rows.append([label, f"{f:.2f} ms", f"{e:.2f} ms", f"{e / f:.2f}x", "-"])
 
-    p50("echo, p50 at c=1", f_echo, e_echo, "+0.30 ms")
+    p50("echo, p50 at c=1", f_echo, e_echo, "+0.40 ms")
     p50("batched MLP, p50 at c=1", f_mlp, e_b, "+0.50 ms")
     p50("unbatched MLP, p50 at c=1", f_mlp, e_u, "+0.50 ms")
     rps("echo (unbatched), req/s at c=64", f_echo, e_echo, "0.8x")
@@ -420,20 +420,18 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
             batches = ", ".join(f"{n} {med(s.batch):.1f}" for n, s in sides.items() if s.target.is_ember)
             print(f"\nmean batch at c=64: {batches}" + (f"; errors {errors}" if errors else ""))
             print("\nEmber's server CPU per call by process, ms (medians):\n\n" + render_roles(sides), flush=True)
-        if args.stages > 0 and args.rounds > 0:
-            say(f"stages: {args.stages:,} calls to each replica alone and to a bare NATS responder, interleaved")
+        if args.stages > 0:
+            say(f"stages: {args.stages:,} calls to each target, each replica alone and a bare NATS responder")
             ids = replica_ids(platform.url)
             alone = call_stages.measure(platform.nats_url, platform.auth_dir, {
                 "Ember echo": (ids["echo"], "echo", ECHO_BODY),
                 "Ember batched MLP": (ids["Batched"], "Batched.predict", mlp[0]),
-                "Ember unbatched MLP": (ids["Unbatched"], "Unbatched.predict", mlp[0])}, args.stages)
-            http_ms = med(sides["floor echo"].p50_ms)
-            model = med(sides["floor MLP"].p50_ms) - http_ms
-            rows = call_stages.render(alone, http_ms, {"Ember echo": 0.0, "Ember batched MLP": model,
-                                                       "Ember unbatched MLP": model},
-                                      {n: med(sides[n].p50_ms) for n in alone if n != "NATS hop"})
-            print("\n## Where a lone call's time goes (p50 at c=1, ms; see bench/call_stages.py)\n\n"
-                  + markdown_table(rows), flush=True)
+                "Ember unbatched MLP": (ids["Unbatched"], "Unbatched.predict", mlp[0])},
+                {side.target.name: side.target for side in targets}, args.stages)
+            rows = call_stages.render(alone, {"Ember echo": "floor echo", "Ember batched MLP": "floor MLP",
+                                              "Ember unbatched MLP": "floor MLP"}, "floor echo")
+            print("\n## Where a lone call's time goes (p50 at c=1, ms, interleaved in blocks; see "
+                  "bench/call_stages.py)\n\n" + markdown_table(rows), flush=True)
         if args.idle_s > 0:
             say(f"idle CPU over {args.idle_s:g} s")
             time.sleep(2.0)
