@@ -22,6 +22,10 @@ What is measured
     Then ``--events N`` queued calls from events: JetStream publishes to the subject ``on_vectors`` (the same
     batched MLP) is bound to, timed from the first publish to the last result (bench/queued_rate.py).
 
+    ``--stages N`` (default 2,000; 0 skips) then splits each Ember target's p50 at c=1 into the floor's HTTP, the
+    model, the NATS hop, the replica and the gateway: N calls to each of the five targets over HTTP, straight to each
+    replica over NATS and to a bare NATS responder, interleaved in blocks of 25 (bench/call_stages.py).
+
     ``--profile DIR`` adds, after the rounds, one py-spy window (``py-spy record``, 200 Hz, raw) on the
     gateway and on the replica of each Ember target at concurrency 1 and 64, and prints where the samples
     went: by package, hottest functions, and the replica's event loop against its executor thread(s). The
@@ -32,7 +36,7 @@ What is measured
     ratios of one interleaved run are more robust than the absolute figures.
 
 Usage
-    python bench/per_call.py [--quick] [--rounds R] [--spawn N] [--events N] [--idle-s S] [--profile DIR]
+    python bench/per_call.py [--quick] [--rounds R] [--spawn N] [--events N] [--idle-s S] [--stages N] [--profile DIR]
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-import http_latency  # noqa: E402  (bench/ is not a package)
+import call_stages  # noqa: E402  (bench/ is not a package)
+import http_latency  # noqa: E402
 import queued_rate  # noqa: E402
 from batching import CpuWindow, Processes, deploy_all, proc_cpu_s, py_spy_binary  # noqa: E402
 from http_latency import (  # noqa: E402
@@ -204,7 +209,7 @@ def render(sides: dict[str, Side]) -> str:
         f, e = med(floor.cpu_ms[concurrency]), med(ember.cpu_ms[concurrency])
         rows.append([label, f"{f:.2f} ms", f"{e:.2f} ms", f"{e / f:.2f}x", "-"])
 
-    p50("echo, p50 at c=1", f_echo, e_echo, "+0.30 ms")
+    p50("echo, p50 at c=1", f_echo, e_echo, "+0.40 ms")
     p50("batched MLP, p50 at c=1", f_mlp, e_b, "+0.50 ms")
     p50("unbatched MLP, p50 at c=1", f_mlp, e_u, "+0.50 ms")
     rps("echo (unbatched), req/s at c=64", f_echo, e_echo, "0.8x")
@@ -339,6 +344,16 @@ async def profile(sides: list[Side], plan: http_latency.Plan, procs: Processes, 
 # -- the run ---------------------------------------------------------------------------------------
 
 
+def replica_ids(url: str) -> dict[str, str]:
+    """Service name -> the id of its ready replica (of the current version)."""
+    import httpx
+    from http_latency import auth_headers
+
+    view = httpx.get(f"{url}/v1/apps/{APP}", timeout=10, headers=auth_headers()).json()
+    return {service["name"]: replica["replica_id"] for service in view["services"] for replica in service["replicas"]
+            if replica["state"] == "ready" and replica["version"] == view["version"]}
+
+
 def service_pids(url: str) -> dict[str, int]:
     """Function name -> the pid of its ready replica (of the current version)."""
     import httpx
@@ -405,6 +420,18 @@ def run(plan: http_latency.Plan, args: argparse.Namespace) -> None:
             batches = ", ".join(f"{n} {med(s.batch):.1f}" for n, s in sides.items() if s.target.is_ember)
             print(f"\nmean batch at c=64: {batches}" + (f"; errors {errors}" if errors else ""))
             print("\nEmber's server CPU per call by process, ms (medians):\n\n" + render_roles(sides), flush=True)
+        if args.stages > 0:
+            say(f"stages: {args.stages:,} calls to each target, each replica alone and a bare NATS responder")
+            ids = replica_ids(platform.url)
+            alone = call_stages.measure(platform.nats_url, platform.auth_dir, {
+                "Ember echo": (ids["echo"], "echo", ECHO_BODY),
+                "Ember batched MLP": (ids["Batched"], "Batched.predict", mlp[0]),
+                "Ember unbatched MLP": (ids["Unbatched"], "Unbatched.predict", mlp[0])},
+                {side.target.name: side.target for side in targets}, args.stages)
+            rows = call_stages.render(alone, {"Ember echo": "floor echo", "Ember batched MLP": "floor MLP",
+                                              "Ember unbatched MLP": "floor MLP"}, "floor echo")
+            print("\n## Where a lone call's time goes (p50 at c=1, ms, interleaved in blocks; see "
+                  "bench/call_stages.py)\n\n" + markdown_table(rows), flush=True)
         if args.idle_s > 0:
             say(f"idle CPU over {args.idle_s:g} s")
             time.sleep(2.0)
@@ -475,6 +502,8 @@ def main() -> None:
     parser.add_argument("--read-while", action="store_true",
                         help="spawn: long-poll every call while the queue drains (as bench/queues.py does)")
     parser.add_argument("--idle-s", type=float, default=10.0, help="idle CPU window (0 skips)")
+    parser.add_argument("--stages", type=int, default=2000, metavar="N",
+                        help="after the rounds, N calls to each replica alone and to a bare NATS responder (0 skips)")
     parser.add_argument("--profile", type=Path, metavar="DIR", help="py-spy each Ember target, raw files in DIR")
     parser.add_argument("--serve-floor", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,8 +1,10 @@
-"""Queued work wakes a function scaled to zero: an event backlog counts as pending calls, like spawned ones."""
+"""Work wakes a function scaled to zero: an event backlog counts as pending calls, like spawned ones, and a synchronous
+call waiting at the gateway counts too; also once the control loop has had nothing to do for the function."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from support.polling import wait_for
 
 from ember._deploy import deploy
 from ember.wire import subjects
+from ember_platform.control.pace import TICK_S
 from ember_runtime.replica.event_headers import event_scope
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -49,3 +52,43 @@ def test_an_event_wakes_a_function_scaled_to_zero(platform, transport, http, tmp
         assert record["output"] == 42
     finally:
         http.delete("/v1/apps/sleepy")
+
+
+IDLE_APP = '''import ember
+app = ember.App("{name}")
+
+@app.function(min_replicas=0, max_replicas=1, timeout_s=120)
+def wake(x: int) -> int:
+    return x + 1
+'''
+
+
+def _deploy_idle(name: str, transport, http, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / f"{name}.py").write_text(IDLE_APP.format(name=name))
+    deploy(tmp_path / f"{name}.py", transport=transport, timeout_s=60)
+    assert http.get(f"/v1/apps/{name}").json()["services"][0]["replicas"] == []
+    time.sleep(2 * TICK_S)  # the control loop reconciles it to no replica, then has nothing to do for it
+
+
+def test_a_synchronous_call_wakes_a_function_idle_at_zero(transport, http, tmp_path: Path):
+    _deploy_idle("drowsy", transport, http, tmp_path)
+    try:
+        response = http.post("/v1/drowsy/wake", json=41, timeout=150)
+        assert response.status_code == 200, response.text
+        assert response.json() == 42
+    finally:
+        http.delete("/v1/apps/drowsy")
+
+
+def test_a_spawned_call_wakes_a_function_idle_at_zero(transport, http, tmp_path: Path):
+    _deploy_idle("dozy", transport, http, tmp_path)
+    try:
+        call_id = http.post("/v1/dozy/wake/spawn", json=41).json()["call_id"]
+
+        def done() -> dict | None:
+            record = http.get(f"/v1/calls/{call_id}").json()
+            return record if record.get("status") == "succeeded" else None
+
+        assert wait_for(done, timeout_s=90, what="the spawned call to wake a replica and run")["output"] == 42
+    finally:
+        http.delete("/v1/apps/dozy")

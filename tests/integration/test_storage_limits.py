@@ -40,6 +40,24 @@ def test_every_stream_bucket_and_object_store_is_bounded(platform: TestPlatform)
     assert configs["KV_ember_results"].max_age >= CALL_TTL_S  # type: ignore[attr-defined]
     assert configs["EMBER_CALLS"].discard == DiscardPolicy.NEW  # type: ignore[attr-defined]
     assert configs["EMBER_CALLS"].max_msgs > 0  # type: ignore[attr-defined]
+    # set, not nats-server's default of 1,000 consumers a stream (about 500 apps of one function)
+    assert configs["EMBER_CALLS"].max_consumers == StorageLimits().calls_stream_max_consumers  # type: ignore[attr-defined]
+
+
+def test_an_installation_with_the_servers_consumer_limit_gets_ours(platform: TestPlatform) -> None:
+    async def run() -> tuple[int, int]:
+        nc = await admin_connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            config = (await js.stream_info(subjects.CALLS_STREAM)).config
+            await js.update_stream(config.evolve(max_consumers=1000))  # as nats-server 2.15 made an older Ember's
+            before = (await js.stream_info(subjects.CALLS_STREAM)).config.max_consumers or 0
+            await apply_limits(js, StorageLimits())
+            return before, (await js.stream_info(subjects.CALLS_STREAM)).config.max_consumers or 0
+        finally:
+            await nc.close()
+
+    assert asyncio.run(run()) == (1000, StorageLimits().calls_stream_max_consumers)
 
 
 def test_an_installation_without_limits_gets_them(platform: TestPlatform) -> None:

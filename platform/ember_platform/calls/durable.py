@@ -9,7 +9,6 @@ import hashlib
 import math
 import re
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import msgspec
@@ -69,7 +68,6 @@ class Calls:
         self._js = nc.jetstream()
         self.store = CallStore(self._js, stores.calls, stores.results)
         self._ack_wait_s = ack_wait_s
-        self.submitted: Counter[tuple[str, str]] = Counter()  # (app, function) -> calls queued by this process
 
     # -- deployment ----------------------------------------------------------------------------------
 
@@ -221,7 +219,6 @@ class Calls:
                     await self.store.forget(app, call_id)
             raise UnavailableError(f"the call to {app}.{function} could not be queued ({type(exc).__name__}: "
                                    f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
-        self.submitted[(app, function)] += 1  # the control loop asks this queue's backlog at its next tick
         return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
                           created=existing is None)
 

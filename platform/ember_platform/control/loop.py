@@ -39,13 +39,14 @@ from ember.wire import (
     assignment_decoder,
     encoder,
     node_decoder,
-    subjects,
 )
 from ember.wire.jetstream import NODE_LOST_S, KVMirror, Stores
 from ember.wire.quotas import Quota
+from ember_platform.control.backlog import Backlog
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.pace import until_next_tick
+from ember_platform.control.plan import Plan, cluster_snapshot
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.control.switching import Switching
@@ -54,7 +55,6 @@ from ember_platform.scheduler import (
     AutoscaleConfig,
     AutoscaleState,
     Binding,
-    Cluster,
     Meter,
     Move,
     MoveBudget,
@@ -62,7 +62,6 @@ from ember_platform.scheduler import (
     Reservation,
     Signals,
     Snapshot,
-    build_snapshot,
     desired_replicas,
     initial_state,
     measure,
@@ -73,9 +72,7 @@ from ember_platform.scheduler import (
 from ember_platform.scheduler.autoscale import in_flight_target
 
 log = logging.getLogger("ember.control")
-PENDING_IDLE_ASK_S = 2.0  # an empty queue's backlog is asked again this often (each ask is a JetStream API request)
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
-Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 T = TypeVar("T")
 
 
@@ -87,6 +84,8 @@ class ServiceState:
     desired: int = 0
     arrival_rate: float = 0.0  # calls per second to the current version, as last measured
     quota: str = ""  # why a quota holds the service below what it wants, for `ember status`
+    quiet_as: Deployment | None = None  # the deployment it was last reconciled to no replica at all as (``_quiet``)
+    quiet_received: int = -1  # the gateway's count of its calls then
 
 
 @dataclass
@@ -107,16 +106,17 @@ class ControlLoop:
     js: Any
     services: dict[tuple[str, str], ServiceState] = field(default_factory=dict)
     pending: dict[tuple[str, str], int] = field(default_factory=dict)  # (app, function) -> durable backlog
-    asked: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)  # -> (when, calls submitted then)
     moves: dict[str, Moving] = field(default_factory=dict)  # by the replacement's replica id
     move_budget: MoveBudget = field(default_factory=MoveBudget)
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
     lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
     quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
+    _services_at: tuple[int, list[tuple[Deployment, ServiceSpec]]] = (-1, [])
 
     async def start(self) -> None:
         self.switching = Switching(self.registry)
         self.preloader = Preloader(demand=self._arrival_rate)
+        self.backlog = Backlog(self.js)
         self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores.nodes, node_decoder.decode)
         self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
         await self.nodes.start()
@@ -193,14 +193,19 @@ class ControlLoop:
         plan: Plan = {nid: list(a.slots) for nid, a in self.assignments.items.items() if nid in nodes}
         for nid in nodes:
             plan.setdefault(nid, [])
-        deployments = self.registry.deployments.items
-        await self._refresh_pending(deployments)
+        # a push while this tick awaits changes the mirror: the tick works on a copy, as of ``generation``
+        deployments, generation = dict(self.registry.deployments.items), self.registry.deployments.generation
+        await self.backlog.refresh(deployments, generation)
+        self.pending = self.backlog.pending
         _drop(plan, lambda s: s.app not in deployments)
         await self.switching.refresh_pinned(plan, deployments)
         for dep in deployments.values():
             self.switching.drop_gone(plan, dep, now)
         self._finish_moves(plan, now)
-        services = [(dep, svc) for dep in deployments.values() for svc in dep.manifest.services]
+        busy = {(s.app, s.service) for slots in plan.values() for s in slots}
+        busy.update((r.app, r.service) for r in self.registry.replicas.items.values())
+        services = [(dep, svc) for dep, svc in self._every_service(deployments, generation)
+                    if not self._quiet(dep, svc, busy)]
         wanted = {(dep.app, svc.name): (dep, svc, n) for dep, svc in services
                   if (n := self._isolated(dep, svc, functools.partial(self._want, plan, dep, svc, now))) is not None}
         targets = self._capped(wanted, nodes)
@@ -211,13 +216,46 @@ class ControlLoop:
                     self._reconcile_service, plan, dep, svc, targets[(dep.app, svc.name)]), last=True) or []
         requests += [_request(at, svc, i) for at, svc, i in self.switching.missing(plan, deployments)
                      if (at.app, svc.name) in self.services]  # a version serving beside a rollout keeps its minimum
-        snapshot = _snapshot(plan, nodes, deployments)
+        snapshot = cluster_snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
         self._rebalance(plan, snapshot, unplaced, deployments, now)
-        zygotes = self.preloader.zygotes(plan, nodes, deployments, lambda: _snapshot(plan, nodes, deployments), now)
+        self._note_quiet(services, plan)
+        zygotes = self.preloader.zygotes(plan, nodes, deployments,
+                                         functools.partial(cluster_snapshot, plan, nodes, deployments), now)
         await self._write(plan, zygotes, now)
         await self.switching.switch(deployments)
         await self.switching.hold_standby(plan, deployments, now)  # after it: a version that just left is told now
+
+    def _every_service(self, deployments: dict[str, Deployment],
+                       generation: int) -> list[tuple[Deployment, ServiceSpec]]:
+        """Each deployment's services, listed again only once the deployments changed (``KVMirror.generation``)."""
+        if self._services_at[0] != generation:
+            self._services_at = generation, [(d, s) for d in deployments.values() for s in d.manifest.services]
+        return self._services_at[1]
+
+    def _quiet(self, dep: Deployment, svc: ServiceSpec, busy: set[tuple[str, str]]) -> bool:
+        """Whether ``svc`` needs no reconcile this tick: last reconciled to no replica as this very deployment, and
+        since then no replica of it placed or reporting (``busy``), no call at the gateway nor in its queues. An
+        idle platform's ticks then cost what its running and changing services do, not every deployed one."""
+        key = (dep.app, svc.name)
+        state = self.services.get(key)
+        if state is None or state.quiet_as is not dep or key in busy:
+            return False
+        if self.gateway_load(*key) or self.gateway_received(*key) != state.quiet_received:
+            return False
+        return not any(self.pending.get((dep.app, fn.name)) for fn in svc.functions)
+
+    def _note_quiet(self, services: list[tuple[Deployment, ServiceSpec]], plan: Plan) -> None:
+        """The services reconciled this tick that came to no replica, nothing held back and nothing failed."""
+        placed = {(s.app, s.service) for slots in plan.values() for s in slots}
+        for dep, svc in services:
+            key = (dep.app, svc.name)
+            state = self.services.get(key)
+            if state is None:
+                continue
+            quiet = (not state.desired and not state.arrival_rate and not state.unschedulable and not state.quota
+                     and key not in placed and key not in self.failures)
+            state.quiet_as, state.quiet_received = (dep, self.gateway_received(*key)) if quiet else (None, -1)
 
     def _isolated(self, dep: Deployment, svc: ServiceSpec, step: Callable[[], T], last: bool = False) -> T | None:
         """One step of one service's reconcile, so that a service whose reconcile raises (a manifest that got past
@@ -308,35 +346,6 @@ class ControlLoop:
         state = self.services.get((app, service))
         return state.arrival_rate if state is not None else 0.0
 
-    async def _refresh_pending(self, deployments: dict[str, Deployment]) -> None:
-        """Calls waiting in each function's durable queue and, for a function bound to subjects, in its event
-        stream (scale-up signal for queued work: an event backlog wakes a function scaled to zero).
-
-        A queue found empty is asked again every ``PENDING_IDLE_ASK_S`` rather than every tick, unless a call was
-        submitted to it through this control plane since (events published straight to their subjects are seen
-        at the next ask)."""
-        now = time.monotonic()
-        for dep in deployments.values():
-            for svc in dep.manifest.services:
-                for fn in svc.functions:
-                    key, submitted = (dep.app, fn.name), self.registry.calls.submitted[(dep.app, fn.name)]
-                    last = self.asked.get(key)
-                    if (last is not None and not self.pending.get(key) and last[1] == submitted
-                            and now - last[0] < PENDING_IDLE_ASK_S):
-                        continue
-                    self.asked[key] = (now, submitted)
-                    name = subjects.calls_consumer(dep.app, fn.name)
-                    streams = [subjects.CALLS_STREAM] + ([subjects.events_stream(dep.app, fn.name)] if fn.on else [])
-                    waiting, known = 0, False
-                    for stream in streams:
-                        try:
-                            info = await self.js.consumer_info(stream, name)
-                        except Exception:
-                            continue
-                        waiting, known = waiting + (info.num_pending or 0) + (info.num_ack_pending or 0), True
-                    if known:
-                        self.pending[(dep.app, fn.name)] = waiting
-
     def _place(self, plan: Plan, snapshot: Snapshot, requests: list[tuple[PlacementRequest, SlotAssignment]],
                ) -> tuple[Snapshot, list[PlacementRequest]]:
         """Binds what fits into ``plan``; returns the snapshot after it, and the requests that did not fit."""
@@ -386,8 +395,9 @@ class ControlLoop:
         if not budget:
             return
         slots = {s.replica_id: s for node_slots in plan.values() for s in node_slots}
-        templates = {f"{dep.app}.{svc.name}": _template(dep, svc, "") for dep in deployments.values()
-                     for svc in dep.manifest.services}
+        held = {s.app for s in slots.values()} & deployments.keys()  # only a replica that runs may be moved
+        templates = {f"{app}.{svc.name}": _template(deployments[app], svc, "") for app in held
+                     for svc in deployments[app].manifest.services}
         moving = self._moving()
         helped = {m.move.room_for for m in self.moves.values()}
 
@@ -453,21 +463,6 @@ def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRe
                             cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
                             volumes=tuple(m.key for m in svc.volumes),
                             environment=svc.image.sha256 if svc.image else "")
-
-
-def _snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:
-    """The live nodes and what the plan's replicas hold on them."""
-    specs = {(d.app, s.name): s for d in deployments.values() for s in d.manifest.services}
-    for d in deployments.values():  # the replicas of the other versions that still run hold what theirs ask
-        for version in (d.running() | {d.warm}) - {d.version, 0}:  # and the warm one's
-            for s in (d.release(version) or d).manifest.services:
-                specs.setdefault((d.app, s.name), s)
-    reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
-                                gpu_uuids=tuple(s.gpu_uuids),
-                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb,
-                                host_memory_mb=specs[(s.app, s.service)].memory_mb)
-                    for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
-    return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
 
 
 def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:

@@ -90,6 +90,7 @@ class ScheduleLoop:
         self._js = js
         self._calls = calls
         self._deployments = deployments
+        self._scheduled: tuple[int, list[Scheduled]] = (-1, [])  # the scheduled functions, as of a generation
         self._active = active
         self.metrics = ScheduleMetrics()
         self.kv: KeyValue | None = None
@@ -129,12 +130,14 @@ class ScheduleLoop:
             await self.states.stop()
 
     def scheduled(self) -> Iterator[Scheduled]:
-        """Every scheduled function of the current deployments."""
-        for dep in list(self._deployments.items.values()):
-            for svc in dep.manifest.services:
-                for fn in svc.functions:
-                    if fn.schedule is not None:
-                        yield dep, fn.name, fn.schedule
+        """Every scheduled function of the current deployments (listed again only once they changed: the loop looks
+        four times a second, and most deployed functions have no schedule)."""
+        generation = self._deployments.generation
+        if self._scheduled[0] != generation:
+            self._scheduled = generation, [(dep, fn.name, fn.schedule) for dep in list(self._deployments.items.values())
+                                           for svc in dep.manifest.services for fn in svc.functions
+                                           if fn.schedule is not None]
+        yield from self._scheduled[1]
 
     async def _run(self) -> None:
         acting = False

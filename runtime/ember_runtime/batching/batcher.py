@@ -1,11 +1,12 @@
 """The micro-batcher: deadline- and priority-aware, adaptive, failure-isolating.
 
-Calls wait in a bounded priority queue (``interactive`` before ``batch``, earliest deadline first within
-a class). When the executor is free the batcher dispatches at once unless waiting pays (see
-``policy``); a batch is bounded by count, by total cost and by the largest size that did not run out of
-memory. Model code runs on the executor thread, so the event loop keeps receiving and decoding the next
-calls while a batch runs. Expired calls are answered with a deadline error and never run; cancelled
-calls are dropped; a failing batch is bisected so that only the inputs at fault get the error.
+Calls wait in a bounded priority queue (``interactive`` before ``batch``, earliest deadline first within a class).
+When the executor is free the batcher dispatches at once unless waiting pays (see ``policy``), and always when one
+call waits and no batch runs (a lone call); a batch is bounded by count, by total cost and by the largest size that
+did not run out of memory. Model code runs on the executor thread (the replica's ``ModelThread``), so the event
+loop keeps receiving and decoding the next calls while a batch runs. Expired calls are answered with a deadline
+error and never run; cancelled calls are dropped; a failing batch is bisected so that only the inputs at fault get
+the error.
 
 With ``slots`` above one (a function's ``max_concurrency``), up to that many batches run at once: on the
 executor's threads for sync code, as tasks on the event loop for ``async def`` code (``run`` returning a
@@ -31,17 +32,19 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ember import _tracing as tracing
 from ember._errors import CallCancelledError, DeadlineExceededError, EmberError, OverloadedError, UnavailableError
 from ember_runtime.batching import spans
 from ember_runtime.batching.costmodel import CostModel
 from ember_runtime.batching.isolation import BatchReport, BatchRunner, Outcome
+from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.batching.policy import Limits, QueueView, hold_for
 from ember_runtime.batching.running import Run, halted
 from ember_runtime.batching.stats import BatcherMetrics
 
+T = TypeVar("T")
 PRIORITY_RANK = {"interactive": 0, "batch": 1}
 Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
 _GAP_SMOOTHING = 0.2
@@ -243,7 +246,7 @@ class Batcher:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            wait = 0.0 if self._closed else self._hold_for(time.monotonic())
+            wait = 0.0 if self._closed or self._lone() else self._hold_for(time.monotonic())
             if wait > 0:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -259,6 +262,11 @@ class Batcher:
                 task = asyncio.create_task(self._execute(batch, self._begin(batch)), name=f"{self.name}-batch")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
+
+    def _lone(self) -> bool:
+        """One call waits and no batch runs: it goes at once, whatever the window (a lone call never pays for a wait
+        that only a burst's next call could repay; under load, calls queue while a batch runs and fill the next)."""
+        return len(self._heap) == 1 and not self._running
 
     def _hold_for(self, now: float) -> float:
         if self.limits.window_s <= 0 or (self.capacity == 1 and self._heap):
@@ -346,8 +354,7 @@ class Batcher:
             values = [c.value for c in batch]
             with self._serving(batch):  # what ``ember.current_call()`` answers in the function (copied to its thread)
                 report: BatchReport = await self._run_async(batch, values) if self._async else \
-                    await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
-                                                                     self._runner, values)
+                    await self._hop(self._runner, values)
         finally:
             for call in batch:
                 self._live.pop(call.call_id, None)
@@ -377,8 +384,7 @@ class Batcher:
         for call in batch:
             call.run = Run([call])
         try:
-            ran = await asyncio.get_running_loop().run_in_executor(self._executor, contextvars.copy_context().run,
-                                                                   self._run_each, batch)
+            ran = await self._hop(self._run_each, batch)
         finally:
             self._end(number)
             if traced is not None:
@@ -399,6 +405,13 @@ class Batcher:
                 self.metrics.observe_batch(1, 1, seconds, [started - call.enqueued_at])
                 self.metrics.failed += not outcome.ok
             await call.answer(outcome.value, outcome.error, 1)
+
+    def _hop(self, fn: Callable[[Any], T], arg: Any) -> Awaitable[T]:
+        """``fn(arg)`` on the executor, in a copy of this context (the model thread's short way when it is one)."""
+        loop = asyncio.get_running_loop()
+        if isinstance(self._executor, ModelThread):
+            return self._executor.call(loop, contextvars.copy_context().run, fn, arg)
+        return loop.run_in_executor(self._executor, contextvars.copy_context().run, fn, arg)
 
     def _run_each(self, batch: list[Call]) -> list[tuple[str, Outcome, float]]:
         """On the executor thread: run the calls one by one, each alone and in its own ``serving`` context, until

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -163,7 +163,7 @@ def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> 
 RUN_READY = 64  # an unbatched function's ready calls that one hop to the model thread may run, one by one
 
 
-def batcher_for(endpoint: Endpoint, executor: ThreadPoolExecutor, serves: Any = None) -> Batcher:
+def batcher_for(endpoint: Endpoint, executor: Executor, serves: Any = None) -> Batcher:
     batch = endpoint.spec.batch
     if batch is None:  # ready calls run back to back in one hop (a stream's call runs alone: it may run long)
         return Batcher(endpoint.runner, max_size=1, window_s=0.0, executor=endpoint.executor or executor,

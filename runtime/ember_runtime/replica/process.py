@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +47,7 @@ from ember.wire.streams import credit_decoder
 from ember_runtime import hostpid, lifeline, natsdoor
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
+from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
 from ember_runtime.replica import arguments
 from ember_runtime.replica.answers import Answers, answer_of
@@ -85,7 +85,7 @@ class Replica:
                                     service=args.service, version=args.version, state="starting", pid=hostpid.current(),
                                     started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
                                     restart_reason=args.restart_reason)
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-model")
+        self.executor = ModelThread()  # the setup and every batch of sync code (see ``modelthread``)
         self.batchers: list[Batcher] = []
         self.workers: list[QueueWorker] = []
         self.standby = Standby()  # a warm replica's: no queued calls while its version is out of the traffic

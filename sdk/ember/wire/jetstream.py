@@ -109,6 +109,9 @@ class StorageLimits:
     volumes_kv_max_bytes: int = 256 * MiB  # ember_volumes: volumes' versions (their files and chunks' hashes)
     volumes_kv_max_value_bytes: int = 8 * MiB  # one version's manifest (about 100,000 chunks)
     volume_chunks_store_max_bytes: int = 16 * GiB  # ember_volume_chunks: volumes' contents
+    # EMBER_CALLS' durable consumers: one per function and one per kept version of it (nats-server 2.15 gives a stream
+    # that sets none 1,000, about 500 apps of one function; it reads -1 as that default too, so -1 here is 2**31 - 1)
+    calls_stream_max_consumers: int = 100_000
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -137,7 +140,9 @@ class StorageLimits:
         control = {"max_bytes": self.control_kv_max_bytes, "max_msg_size": self.control_kv_max_value_bytes}
         return {
             subjects.CALLS_STREAM: {"max_bytes": self.calls_stream_max_bytes, "max_msgs": self.calls_stream_max_msgs,
-                                    "discard": DiscardPolicy.NEW},
+                                    "discard": DiscardPolicy.NEW,
+                                    "max_consumers": self.calls_stream_max_consumers
+                                    if self.calls_stream_max_consumers > 0 else 2**31 - 1},
             subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
             subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
             # Direct gets: a replica reads its own app's records by key, a permission that names the key (a
@@ -377,6 +382,7 @@ class KVMirror(Generic[T]):
         self._decode = decode
         self._on_change = on_change
         self.items: dict[str, T] = {}
+        self.generation = 0  # bumped by every change of ``items``: what is derived from them is stale once it moves
         self._revisions: dict[str, int] = {}
         self.changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -419,6 +425,7 @@ class KVMirror(Generic[T]):
         if revision < self._revisions.get(key, 0):
             return
         self._revisions[key] = revision
+        self.generation += 1
         if value is None:
             self.items.pop(key, None)
         else:

@@ -113,6 +113,44 @@ def test_an_idle_replica_does_not_wait_for_the_window(pool):
     assert rec.answers["only"] == ("only", None, 1)
 
 
+def test_a_lone_call_goes_at_once_even_where_waiting_would_pay(pool):
+    # 30 s fixed cost per batch and calls that came back to back: the policy would hold a call for the next one
+    # (up to 30 s, past the test's timeout); one call alone with no batch running goes at once, in a batch of one.
+    sizes: list[int] = []
+    b = batcher(lambda xs: sizes.append(len(xs)) or xs, pool, max_size=2, window_s=3600,
+                cost_model=CostModel(a=30.0, b=0.0))
+    rec = Recorder()
+
+    async def body():
+        b.submit(rec.call("a"))
+        b.submit(rec.call("b"))  # a full batch: goes at once
+        await rec.wait_for(2)
+        b.submit(rec.call("lone"))
+        await rec.wait_for(3)
+
+    run(lambda: serve(b, body))
+    assert sizes == [2, 1]  # the first two still batched together; the lone one ran by itself
+    assert rec.answers["lone"] == ("lone", None, 1)
+    assert b.metrics.batch_size.counts[0] == 1  # one batch of size 1 in the histogram
+
+
+def test_calls_that_keep_arriving_still_fill_a_batch_behind_a_lone_one(pool):
+    gate = Gate()
+    b = batcher(gate, pool, max_size=4, window_s=3600, cost_model=CostModel(a=30.0, b=0.0))
+    rec = Recorder()
+
+    async def body():
+        b.submit(rec.call(0))  # lone: runs at once, and holds the model until released
+        await asyncio.to_thread(gate.started.wait)
+        for i in range(1, 5):
+            b.submit(rec.call(i))
+        gate.release.set()
+        await rec.wait_for(5)
+
+    run(lambda: serve(b, body))
+    assert [len(x) for x in gate.batches] == [1, 4]
+
+
 def test_when_waiting_pays_a_batch_waits_for_the_window(pool):
     # A fixed cost of 10 s per batch and calls arriving back to back: waiting for more is worth it.
     b = batcher(lambda xs: xs, pool, window_s=0.05, cost_model=CostModel(a=10.0, b=0.0))

@@ -18,7 +18,8 @@ def test_every_stream_has_a_size_limit() -> None:
     streams = StorageLimits().streams()
     assert set(streams) == EVERY_STREAM
     assert all(limits["max_bytes"] > 0 for limits in streams.values())
-    assert streams[subjects.CALLS_STREAM] == {"max_bytes": GiB, "max_msgs": 1_000_000, "discard": DiscardPolicy.NEW}
+    assert streams[subjects.CALLS_STREAM] == {"max_bytes": GiB, "max_msgs": 1_000_000, "discard": DiscardPolicy.NEW,
+                                              "max_consumers": 100_000}
     assert streams["KV_ember_results"]["max_age"] >= CALL_TTL_S  # a large result never expires before its record
     assert streams["KV_ember_deployments"] == {"max_bytes": 64 * MiB, "max_msg_size": 4 * MiB}
     assert streams["KV_ember_tokens"]["max_bytes"] == 16 * MiB
@@ -42,6 +43,8 @@ def test_limits_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert StorageLimits.from_env().quotas_kv_max_bytes == 3000
     monkeypatch.setenv("EMBER_SECRETS_KV_MAX_BYTES", "4000")
     assert StorageLimits.from_env().secrets_kv_max_bytes == 4000
+    monkeypatch.setenv("EMBER_CALLS_STREAM_MAX_CONSUMERS", "-1")  # no limit: the most the server takes, not its 1,000
+    assert StorageLimits.from_env().streams()[subjects.CALLS_STREAM]["max_consumers"] == 2**31 - 1
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "a lot"])
@@ -53,11 +56,11 @@ def test_bad_limits_are_refused_by_name(monkeypatch: pytest.MonkeyPatch, value: 
 
 def test_limits_differ_reads_a_server_config() -> None:
     old = StreamConfig.from_response({"name": "EMBER_CALLS", "max_bytes": -1, "max_msgs": -1, "discard": "old",
-                                      "max_age": 0})
+                                      "max_age": 0, "max_consumers": 1000})  # nats-server 2.15's default
     wanted = StorageLimits().streams()[subjects.CALLS_STREAM]
-    assert set(limits_differ(old, wanted)) == {"max_bytes", "max_msgs", "discard"}
+    assert set(limits_differ(old, wanted)) == {"max_bytes", "max_msgs", "discard", "max_consumers"}
     now = StreamConfig.from_response({"name": "EMBER_CALLS", "max_bytes": GiB, "max_msgs": 1_000_000,
-                                      "discard": "new"})
+                                      "discard": "new", "max_consumers": 100_000})
     assert limits_differ(now, wanted) == {}
     results = StreamConfig.from_response({"name": "KV_ember_results", "max_bytes": 4 * GiB, "allow_direct": True,
                                           "max_age": 86_700 * 10**9, "max_msg_size": 256 * 1024 + 4096})

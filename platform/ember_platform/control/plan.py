@@ -1,0 +1,26 @@
+"""The control loop's plan (each live node's slots) as placement sees it."""
+
+from __future__ import annotations
+
+from ember.wire import Deployment, NodeInfo, SlotAssignment
+from ember_platform.scheduler import Cluster, Reservation, Snapshot, build_snapshot, request_from_spec
+
+Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
+
+
+def cluster_snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:
+    """The live nodes and what the plan's replicas hold on them. Only the apps that have replicas in the plan are
+    looked at: the cost follows what runs, not what is deployed."""
+    held = [deployments[app] for app in sorted({s.app for slots in plan.values() for s in slots})
+            if app in deployments]
+    specs = {(d.app, s.name): s for d in held for s in d.manifest.services}
+    for d in held:  # the replicas of the other versions that still run hold what theirs ask
+        for version in (d.running() | {d.warm}) - {d.version, 0}:  # and the warm one's
+            for s in (d.release(version) or d).manifest.services:
+                specs.setdefault((d.app, s.name), s)
+    reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
+                                gpu_uuids=tuple(s.gpu_uuids),
+                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb,
+                                host_memory_mb=specs[(s.app, s.service)].memory_mb)
+                    for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
+    return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)

@@ -1,0 +1,106 @@
+"""The replica's model thread: one long-lived thread that runs the setup and every batch of sync code.
+
+It is an ``Executor`` (``run_in_executor`` and ``submit`` work as with a pool of one), and it has a shorter way
+for the batcher: :meth:`ModelThread.call` hands a job over on a ``SimpleQueue`` and answers on the caller's event
+loop through one ``call_soon_threadsafe``, without the ``concurrent.futures.Future`` (its lock and condition) and
+the chaining of two futures that ``run_in_executor`` pays on every batch. The model keeps its own thread (sync
+code may block, and a call it makes to another function waits on the event loop), so the loop goes on receiving
+while a batch runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
+from typing import Any
+
+_STOP = object()
+
+
+class ModelThread(Executor):
+    def __init__(self, name: str = "ember-model") -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._work, name=name)  # not a daemon: a stuck batch is seen
+        self._thread.start()
+
+    def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
+        """Run ``fn(*args)`` on the model thread; its result (or exception) on ``loop``'s future."""
+        waiter = loop.create_future()
+        if self._closed:
+            raise RuntimeError("the model thread is shut down")
+        self._jobs.put((fn, args, loop, waiter))
+        return waiter
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        if self._closed:
+            raise RuntimeError("the model thread is shut down")
+        future: Future[Any] = Future()
+        self._jobs.put((lambda: fn(*args, **kwargs), (), None, future))
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking jobs; the thread leaves once the job it runs is done (``cancel_futures``: the jobs still
+        queued are cancelled, else run first)."""
+        if not self._closed:
+            self._closed = True
+            if cancel_futures:
+                self._cancel_queued()
+            self._jobs.put(_STOP)
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _cancel_queued(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is _STOP:
+                continue
+            _, _, loop, waiter = job
+            if loop is None:
+                waiter.cancel()
+            else:
+                _settle_soon(loop, waiter.cancel)
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not _STOP:
+            self._run(*job)
+            del job  # nothing of a batch outlives it on this thread while it waits for the next
+
+    @staticmethod
+    def _run(fn: Callable[..., Any], args: tuple[Any, ...], loop: asyncio.AbstractEventLoop | None,
+             waiter: Any) -> None:
+        if loop is None:  # from submit(): a concurrent Future
+            if waiter.set_running_or_notify_cancel():
+                try:
+                    waiter.set_result(fn())
+                except BaseException as exc:
+                    waiter.set_exception(exc)
+            return
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            _settle_soon(loop, _fail, waiter, exc)
+        else:
+            _settle_soon(loop, _succeed, waiter, result)
+
+
+def _settle_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+        loop.call_soon_threadsafe(fn, *args)
+
+
+def _succeed(waiter: asyncio.Future[Any], result: Any) -> None:
+    if not waiter.done():
+        waiter.set_result(result)
+
+
+def _fail(waiter: asyncio.Future[Any], exc: BaseException) -> None:
+    if not waiter.done():
+        waiter.set_exception(exc)
