@@ -238,11 +238,20 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
             asked.set_result(None)
 
     loop.add_reader(channel.fileno(), on_request)
+    if lifeline >= 0:  # the agent gone while this spare waits: no request will come (whatever its channel says)
+        loop.add_reader(lifeline, on_request)
     await asked
     loop.remove_reader(channel.fileno())
-    data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 3)
+    if lifeline >= 0:
+        loop.remove_reader(lifeline)
+    try:
+        data, fds, _, _ = socket.recv_fds(channel, MAX_MESSAGE, 3)
+    except BlockingIOError:  # woken by the lifeline alone
+        data, fds = b"", []
     channel.close()
-    if not data or len(fds) != 3:  # the zygote stopped (or died) before this spare was needed
+    if not data or len(fds) != 3:  # the zygote stopped (or died), or the agent went, before this spare was needed
+        for fd in fds:
+            os.close(fd)
         return 0
     request = msgspec.json.decode(data, type=ForkRequest)
     with socket.socket(fileno=fds[2]) as conn:  # the agent's connection: answer, and learn the pid on the node
