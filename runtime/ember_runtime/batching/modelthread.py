@@ -27,6 +27,10 @@ class ModelThread(Executor):
         self._closed = False
         self._thread = threading.Thread(target=self._work, name=name)  # not a daemon: a stuck batch is seen
         self._thread.start()
+        # Told to stop when the interpreter exits, as concurrent.futures' workers are (before it joins the threads
+        # that are not daemons): a replica that ended before its run's clean-up (its NATS connection refused, say)
+        # waited for this idle thread for good.
+        threading._register_atexit(self.shutdown, False)  # type: ignore[attr-defined]
 
     def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the model thread; its result (or exception) on ``loop``'s future."""
