@@ -22,6 +22,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 # A pull waits this long on the server for a call (one arriving is delivered at once): an idle worker asks every
 # few seconds, not twice a second. A stop does not wait for it.
 FETCH_WAIT_S = 2.0
+CLOSE_WAIT_S = 2.0  # the most a stop waits for the server to confirm it forgot the inbox
 _LATE_S = 1.0  # the server's 408 may come this much after the pull's expiry before the pull gives up on it
 _EMPTY = {"404", "408"}  # no messages; the request expired
 
@@ -79,10 +80,13 @@ class Puller:
     async def close(self) -> list[Msg]:
         """Stop pulling: the server forgets this puller's inbox (and with it every pull request still waiting
         there), then the calls it had delivered and no pull took are returned, for the caller to hand back."""
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.drain()  # the server's answer to the unsubscribe comes after all it had sent
-            self._sub = None
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            try:  # the server's answer to the unsubscribe comes after all it had sent
+                await asyncio.wait_for(sub.drain(), CLOSE_WAIT_S)
+            except Exception:  # the connection lost or closing: what it had delivered comes again after ack wait
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
         return self._take(None)
 
     def _take(self, room: int | None) -> list[Msg]:
