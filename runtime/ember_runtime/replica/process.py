@@ -41,7 +41,7 @@ from ember.wire import (
 )
 from ember.wire.callstore import CallStore
 from ember.wire.headers import TERMINATE_HEADER
-from ember.wire.jetstream import call_buckets, connect
+from ember.wire.jetstream import call_buckets, connect_until
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
 from ember_runtime import hostpid, lifeline, natsdoor
@@ -102,7 +102,10 @@ class Replica:
         """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
         natsdoor.install()  # in a network of its own, NATS is reached through the sandbox's door
-        nc = await connect(self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S)
+        nc = await connect_until(self.stop, self.args.nats, f"ember-replica-{self.args.replica_id}", creds,
+                                 wait_s=CONNECT_WAIT_S)
+        if nc is None:  # stopped before NATS admitted it: nothing to drain (the process leaves at once, main())
+            return EXIT_ABANDONED_SETUP
         self.kv = StatusRelay(nc, self.args.replica_id)
         inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection
         self.calls = CallStore(nc.jetstream(), *call_buckets(nc.jetstream()))  # its agent saw them: they exist

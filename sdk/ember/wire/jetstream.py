@@ -74,6 +74,20 @@ async def connect(url: str, name: str, creds: NatsCredentials | None = None, *,
             await asyncio.sleep(0.5)
 
 
+async def connect_until(stop: asyncio.Event, url: str, name: str, creds: NatsCredentials | None = None, *,
+                        wait_s: float = 0.0) -> Client | None:
+    """``connect``, or None once ``stop`` is set first: a refused connection is tried again for ``wait_s``, which a
+    process told to stop (a replica, say, whose agent would kill it at the end of its grace) does not wait out."""
+    connecting = asyncio.ensure_future(connect(url, name, creds, wait_s=wait_s))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({connecting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not connecting.done():
+        connecting.cancel()
+        return None
+    return connecting.result()
+
+
 def js_replicas() -> int:
     """How many servers hold each stream, bucket and object store (``EMBER_JS_REPLICAS``): 1 on a single server,
     3 on a three-server cluster, so that losing one server loses nothing."""
