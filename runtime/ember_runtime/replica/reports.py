@@ -10,8 +10,9 @@ HEARTBEAT_S = 2.0
 IDLE_HEARTBEAT_S = 5.0  # an unchanged status is written again after this (its bucket forgets it after 15 s)
 LOAD_REPORT_S = 0.1
 IDLE_REPORT_S = 2.0  # an unchanged load report of nothing queued or running is sent again this often
-BUSY_REPORT_S = 0.5  # an unchanged busy one, this often: within the router's REPORT_FRESH_S (1 s), or a replica whose
-#                      load holds still (long streams) would drop out of the routing between two reports
+BUSY_REPORT_S = 0.25  # an unchanged busy one, this often: well within the router's REPORT_FRESH_S (1 s), or a
+#                       replica whose load holds still (long streams) drops out of the routing between two reports
+#                       (at 0.5 s, a loaded 2-core machine's late reports did so in test_stream_routing)
 
 
 def heartbeat_due(status: ReplicaStatus, last: ReplicaStatus, repeats: int, now: float) -> bool:
