@@ -17,7 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 from support.auth import authed_client, bearer
-from support.browser import CHROMIUM, CHROMIUM_ARGS
+from support.browser import console_page
 from support.paths import REPO
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -215,10 +215,6 @@ def test_the_console_is_served_safely(platform: TestPlatform, http: httpx.Client
 
 
 def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: httpx.Client, tmp_path: Path) -> None:
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():  # `make test` installs it where it can (.ci/system-deps); CI requires it
-        pytest.skip("the console's test needs Debian's chromium: apt-get install chromium")
     opened = tmp_path / "opened-url"
     browser_cmd = tmp_path / "browser.sh"
     browser_cmd.write_text(f'#!/bin/sh\nprintf %s "$1" > {opened}\n')
@@ -249,53 +245,44 @@ def test_ember_ui_opens_the_console_signed_in(platform: TestPlatform, http: http
 
     sender = threading.Thread(target=traffic)
     sender.start()
-    problems: list[str] = []
     try:
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1400, "height": 1600})
-                page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-                page.on("pageerror", lambda e: problems.append(str(e)))
-                page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-                page.goto(url)
-                page.wait_for_selector('#apps tr[data-app="watched"]', timeout=30_000)
-                assert "token" not in page.url  # taken off the address bar at once
-                assert page.evaluate("sessionStorage.getItem('ember.token')") == platform.token
-                chip = page.wait_for_selector('[data-node="node-g"] .device [data-replica]', timeout=30_000)
-                assert chip is not None and "watched.double" in chip.inner_text()
-                assert page.locator('[data-node="node-g"] svg.bar rect.used').count() == 1
-                card = '[data-function="watched.double"]'
-                page.wait_for_function(
-                    f"""() => {{
-                        const rate = document.querySelector('{card} .rate');
-                        const line = document.querySelector('{card} svg.rate-chart polyline[data-series=rate]');
-                        if (!rate || !(parseFloat(rate.textContent) > 0) || !line) return false;
-                        const xy = line.getAttribute('points').split(' ').map((p) => p.split(',').map(Number));
-                        const xs = new Set(xy.map(([x]) => x));
-                        return xs.size >= 2 && xy.some(([, y]) => y < 76);  // a width, and above the zero line
-                    }}""", timeout=30_000)
-                page.wait_for_selector("#starts svg.bar rect", timeout=10_000)  # cold-start phases
-                page.wait_for_function("() => document.getElementById('logs').textContent.includes('onerror')",
-                                       timeout=10_000)
-                assert page.locator("#logs img").count() == 0 and page.evaluate("window.pwned") is None
-                page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
+        with console_page() as (page, problems):
+            page.goto(url)
+            page.wait_for_selector('#apps tr[data-app="watched"]', timeout=30_000)
+            assert "token" not in page.url  # taken off the address bar at once
+            assert page.evaluate("sessionStorage.getItem('ember.token')") == platform.token
+            chip = page.wait_for_selector('[data-node="node-g"] .device [data-replica]', timeout=30_000)
+            assert chip is not None and "watched.double" in chip.inner_text()
+            assert page.locator('[data-node="node-g"] svg.bar rect.used').count() == 1
+            card = '[data-function="watched.double"]'
+            page.wait_for_function(
+                f"""() => {{
+                    const rate = document.querySelector('{card} .rate');
+                    const line = document.querySelector('{card} svg.rate-chart polyline[data-series=rate]');
+                    if (!rate || !(parseFloat(rate.textContent) > 0) || !line) return false;
+                    const xy = line.getAttribute('points').split(' ').map((p) => p.split(',').map(Number));
+                    const xs = new Set(xy.map(([x]) => x));
+                    return xs.size >= 2 && xy.some(([, y]) => y < 76);  // a width, and above the zero line
+                }}""", timeout=30_000)
+            page.wait_for_selector("#starts svg.bar rect", timeout=10_000)  # cold-start phases
+            page.wait_for_function("() => document.getElementById('logs').textContent.includes('onerror')",
+                                   timeout=10_000)
+            assert page.locator("#logs img").count() == 0 and page.evaluate("window.pwned") is None
+            page.screenshot(path=str(tmp_path / "console.png"), full_page=True)
 
-                page.select_option("#dead-app", "watched")
-                page.click("#dead-refresh")
-                page.check(f'#dead input[data-call="{dead_id}"]', timeout=10_000)
-                page.click("#dead-replay")
-                page.wait_for_function("() => document.getElementById('dead-result').textContent === '1 replayed'",
-                                       timeout=30_000)
-                assert dead_id not in dead_letters(http)  # replayed: a new call, and out of the dead letters
+            page.select_option("#dead-app", "watched")
+            page.click("#dead-refresh")
+            page.check(f'#dead input[data-call="{dead_id}"]', timeout=10_000)
+            page.click("#dead-replay")
+            page.wait_for_function("() => document.getElementById('dead-result').textContent === '1 replayed'",
+                                   timeout=30_000)
+            assert dead_id not in dead_letters(http)  # replayed: a new call, and out of the dead letters
 
-                page.reload()  # signed in for the session: the token is in session storage, not the URL
-                page.wait_for_selector('#apps tr[data-app="watched"]', timeout=30_000)
-                page.click("#sign-out")
-                assert page.evaluate("sessionStorage.getItem('ember.token')") is None
-                assert page.is_visible("#sign-in")
-            finally:
-                browser.close()
+            page.reload()  # signed in for the session: the token is in session storage, not the URL
+            page.wait_for_selector('#apps tr[data-app="watched"]', timeout=30_000)
+            page.click("#sign-out")
+            assert page.evaluate("sessionStorage.getItem('ember.token')") is None
+            assert page.is_visible("#sign-in")
     finally:
         stop.set()
         sender.join()

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import math
 import time
-from pathlib import Path
 
 import httpx
 import pytest
-from support.browser import CHROMIUM, CHROMIUM_ARGS
+from support.browser import console_page
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -117,36 +116,23 @@ def test_the_schedule_cli_lists_pauses_runs_now_and_resumes(overlapping, ember_c
 
 
 def test_the_console_shows_the_schedules(overlapping, platform, http):
-    from playwright.sync_api import sync_playwright
+    with console_page() as (page, problems):
+        wait_for(lambda: all(v["last_tick"] for v in http.get("/v1/schedules", params={"app": "overlapping"}).json()),
+                 timeout_s=30, what="a tick of each schedule")
+        page.goto(f"{platform.url}/ui#token={platform.token}")
+        row = '#schedules tr[data-schedule="overlapping.queued"]'
+        page.wait_for_selector(row, timeout=30_000)
+        assert page.inner_text(f"{row} td.words") == "every 1 seconds"
+        assert "UTC" in page.inner_text(f"{row} td.next")
+        page.wait_for_function(f"() => /fired|queued/.test(document.querySelector('{row} td.last').textContent)",
+                               timeout=30_000)
+        assert page.inner_text(f"{row} td.is-paused") == "no"
 
-    if not Path(CHROMIUM).exists():  # `make test` installs it where it can (.ci/system-deps); CI requires it
-        pytest.skip("the console's test needs Debian's chromium: apt-get install chromium")
-    wait_for(lambda: all(v["last_tick"] for v in http.get("/v1/schedules", params={"app": "overlapping"}).json()),
-             timeout_s=30, what="a tick of each schedule")
-    problems: list[str] = []
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        assert http.post("/v1/apps/overlapping/schedules/queued/pause").status_code == 200
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 1600})
-            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.on("response", lambda r: problems.append(f"{r.status} {r.url}") if r.status >= 400 else None)
-            page.goto(f"{platform.url}/ui#token={platform.token}")
-            row = '#schedules tr[data-schedule="overlapping.queued"]'
-            page.wait_for_selector(row, timeout=30_000)
-            assert page.inner_text(f"{row} td.words") == "every 1 seconds"
-            assert "UTC" in page.inner_text(f"{row} td.next")
-            page.wait_for_function(f"() => /fired|queued/.test(document.querySelector('{row} td.last').textContent)",
+            page.wait_for_function(f"() => document.querySelector('{row} td.is-paused').textContent === 'yes'",
                                    timeout=30_000)
-            assert page.inner_text(f"{row} td.is-paused") == "no"
-
-            assert http.post("/v1/apps/overlapping/schedules/queued/pause").status_code == 200
-            try:
-                page.wait_for_function(f"() => document.querySelector('{row} td.is-paused').textContent === 'yes'",
-                                       timeout=30_000)
-                assert page.inner_text(f"{row} td.next") == "paused"
-            finally:
-                assert http.post("/v1/apps/overlapping/schedules/queued/resume").status_code == 200
+            assert page.inner_text(f"{row} td.next") == "paused"
         finally:
-            browser.close()
+            assert http.post("/v1/apps/overlapping/schedules/queued/resume").status_code == 200
     assert problems == []  # no script error and no Content-Security-Policy violation

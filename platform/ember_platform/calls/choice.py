@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ember.wire import LoadReport
 
-REPORT_FRESH_S = 1.0  # an older report says nothing of a replica's load now (a busy one reports every 0.1 s)
+REPORT_FRESH_S = 2.0  # an older report says nothing of a replica's load now (a busy one reports every 0.1 s while
+#                      its load changes, every 0.25 s while it holds still; 2 s: a loaded machine's late ones count)
 IDLE_FRESH_S = 5.0  # how long an idle replica's report counts (an idle one reports every 2 s, and at once when a
 #                     call reaches it; the router adds the calls it sent since, so that "idle" stays true enough)
 

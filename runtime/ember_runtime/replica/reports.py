@@ -10,9 +10,9 @@ HEARTBEAT_S = 2.0
 IDLE_HEARTBEAT_S = 5.0  # an unchanged status is written again after this (its bucket forgets it after 15 s)
 LOAD_REPORT_S = 0.1
 IDLE_REPORT_S = 2.0  # an unchanged load report of nothing queued or running is sent again this often
-BUSY_REPORT_S = 0.25  # an unchanged busy one, this often: well within the router's REPORT_FRESH_S (1 s), or a
+BUSY_REPORT_S = 0.25  # an unchanged busy one, this often: well within the router's REPORT_FRESH_S (2 s), or a
 #                       replica whose load holds still (long streams) drops out of the routing between two reports
-#                       (at 0.5 s, a loaded 2-core machine's late reports did so in test_stream_routing)
+#                       (at 0.5 s against 1 s, a loaded 2-core machine's late reports did so in test_stream_routing)
 
 
 def heartbeat_due(status: ReplicaStatus, last: ReplicaStatus, repeats: int, now: float) -> bool:
@@ -30,7 +30,7 @@ def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: f
     """Whether to publish ``report``: it differs from the last one sent, or that one is ``IDLE_REPORT_S`` old
     (``BUSY_REPORT_S`` for a report of calls queued or running): an unchanged report keeps the replica fresh for
     the router, which counts a report of nothing queued or running for ``IDLE_FRESH_S``, 5 s, and a busy one for
-    ``REPORT_FRESH_S``, 1 s."""
+    ``REPORT_FRESH_S``, 2 s."""
     if last is None or last[0] != report:
         return True
     idle = report.queued == 0 and report.in_flight == 0

@@ -58,7 +58,7 @@ def test_an_idle_replica_stays_fresh_for_the_router():
     board = LoadBoard(clock=lambda: now[0])
     board.record(IDLE)
     board.record(msgspec.structs.replace(IDLE, replica_id="r2", in_flight=3))
-    now[0] += REPORT_FRESH_S + 0.01  # a busy replica's report is stale after a second: it reports every 0.1 s
+    now[0] += REPORT_FRESH_S + 0.01  # a busy replica's report is stale after REPORT_FRESH_S
     assert [r.replica_id for r in board.fresh("a", "f", 1)] == ["r1"]
     assert board.capacity("a", "f") == 1000.0
     now[0] += IDLE_REPORT_S
