@@ -24,7 +24,7 @@ from nats.js.kv import KeyValue
 
 from ember._errors import ConflictError
 from ember.wire import Deployment, Manifest, deployment_decoder, subjects
-from ember.wire.jetstream import StorageLimits, js_replicas
+from ember.wire.jetstream import StorageLimits, create_limited_kv, js_replicas
 
 log = logging.getLogger("ember.models")
 STALE_S = 120.0  # a claim older than this whose app serves no such model was left behind: it may be taken over
@@ -75,9 +75,9 @@ class ModelClaims:
         try:
             kv = await js.key_value(subjects.MODELS_BUCKET)
         except (BucketNotFoundError, JsNotFound):
-            kv = await js.create_key_value(bucket=subjects.MODELS_BUCKET, history=1,
-                                           max_bytes=StorageLimits.from_env().owners_kv_max_bytes,
-                                           max_value_size=4096, storage=StorageType.FILE, replicas=js_replicas())
+            kv = await create_limited_kv(js, subjects.MODELS_BUCKET, StorageLimits.from_env().owners_kv_max_bytes,
+                                         history=1, max_value_size=4096, storage=StorageType.FILE,
+                                         replicas=js_replicas())
         return cls(kv, deployments)
 
     async def owner(self, model: str) -> str | None:

@@ -26,7 +26,7 @@ from nats.js.kv import KeyValue
 
 from ember._errors import ConflictError
 from ember.wire import subjects
-from ember.wire.jetstream import StorageLimits, js_replicas
+from ember.wire.jetstream import StorageLimits, create_limited_kv, js_replicas
 from ember_platform.auth.scopes import Principal
 
 Kind = Literal["bundle", "chunk", "image"]
@@ -75,10 +75,8 @@ class Owners:
         try:
             kv = await js.key_value(subjects.OWNERS_BUCKET)
         except (BucketNotFoundError, JsNotFound):
-            kv = await js.create_key_value(bucket=subjects.OWNERS_BUCKET,
-                                           max_bytes=StorageLimits.from_env().owners_kv_max_bytes,
-                                           max_value_size=64 * 1024, storage=StorageType.FILE,
-                                           replicas=js_replicas())
+            kv = await create_limited_kv(js, subjects.OWNERS_BUCKET, StorageLimits.from_env().owners_kv_max_bytes,
+                                         max_value_size=64 * 1024, storage=StorageType.FILE, replicas=js_replicas())
         return cls(kv)
 
     async def patterns(self, kind: Kind, sha: str) -> list[str]:

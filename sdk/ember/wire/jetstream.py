@@ -362,6 +362,14 @@ async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]
     return [line for line in changed if line]
 
 
+async def create_limited_kv(js: Any, bucket: str, max_bytes: int, **config: Any) -> KeyValue:
+    """``js.create_key_value(bucket, max_bytes=...)`` reserved as the standard stores are (``_reserving``): where the
+    big stores took nats-server's file storage, with half as much, and so on, saying so. A bucket made apart from
+    ``open_stores`` (the control plane's own) with a plain create failed the platform's start on such a server."""
+    return await _reserving(kv_stream(bucket), max_bytes, lambda limit: js.create_key_value(
+        bucket=bucket, max_bytes=limit, **config))
+
+
 async def _reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitable[T]]) -> T:
     """``attempt(max_bytes)``; when nats-server cannot reserve that much file storage (its ``max_file_store``,
     by default 75% of the free disk, is smaller than the limits add up to), again with half as much, down to
