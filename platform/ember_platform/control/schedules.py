@@ -350,13 +350,13 @@ class ScheduleLoop:
             if not paused and state.paused:
                 new = msgspec.structs.replace(new, last_tick=time.time())  # what passed while paused stays unrun
             try:
-                if revision:
-                    await self.kv.update(key, encoder.encode(new), last=revision)
-                else:
-                    await self.kv.create(key, encoder.encode(new))
-                return new
+                written = await (self.kv.update(key, encoder.encode(new), last=revision) if revision
+                                 else self.kv.create(key, encoder.encode(new)))
             except KeyWrongLastSequenceError:
                 await asyncio.sleep(0.01)
+                continue
+            self._wrote(key, new, written)  # the answer and the next listing show the pause at once
+            return new
         raise ConflictError(f"the schedule of {app}.{function} is being written; try again", field="function")
 
     async def run_now(self, app: str, function: str) -> str:
@@ -377,12 +377,17 @@ class ScheduleLoop:
             new = msgspec.structs.replace(state, last_call_id=reply.call_id, last_status="run",
                                           last_run_at=time.time(), last_tick=state.last_tick or time.time())
             with contextlib.suppress(KeyWrongLastSequenceError):
-                if revision:
-                    await self.kv.update(key, encoder.encode(new), last=revision)
-                else:
-                    await self.kv.create(key, encoder.encode(new))
+                written = await (self.kv.update(key, encoder.encode(new), last=revision) if revision
+                                 else self.kv.create(key, encoder.encode(new)))
+                self._wrote(key, new, written)
                 break
         return reply.call_id
+
+    def _wrote(self, key: str, state: ScheduleState, revision: int) -> None:
+        """This process's own write, seen by its mirror at once (read-your-writes): a listing right after a pause
+        shows it paused, whatever the watch's delay."""
+        if self.states is not None:
+            self.states.record(key, state, revision)
 
     async def _read(self, key: str) -> tuple[ScheduleState, int]:
         assert self.kv is not None
