@@ -129,6 +129,7 @@ class AuthCallout:
             expected = replica_password(self._node_password(node_id), replica_id)
             self._check(password, expected)  # before anything is looked up: no probing of what is assigned
             slot = self._slot(node_id, replica_id)
+            self.unassigned.admitted(user)
             return user, permissions.replica(replica_id, slot.app, slot.version, self._functions(slot))
         raise Refused("unknown user")
 

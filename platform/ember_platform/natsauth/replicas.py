@@ -4,9 +4,9 @@ connections its NATS user still holds (``Kicker``): the replica's own, if it out
 code opened with the same credentials. Their reconnects are refused by the auth callout (``_slot``), and a
 connection's JWT expires anyway (``exp``, the replica credentials' TTL).
 
-The sweep compares the assignments it saw at its last pass with the current ones (``SWEEP_S``): a replica that left
-them is due ``grace_s`` later, unless it is assigned again before. A replica unassigned while no control plane ran is
-not kicked; its JWT still expires within the TTL.
+The sweep compares the assignments it saw at its last pass, and the replicas the callout admitted since, with the
+current ones (``SWEEP_S``): a replica that left them is due ``grace_s`` later, unless it is assigned again before.
+A replica unassigned while no control plane ran is not kicked; its JWT still expires within the TTL.
 """
 
 from __future__ import annotations
@@ -48,6 +48,12 @@ class UnassignedReplicas:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+
+    def admitted(self, user: str) -> None:
+        """A replica's user the auth callout just admitted: watched from now on, however short its assignment (one
+        assigned and unassigned between two sweeps was never among the assignments a sweep saw, and kept its
+        connections until its JWT expired)."""
+        self._seen.add(user)
 
     def _assigned(self) -> set[str]:
         return {replica_user(node_id, slot.replica_id)

@@ -128,3 +128,24 @@ def test_a_replica_assigned_again_before_its_drain_time_is_not_kicked():
         assert await sweep.sweep(now=20.0) == 0 and kicker.kicked == []
 
     asyncio.run(run())
+
+
+def test_a_replica_admitted_and_unassigned_between_two_sweeps_is_still_kicked(auth):
+    """No sweep saw it assigned (it lived less than a sweep period): the callout's admission is what names it."""
+    callout = _callout(auth)
+    callout.unassigned._kicker = kicker = _Kicker()  # type: ignore[assignment]
+    callout.unassigned._grace_s = 10.0
+    mine = replica_credentials(auth.node_credentials("n1"), "r1")
+
+    assigned = callout._assignments.items
+    callout._assignments.items = {}
+
+    async def run() -> None:
+        assert await callout.unassigned.sweep(now=0.0) == 0  # the last sweep before it was assigned
+        callout._assignments.items = assigned
+        await callout._on_request(_Request(mine.user, mine.password))  # type: ignore[arg-type]
+        callout._assignments.items = {}  # undeployed before the next sweep
+        assert await callout.unassigned.sweep(now=1.0) == 0  # draining
+        assert await callout.unassigned.sweep(now=11.5) == 1 and kicker.kicked == [mine.user]
+
+    asyncio.run(run())
