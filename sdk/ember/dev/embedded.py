@@ -21,6 +21,7 @@ from types import TracebackType
 
 import httpx
 
+from ember._client import ssl_context
 from ember._errors import UnavailableError
 from ember._procs import die_with_parent
 from ember.wire.natscreds import NatsCredentials, read_file
@@ -194,12 +195,13 @@ class EmbeddedPlatform:
         return ["--grpc-port", str(self.grpc_port), "--grpc-url-file", str(grpc_file)]
 
     def _wait_ready(self, timeout_s: float) -> None:
-        def ready() -> bool | None:
-            with contextlib.suppress(httpx.HTTPError):
-                return httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200 or None
-            return None
+        with httpx.Client(timeout=2, verify=ssl_context()) as http:  # one client for every poll
+            def ready() -> bool | None:
+                with contextlib.suppress(httpx.HTTPError):
+                    return http.get(f"{self.url}/readyz").status_code == 200 or None
+                return None
 
-        self._await(ready, self._procs["platform"], "the control plane", timeout_s)
+            self._await(ready, self._procs["platform"], "the control plane", timeout_s)
 
     def _await(self, probe, proc: subprocess.Popen[bytes], what: str, timeout_s: float):  # type: ignore[no-untyped-def]
         deadline = time.monotonic() + timeout_s
@@ -215,16 +217,17 @@ class EmbeddedPlatform:
     def isolation_notes(self, timeout_s: float = 30.0) -> list[str]:
         """What this machine's replicas lack (no sandbox, the machine's network, no process limit), as its node
         reports it once it is up; a note saying so if it has not reported within ``timeout_s``."""
+        http = httpx.Client(timeout=2, verify=ssl_context(), headers={"Authorization": f"Bearer {self.token}"})
+
         def reported() -> tuple[list[str]] | None:  # a tuple: found, even with no note
             with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-                status = httpx.get(f"{self.url}/v1/status", timeout=2,
-                                   headers={"Authorization": f"Bearer {self.token}"}).json()
+                status = http.get(f"{self.url}/v1/status").json()
                 node = next((n for n in status["nodes"] if n["node_id"] == self.node_id), None)
                 if node is not None and node.get("sandbox"):
                     return (list(node.get("isolation_notes", [])),)
             return None
 
-        with contextlib.suppress(UnavailableError):
+        with http, contextlib.suppress(UnavailableError):
             notes: list[str] = self._await(reported, self._procs["agent"], "the node agent", timeout_s)[0]
             return notes
         return [f"the node has not said how it holds replicas; see {self.log_dir / 'agent.log'}"]
