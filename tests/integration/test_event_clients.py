@@ -10,7 +10,6 @@ Revoking the token closes its connection and refuses the reconnect.
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +26,7 @@ pytestmark = [
     pytest.mark.integration,
     # nats-py leaves the socket of a refused connection for the garbage collector (an unclosed-transport warning)
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("collect_refused_sockets"),
 ]
 
 APP = '''import ember
@@ -37,11 +37,6 @@ def count(order: dict) -> int:
     return len(order["items"])
 '''
 
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets() -> Iterator[None]:
-    yield
-    gc.collect()
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import threading
 import time
 from pathlib import Path
@@ -27,16 +26,12 @@ from ember.wire import DeployRequest, Manifest, encoder, subjects
 from ember_platform.control.models import STALE_S, ModelClaim
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+              pytest.mark.usefixtures("collect_refused_sockets")]
 APP = REPO / "tests" / "apps" / "llm" / "claim.py"
 FIELD = "$.manifest.services[0].functions[0].openai"
 ROUNDS = 4
 
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets():
-    yield
-    gc.collect()
 
 
 def _manifest(base: Manifest, app: str, model: str, timeout_s: float = 60.0) -> Manifest:

@@ -8,7 +8,6 @@ Clients without credentials, with forged ones, or with those of a stopped replic
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
 
 import nats
@@ -26,17 +25,11 @@ pytestmark = [
     pytest.mark.integration,
     # nats-py leaves the socket of a refused connection for the garbage collector (an unclosed-transport warning)
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("collect_refused_sockets"),
 ]
 
 ATTEMPTS = 13
 
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets():
-    """Collect the sockets nats-py leaves from refused connections here, under this module's filter, not during
-    whichever test the garbage collector happens to run in next."""
-    yield
-    gc.collect()
 
 
 def test_a_hostile_replica_gets_a_permissions_violation_for_each_attempt(platform, http, hello, deployed):

@@ -10,9 +10,7 @@ drain time (``EMBER_REPLICA_DRAIN_GRACE_S``), long before its own JWT would expi
 from __future__ import annotations
 
 import asyncio
-import gc
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -29,18 +27,12 @@ pytestmark = [
     pytest.mark.integration,
     # nats-py leaves the socket of a refused connection for the garbage collector (an unclosed-transport warning)
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("collect_refused_sockets"),
 ]
 
 INTRUDER = REPO / "tests" / "apps" / "intruder" / "intruder.py"
 TTL_S = 3.0
 
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets() -> Iterator[None]:
-    """Collect the sockets nats-py leaves from refused connections here, under this module's filter, not during
-    whichever test the garbage collector happens to run in next."""
-    yield
-    gc.collect()
 
 
 def _deploy_intruder(platform: TestPlatform) -> None:

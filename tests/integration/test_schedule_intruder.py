@@ -5,20 +5,13 @@ schedule and running call are untouched."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 from support.paths import REPO
 from support.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180),
-              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")]
-
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets():
-    yield
-    gc.collect()
+              pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+              pytest.mark.usefixtures("collect_refused_sockets")]
 
 
 def test_another_tenants_replica_cannot_touch_schedules_nor_cancel_a_call(deployed, http):

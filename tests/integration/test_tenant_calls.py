@@ -8,8 +8,6 @@ call keeps its own output, and both apps still work (the positive twins).
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 from support.paths import REPO
 from support.polling import wait_for
@@ -17,6 +15,7 @@ from support.polling import wait_for
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("collect_refused_sockets"),
 ]
 
 REFUSED = ("list every app's calls", "read a record by sequence", "read another app's record",
@@ -26,11 +25,6 @@ REFUSED = ("list every app's calls", "read a record by sequence", "read another 
            "publish into another client's inbox", "reply to another app's event requester",
            "put another app's replica on standby", "ask for a bundle as its node does")
 
-
-@pytest.fixture(autouse=True)
-def _collect_refused_sockets():
-    yield
-    gc.collect()
 
 
 def _finished(http, call_id: str) -> dict:
