@@ -3,6 +3,7 @@ node agent, replica processes) started once per session."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return seconds.get(path, 2.0 if path.startswith("integration/") else 0.0)
 
     items.sort(key=weight, reverse=True)  # stable: a file's tests stay together, in order
+    if "torch" in sys.modules:  # every worker collects every file: a second of CPU each, on two cores
+        raise pytest.UsageError("collecting the tests imported torch: use support.lazy's torch at module level "
+                                "(and build torch values inside the tests, not in parametrize lists)")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -6,6 +6,7 @@ when the test runs."""
 from __future__ import annotations
 
 import importlib
+import sys
 from types import ModuleType
 from typing import Any
 
@@ -14,6 +15,9 @@ class _Lazy(ModuleType):
     """A module imported on its first attribute lookup."""
 
     def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("_") and self.__name__ not in sys.modules:
+            # introspection, not use: pytest's collection looks each module-level name over (``_mock_name``)
+            raise AttributeError(attribute)
         return getattr(importlib.import_module(self.__name__), attribute)
 
 
