@@ -102,10 +102,10 @@ def ember_cli(platform: EmbeddedPlatform) -> Callable[..., subprocess.CompletedP
     return run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def collect_refused_sockets() -> Iterator[None]:
-    """At the end of a module that opens refused NATS connections: collect the sockets nats-py leaves from them
-    (an unclosed-transport warning each) under that module's warning filter, not in whichever module the garbage
-    collector happens to run next. Once per module: a full collection costs a tenth of a second or more here."""
+    """After each test of a module that opens refused NATS connections: collect the sockets nats-py leaves from
+    them (an unclosed-transport warning each) under that module's warning filter, and at a known moment: left to
+    the collector, one ran mid-import in a later test and broke pytest's own warning hook."""
     yield
     gc.collect()
