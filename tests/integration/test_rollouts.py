@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 APP = "rolling"
 FN = "M.which"
 SETUP_S = 2.0  # every replica's setup: a call that waited for a cold start would have waited this long
+PACE_S = 0.005  # the call loop's pace (``Calls``)
 SOURCE = '''import time
 import ember
 
@@ -57,7 +58,8 @@ def write_app(folder: Path, label: str, app: str = APP, min_replicas: int = 1) -
 class Calls:
     """A loop of synchronous calls in a thread, each recorded: when it started, how long it took, its status,
     the version that answered, and whether it was sent before the replica that answered had finished its setup (it
-    waited for a cold start)."""
+    waited for a cold start). At most one call every ``PACE_S``: a call every few milliseconds through each change of
+    version, not as many as two shared cores allow (which starved the tests beside it)."""
 
     url: str
     token: str
@@ -82,6 +84,7 @@ class Calls:
                 except httpx.HTTPError as exc:
                     status, label = 0, repr(exc)
                 self.seen.append((started, time.monotonic() - started, status, label, cold))
+                self.stop.wait(max(0.0, started + PACE_S - time.monotonic()))
                 if i % 10 == 0:
                     queued = client.post(f"/v1/{self.app}/{FN}/spawn", json=i)
                     self.spawned.append(queued.json()["call_id"] if queued.status_code == 202 else queued.text)
