@@ -21,6 +21,7 @@ from ember._deploy import app_view, deploy
 from ember_runtime.agent.adoption import start_time
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+PACE_S = 0.005  # a call every few milliseconds across the agent's restart, not as many as two shared cores allow
 
 APP = '''import os
 
@@ -37,7 +38,8 @@ def whoami(text: str) -> int:
 
 
 class Caller:
-    """Calls ``whoami`` in a loop, one at a time, and keeps each answer (status, body)."""
+    """Calls ``whoami`` in a loop, one at a time, at most one every ``PACE_S``, and keeps each answer (status,
+    body)."""
 
     def __init__(self, platform: TestPlatform) -> None:
         self.answers: list[tuple[int, str]] = []
@@ -57,12 +59,14 @@ class Caller:
     def _run(self) -> None:
         n = 0
         while not self._stop.is_set():
+            started = time.monotonic()
             try:
                 response = self._http.post("/v1/adopt/whoami", json=f"call-{n}")
                 self.answers.append((response.status_code, response.text))
             except httpx.HTTPError as exc:
                 self.answers.append((0, repr(exc)))
             n += 1
+            self._stop.wait(max(0.0, started + PACE_S - time.monotonic()))
 
 
 def _replicas(transport: Transport) -> list[tuple[str, str, int, int]]:
