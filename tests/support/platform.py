@@ -46,6 +46,11 @@ class TestPlatform(EmbeddedPlatform):
         super()._start_nats(timeout_s, port)
         remember(self.nats_url, self.nats_credentials)  # tests that talk to NATS act as the control plane
 
+    def stop(self, grace_s: float = 5 * STOP_GRACE_S) -> None:
+        """Stop as ``ember dev`` does, killing what has not stopped after five times the replicas' drain: a process
+        that hangs in its shutdown is named on stderr, not waited for 30 s."""
+        super().stop(grace_s)
+
     def restart_nats(self, timeout_s: float = 30.0) -> None:
         """Stop nats-server and start it again on the same port and store (JetStream state survives)."""
         port = int(self.nats_url.rsplit(":", 1)[1])

@@ -244,6 +244,8 @@ class EmbeddedPlatform:
             try:
                 proc.wait(grace_s)
             except subprocess.TimeoutExpired:
+                print(f"ember: the {name} process did not stop within {grace_s:.0f}s of SIGTERM: killed; see "
+                      f"{self.log_dir}", file=sys.stderr)
                 proc.kill()
                 proc.wait()
 
