@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from ember.wire import LoadReport
@@ -38,6 +39,7 @@ class LoadBoard:
         self._reports: dict[ReportKey, dict[str, tuple[float, LoadReport]]] = {}  # replica -> (until, report)
         self._services: dict[tuple[str, str], set[ReportKey]] = {}  # (app, service) -> its functions' keys
         self._recorded = 0
+        self.on_forget: Callable[[str], None] | None = None  # told each replica a sweep forgot entirely
 
     def record(self, report: LoadReport) -> None:
         key = (report.app, report.function, report.version)
@@ -53,6 +55,13 @@ class LoadBoard:
     def sweep(self, now: float) -> None:
         """Forget the replicas that stopped reporting ``FORGET_AFTER_S`` ago (gone, or of a version no longer
         served): without this, every replica that ever reported would stay, and ``fresh`` would walk them all."""
+        before = {r for reports in self._reports.values() for r in reports}
+        self._sweep(now)
+        if self.on_forget is not None:
+            for replica in before - {r for reports in self._reports.values() for r in reports}:
+                self.on_forget(replica)
+
+    def _sweep(self, now: float) -> None:
         for key in list(self._reports):
             live = {r: v for r, v in self._reports[key].items() if now - v[0] < FORGET_AFTER_S}
             if live:
@@ -83,16 +92,62 @@ class LoadBoard:
         return 1.0 / statistics.median(costs) if costs else None
 
 
+class Unreported:
+    """The streams a gateway sent each replica that no load report of that replica counts yet: those it has not
+    accepted, and those it accepted after the count its last report gave (``LoadReport.accepted``; each accept says
+    its own number). Race-free whichever of an accept and a report is read first: a report that counts a stream
+    says so by its count, not by when it came."""
+
+    def __init__(self) -> None:
+        self._awaiting: Counter[str] = Counter()  # replica -> streams sent to it, not accepted yet
+        self._uncounted: dict[str, set[int]] = {}  # replica -> the numbers of its accepts no report counted yet
+        self._reported: dict[str, int] = {}  # replica -> the highest count of accepts its reports gave
+
+    def sent(self, replica: str) -> None:
+        self._awaiting[replica] += 1
+
+    def unsent(self, replica: str) -> None:
+        """A stream sent to ``replica`` was accepted (see ``accepted``), refused or given up."""
+        self._awaiting[replica] -= 1
+        if self._awaiting[replica] <= 0:
+            del self._awaiting[replica]
+
+    def accepted(self, replica: str, number: int) -> None:
+        """``replica`` accepted a stream this gateway sent it, its ``number``-th (0: a replica that does not count)."""
+        if number > self._reported.get(replica, 0):
+            self._uncounted.setdefault(replica, set()).add(number)
+
+    def reported(self, report: LoadReport) -> None:
+        if report.accepted <= self._reported.get(report.replica_id, 0):
+            return
+        self._reported[report.replica_id] = report.accepted
+        left = {n for n in self._uncounted.get(report.replica_id, ()) if n > report.accepted}
+        if left:
+            self._uncounted[report.replica_id] = left
+        else:
+            self._uncounted.pop(report.replica_id, None)
+
+    def forget(self, replica: str) -> None:
+        """A replica gone: nothing of it is kept."""
+        self._uncounted.pop(replica, None)
+        self._reported.pop(replica, None)
+
+    def __getitem__(self, replica: str) -> int:
+        return self._awaiting.get(replica, 0) + len(self._uncounted.get(replica, ()))
+
+
 def fewest_running(candidates: Sequence[LoadReport], opened: Mapping[str, int],
-                   rng: random.Random | None = None) -> str | None:
+                   rng: random.Random | None = None, unreported: Unreported | None = None) -> str | None:
     """The replica to send a new stream to: the one with the fewest running (and queued) sequences, by its last
-    report or by the streams this gateway has open on it, whichever is more (a report lags a burst of streams by up
-    to ``LOAD_REPORT_S``; other gateways' streams show only in reports); ties at random. None without candidates."""
+    report plus the streams this gateway sent it that the report does not count (``unreported``), or by the streams
+    this gateway has open on it (``opened``), whichever is more (a report lags a burst of streams; other gateways'
+    streams show only in reports); ties at random. None without candidates."""
     if not candidates:
         return None
 
     def load(report: LoadReport) -> int:
-        return max(report.in_flight + report.queued, opened.get(report.replica_id, 0))
+        late = unreported[report.replica_id] if unreported is not None else 0
+        return max(report.in_flight + report.queued + late, opened.get(report.replica_id, 0))
 
     least = min(load(r) for r in candidates)
     return (rng or random).choice([r.replica_id for r in candidates if load(r) == least])

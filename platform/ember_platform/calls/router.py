@@ -56,7 +56,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.calls import Hop
-from ember_platform.calls.choice import LoadBoard, choose, fewest_running
+from ember_platform.calls.choice import LoadBoard, Unreported, choose, fewest_running
 
 log = logging.getLogger("ember.router")
 
@@ -96,6 +96,8 @@ class Router:
         self.capacity = self.loads.capacity
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
         self.streams_on: Counter[str] = Counter()  # replica id -> streams sent to it that have not ended
+        self.unreported = Unreported()  # the streams sent to each replica that its last report does not count
+        self.loads.on_forget = self.unreported.forget
         self._subs: list[Subscription] = []
         self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
         self._packed: Outbox[str, _Pending] = Outbox(self._packed_frame)  # the same, for msgpack frames
@@ -121,6 +123,7 @@ class Router:
         except Exception:
             return
         self.loads.record(report)
+        self.unreported.reported(report)
 
     def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
         """The replica to send a call to (see ``choice.choose``), or None: use the queue group."""
@@ -132,7 +135,7 @@ class Router:
         """The replica to send a new stream to (see ``choice.fewest_running``), or None: use the queue group."""
         candidates = [r for r in self.loads.fresh(app, function, version)
                       if r.replica_id not in exclude and self._alive(r.replica_id)]
-        return fewest_running(candidates, self.streams_on)
+        return fewest_running(candidates, self.streams_on, unreported=self.unreported)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float, chain: list[Hop] | None = None, packed: bool = False,

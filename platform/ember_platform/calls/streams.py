@@ -140,6 +140,7 @@ class CallStream:
         self._counted = False  # in the router's in-flight count (the autoscaler's gateway load)
         self._overflow = False
         self._on = ""  # the replica counted in the router's ``streams_on`` for this stream
+        self._awaiting = ""  # the replica this stream was sent to, until it accepts it (the router's ``unreported``)
 
     # -- starting: route, send, wait for an accept ------------------------------------------------------------------
 
@@ -155,6 +156,7 @@ class CallStream:
             while True:
                 target = router.choose_stream(self.app, self.function, self.version, tried)
                 self._count_on(target or "")
+                self._await_accept(target or "")
                 await self._send(target)
                 attempts += 1
                 outcome = await self._accepted(target)
@@ -213,6 +215,8 @@ class CallStream:
         if first.replica:
             self.holder = first.replica
             self._count_on(first.replica)
+            self._await_accept("")
+            self._streams.router.unreported.accepted(first.replica, first.accepted)
             return None
         self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
         return None
@@ -299,9 +303,19 @@ class CallStream:
         if replica:
             on[replica] += 1
 
+    def _await_accept(self, replica: str) -> None:
+        """Count this stream as sent to ``replica`` and not accepted yet (nothing: no longer awaited)."""
+        unreported = self._streams.router.unreported
+        if self._awaiting:
+            unreported.unsent(self._awaiting)
+        self._awaiting = replica
+        if replica:
+            unreported.sent(replica)
+
     def _done(self) -> None:
         self._streams.forget(self._token)
         self._count_on("")
+        self._await_accept("")
         if self._counted:
             self._counted = False
             in_flight = self._streams.router.in_flight

@@ -324,7 +324,7 @@ class Replica:
                 report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,
                                     version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
                                     per_call_s=batcher.model.predict(cap) / (cap * batcher.slots),
-                                    slots=batcher.slots)
+                                    slots=batcher.slots, accepted=self.streams.accepted)
                 now = time.monotonic()
                 if not report_due(report, sent.get(endpoint.spec.name), now):
                     continue

@@ -137,8 +137,8 @@ class StreamSink:
         if self.task is not None:
             self.task.cancel()
 
-    def accept(self, replica_id: str) -> None:
-        self._send(StreamChunk(call_id=self.call_id, replica=replica_id))
+    def accept(self, replica_id: str, accepted: int) -> None:
+        self._send(StreamChunk(call_id=self.call_id, replica=replica_id, accepted=accepted))
 
     def _send(self, chunk: StreamChunk) -> None:
         self._streams.send(self.reply, chunk, self.bundles)
@@ -187,13 +187,15 @@ class Streams:
         self.replica_id = replica_id
         self.max_payload: int = nc.max_payload
         self._open: dict[str, StreamSink] = {}
+        self.accepted = 0  # streams accepted so far: each accept and each load report says it
         self._outbox: list[tuple[str, bytes, bool]] = []  # (reply subject, chunk, may go in a bundle)
         self._sender: asyncio.Task[None] | None = None
 
     def open(self, reply: str, call_id: str, deadline: float, bundles: bool = False) -> StreamSink:
         sink = StreamSink(self, reply, call_id, deadline, bundles)
         self._open[call_id] = sink
-        sink.accept(self.replica_id)
+        self.accepted += 1
+        sink.accept(self.replica_id, self.accepted)
         return sink
 
     def close(self, call_id: str) -> None:

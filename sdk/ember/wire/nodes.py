@@ -188,6 +188,8 @@ class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int
     per_call_s: float  # the replica's estimate of one call's share of a full batch; 0 until measured
     slots: int = 1  # calls (batches) it runs at once: its function's max_concurrency; per_call_s counts them
+    accepted: int = 0  # the streams the replica accepted so far (all its functions): a gateway knows which of the
+    #                    streams it sent there this report counts (an accept's own count is at most this)
 
 
 class LogLine(msgspec.Struct, frozen=True, kw_only=True):

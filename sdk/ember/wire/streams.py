@@ -40,6 +40,8 @@ class StreamChunk(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     replica: str = ""  # set on the accept: the replica that holds the call
     end: bool = False
     error: ErrorInfo | None = None
+    accepted: int = 0  # on the accept: the replica's count of the streams it accepted, this one the last (see
+    #                    ``LoadReport.accepted``); 0 from a replica that does not count them
 
 
 class StreamCredit(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
