@@ -96,44 +96,47 @@ class Unreported:
     """The streams a gateway sent each replica that no load report of that replica counts yet: those it has not
     accepted, and those it accepted after the count its last report gave (``LoadReport.accepted``; each accept says
     its own number). Race-free whichever of an accept and a report is read first: a report that counts a stream
-    says so by its count, not by when it came."""
+    says so by its count, not by when it came. Kept per (app, replica): a report counts only for the app whose
+    subject it came on (``Router``), so no app's replicas can speak for another app's."""
 
     def __init__(self) -> None:
-        self._awaiting: Counter[str] = Counter()  # replica -> streams sent to it, not accepted yet
-        self._uncounted: dict[str, set[int]] = {}  # replica -> the numbers of its accepts no report counted yet
-        self._reported: dict[str, int] = {}  # replica -> the highest count of accepts its reports gave
+        self._awaiting: Counter[tuple[str, str]] = Counter()  # (app, replica) -> streams sent, not accepted yet
+        self._uncounted: dict[tuple[str, str], set[int]] = {}  # -> the numbers of its accepts no report counted yet
+        self._reported: dict[tuple[str, str], int] = {}  # -> the highest count of accepts its reports gave
 
-    def sent(self, replica: str) -> None:
-        self._awaiting[replica] += 1
+    def sent(self, app: str, replica: str) -> None:
+        self._awaiting[app, replica] += 1
 
-    def unsent(self, replica: str) -> None:
+    def unsent(self, app: str, replica: str) -> None:
         """A stream sent to ``replica`` was accepted (see ``accepted``), refused or given up."""
-        self._awaiting[replica] -= 1
-        if self._awaiting[replica] <= 0:
-            del self._awaiting[replica]
+        self._awaiting[app, replica] -= 1
+        if self._awaiting[app, replica] <= 0:
+            del self._awaiting[app, replica]
 
-    def accepted(self, replica: str, number: int) -> None:
+    def accepted(self, app: str, replica: str, number: int) -> None:
         """``replica`` accepted a stream this gateway sent it, its ``number``-th (0: a replica that does not count)."""
-        if number > self._reported.get(replica, 0):
-            self._uncounted.setdefault(replica, set()).add(number)
+        if number > self._reported.get((app, replica), 0):
+            self._uncounted.setdefault((app, replica), set()).add(number)
 
     def reported(self, report: LoadReport) -> None:
-        if report.accepted <= self._reported.get(report.replica_id, 0):
+        key = (report.app, report.replica_id)
+        if report.accepted <= self._reported.get(key, 0):
             return
-        self._reported[report.replica_id] = report.accepted
-        left = {n for n in self._uncounted.get(report.replica_id, ()) if n > report.accepted}
+        self._reported[key] = report.accepted
+        left = {n for n in self._uncounted.get(key, ()) if n > report.accepted}
         if left:
-            self._uncounted[report.replica_id] = left
+            self._uncounted[key] = left
         else:
-            self._uncounted.pop(report.replica_id, None)
+            self._uncounted.pop(key, None)
 
     def forget(self, replica: str) -> None:
         """A replica gone: nothing of it is kept."""
-        self._uncounted.pop(replica, None)
-        self._reported.pop(replica, None)
+        for table in (self._uncounted, self._reported):
+            for key in [k for k in table if k[1] == replica]:
+                del table[key]
 
-    def __getitem__(self, replica: str) -> int:
-        return self._awaiting.get(replica, 0) + len(self._uncounted.get(replica, ()))
+    def count(self, app: str, replica: str) -> int:
+        return self._awaiting.get((app, replica), 0) + len(self._uncounted.get((app, replica), ()))
 
 
 def fewest_running(candidates: Sequence[LoadReport], opened: Mapping[str, int],
@@ -146,7 +149,7 @@ def fewest_running(candidates: Sequence[LoadReport], opened: Mapping[str, int],
         return None
 
     def load(report: LoadReport) -> int:
-        late = unreported[report.replica_id] if unreported is not None else 0
+        late = unreported.count(report.app, report.replica_id) if unreported is not None else 0
         return max(report.in_flight + report.queued + late, opened.get(report.replica_id, 0))
 
     least = min(load(r) for r in candidates)

@@ -120,6 +120,8 @@ class Router:
     async def _on_report(self, msg: Msg) -> None:
         try:
             report = load_decoder.decode(msg.data)
+            if msg.subject != subjects.stats(report.app, report.function):
+                return  # a report speaks for the app whose subject its replica may publish on, and no other
         except Exception:
             return
         self.loads.record(report)

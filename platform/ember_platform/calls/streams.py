@@ -216,7 +216,7 @@ class CallStream:
             self.holder = first.replica
             self._count_on(first.replica)
             self._await_accept("")
-            self._streams.router.unreported.accepted(first.replica, first.accepted)
+            self._streams.router.unreported.accepted(self.app, first.replica, first.accepted)
             return None
         self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
         return None
@@ -307,10 +307,10 @@ class CallStream:
         """Count this stream as sent to ``replica`` and not accepted yet (nothing: no longer awaited)."""
         unreported = self._streams.router.unreported
         if self._awaiting:
-            unreported.unsent(self._awaiting)
+            unreported.unsent(self.app, self._awaiting)
         self._awaiting = replica
         if replica:
-            unreported.sent(replica)
+            unreported.sent(self.app, replica)
 
     def _done(self) -> None:
         self._streams.forget(self._token)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ember._errors import UnavailableError
-from ember.wire import Invocation, LoadReport, encoder
+from ember.wire import Invocation, LoadReport, encoder, subjects
 from ember_platform.calls import choice
 from ember_platform.calls.choice import LoadBoard, choose
 from ember_platform.calls.router import Router
@@ -78,7 +78,7 @@ def test_only_fresh_reports_of_the_function_version_are_candidates():
 def router(alive: set[str], *reports: LoadReport) -> Router:
     r = Router(nc=None, replica_alive=lambda rid: rid in alive)  # type: ignore[arg-type]
     for report in reports:
-        asyncio.run(r._on_report(_Msg(encoder.encode(report))))  # type: ignore[arg-type]
+        asyncio.run(r._on_report(_Msg(encoder.encode(report), subjects.stats(report.app, report.function))))  # type: ignore[arg-type]
     return r
 
 
@@ -89,8 +89,22 @@ def test_the_router_skips_dead_and_excluded_replicas():
 
 
 class _Msg:
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, subject: str) -> None:
         self.data = data
+        self.subject = subject
+
+
+def test_a_report_counts_only_for_the_app_whose_subject_it_came_on():
+    """A replica may publish only on its own app's stats subjects (its NATS permissions); what its report says of
+    app and function must match that subject, or another app's replica could speak for this app's replicas."""
+    r = Router(nc=None, replica_alive=lambda rid: True)  # type: ignore[arg-type]
+    forged = load("x", 0)  # of app "a", sent on app "b"'s subject
+    asyncio.run(r._on_report(_Msg(encoder.encode(forged), subjects.stats("b", "f"))))  # type: ignore[arg-type]
+    assert r.loads.fresh("a", "f", 1) == []
+    asyncio.run(r._on_report(_Msg(encoder.encode(forged), subjects.stats("a", "g"))))  # type: ignore[arg-type]
+    assert r.loads.fresh("a", "f", 1) == []  # another function's subject
+    asyncio.run(r._on_report(_Msg(encoder.encode(forged), subjects.stats("a", "f"))))  # type: ignore[arg-type]
+    assert r.loads.fresh("a", "f", 1) == [forged]
 
 
 def cost(replica: str, function: str, per_call_s: float, version: int = 1) -> LoadReport:

@@ -24,42 +24,42 @@ def test_a_stream_just_sent_counts_until_a_report_counts_it():
     for r in reports:
         unreported.reported(r)
     opened = {"r1": 2, "r2": 1}
-    unreported.sent("r2")
-    assert unreported["r2"] == 1  # sent, not accepted yet
-    unreported.unsent("r2")
-    unreported.accepted("r2", 3)
-    assert unreported["r2"] == 1  # accepted, no report counts it
+    unreported.sent("a", "r2")
+    assert unreported.count("a", "r2") == 1  # sent, not accepted yet
+    unreported.unsent("a", "r2")
+    unreported.accepted("a", "r2", 3)
+    assert unreported.count("a", "r2") == 1  # accepted, no report counts it
     assert {choice.fewest_running(reports, opened, random.Random(seed), unreported) for seed in range(20)} == {"r1"}
     assert {choice.fewest_running(reports, opened, random.Random(seed)) for seed in range(20)} == {"r1", "r2"}
     unreported.reported(report("r2", 3, 3))  # its next report counts it: no longer added
-    assert unreported["r2"] == 0
+    assert unreported.count("a", "r2") == 0
 
 
 def test_a_report_read_before_the_accept_it_counts_is_not_counted_twice():
     """The replica's report (made after the accept) is read first: its count says it holds the stream."""
     unreported = choice.Unreported()
-    unreported.sent("r1")
+    unreported.sent("a", "r1")
     unreported.reported(report("r1", 1, 1))
-    unreported.unsent("r1")
-    unreported.accepted("r1", 1)
-    assert unreported["r1"] == 0
+    unreported.unsent("a", "r1")
+    unreported.accepted("a", "r1", 1)
+    assert unreported.count("a", "r1") == 0
 
 
 def test_a_report_made_before_the_accept_and_read_after_it_does_not_clear_it():
     unreported = choice.Unreported()
     unreported.reported(report("r1", 4, 4))
-    unreported.accepted("r1", 5)
+    unreported.accepted("a", "r1", 5)
     unreported.reported(report("r1", 4, 4))  # made before the 5th accept: it does not count it
-    assert unreported["r1"] == 1
+    assert unreported.count("a", "r1") == 1
     unreported.reported(report("r1", 3, 6))  # later: it counts the 5th (and one from another gateway)
-    assert unreported["r1"] == 0
+    assert unreported.count("a", "r1") == 0
 
 
 def test_a_replica_that_does_not_count_its_accepts_is_routed_as_before():
     unreported = choice.Unreported()
-    unreported.accepted("old", 0)
+    unreported.accepted("a", "old", 0)
     unreported.reported(report("old", 2, 0))
-    assert unreported["old"] == 0
+    assert unreported.count("a", "old") == 0
 
 
 def test_a_replica_the_load_board_forgets_is_forgotten_here_too():
@@ -67,6 +67,17 @@ def test_a_replica_the_load_board_forgets_is_forgotten_here_too():
     board = choice.LoadBoard(clock=lambda: 0.0)
     board.on_forget = unreported.forget
     board.record(report("r1", 1, 1))
-    unreported.accepted("r1", 2)
+    unreported.accepted("a", "r1", 2)
     board.sweep(choice.FORGET_AFTER_S + 10.0)
-    assert unreported["r1"] == 0 and unreported._reported == {} and unreported._uncounted == {}
+    assert unreported.count("a", "r1") == 0 and unreported._reported == {} and unreported._uncounted == {}
+
+
+def test_a_report_of_another_app_naming_the_replica_clears_nothing_of_this_apps_streams():
+    """Counts are kept per app: a report that names this replica but comes from another app's subject (so says
+    another app, ``Router`` checks) cannot mark this app's streams as counted."""
+    unreported = choice.Unreported()
+    unreported.accepted("a", "r1", 1)
+    other = LoadReport(replica_id="r1", app="b", function="f", version=1, queued=0, in_flight=0, per_call_s=0.0,
+                       accepted=1000)
+    unreported.reported(other)
+    assert unreported.count("a", "r1") == 1
