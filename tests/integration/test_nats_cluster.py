@@ -68,7 +68,8 @@ def test_ember_survives_losing_one_nats_server_of_three(tmp_path: Path):
         after = wait_for(lambda: _spawned(http, url, "After"), timeout_s=60, what="a spawn after losing a server")
         for call_id, name in ((before, "Before"), (after, "After")):
             record = http.get(f"{url}/v1/calls/{call_id}", params={"wait": 60}).json()
-            assert (record["status"], record["output"]) == ("succeeded", f"Hello, {name}!"), record
+            assert (record["status"], record["output"]) == ("succeeded", f"Hello, {name}!"), \
+                (record["status"], record.get("error"), record.get("attempts"))  # what failed it, in full
 
 
 def _spawned(http: httpx.Client, url: str, name: str) -> str | None:
