@@ -78,7 +78,7 @@ class ScheduleMetrics:
 
 
 Scheduled = tuple[Deployment, str, ScheduleSpec]  # the deployment, the function, its schedule
-Write = tuple[str, ScheduleState, bool]  # a key, its new state, whether it is created
+Write = tuple[str, ScheduleState, int]  # a key, its new state, the revision it was made from (0: created)
 
 
 class ScheduleLoop:
@@ -219,7 +219,7 @@ class ScheduleLoop:
         found = await asyncio.gather(*(self._one(key, now) for key in keys if key in self._index))
         writes = [write for write in found if write is not None]
         done = await asyncio.gather(*(self._write(*write) for write in writes))
-        for (key, _state, _create), ok in zip(writes, done, strict=True):
+        for (key, _state, _read), ok in zip(writes, done, strict=True):
             if not ok:  # written meanwhile (a pause, a resume): looked at again
                 self._dirty.add(key)
         for key in keys:
@@ -248,8 +248,9 @@ class ScheduleLoop:
         assert self.states is not None
         dep, function, spec = self._index[key]
         state = self.states.items.get(key)
+        read = self.states.revision(key)  # written only if still the one read: a pause meanwhile is not undone
         if state is None:  # first seen: it runs from its next tick on
-            return key, ScheduleState(last_tick=now), True
+            return key, ScheduleState(last_tick=now), 0
         new = state
         ticks, missed = due(spec, state, now)
         if state.paused:  # its ticks pass unrun: a resume does not catch them up
@@ -267,7 +268,7 @@ class ScheduleLoop:
                 new = await self._tick(dep, function, spec, new, tick, now)
             if new.queued:
                 new = await self._drain_queue(dep, function, new, now)
-        return (key, new, False) if new != state else None
+        return (key, new, read) if new != state else None
 
     async def _tick(self, dep: Deployment, function: str, spec: ScheduleSpec, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
@@ -309,16 +310,18 @@ class ScheduleLoop:
     def _started(self, app: str, tick: float, at: float) -> None:
         self.metrics.lag.labels(app).observe(max(0.0, at - tick))
 
-    async def _write(self, key: str, state: ScheduleState, create: bool = False) -> bool:
-        """Compare-and-set against the revision last seen; False when someone wrote it meanwhile."""
+    async def _write(self, key: str, state: ScheduleState, read: int) -> bool:
+        """Compare-and-set against the revision the new state was made from (0: create it); False when someone
+        wrote it meanwhile (a pause or resume from the API, whose write this control plane's mirror may already
+        show: its revision then is not the one this state was made from)."""
         assert self.kv is not None and self.states is not None
         self._mine[key] = state  # its echo from the watch may come before the answer
         try:
             async with self._limit:
-                if create:
+                if not read:
                     revision = await self.kv.create(key, encoder.encode(state))
                 else:
-                    revision = await self.kv.update(key, encoder.encode(state), last=self.states.revision(key))
+                    revision = await self.kv.update(key, encoder.encode(state), last=read)
         except KeyWrongLastSequenceError:
             return False
         except (NatsError, OSError) as exc:
