@@ -4,6 +4,7 @@ leaves no record behind and answers 503; against the session's real nats-server 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import pytest
+from nats.js.errors import KeyNotFoundError
 from support.natsconn import all_keys
 from support.natsconn import connect as admin_connect
 
@@ -46,9 +48,17 @@ def _big(char: str) -> bytes:
 
 
 async def _objects(stores: Stores, call_id: str) -> list[str]:
-    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``)."""
-    keys = await all_keys(stores.results)
-    return sorted({k.split(".")[2] for k in keys if k.startswith(f"a.{call_id}.")})
+    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``): the subjects the
+    server holds under that call (exact: a KV key listing is a watch that may end early on a loaded machine, and the
+    session's bucket holds every test's outputs), less those whose last entry deleted the key."""
+    kv = stores.results
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}a.{call_id}.>")
+    kept = []
+    for key in (subject[len(kv._pre):] for subject in (info.state.subjects or {})):
+        with contextlib.suppress(KeyNotFoundError):  # a loser's chunk, deleted: its subject holds the marker
+            await kv.get(key)
+            kept.append(key)
+    return sorted({k.split(".")[2] for k in kept})
 
 
 
