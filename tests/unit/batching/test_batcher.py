@@ -76,6 +76,17 @@ def batcher(fn, pool: ThreadPoolExecutor, **kw: Any) -> Batcher:
     return Batcher(fn, **opts)
 
 
+async def _behind_a_held_call(b: Batcher, gate: Gate, rec: Recorder, n: int) -> None:
+    """Call 0 runs and holds the model (``gate``); calls 1 to ``n - 1`` come meanwhile; then it is let go and all
+    ``n`` are answered."""
+    b.submit(rec.call(0))
+    await asyncio.to_thread(gate.started.wait)
+    for i in range(1, n):
+        b.submit(rec.call(i))
+    gate.release.set()
+    await rec.wait_for(n)
+
+
 @pytest.fixture
 def pool():
     with ThreadPoolExecutor(1) as executor:
@@ -86,16 +97,7 @@ def test_calls_that_wait_behind_a_running_batch_share_the_next_ones(pool):
     gate = Gate(lambda xs: [2 * x for x in xs])
     b = batcher(gate, pool)
     rec = Recorder()
-
-    async def body():
-        b.submit(rec.call(0))
-        await asyncio.to_thread(gate.started.wait)
-        for i in range(1, 20):
-            b.submit(rec.call(i))
-        gate.release.set()
-        await rec.wait_for(20)
-
-    run(lambda: serve(b, body))
+    run(lambda: serve(b, lambda: _behind_a_held_call(b, gate, rec, 20)))
     assert [len(x) for x in gate.batches] == [1, 8, 8, 3]  # bounded by max_size
     assert {k: v[0] for k, v in rec.answers.items()} == {i: 2 * i for i in range(20)}  # each its own output
     assert all(rec.answers[k][2] == len(next(x for x in gate.batches if k in x)) for k in range(20))
@@ -138,16 +140,7 @@ def test_calls_that_keep_arriving_still_fill_a_batch_behind_a_lone_one(pool):
     gate = Gate()
     b = batcher(gate, pool, max_size=4, window_s=3600, cost_model=CostModel(a=30.0, b=0.0))
     rec = Recorder()
-
-    async def body():
-        b.submit(rec.call(0))  # lone: runs at once, and holds the model until released
-        await asyncio.to_thread(gate.started.wait)
-        for i in range(1, 5):
-            b.submit(rec.call(i))
-        gate.release.set()
-        await rec.wait_for(5)
-
-    run(lambda: serve(b, body))
+    run(lambda: serve(b, lambda: _behind_a_held_call(b, gate, rec, 5)))  # the first, lone, runs at once
     assert [len(x) for x in gate.batches] == [1, 4]
 
 
