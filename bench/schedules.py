@@ -147,7 +147,7 @@ async def run(url: str, work: Path, overlap: str, rounds: int, server: int) -> l
     calls = TimedCalls(nc, stores, 30.0)
     started_file = work / "started.json"
     stand_in = subprocess.Popen([sys.executable, __file__, "--replicas", url, str(started_file)])
-    loop = ScheduleLoop(nc.jetstream(), calls, SimpleNamespace(items=deployments(work, overlap)),  # type: ignore[arg-type]
+    loop = ScheduleLoop(nc.jetstream(), calls, SimpleNamespace(items=deployments(work, overlap), generation=1),  # type: ignore[arg-type]
                         active=lambda: True)
     await loop.start()
     first = math.floor(time.time() / PERIOD_S) * PERIOD_S + PERIOD_S  # functions seen now run from this tick on
@@ -163,6 +163,8 @@ async def run(url: str, work: Path, overlap: str, rounds: int, server: int) -> l
     started = json.loads(started_file.read_text()) if started_file.exists() else {}
     queued_lags = [1000 * (at - tick_of(m)) for m, at in calls.queued.items()]
     start_lags = [1000 * (at - tick_of(m)) for m, at in started.items()]
+    if not queued_lags:  # the loop's passes failed (logged above): no figure to print
+        raise SystemExit("no tick was queued: the schedule loop's log above says why")
     idle, busy = passes(loop)
     return [["figure", "value"],
             ["scheduled functions", f"{APPS * PER_APP}"],

@@ -36,7 +36,8 @@ def _free_ports(n: int) -> list[int]:
 
 
 class NatsCluster:
-    """Three ``nats-server`` processes with JetStream, routed together; ``url`` lists all three."""
+    """Three ``nats-server`` processes with JetStream, routed together; ``url`` lists all three (``size=1``: one
+    server alone, with the same auth)."""
 
     def __init__(self, root: Path, size: int = 3) -> None:
         self.root = root
@@ -67,12 +68,12 @@ class NatsCluster:
         """Start server ``index`` (again, after ``kill``: same port, same store), as its supervisor would."""
         here = self.root / f"n{index}"
         routes = ",".join(f"nats-route://127.0.0.1:{p}" for p in self.route_ports)
+        cluster = ["--cluster_name", "ember-test", "--cluster", f"nats://127.0.0.1:{self.route_ports[index]}",
+                   "--routes", routes] if self.size > 1 else []  # one server alone: no cluster to elect in
         log = (here / "nats.log").open("ab")
         self.procs[index] = subprocess.Popen(
             [nats_server_binary(), "-a", "127.0.0.1", "-p", str(self.ports[index]), "-n", f"n{index}", "-js",
-             "-sd", str(here / "store"), "--cluster_name", "ember-test",
-             "--cluster", f"nats://127.0.0.1:{self.route_ports[index]}", "--routes", routes,
-             "-c", str(here / "nats.conf")],
+             "-sd", str(here / "store"), *cluster, "-c", str(here / "nats.conf")],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         log.close()
 

@@ -38,7 +38,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ember._errors import ConflictError, EmberError, NotFoundError
-from ember.wire import Deployment, encoder, subjects
+from ember.wire import FINAL_STATUSES, Deployment, encoder, subjects
 from ember.wire.callstore import new_call_id
 from ember.wire.jetstream import KVMirror, js_replicas
 from ember.wire.schedules import (
@@ -62,6 +62,7 @@ _state_decoder = msgspec.json.Decoder(ScheduleState)
 MAX_WAIT_S = 0.25  # the loop looks at least this often (new deployments, a pause, the lease)
 FIRE_CONCURRENCY = 1024  # ticks submitted at once (each is two JetStream round trips), and state writes at once
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+MAX_FINAL_KEPT = 10_000  # the final statuses of last runs the listings keep (a console polls them)
 STATUSES = ("fired", "skipped", "missed", "paused", "queued", "failed", "run")
 
 
@@ -99,6 +100,7 @@ class ScheduleLoop:
         self._task: asyncio.Task[None] | None = None
         self.passes: deque[tuple[float, int]] = deque(maxlen=1000)  # the last passes: (seconds, schedules handled)
         self._limit = asyncio.Semaphore(FIRE_CONCURRENCY)
+        self._final: dict[str, str] = {}  # call id -> its final status, for the listings (oldest first, bounded)
         self._reset()
 
     def _reset(self) -> None:
@@ -413,11 +415,15 @@ class ScheduleLoop:
         async def view(dep: Deployment, function: str, spec: ScheduleSpec) -> ScheduleView:
             state = self.states.items.get(state_key(dep.app, function)) if self.states else None
             state = state or ScheduleState()
-            status = ""
-            if state.last_call_id:
+            status = self._final.get(state.last_call_id, "")
+            if state.last_call_id and not status:
                 with contextlib.suppress(NatsError, OSError):
                     record = await self._calls.store.get(dep.app, state.last_call_id)
                     status = record.status if record is not None else ""
+                if status in FINAL_STATUSES:  # it never changes again: not read at the next listing
+                    if len(self._final) >= MAX_FINAL_KEPT:
+                        del self._final[next(iter(self._final))]
+                    self._final[state.last_call_id] = status
             return ScheduleView(app=dep.app, function=function, schedule=describe(spec), spec=spec,
                                 paused=state.paused, next_run=0.0 if state.paused else next_tick(spec, time.time()),
                                 last_tick=state.last_tick, last_status=state.last_status,
