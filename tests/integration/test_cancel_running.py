@@ -1,12 +1,18 @@
 """Cancelling calls that already run, against the real platform: an ``async def`` function's task is cancelled, a
 generator closed at its next item, a sync function told through ``ember.current_call().cancelled``, a batched call
 leaves its batch while the rest complete, a parent's cancel reaches the call it waits on, and ``terminate`` replaces
-a replica whose code never looks, without losing its other calls. The record says who cancelled and when."""
+a replica whose code never looks, without losing its other calls. The record says who cancelled and when. A call
+made with ``POST`` and answered in the same request is cancelled by its client going away, the calls it waits on
+with it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import time
 import uuid
+from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -117,6 +123,47 @@ def test_cancelling_a_parent_cancels_the_call_it_waits_on(sdk) -> None:
     wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
     wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the parent to see it")
     assert call.record().status == "cancelled"
+
+
+@contextlib.contextmanager
+def _posted(url: str, token: str, path: str, body: bytes) -> Iterator[None]:
+    """POST ``body`` to ``path`` on a connection of its own; on leaving the block, close it unanswered (a client
+    that goes away)."""
+    where = urlsplit(url)
+    head = (f"POST {path} HTTP/1.1\r\nHost: {where.netloc}\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    with socket.create_connection((where.hostname, where.port), timeout=30) as conn:
+        conn.sendall(head.encode() + body)
+        yield
+
+
+@pytest.mark.parametrize("parent", ["parent", "aparent"])
+def test_a_client_that_leaves_a_sync_call_cancels_the_call_it_waits_on(sdk, platform, parent) -> None:
+    tag = _tag()
+    with _posted(platform.url, platform.token, f"/v1/cancels/Stoppable.{parent}", f'"{tag}"'.encode()):
+        _started(tag, "Kid")  # the child runs in the Kid replica
+    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=10, what="the child's cancel")
+    ended = f"child-ended:{tag}:cancelled" if parent == "parent" else f"parent-cancelled:{tag}"
+    wait_for(lambda: ended in _notes(), timeout_s=10, what="the parent to end")
+    _serves_the_next_call(tag)
+
+
+def test_a_client_that_leaves_a_stream_cancels_the_call_it_waits_on(sdk, platform, http: httpx.Client) -> None:
+    tag = _tag()
+    with http.stream("POST", "/v1/cancels/Stoppable.gen_parent", json=tag) as response:
+        assert response.status_code == 200
+        assert next(line for line in response.iter_lines() if line)  # the first item
+        _started(tag, "Kid")
+    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=10, what="the child's cancel")
+    wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=10, what="the parent to end")
+    _serves_the_next_call(tag)
+
+
+def _serves_the_next_call(tag: str) -> None:
+    """Stoppable's replica runs a sync call at once: the model thread is free again."""
+    follow = ember.lookup("cancels", "Stoppable.spin_sync").spawn(tag + "n")
+    wait_for(lambda: f"started:{tag}n" in _notes(), timeout_s=5, what="the next call to start")
+    assert follow.cancel() is True
 
 
 def test_terminate_replaces_the_replica_without_losing_its_other_calls(sdk, http: httpx.Client) -> None:

@@ -34,6 +34,7 @@ from ember.wire import (
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
+from ember_platform.calls import lineage
 
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
@@ -264,8 +265,7 @@ class Calls:
             headers = {TERMINATE_HEADER: "1"} if terminate else None
             with contextlib.suppress(NatsError, OSError, ValueError):
                 await self._nc.publish(subjects.replica_cancel(replica), call_id.encode(), headers=headers)
-        with contextlib.suppress(NatsError, OSError):
-            await self._nc.publish(subjects.CANCELLED_CALLS, f"{record.app} {call_id}".encode())
+        await lineage.announce(self._nc, record.app, call_id)
         return cancelled
 
     # -- dead letters --------------------------------------------------------------------------------

@@ -7,6 +7,11 @@ id, as the relay request names them); when that call is cancelled (``Calls.cance
 cancelled: the router then cancels the callee's call on its replica, and its own relayed calls in turn. A replica
 can name only its own app's calls as callers, so it can never make another app's cancel reach its tasks or its cancel
 reach another app's.
+
+A call that has no record is given up by whoever waits on it: the gateway's, when the HTTP client of a synchronous
+call goes away (or its deadline passes), and the relay's, when the call that waits is cancelled. The router and the
+streams then :func:`announce` it on the same subject, so that its calls end with it on whichever control plane
+relays them. Only control planes may publish there (a replica's NATS permissions name its own subjects alone).
 """
 
 from __future__ import annotations
@@ -19,10 +24,17 @@ from collections.abc import Iterator
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
 
 from ember.wire import subjects
 
 log = logging.getLogger("ember.relay")
+
+
+async def announce(nc: Client, app: str, call_id: str) -> None:
+    """Tell every control plane that ``app``'s call ``call_id`` was cancelled or given up: the calls it made end."""
+    with contextlib.suppress(NatsError, OSError):
+        await nc.publish(subjects.CANCELLED_CALLS, f"{app} {call_id}".encode())
 
 
 class Lineage:

@@ -56,6 +56,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.calls import Hop
+from ember_platform.calls import lineage
 from ember_platform.calls.choice import LoadBoard, Unreported, choose, fewest_running
 
 log = logging.getLogger("ember.router")
@@ -142,10 +143,11 @@ class Router:
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,
                    deadline: float, chain: list[Hop] | None = None, packed: bool = False,
                    compact: bool = False) -> Answer:
-        """Send the call and wait for its answer; if this is cancelled (the caller went away), the replica
-        holding the call is told to drop it. ``chain``: the calls waiting on this one (a call between functions).
-        ``packed``: ``body`` is msgpack, and the call travels in a msgpack frame (its answer's output is msgpack too;
-        ``compact``: arrays in it as compact tensors)."""
+        """Send the call and wait for its answer; if this is cancelled (the caller went away) or fails once a replica
+        took it (its deadline passed), the replica holding the call is told to drop it, and the calls it made through
+        the relay end with it (``lineage.announce``). ``chain``: the calls waiting on this one (a call between
+        functions). ``packed``: ``body`` is msgpack, and the call travels in a msgpack frame (its answer's output is
+        msgpack too; ``compact``: arrays in it as compact tensors)."""
         group_subject = subjects.invoke(app, function, version)
         tried: set[str] = set()
         trace = tracing.current_headers({"ember.call_id": call_id}) if tracing.ON else _UNTRACED
@@ -193,7 +195,7 @@ class Router:
                 del self.in_flight[load_key]
             holder = pending.holder or pending.sent_to  # a call answered fast is never acked
             if holder and not pending.answered:
-                await asyncio.shield(self._cancel(holder, call_id))
+                await asyncio.shield(self._cancel(app, holder, call_id))
 
     def _send(self, subject: str, pending: _Pending) -> None:
         """Queue the call for ``subject``; the frames go out once the calls of this turn of the loop are in."""
@@ -259,11 +261,12 @@ class Router:
             if waiting is not None and waiting.frame == frame_id:  # only the replica sent the call answers it
                 waiting.deliver(answer)
 
-    async def _cancel(self, replica_id: str, call_id: str) -> None:
+    async def _cancel(self, app: str, replica_id: str, call_id: str) -> None:
         try:
             await self._nc.publish(subjects.replica_cancel(replica_id), call_id.encode())
         except Exception as exc:  # the call is abandoned either way; the replica drops it at its deadline
             log.warning("could not cancel call %s on %s: %s", call_id, replica_id, exc)
+        await lineage.announce(self._nc, app, call_id)
 
     async def _attempt(self, pending: _Pending) -> Answer:
         while True:

@@ -30,6 +30,7 @@ from ember._errors import DeadlineExceededError, UnavailableError
 from ember.wire import Invocation, encoder, error_from_info, subjects
 from ember.wire.calls import Hop
 from ember.wire.streams import STREAM_WINDOW, StreamChunk, StreamCredit, bundle_decoder, chunk_decoder
+from ember_platform.calls import lineage
 from ember_platform.calls.router import ACK_TIMEOUT_S, LIVENESS_CHECK_S, MAX_ATTEMPTS, NO_REPLICA_POLL_S, Router
 
 log = logging.getLogger("ember.streams")
@@ -281,11 +282,13 @@ class CallStream:
     # -- ending ----------------------------------------------------------------------------------------------------
 
     async def aclose(self) -> None:
-        """Stop reading: a stream that has not ended is cancelled on its replica (the generator is closed)."""
+        """Stop reading: a stream that has not ended is cancelled on its replica (the generator is closed), and the
+        calls it made through the relay end with it (``lineage.announce``)."""
         if not self.finished:
             self.finished = True
             if self.holder:
                 await self._cancel(self.holder)
+                await lineage.announce(self._nc, self.app, self.call_id)
         self._done()
 
     def _fail(self) -> None:

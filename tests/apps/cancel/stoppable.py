@@ -64,6 +64,27 @@ class Stoppable:
             NOTES.append(f"child-ended:{tag}:{exc.code}")
             raise
 
+    @ember.method
+    async def aparent(self, tag: str) -> str:
+        """``parent`` as an ``async def``: its task is cancelled where it awaits ``Kid.spin``."""
+        NOTES.append(f"started:{tag}")
+        try:
+            return await ember.lookup("cancels", "Kid.spin").remote.aio(tag)
+        except asyncio.CancelledError:
+            NOTES.append(f"parent-cancelled:{tag}")
+            raise
+
+    @ember.method
+    def gen_parent(self, tag: str):
+        """A generator that waits on ``Kid.spin`` after its first item."""
+        NOTES.append(f"started:{tag}")
+        yield 0
+        try:
+            yield ember.lookup("cancels", "Kid.spin").remote(tag)
+        except ember.EmberError as exc:
+            NOTES.append(f"child-ended:{tag}:{exc.code}")
+            raise
+
 
 @app.model(timeout_s=120)
 class Kid:
