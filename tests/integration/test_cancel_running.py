@@ -143,7 +143,7 @@ def test_a_client_that_leaves_a_sync_call_cancels_the_call_it_waits_on(sdk, plat
     with _posted(platform.url, platform.token, f"/v1/cancels/Stoppable.{parent}", f'"{tag}"'.encode()):
         _started(tag, "Kid")  # the child runs in the Kid replica
     wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=10, what="the child's cancel")
-    ended = f"child-ended:{tag}:cancelled" if parent == "parent" else f"parent-cancelled:{tag}"
+    ended = f"child-ended:{tag}:cancelled" if parent == "parent" else f"parent-ended:{tag}"
     wait_for(lambda: ended in _notes(), timeout_s=10, what="the parent to end")
     _serves_the_next_call(tag)
 

@@ -66,13 +66,13 @@ class Stoppable:
 
     @ember.method
     async def aparent(self, tag: str) -> str:
-        """``parent`` as an ``async def``: its task is cancelled where it awaits ``Kid.spin``."""
+        """``parent`` as an ``async def``: its task is cancelled where it awaits ``Kid.spin`` (or, should the child's
+        cancel answer first, ``remote.aio`` raises ``CallCancelledError``)."""
         NOTES.append(f"started:{tag}")
         try:
             return await ember.lookup("cancels", "Kid.spin").remote.aio(tag)
-        except asyncio.CancelledError:
-            NOTES.append(f"parent-cancelled:{tag}")
-            raise
+        finally:
+            NOTES.append(f"parent-ended:{tag}")
 
     @ember.method
     def gen_parent(self, tag: str):
