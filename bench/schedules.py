@@ -108,7 +108,8 @@ def tick_of(msg_id: str) -> float:
 # -- the stand-in replicas (a process of their own) ---------------------------------------------------------------
 
 async def replicas(url: str, out: Path) -> None:
-    """Pull every queued call, mark it running, store its final record, ack; write each tick's start at the end."""
+    """Pull every queued call, mark it running, store its final record, ack; write each tick's start at the end. Each
+    call is handled in a task of its own while the next ones are pulled."""
     nc = await connect(url, "bench-replicas")
     js = nc.jetstream()
     stores = await ensure_buckets(js, create=False)
@@ -129,12 +130,17 @@ async def replicas(url: str, out: Path) -> None:
         await store.finish(final(record, "succeeded"))
         await msg.ack()
 
-    while not stop.is_set():
+    running: set[asyncio.Task[None]] = set()
+    while not stop.is_set():  # pulls on while what it pulled is stored: 1,000 replicas would not wait on each other
         try:
             msgs = await sub.fetch(512, timeout=0.25)
         except TimeoutError:
             continue
-        await asyncio.gather(*(run(m) for m in msgs))
+        for m in msgs:
+            task = asyncio.create_task(run(m))
+            running.add(task)
+            task.add_done_callback(running.discard)
+    await asyncio.gather(*running)
     out.write_text(json.dumps(started))
     await nc.close()
 
