@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from ember_runtime.agent import netns
+from ember_runtime.agent import descriptors, netns
 from ember_runtime.lifeline import LIFELINE_ENV
 
 log = logging.getLogger("ember.agent")
@@ -106,14 +106,6 @@ def not_ours(record: Record) -> str:
     return ""
 
 
-async def stream_reader(fd: int) -> asyncio.StreamReader:
-    """An asyncio reader of a FIFO's read end (the agent's own descriptor, closed with the reader)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    return reader
-
-
 class Pipes:
     """A fresh start's FIFOs: the replica's stdout and stderr (write ends its own, read ends held by both) and its
     lifeline (the agent holds the write end)."""
@@ -147,20 +139,23 @@ class Pipes:
     def env(self) -> dict[str, str]:
         return {LIFELINE_ENV: str(self._life_read), MARK_ENV: self.nonce}
 
-    async def started(self) -> tuple[asyncio.StreamReader, asyncio.StreamReader]:
-        """The replica runs (or failed to start): the agent lets go of what is the replica's; its output's readers."""
-        for fd in (*self.writes, self._life_read):
-            os.close(fd)
-        self.writes = []
-        self._life_read = -1
-        return await stream_reader(self.reads[0]), await stream_reader(self.reads[1])
+    def started(self) -> tuple[asyncio.StreamReader, asyncio.StreamReader]:
+        """The replica runs: the agent lets go of what is the replica's, and its output's readers own the read ends
+        (one step, which no cancel splits). Where a reader cannot be made, ``close`` still lets go of the rest."""
+        for fd, end in zip(self.writes, (OUT, ERR), strict=True):
+            descriptors.close(fd, f"the write end of a replica's {end} FIFO")
+        descriptors.close(self._life_read, "the read end of a replica's lifeline FIFO")
+        reads, self.reads, self.writes, self._life_read = self.reads, [], [], -1
+        out, err = descriptors.read_pipes((reads[0], f"a replica's {OUT} FIFO"), (reads[1], f"a replica's {ERR} FIFO"))
+        return out, err
 
     def close(self) -> None:
-        """The start failed before any reader was made."""
-        for fd in (*self.reads, *self.writes, self._life_read, self.lifeline):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        """The start failed: what no reader took is let go of."""
+        for fd in (*self.reads, *self.writes):
+            descriptors.close(fd, "a replica's output FIFO")
+        descriptors.close(self._life_read, "the read end of a replica's lifeline FIFO")
+        descriptors.close(self.lifeline, "the write end of a replica's lifeline FIFO")
+        self.reads, self.writes, self._life_read, self.lifeline = [], [], -1, -1
 
 
 class Adopted:
@@ -181,7 +176,7 @@ class Adopted:
 
     def _on_exit(self) -> None:
         asyncio.get_running_loop().remove_reader(self._pidfd)
-        os.close(self._pidfd)
+        descriptors.close(self._pidfd, f"the pidfd of adopted replica {self.record.replica_id}")
         self.returncode = UNKNOWN_EXIT
         self._exited.set()
 
@@ -203,17 +198,21 @@ class Adopted:
         except OSError:
             return None
         fds: list[int] = []
+        handed = 0  # how many of ``fds`` are the readers' (who close them)
         try:
             if why := not_ours(record):  # checked once the pidfd holds the process: its number cannot be reused
                 raise OSError(why)
             fds = [os.open(folder / n, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) for n in (OUT, ERR)]
             fds.append(os.open(folder / LIFELINE, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))  # ENXIO: none reads
+            handed = 2
+            out, err = descriptors.read_pipes((fds[0], f"adopted replica {record.replica_id}'s {OUT} FIFO"),
+                                              (fds[1], f"adopted replica {record.replica_id}'s {ERR} FIFO"))
         except OSError as exc:
             log.warning("replica %s is not adopted: %s", record.replica_id, exc)
-            for fd in (pidfd, *fds):
-                os.close(fd)
+            for fd in (pidfd, *fds[handed:]):
+                descriptors.close(fd, f"replica {record.replica_id}'s pidfd or FIFO")
             return None
-        return cls(record, pidfd, fds[2], await stream_reader(fds[0]), await stream_reader(fds[1]))
+        return cls(record, pidfd, fds[2], out, err)
 
 
 class Records:

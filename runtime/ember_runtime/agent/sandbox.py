@@ -40,7 +40,7 @@ from typing import Any, Literal
 import ember
 import ember_runtime
 from ember._procs import die_with_parent
-from ember_runtime.agent import netns, reap
+from ember_runtime.agent import descriptors, netns, reap
 from ember_runtime.agent.cgroups import MemoryCgroups
 
 log = logging.getLogger("ember.agent")
@@ -468,9 +468,7 @@ async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[
 
 def _close(*fds: int) -> None:
     for fd in fds:
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        descriptors.close(fd, "a sandbox start's --info-fd or --block-fd pipe")
 
 
 def _read_all(fd: int) -> bytes:

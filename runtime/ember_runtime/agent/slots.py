@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime import hostpid
-from ember_runtime.agent import adoption, sandbox
+from ember_runtime.agent import adoption, descriptors, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
@@ -206,10 +206,8 @@ class ReplicaSlot:
 
     def _release(self) -> None:
         """The replica ended (or is stopped): its lifeline let go, its record removed."""
-        if self._lifeline >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self._lifeline)
-            self._lifeline = -1
+        descriptors.close(self._lifeline, f"the write end of replica {self.replica_id}'s lifeline")
+        self._lifeline = -1
         if self._records is not None:
             self._records.remove(self.replica_id)
 
@@ -249,7 +247,12 @@ class ReplicaSlot:
                 pipes.close()
             raise
         if pipes is not None:
-            proc.stdout, proc.stderr = await pipes.started()
+            try:
+                proc.stdout, proc.stderr = pipes.started()
+            except BaseException:  # nobody would read it or know of it: it must not run on unseen
+                _signal_group(proc.pid, signal.SIGKILL)
+                pipes.close()
+                raise
             self._lifeline = pipes.lifeline
             self._record(proc, pipes.nonce)
         return proc

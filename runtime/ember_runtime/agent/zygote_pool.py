@@ -33,7 +33,7 @@ import msgspec
 
 from ember.wire import ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
-from ember_runtime.agent import reap, sandbox
+from ember_runtime.agent import descriptors, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
@@ -101,7 +101,7 @@ class ForkedProcess:
             finally:
                 loop.remove_reader(self._pidfd)
         if self._pidfd is not None:
-            os.close(self._pidfd)
+            descriptors.close(self._pidfd, f"the pidfd of forked replica {self.pid}")
             self._pidfd = None
         self.returncode = code
         return code
@@ -310,26 +310,25 @@ class Zygote:
             await loop.sock_sendall(conn, str(pid).encode())  # go on: you are ``pid`` on this node
         except (OSError, TimeoutError, msgspec.DecodeError, ZygoteError) as exc:
             conn.close()
-            for fd in (out_r, err_r):
-                os.close(fd)
+            _close_output(out_r, err_r, "read")
             self._fail(f"zygote {self._name} could not fork: {exc}")
             self._kill()  # discard it: the pool builds a new one
             raise ZygoteError(str(exc)) from exc
         except BaseException:  # cancelled: a child not told to go on sees its connection close and exits
             conn.close()
-            for fd in (out_r, err_r):
-                os.close(fd)
+            _close_output(out_r, err_r, "read")
             raise
         finally:
-            os.close(out_w)
-            os.close(err_w)
+            _close_output(out_w, err_w, "write")
         self.forks += 1
-        try:
-            return ForkedProcess(pid, conn, await _reader(out_r), await _reader(err_r))
-        except BaseException:  # cancelled (its slot was stopped) after the child went on: it must not run unseen
+        try:  # one step from here: no cancel comes between the child going on and its output's readers
+            out, err = descriptors.read_pipes((out_r, f"forked replica {pid}'s stdout pipe"),
+                                              (err_r, f"forked replica {pid}'s stderr pipe"))
+        except BaseException:  # the child went on: it must not run unseen
             reap.kill_group(pid)  # it leads its own session from before it is told to go on
             conn.close()
             raise
+        return ForkedProcess(pid, conn, out, err)
 
     async def stop(self) -> None:
         """Stop the zygote (the replicas it forked live on). One still being started has no process to signal yet:
@@ -395,11 +394,9 @@ def _listen(path: Path) -> socket.socket:
     return listener
 
 
-async def _reader(fd: int) -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", buffering=0))
-    return reader
+def _close_output(out: int, err: int, end: str) -> None:
+    descriptors.close(out, f"the {end} end of a forked replica's stdout pipe")
+    descriptors.close(err, f"the {end} end of a forked replica's stderr pipe")
 
 
 class ZygotePool:
@@ -471,6 +468,6 @@ class ZygotePool:
         """Stop the zygotes, then let go of the lifeline: replicas forked here that are still running stop too."""
         await asyncio.gather(*(z.stop() for z in self._zygotes.values()), return_exceptions=True)
         self._zygotes.clear()
-        for fd in (self._lifeline_w, self._lifeline):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        descriptors.close(self._lifeline_w, "the write end of the zygotes' lifeline")
+        descriptors.close(self._lifeline, "the read end of the zygotes' lifeline")
+        self._lifeline = self._lifeline_w = -1
