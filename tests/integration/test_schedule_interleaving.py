@@ -3,7 +3,7 @@ real nats-server with Ember's buckets: the loop's state, made before the pause, 
 compare-and-set is against the revision it read, not its mirror's latest, which the API's write updates at once).
 And the schedule listing reads a last run's record until it is final, then no more.
 
-The interleaving is forced, not waited for: the calls' ``submit`` (the real one, to the real durable queue) is held
+The interleaving is forced, not waited for: the calls' ``submit_many`` (the real one, to the real durable queue) is held
 at a gate while the API's pause is written. The deployments are given in memory, as ``bench/schedules.py`` does: a
 whole platform's own loop, holding the lease, would forget the keys of functions it has not deployed."""
 
@@ -22,9 +22,10 @@ from support.natsconn import connect
 
 from ember._deploy import inspect_app
 from ember._loop import run as run_loop
-from ember.wire import Deployment
+from ember.wire import Deployment, subjects
+from ember.wire.atomic import allow_atomic
 from ember.wire.callstore import final
-from ember.wire.jetstream import ensure_buckets
+from ember.wire.jetstream import ensure_buckets, kv_stream
 from ember.wire.schedules import next_tick, state_key
 from ember_platform.calls.durable import Calls
 from ember_platform.control.schedules import ScheduleLoop
@@ -34,17 +35,17 @@ APP, FN = "interleaved", "beat"
 
 
 class GatedCalls(Calls):
-    """The platform's calls, each submit held until ``gate`` opens (``entered`` says one is held)."""
+    """The platform's calls, the loop's submits held until ``gate`` opens (``entered`` says one is held)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.gate, self.entered = asyncio.Event(), asyncio.Event()
         self.gate.set()
 
-    async def submit(self, *args: Any, **kwargs: Any) -> Any:
+    async def submit_many(self, *args: Any, **kwargs: Any) -> Any:  # the loop's ticks
         self.entered.set()
         await self.gate.wait()
-        return await super().submit(*args, **kwargs)
+        return await super().submit_many(*args, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +65,8 @@ def _deployments(tmp_path: Path) -> SimpleNamespace:
 async def _loop(url: str, tmp_path: Path) -> tuple[Any, GatedCalls, ScheduleLoop]:
     nc = await connect(url)
     stores = await ensure_buckets(nc.jetstream())
+    for stream in (kv_stream(subjects.CALLS_BUCKET), subjects.CALLS_STREAM):  # as the control plane does
+        await allow_atomic(nc.jetstream(), stream)
     calls = GatedCalls(nc, stores, 30.0)
     loop = ScheduleLoop(nc.jetstream(), calls, _deployments(tmp_path), active=lambda: False)  # type: ignore[arg-type]
     await loop.start()  # its own passes wait for the lease (never): the test runs each pass itself

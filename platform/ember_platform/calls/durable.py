@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import msgspec
 from nats.aio.client import Client
@@ -19,7 +20,14 @@ from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
 
 from ember import _tracing as tracing
-from ember._errors import BadRequestError, ConflictError, InvalidInputError, NotFoundError, UnavailableError
+from ember._errors import (
+    BadRequestError,
+    ConflictError,
+    EmberError,
+    InvalidInputError,
+    NotFoundError,
+    UnavailableError,
+)
 from ember.wire import (
     CALL_ID_HEADER,
     DEADLINE_HEADER,
@@ -31,11 +39,13 @@ from ember.wire import (
     SpawnReply,
     subjects,
 )
+from ember.wire.atomic import MAX_BATCH, BatchRefused, Message, atomic_allowed, publish_atomic
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import TERMINATE_HEADER
-from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores
+from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
 from ember_platform.calls import lineage
 
+log = logging.getLogger("ember.calls")
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
@@ -48,6 +58,21 @@ CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
 MAX_CALL_ID = 512
 _NO_SUCH_SEQUENCE = (10043, 10057)  # JetStream's errors deleting a message that is gone (or going, concurrently)
 DEAD_PAGE, MAX_DEAD_PAGE = 100, 1000  # dead letters per read: by default, and at most
+
+
+class Submission(msgspec.Struct, frozen=True):
+    """A call ``Calls.submit_many`` queues: its id and ``Nats-Msg-Id`` chosen by the caller (a scheduled tick's)."""
+
+    app: str
+    function: str
+    call_id: str
+    msg_id: str
+    body: bytes = b"{}"
+
+
+def _chunks(items: list[int]) -> Iterator[list[int]]:
+    for start in range(0, len(items), MAX_BATCH):
+        yield items[start:start + MAX_BATCH]
 
 
 def check_call_id(call_id: str) -> str:
@@ -68,6 +93,7 @@ class Calls:
         self._nc = nc
         self._js = nc.jetstream()
         self.store = CallStore(self._js, stores.calls, stores.results)
+        self._atomic: bool | None = None  # whether the statuses' and the queue's streams take atomic batches
         self._ack_wait_s = ack_wait_s
 
     # -- deployment ----------------------------------------------------------------------------------
@@ -205,23 +231,91 @@ class Calls:
                                 field="Idempotency-Key")
         if existing is not None and existing.status in FINAL_STATUSES:
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
+        await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None)
+        return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
+                          created=existing is None)
+
+    def _message(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
+                 version: int | None) -> Message:
+        """A call's message on its queue: subject, body, headers."""
         headers = {"Nats-Msg-Id": msg_id or call_id, CALL_ID_HEADER: call_id}
         if tracing.ON:  # the spawn's span: the replica's span of the call is its child
             headers.update(tracing.current_headers({"ember.call_id": call_id}))
         if math.isfinite(deadline):
             headers[DEADLINE_HEADER] = repr(deadline)
+        subject = subjects.calls(app, function) if version is None else subjects.pinned_calls(app, function, version)
+        return subject, body, headers
+
+    async def _enqueue(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
+                       version: int | None, *, created: bool) -> None:
+        """Publish a recorded call's message; if that fails, the status this submit ``created`` is removed."""
+        subject, body, headers = self._message(app, function, body, call_id, msg_id, deadline, version)
         try:
-            subject = (subjects.calls(app, function) if version is None
-                       else subjects.pinned_calls(app, function, version))
             await self._js.publish(subject, body, headers=headers)
         except (NatsError, OSError, TimeoutError) as exc:
-            if existing is None:
+            if created:
                 with contextlib.suppress(NatsError, OSError, TimeoutError):
                     await self.store.forget(app, call_id)
             raise UnavailableError(f"the call to {app}.{function} could not be queued ({type(exc).__name__}: "
                                    f"{exc}); retry shortly", retry_after_s=_SUBMIT_RETRY_AFTER_S) from exc
-        return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
-                          created=existing is None)
+
+    async def submit_many(self, ticks: list[Submission]) -> list[SpawnReply | EmberError]:
+        """Queue many calls at once (the schedule loop's ticks, each with its call id and ``Nats-Msg-Id``): their
+        statuses in atomic batches of ``ember_calls``, then their messages in atomic batches of the queue, where
+        both streams take batches (``ember.wire.atomic``); what a batch did not store goes one by one as ``submit``
+        does (a status already there is found, a message already queued is deduplicated by its ``Nats-Msg-Id``).
+        Each submission's reply, or the error that kept it from being queued, in order."""
+        replies: list[SpawnReply | EmberError | None] = [None] * len(ticks)
+        if ticks and await self._batches():
+            now = time.time()
+            recorded = []
+            for chunk in _chunks(list(range(len(ticks)))):
+                statuses = [CallRecord(call_id=ticks[k].call_id, app=ticks[k].app, function=ticks[k].function,
+                                       status="queued", created_at=now, updated_at=now) for k in chunk]
+                if await self._batch("statuses", [self.store.create_status_message(r) for r in statuses]):
+                    recorded += chunk
+            for chunk in _chunks(recorded):
+                if await self._batch("calls", [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
+                                                             math.inf, None) for t in (ticks[k] for k in chunk)]):
+                    for k in chunk:
+                        replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
+                else:  # their statuses are this submit's own: published one by one, each removed if that fails
+                    await asyncio.gather(*(self._enqueue_one(ticks[k], replies, k) for k in chunk))
+        await asyncio.gather(*(self._submit_one(ticks[k], replies, k) for k in range(len(ticks))
+                               if replies[k] is None))
+        return replies  # type: ignore[return-value]
+
+    async def _enqueue_one(self, tick: Submission, replies: list[SpawnReply | EmberError | None], k: int) -> None:
+        try:
+            await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
+                                created=True)
+            replies[k] = SpawnReply(call_id=tick.call_id, status="queued", created=True)
+        except EmberError as exc:
+            replies[k] = exc
+
+    async def _submit_one(self, tick: Submission, replies: list[SpawnReply | EmberError | None], k: int) -> None:
+        try:
+            replies[k] = await self.submit(tick.app, tick.function, tick.body, key=None, deadline=math.inf,
+                                           call_id=tick.call_id, msg_id=tick.msg_id)
+        except EmberError as exc:
+            replies[k] = exc
+
+    async def _batches(self) -> bool:
+        """Whether the statuses' and the queue's streams take atomic batches (asked once; the control plane allows
+        them at its start)."""
+        if self._atomic is None:
+            self._atomic = all(await asyncio.gather(atomic_allowed(self._js, kv_stream(subjects.CALLS_BUCKET)),
+                                                    atomic_allowed(self._js, subjects.CALLS_STREAM)))
+        return self._atomic
+
+    async def _batch(self, what: str, messages: list[Message]) -> bool:
+        """One atomic batch; False (said in the log) when it was refused or its outcome is unknown."""
+        try:
+            await publish_atomic(self._js, messages)
+            return True
+        except (BatchRefused, NatsError, OSError, TimeoutError) as exc:
+            log.info("a batch of %d %s went one by one: %s", len(messages), what, exc)
+            return False
 
     async def get(self, call_id: str, wait_s: float = 0.0) -> CallRecord:
         """The call's record; with ``wait_s``, long-poll until it is final or the wait ends."""

@@ -36,7 +36,8 @@ from ember.wire import (
     log_decoder,
     subjects,
 )
-from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets
+from ember.wire.atomic import allow_atomic
+from ember.wire.jetstream import REPLICA_TTL_S, KVMirror, Stores, ensure_buckets, kv_stream
 from ember.wire.validate import check_manifest, check_scale
 from ember_platform.calls.durable import Calls
 from ember_platform.control import rollout
@@ -71,6 +72,8 @@ class Registry:
 
     async def start(self) -> None:
         self.stores = await ensure_buckets(self.js)
+        for stream in (kv_stream(subjects.CALLS_BUCKET), subjects.CALLS_STREAM):  # the schedule loop's batches
+            await allow_atomic(self.js, stream)
         self.owners = await Owners.open(self.js)
         self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)

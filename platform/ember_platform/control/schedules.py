@@ -39,8 +39,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ember._errors import ConflictError, EmberError, NotFoundError
 from ember.wire import FINAL_STATUSES, Deployment, encoder, subjects
+from ember.wire.atomic import allow_atomic
 from ember.wire.callstore import new_call_id
-from ember.wire.jetstream import KVMirror, js_replicas
+from ember.wire.jetstream import KVMirror, js_replicas, kv_stream
 from ember.wire.schedules import (
     MAX_CATCH_UP,
     ScheduleSpec,
@@ -54,13 +55,14 @@ from ember.wire.schedules import (
     tick_msg_id,
     ticks_between,
 )
-from ember_platform.calls.durable import Calls
+from ember_platform.calls.durable import Calls, Submission
 from ember_platform.control.schedule_runs import RunWatch
+from ember_platform.control.schedule_writes import TickSubmitter, Write, write_states
 
 log = logging.getLogger("ember.schedules")
 _state_decoder = msgspec.json.Decoder(ScheduleState)
 MAX_WAIT_S = 0.25  # the loop looks at least this often (new deployments, a pause, the lease)
-FIRE_CONCURRENCY = 1024  # ticks submitted at once (each is two JetStream round trips), and state writes at once
+FIRE_CONCURRENCY = 1024  # state writes at once where they go one by one (not in an atomic batch)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 MAX_FINAL_KEPT = 10_000  # the final statuses of last runs the listings keep (a console polls them)
 STATUSES = ("fired", "skipped", "missed", "paused", "queued", "failed", "run")
@@ -79,7 +81,6 @@ class ScheduleMetrics:
 
 
 Scheduled = tuple[Deployment, str, ScheduleSpec]  # the deployment, the function, its schedule
-Write = tuple[str, ScheduleState, int]  # a key, its new state, the revision it was made from (0: created)
 
 
 class ScheduleLoop:
@@ -100,6 +101,8 @@ class ScheduleLoop:
         self._task: asyncio.Task[None] | None = None
         self.passes: deque[tuple[float, int]] = deque(maxlen=1000)  # the last passes: (seconds, schedules handled)
         self._limit = asyncio.Semaphore(FIRE_CONCURRENCY)
+        self._submitter = TickSubmitter(calls)
+        self._atomic = False  # whether ember_schedules takes atomic batches
         self._final: dict[str, str] = {}  # call id -> its final status, for the listings (oldest first, bounded)
         self._reset()
 
@@ -119,6 +122,7 @@ class ScheduleLoop:
             self.kv = await self._js.create_key_value(bucket=subjects.SCHEDULES_BUCKET, history=1,
                                                       max_value_size=64 * 1024, storage=StorageType.FILE,
                                                       replicas=js_replicas())
+        self._atomic = await allow_atomic(self._js, kv_stream(subjects.SCHEDULES_BUCKET))
         self.states = KVMirror(self.kv, _state_decoder.decode, on_change=self._changed)
         await self.states.start()
         self._task = asyncio.create_task(self._run(), name="schedule-loop")
@@ -220,7 +224,9 @@ class ScheduleLoop:
             await self._forget(key)
         found = await asyncio.gather(*(self._one(key, now) for key in keys if key in self._index))
         writes = [write for write in found if write is not None]
-        done = await asyncio.gather(*(self._write(*write) for write in writes))
+        for key, new, _read in writes:
+            self._mine[key] = new  # its echo from the watch may come before the answer
+        done = await write_states(self._js, writes, self._atomic, self._write, self.states.record)
         for (key, _state, _read), ok in zip(writes, done, strict=True):
             if not ok:  # written meanwhile (a pause, a resume): looked at again
                 self._dirty.add(key)
@@ -297,9 +303,7 @@ class ScheduleLoop:
         call_id = tick_call_id(dep.app, function, tick)
         self.runs.expect(dep.app, call_id, tick)
         try:
-            async with self._limit:
-                await self._calls.submit(dep.app, function, b"{}", key=None, deadline=math.inf, call_id=call_id,
-                                         msg_id=tick_msg_id(dep.app, function, tick))
+            await self._submitter.submit(Submission(dep.app, function, call_id, tick_msg_id(dep.app, function, tick)))
         except EmberError as exc:
             self.runs.failed(call_id)
             log.warning("%s.%s: the tick at %s could not be queued: %s", dep.app, function, tick, exc)

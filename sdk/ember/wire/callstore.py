@@ -83,6 +83,12 @@ class CallStore:
         except KeyWrongLastSequenceError:
             return await self.get(record.app, record.call_id)
 
+    def create_status_message(self, record: CallRecord) -> tuple[str, bytes, dict[str, str]]:
+        """``create_status`` as a message (subject, value, headers) for an atomic batch (``ember.wire.atomic``): stored
+        only if the key has no value, as ``create``; a batch holding one whose key has one is refused whole."""
+        return (f"{self._kv._pre}{subjects.call_key('s', record.app, record.call_id)}", encoder.encode(record),
+                {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: "0"})
+
     async def call_id_for_key(self, app: str, key_hash: str, call_id: str) -> str:
         """The call id an idempotency key of ``app`` maps to (``k.<app>.<key hash>``): ``call_id`` when this writer
         stored the mapping first, else the first writer's. The mapping expires with the records (the bucket's TTL)."""
