@@ -9,10 +9,11 @@ same number (EEXIST). So:
 - ``close`` says in the log when a descriptor was closed already (EBADF), naming what it was for: that is a double
   close, whose first may have closed another's descriptor.
 - ``read_pipe`` reads the read end of a pipe or FIFO (a replica's output) on the running loop into an
-  ``asyncio.StreamReader`` and closes it once at its end. It does not use ``loop.connect_read_pipe``: uvloop's pipe
-  transport closes the descriptor twice, once in libuv and once through the file object it was handed
-  (MagicStack/uvloop#763), and where the connection is cancelled it is closed again whenever that object is
-  collected.
+  ``asyncio.StreamReader`` and closes it once at its end. It does not use ``loop.connect_read_pipe``: uvloop keeps
+  that transport open after the end of file (a ``StreamReaderProtocol`` asks it to), so that it was closed only
+  when the garbage collector freed it, at any moment, and then twice: by libuv, then by the file object it was
+  handed (MagicStack/uvloop#763), with a ResourceWarning's Python code run between the two; a connection cancelled
+  while it is made does the same.
 """
 
 from __future__ import annotations

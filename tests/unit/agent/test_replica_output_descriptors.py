@@ -2,14 +2,14 @@
 which closes it once.
 
 Before, the agent read a replica's FIFOs (and a forked replica's pipes) through uvloop's ``connect_read_pipe``,
-which closes the descriptor twice when the output ends: libuv closes it, then the file object it was handed
-closes the same number again (MagicStack/uvloop#763). Between the two, one of the agent's threads (the GPU memory
-watch reading /proc, a bundle's digest, pasta's set-up) could open a file and be given that number: the second
-close closed the thread's file, and the thread's own close later closed whatever the loop had opened under that
-number meanwhile. Seen on the session platform as a zygote that "could not start: OSError: [Errno 9] Bad file
-descriptor" (a descriptor it was to inherit, closed), then a replica whose every restart "could not start:
-FileExistsError: [Errno 17] File exists" (a pipe the loop was reading, closed under it: its registration stayed,
-and refused each new pipe given its number)."""
+whose transport stays open after the end of file and is closed when the garbage collector frees it, twice: libuv
+closes the descriptor, then the file object it was handed closes the same number again (MagicStack/uvloop#763).
+Between the two, one of the agent's threads (the GPU memory watch reading /proc, a bundle's digest, pasta's
+set-up) could open a file and be given that number: the second close closed the thread's file, and the thread's
+own close later closed whatever the loop had opened under that number meanwhile. Seen on the session platform
+as a zygote that "could not start: OSError: [Errno 9] Bad file descriptor" (a descriptor it was to inherit,
+closed), then a replica whose every restart "could not start: FileExistsError: [Errno 17] File exists" (a pipe
+the loop was reading, closed under it: its registration stayed, and refused each new pipe given its number)."""
 
 from __future__ import annotations
 
@@ -126,8 +126,3 @@ def test_a_pipe_read_by_the_agent_is_paused_while_its_reader_is_full_and_closed_
         f"a test's pipe (fd {fd}) was closed already: a double close, whose first may have closed another descriptor "
         "of the agent"]
 
-
-@pytest.fixture(autouse=True)
-def _no_uvloop_skip() -> None:
-    if ember_loop.loop_factory() is None:
-        pytest.skip("the agent runs on asyncio's own loop here (no uvloop): its pipes are closed once")
