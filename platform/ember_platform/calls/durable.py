@@ -39,13 +39,14 @@ from ember.wire import (
     SpawnReply,
     subjects,
 )
-from ember.wire.atomic import MAX_BATCH, BatchRefused, Message, atomic_allowed, publish_atomic
+from ember.wire.atomic import BatchRefused, Message, atomic_allowed, publish_atomic
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
 from ember_platform.calls import lineage
 
 log = logging.getLogger("ember.calls")
+SUBMIT_BATCH = 250  # calls per atomic batch of submit_many (at most MAX_BATCH): smaller, the first are queued sooner
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
@@ -70,9 +71,9 @@ class Submission(msgspec.Struct, frozen=True):
     body: bytes = b"{}"
 
 
-def _chunks(items: list[int]) -> Iterator[list[int]]:
-    for start in range(0, len(items), MAX_BATCH):
-        yield items[start:start + MAX_BATCH]
+def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
 
 
 def check_call_id(call_id: str) -> str:
@@ -268,13 +269,11 @@ class Calls:
         replies: list[SpawnReply | EmberError | None] = [None] * len(ticks)
         if ticks and await self._batches():
             now = time.time()
-            recorded = []
-            for chunk in _chunks(list(range(len(ticks)))):
+            for chunk in _chunks(list(range(len(ticks))), SUBMIT_BATCH):  # the first runs start while the rest wait
                 statuses = [CallRecord(call_id=ticks[k].call_id, app=ticks[k].app, function=ticks[k].function,
                                        status="queued", created_at=now, updated_at=now) for k in chunk]
-                if await self._batch("statuses", [self.store.create_status_message(r) for r in statuses]):
-                    recorded += chunk
-            for chunk in _chunks(recorded):
+                if not await self._batch("statuses", [self.store.create_status_message(r) for r in statuses]):
+                    continue  # one by one, below
                 if await self._batch("calls", [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
                                                              math.inf, None) for t in (ticks[k] for k in chunk)]):
                     for k in chunk:
