@@ -82,7 +82,7 @@ async def _submit(url: str, ticks: list[Submission], before: int = 0, open_batch
 
 
 def test_a_tick_of_many_is_recorded_and_queued_once_each(nats_url):
-    ticks = _ticks(1200)  # two batches of each kind
+    ticks = _ticks(1200)  # several batches of each kind
     replies, statuses, queued = run_loop(_submit(nats_url, ticks))
     assert all(isinstance(r, SpawnReply) and r.created and r.status == "queued" for r in replies)
     assert [r.call_id for r in replies] == [t.call_id for t in ticks]
