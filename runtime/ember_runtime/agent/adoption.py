@@ -46,7 +46,7 @@ from typing import Any
 
 import msgspec
 
-from ember_runtime.agent import descriptors, netns
+from ember_runtime.agent import descriptors, leaders, netns
 from ember_runtime.lifeline import LIFELINE_ENV
 
 log = logging.getLogger("ember.agent")
@@ -163,9 +163,10 @@ class Adopted:
     exit is seen through a pidfd; its code is not known (``UNKNOWN_EXIT``)."""
 
     def __init__(self, record: Record, pidfd: int, lifeline: int, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader) -> None:
+                 stderr: asyncio.StreamReader, leader: leaders.Leader) -> None:
         self.record = record
         self.pid = record.pid
+        self.leader = leader  # its group, signalled through a pidfd of its own (this one is closed at the exit)
         self.host_pid = 0
         self.lifeline = lifeline
         self.stdout, self.stderr = stdout, stderr
@@ -185,9 +186,7 @@ class Adopted:
         return UNKNOWN_EXIT
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
+        self.leader.signal_group(sig)
 
     @classmethod
     async def take(cls, folder: Path, record: Record) -> Adopted | None:
@@ -200,10 +199,11 @@ class Adopted:
         fds: list[int] = []
         handed = 0  # how many of ``fds`` are the readers' (who close them)
         try:
-            if why := not_ours(record):  # checked once the pidfd holds the process: its number cannot be reused
+            if why := not_ours(record):  # checked once the pidfd is open: the pidfd is the process checked
                 raise OSError(why)
             fds = [os.open(folder / n, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC) for n in (OUT, ERR)]
             fds.append(os.open(folder / LIFELINE, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))  # ENXIO: none reads
+            leader = leaders.Leader(record.pid, os.dup(pidfd))
             handed = 2
             out, err = descriptors.read_pipes((fds[0], f"adopted replica {record.replica_id}'s {OUT} FIFO"),
                                               (fds[1], f"adopted replica {record.replica_id}'s {ERR} FIFO"))
@@ -212,7 +212,7 @@ class Adopted:
             for fd in (pidfd, *fds[handed:]):
                 descriptors.close(fd, f"replica {record.replica_id}'s pidfd or FIFO")
             return None
-        return cls(record, pidfd, fds[2], out, err)
+        return cls(record, pidfd, fds[2], out, err, leader)
 
 
 class Records:
@@ -290,17 +290,15 @@ class Records:
             pidfd = os.pidfd_open(record.pid)
         except OSError:
             pidfd = -1
-        if pidfd >= 0 and not not_ours(record):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(record.pid, signal.SIGTERM)
+        if pidfd >= 0 and not not_ours(record):  # checked once the pidfd holds it: the pidfd is that process's
+            leaders.signal_group(pidfd, record.pid, signal.SIGTERM)
             loop = asyncio.get_running_loop()
             exited = asyncio.Event()
             loop.add_reader(pidfd, exited.set)
             try:
                 await asyncio.wait_for(exited.wait(), grace_s)
             except TimeoutError:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(record.pid, signal.SIGKILL)
+                leaders.signal_group(pidfd, record.pid, signal.SIGKILL)
             finally:
                 loop.remove_reader(pidfd)
         if pidfd >= 0:

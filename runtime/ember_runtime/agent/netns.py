@@ -187,8 +187,12 @@ class Pasta:
 
     @classmethod
     def from_pid_file(cls, path: str) -> Pasta | None:
+        """The pasta started with ``path``, which wrote its pid there; None if it is gone."""
         with contextlib.suppress(OSError, ValueError), open(path) as f:
-            return cls(os.pidfd_open(int(f.read().strip())), path)
+            pidfd = os.pidfd_open(int(f.read().strip()))
+            if _is_pasta_of(Path(path)):  # checked once the pidfd is open: the pidfd is the process checked
+                return cls(pidfd, path)
+            os.close(pidfd)
         return None
 
     def stop_after(self, pid: int) -> None:
@@ -357,16 +361,12 @@ def _is_pasta_of(pid_file: Path) -> bool:
 
 def _stop_orphan(pid_file: Path) -> int:
     """Kill the pasta ``pid_file`` names if it is still the one started with that file; remove the file."""
-    try:
-        pid = int(pid_file.read_text().strip() or 0)
-        running = pid and str(pid_file).encode() in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if running:
-            os.kill(pid, signal.SIGKILL)
-    except (OSError, ValueError):
-        running = False
+    if (pasta := Pasta.from_pid_file(str(pid_file))) is not None:
+        pasta.stop()  # through its pidfd: the number in a dead agent's file may be another process's by now
+        return 1
     with contextlib.suppress(OSError):
         pid_file.unlink()
-    return 1 if running else 0
+    return 0
 
 
 def _attached(code: int, err: bytes, pid_file: str) -> Pasta:

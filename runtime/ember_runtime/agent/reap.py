@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import platform
 import signal
 from pathlib import Path
 from typing import Any
+
+from ember_runtime.agent.leaders import Leader
 
 WAIT_S = 5.0  # what a sandbox whose start was abandoned is given to say its pid, and to exit
 _READ = {"x86_64": 0, "aarch64": 63, "riscv64": 63}.get(platform.machine())  # read(2)'s number, in /proc/PID/syscall
@@ -21,10 +22,10 @@ class Unstarted(RuntimeError):
 
 def kill_group(pid: int) -> None:
     """SIGKILL ``pid`` and the process group it leads (a sandbox's first process, a forked replica: each leads
-    its own session, where every process it started is)."""
-    for kill in (os.killpg, os.kill):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            kill(pid, signal.SIGKILL)
+    its own session, where every process it started is). ``pid`` must be its number still: one just given out."""
+    leader = Leader.open(pid)
+    leader.kill()
+    leader.close()
 
 
 def children(pid: int) -> list[int]:
@@ -72,16 +73,17 @@ async def discard(proc: asyncio.subprocess.Process, reading: asyncio.Future[byte
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.SIGSTOP)
     await _stopped(proc.pid)  # a signal takes effect as the process next runs: a clone under way completes first
-    started = children(proc.pid)
+    started = [Leader.open(child) for child in children(proc.pid)]  # held while bwrap, stopped, reaps none of them
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
-    for child in started:
-        kill_group(child)
+    for held in started:
+        held.kill()
+        held.close()
     info = b""
     with contextlib.suppress(Exception, asyncio.CancelledError):  # bwrap wrote it, or closed the pipe dying
         info = await asyncio.wait_for(asyncio.shield(reading), WAIT_S)
     if child := child_pid(info):
-        kill_group(child)
+        kill_group(child)  # bwrap gave out its number during this start, seconds ago at most
     said = b""
     with contextlib.suppress(Exception, asyncio.CancelledError):
         await asyncio.wait_for(proc.wait(), WAIT_S)

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import ember
 import ember_runtime
 from ember._procs import die_with_parent
-from ember_runtime.agent import descriptors, netns, reap
+from ember_runtime.agent import descriptors, leaders, netns, reap
 from ember_runtime.agent.cgroups import MemoryCgroups
 
 log = logging.getLogger("ember.agent")
@@ -392,12 +392,13 @@ class SandboxedProcess:
     """A process started in a sandbox, with the part of ``asyncio.subprocess.Process`` that the agent uses.
 
     ``pid`` is the sandbox's process group (its pid 1 on this node, which leads the session every process of
-    the sandbox is in unless it made its own); signalling it reaches them all, and SIGKILL ends the sandbox.
+    the sandbox is in unless it made its own); signalling it (through ``leader``, never by the number bwrap may have
+    reaped) reaches them all, and SIGKILL ends the sandbox.
     ``host_pid`` is the command's own pid on the node, once it said it (see ``ember_runtime.hostpid``)."""
 
     def __init__(self, proc: asyncio.subprocess.Process, group: int, pasta_pid_file: str = "", door: str = "") -> None:
         self._proc = proc
-        self.pid, self.host_pid = group, 0
+        self.pid, self.host_pid, self.leader = group, 0, leaders.Leader.open(group)  # a number given out at its start
         self.pasta_pid_file, self.door = pasta_pid_file, door  # its network's, for a later agent to hold again
         self.stdout = proc.stdout
         self.stderr = proc.stderr
@@ -411,8 +412,7 @@ class SandboxedProcess:
         return exit_code(await self._proc.wait())
 
     def send_signal(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        self.leader.signal_group(sig)
 
 
 async def start(sandbox: Sandbox, command: Sequence[str], jail: Jail, env: dict[str, str],

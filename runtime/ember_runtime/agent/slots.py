@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
 import signal
 import sys
 import time
@@ -19,8 +18,9 @@ from typing import Any, Literal
 
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime import hostpid
-from ember_runtime.agent import adoption, descriptors, sandbox
+from ember_runtime.agent import adoption, descriptors, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
 from ember_runtime.exit_codes import SETUP_FAILURES
@@ -82,6 +82,7 @@ class ReplicaSlot:
         self._bundle = bundle
         self._module = module
         self._proc: Running | None = None
+        self._leader = Leader(0, -1)  # the running process's pidfd: its group is signalled through it, never by number
         self._stopping = asyncio.Event()
         self._stderr_tail: deque[str] = deque(maxlen=20)
         self.restarts = 0
@@ -113,21 +114,21 @@ class ReplicaSlot:
         """SIGTERM the replica and the processes it started (its process group: it drains, they stop), SIGKILL
         them after ``grace_s``; then whatever is left of the group; then forget it."""
         self._stopping.set()
-        proc = self._proc
+        proc, leader = self._proc, self._leader
         if proc is not None and proc.returncode is None:
-            _signal_group(proc.pid, signal.SIGTERM)
+            leader.signal_group(signal.SIGTERM)
             started = time.monotonic()
             try:
                 await asyncio.wait_for(proc.wait(), grace_s)
             except TimeoutError:
                 log.warning("replica %s still ran %.0fs after SIGTERM: killed", self.replica_id, grace_s)
-                _signal_group(proc.pid, signal.SIGKILL)
+                leader.signal_group(signal.SIGKILL)
                 await proc.wait()
             else:
                 if (took := time.monotonic() - started) > SLOW_STOP_S:
                     log.info("replica %s took %.1fs to stop", self.replica_id, took)
         if proc is not None:
-            _signal_group(proc.pid, signal.SIGKILL)  # children that outlived the replica
+            leader.signal_group(signal.SIGKILL)  # children that outlived the replica (closed once it ran: done)
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -151,8 +152,7 @@ class ReplicaSlot:
         if proc is None or proc.pid != pid or proc.returncode is not None or self._stopping.is_set():
             return False
         self._restart_reason = reason  # what the supervisor reports when it sees the process exit
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)  # a replica leads its own session: its workers go too
+        self._leader.signal_group(signal.SIGKILL)  # a replica leads its own session: its workers go too
         self.enforced_restarts += 1
         log.error("%s (enforced restart %d)", reason, self.enforced_restarts)
         await self._publish("agent", reason)
@@ -190,16 +190,20 @@ class ReplicaSlot:
         kind, decided, fetch_s = self._first_start if self.restarts == 0 else ("artifact", time.time(), 0.0)
         if (adopted := self._adopted) is not None:
             self._proc, self._adopted, self._lifeline = adopted, None, adopted.lifeline
+            self._leader = adopted.leader  # its pidfd, opened before the process was checked to be the one started
             log.info("replica %s adopted (pid %d)", self.replica_id, adopted.pid)
         else:
             self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
+            self._leader = Leader.open(self._proc.pid)  # a number just given out: no full turn of the pids since
+        leader = self._leader
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                  asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
         try:
             return await self._proc.wait()
         finally:
-            _signal_group(self._proc.pid, signal.SIGKILL)  # what a crashed replica started dies with it
+            leader.signal_group(signal.SIGKILL)  # what a crashed replica started dies with it
+            leader.close()
             await asyncio.gather(*pumps, return_exceptions=True)
             MemoryCgroups.remove(self._cgroup)
             self._release()
@@ -250,7 +254,7 @@ class ReplicaSlot:
             try:
                 proc.stdout, proc.stderr = pipes.started()
             except BaseException:  # nobody would read it or know of it: it must not run on unseen
-                _signal_group(proc.pid, signal.SIGKILL)
+                reap.kill_group(proc.pid)  # a number just given out, not waited for yet
                 pipes.close()
                 raise
             self._lifeline = pipes.lifeline
@@ -380,13 +384,6 @@ def _cut(raw: bytes, max_line: int, dropped: int) -> str:
     dropped += max(len(raw) - max_line, 0)
     line = raw[:max_line].decode(errors="replace")
     return f"{line} [... {dropped} more bytes of this line not kept]" if dropped else line
-
-
-def _signal_group(pid: int, sig: int) -> None:
-    """Signal a replica's process group: a replica leads its own session (fresh or forked), so the group is it
-    and every process it started that did not leave it."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, sig)
 
 
 async def _learn_host_pid(proc: sandbox.SandboxedProcess, sock: Any) -> None:

@@ -35,6 +35,7 @@ from ember.wire import ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
 from ember_runtime.agent import descriptors, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.leaders import Leader
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
 
 log = logging.getLogger("ember.agent")
@@ -141,6 +142,7 @@ class Zygote:
         self._verify = verify
         self._proc: asyncio.subprocess.Process | sandbox.SandboxedProcess | None = None
         self._pid = 0  # the zygote's own pid on this node
+        self._own = Leader(0, -1)  # the zygote process, held by a pidfd once its pid is known
         self._hello: asyncio.Task[None] | None = None
         self._ready: Ready | None = None
         self.state = "building"
@@ -206,6 +208,7 @@ class Zygote:
     async def _learn_pid(self, sock: socket.socket) -> None:
         try:
             _, self._pid = await asyncio.wait_for(hostpid.answer(sock), BUILD_TIMEOUT_S)
+            self._own = Leader.open(self._pid)  # it asks as it starts: a number just given out
         except (OSError, TimeoutError):
             pass
         finally:
@@ -217,9 +220,9 @@ class Zygote:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             if self._pid:
-                os.kill(self._pid, signal.SIGKILL)
+                self._own.signal(signal.SIGKILL)  # a sandboxed zygote's parent is bwrap's init, which reaps it at once
             else:
-                self._proc.send_signal(signal.SIGKILL)
+                self._proc.send_signal(signal.SIGKILL)  # bwrap's init's group (a pidfd), or our unreaped child
 
     async def _build(self) -> None:
         started = time.time()
@@ -325,7 +328,7 @@ class Zygote:
             out, err = descriptors.read_pipes((out_r, f"forked replica {pid}'s stdout pipe"),
                                               (err_r, f"forked replica {pid}'s stderr pipe"))
         except BaseException:  # the child went on: it must not run unseen
-            reap.kill_group(pid)  # it leads its own session from before it is told to go on
+            reap.kill_group(pid)  # it leads its own session from before it is told to go on; forked just now
             conn.close()
             raise
         return ForkedProcess(pid, conn, out, err)
@@ -341,7 +344,7 @@ class Zygote:
         if self._proc is not None and self._proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if self._pid:
-                    os.kill(self._pid, signal.SIGTERM)
+                    self._own.signal(signal.SIGTERM)
                 else:
                     self._proc.send_signal(signal.SIGTERM)
             try:
@@ -353,6 +356,7 @@ class Zygote:
                 if task is self._hello:
                     task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+        self._own.close()
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
 
