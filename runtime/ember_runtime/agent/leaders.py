@@ -31,9 +31,15 @@ def signal_group(pidfd: int, pid: int, sig: int) -> None:
     except OSError as exc:
         if exc.errno != errno.EINVAL:  # before Linux 6.9: no group through a pidfd
             raise
-        if not exited(pidfd):  # a leader not yet exited holds its number: the group is still its own
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pid, sig)
+        signal_group_by_number(pidfd, pid, sig)
+
+
+def signal_group_by_number(pidfd: int, pid: int, sig: int) -> None:
+    """Before Linux 6.9: ``os.killpg(pid)``, only while ``pidfd``'s process has not exited (its number is its own
+    then); what it left in its group after its exit is not reached (a sandbox's die with its init)."""
+    if not exited(pidfd):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)
 
 
 def exited(pidfd: int) -> bool:

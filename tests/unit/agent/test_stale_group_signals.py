@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from support.polling import wait_for
 
-from ember_runtime.agent import sandbox
+from ember_runtime.agent import leaders, sandbox
 from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.sandbox import Jail, environment
 from ember_runtime.agent.slots import ReplicaSlot, SlotKey
@@ -80,8 +80,9 @@ def test_a_replica_slot_never_kills_a_group_that_took_its_replicas_number(tmp_pa
         slot.start()
         bystander = None
         try:
-            while not (first := started()):
-                await asyncio.sleep(0.01)
+            while not (first := started()) or getattr(slot._proc, "pid", 0) != first:
+                await asyncio.sleep(0.01)  # and the slot holds it (the pidfd it opens at the start: no turn of the
+                # pids comes between a start and that, unless one is forced as here)
             # From here until the bystander runs, the loop runs nothing: asyncio's watcher thread reaps the replica,
             # and the slot hears of its exit only after.
             os.kill(first, signal.SIGKILL)  # alive and not reaped: its number is its own
@@ -161,6 +162,35 @@ def test_what_outlived_its_leader_in_its_group_is_still_reached() -> None:
         wait_for(lambda: _state(member) in ("", "Z"), timeout_s=5, every_s=0.01, what="the leftover member to die")
     finally:
         held.close()
+
+
+def test_before_linux_6_9_a_group_is_signalled_by_number_only_while_its_leader_runs() -> None:
+    """Where the kernel cannot signal a group through a pidfd: by number while the leader has not exited (its number
+    is its own), never after."""
+    running = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; exec sleep 60"], stdout=subprocess.PIPE,
+                               start_new_session=True)
+    ended = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    pidfds = [os.pidfd_open(running.pid), os.pidfd_open(ended.pid)]
+    try:
+        assert running.stdout is not None
+        member = int(running.stdout.readline())
+        running.stdout.close()
+        leaders.signal_group_by_number(pidfds[0], running.pid, signal.SIGKILL)
+        assert running.wait(5) == -signal.SIGKILL
+        wait_for(lambda: _state(member) in ("", "Z"), timeout_s=5, every_s=0.01, what="the member to die")
+
+        ended.kill()
+        ended.wait()
+        bystander = take_number(ended.pid)
+        try:
+            leaders.signal_group_by_number(pidfds[1], ended.pid, signal.SIGKILL)
+            assert not _ended(bystander), "the bystander that took the leader's number was killed"
+        finally:
+            bystander.kill()
+            bystander.wait()
+    finally:
+        for pidfd in pidfds:
+            os.close(pidfd)
 
 
 def _state(pid: int) -> str:
