@@ -129,9 +129,9 @@ class NodeAgent:
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
         try:
             while not stop.is_set():
+                self._wake.clear()  # before the pass: a change during it is not lost (it waited RECONCILE_EVERY_S)
                 await self._reconcile()
                 await self._collect_bundles()
-                self._wake.clear()
                 waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
                 await asyncio.wait(waits, timeout=RECONCILE_EVERY_S, return_when=asyncio.FIRST_COMPLETED)
                 for w in waits:
@@ -178,15 +178,19 @@ class NodeAgent:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_S)
 
-    def desired(self) -> dict[SlotKey, SlotAssignment]:
-        assignment = self.assignments.items.get(self.node_id)
+    @staticmethod
+    def desired(assignment: NodeAssignment | None) -> dict[SlotKey, SlotAssignment]:
         if assignment is None:
             return {}
         return {SlotKey(s.app, s.service, s.version, s.index, s.replica_id): s for s in assignment.slots}
 
     async def _reconcile(self) -> None:
-        await self._reconcile_zygotes()
-        want = self.desired()
+        # One assignment for the whole pass: the slots it starts are those of the zygotes it holds (a newer one that
+        # came during the zygotes' awaits started its replicas cold, their zygote not yet asked for); a change during
+        # the pass wakes the next at once.
+        assignment = self.assignments.items.get(self.node_id)
+        await self._reconcile_zygotes(assignment)
+        want = self.desired(assignment)
         if self.assignments.synced:
             await self.adoptions.stop_unwanted({k.replica_id for k in want}, self.stop_grace_s)
         for key in [k for k in self._starting if k not in want]:  # unassigned while its bundle was fetched
@@ -267,10 +271,9 @@ class NodeAgent:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _reconcile_zygotes(self) -> None:
+    async def _reconcile_zygotes(self, assignment: NodeAssignment | None) -> None:
         """Hold the zygotes the scheduler assigned to this node (their bundles unpacked and weights read
         ahead: the artifact cache), and only those."""
-        assignment = self.assignments.items.get(self.node_id)
         wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]] = {}
         interpreters, waiting = self.images.interpreters(assignment.zygotes if assignment is not None else [])
         for z in assignment.zygotes if assignment is not None else []:
