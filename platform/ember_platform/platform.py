@@ -65,6 +65,9 @@ class Platform:
                                    gateway_received=lambda app, svc: self.router.received[(app, svc)],
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
                                    lease=Lease(nc.jetstream()), quotas=self.quotas.all)
+        # a call to a function at zero wakes the control loop as a changed deployment does: its replica is asked for
+        # now, not at the next tick (up to TICK_S later)
+        self.router.on_unserved = lambda _app, _service: registry.deployments.changed.set()
         self.schedules = ScheduleLoop(nc.jetstream(), registry.calls, registry.deployments,
                                       active=lambda: self.control.active)  # ticks: fired by the lease holder only
         self.callout: AuthCallout | None = None

@@ -7,12 +7,13 @@ import asyncio
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from support.natsconn import connect as admin_connect
 from support.polling import wait_for
 
 from ember._deploy import deploy
-from ember.wire import subjects
+from ember.wire import StatusView, ZygoteStatus, subjects
 from ember_platform.control.pace import TICK_S
 from ember_runtime.replica.event_headers import event_scope
 
@@ -92,3 +93,43 @@ def test_a_spawned_call_wakes_a_function_idle_at_zero(transport, http, tmp_path:
         assert wait_for(done, timeout_s=90, what="the spawned call to wake a replica and run")["output"] == 42
     finally:
         http.delete("/v1/apps/dozy")
+
+
+SNAP_APP = '''import os
+
+import ember
+app = ember.App("napper")
+
+@app.model(min_replicas=0, max_replicas=1)
+class Napper:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.built_by = int(os.environ.get("EMBER_HOST_PID") or os.getpid())
+
+    @ember.method
+    def wake(self, x: int) -> dict:
+        return {"y": x + 1, "built_by": self.built_by}
+'''
+
+
+def _zygote(transport) -> ZygoteStatus | None:  # type: ignore[no-untyped-def]
+    view = msgspec.json.decode(transport.request("GET", "/v1/status", params={"app": "napper"}).content,
+                               type=StatusView)
+    return next((z for node in view.nodes for z in node.zygotes if z.app == "napper" and z.state == "ready"), None)
+
+
+def test_the_first_call_to_a_function_at_zero_forks_from_its_preloaded_zygote(transport, http, tmp_path: Path):
+    """A function that asked for no replicas keeps a zygote where its first replica would start (while the node has
+    room): the call that wakes it is a fork, not a cold start."""
+    (tmp_path / "napper.py").write_text(SNAP_APP)
+    deploy(tmp_path / "napper.py", transport=transport, timeout_s=60)
+    try:
+        assert http.get("/v1/apps/napper").json()["services"][0]["replicas"] == []
+        built = wait_for(lambda: _zygote(transport), timeout_s=90, what="the idle function's zygote")
+        response = http.post("/v1/napper/Napper.wake", json=41, timeout=150)
+        assert response.status_code == 200, response.text
+        assert response.json() == {"y": 42, "built_by": built.pid}  # set up in the zygote, before the fork
+        [replica] = [r for s in http.get("/v1/apps/napper").json()["services"] for r in s["replicas"]]
+        assert replica["start"]["kind"] == "zygote"
+    finally:
+        http.delete("/v1/apps/napper")

@@ -98,6 +98,8 @@ class Router:
         self._sent: Counter[str] = Counter()  # replica id -> calls sent to it and not answered yet
         self.streams_on: Counter[str] = Counter()  # replica id -> streams sent to it that have not ended
         self.unreported = Unreported()  # the streams sent to each replica that its last report does not count
+        self.on_unserved: Callable[[str, str], None] = lambda _app, _service: None  # (app, service): a call came
+        # and no replica of it is known (a function at zero): the control plane wakes its loop, not waiting a tick
         self.loads.on_forget = self.unreported.forget
         self._subs: list[Subscription] = []
         self._outbox: Outbox[str, _Pending] = Outbox(self._frame)  # subject -> calls to send in this turn
@@ -162,6 +164,8 @@ class Router:
             attempts = 0
             while True:
                 target = self.choose(app, function, version, tried)
+                if target is None and not attempts:
+                    self.on_unserved(*load_key)
                 self._send(subjects.replica_invoke(target) if target else group_subject, pending)
                 attempts += 1
                 pending.sent_to = target or ""

@@ -156,6 +156,8 @@ class CallStream:
         try:
             while True:
                 target = router.choose_stream(self.app, self.function, self.version, tried)
+                if target is None and not attempts:
+                    router.on_unserved(*self._load_key)
                 self._count_on(target or "")
                 self._await_accept(target or "")
                 await self._send(target)

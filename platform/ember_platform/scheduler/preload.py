@@ -18,9 +18,10 @@ A zygote's value on a node is the function's *worth* times the node's *weight*:
 
 Two exceptions:
 
-- a function with neither demand nor ``min_replicas`` is worth ``IDLE``, and only where it runs: kept
-  there while room is spare, never preloaded elsewhere. Once it has scaled to zero it starts cold, as
-  its owner chose by asking for no replicas.
+- a function with neither demand nor ``min_replicas`` is worth ``IDLE``: where it runs, and on the node
+  placement would pick for its first replica (not on the next ones), kept while room is spare. Once it
+  has scaled to zero, the first call after idleness is then a fork from that zygote, not a cold start;
+  anything with demand or a guarantee comes first.
 - an old version (not the deployment's current one) is weighted ``OLD_VERSION`` where it still runs and
   nothing elsewhere. Its replicas are being replaced, so the current version, preloaded before traffic
   moves to it, goes first on its likeliest node; the old zygote leaves with its last replica there.
@@ -115,7 +116,10 @@ def preload_value(candidate: PreloadCandidate, node_id: str) -> float:
         return (worth or IDLE) * (RUNNING if candidate.current else OLD_VERSION)
     if not (candidate.current and node_id in candidate.likely_nodes):
         return 0.0
-    return worth * LIKELY ** (candidate.likely_nodes.index(node_id) + 1)
+    rank = candidate.likely_nodes.index(node_id)
+    if not worth:  # idle: where its next start (a scale from zero) would be, while room is spare
+        return IDLE * LIKELY if rank == 0 else 0.0
+    return worth * LIKELY ** (rank + 1)
 
 
 def plan_preload(candidates: Sequence[PreloadCandidate], budgets_mb: Mapping[str, int],

@@ -73,9 +73,16 @@ def test_every_budgeted_node_is_planned_and_no_other() -> None:
 # --- worth: demand and min_replicas --------------------------------------------------------------------
 
 
-def test_an_idle_function_is_kept_only_where_it_runs() -> None:
+def test_an_idle_function_is_kept_where_it_runs_and_where_its_next_start_would_be() -> None:
     idle = cand("idle", running="a", likely="bc", demand=0.0)
-    assert plan([idle], {n: 100 * GB for n in "abc"}) == {"a": {key("idle")}, "b": frozenset(), "c": frozenset()}
+    assert plan([idle], {n: 100 * GB for n in "abcd"}) == {"a": {key("idle")}, "b": {key("idle")},
+                                                            "c": frozenset(), "d": frozenset()}
+
+
+def test_a_function_scaled_to_zero_keeps_a_zygote_where_a_call_would_start_it() -> None:
+    at_zero = cand("idle", likely="bc", demand=0.0)  # no replica anywhere: a call after idleness forks there
+    assert plan([at_zero], {n: 100 * GB for n in "abc"}) == {"a": frozenset(), "b": {key("idle")}, "c": frozenset()}
+    assert preload_value(at_zero, "b") < preload_value(cand("busy", likely="b", demand=0.01), "b")
 
 
 def test_an_idle_function_yields_to_one_with_demand_or_a_guarantee() -> None:
@@ -254,7 +261,8 @@ def test_plans_respect_budgets_and_rules(cs: list[PreloadCandidate], budgets: di
             c = by_key[k]
             assert preload_value(c, n) > 0
             assert c.current or n in c.running_nodes, "an old version only where it still runs"
-            assert c.demand or c.min_replicas or n in c.running_nodes, "an idle one only where it runs"
+            assert c.demand or c.min_replicas or n in c.running_nodes or n == c.likely_nodes[0], \
+                "an idle one only where it runs and where it would start next"
         for c in cs:  # greedy leaves no room that a wanted zygote would fit in
             assert c.key in keys or preload_value(c, n) == 0 or c.size_mb > budgets[n] - used
     assert plan_preload(cs[::-1], budgets, holding) == result, "the order of candidates does not matter"
