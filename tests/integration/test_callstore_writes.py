@@ -4,7 +4,6 @@ leaves no record behind and answers 503; against the session's real nats-server 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -12,7 +11,7 @@ from typing import Any, TypeVar
 
 import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
+from support.natsconn import all_keys
 from support.natsconn import connect as admin_connect
 
 from ember._errors import UnavailableError
@@ -47,19 +46,9 @@ def _big(char: str) -> bytes:
 
 
 async def _objects(stores: Stores, call_id: str) -> list[str]:
-    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``): the subjects the
-    server holds under that call (exact: a KV key listing is a watch that may end early on a loaded machine, and the
-    session's bucket holds every test's outputs), less those whose last entry deleted the key."""
-    kv = stores.results
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}a.{call_id}.>")
-    kept = []
-    for key in (subject[len(kv._pre):] for subject in (info.state.subjects or {})):
-        with contextlib.suppress(KeyNotFoundError):  # a loser's chunk, deleted: its subject holds the marker
-            await kv.get(key)
-            kept.append(key)
-    return sorted({k.split(".")[2] for k in kept})
-
-
+    """The writers whose chunks of ``call_id``'s output are kept (``<app>.<call id>.<writer>.<n>``; exactly: the
+    session's bucket holds every test's outputs, and a loser's chunks are deleted keys)."""
+    return sorted({k.split(".")[2] for k in await all_keys(stores.results, f"a.{call_id}.>")})
 
 
 def test_a_late_duplicate_never_overwrites_the_winners_large_output(platform):
@@ -146,14 +135,5 @@ class _Refusing:
 
 
 async def _keys(stores: Stores, app: str) -> list[str]:
-    """The keys ``app`` holds in ``ember_calls`` (``<kind>.<app>.<id>``): the subjects the server holds under it, less
-    those whose last entry deleted the key (exact, as ``_objects``: a key listing may end early on a loaded machine,
-    and a run of the suite saw none where the Idempotency-Key's mapping was there)."""
-    kv = stores.calls
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{kv._pre}*.{app}.>")
-    kept = []
-    for key in (subject[len(kv._pre):] for subject in (info.state.subjects or {})):
-        with contextlib.suppress(KeyNotFoundError):  # the call's status, removed: its subject holds the marker
-            await kv.get(key)
-            kept.append(key)
-    return sorted(kept)
+    """The keys ``app`` holds in ``ember_calls`` (``<kind>.<app>.<id>``; a removed status is not one)."""
+    return sorted(await all_keys(stores.calls, f"*.{app}.>"))

@@ -28,11 +28,12 @@ async def connect(url: str = "", *, servers: list[str] | None = None, **options:
     return await nats.connect(servers=listed, **(creds.connect_options() if creds else {}), **options)
 
 
-async def all_keys(bucket: Any) -> list[str]:
-    """Every key of a KV ``bucket``: the subjects its stream holds, less those whose last entry deleted or purged the
-    key. Exact: nats-py's key listing is a watch that may end early (or time out) on a loaded machine, which read
-    as "fewer keys" failed tests that compare key lists and could pass one that waits for keys to go."""
-    info = await bucket._js.stream_info(bucket._stream, subjects_filter=f"{bucket._pre}>")
+async def all_keys(bucket: Any, under: str = ">") -> list[str]:
+    """Every key of a KV ``bucket`` (those matching ``under``, a key filter with wildcards): the subjects its stream
+    holds, less those whose last entry deleted or purged the key. Exact: nats-py's key listing is a watch that may
+    end early (or time out) on a loaded machine, which read as "fewer keys" failed tests that compare key lists and
+    could pass one that waits for keys to go."""
+    info = await bucket._js.stream_info(bucket._stream, subjects_filter=f"{bucket._pre}{under}")
     keys = []
     for key in (subject[len(bucket._pre):] for subject in (info.state.subjects or {})):
         with contextlib.suppress(KeyNotFoundError):  # its last entry removed it
