@@ -146,6 +146,7 @@ class VolumeCache:
         """Fetch ``chunks`` (``AHEAD`` at a time, each checked) and write them in order to ``target``."""
         sizes: list[int] = []
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        writing: asyncio.Future[None] | None = None  # the thread writing to fd: it must end before fd is closed
         try:
             pending: list[asyncio.Task[bytes]] = []
             upcoming = iter(chunks)
@@ -158,7 +159,8 @@ class VolumeCache:
                 nxt = next(upcoming, None)
                 if nxt is not None:
                     pending.append(asyncio.create_task(self._chunk(nxt)))
-                await asyncio.to_thread(_write_all, fd, data)
+                writing = asyncio.ensure_future(asyncio.to_thread(_write_all, fd, data))
+                await asyncio.shield(writing)  # a cancel here leaves the thread writing: awaited below
                 sizes.append(len(data))
         except BaseException:
             for task in pending:
@@ -166,6 +168,8 @@ class VolumeCache:
             await asyncio.gather(*pending, return_exceptions=True)
             raise
         finally:
+            if writing is not None and not writing.done():  # closed under the thread, fd could be another file's
+                await asyncio.gather(writing, return_exceptions=True)
             os.close(fd)
         return sizes
 
