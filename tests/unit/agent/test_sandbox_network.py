@@ -26,6 +26,7 @@ from support.polling import wait_for
 import ember
 from ember_runtime.agent import netns, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups, decide
+from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.sandbox import Jail, Sandbox, environment
 
 OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: out on the internet, where nothing answers
@@ -350,12 +351,13 @@ def test_a_killed_agents_pasta_stays_while_its_sandbox_runs(networked, servers) 
     (pid_file,) = (p for p in folder.iterdir() if p.is_file())
     (door,) = (p for p in folder.iterdir() if p.is_dir())
     pasta = int(pid_file.read_text())
-    sandbox_init = int(Path(f"/proc/{pasta}/cmdline").read_bytes().split(b"\0")[-4])  # PID --pid FILE ''
+    sandbox_init = Leader.open(int(Path(f"/proc/{pasta}/cmdline").read_bytes().split(b"\0")[-4]))  # PID --pid ...
     try:
         netns.sweep()
         assert Path(f"/proc/{pasta}").exists() and pid_file.exists() and door.is_dir()
     finally:
-        os.killpg(sandbox_init, signal.SIGKILL)
+        sandbox_init.kill()  # through a pidfd: by its number, a group that took it after the sandbox ended would go
+        sandbox_init.close()
     wait_for(lambda: netns.sweep() >= 0 and not folder.exists(), timeout_s=30,
              what="the sweep to stop the pasta once the sandbox ended")
 
