@@ -142,10 +142,13 @@ def put_weights(url: str) -> None:
 
 
 def write_apps(folder: Path) -> tuple[Path, Path]:
+    """The two apps, each in a folder of its own (a bundle is its file's folder: never the platform's state)."""
+    snap_dir = folder / "snap"
+    snap_dir.mkdir()
     for name in ("model.py", "schema.py", "weights.pt"):
-        shutil.copy(DIGITS / name, folder / name)
+        shutil.copy(DIGITS / name, snap_dir / name)
     source = (DIGITS / "classifier.py").read_text()
-    snap = folder / "classifier.py"
+    snap = snap_dir / "classifier.py"
     snap.write_text(source.replace('ember.App("digits")', 'ember.App("cs-snap")'))
     plain_dir = folder / "plain"
     plain_dir.mkdir()
