@@ -20,7 +20,7 @@ from support.natsconn import connect as admin_connect
 
 from ember._deploy import app_view
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember.wire import Answer, Invocation, answers_decoder, encoder, invocations_decoder, subjects
+from ember.wire import Answer, Invocation, LoadReport, answers_decoder, encoder, invocations_decoder, subjects
 from ember_platform.calls.router import Router
 
 pytestmark = pytest.mark.integration
@@ -191,3 +191,32 @@ async def _exchange(platform, transport, app: str, function: str,  # type: ignor
         messages.append(answers_decoder.decode((await asyncio.wait_for(got.get(), 60)).data))
     await nc.close()
     return messages
+
+
+def test_a_call_whose_replica_vanishes_before_acknowledging_it_is_answered_elsewhere(platform):
+    """The replica chosen for a call takes its frame and dies before acknowledging it (SIGKILLed: the registry reads
+    it as crashed). The call is sent again, here to the queue group, within a deadline shorter than the
+    acknowledgement's timeout (``ACK_TIMEOUT_S``, 2 s), which is how long it waited before."""
+    async def scenario() -> tuple[BaseException | Answer, list[int], list[int]]:
+        dead: set[str] = set()
+        nc = await admin_connect(platform.nats_url)
+        router = Router(nc, replica_alive=lambda replica: replica not in dead)
+        await router.start()
+        router.loads.record(LoadReport(replica_id="vanishing", app="vanish", function="f", version=1, queued=0,
+                                       in_flight=0, per_call_s=0.0))
+        taken: list[int] = []
+
+        async def vanishing(msg) -> None:  # type: ignore[no-untyped-def]
+            taken.append(len(invocations_decoder.decode(msg.data)))
+            dead.add("vanishing")  # no acknowledgement, no answer: it is gone
+
+        await nc.subscribe(subjects.replica_invoke("vanishing"), cb=vanishing)
+        group = await _stand_in(nc, subjects.invoke("vanish", "f", 1), lambda call: b'"elsewhere"')
+        (result,) = await asyncio.gather(_call(router, "vanish", 0, timeout_s=1.5), return_exceptions=True)
+        await nc.close()
+        return result, taken, group
+
+    result, taken, group = asyncio.run(scenario())
+    assert taken == [1]
+    assert isinstance(result, Answer) and bytes(result.output) == b'"elsewhere"', result
+    assert group == [1]

@@ -64,6 +64,7 @@ log = logging.getLogger("ember.router")
 NO_REPLICA_POLL_S = 0.05
 ACK_TIMEOUT_S = 2.0
 LIVENESS_CHECK_S = 0.25
+UNACKED_CHECK_S = 0.05  # a call sent to a replica and not acknowledged yet (usually for a few ms): is it still there
 MAX_ATTEMPTS = 3
 _UNTRACED: dict[str, str] = {}  # an Invocation's trace context when tracing is off (never written to)
 
@@ -273,6 +274,7 @@ class Router:
         await lineage.announce(self._nc, app, call_id)
 
     async def _attempt(self, pending: _Pending) -> Answer:
+        ack_by = time.monotonic() + ACK_TIMEOUT_S  # a replica that took the call acknowledges (or answers) it by then
         while True:
             remaining = pending.invocation.deadline - time.time()
             if remaining <= 0:
@@ -281,14 +283,19 @@ class Router:
                                            retry_after_s=1.0, call_id=pending.invocation.call_id)
                 raise DeadlineExceededError(f"{pending.what} did not answer within its deadline",
                                             call_id=pending.invocation.call_id)
-            wait = min(remaining, LIVENESS_CHECK_S if pending.holder else ACK_TIMEOUT_S)
+            # The replica that holds the call, or that it was sent to, is watched: once it is known dead (crashed,
+            # removed, silent), the call goes elsewhere, acknowledged or not (a send to the group names no replica:
+            # only its acknowledgement's timeout tells)
+            watched = pending.holder or pending.sent_to
+            wait = min(remaining, LIVENESS_CHECK_S if pending.holder else UNACKED_CHECK_S if watched else ACK_TIMEOUT_S)
             try:
                 answer = await pending.next(wait)
             except TimeoutError:
-                if not pending.holder and remaining > wait:
+                if watched and not self._alive(watched):
+                    raise _Retry(f"replica {watched} died " + ("while holding the call" if pending.holder else
+                                                               "before acknowledging the call")) from None
+                if not pending.holder and remaining > wait and time.monotonic() >= ack_by:
                     raise _Retry("no replica acknowledged the call") from None
-                if pending.holder and not self._alive(pending.holder):
-                    raise _Retry(f"replica {pending.holder} died while holding the call") from None
                 continue
             if answer is NO_RESPONDERS:
                 pending.unreached = True
