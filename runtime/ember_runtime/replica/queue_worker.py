@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from ember import _tracing as tracing
@@ -58,6 +59,7 @@ from ember_runtime.replica.standby import Standby
 
 log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
+TAKE_RETRY_S = 20.0  # how long a delivery whose take NATS failed is taken again before it is left to redelivery
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
 
 
@@ -176,10 +178,34 @@ class QueueWorker:
                     await msg.in_progress()
 
     async def _take_safely(self, msg: Msg) -> None:
-        try:
-            await self._take(msg)
-        except Exception:
-            log.exception("could not take a call from %s; it will be redelivered", self.function)
+        """Take a delivered call. Where NATS fails meanwhile (a server of the cluster lost, its streams electing a
+        leader), the same delivery is taken again, kept in progress, for up to ``TAKE_RETRY_S``: a redelivery
+        would count against the call as if it had crashed its replica (``CRASH_ALLOWANCE``), and three failed
+        takes in a row failed it as a poison input."""
+        give_up = time.monotonic() + TAKE_RETRY_S
+        pause = 0.25
+        while True:
+            try:
+                await self._take(msg)
+                return
+            except (NatsError, OSError, TimeoutError) as exc:
+                if self.stop.is_set() or time.monotonic() + pause > give_up:
+                    log.exception("could not take a call from %s; it will be redelivered", self.function)
+                    return
+                log.warning("could not take a call from %s (%s: %s); trying again in %.2f s", self.function,
+                            type(exc).__name__, exc, pause)
+                with contextlib.suppress(Exception):
+                    await msg.in_progress()  # its ack wait starts again: not redelivered meanwhile
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.stop.wait(), pause)
+                if self.stop.is_set():  # leaving: another replica takes it
+                    with contextlib.suppress(Exception):
+                        await msg.nak()
+                    return
+                pause = min(pause * 2, 2.0)
+            except Exception:
+                log.exception("could not take a call from %s; it will be redelivered", self.function)
+                return
 
     def _delivery(self, msg: Msg) -> Delivery:
         headers = msg.headers or {}
