@@ -6,11 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import logging
 import math
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import msgspec
 from nats.aio.client import Client
@@ -39,13 +38,12 @@ from ember.wire import (
     SpawnReply,
     subjects,
 )
-from ember.wire.atomic import BatchRefused, Message, atomic_allowed, publish_atomic
+from ember.wire.atomic import Message, atomic_allowed, try_atomic
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
 from ember_platform.calls import lineage
 
-log = logging.getLogger("ember.calls")
 SUBMIT_BATCH = 250  # calls per atomic batch of submit_many (at most MAX_BATCH): smaller, the first are queued sooner
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
@@ -71,9 +69,12 @@ class Submission(msgspec.Struct, frozen=True):
     body: bytes = b"{}"
 
 
-def _chunks(items: list[int], size: int) -> Iterator[list[int]]:
-    for start in range(0, len(items), size):
-        yield items[start:start + size]
+async def _into(replies: list[SpawnReply | EmberError | None], k: int, submitted: Awaitable[SpawnReply]) -> None:
+    """``replies[k]``: what ``submitted`` answers, or the ``EmberError`` that kept it from being queued."""
+    try:
+        replies[k] = await submitted
+    except EmberError as exc:
+        replies[k] = exc
 
 
 def check_call_id(call_id: str) -> str:
@@ -269,35 +270,30 @@ class Calls:
         replies: list[SpawnReply | EmberError | None] = [None] * len(ticks)
         if ticks and await self._batches():
             now = time.time()
-            for chunk in _chunks(list(range(len(ticks))), SUBMIT_BATCH):  # the first runs start while the rest wait
+            for start in range(0, len(ticks), SUBMIT_BATCH):  # the first runs start while the rest wait
+                chunk = range(start, min(start + SUBMIT_BATCH, len(ticks)))
                 statuses = [CallRecord(call_id=ticks[k].call_id, app=ticks[k].app, function=ticks[k].function,
                                        status="queued", created_at=now, updated_at=now) for k in chunk]
-                if not await self._batch("statuses", [self.store.create_status_message(r) for r in statuses]):
+                if await try_atomic(self._js, [self.store.create_status_message(r) for r in statuses],
+                                    "statuses") is None:
                     continue  # one by one, below
-                if await self._batch("calls", [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
-                                                             math.inf, None) for t in (ticks[k] for k in chunk)]):
+                if await try_atomic(self._js, [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
+                                                             math.inf, None) for t in (ticks[k] for k in chunk)],
+                                    "calls") is not None:
                     for k in chunk:
                         replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
                 else:  # their statuses are this submit's own: published one by one, each removed if that fails
-                    await asyncio.gather(*(self._enqueue_one(ticks[k], replies, k) for k in chunk))
-        await asyncio.gather(*(self._submit_one(ticks[k], replies, k) for k in range(len(ticks))
-                               if replies[k] is None))
+                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k])) for k in chunk))
+        await asyncio.gather(*(_into(replies, k, self.submit(t.app, t.function, t.body, key=None, deadline=math.inf,
+                                                             call_id=t.call_id, msg_id=t.msg_id))
+                               for k, t in enumerate(ticks) if replies[k] is None))
         return replies  # type: ignore[return-value]
 
-    async def _enqueue_one(self, tick: Submission, replies: list[SpawnReply | EmberError | None], k: int) -> None:
-        try:
-            await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
-                                created=True)
-            replies[k] = SpawnReply(call_id=tick.call_id, status="queued", created=True)
-        except EmberError as exc:
-            replies[k] = exc
-
-    async def _submit_one(self, tick: Submission, replies: list[SpawnReply | EmberError | None], k: int) -> None:
-        try:
-            replies[k] = await self.submit(tick.app, tick.function, tick.body, key=None, deadline=math.inf,
-                                           call_id=tick.call_id, msg_id=tick.msg_id)
-        except EmberError as exc:
-            replies[k] = exc
+    async def _enqueued(self, tick: Submission) -> SpawnReply:
+        """The message of a tick whose status this submit recorded, published alone."""
+        await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
+                            created=True)
+        return SpawnReply(call_id=tick.call_id, status="queued", created=True)
 
     async def _batches(self) -> bool:
         """Whether the statuses' and the queue's streams take atomic batches (asked once; the control plane allows
@@ -306,15 +302,6 @@ class Calls:
             self._atomic = all(await asyncio.gather(atomic_allowed(self._js, kv_stream(subjects.CALLS_BUCKET)),
                                                     atomic_allowed(self._js, subjects.CALLS_STREAM)))
         return self._atomic
-
-    async def _batch(self, what: str, messages: list[Message]) -> bool:
-        """One atomic batch; False (said in the log) when it was refused or its outcome is unknown."""
-        try:
-            await publish_atomic(self._js, messages)
-            return True
-        except (BatchRefused, NatsError, OSError, TimeoutError) as exc:
-            log.info("a batch of %d %s went one by one: %s", len(messages), what, exc)
-            return False
 
     async def get(self, call_id: str, wait_s: float = 0.0) -> CallRecord:
         """The call's record; with ``wait_s``, long-poll until it is final or the wait ends."""

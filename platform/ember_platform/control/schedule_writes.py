@@ -10,19 +10,16 @@ queued before by another control plane, the server's limit on batches in flight)
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from nats.errors import Error as NatsError
 from nats.js.api import Header
 
 from ember.wire import SpawnReply, encoder, subjects
-from ember.wire.atomic import MAX_BATCH, BatchRefused, publish_atomic
+from ember.wire.atomic import MAX_BATCH, try_atomic
 from ember.wire.schedules import ScheduleState
 from ember_platform.calls.durable import Calls, Submission
 
-log = logging.getLogger("ember.schedules")
 Write = tuple[str, ScheduleState, int]  # a key, its new state, the revision it was made from (0: created)
 
 
@@ -81,11 +78,9 @@ async def write_states(js: Any, writes: list[Write], atomic: bool, one: Callable
             chunk = writes[start:start + MAX_BATCH]
             messages = [(f"$KV.{subjects.SCHEDULES_BUCKET}.{key}", encoder.encode(state),
                          {Header.EXPECTED_LAST_SUBJECT_SEQUENCE.value: str(read)}) for key, state, read in chunk]
-            try:
-                last = await publish_atomic(js, messages)
-            except (BatchRefused, NatsError, OSError, TimeoutError) as exc:  # one by one, below
-                log.info("a batch of %d schedule states went one by one: %s", len(chunk), exc)
-                continue
+            last = await try_atomic(js, messages, "schedule states")
+            if last is None:
+                continue  # one by one, below
             for i, (key, state, _read) in enumerate(chunk):
                 written(key, state, last - (len(chunk) - 1 - i))  # a batch's messages are stored in a row
                 done[start + i] = True

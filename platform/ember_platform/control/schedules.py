@@ -321,7 +321,6 @@ class ScheduleLoop:
         wrote it meanwhile (a pause or resume from the API, whose write this control plane's mirror may already
         show: its revision then is not the one this state was made from)."""
         assert self.kv is not None and self.states is not None
-        self._mine[key] = state  # its echo from the watch may come before the answer
         try:
             async with self._limit:
                 if not read:

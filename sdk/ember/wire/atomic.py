@@ -84,6 +84,16 @@ async def publish_atomic(js: Any, messages: Sequence[Message], timeout: float = 
     raise AssertionError("unreachable: the last message returns")
 
 
+async def try_atomic(js: Any, messages: Sequence[Message], what: str) -> int | None:
+    """``publish_atomic``, or None, said in the log, where the batch was refused or its outcome is unknown: the
+    caller then writes ``messages``' contents one by one (idempotently, see the module's docstring)."""
+    try:
+        return await publish_atomic(js, messages)
+    except (BatchRefused, NatsError, OSError, TimeoutError) as exc:
+        log.info("a batch of %d %s went one by one: %s", len(messages), what, exc)
+        return None
+
+
 async def allow_atomic(js: Any, stream: str) -> bool:
     """Let ``stream`` take atomic batches (an upgraded installation's streams were made without); whether it does.
     False on a server that does not know the setting (older than 2.12), which then leaves it unset."""
