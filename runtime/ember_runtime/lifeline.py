@@ -62,3 +62,14 @@ async def _watch(fd: int, stop: asyncio.Event, grace_s: float) -> None:
             break
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), CHECK_EVERY_S)
+
+
+def exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
+    """Set ``stop`` (drain) when process ``pid`` exits: a forked replica's tie to its agent (its parent is its
+    zygote, so it watches the agent itself). A fresh replica outlives its agent for a while instead (``watch``)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        log.warning("cannot watch process %d: this replica will not stop with it", pid)
+        return
+    loop.add_reader(fd, stop.set)

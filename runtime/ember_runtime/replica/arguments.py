@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+@functools.cache
+def parser() -> argparse.ArgumentParser:
+    """Built once per process: a zygote builds it before it forks, so that its replicas only parse."""
     p = argparse.ArgumentParser(prog="ember_runtime.replica")
     p.add_argument("--nats", required=True)
     p.add_argument("--bundle", required=True, help="unpacked bundle folder")
@@ -23,4 +30,4 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")
     p.add_argument("--fetch-s", type=float, default=0.0, help="seconds the agent spent fetching the bundle")
     p.add_argument("--startup-timeout-s", type=float, default=0.0, help="the import and setup at most; 0: no limit")
-    return p.parse_args(argv)
+    return p

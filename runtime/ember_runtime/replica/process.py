@@ -78,14 +78,15 @@ class Preloaded:
 
 
 class Replica:
-    def __init__(self, args: argparse.Namespace, preloaded: Preloaded | None = None) -> None:
+    def __init__(self, args: argparse.Namespace, preloaded: Preloaded | None = None,
+                 executor: ModelThread | None = None) -> None:
         self.args = args
         self.preloaded = preloaded  # forked from a zygote: the app is imported and its snap setup has run
         self.status = ReplicaStatus(replica_id=args.replica_id, node_id=args.node_id, app=args.app,
                                     service=args.service, version=args.version, state="starting", pid=hostpid.current(),
                                     started_at=time.time(), updated_at=time.time(), restarts=args.restarts,
                                     restart_reason=args.restart_reason)
-        self.executor = ModelThread()  # the setup and every batch of sync code (see ``modelthread``)
+        self.executor = executor or ModelThread()  # the setup and every batch of sync code (see ``modelthread``)
         self.batchers: list[Batcher] = []
         self.workers: list[QueueWorker] = []
         self.standby = Standby()  # a warm replica's: no queued calls while its version is out of the traffic
@@ -97,13 +98,22 @@ class Replica:
         self.endpoints: list[Endpoint] = []
         self._repeats = 0  # heartbeats in a row that wrote the status unchanged
         self.renewal: asyncio.Task[None] | None = None
+        self._connecting: asyncio.Task[Any] | None = None
+
+    def connect(self, creds: NatsCredentials | None) -> asyncio.Task[Any]:
+        """Begin connecting to NATS as ``creds`` (this replica's own): first, as it takes longest (door, server, auth
+        callout). In a network of its own, NATS is reached through the sandbox's door."""
+        if self._connecting is None:
+            natsdoor.install()
+            self._connecting = asyncio.create_task(connect_until(
+                self.stop, self.args.nats, f"ember-replica-{self.args.replica_id}", creds, wait_s=CONNECT_WAIT_S))
+        return self._connecting
 
     async def run(self, creds: NatsCredentials | None = None) -> int:
-        """Set up, serve until stopped, drain; connected to NATS as ``creds`` (this replica's own)."""
+        """Set up, serve until stopped, drain; connected to NATS as ``creds`` (by ``connect``)."""
+        connecting = self.connect(creds)
         load = asyncio.create_task(self._load(), name="setup")  # on the model thread, while NATS connects
-        natsdoor.install()  # in a network of its own, NATS is reached through the sandbox's door
-        nc = await connect_until(self.stop, self.args.nats, f"ember-replica-{self.args.replica_id}", creds,
-                                 wait_s=CONNECT_WAIT_S)
+        nc = await connecting
         if nc is None:  # stopped before NATS admitted it: nothing to drain (the process leaves at once, main())
             return EXIT_ABANDONED_SETUP
         self.kv = StatusRelay(nc, self.args.replica_id)
@@ -445,19 +455,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None) -> int:
-    """Run a replica on the running loop until SIGTERM; ``preloaded`` when it was forked from a zygote (see
-    ``ember_runtime.zygote``). Its NATS credentials leave the environment before any of the app's code runs."""
+async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None,
+                executor: ModelThread | None = None) -> int:
+    """Run a replica on the running loop until SIGTERM; ``preloaded`` (and ``executor``) when it was forked from a
+    zygote (``ember_runtime.zygote``). Its NATS credentials leave the environment before any app code runs."""
     creds = take_from_env()
+    replica = Replica(args, preloaded, executor)
+    replica.connect(creds)
     tracing.setup("ember-replica", {"ember.app": args.app, "ember.service": args.service, "ember.version": args.version,
                                     "ember.replica_id": args.replica_id, "ember.node_id": args.node_id,
                                     "service.instance.id": args.replica_id})
-    replica = Replica(args, preloaded)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, replica.stop.set)
     if args.exit_with:
-        _exit_with(loop, args.exit_with, replica.stop)
+        lifeline.exit_with(loop, args.exit_with, replica.stop)
     agent = lifeline.watch(replica.stop)  # a fresh replica outlives its agent for a while (see ``lifeline``)
     try:
         return await replica.run(creds)
@@ -466,17 +478,6 @@ async def serve(args: argparse.Namespace, preloaded: Preloaded | None = None) ->
             agent.cancel()
             await asyncio.gather(agent, return_exceptions=True)
         tracing.shutdown()  # the last spans, flushed before the process leaves
-
-
-def _exit_with(loop: asyncio.AbstractEventLoop, pid: int, stop: asyncio.Event) -> None:
-    """Stop (drain) when process ``pid`` exits (a forked replica: its parent is its zygote, so it watches the
-    agent itself). A fresh replica outlives its agent for a while instead (``lifeline``)."""
-    try:
-        fd = os.pidfd_open(pid)
-    except (OSError, AttributeError):
-        log.warning("cannot watch process %d: this replica will not stop with it", pid)
-        return
-    loop.add_reader(fd, stop.set)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -46,6 +46,8 @@ from ember import _gc
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
 from ember_runtime import hostpid
+from ember_runtime.batching.modelthread import ModelThread
+from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
 from ember_runtime.replica.endpoint import prepare
 from ember_runtime.replica.process import Preloaded
@@ -57,6 +59,7 @@ EXIT_FORK_FAILED = 70
 
 def build(args: argparse.Namespace) -> tuple[Preloaded, Ready]:
     ember_loop.loop_factory()  # imports uvloop, which each child's event loop needs
+    arguments.parser()  # each child only parses its arguments
 
     started = time.time()
     module = import_app_module(args.bundle, args.module)
@@ -228,8 +231,10 @@ def _wait_then_serve(channel: socket.socket, preloaded: Preloaded, nats_url: str
 async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> int:
     """Wait for a request and become the replica it describes. Nothing here touches a device or NATS:
     ``CUDA_VISIBLE_DEVICES``, the replica's own NATS credentials and the rest come with the request (a replica
-    connects as itself, which it is only once asked)."""
+    connects as itself, which it is only once asked). What does not depend on the request is made while it
+    waits: the replica's model thread (started threads do not survive a fork, so the zygote cannot make it)."""
     loop = asyncio.get_running_loop()
+    model_thread = ModelThread()
     channel.setblocking(False)
     asked: asyncio.Future[None] = loop.create_future()
 
@@ -252,6 +257,7 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
     if not data or len(fds) != 3:  # the zygote stopped (or died), or the agent went, before this spare was needed
         for fd in fds:
             os.close(fd)
+        model_thread.shutdown(wait=False)
         return 0
     request = msgspec.json.decode(data, type=ForkRequest)
     with socket.socket(fileno=fds[2]) as conn:  # the agent's connection: answer, and learn the pid on the node
@@ -269,7 +275,7 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
         with contextlib.suppress(OSError):
             os.sched_setaffinity(0, request.cpus)
     _apply_thread_count()
-    return await replica.serve(replica.parse_args(request.argv), preloaded)
+    return await replica.serve(replica.parse_args(request.argv), preloaded, model_thread)
 
 
 def _agent_gone(loop: asyncio.AbstractEventLoop, lifeline: int) -> None:

@@ -29,12 +29,12 @@ def test_the_starts_garbage_is_collected_and_what_survives_is_frozen() -> None:
         gone = weakref.ref(garbage)
         del garbage
         gc.disable()  # so that only settle() may collect it
-        frozen = _gc.settle()
-        print(json.dumps({"frozen": frozen, "count": gc.get_freeze_count(), "garbage_left": gone() is not None,
+        _gc.settle()
+        print(json.dumps({"count": gc.get_freeze_count(), "garbage_left": gone() is not None,
                           "kept_tracked": gc.is_tracked(kept), "thresholds": gc.get_threshold()}))
     """)
     assert seen["garbage_left"] is False  # collected first, not frozen with the rest
-    assert seen["frozen"] == seen["count"] > 1000 and seen["kept_tracked"] is True
+    assert seen["count"] > 1000 and seen["kept_tracked"] is True
     assert seen["thresholds"] == [700, 10, 10]  # Python's, unless asked
 
 
