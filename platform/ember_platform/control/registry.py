@@ -78,7 +78,9 @@ class Registry:
         self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
-        self.replicas = ReplicaMirror(self.stores.replicas)
+        # a replica that turns ready wakes the control loop as a changed deployment does: a rollout waiting for it
+        # switches then, not at the next tick (up to TICK_S later, while its first calls go to the old version)
+        self.replicas = ReplicaMirror(self.stores.replicas, on_ready=self.deployments.changed.set)
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self._follow_logs()

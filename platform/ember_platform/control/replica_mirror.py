@@ -24,8 +24,9 @@ MAX_WAITING = 10_000  # statuses waiting to be judged (then the oldest is droppe
 
 
 class ReplicaMirror(KVMirror[ReplicaStatus]):
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, on_ready: Callable[[], None] = lambda: None) -> None:
         super().__init__(kv, replica_decoder.decode)
+        self._on_ready = on_ready  # a replica's status turned "ready" (from another state, or its first)
         self._assigned: Callable[[str], str | None] | None = None  # replica id -> the node assignments list it on
         self._waiting: dict[str, tuple[ReplicaStatus, int]] = {}  # key -> a status not judged yet, its revision
         self._refused: set[str] = set()  # keys logged once
@@ -68,6 +69,8 @@ class ReplicaMirror(KVMirror[ReplicaStatus]):
         if assigned == status.node_id or (assigned is None and held is not None and held.node_id == status.node_id):
             self.record(status.replica_id, status, revision)
             self.changed.set()
+            if status.state == "ready" and (held is None or held.state != "ready"):
+                self._on_ready()
         elif assigned is None:
             self._waiting.pop(key, None)
             self._waiting[key] = (status, revision)
