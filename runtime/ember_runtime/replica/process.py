@@ -226,8 +226,7 @@ class Replica:
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
         await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit)
-        await nc.flush()
-        return subs, loops
+        return subs, loops  # no flush of its own: the ready report, after these on the same connection, flushes
 
     async def _watch_stuck(self, subs: list[Any], intake: list[Any]) -> None:
         """A call past its ``timeout_s`` was answered 504 by the gateway, but the model thread cannot be
