@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 
 import msgspec
 import pytest
@@ -15,7 +16,6 @@ from support.natsconn import connect
 
 from ember._loop import run as run_loop
 from ember.wire import ReplicaStatus, subjects
-from ember.wire.jetstream import ensure_buckets
 from ember_platform.control.replica_mirror import ReplicaMirror
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -36,16 +36,16 @@ async def _states(url: str, writes: list[tuple[str, str, str]]) -> tuple[list[st
     """Write each (node, replica, state) in turn, waiting for the mirror to hold it; (the replicas whose status woke
     the loop, in order; the state the mirror holds for each replica)."""
     nc = await connect(url)
-    stores = await ensure_buckets(nc.jetstream())
+    replicas = await nc.jetstream().create_key_value(bucket=f"replicas_{uuid.uuid4().hex[:8]}")  # one per test
     woken: list[str] = []
     written: list[str] = []
-    mirror = ReplicaMirror(stores.replicas, on_ready=lambda: woken.append(written[-1]))
+    mirror = ReplicaMirror(replicas, on_ready=lambda: woken.append(written[-1]))
     mirror.know_assignments(lambda replica_id: "n1")  # every replica is assigned to node n1
     await mirror.start()
     try:
         for node_id, replica_id, state in writes:
             written.append(replica_id)
-            revision = await stores.replicas.put(subjects.replica_key(node_id, replica_id),
+            revision = await replicas.put(subjects.replica_key(node_id, replica_id),
                                                  _status(replica_id, node_id, state))
             while mirror._revisions.get(replica_id, 0) < revision and node_id == "n1":
                 await asyncio.sleep(0.005)
