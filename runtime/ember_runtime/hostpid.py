@@ -70,7 +70,7 @@ async def receive(sock: socket.socket, size: int) -> tuple[bytes, int]:
             data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(_CREDS.size))
             break
         except BlockingIOError:
-            await _readable(loop, sock)
+            await readable(loop, sock)
     pid = 0
     for level, kind, raw in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS and len(raw) >= _CREDS.size:
@@ -86,7 +86,9 @@ async def answer(sock: socket.socket, size: int = 64) -> tuple[bytes, int]:
     return data, pid
 
 
-async def _readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+async def readable(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+    """Wait until ``sock`` (non-blocking) has something to read, or its peer hung up; for calls that asyncio has no
+    ``sock_`` method of, such as ``socket.recv_fds``."""
     ready: asyncio.Future[None] = loop.create_future()
 
     def wake() -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from ember_runtime import pidwatch
+from ember_runtime import hostpid, pidwatch
 
 log = logging.getLogger("ember.agent")
 DOOR = "/run/ember-nats"  # where a sandbox sees its door's folder
@@ -170,17 +170,7 @@ async def ask(path: str, host: str, port: int) -> socket.socket:
         door.setblocking(False)
         await loop.sock_connect(door, path)
         await loop.sock_sendall(door, f"{host} {port}\n".encode())
-        answered: asyncio.Future[None] = loop.create_future()
-
-        def on_answer() -> None:
-            if not answered.done():
-                answered.set_result(None)
-
-        loop.add_reader(door.fileno(), on_answer)
-        try:
-            await answered
-        finally:
-            loop.remove_reader(door.fileno())
+        await hostpid.readable(loop, door)
         message, fds, _, _ = socket.recv_fds(door, 512, 1)
     if not fds:
         raise ConnectionRefusedError(f"the NATS door refused: {message.decode(errors='replace')}")
