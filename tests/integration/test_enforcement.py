@@ -118,6 +118,14 @@ def test_a_replica_runs_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> N
     assert "host memory: 1024 MB of" in agent_log  # far declared memory="1GB"; the agent counts it
 
 
+def test_a_replica_forked_from_its_zygote_runs_its_model_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> None:
+    wait_for(lambda: replica(cluster, "Pinned").state == "ready", 60, "Pinned's replica to be ready")
+    pinned = replica(cluster, "Pinned")
+    assert pinned.start is not None and pinned.start.kind == "zygote"
+    assert proc_status(pinned.pid, "Cpus_allowed_list") == str(cluster.cpu)
+    assert cluster.http.post("/v1/enforce/Pinned.cpus", json={}).json() == [cluster.cpu]  # on its model thread
+
+
 def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cluster: Cluster) -> None:
     before = replica(cluster, "hog")
     assert before.state == "ready"

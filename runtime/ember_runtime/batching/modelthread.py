@@ -32,6 +32,11 @@ class ModelThread(Executor):
         # waited for this idle thread for good.
         threading._register_atexit(self.shutdown, False)  # type: ignore[attr-defined]
 
+    @property
+    def native_id(self) -> int:
+        """The thread's id in the kernel (``sched_setaffinity`` takes it)."""
+        return self._thread.native_id or 0
+
     def call(self, loop: asyncio.AbstractEventLoop, fn: Callable[..., Any], *args: Any) -> asyncio.Future[Any]:
         """Run ``fn(*args)`` on the model thread; its result (or exception) on ``loop``'s future."""
         waiter = loop.create_future()

@@ -272,8 +272,9 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
     if lifeline >= 0:
         loop.add_reader(lifeline, _agent_gone, loop, lifeline)
     if request.cpus and hasattr(os, "sched_setaffinity"):
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError):  # a thread's own: this one's, and the model thread made before
             os.sched_setaffinity(0, request.cpus)
+            os.sched_setaffinity(model_thread.native_id, request.cpus)
     _apply_thread_count()
     return await replica.serve(replica.parse_args(request.argv), preloaded, model_thread)
 

@@ -59,3 +59,18 @@ def hog(own_mb: int, worker_mb: int) -> list[int]:
 @app.function(gpu="L4", memory="1GB")
 def far() -> int:
     return os.getpid()
+
+
+@app.model(gpu="H100:1GB")
+class Pinned:
+    """Forked from its zygote (a snap setup): its model thread is made before the fork request, which names the
+    CPUs; it must run on them all the same."""
+
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.loaded = True
+
+    @ember.method()
+    def cpus(self) -> list[int]:
+        """The CPUs the thread running this (the model thread) may use."""
+        return sorted(os.sched_getaffinity(0))
