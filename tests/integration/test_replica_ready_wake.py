@@ -45,9 +45,9 @@ async def _states(url: str, writes: list[tuple[str, str, str]]) -> tuple[list[st
     try:
         for node_id, replica_id, state in writes:
             written.append(replica_id)
-            revision = await replicas.put(subjects.replica_key(node_id, replica_id),
-                                                 _status(replica_id, node_id, state))
-            while mirror._revisions.get(replica_id, 0) < revision and node_id == "n1":
+            seen = mirror.generation
+            await replicas.put(subjects.replica_key(node_id, replica_id), _status(replica_id, node_id, state))
+            while mirror.generation == seen and node_id == "n1":  # until held (a refused status never is)
                 await asyncio.sleep(0.005)
         await asyncio.sleep(0.1)  # what a refused write would have done, it has done by now
         return woken, {k: v.state for k, v in mirror.items.items()}
