@@ -199,11 +199,14 @@ class ReplicaSlot:
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
                  asyncio.create_task(self._pump(self._proc.stderr, "stderr"))]
+        proc = self._proc
         try:
-            return await self._proc.wait()
+            return await proc.wait()
         finally:
             leader.signal_group(signal.SIGKILL)  # what a crashed replica started dies with it
             leader.close()
+            if proc.returncode is None:  # a stop cancelled the wait: its exit is waited for all the same
+                await _exited(proc)
             await asyncio.gather(*pumps, return_exceptions=True)
             MemoryCgroups.remove(self._cgroup)
             self._release()
@@ -256,6 +259,7 @@ class ReplicaSlot:
             except BaseException:  # nobody would read it or know of it: it must not run on unseen
                 reap.kill_group(proc.pid)  # a number just given out, not waited for yet
                 pipes.close()
+                await _exited(proc)
                 raise
             self._lifeline = pipes.lifeline
             self._record(proc, pipes.nonce)
@@ -276,9 +280,16 @@ class ReplicaSlot:
                              keep: Sequence[int]) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
         jail = self._jail
         if not jail.sandbox.enabled:
-            return await asyncio.create_subprocess_exec(
+            spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, cwd=self._bundle, env=env, start_new_session=True,
-                preexec_fn=preexec, pass_fds=keep, **out)
+                preexec_fn=preexec, pass_fds=keep, **out))
+            try:
+                return await asyncio.shield(spawning)
+            except BaseException:  # a stop cancelled the start: the process may have started all the same
+                if (started := await reap.spawned(spawning)) is not None:
+                    reap.kill_group(started.pid)  # a number just given out, not waited for yet
+                    await _exited(started)
+                raise
         ours, theirs = hostpid.socket_pair()
         env[hostpid.FD_ENV] = str(theirs.fileno())
         outlive = dataclasses.replace(jail.jail(self._bundle, env), outlive_command=bool(keep))  # see ``_pipes``
@@ -384,6 +395,15 @@ def _cut(raw: bytes, max_line: int, dropped: int) -> str:
     dropped += max(len(raw) - max_line, 0)
     line = raw[:max_line].decode(errors="replace")
     return f"{line} [... {dropped} more bytes of this line not kept]" if dropped else line
+
+
+async def _exited(proc: Running) -> None:
+    """Until ``proc``, killed, has exited and its exit been seen (a process the loop never saw exit stays
+    unreaped, and its transport open), ``reap.WAIT_S`` at most."""
+    try:
+        await asyncio.wait_for(proc.wait(), reap.WAIT_S)
+    except TimeoutError:
+        log.warning("process %d still ran %.0fs after SIGKILL", proc.pid, reap.WAIT_S)
 
 
 async def _learn_host_pid(proc: sandbox.SandboxedProcess, sock: Any) -> None:
