@@ -27,8 +27,9 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 
 # The suite in TEST_WORKERS processes (pytest-xdist), a test file in one of them at a time (its module fixtures
-# shared there): most of it waits for servers and replicas, so four overlap well even on two cores.
-TEST_WORKERS ?= 4
+# shared there): most of it waits for servers and replicas, so six overlap well even on two cores (with four, the
+# cores idled for a minute of the suite, while its longest files waited on replicas and leases).
+TEST_WORKERS ?= 6
 
 test: $(STAMP)
 	@.ci/system-deps  # chromium and passt: installed as root with apt-get, else their tests skip
