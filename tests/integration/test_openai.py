@@ -208,6 +208,25 @@ def test_continuous_sequences_finish_in_order_of_their_length(client, http):
     assert together == 3  # the three ran in the same steps: one batch, each leaving when done
 
 
+def test_a_sequence_that_joins_running_ones_takes_its_first_step_alone(platform, http, client):
+    """Its prefill goes first: the new caller's first piece does not wait for a decode of the running sequences."""
+    running, joining = _tag(), _tag()
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
+            raw.stream("POST", "/openai/v1/completions",
+                       json={"model": "counter", "prompt": "60", "max_tokens": 100, "stream": True,
+                             "tag": running}) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # it runs
+        answer = client.completions.create(model="counter", prompt="3", max_tokens=10, extra_body={"tag": joining})
+        assert answer.choices[0].text == "t0 t1 t2 "
+        assert "".join(lines).count('"text"') > 3  # the running one went on meanwhile
+    steps = http.post("/v1/llm/Counter.history", json={}).json()["steps"]
+    mine = [[t for t in step if t in (running, joining)] for step in steps]
+    with_joining = [step for step in mine if joining in step]
+    assert with_joining[0] == [joining], with_joining[:3]  # its first step, alone
+    assert [running, joining] in with_joining[1:] or [joining, running] in with_joining[1:]  # then with the other
+
+
 def test_continuous_max_tokens_and_stream(client):
     chunks = list(client.completions.create(model="counter", prompt="50", max_tokens=4, stream=True))
     assert "".join(c.choices[0].text for c in chunks) == "t0 t1 t2 t3 "

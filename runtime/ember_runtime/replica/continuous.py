@@ -2,7 +2,10 @@
 
 Each call becomes an ``ember.Sequence`` that joins the running set before the next step (at most ``max_seqs`` run:
 the batcher's slots). A step calls the user's method once, on a thread of its own, with every running sequence
-whose reader has credit left, and hands each piece to its caller's stream as soon as the step returns. A sequence
+whose reader has credit left, and hands each piece to its caller's stream as soon as the step returns. Sequences
+that joined since the last step take the next one alone, before the running ones' next decode (their prefill goes
+first, as vLLM's scheduler does): a new caller's first piece waits for the step under way and its own prefill, not
+for a decode of every running sequence too. A sequence
 leaves when its piece is None, at its ``max_tokens``, once its text holds a stop string, at its deadline, or when
 its caller went away (it is then dropped before the next step: its slot is free within one step). A step that
 fails, or answers a list of the wrong length, fails the sequences it ran; the loop goes on with the others.
@@ -33,6 +36,7 @@ class _Entry:
     sink: StreamSink | None  # None: a queued call, its pieces collected into one list
     deadline: float
     done: asyncio.Future[list[str]] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    stepped: bool = False  # it ran in a step already (its first step is its prefill)
 
     @property
     def ready(self) -> bool:
@@ -87,6 +91,9 @@ class StepLoop:
             if not ready:
                 await self._wait_credit()
                 continue
+            ready = [e for e in ready if not e.stepped] or ready  # the new ones first, alone
+            for entry in ready:
+                entry.stepped = True
             seqs = [e.seq for e in ready]
             try:
                 pieces = await loop.run_in_executor(self._executor, self._step, seqs)
