@@ -19,6 +19,7 @@ from ember.wire import StatusView, ZygoteStatus
 
 pytestmark = pytest.mark.integration
 SNAPPER = TEST_APPS / "snap" / "snapper.py"
+HOLDER = TEST_APPS / "snap" / "holder.py"
 X = [0.5, -1.0, 2.0, 0.25]
 
 
@@ -88,3 +89,22 @@ def test_replicas_fork_from_a_preloaded_zygote_and_fall_back_when_it_dies(tmp_pa
     assert newer.start.kind == "zygote"
     wait_for(lambda: zygote(transport, version) is None, what="the old version's zygote to go")
     transport.request("DELETE", "/v1/apps/snapper")
+
+
+def test_a_forked_replica_outlives_the_closing_of_what_its_zygote_held(transport, http):
+    """A forked replica lets go of the pipes and sockets its zygote inherited or opened, and each keeps its number
+    until its owner closes it: closed under the Python objects that own them, the numbers went to the replica's own
+    descriptors (its NATS connection, its event loop's), which each owner's close then closed."""
+    version = ember.deploy(HOLDER, transport=transport, timeout_s=180).version
+    (replica,) = wait_for(lambda: [r for s in app_view(transport, "holder").services for r in s.replicas
+                                   if r.state == "ready" and r.version == version], what="a ready replica")
+    assert replica.start is not None and replica.start.kind == "zygote"
+    dropped = http.post("/v1/holder/Holder.drop", json={})
+    assert dropped.status_code == 200, dropped.text
+    assert dropped.json()["built_by"] != dropped.json()["pid"] == replica.pid  # the zygote's objects, in the fork
+    for i in range(20):
+        answer = http.post("/v1/holder/Holder.ping", json=i)
+        assert answer.status_code == 200 and answer.json() == i, answer.text
+    (after,) = [r for s in app_view(transport, "holder").services for r in s.replicas if r.version == version]
+    assert after.pid == replica.pid and after.restarts == 0
+    transport.request("DELETE", "/v1/apps/holder")

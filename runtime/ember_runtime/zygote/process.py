@@ -286,16 +286,25 @@ def _agent_gone(loop: asyncio.AbstractEventLoop, lifeline: int) -> None:
 
 
 def _close_channels(keep: set[int]) -> None:
-    """Close every inherited socket and pipe but stdio and ``keep``: the zygote's own (from whoever started
+    """Let go of every inherited socket and pipe but stdio and ``keep``: the zygote's own (from whoever started
     it, or opened by the app's imports) must not stay open in its replicas, where they would keep the other
-    end waiting for an end of file that never comes. Files (weights, libraries) stay open."""
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
-        if fd <= 2 or fd in keep:
-            continue
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.fstat(fd).st_mode) or stat.S_ISFIFO(os.fstat(fd).st_mode):
-                os.close(fd)
+    end waiting for an end of file that never comes. Files (weights, libraries) stay open.
+
+    Each is replaced by /dev/null under its number rather than closed: a Python object of the app (a socket, a
+    pipe's file) may own that number and close it later, which would then close whatever the replica had opened
+    under it meanwhile (its NATS connection, its event loop's own descriptors)."""
+    null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for name in os.listdir("/proc/self/fd"):
+            fd = int(name)
+            if fd <= 2 or fd in keep or fd == null:
+                continue
+            with contextlib.suppress(OSError):
+                mode = os.fstat(fd).st_mode
+                if stat.S_ISSOCK(mode) or stat.S_ISFIFO(mode):
+                    os.dup2(null, fd, inheritable=False)  # the channel's last reference here goes
+    finally:
+        os.close(null)
 
 
 def _apply_thread_count() -> None:
