@@ -49,9 +49,53 @@ def test_replicas_being_removed_drain_together_not_one_after_another(platform, t
             call.result()
 
 
-def _in_flight(http: httpx.Client) -> int:
-    services = http.get("/v1/apps/wedge").json()["services"]
-    return sum(f["in_flight"] for s in services if s["name"] == "linger" for r in s["replicas"]
+HOLD_S = 12.0  # a stopping replica's drain: many times what a start of a trivial app takes, even on a loaded machine
+HOLDER = """import time
+import ember
+
+app = ember.App("holding")
+
+
+@app.function(min_replicas=1, max_replicas=1, timeout_s=60)
+def hold(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+"""
+NEWCOMER = """import ember
+
+app = ember.App("newcomer")
+
+
+@app.function(min_replicas=1)
+def ping(x: int) -> int:
+    return x
+"""
+
+
+def test_a_replica_that_drains_does_not_hold_up_the_starts_of_others(tmp_path, platform, transport, http):
+    """The agent stops a replica in a task of its own: a start on the same node (another app's, here) does not wait
+    for its drain, which only a start that needs the GPUs or host memory it holds would."""
+    (tmp_path / "holding.py").write_text(HOLDER)
+    (tmp_path / "newcomer.py").write_text(NEWCOMER)
+    deploy(tmp_path / "holding.py", transport=transport, timeout_s=120)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        held = pool.submit(httpx.post, f"{platform.url}/v1/holding/hold", json=HOLD_S, timeout=60,
+                           headers=bearer(platform.token))
+        wait_for(lambda: _in_flight(http, "holding", "hold") >= 1, timeout_s=30, what="the call in flight")
+        assert http.delete("/v1/apps/holding").status_code == 204  # its replica drains: the call holds it
+        sent = time.monotonic()
+        deploy(tmp_path / "newcomer.py", transport=transport, timeout_s=120)  # waits for its ready replica
+        took = time.monotonic() - sent
+        assert not held.done(), f"the new app's replica was ready only after the drain ({took:.1f}s)"
+        answer = http.post("/v1/newcomer/ping", json=7)
+        assert answer.status_code == 200 and answer.json() == 7
+        assert held.result().status_code == 200  # and the drain let the call finish
+    assert http.delete("/v1/apps/newcomer").status_code == 204
+
+
+def _in_flight(http: httpx.Client, app: str = "wedge", service: str = "linger") -> int:
+    services = http.get(f"/v1/apps/{app}").json()["services"]
+    return sum(f["in_flight"] for s in services if s["name"] == service for r in s["replicas"]
                for f in r["functions"])
 
 

@@ -40,6 +40,7 @@ from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.drains import Drains
 from ember_runtime.agent.fetch import AssignmentWatch, NodeFetcher
 from ember_runtime.agent.gpu_usage import VIRTUAL_TABLE_ENV, DeclaredUsage, NvmlUsage, UsageSource
 from ember_runtime.agent.images import NodeImages
@@ -82,7 +83,7 @@ class NodeAgent:
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
         self.slots: dict[SlotKey, ReplicaSlot] = {}
-        self._leaving: dict[str, ReplicaSlot] = {}  # replica id -> a slot being stopped
+        self.drains = Drains(self.host_memory)  # the slots being stopped, each draining in a task of its own
         self._starting: dict[SlotKey, asyncio.Task[None]] = {}  # replicas whose bundle is being fetched
         self._background: set[asyncio.Task[None]] = set()
         self._fetch_failures: dict[str, tuple[int, float, str]] = {}  # bundle -> (failures in a row, next try, why)
@@ -142,7 +143,8 @@ class NodeAgent:
                 start.cancel()
             await asyncio.gather(*starting, return_exceptions=True)
             await asyncio.gather(*(slot.stop(self.stop_grace_s) for slot in self.slots.values()),
-                                 self.adoptions.stop_unwanted(set(), self.stop_grace_s), return_exceptions=True)
+                                 self.adoptions.stop_unwanted(set(), self.stop_grace_s), self.drains.wait(),
+                                 return_exceptions=True)
             with contextlib.suppress(Exception):
                 await status_sub.unsubscribe()
             self.slots.clear()
@@ -195,14 +197,8 @@ class NodeAgent:
             await self.adoptions.stop_unwanted({k.replica_id for k in want}, self.stop_grace_s)
         for key in [k for k in self._starting if k not in want]:  # unassigned while its bundle was fetched
             self._starting.pop(key).cancel()
-        doomed = [self.slots.pop(key) for key in [k for k in self.slots if k not in want]]
-        for slot in doomed:
-            log.info("stopping %s", slot.replica_id)
-            self._leaving[slot.replica_id] = slot  # its reports while it drains are still relayed
-        await asyncio.gather(*(slot.stop() for slot in doomed))  # together: each may take its drain grace
-        for slot in doomed:
-            self.host_memory.release(slot.replica_id)
-            self._leaving.pop(slot.replica_id, None)
+        for key in [k for k in self.slots if k not in want]:
+            self.drains.stop(self.slots.pop(key))  # not waited for: a start waits only if it needs what it holds
         # Each start in a task of its own: a bundle being fetched for one replica holds up neither the others nor
         # the next reconcile (a replica assigned meanwhile starts, one unassigned meanwhile is stopped).
         for key, assigned in want.items():
@@ -221,15 +217,16 @@ class NodeAgent:
         """Keep the bundle cache within its budget (EMBER_NODE_BUNDLE_CACHE_BYTES), after a fetch and every
         minute; what a running replica, a zygote or this node's assignment uses stays."""
         assignment = self.assignments.items.get(self.node_id)
-        in_use = {self._slot_bundles[k] for k in self.slots if k in self._slot_bundles} | self._zygote_bundles
+        live = {*self.slots, *self.drains.keys}  # a stopping replica runs from its bundle until it exited
+        in_use = {self._slot_bundles[k] for k in live if k in self._slot_bundles} | self._zygote_bundles
         if assignment is not None:
             in_use |= {s.bundle_sha256 for s in assignment.slots} | {z.bundle_sha256 for z in assignment.zygotes}
-        self._slot_bundles = {k: v for k, v in self._slot_bundles.items() if k in self.slots}
+        self._slot_bundles = {k: v for k, v in self._slot_bundles.items() if k in live}
         try:
             await self.bundles.maybe_evict(in_use)
         except Exception:
             log.exception("the bundle cache could not be cut down to its budget")
-        await self.images.collect(assignment, self.slots)
+        await self.images.collect(assignment, live)
         await self._collect_volumes(assignment)
 
     async def _collect_volumes(self, assignment: NodeAssignment | None) -> None:
@@ -239,7 +236,7 @@ class NodeAgent:
         if now - self._volumes_checked_at < VOLUME_CHECK_EVERY_S:
             return
         self._volumes_checked_at = now
-        self._slot_volumes = {k: v for k, v in self._slot_volumes.items() if k in self.slots}
+        self._slot_volumes = {k: v for k, v in self._slot_volumes.items() if k in {*self.slots, *self.drains.keys}}
         used = {m.key: m for ms in self._slot_volumes.values() for m in ms}
         used |= {m.key: m for m in self._zygote_volumes}
         if assignment is not None:
@@ -307,7 +304,7 @@ class NodeAgent:
         gave it (whatever the message says); an empty message: the replica is leaving. Others' are ignored."""
         replica_id = msg.subject.split(".")[2]
         slot = next((s for k, s in self.slots.items() if k.replica_id == replica_id), None) \
-            or self._leaving.get(replica_id)
+            or self.drains.get(replica_id)
         if slot is None:
             return
         with contextlib.suppress(Exception):
@@ -357,6 +354,7 @@ class NodeAgent:
         if image is not None:
             confinement = dataclasses.replace(confinement, readonly=image.readonly)
         adopted = await self.adoptions.take(key, slot.bundle_sha256, self.stop_grace_s)
+        await self.drains.room_for(slot.gpu_uuids, slot.host_memory_mb)
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,

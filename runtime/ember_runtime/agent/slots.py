@@ -136,6 +136,10 @@ class ReplicaSlot:
         with contextlib.suppress(Exception):
             await self._kv.delete(subjects.replica_key(self._node_id, self.replica_id))
 
+    @property
+    def gpu_uuids(self) -> tuple[str, ...]:
+        return self._gpu_uuids
+
     def reservation(self) -> Reservation | None:
         """The running process, its GPUs and the GPU memory it reserved on each (0: it holds them whole); None when
         not running or without GPUs."""
