@@ -16,6 +16,7 @@ from support.polling import wait_for
 import ember
 from ember._deploy import app_view
 from ember.wire import StatusView, ZygoteStatus
+from ember_runtime.agent import reap
 
 pytestmark = pytest.mark.integration
 SNAPPER = TEST_APPS / "snap" / "snapper.py"
@@ -108,3 +109,28 @@ def test_a_forked_replica_outlives_the_closing_of_what_its_zygote_held(transport
     (after,) = [r for s in app_view(transport, "holder").services for r in s.replicas if r.version == version]
     assert after.pid == replica.pid and after.restarts == 0
     transport.request("DELETE", "/v1/apps/holder")
+
+
+def _children(pid: int) -> set[int]:
+    return {int(c) for c in reap.children(pid)}
+
+
+def test_a_zygote_keeps_a_spare_for_each_start_expected_on_its_node(tmp_path, transport, http):
+    """The scheduler sizes each zygote's spares (children forked ahead of their requests) by the starts it expects
+    on the node: up to the function's max_replicas; one, for a restart, once it runs that many."""
+    app_file = tmp_path / "snapper.py"
+    app_file.write_text(SNAPPER.read_text())  # min_replicas=1, max_replicas=3, on the platform's one node
+    version = ember.deploy(app_file, transport=transport, timeout_s=180).version
+    built = wait_for(lambda: (z := zygote(transport, version)) and z.state == "ready" and z.spares == 2 and z,
+                     what="the zygote keeping two spares")
+    (first,) = wait_for(lambda: ready(transport, version), what="a ready replica")
+    spare = wait_for(lambda: len(waiting := _children(built.pid) - {first.pid}) == 2 and waiting, what="two spares")
+
+    http.post("/v1/apps/snapper/scale", json={"service": "Model", "min_replicas": 3, "max_replicas": 3})
+    replicas = wait_for(lambda: len(r := ready(transport, version)) == 3 and r, what="three replicas")
+    assert {r.start.kind for r in replicas} == {"zygote"}
+    assert {r.pid for r in replicas} - {first.pid} == spare  # each was a spare, handed over
+    wait_for(lambda: zygote(transport, version).spares == 1, what="one spare, for a restart")
+    wait_for(lambda: len(_children(built.pid) - {r.pid for r in replicas}) == 1, what="the one spare left")
+    assert zygote(transport, version).pid == built.pid
+    transport.request("DELETE", "/v1/apps/snapper")

@@ -4,7 +4,9 @@ Every few seconds (and at once when a new version is deployed) it turns what the
 ``PreloadCandidate``s: services with ``@ember.setup(snap=True)`` methods, the nodes where each version
 runs in the current plan, the nodes placement would pick for its next replicas, its recent call rate and
 its ``min_replicas``, and each zygote's size as its node measured it. ``plan_preload`` then fills each
-node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 % by default).
+node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 % by default). Each zygote
+assigned is told how many children to keep forked ahead of their requests (``scheduler.preload.spares``): the
+starts placement would make on its node of the function's next replicas (``starts_ahead`` of them).
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+import msgspec
+
 from ember.wire import Deployment, NodeInfo, SlotAssignment, VolumeMount, ZygoteAssignment
 from ember.wire.images import ImageSpec
 from ember_platform.scheduler import Snapshot, request_from_spec
-from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, likely_nodes, plan_preload
+from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, next_nodes, plan_preload, spares, starts_ahead
 from ember_platform.scheduler.request import PlacementRequest
 
 PRELOAD_EVERY_S = 2.0
@@ -56,12 +60,16 @@ class Preloader:
                  deployments: Mapping[str, Deployment],
                  snapshot_of: Callable[[], Snapshot]) -> dict[str, list[ZygoteAssignment]]:
         running: dict[ZygoteKey, set[str]] = {}
+        planned: dict[ZygoteKey, int] = {}
         for nid, slots in plan.items():
             for s in slots:
-                running.setdefault(ZygoteKey(s.app, s.service, s.version), set()).add(nid)
+                key = ZygoteKey(s.app, s.service, s.version)
+                running.setdefault(key, set()).add(nid)
+                planned[key] = planned.get(key, 0) + 1
         measured = {ZygoteKey(z.app, z.service, z.version): z.rss_mb
                     for n in nodes.values() for z in n.zygotes if z.rss_mb > 0}
         snapshot: Snapshot | None = None
+        starts: dict[ZygoteKey, list[str]] = {}  # the nodes of the replicas each current version may add next
         candidates: list[PreloadCandidate] = []
         assignments: dict[ZygoteKey, ZygoteAssignment] = {}
         for dep in deployments.values():
@@ -73,7 +81,11 @@ class Preloader:
                     key = ZygoteKey(dep.app, svc.name, version)
                     current = version == dep.version
                     likely: tuple[str, ...] = ()
+                    demand, low = 0.0, 0  # an old version's: it only restarts where it still runs
                     if current:
+                        low, high = dep.bounds(svc)
+                        demand = self.demand(dep.app, svc.name)
+                        ahead = starts_ahead(demand, low, high, planned.get(key, 0))
                         if snapshot is None:
                             snapshot = snapshot_of()
                         request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
@@ -81,13 +93,13 @@ class Preloader:
                                                    host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
                                                    volumes=tuple(m.key for m in svc.volumes),
                                                    environment=svc.image.sha256 if svc.image else "")
-                        likely = likely_nodes(snapshot, request, LIKELY_COUNT)
+                        nodes_next = next_nodes(snapshot, request, max(LIKELY_COUNT, ahead))
+                        likely = tuple(dict.fromkeys(nodes_next[:LIKELY_COUNT]))
+                        starts[key] = nodes_next[:ahead]
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
                         running_nodes=frozenset(running.get(key, ())), likely_nodes=likely,
-                        demand=self.demand(dep.app, svc.name) if current else 0.0,
-                        min_replicas=dep.bounds(svc)[0] if current else 0,
-                        current=current))
+                        demand=demand, min_replicas=low, current=current))
                     assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
                                                         bundle_sha256=_bundle_of(dep, version, plan),
                                                         module=dep.manifest.module,
@@ -98,7 +110,8 @@ class Preloader:
                 for nid in nodes}
         budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
         chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
-        return {nid: [assignments[k] for k in sorted(keys)] for nid, keys in chosen.items()}
+        return {nid: [msgspec.structs.replace(assignments[k], spares=spares(starts.get(k, []), nid))
+                      for k in sorted(keys)] for nid, keys in chosen.items()}
 
 
 def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:

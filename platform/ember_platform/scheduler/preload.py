@@ -49,6 +49,7 @@ LIKELY = 0.5  # the likely node of rank r weighs LIKELY ** (r + 1): 0.5, 0.25, 0
 OLD_VERSION = 0.3  # below the current version on its first likely node, above it on its second
 IDLE = 0.01  # the worth of a function with neither demand nor min_replicas, where it runs
 HOLD = 1.25  # a held zygote is replaced only by one worth more than this many times its value per MB
+MAX_SPARES = 4  # children a zygote keeps forked ahead of their requests, at most (see ``spares``)
 
 
 class ZygoteKey(NamedTuple):
@@ -82,23 +83,44 @@ class PreloadCandidate(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def likely_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> tuple[str, ...]:
-    """The nodes where ``place`` would put the next ``count`` replicas like ``request``, in order, each once.
+    """The nodes where ``place`` would put the next ``count`` replicas like ``request``, in order, each once
+    (``next_nodes``: a node that would take several replicas appears once, at its first)."""
+    return tuple(dict.fromkeys(next_nodes(snapshot, request, count)))
+
+
+def next_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> list[str]:
+    """The node of each of the next ``count`` replicas like ``request``, in the order ``place`` would put them.
 
     A dry run of the real placement policy: one ``place`` call of ``count`` copies of the request
     (under replica ids that the snapshot does not hold) sees each binding before the next decision, as
     placing them one by one with ``apply_decisions`` would. It stops at the first replica that fits
-    nowhere; nothing is changed. A node that would take several replicas appears once, at its first.
+    nowhere; nothing is changed.
     """
     if count <= 0:
-        return ()
+        return []
     ids = _fresh_ids(request.replica_id or request.function, count, snapshot.reservations)
     decisions = place(snapshot, [msgspec.structs.replace(request, replica_id=i) for i in ids])
-    nodes: dict[str, None] = {}
+    nodes: list[str] = []
     for decision in decisions:
         if not isinstance(decision, Binding):
             break
-        nodes.setdefault(decision.node_id, None)
-    return tuple(nodes)
+        nodes.append(decision.node_id)
+    return nodes
+
+
+def spares(next_starts: Sequence[str], node_id: str) -> int:
+    """How many children a zygote on ``node_id`` keeps forked ahead of their requests: one per start expected
+    there (``next_starts``: the nodes of the replicas the function may add next, as ``next_nodes`` gives them),
+    so that a burst of scale-ups is a hand-over each; one at least, for a restart."""
+    return min(max(sum(node == node_id for node in next_starts), 1), MAX_SPARES)
+
+
+def starts_ahead(demand: float, min_replicas: int, max_replicas: int, planned: int) -> int:
+    """How many starts of a function to keep spares for: up to its ``max_replicas`` (at most ``MAX_SPARES``), or
+    one for a function with neither demand nor ``min_replicas`` (its next start is one scale from zero)."""
+    if demand <= 0 and min_replicas <= 0:
+        return 1
+    return min(max(max_replicas - planned, 1), MAX_SPARES)
 
 
 def _fresh_ids(base: str, count: int, taken: Mapping[str, object]) -> list[str]:

@@ -36,7 +36,7 @@ from ember_runtime import hostpid
 from ember_runtime.agent import descriptors, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.leaders import Leader
-from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
+from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready, Spares
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
@@ -150,6 +150,7 @@ class Zygote:
         self.build_s = 0.0
         self.forks = 0
         self.failures = 0
+        self.spares = assignment.spares  # the children it keeps forked ahead of their requests, as it was told
         self._output_tail: list[str] = []
         self._task: asyncio.Task[None] | None = None
         self.settled = asyncio.Event()  # set once it is ready or has failed
@@ -180,7 +181,7 @@ class Zygote:
                "--module", self.assignment.module,
                "--app", self.assignment.app,
                "--service", self.assignment.service, "--listen-fd", str(listener.fileno()),
-               "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url]
+               "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url, "--spares", str(self.spares)]
         env = {**sandbox.environment(dict(self._interpreter.env), sandboxed=enabled),
                hostpid.FD_ENV: str(theirs.fileno()), **sandbox.volume_env(mounts, sandboxed=enabled)}
         preexec = partial(sandbox.prepare_child, None)
@@ -333,6 +334,22 @@ class Zygote:
             raise
         return ForkedProcess(pid, conn, out, err)
 
+    async def keep_spares(self, count: int) -> None:
+        """Tell the ready zygote how many children to keep forked ahead of their requests (``Spares``)."""
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.settimeout(5.0)
+            conn.connect(str(self._socket))
+            conn.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_sendall(conn, msgspec.json.encode(Spares(count=count)))
+            answer = await asyncio.wait_for(loop.sock_recv(conn, MAX_MESSAGE), 5.0)
+            self.spares = msgspec.json.decode(answer, type=Spares).count
+        except (OSError, TimeoutError, msgspec.DecodeError) as exc:
+            log.warning("zygote %s kept %d spares, not %d: %s", self._name, self.spares, count, exc)
+        finally:
+            conn.close()
+
     async def stop(self) -> None:
         """Stop the zygote (the replicas it forked live on). One still being started has no process to signal yet:
         its start is abandoned (``sandbox.start`` kills what it began), else the build would go on to start it and
@@ -367,7 +384,8 @@ class Zygote:
         return ZygoteStatus(app=app, service=service, version=version, state=state,  # type: ignore[arg-type]
                             pid=(self._pid or ready.pid) if ready and self.ready else 0,
                             rss_mb=ready.rss_mb if ready else 0,
-                            build_s=self.build_s, forks=self.forks, failures=self.failures, message=self.message)
+                            build_s=self.build_s, forks=self.forks, failures=self.failures, message=self.message,
+                            spares=self.spares)
 
 
 async def _drain(pumps: asyncio.Future[Any], grace_s: float = 2.0) -> None:
@@ -446,6 +464,8 @@ class ZygotePool:
             if zygote is not None and not zygote.done:
                 if zygote.ready:
                     self._failures.pop(key, None)
+                    if zygote.spares != assignment.spares:  # the scheduler expects more starts here, or fewer
+                        await zygote.keep_spares(assignment.spares)
                 continue
             if zygote is not None:  # it failed or died: count it, and try again after a while
                 if key not in self._retry_at:

@@ -51,7 +51,17 @@ from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
 from ember_runtime.replica.endpoint import prepare
 from ember_runtime.replica.process import Preloaded
-from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready
+from ember_runtime.zygote.protocol import (
+    MAX_MESSAGE,
+    MAX_SPARES,
+    READY_PREFIX,
+    ExitReport,
+    ForkReply,
+    ForkRequest,
+    Ready,
+    Request,
+    Spares,
+)
 
 log = logging.getLogger("ember.zygote")
 EXIT_FORK_FAILED = 70
@@ -82,15 +92,17 @@ def _rss_mb() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
-def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1) -> None:
+def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str, lifeline: int = -1, spares: int = 1) -> None:
     """Hand a replica to each request until SIGTERM; report each child's exit to whoever asked for it.
 
-    The zygote keeps one child forked ahead of time, a *spare*, waiting for its request: a fork of a
-    process holding torch takes several milliseconds, and the spare has also done, before anyone asks,
-    what every child does first (its own session, inherited channels closed). A request is passed to the
-    spare, and the next spare is forked after the answer, off the caller's path. It stops when the agent's
-    ``lifeline`` closes, as on SIGTERM."""
+    The zygote keeps ``spares`` children forked ahead of time, waiting for their requests: a fork of a
+    process holding torch takes several milliseconds, and a spare has also done, before anyone asks,
+    what every child does first (its own session, inherited channels closed). A request is passed to a
+    spare, and the next spare is forked after the answer, off the caller's path; a burst of as many
+    requests as there are spares is handed over without a fork. The agent may change the count
+    (``Spares``). It stops when the agent's ``lifeline`` closes, as on SIGTERM."""
     stopping = False
+    target = _spares(spares)
 
     def on_term(*_: Any) -> None:
         nonlocal stopping
@@ -103,6 +115,7 @@ def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str, lifeline
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that the wakeup fd hears of exits
     signal.signal(signal.SIGTERM, on_term)
     children: dict[int, socket.socket] = {}
+    waiting: list[Spare] = []
     with selectors.DefaultSelector() as sel:
         sel.register(listener, selectors.EVENT_READ)
         sel.register(wake_r, selectors.EVENT_READ)
@@ -114,38 +127,71 @@ def serve(listener: socket.socket, preloaded: Preloaded, nats_url: str, lifeline
             listener.close()
             for conn in children.values():
                 conn.close()
+            for spare in waiting:
+                spare.close()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
 
-        spare: Spare | None = None
+        def fork() -> Spare:
+            return Spare.fork(preloaded, nats_url, close_in_child, lifeline)
+
         while not stopping:
-            if spare is None or not spare.alive:
-                spare = Spare.fork(preloaded, nats_url, close_in_child, lifeline)
-            for key, _ in sel.select(timeout=1.0):
+            waiting[:] = [spare for spare in waiting if spare.alive]
+            while len(waiting) > target:  # fewer wanted: the extra ones exit
+                waiting.pop().close()
+            if len(waiting) < target:
+                waiting.append(fork())  # one per turn: a request that comes meanwhile waits for one fork at most
+            for key, _ in sel.select(timeout=0 if len(waiting) < target else 1.0):
                 if key.fileobj is listener:
                     with contextlib.suppress(OSError):
                         conn, _ = listener.accept()
                         if not _from_agent(conn):
                             _refuse(conn, "only the node agent may ask this zygote for a replica")
                             continue
-                        if spare is None or not spare.alive:  # a second request in the same wake-up
-                            spare = Spare.fork(preloaded, nats_url, close_in_child, lifeline)
-                        if spare.take(conn):
-                            children[spare.pid] = conn
-                            spare = None
-                        else:
-                            conn.close()
+                        target = _answer(conn, waiting, fork, children, target)
                 elif key.fileobj == lifeline:
                     stopping = True  # the agent is gone
                 else:
                     with contextlib.suppress(BlockingIOError):
                         os.read(wake_r, 512)
-            _reap(children, spare)
-        if spare is not None:
+            _reap(children, waiting)
+        for spare in waiting:
             spare.close()
     for conn in children.values():  # the replicas live on, supervised by the agent
         conn.close()
+
+
+def _spares(count: int) -> int:
+    return min(max(count, 1), MAX_SPARES)
+
+
+def _answer(conn: socket.socket, waiting: list[Spare], fork: Any, children: dict[int, socket.socket],
+            target: int) -> int:
+    """Answer the agent's message on ``conn``: a request for a replica goes to a waiting spare (one forked now if
+    none waits), a new count of spares is taken. The count of spares wanted from now on."""
+    conn.settimeout(5.0)
+    fds: list[int] = []
+    try:
+        data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 2)
+        message = msgspec.json.decode(data, type=Request)  # refuse a bad request here, not in the child
+        if isinstance(message, Spares):
+            conn.sendall(msgspec.json.encode(Spares(count=_spares(message.count))))
+            conn.close()
+            return _spares(message.count)
+        if len(fds) != 2:
+            raise ValueError(f"expected the child's stdout and stderr, got {len(fds)} descriptors")
+        if not waiting:  # a second request in the same wake-up, or more than the spares
+            waiting.append(fork())
+        spare = waiting.pop(0)
+        spare.take(conn, data, fds)
+        children[spare.pid] = conn
+    except Exception as exc:
+        _refuse(conn, f"{type(exc).__name__}: {exc}")
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return target
 
 
 class Spare:
@@ -178,25 +224,13 @@ class Spare:
         theirs.close()
         return cls(pid, ours)
 
-    def take(self, conn: socket.socket) -> bool:
-        """Pass the request waiting on ``conn`` (and its descriptors, and ``conn`` itself) to this spare, which
-        answers the caller."""
-        conn.settimeout(5.0)
-        fds: list[int] = []
+    def take(self, conn: socket.socket, data: bytes, fds: list[int]) -> None:
+        """Pass the request ``data`` (and its descriptors ``fds``, and ``conn`` itself, on which it came) to this
+        spare, which answers the caller. The caller closes its own copies of ``fds``."""
         try:
-            data, fds, _, _ = socket.recv_fds(conn, MAX_MESSAGE, 2)
-            msgspec.json.decode(data, type=ForkRequest)  # refuse a bad request here, not in the child
-            if len(fds) != 2:
-                raise ValueError(f"expected the child's stdout and stderr, got {len(fds)} descriptors")
             socket.send_fds(self._channel, [data], [*fds, conn.fileno()])
-        except Exception as exc:
-            _refuse(conn, f"{type(exc).__name__}: {exc}")
-            return False
         finally:
-            for fd in fds:
-                os.close(fd)
-        self._channel.close()
-        return True
+            self._channel.close()
 
     def close(self) -> None:
         self._channel.close()  # the spare sees the end of its channel and exits
@@ -316,7 +350,7 @@ def _apply_thread_count() -> None:
         torch.set_num_threads(int(threads))
 
 
-def _reap(children: dict[int, socket.socket], spare: Spare | None) -> None:
+def _reap(children: dict[int, socket.socket], waiting: list[Spare]) -> None:
     while True:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -324,8 +358,8 @@ def _reap(children: dict[int, socket.socket], spare: Spare | None) -> None:
             return
         if pid == 0:
             return
-        if spare is not None and pid == spare.pid:
-            spare.alive = False  # it died unused; the loop forks another
+        if spare := next((s for s in waiting if s.pid == pid), None):
+            spare.alive = False  # it died unused (or was let go); the loop forks another if one is wanted
             spare.close()
             continue
         conn = children.pop(pid, None)
@@ -345,6 +379,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                    help="the listening Unix socket (bound by the agent) on which fork requests come")
     p.add_argument("--lifeline-fd", type=int, default=-1, help="closes when the agent is gone: stop")
     p.add_argument("--nats", required=True, help="NATS URL (unused: each replica is told its own)")
+    p.add_argument("--spares", type=int, default=1,
+                   help=f"children kept forked ahead of their requests (1 to {MAX_SPARES})")
     return p.parse_args(argv)
 
 
@@ -363,6 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     log.info("ready: imports %.2fs, snap setup %.2fs, %d MB", ready.imports_s, ready.snap_setup_s, ready.rss_mb)
     import gc
     gc.freeze()
-    serve(listener, preloaded, args.nats, args.lifeline_fd)
+    serve(listener, preloaded, args.nats, args.lifeline_fd, args.spares)
     return 0
 

@@ -77,9 +77,10 @@ def isolation_table(nodes: list[NodeView]) -> str:
 def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None) -> str:
     """One row per preloaded zygote (empty when no node holds one)."""
     rows = [(node.node_id, f"{z.app}.{z.service} v{z.version}", z.state, f"{z.rss_mb} MB", f"{z.build_s:.1f}s",
-             str(z.forks), str(z.failures), z.message[:60] or "-")
+             str(z.spares), str(z.forks), str(z.failures), z.message[:60] or "-")
             for node in nodes for z in node.zygotes if shown is None or (z.app, z.service) in shown]
-    return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "FORKS", "FAILURES", "LAST FAILURE"], rows) \
+    return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "SPARES", "FORKS", "FAILURES", "LAST FAILURE"],
+                 rows) \
         if rows else ""
 
 

@@ -79,6 +79,7 @@ class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
     volumes: list[VolumeMount] = []  # fetched before the zygote is built, mounted in its sandbox
     image: ImageSpec | None = None  # the zygote runs in this image's environment
     block_network: bool = False  # its service's block_network=True: so do the replicas forked from it
+    spares: int = 1  # children it keeps forked ahead of their requests: the starts expected on this node soon
 
 
 ZygoteState = Literal["building", "ready", "failed"]
@@ -97,6 +98,7 @@ class ZygoteStatus(msgspec.Struct, frozen=True, kw_only=True):
     forks: int = 0  # replicas started from it
     failures: int = 0  # builds or forks that failed on this node for this version (each fell back to a fresh start)
     message: str = ""
+    spares: int = 0  # children it keeps forked ahead of their requests (a start is then a hand-over, not a fork)
 
 
 class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -19,11 +19,15 @@ from ember_platform.scheduler import (
 )
 from ember_platform.scheduler.preload import (
     HOLD,
+    MAX_SPARES,
     PreloadCandidate,
     ZygoteKey,
     likely_nodes,
+    next_nodes,
     plan_preload,
     preload_value,
+    spares,
+    starts_ahead,
 )
 
 GB = 1024
@@ -200,6 +204,35 @@ def test_likely_nodes_follow_placement_spread() -> None:
     placed = place(s, [req(f"r{i}", "10GB") for i in range(3)])
     assert likely_nodes(s, request, 3) == tuple(d.node_id for d in placed if isinstance(d, Binding))
     assert likely_nodes(s, request, 5) == tuple(dict.fromkeys(sequential(s, request, 5)))
+
+
+def test_next_nodes_are_placement_s_own_one_by_one() -> None:
+    s = snap(node("a", H100X2), node("b", A10G))
+    request = req("r", "20GB")
+    assert next_nodes(s, request, 5) == sequential(s, request, 5)  # a node that takes several appears each time
+    assert next_nodes(s, request, 0) == []
+
+
+# --- spares: children a zygote keeps forked ahead, one per start expected on its node ----------------------
+
+
+def test_spares_count_the_starts_expected_on_the_node() -> None:
+    assert spares(["a", "b", "a"], "a") == 2
+    assert spares(["a", "b", "a"], "b") == 1
+    assert spares(["a", "b", "a"], "c") == 1  # where it only runs: one, for a restart
+    assert spares([], "a") == 1
+    assert spares(["a"] * 20, "a") == MAX_SPARES
+
+
+@pytest.mark.parametrize(("demand", "low", "high", "planned", "ahead"), [
+    (5.0, 0, 3, 1, 2),  # busy: up to its max_replicas
+    (5.0, 0, 50, 1, MAX_SPARES),  # at most MAX_SPARES
+    (5.0, 0, 3, 3, 1),  # at its max: one, for a restart
+    (0.0, 1, 3, 1, 2),  # min_replicas without demand: guaranteed, may still scale
+    (0.0, 0, 8, 0, 1),  # idle: its next start is one scale from zero
+])
+def test_starts_ahead_follow_demand_and_bounds(demand, low, high, planned, ahead) -> None:
+    assert starts_ahead(demand, low, high, planned) == ahead
 
 
 def test_likely_nodes_stop_where_nothing_fits() -> None:
