@@ -46,7 +46,7 @@ from ember_platform.control.backlog import Backlog
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.pace import until_next_tick
-from ember_platform.control.plan import Plan, cluster_snapshot
+from ember_platform.control.plan import Plan, cluster_snapshot, replica_request
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.control.switching import Switching
@@ -396,7 +396,7 @@ class ControlLoop:
             return
         slots = {s.replica_id: s for node_slots in plan.values() for s in node_slots}
         held = {s.app for s in slots.values()} & deployments.keys()  # only a replica that runs may be moved
-        templates = {f"{app}.{svc.name}": _template(deployments[app], svc, "") for app in held
+        templates = {f"{app}.{svc.name}": replica_request(deployments[app], svc, "") for app in held
                      for svc in deployments[app].manifest.services}
         moving = self._moving()
         helped = {m.move.room_for for m in self.moves.values()}
@@ -450,19 +450,11 @@ def _replica_id(app: str, service: str, version: int, index: int) -> str:
 
 def _request(dep: Deployment, svc: ServiceSpec, index: int) -> tuple[PlacementRequest, SlotAssignment]:
     """What placing replica ``index`` of ``dep``'s version of ``svc`` asks, and the slot it fills."""
-    return (_template(dep, svc, _replica_id(dep.app, svc.name, dep.version, index)),
+    return (replica_request(dep, svc, _replica_id(dep.app, svc.name, dep.version, index)),
             SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=index,
                            bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
                            startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets), volumes=svc.volumes,
                            image=svc.image, block_network=svc.block_network))
-
-
-def _template(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:
-    """What one replica of the current version of ``svc`` asks of placement."""
-    return PlacementRequest(replica_id=replica_id, function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
-                            cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
-                            volumes=tuple(m.key for m in svc.volumes),
-                            environment=svc.image.sha256 if svc.image else "")
 
 
 def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ember.wire import Deployment, NodeInfo, SlotAssignment
-from ember_platform.scheduler import Cluster, Reservation, Snapshot, build_snapshot, request_from_spec
+from ember.wire import Deployment, NodeInfo, ServiceSpec, SlotAssignment
+from ember_platform.scheduler import Cluster, PlacementRequest, Reservation, Snapshot, build_snapshot, request_from_spec
 
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 
@@ -24,3 +24,12 @@ def cluster_snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[s
                                 host_memory_mb=specs[(s.app, s.service)].memory_mb)
                     for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
     return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
+
+
+def replica_request(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:
+    """What one replica of the current version of ``svc`` asks of placement (the control loop's placements and the
+    preloader's dry runs of them alike)."""
+    return PlacementRequest(replica_id=replica_id, function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
+                            cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
+                            volumes=tuple(m.key for m in svc.volumes),
+                            environment=svc.image.sha256 if svc.image else "")

@@ -20,9 +20,9 @@ import msgspec
 
 from ember.wire import Deployment, NodeInfo, SlotAssignment, VolumeMount, ZygoteAssignment
 from ember.wire.images import ImageSpec
-from ember_platform.scheduler import Snapshot, request_from_spec
+from ember_platform.control.plan import replica_request
+from ember_platform.scheduler import Snapshot
 from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, next_nodes, plan_preload, spares, starts_ahead
-from ember_platform.scheduler.request import PlacementRequest
 
 PRELOAD_EVERY_S = 2.0
 LIKELY_COUNT = 2  # how many next replicas' nodes count as likely
@@ -88,11 +88,7 @@ class Preloader:
                         ahead = starts_ahead(demand, low, high, planned.get(key, 0))
                         if snapshot is None:
                             snapshot = snapshot_of()
-                        request = PlacementRequest(replica_id=f"preload-{dep.app}-{svc.name}",
-                                                   function=f"{dep.app}.{svc.name}", gpu=request_from_spec(svc),
-                                                   host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
-                                                   volumes=tuple(m.key for m in svc.volumes),
-                                                   environment=svc.image.sha256 if svc.image else "")
+                        request = replica_request(dep, svc, f"preload-{dep.app}-{svc.name}")
                         nodes_next = next_nodes(snapshot, request, max(LIKELY_COUNT, ahead))
                         likely = tuple(dict.fromkeys(nodes_next[:LIKELY_COUNT]))
                         starts[key] = nodes_next[:ahead]
