@@ -83,8 +83,12 @@ def test_a_poisoned_input_is_dead_lettered_and_the_queue_keeps_flowing(probe, ht
     replayed = transport.json("POST", "/v1/apps/probe/dead/replay", json={"function": "flaky", "call_ids": [poison]})
     (new_id,) = replayed["replayed"]
     assert result(http, new_id)["status"] == "failed"
-    dead = transport.json("GET", "/v1/apps/probe/dead", params={"function": "flaky"})
-    assert poison not in {d["call_id"] for d in dead} and new_id in {d["call_id"] for d in dead}
+
+    def letters() -> set[str] | None:  # the replay's letter follows its final record, as the first one's did
+        dead = {d["call_id"] for d in transport.json("GET", "/v1/apps/probe/dead", params={"function": "flaky"})}
+        return dead if new_id in dead else None
+
+    assert poison not in wait_for(letters, timeout_s=30, what="the replayed call's letter")
 
 
 def test_a_cancelled_queued_call_never_runs(probe, http, transport):
