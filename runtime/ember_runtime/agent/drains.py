@@ -2,9 +2,10 @@
 
 A reconcile pass does not wait for them: the replicas it starts meanwhile (another function's scale-up, a new
 version) start at once. A start waits only for the stopping replicas that hold what it needs, which the scheduler
-already counts as free: those on one of its GPUs (their memory is not given back before they exit), and every one
-of them while its host memory would not fit beside them. Until a stopping replica has exited, what it runs from
-(its bundle, volumes and image environment) counts as in use, and its reports are still relayed.
+already counts as free: one of its own id (assigned again while it drains), those on one of its GPUs (their memory
+is not given back before they exit), and every one of them while its host memory would not fit beside them. Until
+a stopping replica has exited, what it runs from (its bundle, volumes and image environment) counts as in use, and
+its reports are still relayed.
 """
 
 from __future__ import annotations
@@ -48,14 +49,15 @@ class Drains:
         """The slots being stopped: what they run from is in use until they exit."""
         return {slot.key for slot in self._slots.values()}
 
-    async def room_for(self, gpu_uuids: Collection[str], host_memory_mb: int) -> None:
-        """Until the stopping replicas that hold what a new one needs have exited: those on any of ``gpu_uuids``,
-        and all of them while ``host_memory_mb`` more would over-commit the node's RAM."""
+    async def room_for(self, replica_id: str, gpu_uuids: Collection[str], host_memory_mb: int) -> None:
+        """Until the stopping replicas that hold what a new one needs have exited: one of the same id (assigned again
+        while it drains: one id, one process), those on any of ``gpu_uuids``, and all of them while
+        ``host_memory_mb`` more would over-commit the node's RAM."""
         memory = self._host_memory
         crowded = bool(memory.total_mb) and memory.reserved_mb + max(host_memory_mb, 0) > memory.total_mb
         gpus = set(gpu_uuids)
-        waits = [task for replica_id, task in list(self._tasks.items())
-                 if crowded or gpus & set(self._slots[replica_id].gpu_uuids)]
+        waits = [task for stopping, task in list(self._tasks.items())
+                 if crowded or stopping == replica_id or gpus & set(self._slots[stopping].gpu_uuids)]
         await asyncio.gather(*waits, return_exceptions=True)
 
     async def wait(self) -> None:

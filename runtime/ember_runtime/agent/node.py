@@ -354,7 +354,7 @@ class NodeAgent:
         if image is not None:
             confinement = dataclasses.replace(confinement, readonly=image.readonly)
         adopted = await self.adoptions.take(key, slot.bundle_sha256, self.stop_grace_s)
-        await self.drains.room_for(slot.gpu_uuids, slot.host_memory_mb)
+        await self.drains.room_for(slot.replica_id, slot.gpu_uuids, slot.host_memory_mb)
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,

@@ -38,6 +38,7 @@ import struct
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -166,7 +167,7 @@ def _spares(count: int) -> int:
     return min(max(count, 1), MAX_SPARES)
 
 
-def _answer(conn: socket.socket, waiting: list[Spare], fork: Any, children: dict[int, socket.socket],
+def _answer(conn: socket.socket, waiting: list[Spare], fork: Callable[[], Spare], children: dict[int, socket.socket],
             target: int) -> int:
     """Answer the agent's message on ``conn``: a request for a replica goes to a waiting spare (one forked now if
     none waits), a new count of spares is taken. The count of spares wanted from now on."""

@@ -51,10 +51,10 @@ def test_a_start_waits_only_for_the_stopping_replicas_on_its_gpus(tmp_path):
         drains.stop(slot)
         assert drains.get("r-gpu") is slot and drains.keys == {slot.key}
         started = time.monotonic()
-        await drains.room_for(("GPU-b",), 0)  # another GPU: at once
+        await drains.room_for("r-other", ("GPU-b",), 0)  # another GPU: at once
         assert time.monotonic() - started < DRAIN_S / 2
         assert drains.get("r-gpu") is slot
-        await drains.room_for(("GPU-b", "GPU-a"), 0)  # one of its GPUs: once it has exited
+        await drains.room_for("r-other", ("GPU-b", "GPU-a"), 0)  # one of its GPUs: once it has exited
         assert drains.get("r-gpu") is None and drains.keys == set()
         assert time.monotonic() - started >= DRAIN_S * 0.9
 
@@ -71,9 +71,24 @@ def test_a_start_whose_host_memory_does_not_fit_waits_for_every_stopping_replica
         await _running(slot)
         drains.stop(slot)
         started = time.monotonic()
-        await drains.room_for((), 200)  # fits beside it
+        await drains.room_for("r-other", (), 200)  # fits beside it
         assert time.monotonic() - started < DRAIN_S / 2 and memory.reserved_mb == 800
-        await drains.room_for((), 300)  # does not: its memory comes back when it has exited
+        await drains.room_for("r-other", (), 300)  # does not: its memory comes back when it has exited
         assert memory.reserved_mb == 0 and drains.get("r-mem") is None
+
+    _run(go())
+
+
+def test_a_replica_assigned_again_while_it_drains_starts_once_it_has_exited(tmp_path):
+    """One replica id, one process: its status key, its NATS identity and its subjects are the id's."""
+    async def go() -> None:
+        drains = Drains(HostMemory(0))
+        slot = _slot(tmp_path, "r-again", ("GPU-a",))
+        slot.start()
+        await _running(slot)
+        drains.stop(slot)
+        started = time.monotonic()
+        await drains.room_for("r-again", (), 0)
+        assert drains.get("r-again") is None and time.monotonic() - started >= DRAIN_S * 0.9
 
     _run(go())
