@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import itertools
 import json
+import random
+import threading
+import time
 import uuid
 
 import httpx
@@ -225,6 +229,42 @@ def test_a_sequence_that_joins_running_ones_takes_its_first_step_alone(platform,
     with_joining = [step for step in mine if joining in step]
     assert with_joining[0] == [joining], with_joining[:3]  # its first step, alone
     assert [running, joining] in with_joining[1:] or [joining, running] in with_joining[1:]  # then with the other
+
+
+FLOOD = 8  # callers of one-piece requests, each at its own pace: new sequences come during every step
+
+
+def test_new_sequences_cannot_hold_the_running_ones_back(platform, http, client):
+    """Short requests arriving all the time, with slots free for them: the running sequence still steps at least every
+    other step (new ones' prefill goes first, never twice in a row)."""
+    running = _tag()
+    stop = threading.Event()
+
+    def flood(seed: int) -> int:
+        pace, sent = random.Random(seed), 0
+        while not stop.is_set():
+            client.completions.create(model="wide-counter", prompt="5", max_tokens=1, extra_body={"tag": "flood"})
+            sent += 1
+            time.sleep(pace.uniform(0.0, 0.01))  # out of step with the others
+        return sent
+
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
+            raw.stream("POST", "/openai/v1/completions",
+                       json={"model": "wide-counter", "prompt": "40", "max_tokens": 100, "stream": True,
+                             "tag": running}) as response, \
+            concurrent.futures.ThreadPoolExecutor(FLOOD) as pool:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data: "))  # it runs
+        floods = [pool.submit(flood, i) for i in range(FLOOD)]
+        text = "".join(lines)  # read to its end while the flood goes on
+        stop.set()
+        assert sum(f.result() for f in floods) > 10
+    assert text.count('"text"') >= 39 and "[DONE]" in text
+    steps = http.post("/v1/llm/WideCounter.history", json={}).json()["steps"]
+    mine = [i for i, step in enumerate(steps) if running in step]
+    gaps = [b - a for a, b in itertools.pairwise(mine)]
+    flooded = sum("flood" in step for step in steps[mine[0]:mine[-1]])
+    assert flooded > 10 and max(gaps) <= 2, (flooded, gaps)
 
 
 def test_continuous_max_tokens_and_stream(client):

@@ -5,7 +5,8 @@ the batcher's slots). A step calls the user's method once, on a thread of its ow
 whose reader has credit left, and hands each piece to its caller's stream as soon as the step returns. Sequences
 that joined since the last step take the next one alone, before the running ones' next decode (their prefill goes
 first, as vLLM's scheduler does): a new caller's first piece waits for the step under way and its own prefill, not
-for a decode of every running sequence too. A sequence
+for a decode of every running sequence too. The step after such a step runs every ready sequence, new ones included:
+the running ones wait one step at most, however many new ones come. A sequence
 leaves when its piece is None, at its ``max_tokens``, once its text holds a stop string, at its deadline, or when
 its caller went away (it is then dropped before the next step: its slot is free within one step). A step that
 fails, or answers a list of the wrong length, fails the sequences it ran; the loop goes on with the others.
@@ -55,6 +56,9 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.steps = 0  # steps run so far
+        # The last step ran new sequences alone, others waiting: the next one runs every ready sequence, so that
+        # a stream of new ones (each freeing its slot at once) cannot hold the running ones back for more than a step.
+        self._prefilled = False
         self.pieces = 0  # pieces generated so far
 
     @property
@@ -91,7 +95,10 @@ class StepLoop:
             if not ready:
                 await self._wait_credit()
                 continue
-            ready = [e for e in ready if not e.stepped] or ready  # the new ones first, alone
+            fresh = [e for e in ready if not e.stepped]
+            if fresh and not self._prefilled:  # the new ones first, alone; never twice in a row (see ``_prefilled``)
+                ready = fresh
+            self._prefilled = len(ready) < len(self._running) and ready == fresh
             for entry in ready:
                 entry.stepped = True
             seqs = [e.seq for e in ready]

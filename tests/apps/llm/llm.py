@@ -59,21 +59,45 @@ class Counter:
 
     @ember.method(openai="counter", batch=ember.Continuous(max_seqs=4))
     def step(self, seqs: list[ember.Sequence]) -> list[str | None]:
-        time.sleep(0.01)  # a decode step's pace
-        out: list[str | None] = []
-        with self.lock:
-            self.steps.append([str(s.request.extra.get("tag", "")) for s in seqs])
-            for seq in seqs:
-                if seq.state is None:
-                    seq.state = int(seq.request.text())
-                if len(seq.pieces) >= seq.state:
-                    self.finished.append(str(seq.request.extra.get("tag", "")))
-                    out.append(None)
-                else:
-                    out.append(f"t{len(seq.pieces)} ")
-        return out
+        return _count(self, seqs)
 
     @ember.method
     def history(self) -> dict[str, list]:
         with self.lock:
             return {"steps": list(self.steps), "finished": list(self.finished)}
+
+
+@app.model(timeout_s=60)
+class WideCounter:
+    """The same stand-in with room for many sequences: a new one joins whenever it comes."""
+
+    @ember.setup
+    def start(self) -> None:
+        self.lock = threading.Lock()
+        self.steps: list[list[str]] = []
+        self.finished: list[str] = []
+
+    @ember.method(openai="wide-counter", batch=ember.Continuous(max_seqs=32))
+    def step(self, seqs: list[ember.Sequence]) -> list[str | None]:
+        return _count(self, seqs)
+
+    @ember.method
+    def history(self) -> dict[str, list]:
+        with self.lock:
+            return {"steps": list(self.steps), "finished": list(self.finished)}
+
+
+def _count(model: Counter | WideCounter, seqs: list[ember.Sequence]) -> list[str | None]:
+    time.sleep(0.01)  # a decode step's pace
+    out: list[str | None] = []
+    with model.lock:
+        model.steps.append([str(s.request.extra.get("tag", "")) for s in seqs])
+        for seq in seqs:
+            if seq.state is None:
+                seq.state = int(seq.request.text())
+            if len(seq.pieces) >= seq.state:
+                model.finished.append(str(seq.request.extra.get("tag", "")))
+                out.append(None)
+            else:
+                out.append(f"t{len(seq.pieces)} ")
+    return out
