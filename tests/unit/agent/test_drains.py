@@ -31,10 +31,15 @@ def _slot(tmp_path: Path, name: str, gpus: tuple[str, ...]) -> ReplicaSlot:
                        python=_interpreter(tmp_path), gpu_uuids=gpus)
 
 
-async def _running(slot: ReplicaSlot) -> None:
+async def _stopping(tmp_path: Path, drains: Drains, name: str) -> ReplicaSlot:
+    """A replica on GPU-a, running, then given to ``drains`` to stop: it drains for ``DRAIN_S``."""
+    slot = _slot(tmp_path, name, ("GPU-a",))
+    slot.start()
     while slot.reservation() is None:  # a GPU replica whose process runs
         await asyncio.sleep(0.01)
     await asyncio.sleep(0.2)  # its shell has set its trap
+    drains.stop(slot)
+    return slot
 
 
 def _run(coro) -> None:
@@ -45,10 +50,7 @@ def _run(coro) -> None:
 def test_a_start_waits_only_for_the_stopping_replicas_on_its_gpus(tmp_path):
     async def go() -> None:
         drains = Drains(HostMemory(0))
-        slot = _slot(tmp_path, "r-gpu", ("GPU-a",))
-        slot.start()
-        await _running(slot)
-        drains.stop(slot)
+        slot = await _stopping(tmp_path, drains, "r-gpu")
         assert drains.get("r-gpu") is slot and drains.keys == {slot.key}
         started = time.monotonic()
         await drains.room_for("r-other", ("GPU-b",), 0)  # another GPU: at once
@@ -65,11 +67,8 @@ def test_a_start_whose_host_memory_does_not_fit_waits_for_every_stopping_replica
     async def go() -> None:
         memory = HostMemory(1000)
         drains = Drains(memory)
-        slot = _slot(tmp_path, "r-mem", ("GPU-a",))
         memory.reserve("r-mem", 800)
-        slot.start()
-        await _running(slot)
-        drains.stop(slot)
+        await _stopping(tmp_path, drains, "r-mem")
         started = time.monotonic()
         await drains.room_for("r-other", (), 200)  # fits beside it
         assert time.monotonic() - started < DRAIN_S / 2 and memory.reserved_mb == 800
@@ -83,10 +82,7 @@ def test_a_replica_assigned_again_while_it_drains_starts_once_it_has_exited(tmp_
     """One replica id, one process: its status key, its NATS identity and its subjects are the id's."""
     async def go() -> None:
         drains = Drains(HostMemory(0))
-        slot = _slot(tmp_path, "r-again", ("GPU-a",))
-        slot.start()
-        await _running(slot)
-        drains.stop(slot)
+        await _stopping(tmp_path, drains, "r-again")
         started = time.monotonic()
         await drains.room_for("r-again", (), 0)
         assert drains.get("r-again") is None and time.monotonic() - started >= DRAIN_S * 0.9
