@@ -227,16 +227,17 @@ class NodeAgent:
         except Exception:
             log.exception("the bundle cache could not be cut down to its budget")
         await self.images.collect(assignment, live)
-        await self._collect_volumes(assignment)
+        await self._collect_volumes(assignment, live)
 
-    async def _collect_volumes(self, assignment: NodeAssignment | None) -> None:
+    async def _collect_volumes(self, assignment: NodeAssignment | None, live: set[SlotKey]) -> None:
         """Every minute: check the cached volumes that replicas use (a stat of each file; a change is hashed and
-        repaired, see ``volumes``), and keep the cache within its budget, never removing one in use."""
+        repaired, see ``volumes``), and keep the cache within its budget, never removing one in use (``live``: the
+        slots running or stopping)."""
         now = time.monotonic()
         if now - self._volumes_checked_at < VOLUME_CHECK_EVERY_S:
             return
         self._volumes_checked_at = now
-        self._slot_volumes = {k: v for k, v in self._slot_volumes.items() if k in {*self.slots, *self.drains.keys}}
+        self._slot_volumes = {k: v for k, v in self._slot_volumes.items() if k in live}
         used = {m.key: m for ms in self._slot_volumes.values() for m in ms}
         used |= {m.key: m for m in self._zygote_volumes}
         if assignment is not None:
