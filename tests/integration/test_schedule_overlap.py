@@ -74,10 +74,20 @@ def test_allow_runs_every_tick_beside_the_run_before(overlapping, http):
         return False
 
     wait_for(overlapped, timeout_s=90, what="a run of allowed starting while another ran")
-    ticks = _tick_of("allowed", since)
-    started = sorted(ticks[cid] for what, cid in _runs(http, "allowed") if what == "start")
-    assert len(started) >= 2 and len(started) == len(set(started)), "a tick ran twice"
-    assert started == [started[0] + n for n in range(len(started))], f"a tick was skipped: {started}"
+
+    def started() -> list[float]:
+        ticks = _tick_of("allowed", since)
+        return sorted(ticks[cid] for what, cid in _runs(http, "allowed") if what == "start")
+
+    # Ticks that came together (a loaded machine) are queued together, and need not start in their order: each of
+    # them starts in the end, none is skipped.
+    def contiguous() -> list[float] | None:
+        got = started()
+        ticks = sorted(set(got))
+        return got if ticks and ticks == [ticks[0] + n for n in range(len(ticks))] else None
+
+    ran = wait_for(contiguous, timeout_s=30, what="every tick's run to start, none skipped")
+    assert len(ran) >= 2 and len(ran) == len(set(ran)), f"a tick ran twice: {ran}"
     metrics = http.get("/metrics").text
     assert 'ember_schedule_runs_total{app="overlapping",status="skipped"}' not in metrics
     assert 'ember_schedule_lag_seconds_count{app="overlapping"}' in metrics  # a tick's start was seen
