@@ -111,10 +111,16 @@ def test_status_shows_gpus_and_scale_changes_replicas(tmp_path: Path) -> None:
             svc = service(http)
             assert (svc.min_replicas, svc.max_replicas, svc.scaled, svc.desired) == (2, 2, True, 2)
 
-            ember("scale", "statusapp.where", "--min", "0", "--max", "1", url=platform.url, token=platform.token)
-            wait_for(lambda: sorted(gpu_reserved(http)) == [0, GPU_MB], 60, "down to one replica (max 1)")
+            # Down to one replica with min 1: with min 0, the 1 s scale-down window could take the second one
+            # too before a status showed one (the two drain side by side and may end in one report).
+            ember("scale", "statusapp.where", "--min", "1", "--max", "1", url=platform.url, token=platform.token)
+            wait_for(lambda: sorted(gpu_reserved(http)) == [0, GPU_MB], 60, "down to one replica (max 1)",
+                     explain=lambda: f"reserved {gpu_reserved(http)}, {service(http)}")
+            assert service(http).ready == 1
             # With no load and min 0, the 1 s scale-down window takes it to zero.
-            wait_for(lambda: gpu_reserved(http) == [0, 0] and service(http).ready == 0, 60, "down to zero")
+            ember("scale", "statusapp.where", "--min", "0", "--max", "1", url=platform.url, token=platform.token)
+            wait_for(lambda: gpu_reserved(http) == [0, 0] and service(http).ready == 0, 60, "down to zero",
+                     explain=lambda: f"reserved {gpu_reserved(http)}, {service(http)}")
             assert service(http).desired == 0
         finally:
             transport.close()
