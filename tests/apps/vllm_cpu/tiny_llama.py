@@ -1,5 +1,5 @@
-"""A tiny Llama that vLLM loads, built here from a config: random weights, a byte-level BPE tokenizer trained on a few
-lines, a chat template. Nothing is downloaded. Used by ``app.py`` (in its replica) and by the vLLM backend's tests."""
+"""A tiny Llama that vLLM loads, built here from a config: random weights, a BPE tokenizer trained on a few lines, a
+chat template. Nothing is downloaded. Used by ``app.py`` (in its replica) and by the vLLM backend's tests."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ def build(folder: Path) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+    # Metaspace (SentencePiece's way with spaces), not byte-level: every token is whole characters, so each one the
+    # random model picks has text of its own (a byte-level token may be part of a character, whose text a
+    # detokenizer holds back until the rest comes), and a benchmark's first text is its first token.
     raw = Tokenizer(models.BPE(unk_token="<unk>"))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Metaspace()
     raw.train_from_iterator(["hello world", "the quick brown fox jumps over the lazy dog", "user: assistant:"] * 20,
-                            trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"],
-                                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+                            trainers.BpeTrainer(vocab_size=320, special_tokens=["<unk>", "<s>", "</s>"]))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
                                "{% if add_generation_prompt %}assistant:{% endif %}")
