@@ -41,7 +41,6 @@ APP = ROOT / "tests" / "apps" / "vllm_cpu"
 # right after Ember's round, 5,000-6,500 alone).
 SETTLE_S = 2.0
 _TEXT = re.compile(rb'"content":"[^"]')  # a chunk whose delta carries text (the first chunk's role has none)
-ENGINE_ARGS = {"enforce_eager": True, "max_model_len": 256, "kv_cache_memory_bytes": 64 << 20}  # as the app's
 
 
 Stream = Callable[[str, int], Awaitable[tuple[float, float]]]  # (prompt, max_tokens) -> (first piece s, total s)
@@ -116,7 +115,7 @@ def run(rounds: int) -> dict[str, dict[str, list[float]]]:
         async def rounds_() -> None:
             nonlocal engine
             say("starting the in-process engine")
-            engine = evllm.Engine(str(tiny_llama.build(work / "model")), device="cpu", **ENGINE_ARGS)
+            engine = evllm.Engine(str(tiny_llama.build(work / "model")), device="cpu", **tiny_llama.CPU_ENGINE_ARGS)
             client = httpx.AsyncClient(base_url=platform.url, headers={"Authorization": f"Bearer {platform.token}"},
                                        timeout=300, limits=httpx.Limits(max_connections=64))
             sides = {"in process": direct(engine), "through Ember": over_http(client)}

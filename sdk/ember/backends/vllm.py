@@ -183,7 +183,9 @@ def _pieces(output: Any) -> list[str]:
         return []
     completion = output.outputs[0]
     text, tokens = completion.text or "", len(completion.token_ids or ())
-    return [text, *[""] * (tokens - 1)] if tokens else [text] if text else []
+    if not tokens:
+        return [text] if text else []
+    return [text] + [""] * (tokens - 1)
 
 
 def _cpu_build() -> bool:

@@ -20,9 +20,7 @@ class TinyLlama:
         import tiny_llama
 
         folder = tiny_llama.build(Path(tempfile.mkdtemp(prefix="tiny-llama-")))
-        # 64 MiB of KV cache: 16,384 tokens of this model, far more than the tests ask at once.
-        self.engine = evllm.Engine(str(folder), enforce_eager=True, max_model_len=256,
-                                   kv_cache_memory_bytes=64 << 20)
+        self.engine = evllm.Engine(str(folder), **tiny_llama.CPU_ENGINE_ARGS)
 
     @ember.method(openai="tiny-vllm")
     async def chat(self, req: ember.openai.ChatRequest) -> AsyncIterator[str]:

@@ -4,6 +4,11 @@ chat template. Nothing is downloaded. Used by ``app.py`` (in its replica) and by
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+# The engine's arguments on the CPU for this model, wherever one is made of it (the app, the tests, the bench): no
+# compilation, its short context, and 64 MiB of KV cache (16,384 tokens, far more than they ask at once).
+CPU_ENGINE_ARGS: dict[str, Any] = {"enforce_eager": True, "max_model_len": 256, "kv_cache_memory_bytes": 64 << 20}
 
 
 def build(folder: Path) -> Path:

@@ -131,21 +131,22 @@ def _gpus_with_vllm(count: int = 1, monkeypatch: pytest.MonkeyPatch | None = Non
         pytest.skip("needs vLLM (pip install 'ember[gpu]'), not installed here")
 
 
-def _tiny_llama(folder: Path) -> Path:
+def _tiny_llama() -> Any:
+    """tests/apps/vllm_cpu/tiny_llama.py: the model's builder and its engine arguments on the CPU."""
     sys.path.insert(0, str(TINY))
     try:
         import tiny_llama
     finally:
         sys.path.remove(str(TINY))
-    return tiny_llama.build(folder)
+    return tiny_llama
 
 
 def _engine(folder: Path, gpus: int) -> evllm.Engine:
+    tiny = _tiny_llama()
+    model = str(tiny.build(folder))
     if os.environ["EMBER_DEVICE"] == "cpu":
-        return evllm.Engine(str(_tiny_llama(folder)), enforce_eager=True, max_model_len=256,
-                            kv_cache_memory_bytes=64 << 20)
-    return evllm.Engine(str(_tiny_llama(folder)), gpu_count=gpus, enforce_eager=True, max_model_len=256,
-                        gpu_memory_utilization=0.3)
+        return evllm.Engine(model, **tiny.CPU_ENGINE_ARGS)
+    return evllm.Engine(model, gpu_count=gpus, enforce_eager=True, max_model_len=256, gpu_memory_utilization=0.3)
 
 
 async def _text(engine: evllm.Engine, req: Any) -> list[str]:
