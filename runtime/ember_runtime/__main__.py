@@ -16,6 +16,7 @@ from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
 from ember_runtime.agent.slots import STOP_GRACE_S
+from ember_runtime.agent.warm_starts import DEFAULT_LIMIT
 
 
 def _grace(text: str) -> float:
@@ -27,6 +28,12 @@ def _grace(text: str) -> float:
     if not 0 < seconds <= 3600:
         raise argparse.ArgumentTypeError(f"{text} is not more than 0 and at most 3600 seconds")
     return seconds
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) > 64:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 64")
+    return int(text)
 
 
 def main() -> None:
@@ -54,6 +61,10 @@ def main() -> None:
                         help="when the agent stops (SIGTERM), how long each replica may take to finish the calls it "
                              "runs before it is killed (their calls are then delivered again); 0 < seconds <= 3600 "
                              f"(default {STOP_GRACE_S:g}, $EMBER_STOP_GRACE_S)")
+    parser.add_argument("--warm-starts", type=_count, default=os.environ.get("EMBER_WARM_STARTS") or DEFAULT_LIMIT,
+                        help="apps whose next fresh replica starts from a warm start (an interpreter in the app's "
+                             "sandbox with its heavy libraries imported ahead), at most; each holds the memory of "
+                             f"those imports; 0: none (default {DEFAULT_LIMIT}, $EMBER_WARM_STARTS)")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -79,7 +90,7 @@ def main() -> None:
         logging.getLogger("ember.agent").warning(
             "INSECURE (--insecure-no-auth): connected to NATS without credentials")
     agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox,
-                      stop_grace_s=args.stop_grace_s)
+                      stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts)
 
     async def run() -> None:
         stop = asyncio.Event()

@@ -22,12 +22,15 @@ class TestPlatform(EmbeddedPlatform):
     __test__ = False  # not a test class, whatever pytest thinks of its name
 
     def __init__(self, state_dir: Path, *, faults: AgentFaults | None = None, sandbox: bool = True,
-                 **kwargs: Any) -> None:
+                 warm_starts: int = 0, **kwargs: Any) -> None:
         """``faults``: what its node agents do wrong (see ``support.faults``); none unless asked. ``sandbox``: its own
-        agent's replicas in sandboxes where this machine allows them (else unsandboxed, ``--insecure-no-sandbox``)."""
+        agent's replicas in sandboxes where this machine allows them (else unsandboxed, ``--insecure-no-sandbox``).
+        ``warm_starts``: its agents' ``--warm-starts`` (none unless asked: each imports torch ahead, a second of
+        CPU that the suite's other tests would wait for)."""
         super().__init__(state_dir, **kwargs)
         self.faults = faults
         self.sandbox = sandbox
+        self.warm_starts = warm_starts
         self._commands: dict[str, list[str]] = {}
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -37,7 +40,7 @@ class TestPlatform(EmbeddedPlatform):
         if cmd[1:3] == ["-m", "ember_runtime"]:
             # A test's platform stops at its end with calls still running (a call a test left busy for 20 s): its
             # replicas are not waited for as a production node's are.
-            cmd = [*cmd, "--stop-grace-s", str(STOP_GRACE_S)]
+            cmd = [*cmd, "--stop-grace-s", str(STOP_GRACE_S), "--warm-starts", str(self.warm_starts)]
             if self.faults is not None:
                 cmd = self.faults.command(cmd)
         return super()._spawn(name, cmd)

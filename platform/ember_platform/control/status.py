@@ -67,6 +67,7 @@ def node_view(node: NodeInfo, slots: Iterable[SlotAssignment], replicas: Sequenc
     devices = [_device_view(d, slots, specs) for d in node.devices]
     return NodeView(node_id=node.node_id, hostname=node.hostname, updated_at=node.updated_at,
                     devices=_with_slices_summed(devices), replicas=on_node, zygotes=list(node.zygotes),
+                    warm_starts=dict(node.warm_starts),
                     sandbox=node.sandbox, isolation_notes=list(node.isolation_notes))
 
 

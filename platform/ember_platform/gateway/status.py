@@ -47,8 +47,8 @@ def insecure(tokens_checked: bool, nats_credentials: bool) -> list[str]:
 
 
 def visible(view: StatusView, principal: Principal) -> StatusView:
-    """``view`` with only what concerns the apps ``principal`` sees: its services, and on each node its replicas
-    and zygotes (the nodes and their devices are shown to every reader)."""
+    """``view`` with only what concerns the apps ``principal`` sees: its services, and on each node its replicas,
+    zygotes and warm starts (the nodes and their devices are shown to every reader)."""
     if principal.all_apps:
         return view
     nodes = []
@@ -57,7 +57,9 @@ def visible(view: StatusView, principal: Principal) -> StatusView:
         ids = {r.replica_id for r in replicas}
         devices = [msgspec.structs.replace(d, replicas=[r for r in d.replicas if r in ids]) for d in node.devices]
         nodes.append(msgspec.structs.replace(node, replicas=replicas, devices=devices,
-                                             zygotes=[z for z in node.zygotes if principal.sees(z.app)]))
+                                             zygotes=[z for z in node.zygotes if principal.sees(z.app)],
+                                             warm_starts={a: s for a, s in node.warm_starts.items()
+                                                          if principal.sees(a)}))
     return msgspec.structs.replace(view, nodes=nodes, services=[s for s in view.services if principal.sees(s.app)])
 
 

@@ -72,6 +72,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     cgroup: str = ""
     pasta_pid_file: str = ""
     door: str = ""
+    command_id: str = ""  # the id on its command line, where it began as a warm start (``warm_starts``)
 
 
 _decoder = msgspec.json.Decoder(Record)
@@ -101,7 +102,7 @@ def not_ours(record: Record) -> str:
         return f"process {record.pid} is gone (its number is another process's now)"
     if f"{MARK_ENV}={record.nonce}".encode() not in environ:
         return f"process {record.pid} does not carry the agent's mark"
-    if (b"--replica-id", record.replica_id.encode()) not in itertools.pairwise(argv):
+    if (b"--replica-id", (record.command_id or record.replica_id).encode()) not in itertools.pairwise(argv):
         return f"process {record.pid} is not replica {record.replica_id}"
     return ""
 

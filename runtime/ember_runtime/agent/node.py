@@ -38,6 +38,7 @@ from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, n
 from ember_runtime.agent import adoption, numa
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
+from ember_runtime.agent import warm_starts as warm
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.drains import Drains
@@ -67,7 +68,8 @@ class NodeAgent:
 
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
                  inventory: Path | None = None, creds: NatsCredentials | None = None,
-                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, stop_grace_s: float = STOP_GRACE_S) -> None:
+                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, stop_grace_s: float = STOP_GRACE_S,
+                 warm_starts: int = warm.DEFAULT_LIMIT) -> None:
         self.nats_url = nats_url
         self.stop_grace_s = stop_grace_s  # what each replica is given to drain when the agent stops
         self.creds = creds  # this node's NATS credentials; its replicas' are derived from them
@@ -102,6 +104,7 @@ class NodeAgent:
         self._zygote_volumes: list[VolumeMount] = []  # the volumes of the zygotes held
         self.adoptions = adoption.Adoptions(adoption.Records.of(state_dir),
                                             sandbox.network.nats_servers if sandbox.network is not None else None)
+        self.warm = warm.WarmStarts(self.adoptions.records, warm_starts)  # fresh starts begun ahead, one per app
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
@@ -148,6 +151,7 @@ class NodeAgent:
             with contextlib.suppress(Exception):
                 await status_sub.unsubscribe()
             self.slots.clear()
+            await self.warm.stop()
             await self.zygotes.stop()
             await self.images.stop()
             for task in (heartbeat, watch):
@@ -170,7 +174,7 @@ class NodeAgent:
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
-                            environments=self.images.cache.cached(),
+                            environments=self.images.cache.cached(), warm_starts=self.warm.statuses(),
                             replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {},
                             **sandboxes.isolation(self.sandbox, self.cgroups))
             try:
@@ -193,6 +197,7 @@ class NodeAgent:
         assignment = self.assignments.items.get(self.node_id)
         await self._reconcile_zygotes(assignment)
         want = self.desired(assignment)
+        await self.warm.keep({k.app for k in want})
         if self.assignments.synced:
             await self.adoptions.stop_unwanted({k.replica_id for k in want}, self.stop_grace_s)
         for key in [k for k in self._starting if k not in want]:  # unassigned while its bundle was fetched
@@ -316,6 +321,9 @@ class NodeAgent:
             status = msgspec.structs.replace(replica_decoder.decode(msg.data), replica_id=replica_id,
                                              node_id=self.node_id, app=k.app, service=k.service, version=k.version)
             await self._stores.replicas.put(subjects.replica_key(self.node_id, replica_id), encoder.encode(status))
+            start = status.start  # one forked from a zygote: its app's starts fork, a warm start would idle
+            if status.state == "ready" and start and start.modules and start.kind != "zygote" and slot.warm_template:
+                self.warm.want(slot.warm_template, start.modules)  # its app's next start takes one
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         decided = time.time()
@@ -363,7 +371,7 @@ class NodeAgent:
                               startup_timeout_s=slot.startup_timeout_s,
                               confinement=confinement, verify=partial(self.bundles.verify, slot.bundle_sha256),
                               python=image.python if image is not None else None, records=self.adoptions.records,
-                              adopt=adopted, bundle_sha256=slot.bundle_sha256)
+                              adopt=adopted, bundle_sha256=slot.bundle_sha256, warm=self.warm)
         self.slots[key] = replica
         self._slot_bundles[key] = slot.bundle_sha256
         self._slot_volumes[key] = list(slot.volumes)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import signal
 import sys
@@ -17,13 +16,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
-from ember_runtime import hostpid
-from ember_runtime.agent import adoption, descriptors, reap, sandbox
+from ember_runtime.agent import adoption, descriptors, launch, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.memory_watch import Reservation
+from ember_runtime.agent.warm_starts import WarmError, WarmStarts, template_of
 from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
 from ember_runtime.exit_codes import SETUP_FAILURES
+from ember_runtime.warm import Identity
 
 log = logging.getLogger("ember.agent")
 
@@ -65,8 +65,9 @@ class ReplicaSlot:
                  confinement: sandbox.Confinement = sandbox.NOT_CONFINED,
                  verify: Callable[[], Awaitable[Path]] | None = None, python: Path | None = None,
                  records: adoption.Records | None = None, adopt: adoption.Adopted | adoption.Record | None = None,
-                 bundle_sha256: str = "") -> None:
+                 bundle_sha256: str = "", warm: WarmStarts | None = None) -> None:
         self.key = key
+        self._warm = warm  # the node's warm starts: a fresh start takes its app's, where the node holds one
         self._records = records  # where a fresh start is recorded, for a restarted agent to adopt it
         self._adopted = adopt if isinstance(adopt, adoption.Adopted) else None  # the first "start" adopts it
         self._bundle_sha256 = bundle_sha256
@@ -95,6 +96,7 @@ class ReplicaSlot:
         self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
         self._startup_timeout_s = startup_timeout_s
         self._jail = confinement
+        self.warm_template = template_of(key.app, self._python, env, confinement) if warm is not None else None
         self._hellos: set[asyncio.Task[None]] = set()
         self._verify = verify  # the bundle, checked (and unpacked again if it changed) before a fresh start
         self._cgroup: Path | None = None
@@ -197,7 +199,8 @@ class ReplicaSlot:
             self._leader = adopted.leader  # its pidfd, opened before the process was checked to be the one started
             log.info("replica %s adopted (pid %d)", self.replica_id, adopted.pid)
         else:
-            self._proc = await self._fork(decided) or await self._spawn(kind, decided, fetch_s)
+            self._proc = await self._fork(decided) or await self._from_warm(decided, fetch_s) \
+                or await self._spawn(kind, decided, fetch_s)
             self._leader = Leader.open(self._proc.pid)  # a number just given out: no full turn of the pids since
         leader = self._leader
         assert self._proc.stdout is not None and self._proc.stderr is not None
@@ -210,7 +213,7 @@ class ReplicaSlot:
             leader.signal_group(signal.SIGKILL)  # what a crashed replica started dies with it
             leader.close()
             if proc.returncode is None:  # a stop cancelled the wait: its exit is waited for all the same
-                await _exited(proc)
+                await launch.exited(proc)
             await asyncio.gather(*pumps, return_exceptions=True)
             MemoryCgroups.remove(self._cgroup)
             self._release()
@@ -263,7 +266,7 @@ class ReplicaSlot:
             except BaseException:  # nobody would read it or know of it: it must not run on unseen
                 reap.kill_group(proc.pid)  # a number just given out, not waited for yet
                 pipes.close()
-                await _exited(proc)
+                await launch.exited(proc)
                 raise
             self._lifeline = pipes.lifeline
             self._record(proc, pipes.nonce)
@@ -280,37 +283,11 @@ class ReplicaSlot:
             return None
 
     async def _start_process(self, command: list[str], env: dict[str, str], preexec: Callable[[], None],
-                             out: dict[str, Any],
-                             keep: Sequence[int]) -> asyncio.subprocess.Process | sandbox.SandboxedProcess:
-        jail = self._jail
-        if not jail.sandbox.enabled:
-            spawning = asyncio.ensure_future(asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, cwd=self._bundle, env=env, start_new_session=True,
-                preexec_fn=preexec, pass_fds=keep, **out))
-            try:
-                return await asyncio.shield(spawning)
-            except BaseException:  # a stop cancelled the start: the process may have started all the same
-                if (started := await reap.spawned(spawning)) is not None:
-                    reap.kill_group(started.pid)  # a number just given out, not waited for yet
-                    await _exited(started)
-                raise
-        ours, theirs = hostpid.socket_pair()
-        env[hostpid.FD_ENV] = str(theirs.fileno())
-        outlive = dataclasses.replace(jail.jail(self._bundle, env), outlive_command=bool(keep))  # see ``_pipes``
-        try:
-            proc = await sandbox.start(jail.sandbox, command, outlive, env, preexec,
-                                       pass_fds=[theirs.fileno(), *keep], **out)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        hello = asyncio.create_task(_learn_host_pid(proc, ours), name=f"host-pid-{self.replica_id}")
-        self._hellos.add(hello)
-        hello.add_done_callback(self._hellos.discard)
-        return proc
+                             out: dict[str, Any], keep: Sequence[int]) -> launch.Started:
+        return await launch.start(command, env, preexec, out, keep, confinement=self._jail, bundle=self._bundle,
+                                  name=self.replica_id, hellos=self._hellos)
 
-    def _record(self, proc: asyncio.subprocess.Process | sandbox.SandboxedProcess, nonce: str) -> None:
+    def _record(self, proc: launch.Started, nonce: str, command_id: str = "") -> None:
         """What a restarted agent needs to find this replica again and adopt it (see ``adoption``)."""
         assert self._records is not None
         started = adoption.start_time(proc.pid)
@@ -321,7 +298,34 @@ class ReplicaSlot:
             replica_id=k.replica_id, app=k.app, service=k.service, version=k.version, index=k.index,
             bundle_sha256=self._bundle_sha256, pid=proc.pid, start_time=started, nonce=nonce, restarts=self.restarts,
             cgroup=str(self._cgroup or ""), pasta_pid_file=getattr(proc, "pasta_pid_file", ""),
-            door=getattr(proc, "door", "")))
+            door=getattr(proc, "door", ""), command_id=command_id))
+
+    async def _from_warm(self, decided: float, fetch_s: float) -> launch.Started | None:
+        """A replica from its app's warm start (``warm_starts``), where the node holds one of its key; None otherwise,
+        and when the hand-over fails (said on its log stream: it starts fresh)."""
+        template, warm_starts = self.warm_template, self._warm
+        if template is None or warm_starts is None or self._records is None:
+            return None
+        warm = warm_starts.take(template.key)
+        if warm is None:
+            return None
+        try:
+            if self._verify is not None:
+                self._bundle = await self._verify()
+            identity = Identity(argv=self._argv("warm", decided, fetch_s), cpus=sorted(self._cpus or ()),
+                                env={"PYTHONUNBUFFERED": "1", **self._env, **self._jail.secrets})
+            await warm.give(self._records, self.replica_id, self._bundle, identity)
+        except WarmError as exc:
+            await self._publish("agent", f"replica {self.replica_id}: {exc}; starting it fresh")
+            return None
+        except BaseException:  # cancelled, or its bundle failed its check: the warm start is let go of
+            await asyncio.shield(warm.stop())
+            raise
+        self._cgroup, self._lifeline = warm.cgroup, warm.lifeline
+        proc = warm.proc
+        proc.stdout, proc.stderr = warm.stdout, warm.stderr
+        self._record(proc, warm.nonce, command_id=warm.name)
+        return proc
 
     async def _fork(self, decided: float) -> ForkedProcess | None:
         """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
@@ -399,22 +403,3 @@ def _cut(raw: bytes, max_line: int, dropped: int) -> str:
     dropped += max(len(raw) - max_line, 0)
     line = raw[:max_line].decode(errors="replace")
     return f"{line} [... {dropped} more bytes of this line not kept]" if dropped else line
-
-
-async def _exited(proc: Running) -> None:
-    """Until ``proc``, killed, has exited and its exit been seen (a process the loop never saw exit stays
-    unreaped, and its transport open), ``reap.WAIT_S`` at most."""
-    try:
-        await asyncio.wait_for(proc.wait(), reap.WAIT_S)
-    except TimeoutError:
-        log.warning("process %d still ran %.0fs after SIGKILL", proc.pid, reap.WAIT_S)
-
-
-async def _learn_host_pid(proc: sandbox.SandboxedProcess, sock: Any) -> None:
-    """Answer the sandboxed replica's question (its pid on this node) and remember the answer."""
-    try:
-        _, proc.host_pid = await asyncio.wait_for(hostpid.answer(sock), hostpid.ASK_TIMEOUT_S)
-    except (OSError, TimeoutError):
-        pass
-    finally:
-        sock.close()

@@ -24,7 +24,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--node-id", required=True)
     p.add_argument("--restarts", type=int, default=0)
     p.add_argument("--restart-reason", default="", help="why the previous process of this replica ended")
-    p.add_argument("--start-kind", choices=["cold", "artifact", "zygote"], default="cold")
+    p.add_argument("--start-kind", choices=["cold", "artifact", "zygote", "warm"], default="cold")
     p.add_argument("--exit-with", type=int, default=0, metavar="PID",
                    help="drain and exit when process PID (the node agent) exits; for replicas forked from a zygote")
     p.add_argument("--decided-at", type=float, default=None, help="when the agent decided to start it (epoch s)")

@@ -44,7 +44,7 @@ from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import call_buckets, connect_until
 from ember.wire.natscreds import NatsCredentials, take_from_env
 from ember.wire.streams import credit_decoder
-from ember_runtime import hostpid, lifeline, natsdoor
+from ember_runtime import hostpid, lifeline, natsdoor, warm
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
@@ -188,7 +188,8 @@ class Replica:
                            interpreter_s=since_decision if pre is None else 0.0,
                            fork_s=since_decision if pre is not None else 0.0,
                            snap_setup_s=pre.snap_setup_s if pre is not None else 0.0,
-                           imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided)
+                           imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided,
+                           modules=warm.imported())
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []

@@ -46,7 +46,7 @@ import msgspec
 from ember import _gc
 from ember import _loop as ember_loop
 from ember._loader import find_app, import_app_module
-from ember_runtime import hostpid
+from ember_runtime import hostpid, warm
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
@@ -310,7 +310,7 @@ async def _spare(channel: socket.socket, preloaded: Preloaded, nats_url: str, li
         with contextlib.suppress(OSError):  # a thread's own: this one's, and the model thread made before
             os.sched_setaffinity(0, request.cpus)
             os.sched_setaffinity(model_thread.native_id, request.cpus)
-    _apply_thread_count()
+    warm.apply_thread_count()
     return await replica.serve(replica.parse_args(request.argv), preloaded, model_thread)
 
 
@@ -340,15 +340,6 @@ def _close_channels(keep: set[int]) -> None:
                     os.dup2(null, fd, inheritable=False)  # the channel's last reference here goes
     finally:
         os.close(null)
-
-
-def _apply_thread_count() -> None:
-    """Thread-count variables take effect when a library starts, which happened in the zygote: apply the
-    child's to torch again (the agent sets OMP_NUM_THREADS to the CPUs a replica is pinned to)."""
-    threads = os.environ.get("OMP_NUM_THREADS", "")
-    torch = sys.modules.get("torch")
-    if torch is not None and threads.isdigit() and int(threads) > 0:
-        torch.set_num_threads(int(threads))
 
 
 def _reap(children: dict[int, socket.socket], waiting: list[Spare]) -> None:

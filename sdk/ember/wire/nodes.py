@@ -38,6 +38,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     zygotes: list[ZygoteStatus] = []  # the preloaded zygotes the node holds
     volumes: list[str] = []  # volume versions cached on the node, as ``name@vN`` (placement prefers them)
     environments: list[str] = []  # image environments (their sha256) built on the node
+    warm_starts: dict[str, str] = {}  # app -> "starting" or "ready": the warm start the node holds of it
     # replica id -> device uuid -> MB of GPU memory its processes use, as last sampled (every GPU replica)
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
     sandbox: str = ""  # how replicas are held: "bwrap" (with "own network" or "node network"), "none"; "": unknown
@@ -113,7 +114,7 @@ ReplicaState = Literal["starting", "ready", "stopping", "crashed", "failed"]
 
 
 # cold: the bundle was fetched for this start; artifact: it was on disk; zygote: forked from a preloaded zygote
-StartKind = Literal["cold", "artifact", "zygote"]
+StartKind = Literal["cold", "artifact", "zygote", "warm"]
 
 
 class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,6 +129,7 @@ class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
     first_call_s: float | None = None  # ready to the first answered call
     fork_s: float = 0.0  # decision to running in the forked child (zygote starts only)
     snap_setup_s: float = 0.0  # the @ember.setup(snap=True) methods: paid once, by the zygote, before the decision
+    modules: list[str] = []  # the heavy libraries the app imported (torch and the like): a warm start imports them
 
 
 class Histogram(msgspec.Struct, frozen=True, kw_only=True):

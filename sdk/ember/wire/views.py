@@ -83,6 +83,7 @@ class NodeView(msgspec.Struct, frozen=True, kw_only=True):
     devices: list[DeviceView]
     replicas: list[NodeReplicaView] = []
     zygotes: list[ZygoteStatus] = []
+    warm_starts: dict[str, str] = {}  # NodeInfo.warm_starts: app -> "starting" or "ready"
     sandbox: str = ""  # NodeInfo.sandbox
     isolation_notes: list[str] = []  # NodeInfo.isolation_notes
 

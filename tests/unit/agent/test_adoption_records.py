@@ -109,3 +109,14 @@ def test_a_replica_id_that_is_not_a_plain_name_gets_no_folder(tmp_path: Path, re
     with pytest.raises(ValueError, match="replica id"):
         Records(tmp_path / "replicas").folder(replica_id)
     assert not (tmp_path / "escape").exists()
+
+
+def test_a_replica_that_began_as_a_warm_start_is_kept_under_the_id_it_was_started_with(tmp_path: Path,
+                                                                                       procs) -> None:
+    records = Records(tmp_path / "replicas")
+    warm = _start(procs, "warm-0123abcd", {MARK_ENV: "c" * 32})  # its command line names the warm start
+    records.write(_record("r-took", warm.pid, "c" * 32, command_id="warm-0123abcd"))
+    records.write(_record("r-claims", warm.pid, "c" * 32))  # the same process without the id it was started with
+    records.write(_record("r-other-id", warm.pid, "c" * 32, command_id="warm-ffffffff"))
+    found, _ = records.load()
+    assert set(found) == {"r-took"}

@@ -1,0 +1,322 @@
+"""The node agent's warm starts (see ``ember_runtime.warm``): for an app whose replicas import heavy libraries, one
+fresh start begun ahead, which the app's next fresh start takes instead of starting an interpreter.
+
+- **When.** A replica of the app reports ready with the libraries it imported (``StartPhases.modules``); the agent
+  then keeps one warm start of the app, importing those, while the node's assignment holds the app (a new version's
+  replicas, pushed later, take it) and while the node holds fewer than ``limit`` of them (first come). A taken one
+  is replaced at once, off the caller's path.
+- **What it is.** Exactly what a fresh start of the app would get: its interpreter, its sandbox (read-only binds,
+  volumes, ``block_network``) and network, its memory cgroup and limit, its environment, its FIFOs and lifeline (so
+  that, once taken, the replica outlives the agent and is adopted like any fresh one). It differs only in what a
+  replica is given at the take: its identity (replica id, version, arguments), its NATS credentials and secrets,
+  its CPUs; those are not part of the key (its thread counts are: libraries size their pools as they are imported).
+  A start whose key differs (another app, an image that changed, GPU devices, other volumes) starts fresh as before.
+- **The bundle.** The sandbox binds an empty folder of the warm start's own at ``/bundle``, read-only; at the take
+  the agent fills it with the version's unpacked bundle (hard links into the bundle cache, read-only in the sandbox),
+  and the folder becomes the replica's record folder (its FIFOs are there), removed when the replica ends.
+- **Who owns what.** A warm start is its app's: keyed by the app, started with the app's confinement, given nothing
+  of another app; its folder is in the agent's 0700 state dir, like every replica's.
+- **What it costs.** The memory of its imports (about 220 MB resident with torch), not counted in the node's host
+  memory reservations, and one start's CPU after each take; none while it waits. An app whose replicas fork from a
+  zygote gets none (its starts fork). ``--warm-starts 0`` turns them off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import shutil
+import signal
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from ember.wire.natscreds import CREDS_ENV
+from ember_runtime.agent import adoption, launch, sandbox
+from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.leaders import Leader
+from ember_runtime.warm import MODULES, READY_LINE, Identity
+
+log = logging.getLogger("ember.agent")
+
+DEFAULT_LIMIT = 2  # warm starts a node holds at once
+MAX_FAILURES = 3  # warm starts of one key that died before a take, after which that key gets none
+# What differs between two replicas of one app on one node: given at the take, not part of the key. (Thread counts
+# are part of it: libraries size their pools when imported, which a warm start did ahead.)
+PER_REPLICA_ENV = frozenset({CREDS_ENV, "CUDA_VISIBLE_DEVICES", "EMBER_GPU_MEMORY_MB"})
+
+
+class WarmError(Exception):
+    """A warm start could not be handed over; the replica starts fresh instead."""
+
+
+@dataclass(frozen=True)
+class WarmKey:
+    """What a fresh start of an app gets on this node, but for what is given at the take: two starts of one key can
+    take each other's warm start."""
+
+    app: str
+    python: str
+    env: tuple[tuple[str, str], ...]
+    readonly: tuple[Path, ...]
+    mounts: tuple[tuple[Path, str], ...]
+    block_network: bool
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Template:
+    """How to start a warm start of ``key``: its environment (nothing per replica in it) and its confinement (no
+    secrets, no devices)."""
+
+    key: WarmKey
+    env: Mapping[str, str] = field(default_factory=dict)
+    confinement: sandbox.Confinement = sandbox.NOT_CONFINED
+
+
+def template_of(app: str, python: str, env: Mapping[str, str], confinement: sandbox.Confinement) -> Template | None:
+    """The warm start a fresh start of ``app`` could take; None where it takes none (a replica with GPU devices)."""
+    if confinement.devices or "CUDA_VISIBLE_DEVICES" in env:
+        return None
+    shared = {k: v for k, v in env.items() if k not in PER_REPLICA_ENV}
+    key = WarmKey(app=app, python=python, env=tuple(sorted(shared.items())), readonly=confinement.readonly,
+                  mounts=confinement.mounts, block_network=confinement.block_network, memory_mb=confinement.memory_mb)
+    return Template(key=key, env=shared, confinement=replace(confinement, secrets={}))
+
+
+class WarmStart:
+    """One warm start, waiting for its replica."""
+
+    def __init__(self, key: WarmKey, name: str, folder: Path, proc: launch.Started, pipes: adoption.Pipes,
+                 identity_w: int, cgroup: Path | None, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader) -> None:
+        self.key = key
+        self.name = name  # its id until taken (``--replica-id`` on its command line)
+        self.folder = folder
+        self.proc = proc
+        self.nonce = pipes.nonce
+        self.lifeline = pipes.lifeline
+        self.cgroup = cgroup
+        self.stdout, self.stderr = stdout, stderr
+        self.ready = False  # its imports are done
+        self._identity_w = identity_w
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    def watch(self) -> None:
+        self._watch = asyncio.create_task(self._until_ready(), name=f"warm-{self.name}")
+
+    async def _until_ready(self) -> None:
+        with contextlib.suppress(ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            while line := await self.stdout.readline():
+                if line.strip() == READY_LINE.encode():
+                    self.ready = True
+                    return
+                log.debug("warm start %s: %s", self.name, line.decode(errors="replace").rstrip())
+
+    async def give(self, records: adoption.Records, replica_id: str, bundle: Path, identity: Identity) -> None:
+        """Hand this warm start to replica ``replica_id``: its folder becomes the replica's, the bundle goes in, then
+        the identity; the warm start is the replica's from here (``stop`` no longer applies)."""
+        if self._watch is not None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if not self.alive:
+            raise WarmError(f"warm start {self.name} ended (exit code {self.proc.returncode})")
+        try:
+            target = records.folder(replica_id)
+            shutil.rmtree(target)  # what an ended process of this replica left, if anything
+            os.rename(self.folder, target)
+            self.folder = target
+            _fill(bundle, target / "bundle")
+            await _write_all(self._identity_w, msgspec.json.encode(identity))
+        except (OSError, ValueError) as exc:
+            await self.stop()
+            raise WarmError(f"warm start {self.name} could not be handed over: {exc}") from exc
+        finally:
+            _close(self._identity_w)
+            self._identity_w = -1
+
+    async def stop(self) -> None:
+        """Let it go unused: its identity pipe closes (it exits), its group is killed if it does not, its folder and
+        cgroup removed."""
+        if self._watch is not None:
+            self._watch.cancel()
+        _close(self._identity_w)
+        self._identity_w = -1
+        _close(self.lifeline)
+        self.lifeline = -1
+        try:
+            await asyncio.wait_for(self.proc.wait(), 5.0)
+        except TimeoutError:
+            leader = Leader.open(self.proc.pid)
+            leader.signal_group(signal.SIGKILL)
+            leader.close()
+            await launch.exited(self.proc)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        MemoryCgroups.remove(self.cgroup)
+
+
+class WarmStarts:
+    """The warm starts of this node, at most ``limit`` of them, one per app."""
+
+    def __init__(self, records: adoption.Records, limit: int = DEFAULT_LIMIT) -> None:
+        self.limit = limit
+        self._records = records
+        self._held: dict[str, WarmStart] = {}  # by app
+        self._templates: dict[str, tuple[Template, tuple[str, ...]]] = {}  # by app: how to start its next one
+        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._failures: dict[WarmKey, int] = {}
+        self._hellos: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()  # each warm start's exit watched; let go of ended ones
+
+    def want(self, template: Template, modules: Iterable[str]) -> None:
+        """Keep a warm start of ``template`` importing ``modules`` (those of ``MODULES`` only), when the node has
+        room: a replica of its app reported them at its ready."""
+        heavy = tuple(m for m in MODULES if m in set(modules))
+        app = template.key.app
+        if not heavy or self.limit <= 0 or self._failures.get(template.key, 0) >= MAX_FAILURES:
+            return
+        if app not in self._templates and len(self._templates) >= self.limit:
+            return
+        self._templates[app] = (template, heavy)
+        held = self._held.get(app)
+        if held is not None and held.key == template.key and held.alive:
+            return
+        self._start(app)
+
+    def take(self, key: WarmKey) -> WarmStart | None:
+        """The warm start of ``key``, now the caller's; its replacement begins."""
+        held = self._held.get(key.app)
+        if held is None or held.key != key or not held.alive:
+            return None
+        del self._held[key.app]
+        self._start(key.app)
+        return held
+
+    async def keep(self, apps: set[str]) -> None:
+        """Let go of the warm starts (and their templates) of apps this node no longer runs."""
+        for app in [a for a in self._templates if a not in apps]:
+            del self._templates[app]
+            if (task := self._starting.pop(app, None)) is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            if (held := self._held.pop(app, None)) is not None:
+                await held.stop()
+
+    def statuses(self) -> dict[str, str]:
+        """By app: ``ready`` (its imports done) or ``starting``."""
+        return {app: "ready" if w.ready else "starting" for app, w in sorted(self._held.items()) if w.alive}
+
+    async def stop(self) -> None:
+        await self.keep(set())
+        for task in [*self._tasks, *self._hellos]:  # exits watched (taken ones' are their slots' now), hand-overs
+            task.cancel()
+        await asyncio.gather(*self._tasks, *self._hellos, return_exceptions=True)
+
+    def _start(self, app: str) -> None:
+        if app in self._starting or app not in self._templates:
+            return
+        task = asyncio.create_task(self._replace(app), name=f"warm-start-{app}")
+        self._starting[app] = task
+        task.add_done_callback(lambda t: self._starting.pop(app, None) if self._starting.get(app) is t else None)
+
+    async def _replace(self, app: str) -> None:
+        template, modules = self._templates[app]
+        if (old := self._held.pop(app, None)) is not None:
+            await old.stop()
+        try:
+            warm = await self._spawn(template, modules)
+        except Exception as exc:  # its replicas start fresh; said once
+            failures = self._failures[template.key] = self._failures.get(template.key, 0) + 1
+            log.warning("no warm start of app %s (%d failed): %s: %s", app, failures, type(exc).__name__, exc)
+            return
+        self._held[app] = warm
+        warm.watch()
+        self._keep(asyncio.ensure_future(warm.proc.wait())).add_done_callback(partial(self._ended, app, warm))
+
+    def _keep(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _ended(self, app: str, warm: WarmStart, _: asyncio.Future[int]) -> None:
+        """A warm start that ended before a take: counted, and replaced while its key has failures left."""
+        if self._held.get(app) is not warm:
+            return  # taken, or let go of
+        del self._held[app]
+        failures = self._failures[warm.key] = self._failures.get(warm.key, 0) + 1
+        log.warning("warm start %s of app %s ended (exit code %s) before a replica took it", warm.name, app,
+                    warm.proc.returncode)
+        self._keep(asyncio.ensure_future(warm.stop()))
+        if failures < MAX_FAILURES:
+            self._start(app)
+
+    async def _spawn(self, template: Template, modules: tuple[str, ...]) -> WarmStart:
+        name = f"warm-{secrets.token_hex(8)}"
+        folder = self._records.folder(name)
+        bundle = folder / "bundle"
+        bundle.mkdir(mode=0o755)
+        conf = template.confinement
+        cgroup = conf.cgroups.prepare(f"replica-{name}", conf.memory_mb) if conf.cgroups else None
+        pipes = adoption.Pipes(folder)
+        identity_r, identity_w = os.pipe()
+        os.set_blocking(identity_w, False)
+        try:
+            env = sandbox.environment(template.env, sandboxed=conf.sandbox.enabled)
+            env.update(pipes.env)
+            command = [template.key.python, "-m", "ember_runtime.hostpid", "ember_runtime.replica.warm",
+                       "--replica-id", name, "--identity-fd", str(identity_r), "--preimport", ",".join(modules)]
+            preexec = partial(sandbox.prepare_child, None, cgroup=MemoryCgroups.joiner(cgroup), outlive_agent=True)
+            proc = await launch.start(command, env, preexec, {"stdout": pipes.writes[0], "stderr": pipes.writes[1]},
+                                      (*pipes.pass_fds, identity_r), confinement=conf, bundle=bundle, name=name,
+                                      hellos=self._hellos)
+        except BaseException:
+            pipes.close()
+            _close(identity_w)
+            shutil.rmtree(folder, ignore_errors=True)
+            MemoryCgroups.remove(cgroup)
+            raise
+        finally:
+            _close(identity_r)
+        stdout, stderr = pipes.started()
+        log.info("warm start %s of app %s: importing %s", name, template.key.app, ", ".join(modules))
+        return WarmStart(template.key, name, folder, proc, pipes, identity_w, cgroup, stdout, stderr)
+
+
+def _fill(bundle: Path, into: Path) -> None:
+    """``bundle``'s files in ``into``: hard links where both are on one file system, copies elsewhere."""
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    shutil.copytree(bundle, into, symlinks=True, copy_function=link, dirs_exist_ok=True)
+
+
+async def _write_all(fd: int, data: bytes) -> None:
+    """``data`` into the non-blocking pipe ``fd``, waiting (off the loop's turn) while the reader is busy."""
+    view = memoryview(data)
+    for _ in range(2000):  # 10 s at most: its imports may still run
+        with contextlib.suppress(BlockingIOError):
+            view = view[os.write(fd, view):]
+        if not view:
+            return
+        await asyncio.sleep(0.005)
+    raise OSError("the warm start did not read its identity within 10 s")
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)

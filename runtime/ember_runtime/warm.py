@@ -1,0 +1,56 @@
+"""A warm start: a replica's fresh start begun before anyone asked for it, its identity and bundle given later.
+
+A fresh replica spends most of its start importing the libraries its app uses (torch alone is 1-1.5 s of CPU),
+then setting the model up. A node agent that runs an app whose replicas imported such libraries keeps a *warm
+start* of it: the same sandbox, network, memory cgroup and interpreter a fresh start of the app gets, started
+ahead, in which this module has imported those libraries (``MODULES``, the ones the app's replicas reported) and
+then waits. A new version's replica, a scale-up or a restart of the app then takes it: the agent puts the
+version's bundle into the folder the sandbox sees as ``/bundle`` (empty until then) and writes an ``Identity``
+(the replica's arguments, its environment with its NATS credentials and secrets, its CPUs) to the descriptor
+``--identity-fd``, then closes it. The process becomes that replica: it imports the app and runs its setup as any
+fresh replica does, without the interpreter's start and the libraries' imports.
+
+Nothing of the app runs before the take (the bundle is not there yet), and what the agent gives at the take never
+reaches the process's command line or its initial environment (``/proc/<pid>/environ``). A warm start serves
+one app: its key holds the app, and a start of another app never takes it. The descriptor closed without an
+identity (the agent stopped it, or died) ends it.
+
+The process: ``python -m ember_runtime.hostpid ember_runtime.replica.warm --replica-id warm-... --identity-fd N
+[--preimport torch]`` (``ember_runtime.replica.warm``); what it and the agent share is here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import msgspec
+
+# The libraries a warm start may import ahead: slow to import, and the same for every version of an app. A replica
+# reports which of them its app imported (``StartPhases.modules``); a warm start of the app imports those.
+MODULES = ("numpy", "torch", "onnxruntime", "tensorrt", "transformers", "vllm")
+READY_LINE = "ember-warm-ready"
+MAX_IDENTITY = 1 << 20  # bytes: the replica's arguments and environment (secrets included)
+
+
+class Identity(msgspec.Struct, frozen=True, kw_only=True):
+    """What the agent gives a warm start when a replica takes it."""
+
+    argv: list[str]  # the replica's arguments, as ``python -m ember_runtime.replica`` takes them
+    env: dict[str, str] = {}  # set before anything of the app runs: NATS credentials, secrets, thread counts
+    cpus: list[int] = []  # pin the process to these CPUs; empty: as it is
+
+
+def imported() -> list[str]:
+    """Which of ``MODULES`` this process has imported: what a warm start of its app should import ahead."""
+    return [name for name in MODULES if name in sys.modules]
+
+
+def apply_thread_count() -> None:
+    """Thread-count variables take effect when a library starts, which happened before this process became a
+    replica (in its zygote, or in its warm start): apply its own to torch again (the agent sets OMP_NUM_THREADS to the
+    CPUs a replica is pinned to)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))

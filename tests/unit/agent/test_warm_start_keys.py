@@ -1,0 +1,69 @@
+"""Warm starts' keys (``agent/warm_starts.py``): a start takes a warm start only where everything the warm start was
+begun with is what the start would get, but for what is given at the take (its identity, credentials, secrets);
+never another app's, never one with GPU devices; and a warm start's bundle folder gets the version's
+files at the take, as links that share the bundle cache's files."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+from ember.wire.natscreds import CREDS_ENV
+from ember_runtime import warm
+from ember_runtime.agent.sandbox import Confinement
+from ember_runtime.agent.warm_starts import _fill, template_of
+from ember_runtime.replica import warm as warm_process
+
+ENV = {"EMBER_DEVICE": "cpu", CREDS_ENV: "creds-of-replica-1", "OMP_NUM_THREADS": "2", "HF_HOME": "/cache"}
+CONF = Confinement(memory_mb=512, secrets={"API_KEY": "s3cret"}, readonly=(Path("/envs/abc"),))
+
+
+def test_what_differs_per_replica_is_not_in_the_key_nor_in_what_the_warm_start_gets():
+    template = template_of("app-a", sys.executable, ENV, CONF)
+    assert template is not None
+    assert dict(template.key.env) == dict(template.env) == {"EMBER_DEVICE": "cpu", "HF_HOME": "/cache",
+                                                            "OMP_NUM_THREADS": "2"}
+    assert template.confinement.secrets == {}  # given at the take, never at the warm start's exec
+    other_replica = template_of("app-a", sys.executable, {**ENV, CREDS_ENV: "creds-of-replica-2"},
+                                dataclasses.replace(CONF, secrets={"API_KEY": "rotated"}))
+    assert other_replica is not None and other_replica.key == template.key
+
+
+def test_another_app_or_anything_else_of_the_sandbox_is_another_key():
+    key = template_of("app-a", sys.executable, ENV, CONF).key  # type: ignore[union-attr]
+    others = [
+        template_of("app-b", sys.executable, ENV, CONF),
+        template_of("app-a", "/envs/other/bin/python", ENV, CONF),
+        template_of("app-a", sys.executable, {**ENV, "HF_HOME": "/elsewhere"}, CONF),
+        template_of("app-a", sys.executable, {**ENV, "OMP_NUM_THREADS": "1"}, CONF),  # pools sized at import
+        template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, memory_mb=1024)),
+        template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, block_network=True)),
+        template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, mounts=((Path("/v"), "/data"),))),
+        template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, readonly=())),
+    ]
+    assert all(t is not None and t.key != key for t in others)
+
+
+def test_a_replica_with_gpus_takes_no_warm_start():
+    assert template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, devices=("/dev/nvidia0",))) is None
+    assert template_of("app-a", sys.executable, {**ENV, "CUDA_VISIBLE_DEVICES": "GPU-1"}, CONF) is None
+
+
+def test_the_bundle_goes_in_as_links_to_the_cached_files(tmp_path):
+    cached = tmp_path / "bundles" / "abc"
+    (cached / "pkg").mkdir(parents=True)
+    (cached / "app.py").write_text("import pkg\n")
+    (cached / "pkg" / "__init__.py").write_text("X = 1\n")
+    into = tmp_path / "warm" / "bundle"
+    into.mkdir(parents=True)
+    _fill(cached, into)
+    assert (into / "pkg" / "__init__.py").read_text() == "X = 1\n"
+    assert (into / "app.py").stat().st_ino == (cached / "app.py").stat().st_ino
+
+
+def test_a_warm_start_imports_only_the_libraries_it_knows():
+    assert "this" not in sys.modules
+    warm_process.preimport(["this", "json", "numpy"])  # a name a replica reported that is not one of MODULES: not
+    assert "this" not in sys.modules
+    assert "numpy" in sys.modules and "numpy" in warm.imported()
