@@ -104,7 +104,7 @@ def main() -> int:
     head = ["row"] + [f"{c} {s}" for c in columns for s in ("A", "B", "B/A")]
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---" for _ in head) + "|")
-    for row in seen["A"]:
+    for row in [*seen["A"], *(r for r in seen["B"] if r not in seen["A"])]:  # B's new rows (a new kind) too
         cells = [" ".join(row)]
         for column in columns:
             a, b = (statistics.median(seen[s][row][column]) if seen[s][row][column] else None for s in ("A", "B"))

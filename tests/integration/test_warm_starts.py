@@ -141,6 +141,11 @@ def test_another_apps_start_never_takes_it_and_it_goes_with_its_app(warm_platfor
     wait_for(lambda: _warm_state(client, "warm-b") == "", 60, "warm-b's warm start to go with its app")
     wait_for(lambda: len(_warm_processes()) < len(before), 60, "its process to end")
     assert _warm_state(client, "warm-a") == "ready"
+    status = subprocess.run([sys.executable, "-m", "ember.cli", "status"], capture_output=True, text=True, timeout=60,
+                            check=True, env={**os.environ, "EMBER_URL": warm_platform.url,
+                                             "EMBER_TOKEN": warm_platform.token}).stdout
+    [row] = [line.split() for line in status.splitlines() if "warm-a" in line.split()[1:2]]
+    assert row[1:] == ["warm-a", "ready"] and "WARM START OF" in status and "warm-b" not in status
 
 
 def test_a_replica_that_began_warm_is_adopted_by_a_restarted_agent(warm_platform, client):

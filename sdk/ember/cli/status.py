@@ -32,6 +32,10 @@ def run(args: argparse.Namespace) -> int:
     if zygotes:
         print()
         print(zygotes)
+    warm = warm_table(view.nodes, {app for app, _ in shown} if shown is not None else None)
+    if warm:
+        print()
+        print(warm)
     if shown is not None and any(r.start for n in view.nodes for r in n.replicas):
         print()
         print(starts_table(view.nodes, shown))
@@ -82,6 +86,13 @@ def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = No
     return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "SPARES", "FORKS", "FAILURES", "LAST FAILURE"],
                  rows) \
         if rows else ""
+
+
+def warm_table(nodes: list[NodeView], apps: set[str] | None = None) -> str:
+    """One row per warm start a node holds (empty when none does): the app whose next fresh start takes it."""
+    rows = [(node.node_id, app, state) for node in nodes for app, state in sorted(node.warm_starts.items())
+            if apps is None or app in apps]
+    return table(["NODE", "WARM START OF", "STATE"], rows) if rows else ""
 
 
 def starts_table(nodes: list[NodeView], shown: set[tuple[str, str]]) -> str:
