@@ -1,10 +1,11 @@
 """The node agent's warm starts (see ``ember_runtime.warm``): for an app whose replicas import heavy libraries, one
 fresh start begun ahead, which the app's next fresh start takes instead of starting an interpreter.
 
-- **When.** A replica of the app reports ready with the libraries it imported (``StartPhases.modules``); the agent
-  then keeps one warm start of the app, importing those, while the node's assignment holds the app (a new version's
-  replicas, pushed later, take it) and while the node holds fewer than ``limit`` of them (first come). A taken one
-  is replaced at once, off the caller's path.
+- **When.** A replica of the app reports ready with the libraries it imported (``StartPhases.modules``, in each
+  status it writes after); the agent then keeps one warm start of its key (below), importing those, while the
+  node's assignment holds the app (a new version's replicas, pushed later, take it), while a replica of that key
+  reported within ``FORGET_S``, and while the node holds fewer than ``limit`` keys (first come). A taken one is
+  replaced at once, off the caller's path.
 - **What it is.** Exactly what a fresh start of the app would get: its interpreter, its sandbox (read-only binds,
   volumes, ``block_network``) and network, its memory cgroup and limit, its environment, its FIFOs and lifeline (so
   that, once taken, the replica outlives the agent and is adopted like any fresh one). It differs only in what a
@@ -30,6 +31,7 @@ import os
 import secrets
 import shutil
 import signal
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -48,6 +50,7 @@ log = logging.getLogger("ember.agent")
 
 DEFAULT_LIMIT = 2  # warm starts a node holds at once
 MAX_FAILURES = 3  # warm starts of one key that died before a take, after which that key gets none
+FORGET_S = 30.0  # a key whose replicas have not reported for this long (they all report every 5 s at most) goes
 # What differs between two replicas of one app on one node: given at the take, not part of the key. (Thread counts
 # are part of it: libraries size their pools when imported, which a warm start did ahead.)
 PER_REPLICA_ENV = frozenset({CREDS_ENV, "CUDA_VISIBLE_DEVICES", "EMBER_GPU_MEMORY_MB"})
@@ -167,55 +170,61 @@ class WarmStart:
 
 
 class WarmStarts:
-    """The warm starts of this node, at most ``limit`` of them, one per app."""
+    """The warm starts of this node: one per key that a running replica reported (two services of an app whose
+    sandboxes differ have a key each), at most ``limit`` keys, first come; a key no replica reported for
+    ``FORGET_S`` is let go of, as is every key of an app the node no longer runs."""
 
     def __init__(self, records: adoption.Records, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self._records = records
-        self._held: dict[str, WarmStart] = {}  # by app
-        self._templates: dict[str, tuple[Template, tuple[str, ...]]] = {}  # by app: how to start its next one
-        self._starting: dict[str, asyncio.Task[None]] = {}
+        self._held: dict[WarmKey, WarmStart] = {}
+        self._wanted: dict[WarmKey, tuple[Template, tuple[str, ...], float]] = {}  # (how, imports, last asked)
+        self._starting: dict[WarmKey, asyncio.Task[None]] = {}
         self._failures: dict[WarmKey, int] = {}
         self._hellos: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Future[Any]] = set()  # each warm start's exit watched; let go of ended ones
 
     def want(self, template: Template, modules: Iterable[str]) -> None:
         """Keep a warm start of ``template`` importing ``modules`` (those of ``MODULES`` only), when the node has
-        room: a replica of its app reported them at its ready."""
+        room: a replica of its key reported them (at its ready, and in each status after)."""
         heavy = tuple(m for m in MODULES if m in set(modules))
-        app = template.key.app
-        if not heavy or self.limit <= 0 or self._failures.get(template.key, 0) >= MAX_FAILURES:
+        key = template.key
+        if not heavy or self.limit <= 0 or self._failures.get(key, 0) >= MAX_FAILURES:
             return
-        if app not in self._templates and len(self._templates) >= self.limit:
+        if key not in self._wanted and len(self._wanted) >= self.limit:
             return
-        self._templates[app] = (template, heavy)
-        held = self._held.get(app)
-        if held is not None and held.key == template.key and held.alive:
-            return
-        self._start(app)
+        self._wanted[key] = (template, heavy, time.monotonic())
+        held = self._held.get(key)
+        if held is None or not held.alive:
+            self._start(key)
 
     def take(self, key: WarmKey) -> WarmStart | None:
         """The warm start of ``key``, now the caller's; its replacement begins."""
-        held = self._held.get(key.app)
-        if held is None or held.key != key or not held.alive:
+        held = self._held.get(key)
+        if held is None or not held.alive:
             return None
-        del self._held[key.app]
-        self._start(key.app)
+        del self._held[key]
+        self._start(key)
         return held
 
     async def keep(self, apps: set[str]) -> None:
-        """Let go of the warm starts (and their templates) of apps this node no longer runs."""
-        for app in [a for a in self._templates if a not in apps]:
-            del self._templates[app]
-            if (task := self._starting.pop(app, None)) is not None:
+        """Let go of the warm starts of apps this node no longer runs, and of keys no replica reported lately."""
+        now = time.monotonic()
+        for key in [k for k, (_, _, asked) in self._wanted.items() if k.app not in apps or now - asked > FORGET_S]:
+            del self._wanted[key]
+            if (task := self._starting.pop(key, None)) is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
-            if (held := self._held.pop(app, None)) is not None:
+            if (held := self._held.pop(key, None)) is not None:
                 await held.stop()
 
     def statuses(self) -> dict[str, str]:
-        """By app: ``ready`` (its imports done) or ``starting``."""
-        return {app: "ready" if w.ready else "starting" for app, w in sorted(self._held.items()) if w.alive}
+        """By app: ``ready`` (the imports of one of its warm starts done) or ``starting``."""
+        states: dict[str, str] = {}
+        for key, warm in sorted(self._held.items(), key=lambda item: item[0].app):
+            if warm.alive and states.get(key.app) != "ready":
+                states[key.app] = "ready" if warm.ready else "starting"
+        return states
 
     async def stop(self) -> None:
         await self.keep(set())
@@ -223,43 +232,43 @@ class WarmStarts:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._hellos, return_exceptions=True)
 
-    def _start(self, app: str) -> None:
-        if app in self._starting or app not in self._templates:
+    def _start(self, key: WarmKey) -> None:
+        if key in self._starting or key not in self._wanted:
             return
-        task = asyncio.create_task(self._replace(app), name=f"warm-start-{app}")
-        self._starting[app] = task
-        task.add_done_callback(lambda t: self._starting.pop(app, None) if self._starting.get(app) is t else None)
+        task = asyncio.create_task(self._replace(key), name=f"warm-start-{key.app}")
+        self._starting[key] = task
+        task.add_done_callback(lambda t: self._starting.pop(key, None) if self._starting.get(key) is t else None)
 
-    async def _replace(self, app: str) -> None:
-        template, modules = self._templates[app]
-        if (old := self._held.pop(app, None)) is not None:
+    async def _replace(self, key: WarmKey) -> None:
+        template, modules, _ = self._wanted[key]
+        if (old := self._held.pop(key, None)) is not None:
             await old.stop()
         try:
             warm = await self._spawn(template, modules)
         except Exception as exc:  # its replicas start fresh; said once
-            failures = self._failures[template.key] = self._failures.get(template.key, 0) + 1
-            log.warning("no warm start of app %s (%d failed): %s: %s", app, failures, type(exc).__name__, exc)
+            failures = self._failures[key] = self._failures.get(key, 0) + 1
+            log.warning("no warm start of app %s (%d failed): %s: %s", key.app, failures, type(exc).__name__, exc)
             return
-        self._held[app] = warm
+        self._held[key] = warm
         warm.watch()
-        self._keep(asyncio.ensure_future(warm.proc.wait())).add_done_callback(partial(self._ended, app, warm))
+        self._keep(asyncio.ensure_future(warm.proc.wait())).add_done_callback(partial(self._ended, warm))
 
     def _keep(self, task: asyncio.Future[Any]) -> asyncio.Future[Any]:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
 
-    def _ended(self, app: str, warm: WarmStart, _: asyncio.Future[int]) -> None:
+    def _ended(self, warm: WarmStart, _: asyncio.Future[int]) -> None:
         """A warm start that ended before a take: counted, and replaced while its key has failures left."""
-        if self._held.get(app) is not warm:
+        if self._held.get(warm.key) is not warm:
             return  # taken, or let go of
-        del self._held[app]
+        del self._held[warm.key]
         failures = self._failures[warm.key] = self._failures.get(warm.key, 0) + 1
-        log.warning("warm start %s of app %s ended (exit code %s) before a replica took it", warm.name, app,
+        log.warning("warm start %s of app %s ended (exit code %s) before a replica took it", warm.name, warm.key.app,
                     warm.proc.returncode)
         self._keep(asyncio.ensure_future(warm.stop()))
         if failures < MAX_FAILURES:
-            self._start(app)
+            self._start(warm.key)
 
     async def _spawn(self, template: Template, modules: tuple[str, ...]) -> WarmStart:
         name = f"warm-{secrets.token_hex(8)}"

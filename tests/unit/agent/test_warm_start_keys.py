@@ -5,14 +5,17 @@ files at the take, as links that share the bundle cache's files."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import sys
 from pathlib import Path
 
 from ember.wire.natscreds import CREDS_ENV
 from ember_runtime import warm
+from ember_runtime.agent import warm_starts
+from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.sandbox import Confinement
-from ember_runtime.agent.warm_starts import _fill, template_of
+from ember_runtime.agent.warm_starts import WarmStarts, _fill, template_of
 from ember_runtime.replica import warm as warm_process
 
 ENV = {"EMBER_DEVICE": "cpu", CREDS_ENV: "creds-of-replica-1", "OMP_NUM_THREADS": "2", "HF_HOME": "/cache"}
@@ -67,3 +70,47 @@ def test_a_warm_start_imports_only_the_libraries_it_knows():
     warm_process.preimport(["this", "json", "numpy"])  # a name a replica reported that is not one of MODULES: not
     assert "this" not in sys.modules
     assert "numpy" in sys.modules and "numpy" in warm.imported()
+
+
+def test_two_keys_of_one_app_each_keep_a_warm_start_and_a_key_no_replica_reports_goes(tmp_path, monkeypatch):
+    """Real warm-start processes (unsandboxed, numpy imported ahead): each key keeps its own, reporting again does
+    not begin another, a take begins the next, and a key not reported within FORGET_S is let go of."""
+    small = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
+    large = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement(memory_mb=4096))
+    assert small is not None and large is not None and small.key != large.key
+
+    async def go() -> None:
+        pool = WarmStarts(Records(tmp_path / "replicas"), limit=2)
+        try:
+            for _ in range(3):  # two services of one app, reporting in turn: no warm start replaces the other
+                pool.want(small, ["numpy"])
+                pool.want(large, ["numpy"])
+            await _until(lambda: len(pool._held) == 2 and all(w.ready for w in pool._held.values()))
+            first = dict(pool._held)
+            pool.want(small, ["numpy"])
+            pool.want(large, ["numpy"])
+            assert pool._held == first and pool.statuses() == {"app-a": "ready"}
+            other = template_of("app-b", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
+            pool.want(other, ["numpy"])  # over the limit: first come
+            assert other is not None and other.key not in pool._wanted
+            taken = pool.take(small.key)
+            assert taken is first[small.key] and pool.take(small.key) is None  # the next one is only beginning
+            await _until(lambda: small.key in pool._held and pool._held[small.key] is not taken)
+            monkeypatch.setattr(warm_starts, "FORGET_S", 0.0)
+            pool.want(large, ["numpy"])
+            await pool.keep({"app-a"})  # nothing reported since (FORGET_S 0): both let go of
+            assert pool._held == {} and pool.statuses() == {}
+            await asyncio.wait_for(first[large.key].proc.wait(), 10)  # its process ended with its pipe
+            assert not first[large.key].folder.exists()
+            await taken.stop()
+        finally:
+            await pool.stop()
+
+    asyncio.run(go())
+
+
+async def _until(condition, timeout_s: float = 60.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.05)
