@@ -11,7 +11,9 @@ fresh start begun ahead, which the app's next fresh start takes instead of start
   that, once taken, the replica outlives the agent and is adopted like any fresh one). It differs only in what a
   replica is given at the take: its identity (replica id, version, arguments), its NATS credentials and secrets,
   its CPUs; those are not part of the key (its thread counts are: libraries size their pools as they are imported).
-  A start whose key differs (another app, an image that changed, GPU devices, other volumes) starts fresh as before.
+  A start whose key differs (another app, an image that changed, other GPUs, other volumes) starts fresh as before.
+  A replica with GPUs takes only a warm start begun with the same device nodes and ``CUDA_VISIBLE_DEVICES`` (on a
+  node with one GPU, every replica of the app); a warm start imports torch and the like, which open no device.
 - **The bundle.** The sandbox binds an empty folder of the warm start's own at ``/bundle``, read-only; at the take
   the agent fills it with the version's unpacked bundle (hard links into the bundle cache, read-only in the sandbox),
   and the folder becomes the replica's record folder (its FIFOs are there), removed when the replica ends.
@@ -52,8 +54,8 @@ DEFAULT_LIMIT = 2  # warm starts a node holds at once
 MAX_FAILURES = 3  # warm starts of one key that died before a take, after which that key gets none
 FORGET_S = 30.0  # a key whose replicas have not reported for this long (they all report every 5 s at most) goes
 # What differs between two replicas of one app on one node: given at the take, not part of the key. (Thread counts
-# are part of it: libraries size their pools when imported, which a warm start did ahead.)
-PER_REPLICA_ENV = frozenset({CREDS_ENV, "CUDA_VISIBLE_DEVICES", "EMBER_GPU_MEMORY_MB"})
+# and the GPUs are part of it: libraries size their pools and look for devices as they are imported.)
+PER_REPLICA_ENV = frozenset({CREDS_ENV})
 
 
 class WarmError(Exception):
@@ -72,25 +74,25 @@ class WarmKey:
     mounts: tuple[tuple[Path, str], ...]
     block_network: bool
     memory_mb: int
+    devices: tuple[str, ...]  # the GPUs' device nodes bound in
 
 
 @dataclass(frozen=True)
 class Template:
     """How to start a warm start of ``key``: its environment (nothing per replica in it) and its confinement (no
-    secrets, no devices)."""
+    secrets)."""
 
     key: WarmKey
     env: Mapping[str, str] = field(default_factory=dict)
     confinement: sandbox.Confinement = sandbox.NOT_CONFINED
 
 
-def template_of(app: str, python: str, env: Mapping[str, str], confinement: sandbox.Confinement) -> Template | None:
-    """The warm start a fresh start of ``app`` could take; None where it takes none (a replica with GPU devices)."""
-    if confinement.devices or "CUDA_VISIBLE_DEVICES" in env:
-        return None
+def template_of(app: str, python: str, env: Mapping[str, str], confinement: sandbox.Confinement) -> Template:
+    """The warm start a fresh start of ``app`` could take."""
     shared = {k: v for k, v in env.items() if k not in PER_REPLICA_ENV}
     key = WarmKey(app=app, python=python, env=tuple(sorted(shared.items())), readonly=confinement.readonly,
-                  mounts=confinement.mounts, block_network=confinement.block_network, memory_mb=confinement.memory_mb)
+                  mounts=confinement.mounts, block_network=confinement.block_network, memory_mb=confinement.memory_mb,
+                  devices=confinement.devices)
     return Template(key=key, env=shared, confinement=replace(confinement, secrets={}))
 
 

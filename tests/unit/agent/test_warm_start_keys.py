@@ -1,6 +1,6 @@
 """Warm starts' keys (``agent/warm_starts.py``): a start takes a warm start only where everything the warm start was
 begun with is what the start would get, but for what is given at the take (its identity, credentials, secrets);
-never another app's, never one with GPU devices; and a warm start's bundle folder gets the version's
+never another app's, nor one begun with other GPUs; and a warm start's bundle folder gets the version's
 files at the take, as links that share the bundle cache's files."""
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ CONF = Confinement(memory_mb=512, secrets={"API_KEY": "s3cret"}, readonly=(Path(
 
 def test_what_differs_per_replica_is_not_in_the_key_nor_in_what_the_warm_start_gets():
     template = template_of("app-a", sys.executable, ENV, CONF)
-    assert template is not None
     assert dict(template.key.env) == dict(template.env) == {"EMBER_DEVICE": "cpu", "HF_HOME": "/cache",
                                                             "OMP_NUM_THREADS": "2"}
     assert template.confinement.secrets == {}  # given at the take, never at the warm start's exec
     other_replica = template_of("app-a", sys.executable, {**ENV, CREDS_ENV: "creds-of-replica-2"},
                                 dataclasses.replace(CONF, secrets={"API_KEY": "rotated"}))
-    assert other_replica is not None and other_replica.key == template.key
+    assert other_replica.key == template.key
 
 
 def test_another_app_or_anything_else_of_the_sandbox_is_another_key():
-    key = template_of("app-a", sys.executable, ENV, CONF).key  # type: ignore[union-attr]
+    key = template_of("app-a", sys.executable, ENV, CONF).key
     others = [
         template_of("app-b", sys.executable, ENV, CONF),
         template_of("app-a", "/envs/other/bin/python", ENV, CONF),
@@ -45,12 +44,19 @@ def test_another_app_or_anything_else_of_the_sandbox_is_another_key():
         template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, mounts=((Path("/v"), "/data"),))),
         template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, readonly=())),
     ]
-    assert all(t is not None and t.key != key for t in others)
+    assert all(t.key != key for t in others)
 
 
-def test_a_replica_with_gpus_takes_no_warm_start():
-    assert template_of("app-a", sys.executable, ENV, dataclasses.replace(CONF, devices=("/dev/nvidia0",))) is None
-    assert template_of("app-a", sys.executable, {**ENV, "CUDA_VISIBLE_DEVICES": "GPU-1"}, CONF) is None
+def test_a_replica_with_gpus_takes_only_a_warm_start_begun_with_the_same_ones():
+    gpu0 = template_of("app-a", sys.executable, {**ENV, "CUDA_VISIBLE_DEVICES": "GPU-0"},
+                       dataclasses.replace(CONF, devices=("/dev/nvidia0",)))
+    again = template_of("app-a", sys.executable, {**ENV, "CUDA_VISIBLE_DEVICES": "GPU-0", CREDS_ENV: "another"},
+                        dataclasses.replace(CONF, devices=("/dev/nvidia0",)))
+    gpu1 = template_of("app-a", sys.executable, {**ENV, "CUDA_VISIBLE_DEVICES": "GPU-1"},
+                       dataclasses.replace(CONF, devices=("/dev/nvidia1",)))
+    assert gpu0.key == again.key != gpu1.key  # another replica on the same GPU: the same key
+    assert gpu0.confinement.devices == ("/dev/nvidia0",) and dict(gpu0.env)["CUDA_VISIBLE_DEVICES"] == "GPU-0"
+    assert gpu0.key != template_of("app-a", sys.executable, ENV, CONF).key  # nor a replica without GPUs
 
 
 def test_the_bundle_goes_in_as_links_to_the_cached_files(tmp_path):
@@ -77,7 +83,7 @@ def test_two_keys_of_one_app_each_keep_a_warm_start_and_a_key_no_replica_reports
     not begin another, a take begins the next, and a key not reported within FORGET_S is let go of."""
     small = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
     large = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement(memory_mb=4096))
-    assert small is not None and large is not None and small.key != large.key
+    assert small.key != large.key
 
     async def go() -> None:
         pool = WarmStarts(Records(tmp_path / "replicas"), limit=2)
@@ -92,7 +98,7 @@ def test_two_keys_of_one_app_each_keep_a_warm_start_and_a_key_no_replica_reports
             assert pool._held == first and pool.statuses() == {"app-a": "ready"}
             other = template_of("app-b", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
             pool.want(other, ["numpy"])  # over the limit: first come
-            assert other is not None and other.key not in pool._wanted
+            assert other.key not in pool._wanted
             taken = pool.take(small.key)
             assert taken is first[small.key] and pool.take(small.key) is None  # the next one is only beginning
             await _until(lambda: small.key in pool._held and pool._held[small.key] is not taken)
