@@ -201,7 +201,7 @@ class ReplicaSlot:
         else:
             self._proc = await self._fork(decided) or await self._from_warm(decided, fetch_s) \
                 or await self._spawn(kind, decided, fetch_s)
-            self._leader = Leader.open(self._proc.pid)  # a number just given out: no full turn of the pids since
+            self._leader = Leader.open(self._proc.pid)  # a running process's number (a warm start: checked at its take)
         leader = self._leader
         assert self._proc.stdout is not None and self._proc.stderr is not None
         pumps = [asyncio.create_task(self._pump(self._proc.stdout, "stdout")),
