@@ -135,7 +135,8 @@ class WarmStart:
         if self._watch is not None:
             self._watch.cancel()
             await asyncio.gather(self._watch, return_exceptions=True)
-        if not self.alive:
+        if not self.alive:  # ended since the take checked (its folder and cgroup let go of here: it is no one's now)
+            await self.stop()
             raise WarmError(f"warm start {self.name} ended (exit code {self.proc.returncode})")
         try:
             target = records.folder(replica_id)

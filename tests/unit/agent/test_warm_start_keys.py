@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import signal
 import sys
 from pathlib import Path
+
+import pytest
 
 from ember.wire.natscreds import CREDS_ENV
 from ember_runtime import warm
 from ember_runtime.agent import warm_starts
 from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.sandbox import Confinement
-from ember_runtime.agent.warm_starts import WarmStarts, _fill, template_of
+from ember_runtime.agent.warm_starts import WarmError, WarmStarts, _fill, template_of
 from ember_runtime.replica import warm as warm_process
+from ember_runtime.warm import Identity
 
 ENV = {"EMBER_DEVICE": "cpu", CREDS_ENV: "creds-of-replica-1", "OMP_NUM_THREADS": "2", "HF_HOME": "/cache"}
 CONF = Confinement(memory_mb=512, secrets={"API_KEY": "s3cret"}, readonly=(Path("/envs/abc"),))
@@ -120,3 +125,26 @@ async def _until(condition, timeout_s: float = 60.0) -> None:
     while not condition():
         assert asyncio.get_running_loop().time() < deadline, "timed out"
         await asyncio.sleep(0.05)
+
+
+def test_a_warm_start_that_ended_after_its_take_is_refused_and_leaves_nothing(tmp_path):
+    template = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
+    records = Records(tmp_path / "replicas")
+
+    async def go() -> None:
+        pool = WarmStarts(records, limit=1)
+        try:
+            pool.want(template, ["numpy"])
+            await _until(lambda: template.key in pool._held)
+            taken = pool.take(template.key)
+            assert taken is not None
+            folder = taken.folder
+            os.killpg(taken.proc.pid, signal.SIGKILL)  # it dies between the take and the hand-over
+            await asyncio.wait_for(taken.proc.wait(), 10)
+            with pytest.raises(WarmError, match="ended"):
+                await taken.give(records, "r-1", tmp_path, Identity(argv=[]))
+            assert not folder.exists() and not (records.root / "r-1").exists()
+        finally:
+            await pool.stop()
+
+    asyncio.run(go())
