@@ -295,9 +295,12 @@ def test_a_poisoned_input_fails_alone(pool):
 
 
 def test_out_of_memory_splits_the_batch_and_remembers_a_safe_size(pool):
+    out_of_memory = torch.OutOfMemoryError  # torch imported here, not in the model thread within run()'s 20 s (under
+    #                                         the full suite's load that import alone has taken longer)
+
     def small_gpu(xs: list[int]) -> list[int]:
         if len(xs) > 4:
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            raise out_of_memory("CUDA out of memory. Tried to allocate 2.00 GiB")
         return xs
 
     gate = Gate(small_gpu)
