@@ -6,14 +6,17 @@ What is measured
     fork, per-replica setup, ready, first call). Three kinds of start of the same model
     (examples/digits/classifier.py, copied into a temporary folder):
 
-    * ``cold``      new versions of an app the node keeps no warm start of (a bundle the node has never
+    * ``cold``      new versions of an app the node keeps no warm start for (a bundle the node has never
                     seen): fetch, unpack, a fresh interpreter, imports, all of the setup. The app is a copy
-                    whose ``@ember.setup(snap=True)`` is a plain ``@ember.setup``, so no zygote is involved;
-    * ``warm``      new versions of a second copy, of which the node keeps a warm start (``ember_runtime.warm``:
+                    whose ``@ember.setup(snap=True)`` is a plain ``@ember.setup``, so no zygote is involved, and
+                    with a memory limit of its own (``memory="3Gi"``: another sandbox, so another warm start key);
+    * ``warm``      new versions of a second copy, for which the node keeps a warm start (``ember_runtime.warm``:
                     an interpreter in the app's sandbox with torch imported, begun ahead): fetch, unpack, the
                     hand-over, the app's import and setup. The agent keeps one warm start (``EMBER_WARM_STARTS=1``),
-                    the second copy's, whose first version is deployed first; each new version waits for it to be
-                    ready (it is begun again after each take). The two copies' new versions alternate;
+                    the second copy's key's, whose first version is deployed first; each start waits for it to be
+                    ready (it is begun again after each take). The two copies' new versions alternate, each
+                    followed by the first start of a new app (a third copy under a new name each time, deleted
+                    after: ``warm, first start``), which takes the same key's warm start;
     * ``artifact``  scale-ups of the cold copy by one replica (``POST .../scale``): the bundle is on disk; and
                     scale-ups of the warm copy (``warm``, scale-up);
     * ``zygote``    scale-ups of the example itself (snap setup), each replica forked from the zygote the
@@ -87,7 +90,8 @@ class Caller(threading.Thread):
         with httpx.Client(base_url=self.url, timeout=120, headers=auth_headers()) as client:
             while not self.stop.is_set():
                 try:
-                    client.post(f"/v1/{self.app}/Classifier.predict", json=IMAGE)
+                    if client.post(f"/v1/{self.app}/Classifier.predict", json=IMAGE).status_code != 200:
+                        time.sleep(0.01)  # an app not deployed yet: no storm of 404s while it starts
                 except httpx.HTTPError:
                     time.sleep(0.01)
 
@@ -176,6 +180,7 @@ def write_apps(folder: Path) -> tuple[Path, Path, Path]:
         plain.append(app_dir / "classifier.py")
         plain[-1].write_text(source.replace('ember.App("digits")', f'ember.App("{app}")')
                              .replace("@ember.setup(snap=True)", "@ember.setup"))
+    plain[0].write_text(plain[0].read_text().replace("@app.model(", '@app.model(memory="3Gi", '))  # its own key
     return plain[0], plain[1], snap
 
 
@@ -214,6 +219,8 @@ def run(repeats: int, burst: int) -> None:
                 starts.append(new_start(url, app, old, at, "new version"))
                 wait_for(lambda app=app, old=old: not any(r["pid"] in old for r in replicas(url, app)), 60,
                          "the old version to go")
+            wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+            starts.append(first_start(url, warm, f"cs-new-{i}"))
 
         say("artifact and warm: scale-ups of the two copies (their bundles on disk)")
         for _ in range(repeats):
@@ -244,6 +251,23 @@ def run(repeats: int, burst: int) -> None:
             caller.stop.set()
         platform.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def first_start(url: str, like: Path, app: str) -> Start:
+    """Deploy a copy of ``like`` as app ``app``, new to the node; its first replica's start; the app deleted after."""
+    folder = like.parent.with_name(app)
+    shutil.copytree(like.parent, folder)
+    (folder / like.name).write_text(like.read_text().replace('ember.App("cs-warm")', f'ember.App("{app}")'))
+    caller = Caller(url, app)
+    caller.start()
+    try:
+        at = time.time()
+        deploy(url, folder / like.name, app)
+        return new_start(url, app, set(), at, "first start")
+    finally:
+        caller.stop.set()
+        caller.join(timeout=30)
+        httpx.delete(f"{url}/v1/apps/{app}", timeout=30, headers=auth_headers()).raise_for_status()
 
 
 def warm_start(url: str, app: str) -> str | None:
@@ -315,6 +339,11 @@ def render(starts: list[Start]) -> str:
         slowest = max(s.decision_to_first_call_s for s in one if s.kind == kind)
         lines.append(f"| {kind} | {sum(s.kind == kind for s in one)} | {ms(median)} | "
                      f"{medians.get('cold', float('nan')) / median:.1f}x | {ms(slowest)} |")
+    if first := [s for s in one if s.how == "first start"]:
+        median = statistics.median(s.decision_to_first_call_s for s in first)
+        lines.append(f"| {'/'.join(sorted({s.kind for s in first}))}, first start of a new app | {len(first)} | "
+                     f"{ms(median)} | {medians.get('cold', float('nan')) / median:.1f}x | "
+                     f"{ms(max(s.decision_to_first_call_s for s in first))} |")
     if burst := [s for s in starts if s.how.startswith("burst")]:
         median = statistics.median(s.decision_to_first_call_s for s in burst)
         lines.append(f"| {burst[0].kind}, {burst[0].how} | {len(burst)} | {ms(median)} | "

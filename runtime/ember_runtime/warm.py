@@ -2,18 +2,19 @@
 
 A fresh replica spends most of its start importing the libraries its app uses (torch alone is 1-1.5 s of CPU),
 then setting the model up. A node agent that runs an app whose replicas imported such libraries keeps a *warm
-start* of it: the same sandbox, network, memory cgroup and interpreter a fresh start of the app gets, started
-ahead, in which this module has imported those libraries (``MODULES``, the ones the app's replicas reported) and
-then waits. A new version's replica, a scale-up or a restart of the app then takes it: the agent puts the
+start* of its key: the same sandbox, network, memory cgroup and interpreter a fresh start of the app gets, started
+ahead, in which this module has imported those libraries (``MODULES``, the ones the key's apps' replicas reported)
+and then waits. A new version's replica, a scale-up or a restart of the app, or the first start of another app of
+the same image and sandbox, then takes it: the agent puts the
 version's bundle into the folder the sandbox sees as ``/bundle`` (empty until then) and writes an ``Identity``
 (the replica's arguments, its environment with its NATS credentials and secrets, its CPUs) to the descriptor
 ``--identity-fd``, then closes it. The process becomes that replica: it imports the app and runs its setup as any
 fresh replica does, without the interpreter's start and the libraries' imports.
 
-Nothing of the app runs before the take (the bundle is not there yet), and what the agent gives at the take never
-reaches the process's command line or its initial environment (``/proc/<pid>/environ``). A warm start serves
-one app: its key holds the app, and a start of another app never takes it. The descriptor closed without an
-identity (the agent stopped it, or died) ends it.
+Nothing of any app runs before the take (no bundle is there yet), and what the agent gives at the take never
+reaches the process's command line or its initial environment (``/proc/<pid>/environ``): a warm start is no app's
+until then, and becomes the taker's alone. The descriptor closed without an identity (the agent stopped it, or
+died) ends it.
 
 The process: ``python -m ember_runtime.hostpid ember_runtime.replica.warm --replica-id warm-... --identity-fd N
 [--preimport torch]`` (``ember_runtime.replica.warm``); what it and the agent share is here.
@@ -42,7 +43,7 @@ class Identity(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def imported() -> list[str]:
-    """Which of ``MODULES`` this process has imported: what a warm start of its app should import ahead."""
+    """Which of ``MODULES`` this process has imported: what a warm start for its app should import ahead."""
     return [name for name in MODULES if name in sys.modules]
 
 

@@ -1,12 +1,14 @@
 """Warm starts against the real platform (``ember_runtime.warm``, ``agent/warm_starts.py``): once an app's replica
-reported that it imported torch, the node agent keeps a fresh start of the app begun ahead with torch imported; the
-app's next version (pushed with ``ember push``) starts from it, as that version and with its own secrets, which never
-reach the warm process's command line or first environment; another app's start never takes it; a replica that began
-warm is adopted by a restarted agent like any fresh one; the warm start goes when its app does."""
+reported that it imported torch, the node agent keeps a fresh start begun ahead with torch imported; the app's next
+version (pushed with ``ember push``) starts from it, as that version and with its own secrets, which never reach the
+warm process's command line or first environment; so does the first start of another app of the same image and
+sandbox, as that app; an app of another sandbox never takes it; a replica that began warm is adopted by a restarted
+agent like any fresh one; a warm start goes when the last app that asked for it does."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -36,7 +38,7 @@ import ember
 app = ember.App("{name}")
 
 
-@app.function(min_replicas=1, max_replicas=1, secrets=["{secret}"])
+@app.function(min_replicas=1, max_replicas=1, secrets=["{secret}"]{options})
 def who(text: str) -> dict:
     return {{"pid": int(os.environ.get("EMBER_HOST_PID") or os.getpid()), "key": os.environ.get("WARM_KEY", ""),
             "sum": float(torch.tensor([1.5, 2.5]).sum()), "text": text}}
@@ -62,10 +64,10 @@ def _push(platform: TestPlatform, path: Path) -> None:
     assert pushed.returncode == 0, pushed.stderr
 
 
-def _write(folder: Path, name: str, secret: str, version_note: str = "") -> Path:
+def _write(folder: Path, name: str, secret: str, version_note: str = "", options: str = "") -> Path:
     folder.mkdir(exist_ok=True)
     path = folder / f"{name.replace('-', '_')}.py"
-    path.write_text(APP.format(name=name, secret=secret) + version_note)
+    path.write_text(APP.format(name=name, secret=secret, options=options) + version_note)
     return path
 
 
@@ -128,24 +130,51 @@ def test_a_new_version_starts_from_its_apps_warm_start_as_itself(warm_platform, 
     wait_for(lambda: _warm_state(client, "warm-a") in ("starting", "ready"), 60, "a new warm start of warm-a")
 
 
-def test_another_apps_start_never_takes_it_and_it_goes_with_its_app(warm_platform, client, tmp_path):
+def test_another_app_of_the_same_sandbox_takes_it_at_its_first_start_as_itself(warm_platform, client, tmp_path):
     wait_for(lambda: _warm_state(client, "warm-a") == "ready", 180, "warm-a's warm start")
-    _secret(client, "ws-b", "warm-b")
+    waiting = _warm_processes()
+    value = _secret(client, "ws-b", "warm-b")
     _push(warm_platform, _write(tmp_path / "b", "warm-b", "ws-b"))
     [b] = wait_for(lambda: _ready(warm_platform, "warm-b", 1), 180, "warm-b ready")
-    assert b.start is not None and b.start.kind == "cold"  # not warm-a's warm start, which another app never takes
+    # the first start of an app this node never ran: from the warm start warm-a's replica asked for
+    assert b.start is not None and b.start.kind == "warm" and b.pid in waiting
+    answer = client.post("/v1/warm-b/who", json="b")
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"pid": b.pid, "key": value, "sum": 4.0, "text": "b"}  # warm-b's own secret, not a's
+    assert value.encode() not in Path(f"/proc/{b.pid}/environ").read_bytes()
+    # one warm start of the key for both apps, begun again after the take
+    wait_for(lambda: _warm_state(client, "warm-b") == "ready" == _warm_state(client, "warm-a"), 180,
+             "the key's next warm start, shown to both apps")
+    # a replica begun warm that fails at once starts fresh next (its warm start may have held another app's imports)
+    os.kill(b.pid, signal.SIGKILL)
+    [again] = wait_for(lambda: [r for r in _ready(warm_platform, "warm-b", 1) if r.pid != b.pid], 180,
+                       "warm-b's replica restarted")
+    assert again.start is not None and again.start.kind == "artifact", again.start
+    assert _warm_state(client, "warm-a") == "ready"  # the warm start, ready all along, was not taken
+
+
+def test_an_app_of_another_sandbox_never_takes_it_and_a_warm_start_goes_with_its_last_app(
+        warm_platform, client, tmp_path):
+    wait_for(lambda: _warm_state(client, "warm-a") == "ready", 180, "warm-a's warm start")
+    _secret(client, "ws-c", "warm-c")
+    _push(warm_platform, _write(tmp_path / "c", "warm-c", "ws-c", options=", block_network=True"))
+    [c] = wait_for(lambda: _ready(warm_platform, "warm-c", 1), 180, "warm-c ready")
+    assert c.start is not None and c.start.kind == "cold"  # NATS only: another sandbox, another key
     assert _warm_state(client, "warm-a") == "ready"
-    wait_for(lambda: _warm_state(client, "warm-b") == "ready", 180, "warm-b's own warm start")
+    wait_for(lambda: _warm_state(client, "warm-c") == "ready", 180, "warm-c's own warm start")
     before = _warm_processes()
-    client.delete("/v1/apps/warm-b").raise_for_status()
-    wait_for(lambda: _warm_state(client, "warm-b") == "", 60, "warm-b's warm start to go with its app")
+    client.delete("/v1/apps/warm-c").raise_for_status()
+    wait_for(lambda: _warm_state(client, "warm-c") == "", 60, "warm-c's warm start to go with its app")
     wait_for(lambda: len(_warm_processes()) < len(before), 60, "its process to end")
+    client.delete("/v1/apps/warm-b").raise_for_status()  # warm-a still asks for their key's warm start: it stays
+    wait_for(lambda: _warm_state(client, "warm-b") == "", 60, "warm-b to be gone from the warm starts' apps")
     assert _warm_state(client, "warm-a") == "ready"
     status = subprocess.run([sys.executable, "-m", "ember.cli", "status"], capture_output=True, text=True, timeout=60,
                             check=True, env={**os.environ, "EMBER_URL": warm_platform.url,
                                              "EMBER_TOKEN": warm_platform.token}).stdout
     [row] = [line.split() for line in status.splitlines() if "warm-a" in line.split()[1:2]]
-    assert row[1:] == ["warm-a", "ready"] and "WARM START OF" in status and "warm-b" not in status
+    assert row[1:] == ["warm-a", "ready"] and "WARM START OF" in status
+    assert "warm-b" not in status and "warm-c" not in status
 
 
 def test_a_replica_that_began_warm_is_adopted_by_a_restarted_agent(warm_platform, client):

@@ -97,6 +97,8 @@ class ReplicaSlot:
         self._startup_timeout_s = startup_timeout_s
         self._jail = confinement
         self.warm_template = template_of(key.app, self._python, env, confinement) if warm is not None else None
+        self._began_warm = False  # the running process began as a warm start
+        self._fresh_next = False  # the next start is a fresh one: a process begun warm failed before it was healthy
         self._hellos: set[asyncio.Task[None]] = set()
         self._verify = verify  # the bundle, checked (and unpacked again if it changed) before a fresh start
         self._cgroup: Path | None = None
@@ -175,7 +177,9 @@ class ReplicaSlot:
                 MemoryCgroups.remove(self._cgroup)
             if self._stopping.is_set():
                 return
-            failures = 1 if time.monotonic() - started > HEALTHY_AFTER_S else failures + 1
+            healthy = time.monotonic() - started > HEALTHY_AFTER_S
+            failures = 1 if healthy else failures + 1
+            self._fresh_next = self._began_warm and not healthy  # it may hold what another app imports: not again
             failed_setups = failed_setups + 1 if code in SETUP_FAILURES else 0
             reason = self._restart_reason or self._exit_reason(code if code is not None else 0)
             self._restart_reason = ""
@@ -199,6 +203,7 @@ class ReplicaSlot:
             self._leader = adopted.leader  # its pidfd, opened before the process was checked to be the one started
             log.info("replica %s adopted (pid %d)", self.replica_id, adopted.pid)
         else:
+            self._began_warm = False
             self._proc = await self._fork(decided) or await self._from_warm(decided, fetch_s) \
                 or await self._spawn(kind, decided, fetch_s)
             self._leader = Leader.open(self._proc.pid)  # a running process's number (a warm start: checked at its take)
@@ -301,10 +306,11 @@ class ReplicaSlot:
             door=getattr(proc, "door", ""), command_id=command_id))
 
     async def _from_warm(self, decided: float, fetch_s: float) -> launch.Started | None:
-        """A replica from its app's warm start (``warm_starts``), where the node holds one of its key; None otherwise,
-        and when the hand-over fails (said on its log stream: it starts fresh)."""
+        """A replica from a warm start (``warm_starts``), where the node holds one of its key; None otherwise, after a
+        replica begun warm failed before it was healthy (a warm start may hold libraries another app of its key
+        imports), and when the hand-over fails (said on its log stream: it starts fresh)."""
         template, warm_starts = self.warm_template, self._warm
-        if template is None or warm_starts is None or self._records is None:
+        if template is None or warm_starts is None or self._records is None or self._fresh_next:
             return None
         warm = warm_starts.take(template.key)
         if warm is None:
@@ -325,6 +331,7 @@ class ReplicaSlot:
         proc = warm.proc
         proc.stdout, proc.stderr = warm.stdout, warm.stderr
         self._record(proc, warm.nonce, command_id=warm.name)
+        self._began_warm = True
         return proc
 
     async def _fork(self, decided: float) -> ForkedProcess | None:

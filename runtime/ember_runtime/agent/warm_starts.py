@@ -1,27 +1,34 @@
-"""The node agent's warm starts (see ``ember_runtime.warm``): for an app whose replicas import heavy libraries, one
-fresh start begun ahead, which the app's next fresh start takes instead of starting an interpreter.
+"""The node agent's warm starts (see ``ember_runtime.warm``): fresh starts begun ahead, with the heavy libraries
+the node's apps import already imported, which the next fresh start of the same environment and sandbox takes
+instead of starting an interpreter.
 
-- **When.** A replica of the app reports ready with the libraries it imported (``StartPhases.modules``, in each
-  status it writes after); the agent then keeps one warm start of its key (below), importing those, while the
-  node's assignment holds the app (a new version's replicas, pushed later, take it), while a replica of that key
-  reported within ``FORGET_S``, and while the node holds fewer than ``limit`` keys (first come). A taken one is
-  replaced at once, off the caller's path.
-- **What it is.** Exactly what a fresh start of the app would get: its interpreter, its sandbox (read-only binds,
-  volumes, ``block_network``) and network, its memory cgroup and limit, its environment, its FIFOs and lifeline (so
-  that, once taken, the replica outlives the agent and is adopted like any fresh one). It differs only in what a
-  replica is given at the take: its identity (replica id, version, arguments), its NATS credentials and secrets,
-  its CPUs; those are not part of the key (its thread counts are: libraries size their pools as they are imported).
-  A start whose key differs (another app, an image that changed, other GPUs, other volumes) starts fresh as before.
-  A replica with GPUs takes only a warm start begun with the same device nodes and ``CUDA_VISIBLE_DEVICES`` (on a
-  node with one GPU, every replica of the app); a warm start imports torch and the like, which open no device.
+- **When.** A replica reports ready with the libraries it imported (``StartPhases.modules``, in each status it
+  writes after); the agent then keeps one warm start of its key (below), importing those (with those other apps of
+  the key reported), while the node's assignment holds an app whose replica reported it within ``FORGET_S``, and
+  while the node holds fewer than ``limit`` keys (first come). A taken one is replaced at once, off the caller's
+  path.
+- **What it is.** Exactly what a fresh start of an app with that key would get: its interpreter (its image's
+  environment), its sandbox (read-only binds, volumes, ``block_network``) and network, its memory cgroup and limit,
+  its environment, its FIFOs and lifeline (so that, once taken, the replica outlives the agent and is adopted like
+  any fresh one). What a replica is given at the take is not part of the key: its app, version and arguments (its
+  identity), its NATS credentials and secrets, its CPUs (its thread counts are: libraries size their pools as they
+  are imported). A start whose key differs (an image that changed, other GPUs, other volumes, another memory limit)
+  starts fresh as before. A replica with GPUs takes only a warm start begun with the same device nodes and
+  ``CUDA_VISIBLE_DEVICES`` (on a node with one GPU, every replica of the key); a warm start imports torch and the
+  like, which open no device.
+- **Whose it is.** No app's until its take: nothing of any app has run in it (no bundle, identity, credentials or
+  secret is there before), so the first start of an app the node never ran takes it too, when its key is one the
+  node keeps (the same image, sandbox and limits as an app that ran here). What another app can change of it is
+  which of ``MODULES`` it imports, from its environment: the taker holds them in its own memory limit (about
+  220 MB resident with torch) until its process ends, and a replica begun warm that fails within
+  ``slots.HEALTHY_AFTER_S`` starts fresh next. Its folder is in the agent's 0700 state dir, like every replica's;
+  ``ember status`` shows it to the apps that asked for it.
 - **The bundle.** The sandbox binds an empty folder of the warm start's own at ``/bundle``, read-only; at the take
   the agent fills it with the version's unpacked bundle (hard links into the bundle cache, read-only in the sandbox),
   and the folder becomes the replica's record folder (its FIFOs are there), removed when the replica ends.
-- **Who owns what.** A warm start is its app's: keyed by the app, started with the app's confinement, given nothing
-  of another app; its folder is in the agent's 0700 state dir, like every replica's.
-- **What it costs.** The memory of its imports (about 220 MB resident with torch), not counted in the node's host
-  memory reservations, and one start's CPU after each take; none while it waits. An app whose replicas fork from a
-  zygote gets none (its starts fork). ``--warm-starts 0`` turns them off.
+- **What it costs.** The memory of its imports, not counted in the node's host memory reservations, and one
+  start's CPU after each take; none while it waits. An app whose replicas fork from a zygote asks for none (its
+  starts fork). ``--warm-starts 0`` turns them off.
 """
 
 from __future__ import annotations
@@ -64,10 +71,9 @@ class WarmError(Exception):
 
 @dataclass(frozen=True)
 class WarmKey:
-    """What a fresh start of an app gets on this node, but for what is given at the take: two starts of one key can
-    take each other's warm start."""
+    """What a fresh start gets on this node, but for what is given at the take (the app's identity among it): two
+    starts of one key, of one app or of two, can take each other's warm start."""
 
-    app: str
     python: str
     env: tuple[tuple[str, str], ...]
     readonly: tuple[Path, ...]
@@ -80,9 +86,10 @@ class WarmKey:
 @dataclass(frozen=True)
 class Template:
     """How to start a warm start of ``key``: its environment (nothing per replica in it) and its confinement (no
-    secrets)."""
+    secrets); ``app``, whose start it describes, is not part of the key."""
 
     key: WarmKey
+    app: str
     env: Mapping[str, str] = field(default_factory=dict)
     confinement: sandbox.Confinement = sandbox.NOT_CONFINED
 
@@ -90,19 +97,20 @@ class Template:
 def template_of(app: str, python: str, env: Mapping[str, str], confinement: sandbox.Confinement) -> Template:
     """The warm start a fresh start of ``app`` could take."""
     shared = {k: v for k, v in env.items() if k not in PER_REPLICA_ENV}
-    key = WarmKey(app=app, python=python, env=tuple(sorted(shared.items())), readonly=confinement.readonly,
+    key = WarmKey(python=python, env=tuple(sorted(shared.items())), readonly=confinement.readonly,
                   mounts=confinement.mounts, block_network=confinement.block_network, memory_mb=confinement.memory_mb,
                   devices=confinement.devices)
-    return Template(key=key, env=shared, confinement=replace(confinement, secrets={}))
+    return Template(key=key, app=app, env=shared, confinement=replace(confinement, secrets={}))
 
 
 class WarmStart:
     """One warm start, waiting for its replica."""
 
-    def __init__(self, key: WarmKey, name: str, folder: Path, proc: launch.Started, pipes: adoption.Pipes,
-                 identity_w: int, cgroup: Path | None, stdout: asyncio.StreamReader,
+    def __init__(self, key: WarmKey, modules: tuple[str, ...], name: str, folder: Path, proc: launch.Started,
+                 pipes: adoption.Pipes, identity_w: int, cgroup: Path | None, stdout: asyncio.StreamReader,
                  stderr: asyncio.StreamReader) -> None:
         self.key = key
+        self.modules = modules  # what it imports ahead
         self.name = name  # its id until taken (``--replica-id`` on its command line)
         self.folder = folder
         self.proc = proc
@@ -172,33 +180,52 @@ class WarmStart:
         MemoryCgroups.remove(self.cgroup)
 
 
+@dataclass
+class Wanted:
+    """A key the node keeps a warm start of: how to begin one, what it imports, and which apps' replicas asked (the
+    last time each did)."""
+
+    template: Template
+    asked: dict[str, tuple[float, frozenset[str]]] = field(default_factory=dict)  # app -> (when, what it imports)
+
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """What its warm start imports: what its apps import, in ``MODULES``' order."""
+        wanted = frozenset().union(*(imports for _, imports in self.asked.values()))
+        return tuple(m for m in MODULES if m in wanted)
+
+
 class WarmStarts:
-    """The warm starts of this node: one per key that a running replica reported (two services of an app whose
-    sandboxes differ have a key each), at most ``limit`` keys, first come; a key no replica reported for
-    ``FORGET_S`` is let go of, as is every key of an app the node no longer runs."""
+    """The warm starts of this node: one per key that a running replica reported (two services whose sandboxes
+    differ have a key each; two apps of one image and sandbox share one), at most ``limit`` keys, first come; a key
+    no replica of a running app reported for ``FORGET_S`` is let go of."""
 
     def __init__(self, records: adoption.Records, limit: int = DEFAULT_LIMIT) -> None:
         self.limit = limit
         self._records = records
         self._held: dict[WarmKey, WarmStart] = {}
-        self._wanted: dict[WarmKey, tuple[Template, tuple[str, ...], float]] = {}  # (how, imports, last asked)
+        self._wanted: dict[WarmKey, Wanted] = {}
         self._starting: dict[WarmKey, asyncio.Task[None]] = {}
         self._failures: dict[WarmKey, int] = {}
         self._hellos: set[asyncio.Task[None]] = set()
         self._tasks: set[asyncio.Future[Any]] = set()  # each warm start's exit watched; let go of ended ones
 
     def want(self, template: Template, modules: Iterable[str]) -> None:
-        """Keep a warm start of ``template`` importing ``modules`` (those of ``MODULES`` only), when the node has
-        room: a replica of its key reported them (at its ready, and in each status after)."""
-        heavy = tuple(m for m in MODULES if m in set(modules))
+        """Keep a warm start of ``template`` importing ``modules`` (those of ``MODULES`` only, with those the key's
+        other apps reported), when the node has room: a replica of ``template.app`` reported them (at its ready, and
+        in each status after)."""
+        heavy = frozenset(m for m in MODULES if m in set(modules))
         key = template.key
         if not heavy or self.limit <= 0 or self._failures.get(key, 0) >= MAX_FAILURES:
             return
-        if key not in self._wanted and len(self._wanted) >= self.limit:
-            return
-        self._wanted[key] = (template, heavy, time.monotonic())
+        wanted = self._wanted.get(key)
+        if wanted is None:
+            if len(self._wanted) >= self.limit:
+                return
+            wanted = self._wanted[key] = Wanted(template)
+        wanted.asked[template.app] = (time.monotonic(), heavy)
         held = self._held.get(key)
-        if held is None or not held.alive:
+        if held is None or not held.alive or not heavy <= set(held.modules):  # begun again, importing those too
             self._start(key)
 
     def take(self, key: WarmKey) -> WarmStart | None:
@@ -211,9 +238,13 @@ class WarmStarts:
         return held
 
     async def keep(self, apps: set[str]) -> None:
-        """Let go of the warm starts of apps this node no longer runs, and of keys no replica reported lately."""
+        """Let go of the warm starts whose apps this node no longer runs, or whose replicas did not report lately."""
         now = time.monotonic()
-        for key in [k for k, (_, _, asked) in self._wanted.items() if k.app not in apps or now - asked > FORGET_S]:
+        for key, wanted in list(self._wanted.items()):
+            wanted.asked = {app: asked for app, asked in wanted.asked.items()
+                            if app in apps and now - asked[0] <= FORGET_S}
+            if wanted.asked:
+                continue
             del self._wanted[key]
             if (task := self._starting.pop(key, None)) is not None:
                 task.cancel()
@@ -222,12 +253,13 @@ class WarmStarts:
                 await held.stop()
 
     def statuses(self) -> dict[str, str]:
-        """By app: ``ready`` (the imports of one of its warm starts done) or ``starting``."""
+        """By app that asked for one: ``ready`` (the imports of a warm start it may take are done) or ``starting``."""
         states: dict[str, str] = {}
-        for key, warm in sorted(self._held.items(), key=lambda item: item[0].app):
-            if warm.alive and states.get(key.app) != "ready":
-                states[key.app] = "ready" if warm.ready else "starting"
-        return states
+        for key, warm in self._held.items():
+            for app in self._wanted[key].asked if warm.alive and key in self._wanted else ():
+                if states.get(app) != "ready":
+                    states[app] = "ready" if warm.ready else "starting"
+        return dict(sorted(states.items()))
 
     async def stop(self) -> None:
         await self.keep(set())
@@ -238,19 +270,20 @@ class WarmStarts:
     def _start(self, key: WarmKey) -> None:
         if key in self._starting or key not in self._wanted:
             return
-        task = asyncio.create_task(self._replace(key), name=f"warm-start-{key.app}")
+        task = asyncio.create_task(self._replace(key), name="warm-start")
         self._starting[key] = task
         task.add_done_callback(lambda t: self._starting.pop(key, None) if self._starting.get(key) is t else None)
 
     async def _replace(self, key: WarmKey) -> None:
-        template, modules, _ = self._wanted[key]
+        template, modules = self._wanted[key].template, self._wanted[key].modules
         if (old := self._held.pop(key, None)) is not None:
             await old.stop()
         try:
             warm = await self._spawn(template, modules)
         except Exception as exc:  # its replicas start fresh; said once
             failures = self._failures[key] = self._failures.get(key, 0) + 1
-            log.warning("no warm start of app %s (%d failed): %s: %s", key.app, failures, type(exc).__name__, exc)
+            log.warning("no warm start for %s (%d failed): %s: %s", _apps(self._wanted.get(key)), failures,
+                        type(exc).__name__, exc)
             return
         self._held[key] = warm
         warm.watch()
@@ -267,8 +300,8 @@ class WarmStarts:
             return  # taken, or let go of
         del self._held[warm.key]
         failures = self._failures[warm.key] = self._failures.get(warm.key, 0) + 1
-        log.warning("warm start %s of app %s ended (exit code %s) before a replica took it", warm.name, warm.key.app,
-                    warm.proc.returncode)
+        log.warning("warm start %s for %s ended (exit code %s) before a replica took it", warm.name,
+                    _apps(self._wanted.get(warm.key)), warm.proc.returncode)
         self._keep(asyncio.ensure_future(warm.stop()))
         if failures < MAX_FAILURES:
             self._start(warm.key)
@@ -301,8 +334,13 @@ class WarmStarts:
         finally:
             _close(identity_r)
         stdout, stderr = pipes.started()
-        log.info("warm start %s of app %s: importing %s", name, template.key.app, ", ".join(modules))
-        return WarmStart(template.key, name, folder, proc, pipes, identity_w, cgroup, stdout, stderr)
+        log.info("warm start %s for %s: importing %s", name, _apps(self._wanted.get(template.key)), ", ".join(modules))
+        return WarmStart(template.key, modules, name, folder, proc, pipes, identity_w, cgroup, stdout, stderr)
+
+
+def _apps(wanted: Wanted | None) -> str:
+    """The apps that asked for a key, for the agent's log."""
+    return f"app {', '.join(sorted(wanted.asked))}" if wanted is not None and wanted.asked else "no app now"
 
 
 def _fill(bundle: Path, into: Path) -> None:

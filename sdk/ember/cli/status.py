@@ -89,7 +89,7 @@ def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = No
 
 
 def warm_table(nodes: list[NodeView], apps: set[str] | None = None) -> str:
-    """One row per warm start a node holds (empty when none does): the app whose next fresh start takes it."""
+    """One row per app a node holds a warm start for (empty when none): its next fresh start may take it."""
     rows = [(node.node_id, app, state) for node in nodes for app, state in sorted(node.warm_starts.items())
             if apps is None or app in apps]
     return table(["NODE", "WARM START OF", "STATE"], rows) if rows else ""

@@ -38,7 +38,7 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     zygotes: list[ZygoteStatus] = []  # the preloaded zygotes the node holds
     volumes: list[str] = []  # volume versions cached on the node, as ``name@vN`` (placement prefers them)
     environments: list[str] = []  # image environments (their sha256) built on the node
-    warm_starts: dict[str, str] = {}  # app -> "starting" or "ready": the warm start the node holds of it
+    warm_starts: dict[str, str] = {}  # app -> "starting" or "ready": a warm start the node holds that it asked for
     # replica id -> device uuid -> MB of GPU memory its processes use, as last sampled (every GPU replica)
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
     sandbox: str = ""  # how replicas are held: "bwrap" (with "own network" or "node network"), "none"; "": unknown

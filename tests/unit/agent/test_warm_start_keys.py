@@ -1,7 +1,8 @@
 """Warm starts' keys (``agent/warm_starts.py``): a start takes a warm start only where everything the warm start was
-begun with is what the start would get, but for what is given at the take (its identity, credentials, secrets);
-never another app's, nor one begun with other GPUs; and a warm start's bundle folder gets the version's
-files at the take, as links that share the bundle cache's files."""
+begun with is what the start would get, but for what is given at the take (its app's identity, credentials,
+secrets); so two apps of one image and sandbox share one, and never one begun with other GPUs; a key is kept while
+one of its apps runs and reports; and a warm start's bundle folder gets the version's files at the take, as links
+that share the bundle cache's files."""
 
 from __future__ import annotations
 
@@ -37,10 +38,12 @@ def test_what_differs_per_replica_is_not_in_the_key_nor_in_what_the_warm_start_g
     assert other_replica.key == template.key
 
 
-def test_another_app_or_anything_else_of_the_sandbox_is_another_key():
+def test_another_app_of_the_same_sandbox_is_the_same_key_and_anything_else_of_the_sandbox_another():
     key = template_of("app-a", sys.executable, ENV, CONF).key
+    other_app = template_of("app-b", sys.executable, {**ENV, CREDS_ENV: "creds-of-b"},
+                            dataclasses.replace(CONF, secrets={"B_KEY": "b's"}))
+    assert other_app.key == key and other_app.app == "app-b"  # its identity and secrets come at the take
     others = [
-        template_of("app-b", sys.executable, ENV, CONF),
         template_of("app-a", "/envs/other/bin/python", ENV, CONF),
         template_of("app-a", sys.executable, {**ENV, "HF_HOME": "/elsewhere"}, CONF),
         template_of("app-a", sys.executable, {**ENV, "OMP_NUM_THREADS": "1"}, CONF),  # pools sized at import
@@ -101,9 +104,9 @@ def test_two_keys_of_one_app_each_keep_a_warm_start_and_a_key_no_replica_reports
             pool.want(small, ["numpy"])
             pool.want(large, ["numpy"])
             assert pool._held == first and pool.statuses() == {"app-a": "ready"}
-            other = template_of("app-b", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
-            pool.want(other, ["numpy"])  # over the limit: first come
-            assert other.key not in pool._wanted
+            other = template_of("app-b", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement(memory_mb=8192))
+            pool.want(other, ["numpy"])  # a third key, over the limit: first come
+            assert other.key not in pool._wanted and pool.statuses() == {"app-a": "ready"}
             taken = pool.take(small.key)
             assert taken is first[small.key] and pool.take(small.key) is None  # the next one is only beginning
             await _until(lambda: small.key in pool._held and pool._held[small.key] is not taken)
@@ -144,6 +147,39 @@ def test_a_warm_start_that_ended_after_its_take_is_refused_and_leaves_nothing(tm
             with pytest.raises(WarmError, match="ended"):
                 await taken.give(records, "r-1", tmp_path, Identity(argv=[]))
             assert not folder.exists() and not (records.root / "r-1").exists()
+        finally:
+            await pool.stop()
+
+    asyncio.run(go())
+
+
+def test_two_apps_of_one_key_share_its_warm_start_which_stays_while_either_runs(tmp_path, monkeypatch):
+    """Real warm-start processes: a second app of the key shares the first's warm start (none more begun; both see it
+    in their status); a library only the second reported begins it again importing both; the key stays while either
+    app runs and goes with the last."""
+    env = {"EMBER_DEVICE": "cpu"}
+    a, b = template_of("app-a", sys.executable, env, Confinement()), template_of("app-b", sys.executable, env,
+                                                                                   Confinement())
+    assert a.key == b.key
+
+    async def go() -> None:
+        pool = WarmStarts(Records(tmp_path / "replicas"), limit=1)
+        try:
+            pool.want(a, ["numpy"])
+            await _until(lambda: a.key in pool._held and pool._held[a.key].ready)
+            first = pool._held[a.key]
+            pool.want(b, ["numpy"])  # the same key, nothing new to import: the same warm start
+            assert pool._held[a.key] is first and pool.statuses() == {"app-a": "ready", "app-b": "ready"}
+            pool.want(b, ["numpy", "json", "onnxruntime"])  # one more of MODULES: begun again, importing both
+            await _until(lambda: a.key in pool._held and pool._held[a.key] is not first and pool._held[a.key].ready)
+            assert pool._held[a.key].modules == ("numpy", "onnxruntime")
+            await asyncio.wait_for(first.proc.wait(), 10)  # the one it replaced ended
+            await pool.keep({"app-b"})  # app-a gone: app-b still asks, the key stays
+            assert a.key in pool._held and pool.statuses() == {"app-b": "ready"}
+            last = pool._held[a.key]
+            await pool.keep(set())  # the last app gone: let go of
+            assert pool._held == {} and pool.statuses() == {}
+            await asyncio.wait_for(last.proc.wait(), 10)
         finally:
             await pool.stop()
 
