@@ -341,7 +341,7 @@ def render(starts: list[Start]) -> str:
                      f"{medians.get('cold', float('nan')) / median:.1f}x | {ms(slowest)} |")
     if first := [s for s in one if s.how == "first start"]:
         median = statistics.median(s.decision_to_first_call_s for s in first)
-        lines.append(f"| {'/'.join(sorted({s.kind for s in first}))}, first start of a new app | {len(first)} | "
+        lines.append(f"| first start of a new app | {len(first)} ({'/'.join(sorted({s.kind for s in first}))}) | "
                      f"{ms(median)} | {medians.get('cold', float('nan')) / median:.1f}x | "
                      f"{ms(max(s.decision_to_first_call_s for s in first))} |")
     if burst := [s for s in starts if s.how.startswith("burst")]:
