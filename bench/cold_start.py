@@ -9,7 +9,7 @@ What is measured
     * ``cold``      new versions of an app the node keeps no warm start for (a bundle the node has never
                     seen): fetch, unpack, a fresh interpreter, imports, all of the setup. The app is a copy
                     whose ``@ember.setup(snap=True)`` is a plain ``@ember.setup``, so no zygote is involved, and
-                    with a memory limit of its own (``memory="3Gi"``: another sandbox, so another warm start key);
+                    with a memory limit of its own (``memory="3GB"``: another sandbox, so another warm start key);
     * ``warm``      new versions of a second copy, for which the node keeps a warm start (``ember_runtime.warm``:
                     an interpreter in the app's sandbox with torch imported, begun ahead): fetch, unpack, the
                     hand-over, the app's import and setup. The agent keeps one warm start (``EMBER_WARM_STARTS=1``),
@@ -180,7 +180,7 @@ def write_apps(folder: Path) -> tuple[Path, Path, Path]:
         plain.append(app_dir / "classifier.py")
         plain[-1].write_text(source.replace('ember.App("digits")', f'ember.App("{app}")')
                              .replace("@ember.setup(snap=True)", "@ember.setup"))
-    plain[0].write_text(plain[0].read_text().replace("@app.model(", '@app.model(memory="3Gi", '))  # its own key
+    plain[0].write_text(plain[0].read_text().replace("@app.model(", '@app.model(memory="3GB", '))  # its own key
     return plain[0], plain[1], snap
 
 
