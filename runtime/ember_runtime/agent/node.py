@@ -104,7 +104,8 @@ class NodeAgent:
         self._zygote_volumes: list[VolumeMount] = []  # the volumes of the zygotes held
         self.adoptions = adoption.Adoptions(adoption.Records.of(state_dir),
                                             sandbox.network.nats_servers if sandbox.network is not None else None)
-        self.warm = warm.WarmStarts(self.adoptions.records, warm_starts)  # fresh starts begun ahead (one per key)
+        self.warm = warm.WarmStarts(self.adoptions.records, warm_starts,  # fresh starts begun ahead (one per key)
+                                    host_memory=self.host_memory)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""

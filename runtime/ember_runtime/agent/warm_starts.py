@@ -26,9 +26,11 @@ instead of starting an interpreter.
 - **The bundle.** The sandbox binds an empty folder of the warm start's own at ``/bundle``, read-only; at the take
   the agent fills it with the version's unpacked bundle (hard links into the bundle cache, read-only in the sandbox),
   and the folder becomes the replica's record folder (its FIFOs are there), removed when the replica ends.
-- **What it costs.** The memory of its imports, not counted in the node's host memory reservations, and one
-  start's CPU after each take; none while it waits. An app whose replicas fork from a zygote asks for none (its
-  starts fork). ``--warm-starts 0`` turns them off.
+- **What it costs.** The memory of its imports, which the node's host memory reservations do not count: so a warm
+  start begins only while the kernel says ``min_available_mb`` (1.5 GB) is available (``MemAvailable``) and the
+  replicas' reservations leave ``WARM_MB`` of the node's memory, and the node lets go of its warm starts when less
+  than half of ``min_available_mb`` is available. And one start's CPU after each take; none while it waits. An app
+  whose replicas fork from a zygote asks for none (its starts fork). ``--warm-starts 0`` turns them off.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from ember.wire.natscreds import CREDS_ENV
 from ember_runtime.agent import adoption, launch, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.leaders import Leader
+from ember_runtime.agent.numa import HostMemory
 from ember_runtime.warm import MODULES, READY_LINE, Identity
 
 log = logging.getLogger("ember.agent")
@@ -60,6 +63,8 @@ log = logging.getLogger("ember.agent")
 DEFAULT_LIMIT = 2  # warm starts a node holds at once
 MAX_FAILURES = 3  # warm starts of one key that died before a take, after which that key gets none
 FORGET_S = 30.0  # a key whose replicas have not reported for this long (they all report every 5 s at most) goes
+MIN_AVAILABLE_MB = 1536  # a warm start begins only while the node has this much memory available; half: let go
+WARM_MB = 512  # what a warm start may hold (about 220 MB with torch): left by the replicas' reservations
 # What differs between two replicas of one app on one node: given at the take, not part of the key. (Thread counts
 # and the GPUs are part of it: libraries size their pools and look for devices as they are imported.)
 PER_REPLICA_ENV = frozenset({CREDS_ENV})
@@ -200,8 +205,12 @@ class WarmStarts:
     differ have a key each; two apps of one image and sandbox share one), at most ``limit`` keys, first come; a key
     no replica of a running app reported for ``FORGET_S`` is let go of."""
 
-    def __init__(self, records: adoption.Records, limit: int = DEFAULT_LIMIT) -> None:
+    def __init__(self, records: adoption.Records, limit: int = DEFAULT_LIMIT, *,
+                 host_memory: HostMemory | None = None, min_available_mb: int = MIN_AVAILABLE_MB) -> None:
         self.limit = limit
+        self.min_available_mb = min_available_mb
+        self._host_memory = host_memory  # the replicas' reservations
+        self._short = ""  # why no warm start begins now (memory), said once
         self._records = records
         self._held: dict[WarmKey, WarmStart] = {}
         self._wanted: dict[WarmKey, Wanted] = {}
@@ -238,19 +247,40 @@ class WarmStarts:
         return held
 
     async def keep(self, apps: set[str]) -> None:
-        """Let go of the warm starts whose apps this node no longer runs, or whose replicas did not report lately."""
+        """Let go of the warm starts whose apps this node no longer runs, or whose replicas did not report lately;
+        of all of them when the node runs short of memory (``short``, at half of ``min_available_mb``)."""
         now = time.monotonic()
+        short = self.short(self.min_available_mb // 2)
         for key, wanted in list(self._wanted.items()):
             wanted.asked = {app: asked for app, asked in wanted.asked.items()
                             if app in apps and now - asked[0] <= FORGET_S}
-            if wanted.asked:
+            if wanted.asked and not short:
                 continue
+            if short:
+                self._say_short(short)
             del self._wanted[key]
             if (task := self._starting.pop(key, None)) is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             if (held := self._held.pop(key, None)) is not None:
                 await held.stop()
+
+    def short(self, min_available_mb: int | None = None) -> str:
+        """Why the node has no room for a warm start now (too little memory available, or reserved by its
+        replicas); "" when it has."""
+        need = self.min_available_mb if min_available_mb is None else min_available_mb
+        available = available_mb()
+        if available is not None and available < need:
+            return f"{available} MB of memory available, under {need} MB"
+        held = self._host_memory
+        if held is not None and held.total_mb and held.total_mb - held.reserved_mb < WARM_MB:
+            return f"the replicas reserved {held.reserved_mb} MB of the node's {held.total_mb} MB"
+        return ""
+
+    def _say_short(self, short: str) -> None:
+        if short != self._short:
+            log.warning("no warm starts for now: %s", short)
+        self._short = short
 
     def statuses(self) -> dict[str, str]:
         """By app that asked for one: ``ready`` (the imports of a warm start it may take are done) or ``starting``."""
@@ -278,6 +308,10 @@ class WarmStarts:
         template, modules = self._wanted[key].template, self._wanted[key].modules
         if (old := self._held.pop(key, None)) is not None:
             await old.stop()
+        if short := self.short():  # asked again at its apps' next status
+            self._say_short(short)
+            return
+        self._short = ""
         try:
             warm = await self._spawn(template, modules)
         except Exception as exc:  # its replicas start fresh; said once
@@ -336,6 +370,18 @@ class WarmStarts:
         stdout, stderr = pipes.started()
         log.info("warm start %s for %s: importing %s", name, _apps(self._wanted.get(template.key)), ", ".join(modules))
         return WarmStart(template.key, modules, name, folder, proc, pipes, identity_w, cgroup, stdout, stderr)
+
+
+def available_mb() -> int | None:
+    """The memory the kernel says new work can have without swapping (``MemAvailable``), in MB; None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _apps(wanted: Wanted | None) -> str:

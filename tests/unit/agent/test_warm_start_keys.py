@@ -19,6 +19,7 @@ from ember.wire.natscreds import CREDS_ENV
 from ember_runtime import warm
 from ember_runtime.agent import warm_starts
 from ember_runtime.agent.adoption import Records
+from ember_runtime.agent.numa import HostMemory
 from ember_runtime.agent.sandbox import Confinement
 from ember_runtime.agent.warm_starts import WarmError, WarmStarts, _fill, template_of
 from ember_runtime.replica import warm as warm_process
@@ -182,5 +183,39 @@ def test_two_apps_of_one_key_share_its_warm_start_which_stays_while_either_runs(
             await asyncio.wait_for(last.proc.wait(), 10)
         finally:
             await pool.stop()
+
+    asyncio.run(go())
+
+
+def test_a_node_short_of_memory_begins_no_warm_start_and_lets_go_of_those_it_holds(tmp_path):
+    """Against this machine's own MemAvailable: a threshold above it begins none (however often asked) and lets go of
+    the one held; a node whose replicas reserved its memory begins none either."""
+    template = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
+    available = warm_starts.available_mb()
+    assert available is not None and available > 0  # /proc/meminfo read
+
+    async def go() -> None:
+        pool = WarmStarts(Records(tmp_path / "replicas"), limit=1, min_available_mb=available * 4)
+        try:
+            for _ in range(3):
+                pool.want(template, ["numpy"])
+                await asyncio.sleep(0.2)
+            assert pool._held == {} and pool.statuses() == {} and "MB of memory available" in pool.short()
+            pool.min_available_mb = 0
+            pool.want(template, ["numpy"])
+            await _until(lambda: template.key in pool._held)
+            held = pool._held[template.key]
+            pool.min_available_mb = available * 4
+            await pool.keep({"app-a"})  # under half of the threshold now: let go of
+            assert pool._held == {}
+            await asyncio.wait_for(held.proc.wait(), 10)
+        finally:
+            await pool.stop()
+        reserved = HostMemory(total_mb=4096)
+        reserved.reserve("replica-1", 4096 - warm_starts.WARM_MB + 1)
+        crowded = WarmStarts(Records(tmp_path / "replicas"), limit=1, host_memory=reserved, min_available_mb=0)
+        assert "reserved" in crowded.short()
+        reserved.release("replica-1")
+        assert crowded.short() == ""
 
     asyncio.run(go())
