@@ -241,9 +241,12 @@ def run(repeats: int, burst: int) -> None:
         callers[2].start()
         wait_for(lambda: zygote_ready(url, "cs-snap"), 180, "the zygote")
         wait_for(lambda: [r for r in replicas(url, "cs-snap") if r["state"] == "ready"], 180, "a ready replica")
+        # on a machine at rest: a warm start its first (fresh) replica asked for has imported torch
+        wait_for(lambda: warm_start(url, "cs-snap") != "starting", 180, "cs-snap's warm start, if any, ready")
         starts += scale_ups(url, "cs-snap", repeats)
         if burst:
             say(f"zygote: a burst of {burst} scale-ups of the snap app at once")
+            wait_for(lambda: warm_start(url, "cs-snap") != "starting", 180, "cs-snap's warm start, if any, ready")
             starts += burst_up(url, "cs-snap", burst)
         print(render(starts))
     finally:
