@@ -322,9 +322,9 @@ class NodeAgent:
             status = msgspec.structs.replace(replica_decoder.decode(msg.data), replica_id=replica_id,
                                              node_id=self.node_id, app=k.app, service=k.service, version=k.version)
             await self._stores.replicas.put(subjects.replica_key(self.node_id, replica_id), encoder.encode(status))
-            start = status.start  # one forked from a zygote: its app's starts fork, a warm start would idle
-            if status.state == "ready" and start and start.modules and start.kind != "zygote" and slot.warm_template:
-                self.warm.want(slot.warm_template, start.modules)  # its app's next start takes one
+            if slot.warm_template and status.start and warm.asks(status.state, status.start,
+                                                                  self.zygotes.holds(k.app, k.service, k.version)):
+                self.warm.want(slot.warm_template, status.start.modules)  # the next fresh start of its key takes one
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:
         decided = time.time()

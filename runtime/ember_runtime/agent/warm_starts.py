@@ -29,8 +29,9 @@ instead of starting an interpreter.
 - **What it costs.** The memory of its imports, which the node's host memory reservations do not count: so a warm
   start begins only while the kernel says ``min_available_mb`` (1.5 GB) is available (``MemAvailable``) and the
   replicas' reservations leave ``WARM_MB`` of the node's memory, and the node lets go of its warm starts when less
-  than half of ``min_available_mb`` is available. And one start's CPU after each take; none while it waits. An app
-  whose replicas fork from a zygote asks for none (its starts fork). ``--warm-starts 0`` turns them off.
+  than half of ``min_available_mb`` is available. And one start's CPU after each take; none while it waits. A
+  replica forked from a zygote asks for none, nor does a version whose zygote the node holds (``asks``).
+  ``--warm-starts 0`` turns them off.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from typing import Any
 
 import msgspec
 
+from ember.wire import StartPhases
 from ember.wire.natscreds import CREDS_ENV
 from ember_runtime.agent import adoption, launch, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
@@ -370,6 +372,13 @@ class WarmStarts:
         stdout, stderr = pipes.started()
         log.info("warm start %s for %s: importing %s", name, _apps(self._wanted.get(template.key)), ", ".join(modules))
         return WarmStart(template.key, modules, name, folder, proc, pipes, identity_w, cgroup, stdout, stderr)
+
+
+def asks(state: str, start: StartPhases, forks_here: bool) -> bool:
+    """Whether a replica's status asks for a warm start: it is ready, its app imported some of ``MODULES``, and it
+    did not fork from a zygote; nor does a version whose starts fork on this node (``forks_here``: its zygote is
+    here, ready or building), whose first replica may have started fresh before its zygote was ready."""
+    return state == "ready" and bool(start.modules) and start.kind != "zygote" and not forks_here
 
 
 def available_mb() -> int | None:

@@ -449,10 +449,13 @@ class ZygotePool:
                 await asyncio.wait_for(zygote.settled.wait(), wait_s)
         return zygote if zygote is not None and zygote.ready else None
 
+    def holds(self, app: str, service: str, version: int) -> bool:
+        """Whether this node holds a zygote of this version, ready or building: its next starts fork."""
+        return (zygote := self._zygotes.get((app, service, version))) is not None and not zygote.done
+
     async def reconcile(self, wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]],
                         interpreters: Mapping[ZygoteKey, Interpreter] | None = None) -> None:
-        """Build what is wanted and missing (or dead, after a delay), stop what is no longer wanted; a version with
-        an image in its environment (``interpreters``)."""
+        """Build what is wanted and missing (or dead: after a delay), stop what is not; ``interpreters``: images'."""
         for key in [k for k in self._zygotes if k not in wanted]:
             log.info("removing zygote %s.%s v%d", *key)
             await self._zygotes.pop(key).stop()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ember.wire import StartPhases
 from ember.wire.natscreds import CREDS_ENV
 from ember_runtime import warm
 from ember_runtime.agent import warm_starts
@@ -219,3 +220,17 @@ def test_a_node_short_of_memory_begins_no_warm_start_and_lets_go_of_those_it_hol
         assert crowded.short() == ""
 
     asyncio.run(go())
+
+
+def test_only_a_ready_replica_that_imported_heavy_libraries_and_does_not_fork_here_asks_for_one():
+    def start(kind: str = "cold", modules: tuple[str, ...] = ("torch",)) -> StartPhases:
+        return StartPhases(kind=kind, fetch_s=0, interpreter_s=0, imports_s=0, setup_s=0, ready_s=0,
+                           modules=list(modules))
+
+    assert warm_starts.asks("ready", start(), forks_here=False)
+    assert warm_starts.asks("ready", start("warm"), forks_here=False)  # a taken one is replaced: asked again
+    assert not warm_starts.asks("starting", start(), forks_here=False)
+    assert not warm_starts.asks("ready", start(modules=()), forks_here=False)  # nothing heavy to import ahead
+    assert not warm_starts.asks("ready", start("zygote"), forks_here=False)
+    # a snap version's first replica started fresh while its zygote built here: its next starts fork, none asked
+    assert not warm_starts.asks("ready", start("cold"), forks_here=True)
