@@ -22,13 +22,16 @@ The process: ``python -m ember_runtime.hostpid ember_runtime.replica.warm --repl
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 
 # The libraries a warm start may import ahead: slow to import, and the same for every version of an app. A replica
-# reports which of them its app imported (``StartPhases.modules``); a warm start of the app imports those.
+# reports which of them its app needs (``StartPhases.modules``, see ``Asked``); a warm start of its key imports those.
 MODULES = ("numpy", "torch", "onnxruntime", "tensorrt", "transformers", "vllm")
 READY_LINE = "ember-warm-ready"
 MAX_IDENTITY = 1 << 20  # bytes: the replica's arguments and environment (secrets included)
@@ -43,8 +46,40 @@ class Identity(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def imported() -> list[str]:
-    """Which of ``MODULES`` this process has imported: what a warm start for its app should import ahead."""
+    """Which of ``MODULES`` this process has imported."""
     return [name for name in MODULES if name in sys.modules]
+
+
+class Asked:
+    """Which of ``MODULES`` an app needs, watched while it loads (``with Asked() as asked:`` around its import and
+    setup): those its code imports (an ``import torch`` counts where a warm start imported torch before) and those
+    imported meanwhile by any means. What a warm start imported and the app never asked for does not count: a replica
+    begun from another app's warm start asks only for what its own app needs (``modules``)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+        self._before = frozenset(imported())
+        self._original: Callable[..., Any] = builtins.__import__
+        self._watching: Callable[..., Any] | None = None
+
+    def __enter__(self) -> Asked:
+        original, names, heavy = self._original, self.names, frozenset(MODULES)
+
+        def watching(name: str, globals: Any = None, locals: Any = None, fromlist: Any = (), level: int = 0) -> Any:
+            if level == 0 and (top := name.partition(".")[0]) in heavy:
+                names.add(top)
+            return original(name, globals, locals, fromlist, level)
+
+        builtins.__import__ = self._watching = watching
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if builtins.__import__ is self._watching:  # never undo what someone installed after
+            builtins.__import__ = self._original
+
+    def modules(self) -> list[str]:
+        now = set(imported())
+        return [name for name in MODULES if name in self.names or (name in now and name not in self._before)]
 
 
 def apply_thread_count() -> None:

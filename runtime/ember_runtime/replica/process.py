@@ -167,16 +167,18 @@ class Replica:
 
     async def _load(self) -> list[Endpoint]:
         imports_at = time.time()
-        if self.preloaded is not None:
-            target, prepared = self.preloaded.target, self.preloaded.prepared
-            self.service = self.preloaded.service
-        else:
-            app = find_app(import_app_module(self.args.bundle, self.args.module), self.args.app)
-            self.service, target, prepared = app.services[self.args.service], app.target(self.args.service), None
-        setup_at = time.time()
-        endpoints = await asyncio.get_running_loop().run_in_executor(
-            self.executor, build_endpoints, self.service, target, prepared)
+        with warm.Asked() as asked:  # the heavy libraries its app needs: a warm start of its key imports them
+            if self.preloaded is not None:
+                target, prepared = self.preloaded.target, self.preloaded.prepared
+                self.service = self.preloaded.service
+            else:
+                app = find_app(import_app_module(self.args.bundle, self.args.module), self.args.app)
+                self.service, target, prepared = app.services[self.args.service], app.target(self.args.service), None
+            setup_at = time.time()
+            endpoints = await asyncio.get_running_loop().run_in_executor(
+                self.executor, build_endpoints, self.service, target, prepared)
         self._phases = (imports_at, setup_at, time.time())
+        self._modules = asked.modules() if self.preloaded is None else warm.imported()  # a zygote: all the app's
         return endpoints
 
     def _start_phases(self) -> StartPhases:
@@ -189,7 +191,7 @@ class Replica:
                            fork_s=since_decision if pre is not None else 0.0,
                            snap_setup_s=pre.snap_setup_s if pre is not None else 0.0,
                            imports_s=setup_at - imports_at, setup_s=done_at - setup_at, ready_s=time.time() - decided,
-                           modules=warm.imported())
+                           modules=self._modules)
 
     async def _serve(self, nc: Any, endpoints: list[Endpoint]) -> tuple[list[Any], list[asyncio.Task[None]]]:
         subs, loops = [], []

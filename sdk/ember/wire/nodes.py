@@ -129,7 +129,7 @@ class StartPhases(msgspec.Struct, frozen=True, kw_only=True):
     first_call_s: float | None = None  # ready to the first answered call
     fork_s: float = 0.0  # decision to running in the forked child (zygote starts only)
     snap_setup_s: float = 0.0  # the @ember.setup(snap=True) methods: paid once, by the zygote, before the decision
-    modules: list[str] = []  # the heavy libraries the app imported (torch and the like): a warm start imports them
+    modules: list[str] = []  # the heavy libraries its app imported as it loaded (torch and the like): warm starts do
 
 
 class Histogram(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -234,3 +236,26 @@ def test_only_a_ready_replica_that_imported_heavy_libraries_and_does_not_fork_he
     assert not warm_starts.asks("ready", start("zygote"), forks_here=False)
     # a snap version's first replica started fresh while its zygote built here: its next starts fork, none asked
     assert not warm_starts.asks("ready", start("cold"), forks_here=True)
+
+
+def test_a_replica_asks_for_what_its_app_imports_not_for_what_its_warm_start_had(tmp_path):
+    """In a process of its own: onnxruntime and numpy imported first, as a warm start would; the app then imports
+    numpy (already there) and json: it needs numpy, not onnxruntime. An import done some other way counts too."""
+    script = tmp_path / "load.py"
+    script.write_text(
+        "import importlib, json, sys\n"
+        "from ember_runtime import warm\n"
+        "import onnxruntime, numpy  # the warm start's\n"
+        "with warm.Asked() as asked:\n"
+        "    import numpy.linalg  # the app's own: already imported, still asked\n"
+        "    import json as _json\n"
+        "print(json.dumps(asked.modules()))\n"
+        "with warm.Asked() as other:\n"
+        "    importlib.import_module('torch')  # not through an import statement\n"
+        "print(json.dumps(other.modules()))\n"
+        "print(__builtins__.__import__ is __import__ and __import__.__module__ == 'builtins')\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=True)
+    first, second, restored = out.stdout.splitlines()
+    assert json.loads(first) == ["numpy"]
+    assert "torch" in json.loads(second) and "onnxruntime" not in json.loads(second)
+    assert restored == "True"  # the watch is gone after the load
