@@ -17,6 +17,7 @@ import time
 
 import msgspec
 
+from ember import _gc
 from ember import _loop as ember_loop
 from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     ember_loop.loop_factory()  # uvloop
     arguments.parser()
     preimport([name for name in args.preimport.split(",") if name])
+    _gc.settle()  # the imports' heap, collected and frozen ahead: the replica's own settle scans only its app's
     sys.stdout.write(READY_LINE + "\n")  # the agent's status says so (``warm_starts``)
     sys.stdout.flush()
     try:
