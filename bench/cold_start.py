@@ -205,13 +205,13 @@ def run(repeats: int, burst: int) -> None:
             caller.start()
             wait_for(lambda app=app: [r for r in replicas(url, app) if r["state"] == "ready"], 180, f"{app} ready")
             if app == "cs-warm":
-                wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+                warm_ready(url, "cs-warm")
 
         say("cold and warm: new versions of the two copies, alternately")
         for i in range(repeats):
             for app, app_file in (("cs-plain", plain), ("cs-warm", warm)):
                 # both kinds on a machine at rest: the warm start begun again after a take has imported torch
-                wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+                warm_ready(url, "cs-warm")
                 old = {r["pid"] for r in replicas(url, app)}
                 app_file.write_text(app_file.read_text() + f"\n# new version {i}\n")
                 at = time.time()
@@ -219,14 +219,14 @@ def run(repeats: int, burst: int) -> None:
                 starts.append(new_start(url, app, old, at, "new version"))
                 wait_for(lambda app=app, old=old: not any(r["pid"] in old for r in replicas(url, app)), 60,
                          "the old version to go")
-            wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+            warm_ready(url, "cs-warm")
             starts.append(first_start(url, warm, f"cs-new-{i}"))
 
         say("artifact and warm: scale-ups of the two copies (their bundles on disk)")
         for _ in range(repeats):
-            wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+            warm_ready(url, "cs-warm")
             starts += scale_ups(url, "cs-plain", 1)
-            wait_for(lambda: warm_start(url, "cs-warm") in ("ready", None), 180, "the warm start of cs-warm")
+            warm_ready(url, "cs-warm")
             starts += scale_ups(url, "cs-warm", 1)
 
         # Each kind is measured under the same load: its own caller alone.
@@ -273,13 +273,22 @@ def first_start(url: str, like: Path, app: str) -> Start:
         httpx.delete(f"{url}/v1/apps/{app}", timeout=30, headers=auth_headers()).raise_for_status()
 
 
-def warm_start(url: str, app: str) -> str | None:
-    """The state of the node's warm start of ``app`` ("" while it has none); None where the status does not say
-    (an Ember before warm starts)."""
+def warm_start(url: str, app: str, since: float = 0.0) -> str | None:
+    """The state of the node's warm start for ``app`` ("" while it has none, or while the node's status is not newer
+    than ``since``: a status written before a take still says "ready"); None where the status does not say (an
+    Ember before warm starts)."""
     view = httpx.get(f"{url}/v1/status", params={"app": app}, timeout=10, headers=auth_headers()).json()
     if not view["nodes"] or "warm_starts" not in view["nodes"][0]:
         return None
-    return next((n["warm_starts"][app] for n in view["nodes"] if app in n["warm_starts"]), "")
+    return next((n["warm_starts"][app] for n in view["nodes"] if app in n["warm_starts"] and n["updated_at"] > since),
+                "")
+
+
+def warm_ready(url: str, app: str) -> None:
+    """Wait for a node status written from now on to say the warm start for ``app`` is ready (or that there are
+    none)."""
+    since = time.time()
+    wait_for(lambda: warm_start(url, app, since) in ("ready", None), 180, f"the warm start for {app}")
 
 
 def zygote_ready(url: str, app: str) -> bool:
