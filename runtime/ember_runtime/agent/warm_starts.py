@@ -117,7 +117,7 @@ class WarmStart:
                  pipes: adoption.Pipes, identity_w: int, cgroup: Path | None, stdout: asyncio.StreamReader,
                  stderr: asyncio.StreamReader) -> None:
         self.key = key
-        self.modules = modules  # what it imports ahead
+        self.modules = modules  # what it imports ahead; once ready, which of MODULES it holds
         self.name = name  # its id until taken (``--replica-id`` on its command line)
         self.folder = folder
         self.proc = proc
@@ -139,7 +139,9 @@ class WarmStart:
     async def _until_ready(self) -> None:
         with contextlib.suppress(ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
             while line := await self.stdout.readline():
-                if line.strip() == READY_LINE.encode():
+                said, _, holds = line.decode(errors="replace").strip().partition(" ")
+                if said == READY_LINE:  # with which of MODULES it holds: what it was told, and what they imported
+                    self.modules = tuple(m for m in MODULES if m in holds.split(",")) or self.modules
                     self.ready = True
                     return
                 log.debug("warm start %s: %s", self.name, line.decode(errors="replace").rstrip())
@@ -236,7 +238,7 @@ class WarmStarts:
             wanted = self._wanted[key] = Wanted(template)
         wanted.asked[template.app] = (time.monotonic(), heavy)
         held = self._held.get(key)
-        if held is None or not held.alive or not heavy <= set(held.modules):  # begun again, importing those too
+        if held is None or not held.alive or (held.ready and not heavy <= set(held.modules)):  # begun again with them
             self._start(key)
 
     def take(self, key: WarmKey) -> WarmStart | None:

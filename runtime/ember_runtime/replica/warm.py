@@ -3,8 +3,8 @@
 
 It imports what every replica imports and the libraries it was told, collects and freezes that heap (``_gc.settle``:
 the replica's own settle at the end of its start then scans only its app's objects, not torch's 170,000), says so
-on stdout (``READY_LINE``), then reads its ``Identity`` from ``--identity-fd`` up to the end of the pipe and becomes
-that replica. The pipe closed without an identity ends it."""
+on stdout (``READY_LINE``, then which of ``MODULES`` it holds), then reads its ``Identity`` from ``--identity-fd`` up
+to the end of the pipe and becomes that replica. The pipe closed without an identity ends it."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ember import _gc
 from ember import _loop as ember_loop
 from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica
-from ember_runtime.warm import MAX_IDENTITY, MODULES, READY_LINE, Identity, apply_thread_count
+from ember_runtime.warm import MAX_IDENTITY, MODULES, READY_LINE, Identity, apply_thread_count, imported
 
 log = logging.getLogger("ember.warm")
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     arguments.parser()
     preimport([name for name in args.preimport.split(",") if name])
     _gc.settle()  # the imports' heap, collected and frozen ahead: the replica's own settle scans only its app's
-    sys.stdout.write(READY_LINE + "\n")  # the agent's status says so (``warm_starts``)
+    sys.stdout.write(f"{READY_LINE} {','.join(imported())}\n")  # and what it holds now (torch brings numpy)
     sys.stdout.flush()
     try:
         data = _read(args.identity_fd)

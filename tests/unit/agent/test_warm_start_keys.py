@@ -259,3 +259,24 @@ def test_a_replica_asks_for_what_its_app_imports_not_for_what_its_warm_start_had
     assert json.loads(first) == ["numpy"]
     assert "torch" in json.loads(second) and "onnxruntime" not in json.loads(second)
     assert restored == "True"  # the watch is gone after the load
+
+
+def test_a_warm_start_says_what_it_holds_and_an_ask_it_covers_does_not_begin_another(tmp_path):
+    """A real warm start told torch holds numpy too (torch imports it): a replica that started cold and asks for
+    both (its own import of torch imported numpy) takes nothing from it, and it is not begun again."""
+    a = template_of("app-a", sys.executable, {"EMBER_DEVICE": "cpu"}, Confinement())
+
+    async def go() -> None:
+        pool = WarmStarts(Records(tmp_path / "replicas"), limit=1)
+        try:
+            pool.want(a, ["torch"])  # a replica begun warm asks for what its app's import statements named
+            await _until(lambda: a.key in pool._held and pool._held[a.key].ready, timeout_s=120)
+            held = pool._held[a.key]
+            assert held.modules == ("numpy", "torch")
+            pool.want(dataclasses.replace(a, app="app-b"), ["numpy", "torch"])
+            await asyncio.sleep(0.5)
+            assert pool._held[a.key] is held and a.key not in pool._starting
+        finally:
+            await pool.stop()
+
+    asyncio.run(go())
