@@ -5,11 +5,11 @@ then setting the model up. A node agent that runs an app whose replicas imported
 start* of its key: the same sandbox, network, memory cgroup and interpreter a fresh start of the app gets, started
 ahead, in which this module has imported those libraries (``MODULES``, the ones the key's apps' replicas reported)
 and then waits. A new version's replica, a scale-up or a restart of the app, or the first start of another app of
-the same image and sandbox, then takes it: the agent puts the
-version's bundle into the folder the sandbox sees as ``/bundle`` (empty until then) and writes an ``Identity``
-(the replica's arguments, its environment with its NATS credentials and secrets, its CPUs) to the descriptor
-``--identity-fd``, then closes it. The process becomes that replica: it imports the app and runs its setup as any
-fresh replica does, without the interpreter's start and the libraries' imports.
+the same image and sandbox, then takes it: the agent puts the version's bundle into the folder the sandbox sees as
+``/bundle`` (empty until then) and writes an ``Identity`` (the replica's arguments, its environment with its NATS
+credentials and secrets, its CPUs) to the descriptor ``--identity-fd``, then closes it. The process becomes that
+replica: it imports the app and runs its setup as any fresh replica does, without the interpreter's start and
+the libraries' imports.
 
 Nothing of any app runs before the take (no bundle is there yet), and what the agent gives at the take never
 reaches the process's command line or its initial environment (``/proc/<pid>/environ``): a warm start is no app's
