@@ -110,8 +110,12 @@ class NodeAgent:
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set, then stop every replica (each drains) and disconnect."""
         widen_nats_reads()  # before it connects: volumes' chunks come in messages of megabytes
-        nc = await connect(self.nats_url, f"ember-agent-{self.node_id}", self.creds, wait_s=-1)
-        stores = await _open_buckets(nc, stop)
+        while True:  # a connection the server closed at once (its auth refused late, say) is made again
+            nc = await connect(self.nats_url, f"ember-agent-{self.node_id}", self.creds, wait_s=-1)
+            stores = await _open_buckets(nc, stop)
+            if stores is not None or stop.is_set():
+                break
+            log.warning("NATS closed the agent's connection (%s); connecting again", nc.last_error)
         if stores is None:  # stopped before the control plane came
             await nc.close()
             return
@@ -476,19 +480,20 @@ class NodeBuckets:
 async def _open_buckets(nc: Any, stop: asyncio.Event) -> NodeBuckets | None:
     """The two buckets an agent writes (its node's info, its replicas' states), once the control plane has created
     them (an agent may start first; it may not create). It asks about these two streams alone: their keys (node and
-    replica ids) are what it hears on ``REPLICA_STATUS_ALL`` anyway; every other store is closed to it."""
+    replica ids) are what it hears on ``REPLICA_STATUS_ALL`` anyway; every other store is closed to it. None: stopped,
+    or the connection is closed."""
     js, said = nc.jetstream(), False
-    while True:
+    while not (nc.is_closed or stop.is_set()):
         try:
             for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET):
                 await js.stream_info(kv_stream(bucket))
             nodes, replicas = node_buckets(js)
             return NodeBuckets(nodes=nodes, replicas=replicas)
-        except (nats_js_errors.NotFoundError, nats_errors.TimeoutError) as exc:  # a cluster may still be creating
-            if not said:
+        except (nats_js_errors.NotFoundError, nats_errors.TimeoutError,  # a cluster may still be creating
+                nats_errors.ConnectionClosedError) as exc:
+            if not said and not nc.is_closed:
                 log.info("waiting for the control plane to create Ember's buckets (%s)", exc or type(exc).__name__)
                 said = True
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
-        if stop.is_set():
-            return None
+    return None
