@@ -4,16 +4,17 @@ Every few seconds (and at once when a new version is deployed) it turns what the
 ``PreloadCandidate``s: services with ``@ember.setup(snap=True)`` methods, the nodes where each version
 runs in the current plan, the nodes placement would pick for its next replicas, its recent call rate and
 its ``min_replicas``, and each zygote's size as its node measured it. ``plan_preload`` then fills each
-node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 % by default). Each zygote
-assigned is told how many children to keep forked ahead of their requests (``scheduler.preload.spares``): the
-starts placement would make on its node of the function's next replicas (``starts_ahead`` of them).
+node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 % by default), at most what the
+replicas placed there left unreserved (``zygote_budget_mb``). Each zygote assigned is told how many children to
+keep forked ahead of their requests (``scheduler.preload.spares``): the starts placement would make on its node of
+the function's next replicas (``starts_ahead`` of them).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
@@ -104,10 +105,19 @@ class Preloader:
                                                         block_network=_blocked(dep, svc.name, version, plan))
         held = {nid: frozenset(ZygoteKey(z.app, z.service, z.version) for z in self._plan.get(nid, ()))
                 for nid in nodes}
-        budgets = {nid: int((n.memory_mb or UNKNOWN_NODE_MEMORY_MB) * memory_fraction()) for nid, n in nodes.items()}
+        budgets = {nid: zygote_budget_mb(n, plan.get(nid, ())) for nid, n in nodes.items()}
         chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
         return {nid: [msgspec.structs.replace(assignments[k], spares=spares(starts.get(k, []), nid))
                       for k in sorted(keys)] for nid, keys in chosen.items()}
+
+
+def zygote_budget_mb(node: NodeInfo, slots: Iterable[SlotAssignment]) -> int:
+    """What a node's zygotes may hold: its share of the node's host memory (``memory_fraction``), and never what
+    the replicas placed there reserved (``memory=``): a replica's reservation is its own, so zygotes give way to
+    it (the next plan drops those that no longer fit) rather than push the node past its memory."""
+    total = node.memory_mb or UNKNOWN_NODE_MEMORY_MB
+    reserved = sum(s.host_memory_mb for s in slots)
+    return max(0, min(int(total * memory_fraction()), total - reserved))
 
 
 def _estimate(key: ZygoteKey, measured: Mapping[ZygoteKey, int]) -> int:
