@@ -16,6 +16,8 @@ from ember._deploy import app_view
 from ember._errors import EmberError
 from ember.cli.push import print_endpoints, push_app
 from ember.cli.rollout import traffic
+from ember.dev.embedded import EmbeddedPlatform, PortInUseError
+from ember.dev.watch import changes
 from ember.wire import AppView
 
 GRPC_PORT = 8701
@@ -36,10 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    # imported here, not at the top: every `ember` command builds this parser, and the embedded platform's imports
-    # (httpx's among them) were a third of each command's start
-    from ember.dev.embedded import EmbeddedPlatform, PortInUseError
-
     if args.watch and not args.app_file:
         print("ember dev: --watch needs the app file to watch", file=sys.stderr)
         return 2
@@ -111,8 +109,6 @@ def _watch(app_file: Path) -> None:
     """Push a new version each time the app's folder settles after a change, until Ctrl-C. A push that fails
     (a syntax error, a setup that raises) is shown; the version before keeps serving. While a pushed version starts,
     a new change is pushed at once (it replaces the one still starting)."""
-    from ember.dev.watch import changes
-
     root = app_file.resolve().parent
     print(f"watching {root} for changes (Ctrl-C stops)", flush=True)
     bursts: queue.Queue[list[str]] = queue.Queue()

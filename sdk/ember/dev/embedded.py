@@ -19,8 +19,6 @@ from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
-import httpx
-
 from ember._client import ssl_context
 from ember._errors import UnavailableError
 from ember._procs import die_with_parent
@@ -195,6 +193,8 @@ class EmbeddedPlatform:
         return ["--grpc-port", str(self.grpc_port), "--grpc-url-file", str(grpc_file)]
 
     def _wait_ready(self, timeout_s: float) -> None:
+        import httpx  # here, as in ember._client: the `ember` command imports this module for every command
+
         with httpx.Client(timeout=2, verify=ssl_context()) as http:  # one client for every poll
             def ready() -> bool | None:
                 with contextlib.suppress(httpx.HTTPError):
@@ -217,6 +217,8 @@ class EmbeddedPlatform:
     def isolation_notes(self, timeout_s: float = 30.0) -> list[str]:
         """What this machine's replicas lack (no sandbox, the machine's network, no process limit), as its node
         reports it once it is up; a note saying so if it has not reported within ``timeout_s``."""
+        import httpx
+
         http = httpx.Client(timeout=2, verify=ssl_context(), headers={"Authorization": f"Bearer {self.token}"})
 
         def reported() -> tuple[list[str]] | None:  # a tuple: found, even with no note
