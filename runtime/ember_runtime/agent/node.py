@@ -483,7 +483,7 @@ async def _open_buckets(nc: Any, stop: asyncio.Event) -> NodeBuckets | None:
     replica ids) are what it hears on ``REPLICA_STATUS_ALL`` anyway; every other store is closed to it. None: stopped,
     or the connection is closed."""
     js, said = nc.jetstream(), False
-    while not (nc.is_closed or stop.is_set()):
+    while True:
         try:
             for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET):
                 await js.stream_info(kv_stream(bucket))
@@ -495,5 +495,6 @@ async def _open_buckets(nc: Any, stop: asyncio.Event) -> NodeBuckets | None:
                 log.info("waiting for the control plane to create Ember's buckets (%s)", exc or type(exc).__name__)
                 said = True
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)
-    return None
+            await asyncio.wait_for(stop.wait(), 1.0)  # also between connections, when the server closes each at once
+        if nc.is_closed or stop.is_set():
+            return None
