@@ -12,7 +12,6 @@ A replica unassigned while no control plane ran is not kicked; its JWT still exp
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -21,7 +20,7 @@ from nats.errors import Error as NatsError
 from ember.wire import NodeAssignment
 from ember.wire.jetstream import KVMirror
 from ember.wire.natscreds import replica_user
-from ember_platform.natsauth.clients import Kicker, sweep_every
+from ember_platform.natsauth.clients import Kicker, stop_sweeping, sweep_every
 
 log = logging.getLogger("ember.natsauth")
 DRAIN_GRACE_S = 30.0  # the agent gives a stopping replica 25 s before it kills it
@@ -45,9 +44,7 @@ class UnassignedReplicas:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_sweeping(self._task)
 
     def admitted(self, user: str) -> None:
         """A replica's user the auth callout just admitted: watched from now on, however short its assignment (one

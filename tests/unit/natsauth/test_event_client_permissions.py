@@ -4,6 +4,7 @@ refuses, without a server (tests/integration/test_event_clients.py runs the real
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import msgspec
@@ -147,3 +148,48 @@ def test_a_sweep_cuts_only_tokens_revoked_while_it_runs_and_retries_until_it_can
     assert asyncio.run(run()) == (0, 0)
     assert "live" not in event_clients._handled and "old" in event_clients._handled
     assert event_clients._failures["live"] == 1
+
+
+class _KickerThatLosesACancel:
+    """A kick whose connect is refused in the same turn as the sweep's cancellation: ``asyncio.wait_for`` (Python
+    3.11) then returns the refusal, not the cancellation, and nats-py tries its next server. Later kicks wait."""
+
+    def __init__(self) -> None:
+        self.kicks = 0
+        self.entered = asyncio.Event()
+
+    async def kick(self, user: str) -> int:
+        self.kicks += 1
+        self.entered.set()
+        if self.kicks == 1:
+            with contextlib.suppress(asyncio.CancelledError):  # lost, as the race above loses it
+                await asyncio.sleep(60)
+            raise OSError("connect call failed")
+        await asyncio.sleep(60)
+        return 0
+
+    async def close(self) -> None:
+        pass
+
+
+def test_the_sweep_stops_though_a_kick_lost_its_cancellation():
+    store, _ = _store(live=(["events"], ["*"], None, False))
+    kicker = _KickerThatLosesACancel()
+    event_clients = clients.EventClients(keys.generate(), store, _Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
+                                         kicker=kicker)  # type: ignore[arg-type]
+
+    async def run() -> bool:
+        await event_clients.start()
+        stored = store.mirror.items["live"]
+        store.mirror.items["live"] = msgspec.structs.replace(stored, revoked_at=time.time())  # the next sweep kicks
+        await asyncio.wait_for(kicker.entered.wait(), 10)
+        stopping = asyncio.ensure_future(event_clients.stop())
+        await asyncio.wait({stopping}, timeout=10)  # not wait_for: its own cancel on timeout would end the sweep
+        sweeping = event_clients._task
+        for task in (stopping, sweeping):  # whatever happened, nothing is left running
+            if task is not None and not task.done():
+                task.cancel()
+        return stopping.done() and not stopping.cancelled()
+
+    assert asyncio.run(run())  # it waited for ever on the sweep, which went on after losing its cancellation
+    assert kicker.kicks in (1, 2)
