@@ -25,6 +25,7 @@ from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.errors import ObjectNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
 
+from ember._loop import cancel_and_wait
 from ember.wire import deployment_decoder
 from ember.wire.jetstream import StorageLimits, Stores, apply_limits
 from ember_platform.control.owners import Owners
@@ -182,8 +183,7 @@ class BundleCollector:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
 
 def gc_grace_s() -> float:

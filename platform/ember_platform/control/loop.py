@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from ember._loop import cancel_and_wait
 from ember.wire import (
     Deployment,
     NodeAssignment,
@@ -133,8 +134,7 @@ class ControlLoop:
         return None
 
     async def stop(self) -> None:
-        self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         await self.bundle_gc.stop()
         await self.nodes.stop()
         await self.assignments.stop()

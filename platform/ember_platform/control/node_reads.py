@@ -30,6 +30,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from ember._loop import cancel_and_wait
 from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment, assignment_decoder, subjects
 from ember.wire.jetstream import Stores, object_stream
 from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, FetchRequest
@@ -98,9 +99,7 @@ class NodeReads:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
 
     async def _on_request(self, msg: Msg) -> None:
         """Each request in a task of its own: a large load holds up no other node's pieces."""

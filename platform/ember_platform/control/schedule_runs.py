@@ -22,6 +22,7 @@ from typing import Any
 from nats.errors import Error as NatsError
 from nats.js.api import DeliverPolicy
 
+from ember._loop import cancel_and_wait
 from ember.wire import FINAL_STATUSES, subjects
 from ember.wire.callstore import CallStore
 from ember.wire.headers import STARTED_AT_HEADER
@@ -62,8 +63,7 @@ class RunWatch:
 
     async def stop(self) -> None:
         if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
+            await cancel_and_wait(self._reader)
         self._ended.clear()
         for app in list(self._subs):
             await self._unsubscribe(app)

@@ -38,6 +38,7 @@ from nats.js.kv import KeyValue
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ember._errors import ConflictError, EmberError, NotFoundError
+from ember._loop import cancel_and_wait
 from ember.wire import FINAL_STATUSES, Deployment, encoder, subjects
 from ember.wire.atomic import allow_atomic
 from ember.wire.callstore import new_call_id
@@ -129,8 +130,7 @@ class ScheduleLoop:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         await self.runs.stop()
         if self.states is not None:
             await self.states.stop()

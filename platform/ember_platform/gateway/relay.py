@@ -49,6 +49,7 @@ from ember._errors import (
     PayloadTooLargeError,
     error_class,
 )
+from ember._loop import cancel_and_wait
 from ember.wire import (
     Deployment,
     FunctionSpec,
@@ -135,9 +136,7 @@ class Relay:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)
         await self.lineage.stop()
         await self._assignments.stop()
 

@@ -39,6 +39,7 @@ import nats
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
+from ember._loop import cancel_and_wait
 from ember.wire import Deployment
 from ember.wire.jetstream import KVMirror
 from ember.wire.tokens import TOKEN_PREFIX
@@ -235,7 +236,7 @@ class EventClients:
 
     async def stop(self) -> None:
         if self._task is not None:
-            await stop_sweeping(self._task)
+            await cancel_and_wait(self._task)
         if self._owns_kicker:
             await self._kicker.close()
 
@@ -285,18 +286,6 @@ class EventClients:
         if cut:
             log.info("cut %d connections of revoked token %s", cut, token_id)
         return cut
-
-
-async def stop_sweeping(task: asyncio.Task[None]) -> None:
-    """Cancel a ``sweep_every`` task and wait for its end. One cancellation can be lost: Python 3.11's
-    ``asyncio.wait_for`` returns its inner result when that and the cancellation come in one turn, and a connect that
-    was refused at that moment is, to nats-py, a server to try again. So it is cancelled again until it ends (a
-    control plane's stop once waited for ever on a sweep that went on trying a server that was not there)."""
-    while not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
 
 
 async def sweep_every(sweep: Callable[[], Awaitable[int]], whose: str) -> None:

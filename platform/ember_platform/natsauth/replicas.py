@@ -17,10 +17,11 @@ import time
 
 from nats.errors import Error as NatsError
 
+from ember._loop import cancel_and_wait
 from ember.wire import NodeAssignment
 from ember.wire.jetstream import KVMirror
 from ember.wire.natscreds import replica_user
-from ember_platform.natsauth.clients import Kicker, stop_sweeping, sweep_every
+from ember_platform.natsauth.clients import Kicker, sweep_every
 
 log = logging.getLogger("ember.natsauth")
 DRAIN_GRACE_S = 30.0  # the agent gives a stopping replica 25 s before it kills it
@@ -44,7 +45,7 @@ class UnassignedReplicas:
 
     async def stop(self) -> None:
         if self._task is not None:
-            await stop_sweeping(self._task)
+            await cancel_and_wait(self._task)
 
     def admitted(self, user: str) -> None:
         """A replica's user the auth callout just admitted: watched from now on, however short its assignment (one

@@ -35,6 +35,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from ember._errors import ConflictError, InvalidInputError, NotFoundError, PayloadTooLargeError
+from ember._loop import cancel_and_wait
 from ember.wire import Deployment, Manifest, ServiceSpec, encoder, subjects
 from ember.wire.jetstream import KVMirror, object_stream
 from ember.wire.volumes import VolumeFile, VolumeFileView, VolumeMount, VolumeVersion, VolumeView
@@ -87,8 +88,7 @@ class VolumeStore:
     async def stop(self) -> None:
         self._stopping.set()
         if self._collector is not None:
-            self._collector.cancel()
-            await asyncio.gather(self._collector, return_exceptions=True)
+            await cancel_and_wait(self._collector)
         await self.mirror.stop()
 
     async def _collect_every(self, interval_s: float) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
+from ember._loop import cancel_and_wait
 from ember.wire import NodeAssignment, assignment_decoder, encoder, subjects
 from ember.wire.nodereads import ERROR_HEADER, SIZE_HEADER, FetchKind, FetchRequest
 
@@ -118,8 +119,7 @@ class AssignmentWatch:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()

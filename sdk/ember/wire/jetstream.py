@@ -23,6 +23,7 @@ from nats.js.errors import NotFoundError as JsNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from nats.js.object_store import ObjectStore
 
+from ember._loop import cancel_and_wait
 from ember.wire import subjects
 from ember.wire.natscreds import NatsCredentials
 
@@ -416,8 +417,7 @@ class KVMirror(Generic[T]):
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:
