@@ -20,6 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import errors as nats_js_errors
 from nats.js.kv import KeyValue
 
+from ember._loop import cancel_and_wait
 from ember.wire import (
     LogLine,
     NodeAssignment,
@@ -159,10 +160,7 @@ class NodeAgent:
             await self.warm.stop()
             await self.zygotes.stop()
             await self.images.stop()
-            for task in (heartbeat, watch):
-                if task is not None:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(heartbeat, watch)  # the heartbeat's put may lose one cancellation: it goes on
             if usage is not None:
                 usage.close()
             with contextlib.suppress(Exception):

@@ -27,6 +27,7 @@ from ember import _loop as ember_loop
 from ember import _tracing as tracing
 from ember._errors import EmberError, NotFoundError, UnavailableError
 from ember._loader import find_app, import_app_module
+from ember._loop import cancel_and_wait
 from ember.wire import (
     Invocation,
     LoadReport,
@@ -155,10 +156,9 @@ class Replica:
             await self._drain(subs, loops)
             return 0
         finally:
-            heartbeat.cancel()
             if self.renewal is not None:
                 self.renewal.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            await cancel_and_wait(heartbeat)
             inner.uninstall()
             await nc.drain()
             self.executor.shutdown(wait=False, cancel_futures=True)
