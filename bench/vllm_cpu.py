@@ -152,7 +152,17 @@ def render(results: dict[str, dict[str, list[float]]], rounds: int) -> str:
         a, b = statistics.median(theirs[name]), statistics.median(mine[name])
         rows.append([name, f"{a:,.1f}", f"{b:,.1f}", f"{b / a:.2f}x"])
     return f"## vLLM (CPU build) through Ember against in process ({rounds} interleaved rounds)\n\n" + \
-        markdown_table(rows)
+        f"kernel.sched_autogroup_enabled: {_autogroup()}\n\n" + markdown_table(rows)
+
+
+def _autogroup() -> str:
+    """The kernel's grouping of sessions for scheduling: with it on, a replica's session (vLLM's busy processes
+    included) is a group of its own, which on a host of few cores can starve the platform's processes (see
+    docs/guides/llm.md)."""
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip()
+    except OSError:
+        return "unknown (no /proc/sys/kernel/sched_autogroup_enabled)"
 
 
 def main() -> None:
