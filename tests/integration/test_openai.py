@@ -102,6 +102,18 @@ def test_unknown_model_and_bad_key(client, platform):
         stranger.models.list()
 
 
+def test_a_path_openai_does_not_have_is_answered_in_its_error_shape(platform):
+    """No route (or a model id with a newline, which starlette's ``path`` did not match): OpenAI's error body."""
+    with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=30) as raw:
+        for method, path, status in [("GET", "/openai/v1/nothing", 404), ("POST", "/openai/v2/chat/completions", 404),
+                                     ("GET", "/openai/v1/models/%0Aecho-words", 404),
+                                     ("PUT", "/openai/v1/models", 405)]:
+            answer = raw.request(method, path)
+            assert answer.status_code == status, (method, path, answer.text)
+            error = answer.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"} and error["message"], (method, path, error)
+
+
 def test_raw_sse_stream(platform, llm):
     with httpx.Client(base_url=platform.url, headers=bearer(platform.token), timeout=60) as raw, \
             raw.stream("POST", "/openai/v1/chat/completions",

@@ -67,8 +67,22 @@ class _AnyBut(Convertor[str]):
         return value
 
 
+class _Rest(Convertor[str]):
+    """The rest of the path, whatever it holds: starlette's ``path`` (``.*``) stops at a newline (``%0A``), which left
+    ``POST /v2/%0A...`` to the router's 404 in Ember's error shape rather than the protocol's own."""
+
+    regex = "(?s:.*)"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
 register_url_convertor("chunk", _AnyBut("missing"))
 register_url_convertor("token", _AnyBut("self"))
+register_url_convertor("rest", _Rest())
 
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
@@ -131,12 +145,12 @@ ROUTES = [
     route("/v2/models/{model}/versions/{version}/ready", oip.model_ready, "GET", READ),
     route("/v2/models/{model}/infer", OIP_INFER, "POST", INVOKE),  # a public function's needs no token
     route("/v2/models/{model}/versions/{version}/infer", OIP_INFER, "POST", INVOKE),
-    route("/v2/{path:path}", oip.unknown, "GET", TOKEN),  # the protocol's 404 for any other /v2 path
-    route("/v2/{path:path}", oip.unknown, "POST", TOKEN),
+    route("/v2/{path:rest}", oip.unknown, "GET", TOKEN),  # the protocol's 404 for any other /v2 path
+    route("/v2/{path:rest}", oip.unknown, "POST", TOKEN),
     route("/openai/v1/chat/completions", openai_api.chat_completions, "POST", INVOKE),  # OpenAI's: check themselves
     route("/openai/v1/completions", openai_api.completions, "POST", INVOKE),
     route("/openai/v1/models", openai_api.list_models, "GET", READ),
-    route("/openai/v1/models/{model_id:path}", openai_api.get_model, "GET", READ),
+    route("/openai/v1/models/{model_id:rest}", openai_api.get_model, "GET", READ),
     route("/v1/{app}/{name}/spawn", traced(metrics.metered(calls.spawn), "ember.spawn", "/v1/{app}/{name}/spawn"),
           "POST", INVOKE),  # counted as answered when queued (202)
     route("/v1/{app}/{name}", INVOKE_METERED, "POST", INVOKE),  # checks itself: a public function needs no token

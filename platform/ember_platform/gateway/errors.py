@@ -41,7 +41,7 @@ async def http_error_handler(request: Request, exc: Exception) -> Response:
     if status == 405:
         return method_not_allowed(request)
     code = {404: "not_found"}.get(status, "bad_request")
-    return error_response(ErrorInfo(code=code, message=str(getattr(exc, "detail", exc))), status)
+    return _shaped(request, status, code, str(getattr(exc, "detail", exc)))
 
 
 def method_not_allowed(request: Request) -> Response:
@@ -51,28 +51,33 @@ def method_not_allowed(request: Request) -> Response:
     allow = {"Allow": ", ".join(sorted({"OPTIONS", *allowed}))}
     if request.method == "OPTIONS":
         return Response(status_code=204, headers=allow)
-    message = f"{request.method} is not allowed here; allowed: {allow['Allow']}"
-    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):  # the protocol's own error shape
-        response = Response(encoder.encode({"error": message}), 405, media_type="application/json")
-    elif request.url.path.startswith("/openai/"):  # OpenAI's error shape
-        response = Response(encoder.encode({"error": {"message": message, "type": "invalid_request_error",
-                                                      "param": None, "code": "method_not_allowed"}}), 405,
-                            media_type="application/json")
-    else:
-        response = error_response(ErrorInfo(code="method_not_allowed", message=message), 405)
+    response = _shaped(request, 405, "method_not_allowed",
+                       f"{request.method} is not allowed here; allowed: {allow['Allow']}")
     response.headers.update(allow)
     return response
 
 
+def _shaped(request: Request, status: int, code: str, message: str) -> Response:
+    """An error the router answers (no route, a method the path does not take) in the shape of the API asked: the
+    Open Inference Protocol's ``{"error": message}`` under /v2, OpenAI's under /openai/, Ember's elsewhere."""
+    if request.url.path == "/v2" or request.url.path.startswith("/v2/"):
+        return Response(encoder.encode({"error": message}), status, media_type="application/json")
+    if request.url.path.startswith("/openai/"):
+        return Response(encoder.encode({"error": {"message": message, "type": "invalid_request_error",
+                                                  "param": None, "code": code}}), status,
+                        media_type="application/json")
+    return error_response(ErrorInfo(code=code, message=message), status)
+
+
 def path_methods(request: Request, *, fallbacks: bool = False) -> set[str]:
     """The methods of the routes whose path is the request's: its own routes, or with ``fallbacks`` the catch-alls
-    (``/v2/{path:path}``, the protocol's 404 for any path it does not have). ``/v1/apps/x`` is no call of an app
+    (``/v2/{path:rest}``, the protocol's 404 for any path it does not have). ``/v1/apps/x`` is no call of an app
     named ``apps``."""
     methods: set[str] = set()
     for candidate in request.app.router.routes:
         match, child = candidate.matches(request.scope)
         app = str(child.get("path_params", {}).get("app", "")).partition("@")[0]
-        fallback = ":path}" in getattr(candidate, "path", "")
+        fallback = ":rest}" in getattr(candidate, "path", "")
         if match != Match.NONE and app not in RESERVED_APP_NAMES and fallback == fallbacks:
             methods |= set(getattr(candidate, "methods", None) or ())
     return methods

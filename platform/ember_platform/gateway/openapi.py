@@ -79,7 +79,7 @@ from ember_platform.gateway.openapi_parts import (
 from ember_platform.gateway.responses import platform_of
 
 OPENAPI_VERSION = "3.1.0"
-_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # starlette's {path:path}: OpenAPI's {path}
+_CONVERTER = re.compile(r"\{(\w+):\w+\}")  # starlette's {path:rest}: OpenAPI's {path}
 _BARE = r"{\1}"
 
 # The answers' and requests' bodies, by the Struct (or container of one) they are encoded from.

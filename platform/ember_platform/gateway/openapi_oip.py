@@ -63,6 +63,6 @@ OPERATIONS: dict[tuple[str, str], Any] = {
         "Open Inference Protocol: infer (JSON tensors; binary ones after the JSON header, whose length is "
         "Inference-Header-Content-Length)", (200, "the output tensor", _ref("InferResponse"), JSON),
         (400, 401, 403, 404, 413, 415, 429, 500, 503, 504), [], _body("InferRequest")) for at in _VERSIONED},
-    **{(method, "/v2/{path:path}"): ("Open Inference Protocol: any other /v2 path", (404, "not found", None, JSON),
+    **{(method, "/v2/{path:rest}"): ("Open Inference Protocol: any other /v2 path", (404, "not found", None, JSON),
                                      (401, 404), [], None) for method in ("GET", "POST")},
 }

@@ -57,7 +57,7 @@ OPERATIONS: dict[tuple[str, str], Any] = {
         (200, "the completion", _ref("Completion"), JSON), _ERRORS, [], _body("CompletionRequest")),
     ("GET", "/openai/v1/models"): ("OpenAI-compatible: the models this token may invoke",
                                    (200, "the models", _ref("ModelList"), JSON), (), [], None),
-    ("GET", "/openai/v1/models/{model_id:path}"): ("OpenAI-compatible: one model this token may invoke",
+    ("GET", "/openai/v1/models/{model_id:rest}"): ("OpenAI-compatible: one model this token may invoke",
                                                    (200, "the model", _ref("Model"), JSON), (404,), [], None),
 }
 STREAMS: dict[tuple[str, str], dict[str, Any]] = {
