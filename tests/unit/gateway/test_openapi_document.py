@@ -54,7 +54,7 @@ def _refs(node: Any) -> list[str]:
 def test_every_route_appears_with_its_methods():
     paths = openapi.static_document(ROUTES)["paths"]
     for route in ROUTES:
-        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # starlette's {path:path} is OpenAPI's {path}
+        path = re.sub(r"\{(\w+):\w+\}", r"{\1}", route.path)  # starlette's {path:rest} is OpenAPI's {path}
         assert path in paths, route.path
         for method in route.methods - {"HEAD"}:
             operation = paths[path][method.lower()]
