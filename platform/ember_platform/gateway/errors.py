@@ -1,4 +1,5 @@
-"""Every error answer has the same JSON shape: ``{"error": {"code", "message", "field", ...}}``."""
+"""Every error answer of Ember's API has the same JSON shape: ``{"error": {"code", "message", "field", ...}}``; under
+/v2 (the Open Inference Protocol) and /openai/ the router's own answers take those APIs' shapes (``_shaped``)."""
 
 from __future__ import annotations
 
