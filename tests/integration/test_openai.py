@@ -206,17 +206,30 @@ def test_a_client_that_leaves_closes_the_generator(platform, http, llm):
 
 
 def test_continuous_sequences_finish_in_order_of_their_length(client, http):
-    """Three sequences share steps, each leaving the step after its last piece: none waits for a longer one. (Their
-    requests come from three threads, so they may join a few steps apart on a busy machine.)"""
-    tags = {_tag(): n for n in (90, 6, 30)}
+    """Three sequences share steps, each leaving the step after its last piece: none waits for a longer one. The
+    longest is sent first and each next one once the one before streams its first piece, so that all three run
+    together whatever the machine's load (sent at once from three threads, a busy machine could start the shortest,
+    six steps of 10 ms, only after another had run a while, or let it finish before the third joined)."""
+    tags = {_tag(): n for n in (200, 100, 6)}
+    texts: dict[str, str] = {}
 
-    def run(tag: str) -> str:
-        answer = client.completions.create(model="counter", prompt=str(tags[tag]), max_tokens=100,
+    def run(tag: str, started: threading.Event) -> None:
+        stream = client.completions.create(model="counter", prompt=str(tags[tag]), max_tokens=250, stream=True,
                                            extra_body={"tag": tag})
-        return answer.choices[0].text
+        pieces = []
+        for chunk in stream:
+            pieces.extend(choice.text for choice in chunk.choices)
+            started.set()
+        texts[tag] = "".join(pieces)
 
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        texts = dict(zip(tags, pool.map(run, tags), strict=True))
+        runs = []
+        for tag in tags:  # the longest first: each next one joins while those before it run
+            started = threading.Event()
+            runs.append(pool.submit(run, tag, started))
+            assert started.wait(60), f"no piece of sequence {tags[tag]}"
+        for done in runs:
+            done.result()
     for tag, n in tags.items():
         assert texts[tag] == "".join(f"t{i} " for i in range(n))
     history = http.post("/v1/llm/Counter.history", json={}).json()
@@ -232,7 +245,7 @@ def test_continuous_sequences_finish_in_order_of_their_length(client, http):
         assert set(range(ran[tag][0], ran[tag][-1] + 1)) - set(ran[tag]) <= joining, (n, ran[tag])
     finished = [t for t in history["finished"] if t in tags]
     assert finished == sorted(tags, key=lambda tag: ran[tag][-1])
-    assert finished == sorted(tags, key=tags.get), ran  # joined within a few steps: the shortest leaves first
+    assert finished == sorted(tags, key=tags.get), ran  # the shortest leaves first, though it came last
     together = max(len(set(step) & set(tags)) for step in history["steps"])
     assert together == 3  # the three ran in the same steps: one batch, each leaving when done
 
