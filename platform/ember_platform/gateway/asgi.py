@@ -52,26 +52,12 @@ from ember_platform.platform import Platform
 INVOKE_METERED = metrics.metered(calls.invoke)  # the synchronous call, counted for GET /metrics
 INVOKE_TRACED = traced(INVOKE_METERED, "ember.gateway", "/v1/{app}/{name}")  # and in a span, when tracing is on
 OIP_INFER = traced(metrics.metered(oip.infer), "ember.gateway", "/v2/models/{model}/infer")  # counted too
-class _AnyBut(Convertor[str]):
-    """A path segment, any but ``literal``, checked by its handler (a malformed one is a 4xx naming it): where a
-    route ``.../{x}`` sits beside ``.../<literal>`` of other methods, so that ``.../<literal>`` is answered as that
-    path alone (``PUT .../chunks/missing``: a 405 allowing POST, not a chunk named "missing")."""
+class _Matching(Convertor[str]):
+    """A path parameter that is whatever ``regex`` matches, as text; its handler checks it (a malformed one is a 4xx
+    naming it)."""
 
-    def __init__(self, literal: str) -> None:
-        self.regex = f"(?!{re.escape(literal)}$)[^/]+"  # type: ignore[misc]  # starlette reads it per instance
-
-    def convert(self, value: str) -> str:
-        return value
-
-    def to_string(self, value: str) -> str:
-        return value
-
-
-class _Rest(Convertor[str]):
-    """The rest of the path, whatever it holds: starlette's ``path`` (``.*``) stops at a newline (``%0A``), which left
-    ``POST /v2/%0A...`` to the router's 404 in Ember's error shape rather than the protocol's own."""
-
-    regex = "(?s:.*)"
+    def __init__(self, regex: str) -> None:
+        self.regex = regex  # type: ignore[misc]  # starlette reads it per instance
 
     def convert(self, value: str) -> str:
         return value
@@ -80,9 +66,18 @@ class _Rest(Convertor[str]):
         return value
 
 
-register_url_convertor("chunk", _AnyBut("missing"))
-register_url_convertor("token", _AnyBut("self"))
-register_url_convertor("rest", _Rest())
+def _any_but(literal: str) -> _Matching:
+    """A path segment, any but ``literal``: where a route ``.../{x}`` sits beside ``.../<literal>`` of other methods,
+    so that ``.../<literal>`` is answered as that path alone (``PUT .../chunks/missing``: a 405 allowing POST, not a
+    chunk named "missing")."""
+    return _Matching(f"(?!{re.escape(literal)}$)[^/]+")
+
+
+register_url_convertor("chunk", _any_but("missing"))
+register_url_convertor("token", _any_but("self"))
+# The rest of the path, whatever it holds: starlette's ``path`` (``.*``) stops at a newline (``%0A``), which left
+# ``POST /v2/%0A...`` to the router's 404 in Ember's error shape rather than the protocol's own.
+register_url_convertor("rest", _Matching("(?s:.*)"))
 
 ROUTES = [
     route("/healthz", health.healthz, "GET", OPEN),
