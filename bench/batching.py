@@ -43,8 +43,12 @@ How
     The script prints tables and makes no pass/fail judgement (it prints the issue's targets next to what
     it measured). Everything it starts is stopped on exit, on error and on Ctrl-C / SIGTERM.
 
+    With ``--device cuda`` the models run on the GPU, in the replicas (each of the four apps asks for
+    ``gpu="8GB"``: the node packs them on one GPU by memory) and in both bare endpoints alike
+    (bench/gpu/check.sh runs it so on a lent GPU machine).
+
 Usage
-    python bench/batching.py [--quick] [--hidden N] [--py-spy DIR]
+    python bench/batching.py [--quick] [--hidden N] [--py-spy DIR] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -96,6 +100,7 @@ MODES = ("bare inline", "batched", "unbatched")
 DEFAULT_HIDDEN = 3072
 MAX_BATCH = 32
 WINDOW_MS = 5
+GPU_SHARE = "8GB"  # --device cuda: what each of the four apps asks of the one GPU they share
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 # The issue's targets (printed beside the measurements; nothing asserts them).
@@ -152,16 +157,17 @@ def build_heavy():
 
 
 class Runner:
-    def __init__(self, kind: str, warm_up: bool = True) -> None:
+    def __init__(self, kind: str, warm_up: bool = True, device: str | None = None) -> None:
+        """``device``: None in a replica (the one its node gave it), the benchmark's own elsewhere."""
         import torch
 
         torch.set_num_threads(1)
         if kind == "digits":
             from model import DigitsNet
 
-            self.net = et.load_module(DigitsNet, HERE / "weights.pt")
+            self.net = et.load_module(DigitsNet, HERE / "weights.pt", device=device)
         elif kind == "heavy":
-            self.net = et.load_module(build_heavy)
+            self.net = et.load_module(build_heavy, device=device)
         else:
             raise ValueError(kind)
         if warm_up:
@@ -187,7 +193,7 @@ import ember
 app = ember.App("{app}")
 
 
-@app.model(min_replicas=1, timeout_s=30)
+@app.model(min_replicas=1, timeout_s=30{gpu})
 class Classifier:
     @ember.setup
     def load(self) -> None:
@@ -209,7 +215,7 @@ import ember
 app = ember.App("{app}")
 
 
-@app.model(min_replicas=1, timeout_s=30)
+@app.model(min_replicas=1, timeout_s=30{gpu})
 class Classifier:
     @ember.setup
     def load(self) -> None:
@@ -221,8 +227,9 @@ class Classifier:
 '''
 
 
-def write_apps(folder: Path, hidden: int) -> list[Path]:
-    """Write the app folder; return the four app files."""
+def write_apps(folder: Path, hidden: int, device: str = "cpu") -> list[Path]:
+    """Write the app folder; return the four app files. On ``cuda`` each app asks for ``GPU_SHARE`` of a GPU, so
+    that the four replicas share one GPU by memory (the node packs them)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in ("model.py", "weights.pt", "schema.py"):
         shutil.copyfile(DIGITS_DIR / name, folder / name)
@@ -232,7 +239,8 @@ def write_apps(folder: Path, hidden: int) -> list[Path]:
         for mode, template in (("batched", BATCHED_APP), ("unbatched", UNBATCHED_APP)):
             path = folder / f"{model}_{mode}.py"
             path.write_text(template.format(model=model, app=app_name(model, mode), max_batch=MAX_BATCH,
-                                            window_ms=WINDOW_MS))
+                                            window_ms=WINDOW_MS,
+                                            gpu=f", gpu={GPU_SHARE!r}" if device == "cuda" else ""))
             files.append(path)
     return files
 
@@ -245,8 +253,9 @@ def sample_bodies() -> list[bytes]:
 # -- in-process cost (runs in a child process) ------------------------------------------------------
 
 
-def measure_in_process(app_dir: Path) -> None:
-    """Print, as JSON, each model's per-sample cost at batch 1 and batch 32: forward only and whole batch."""
+def measure_in_process(app_dir: Path, device: str) -> None:
+    """Print, as JSON, each model's per-sample cost at batch 1 and batch 32 on ``device``: forward only and whole
+    batch."""
     sys.path.insert(0, str(app_dir))
     import msgspec
     import torch
@@ -258,14 +267,17 @@ def measure_in_process(app_dir: Path) -> None:
     batch = [images[i % len(images)] for i in range(MAX_BATCH)]
     out: dict[str, Any] = {"torch": torch.__version__}
     for kind in MODELS:
-        runner = Runner(kind)  # sets torch.set_num_threads(1), as the replicas and bare endpoints do
+        runner = Runner(kind, device=device)  # sets torch.set_num_threads(1), as the replicas and bare endpoints do
         out["threads"] = torch.get_num_threads()
         params = sum(p.numel() for p in runner.net.parameters())
-        x = {n: torch.tensor([im.pixels for im in batch[:n]], dtype=torch.float32) for n in (1, MAX_BATCH)}
+        x = {n: torch.tensor([im.pixels for im in batch[:n]], dtype=torch.float32, device=device)
+             for n in (1, MAX_BATCH)}
 
         def forward(n: int, runner: Any = runner, x: Any = x) -> None:
             with torch.inference_mode():
                 runner.net(x[n])
+            if device == "cuda":
+                torch.cuda.synchronize()  # the kernels' time, not their launch's
 
         def whole(n: int, runner: Any = runner) -> None:
             runner.classify(batch[:n])
@@ -294,10 +306,11 @@ def per_call_s(fn: Any, rounds: int = 7, round_s: float = 0.15) -> float:
     return statistics.median(means)
 
 
-def run_in_process_child(app_dir: Path) -> dict[str, Any]:
+def run_in_process_child(app_dir: Path, device: str) -> dict[str, Any]:
     from ember._procs import die_with_parent
 
-    proc = subprocess.run([sys.executable, __file__, "--measure-in-process", "--app-dir", str(app_dir)],
+    proc = subprocess.run([sys.executable, __file__, "--measure-in-process", "--app-dir", str(app_dir),
+                           "--device", device],
                           stdin=subprocess.DEVNULL, capture_output=True, timeout=300, check=False,
                           preexec_fn=die_with_parent)
     if proc.returncode != 0:
@@ -309,7 +322,7 @@ def run_in_process_child(app_dir: Path) -> dict[str, Any]:
 # -- the bare inline endpoints (run in child processes) ----------------------------------------------
 
 
-def serve_inline(kind: str, app_dir: Path) -> None:
+def serve_inline(kind: str, app_dir: Path, device: str) -> None:
     """Serve ``POST /predict`` running ``kind`` inline, one call at a time; print the port once bound."""
     sys.path.insert(0, str(app_dir))
     import msgspec
@@ -319,7 +332,7 @@ def serve_inline(kind: str, app_dir: Path) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    runner = Runner(kind)
+    runner = Runner(kind, device=device)
     decode = msgspec.json.Decoder(Image).decode
     encode = msgspec.json.Encoder().encode
 
@@ -333,10 +346,11 @@ def serve_inline(kind: str, app_dir: Path) -> None:
     serve_routes([Route("/predict", predict, methods=["POST"])])
 
 
-def start_inline_server(kind: str, app_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_inline_server(kind: str, app_dir: Path, device: str) -> tuple[subprocess.Popen[bytes], str]:
     from ember._procs import die_with_parent
 
-    proc = subprocess.Popen([sys.executable, __file__, "--serve-inline", kind, "--app-dir", str(app_dir)],
+    proc = subprocess.Popen([sys.executable, __file__, "--serve-inline", kind, "--app-dir", str(app_dir),
+                             "--device", device],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True,
                             preexec_fn=die_with_parent)
     assert proc.stdout is not None
@@ -772,7 +786,7 @@ def deploy_all(url: str, files: list[Path]) -> None:
         transport.close()
 
 
-def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
+def run(plan: Plan, hidden: int, profile_dir: Path | None, device: str = "cpu") -> None:
     from ember.dev.embedded import EmbeddedPlatform
 
     started = time.monotonic()
@@ -782,10 +796,11 @@ def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
     bare: dict[str, subprocess.Popen[bytes]] = {}
     keep_logs = False
     try:
-        files = write_apps(app_dir, hidden)
-        say(f"measuring both models in-process (batch 1 and {MAX_BATCH}, one thread)")
-        in_process = run_in_process_child(app_dir)
-        print(f"## In-process cost per sample (torch {in_process['torch']}, {in_process['threads']} thread(s))\n")
+        files = write_apps(app_dir, hidden, device)
+        say(f"measuring both models in-process on {device} (batch 1 and {MAX_BATCH}, one thread)")
+        in_process = run_in_process_child(app_dir, device)
+        print(f"## In-process cost per sample on {device} (torch {in_process['torch']}, "
+              f"{in_process['threads']} thread(s))\n")
         print(render_in_process(in_process, hidden), flush=True)
         heavy = in_process["heavy"]
         fall = heavy["classify_b1_us"] / heavy[f"classify_b{MAX_BATCH}_us"]
@@ -802,7 +817,7 @@ def run(plan: Plan, hidden: int, profile_dir: Path | None) -> None:
         bare_urls = {}
         for model in MODELS:
             say(f"starting the bare inline {model} endpoint")
-            bare[model], bare_urls[model] = start_inline_server(model, app_dir)
+            bare[model], bare_urls[model] = start_inline_server(model, app_dir, device)
             procs.bare[model] = bare[model].pid
         bodies = sample_bodies()
         targets = {}
@@ -853,19 +868,22 @@ def main() -> None:
                         help=f"hidden width of the heavy model (default {DEFAULT_HIDDEN})")
     parser.add_argument("--py-spy", type=Path, metavar="DIR", dest="py_spy",
                         help="profile the gateway and replicas at concurrency 1 and 64 into DIR (perturbs the numbers)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the models run: every replica and both bare endpoints (cuda: the four apps "
+                             f"share one GPU, {GPU_SHARE} each)")
     parser.add_argument("--serve-inline", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--measure-in-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--app-dir", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_inline:
-        serve_inline(args.serve_inline, args.app_dir)
+        serve_inline(args.serve_inline, args.app_dir, args.device)
         return
     if args.measure_in_process:
-        measure_in_process(args.app_dir)
+        measure_in_process(args.app_dir, args.device)
         return
     if args.py_spy is not None and py_spy_binary() is None:
         parser.error("--py-spy needs py-spy (pip install py-spy)")
-    run_interruptible(lambda: run(QUICK if args.quick else FULL, args.hidden, args.py_spy))
+    run_interruptible(lambda: run(QUICK if args.quick else FULL, args.hidden, args.py_spy, args.device))
 
 
 if __name__ == "__main__":
