@@ -162,6 +162,7 @@ class Runner:
         import torch
 
         torch.set_num_threads(1)
+        self.device = device
         if kind == "digits":
             from model import DigitsNet
 
@@ -175,7 +176,7 @@ class Runner:
 
     def classify(self, images: list[Image]) -> list[Prediction]:
         with et.inference():
-            x, n = et.stack([image.pixels for image in images], dtype="float32")
+            x, n = et.stack([image.pixels for image in images], device=self.device, dtype="float32")
             confidence, label = self.net(x).softmax(dim=1).max(dim=1)
         return [Prediction(label=int(lbl), confidence=round(float(c), 4))
                 for lbl, c in zip(et.unstack(label, n, tolist=True), et.unstack(confidence, n, tolist=True),

@@ -32,8 +32,12 @@ What is measured
     deploy or scale request to the first served call, which adds the control loop's tick and, for a new
     version, the upload.
 
+    With ``--gpu 8GB`` (a GPU host) every copy asks for 8 GB of a GPU: the zygote still loads the weights on the
+    CPU (CUDA does not survive a fork), and each replica copies them to its GPU and warms up there in its own
+    setup, so the start includes its CUDA context.
+
 Usage
-    python bench/cold_start.py [--repeats N] [--burst N]
+    python bench/cold_start.py [--repeats N] [--burst N] [--gpu REQUEST]
 """
 
 from __future__ import annotations
@@ -161,9 +165,9 @@ def put_weights(url: str) -> None:
         transport.close()
 
 
-def write_apps(folder: Path) -> tuple[Path, Path, Path]:
+def write_apps(folder: Path, gpu: str = "") -> tuple[Path, Path, Path]:
     """The three apps (plain, warm, snap), each in a folder of its own (a bundle is its file's folder: never the
-    platform's state)."""
+    platform's state); with ``gpu``, each asks for that (``gpu="8GB"``: its replicas share one GPU by memory)."""
     snap_dir = folder / "snap"
     snap_dir.mkdir()
     for name in ("model.py", "schema.py", "weights.pt"):
@@ -181,10 +185,13 @@ def write_apps(folder: Path) -> tuple[Path, Path, Path]:
         plain[-1].write_text(source.replace('ember.App("digits")', f'ember.App("{app}")')
                              .replace("@ember.setup(snap=True)", "@ember.setup"))
     plain[0].write_text(plain[0].read_text().replace("@app.model(", '@app.model(memory="3GB", '))  # its own key
+    if gpu:
+        for path in (*plain, snap):
+            path.write_text(path.read_text().replace("@app.model(", f"@app.model(gpu={gpu!r}, "))
     return plain[0], plain[1], snap
 
 
-def run(repeats: int, burst: int) -> None:
+def run(repeats: int, burst: int, gpu: str = "") -> None:
     from ember.dev.embedded import EmbeddedPlatform
 
     work = Path(tempfile.mkdtemp(prefix="ember-coldstart-"))
@@ -193,7 +200,7 @@ def run(repeats: int, burst: int) -> None:
     callers: list[Caller] = []
     starts: list[Start] = []
     try:
-        plain, warm, snap = write_apps(work)
+        plain, warm, snap = write_apps(work, gpu)
         platform.start()
         os.environ["EMBER_TOKEN"] = platform.token  # for the SDK's transport and the raw calls here
         url = platform.url
@@ -377,8 +384,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="starts of each kind (default 3)")
     parser.add_argument("--burst", type=int, default=3, help="replicas added at once from the zygote (0: none)")
+    parser.add_argument("--gpu", default="", metavar="REQUEST",
+                        help='on a GPU host: what each app asks for (e.g. "8GB": its replicas share one GPU, the '
+                             "weights copied there in each replica's own setup, after the fork)")
     args = parser.parse_args()
-    run_interruptible(lambda: run(args.repeats, args.burst))
+    run_interruptible(lambda: run(args.repeats, args.burst, args.gpu))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Ember's GPU checks in one call on a lent GPU machine: the GPU tests (marked `gpu`) and bench/batching.py with the
-# models on the GPU, everything written under $OUT. Prepared here and run there by the `device` tool in one call:
+# Ember's GPU checks in one call on a lent GPU machine: the GPU tests (marked `gpu`), bench/batching.py with the
+# models on the GPU and bench/cold_start.py with GPU replicas, everything written under $OUT. Prepared here and run there by the `device` tool in one call:
 #
 #   bash bench/gpu/wheels.sh                      # here, once: .whl/, the packages the machine's image lacks
-#   run(command="bash bench/gpu/check.sh", carry=[".whl"], timeout_s=540)
+#   run(command="bash bench/gpu/check.sh", carry=[".whl"], timeout_s=560)
 #
 # The machine's image is bare of Ember's runtime but holds torch's CUDA build (its python3, 3.12), so the wheels are
 # installed into that environment and this checkout's sources put on its path (a .pth file), as an editable
@@ -14,8 +14,9 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/ember-gpu}
 PY=${PY:-python3}
-TESTS_S=${TESTS_S:-240}
-BENCH_S=${BENCH_S:-200}
+TESTS_S=${TESTS_S:-150}
+BENCH_S=${BENCH_S:-150}
+STARTS_S=${STARTS_S:-150}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/check.log") 2>&1
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
@@ -67,5 +68,10 @@ timeout "$TESTS_S" "$PY" -m pytest -p no:cacheprovider -q -rs -W default -m gpu 
 
 step "bench/batching.py --quick --device $DEVICE"
 timeout "$BENCH_S" "$PY" bench/batching.py --quick --device "$DEVICE" 2>&1 | tee "$OUT/batching.md"
+
+if [ "$DEVICE" = cuda ]; then
+    step "bench/cold_start.py --repeats 2 --burst 2 --gpu 8GB"
+    timeout "$STARTS_S" "$PY" bench/cold_start.py --repeats 2 --burst 2 --gpu 8GB 2>&1 | tee "$OUT/cold_start.md"
+fi
 
 step "done"
