@@ -2,9 +2,10 @@
 skipped elsewhere, saying why (bench/gpu/check.sh runs them on a lent GPU machine).
 
 The session's platform reads its node's GPUs through NVML (no declared inventory). `ember push` of an app with
-``gpu=1``: its replica is forked from a zygote that loaded the model on the CPU, is given the GPU (its device node
-in the sandbox, CUDA_VISIBLE_DEVICES), runs the model there with the CPU's answers, and the node reports the GPU
-with the replica assigned to it and the memory the replica's CUDA context holds.
+``gpu=1`` whose snap setup loads its model on the CPU (tests/apps/gpu): each replica is given the GPU (its device
+nodes in the sandbox, CUDA_VISIBLE_DEVICES naming it), runs the model there with the CPU's answers, and the node
+reports the GPU with the replica on it. Scaled to two, the second replica too: on a sandboxed node it is not
+forked from the zygote (whose sandbox holds no GPU device nodes) but starts fresh; unsandboxed it may fork.
 """
 
 from __future__ import annotations
@@ -39,14 +40,34 @@ def pushed(platform, ember_cli) -> None:
     ember_cli("push", str(APP), url=platform.url)
 
 
+def on_gpus(http: httpx.Client, count: int) -> list[tuple[dict, dict, str]]:
+    """(its GPU, the replica, its node's sandbox) for ``count`` ready replicas of gpu-probe, each on a GPU."""
+    def ready() -> list[tuple[dict, dict, str]] | None:
+        found = []
+        for node in http.get("/v1/status").json()["nodes"]:
+            gpus = {d["uuid"]: d for d in node["devices"] if d["kind"] == "gpu"}
+            found += [(gpus[r["gpu_uuids"][0]], r, node["sandbox"]) for r in node["replicas"]
+                      if r["app"] == "gpu-probe" and r["state"] == "ready" and r["gpu_uuids"]]
+        return found if len(found) >= count else None
+
+    return wait_for(ready, timeout_s=120, what=f"{count} gpu-probe replica(s) ready on a GPU")
+
+
+def answers(http: httpx.Client) -> list[dict]:
+    replies = [http.post("/v1/gpu-probe/Probe.forward", json={"x": row}) for row in ROWS]
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    return [r.json() for r in replies]
+
+
 def test_a_replica_given_a_gpu_runs_its_model_there_with_the_cpus_answers(pushed: None, http: httpx.Client) -> None:
     import torch
 
-    answers = [http.post("/v1/gpu-probe/Probe.forward", json={"x": row}) for row in ROWS]
-    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-    bodies = [a.json() for a in answers]
+    ((gpu, replica, _),) = on_gpus(http, 1)
+    assert gpu["memory_total_mb"] > 0 and gpu["name"], gpu  # read through NVML, not declared
+    assert replica["replica_id"] in gpu["replicas"], (gpu, replica)
+    bodies = answers(http)
     assert {b["device"] for b in bodies} == {"cuda:0"}, bodies
-    assert all(b["visible"] for b in bodies), bodies  # the node named the GPU it gave the replica
+    assert {b["visible"] for b in bodies} == {",".join(replica["gpu_uuids"])}, bodies  # the GPU it was given
     net = runpy.run_path(str(APP))["build"]().eval()  # the same seeded weights, on the CPU here
     with torch.inference_mode():
         expected = net(torch.tensor(ROWS, dtype=torch.float32)).tolist()
@@ -54,16 +75,15 @@ def test_a_replica_given_a_gpu_runs_its_model_there_with_the_cpus_answers(pushed
         assert body["y"] == pytest.approx(want, rel=1e-3, abs=1e-4)
 
 
-def test_the_node_reports_its_gpu_with_the_replica_on_it(pushed: None, http: httpx.Client) -> None:
-    def placed() -> tuple[dict, dict] | None:
-        status = http.get("/v1/status").json()
-        for node in status["nodes"]:
-            gpus = {d["uuid"]: d for d in node["devices"] if d["kind"] == "gpu"}
-            for replica in node["replicas"]:
-                if replica["app"] == "gpu-probe" and replica["state"] == "ready" and replica["gpu_uuids"]:
-                    return gpus[replica["gpu_uuids"][0]], replica
-        return None
-
-    gpu, replica = wait_for(placed, timeout_s=60, what="the gpu-probe replica ready on a GPU")
-    assert gpu["memory_total_mb"] > 0 and gpu["name"], gpu  # read through NVML, not declared
-    assert replica["replica_id"] in gpu["replicas"], (gpu, replica)
+def test_a_second_replica_reaches_its_gpu_too_forked_only_where_unsandboxed(pushed: None, http: httpx.Client,
+                                                                           platform, ember_cli) -> None:
+    ember_cli("scale", "gpu-probe.Probe", "--min", "2", "--max", "2", url=platform.url)
+    try:
+        replicas = on_gpus(http, 2)
+        for _, replica, sandbox in replicas:
+            kind = (replica.get("start") or {}).get("kind")
+            if sandbox.startswith("bwrap"):
+                assert kind != "zygote", replica  # a fork would have no GPU device nodes
+        assert {b["device"] for b in answers(http)} == {"cuda:0"}
+    finally:
+        ember_cli("scale", "gpu-probe.Probe", "--min", "1", "--max", "1", url=platform.url)

@@ -27,6 +27,16 @@ from ember_runtime.warm import Identity
 
 log = logging.getLogger("ember.agent")
 
+
+def unforkable(confinement: sandbox.Confinement) -> str:
+    """Why a replica held so cannot be forked from its version's zygote; "" when it can. A zygote's sandbox is its
+    version's, built with no GPU device nodes (the app's code runs there, and no replica's GPUs are known yet), and
+    a forked replica stays in it: a sandboxed replica given GPUs would not reach them, so it starts fresh, or from
+    a warm start, whose sandbox holds its GPUs."""
+    if confinement.sandbox.enabled and confinement.devices:
+        return "a zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
+    return ""
+
 BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
@@ -94,6 +104,7 @@ class ReplicaSlot:
         self._gpu_memory_mb = gpu_memory_mb
         self._cpus = cpus
         self._zygotes = zygotes  # where a ready zygote of this version is found, when the node holds one
+        self._said_unforkable = False  # its log says once why it is not forked from the zygote the node holds
         self._startup_timeout_s = startup_timeout_s
         self._jail = confinement
         self.warm_template = template_of(key.app, self._python, env, confinement) if warm is not None else None
@@ -338,6 +349,12 @@ class ReplicaSlot:
         """A replica forked from this version's zygote, when the node holds a ready one; None otherwise,
         and when the fork fails (the zygote is discarded, the failure counted, and the replica starts fresh)."""
         if self._zygotes is None:
+            return None
+        if why := unforkable(self._jail):
+            if self._zygotes.holds(self.key.app, self.key.service, self.key.version) and not self._said_unforkable:
+                self._said_unforkable = True
+                await self._publish("agent", f"replica {self.replica_id} starts fresh, not forked from its zygote: "
+                                    f"{why}")
             return None
         zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S)
         if zygote is None:
