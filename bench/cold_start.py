@@ -256,7 +256,10 @@ def run(repeats: int, burst: int, gpu: str = "") -> None:
             wait_for(lambda: warm_start(url, "cs-snap") != "starting", 180, "cs-snap's warm start, if any, ready")
             starts += burst_up(url, "cs-snap", burst)
         print(render(starts))
+        starts = []
     finally:
+        if starts:  # stopped early (an error, Ctrl-C, a time limit's SIGINT): what was measured so far
+            print(render(starts))
         for caller in callers:
             caller.stop.set()
         platform.stop()
