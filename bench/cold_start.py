@@ -32,9 +32,10 @@ What is measured
     deploy or scale request to the first served call, which adds the control loop's tick and, for a new
     version, the upload.
 
-    With ``--gpu 8GB`` (a GPU host) every copy asks for 8 GB of a GPU: the zygote still loads the weights on the
-    CPU (CUDA does not survive a fork), and each replica copies them to its GPU and warms up there in its own
-    setup, so the start includes its CUDA context.
+    With ``--gpu 8GB`` (a GPU host) every copy asks for 8 GB of a GPU, and each replica copies the weights to its
+    GPU and warms up there in its own setup, so every start includes its CUDA context. On a node that sandboxes
+    its replicas (the default) the snap app's replicas are then not forked: a zygote's sandbox holds no GPU device
+    nodes, so they start fresh or warm, and its rows say which (the table's kind is what each replica reported).
 
 Usage
     python bench/cold_start.py [--repeats N] [--burst N] [--gpu REQUEST]
@@ -389,7 +390,7 @@ def main() -> None:
     parser.add_argument("--burst", type=int, default=3, help="replicas added at once from the zygote (0: none)")
     parser.add_argument("--gpu", default="", metavar="REQUEST",
                         help='on a GPU host: what each app asks for (e.g. "8GB": its replicas share one GPU, the '
-                             "weights copied there in each replica's own setup, after the fork)")
+                             "weights copied there in each replica's own setup)")
     args = parser.parse_args()
     run_interruptible(lambda: run(args.repeats, args.burst, args.gpu))
 

@@ -1,5 +1,6 @@
 """A model on the GPU its node gives its replica (tests/integration/test_gpu_replicas.py): a small seeded MLP,
-loaded once in a zygote on the CPU and moved to the replica's device in each replica, as examples/digits does."""
+loaded on the CPU by a snap setup and moved to the replica's device in each replica, as examples/digits does (a
+zygote runs the snap setup where replicas fork from it: unsandboxed nodes; elsewhere each replica runs both)."""
 
 import os
 
