@@ -24,6 +24,7 @@ from ember.wire.images import ImageSpec
 from ember_platform.control.plan import replica_request
 from ember_platform.scheduler import Snapshot
 from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, next_nodes, plan_preload, spares, starts_ahead
+from ember_platform.scheduler.request import request_from_spec
 
 PRELOAD_EVERY_S = 2.0
 LIKELY_COUNT = 2  # how many next replicas' nodes count as likely
@@ -73,10 +74,14 @@ class Preloader:
         starts: dict[ZygoteKey, list[str]] = {}  # the nodes of the replicas each current version may add next
         candidates: list[PreloadCandidate] = []
         assignments: dict[ZygoteKey, ZygoteAssignment] = {}
+        no_gpu_forks = frozenset(nid for nid, n in nodes.items() if not n.gpu_forks)
         for dep in deployments.values():
             for svc in dep.manifest.services:
                 if not svc.snap:
                     continue
+                # A node whose sandboxes bind their GPUs' device nodes forks no GPU replica (a zygote's sandbox holds
+                # none: ember_runtime.agent.slots.unforkable); it keeps no zygote for them.
+                unforkable = no_gpu_forks if not request_from_spec(svc).cpu_only else frozenset()
                 versions = {k.version for k in running if k.app == dep.app and k.service == svc.name}
                 for version in sorted(versions | {dep.version}):
                     key = ZygoteKey(dep.app, svc.name, version)
@@ -91,11 +96,11 @@ class Preloader:
                             snapshot = snapshot_of()
                         request = replica_request(dep, svc, f"preload-{dep.app}-{svc.name}")
                         nodes_next = next_nodes(snapshot, request, max(LIKELY_COUNT, ahead))
-                        likely = tuple(dict.fromkeys(nodes_next[:LIKELY_COUNT]))
+                        likely = tuple(n for n in dict.fromkeys(nodes_next[:LIKELY_COUNT]) if n not in unforkable)
                         starts[key] = nodes_next[:ahead]
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
-                        running_nodes=frozenset(running.get(key, ())), likely_nodes=likely,
+                        running_nodes=frozenset(running.get(key, ())) - unforkable, likely_nodes=likely,
                         demand=demand, min_replicas=low, current=current))
                     assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
                                                         bundle_sha256=_bundle_of(dep, version, plan),

@@ -179,6 +179,7 @@ class NodeAgent:
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
                             environments=self.images.cache.cached(), warm_starts=self.warm.statuses(),
                             replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {},
+                            gpu_forks=not (self.sandbox.enabled and self.inventory is None),  # see slots.unforkable
                             **sandboxes.isolation(self.sandbox, self.cgroups))
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))

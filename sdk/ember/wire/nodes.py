@@ -43,6 +43,9 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
     sandbox: str = ""  # how replicas are held: "bwrap" (with "own network" or "node network"), "none"; "": unknown
     isolation_notes: list[str] = []  # what replicas here lack (no sandbox, the node's network, no process limit)
+    # whether its GPU replicas may fork from a zygote: not where each sandbox binds its GPUs' device nodes (a
+    # zygote's holds none); True from an agent that does not say
+    gpu_forks: bool = True
 
 
 class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):

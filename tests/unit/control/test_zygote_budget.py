@@ -4,6 +4,7 @@ there left, so that a cache of preloaded snapshots cannot push a node past its m
 
 from __future__ import annotations
 
+import msgspec
 from support.builders import deployment, service_spec
 from support.placement import A10G, node, snap
 
@@ -35,3 +36,20 @@ def test_a_zygote_goes_where_replicas_left_room_and_not_where_they_reserved_it()
     assert _zygotes({}) == ["a.s"]
     assert _zygotes({"n1": [_reserving(16_384 - 4096)]}) == ["a.s"]  # the share is left whole
     assert _zygotes({"n1": [_reserving(16_384 - DEFAULT_ZYGOTE_MB + 1)]}) == []  # a zygote's 1 GiB is not left
+
+
+def _zygote_nodes(gpu: int, gpu_forks: bool) -> list[str]:
+    """The nodes that keep a zygote of a snap service asking for ``gpu`` GPUs, on two nodes whose GPU replicas may
+    fork from a zygote or not (``NodeInfo.gpu_forks``)."""
+    nodes = {nid: msgspec.structs.replace(node(nid, A10G, memory_gb=16), gpu_forks=gpu_forks) for nid in ("n1", "n2")}
+    dep = deployment(service_spec("s", snap=True, min_replicas=1, gpu_count=gpu))
+    zygotes = Preloader(demand=lambda app, svc: 0.0).zygotes({}, nodes, {"a": dep}, lambda: snap(*nodes.values()),
+                                                             now=0.0)
+    return sorted(nid for nid, kept in zygotes.items() if kept)
+
+
+def test_no_zygote_is_kept_for_gpu_replicas_on_a_node_that_forks_none() -> None:
+    # a node whose sandboxes bind their GPUs' device nodes (a zygote's holds none) starts its GPU replicas fresh
+    assert _zygote_nodes(1, gpu_forks=False) == []
+    assert _zygote_nodes(1, gpu_forks=True) == ["n1", "n2"]  # unsandboxed, or a declared inventory's virtual GPUs
+    assert _zygote_nodes(0, gpu_forks=False) == ["n1", "n2"]  # a CPU replica forks in its sandbox
