@@ -244,15 +244,18 @@ def run(repeats: int, burst: int, gpu: str = "") -> None:
         for app in ("cs-plain", "cs-warm"):
             httpx.delete(f"{url}/v1/apps/{app}", timeout=30, headers=auth_headers()).raise_for_status()
 
-        say("zygote: scale-ups of the snap app, forked from the zygote the node preloaded")
+        forks = not gpu or not sandboxed(url)  # a sandboxed GPU replica is not forked: its node keeps no zygote
+        say("zygote: scale-ups of the snap app, forked from the zygote the node preloaded" if forks else
+            "the snap app's scale-ups: GPU replicas on a node that sandboxes them start fresh or warm, not forked")
         deploy(url, snap, "cs-snap")
         callers[2].start()
-        wait_for(lambda: zygote_ready(url, "cs-snap"), 180, "the zygote")
+        if forks:
+            wait_for(lambda: zygote_ready(url, "cs-snap"), 180, "the zygote")
         wait_for(lambda: [r for r in replicas(url, "cs-snap") if r["state"] == "ready"], 180, "a ready replica")
         # on a machine at rest: a warm start its first (fresh) replica asked for has imported torch
         wait_for(lambda: warm_start(url, "cs-snap") != "starting", 180, "cs-snap's warm start, if any, ready")
         starts += scale_ups(url, "cs-snap", repeats)
-        if burst:
+        if burst and forks:
             say(f"zygote: a burst of {burst} scale-ups of the snap app at once")
             wait_for(lambda: warm_start(url, "cs-snap") != "starting", 180, "cs-snap's warm start, if any, ready")
             starts += burst_up(url, "cs-snap", burst)
@@ -300,6 +303,12 @@ def warm_ready(url: str, app: str) -> None:
     none)."""
     since = time.time()
     wait_for(lambda: warm_start(url, app, since) in ("ready", None), 180, f"the warm start for {app}")
+
+
+def sandboxed(url: str) -> bool:
+    """Whether the node runs its replicas in sandboxes (``ember status``'s isolation)."""
+    view = httpx.get(f"{url}/v1/status", timeout=10, headers=auth_headers()).json()
+    return any(n.get("sandbox", "").startswith("bwrap") for n in view["nodes"])
 
 
 def zygote_ready(url: str, app: str) -> bool:
