@@ -4,8 +4,9 @@ skipped elsewhere, saying why (bench/gpu/check.sh runs them on a lent GPU machin
 The session's platform reads its node's GPUs through NVML (no declared inventory). `ember push` of an app with
 ``gpu=1`` whose snap setup loads its model on the CPU (tests/apps/gpu): each replica is given the GPU (its device
 nodes in the sandbox, CUDA_VISIBLE_DEVICES naming it), runs the model there with the CPU's answers, and the node
-reports the GPU with the replica on it. Scaled to two, the second replica too: on a sandboxed node it is not
-forked from the zygote (whose sandbox holds no GPU device nodes) but starts fresh; unsandboxed it may fork.
+reports the GPU with the replica on it and the GPU memory the replica's CUDA context holds. Scaled to two, the
+second replica too: on a sandboxed node it is not forked from the zygote (whose sandbox holds no GPU device nodes)
+but starts fresh; unsandboxed it may fork.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -53,6 +55,14 @@ def on_gpus(http: httpx.Client, count: int) -> list[tuple[dict, dict, str]]:
     return wait_for(ready, timeout_s=120, what=f"{count} gpu-probe replica(s) ready on a GPU")
 
 
+def gpu_memory_used(http: httpx.Client, replica_id: str) -> float | None:
+    """The GPU memory ``/metrics`` says the replica's processes use (its node's NVML samples); None while none."""
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        if family.name == "ember_replica_gpu_memory_used_bytes":
+            return sum(s.value for s in family.samples if s.labels.get("replica") == replica_id) or None
+    return None
+
+
 def answers(http: httpx.Client) -> list[dict]:
     replies = [http.post("/v1/gpu-probe/Probe.forward", json={"x": row}) for row in ROWS]
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
@@ -73,6 +83,9 @@ def test_a_replica_given_a_gpu_runs_its_model_there_with_the_cpus_answers(pushed
         expected = net(torch.tensor(ROWS, dtype=torch.float32)).tolist()
     for body, want in zip(bodies, expected, strict=True):
         assert body["y"] == pytest.approx(want, rel=1e-3, abs=1e-4)
+    used = wait_for(lambda: gpu_memory_used(http, replica["replica_id"]), timeout_s=30,
+                    what="the replica's GPU memory in /metrics")
+    assert used > 0  # its CUDA context, found among the GPU's processes by its pid on the node
 
 
 def test_a_second_replica_reaches_its_gpu_too_forked_only_where_unsandboxed(pushed: None, http: httpx.Client,

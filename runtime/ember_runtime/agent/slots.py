@@ -27,16 +27,6 @@ from ember_runtime.warm import Identity
 
 log = logging.getLogger("ember.agent")
 
-
-def unforkable(confinement: sandbox.Confinement) -> str:
-    """Why a replica held so cannot be forked from its version's zygote; "" when it can. A zygote's sandbox is its
-    version's, built with no GPU device nodes (the app's code runs there, and no replica's GPUs are known yet), and
-    a forked replica stays in it: a sandboxed replica given GPUs would not reach them, so it starts fresh, or from
-    a warm start, whose sandbox holds its GPUs."""
-    if confinement.sandbox.enabled and confinement.devices:
-        return "a zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
-    return ""
-
 BACKOFF_START_S = 0.25
 BACKOFF_MAX_S = 30.0
 HEALTHY_AFTER_S = 60.0  # a replica that ran this long resets the backoff
@@ -47,6 +37,16 @@ SLOW_STOP_S = 2.0  # a replica that takes longer to drain and exit is named in t
 ZYGOTE_WAIT_S = 120.0  # how long a start waits for its version's zygote to finish building
 MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line is cut, and says so
 _READ_CHUNK = 64 * 1024
+
+
+def unforkable(confinement: sandbox.Confinement) -> str:
+    """Why a replica held so cannot be forked from its version's zygote; "" when it can. A zygote's sandbox is its
+    version's, built with no GPU device nodes (the app's code runs there, and no replica's GPUs are known yet), and
+    a forked replica stays in it: a sandboxed replica given GPUs would not reach them, so it starts fresh, or from
+    a warm start, whose sandbox holds its GPUs."""
+    if confinement.sandbox.enabled and confinement.devices:
+        return "a zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
+    return ""
 
 
 Running = asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | adoption.Adopted
