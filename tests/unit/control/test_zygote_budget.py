@@ -1,6 +1,7 @@
 """A node's zygotes give way to the host memory its replicas reserved (``memory=``): the preloader's budget for a
 node is its share of the node's memory (``EMBER_ZYGOTE_MEMORY_FRACTION``) and never more than the replicas placed
-there left, so that a cache of preloaded snapshots cannot push a node past its memory."""
+there left, so that a cache of preloaded snapshots cannot push a node past its memory. And none is kept for GPU
+replicas on a node that forks none of them (``NodeInfo.gpu_forks``), where it would hold that memory for nothing."""
 
 from __future__ import annotations
 
