@@ -25,7 +25,7 @@ exec > >(tee "$OUT/check.log") 2>&1
 failed=0
 step() { echo; echo "== $* ($(date -u +%H:%M:%S))"; }
 ended() {  # ended NAME STATUS: say how a step ended, count it if it failed
-    if [ "$2" -eq 0 ]; then echo "-- $1: ok"; else echo "-- $1: FAILED (status $2${3:+, $3})"; failed=$((failed + 1)); fi
+    if [ "$2" -eq 0 ]; then echo "-- $1: ok"; else echo "-- $1: FAILED (status $2)"; failed=$((failed + 1)); fi
 }
 finish() {
     step "done: $failed step(s) failed"
