@@ -18,6 +18,7 @@ import subprocess
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.lazy import torch
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -29,7 +30,8 @@ ROWS = [[float(i + j) / 10 for j in range(8)] for i in range(5)]
 
 
 def nvidia_gpus() -> int:
-    """How many GPUs ``nvidia-smi -L`` lists (0 without a driver)."""
+    """How many GPUs ``nvidia-smi -L`` lists (0 without a driver): the device, as ``make test`` decides on the gpu
+    extra, not ``support.lazy.cuda()``, so that a GPU host whose torch cannot use it fails here rather than skips."""
     if not shutil.which("nvidia-smi"):
         return 0
     done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
@@ -38,7 +40,6 @@ def nvidia_gpus() -> int:
 
 @pytest.fixture(scope="module")
 def pushed(platform, ember_cli) -> None:
-    pytest.importorskip("torch")
     ember_cli("push", str(APP), url=platform.url)
 
 
@@ -70,8 +71,6 @@ def answers(http: httpx.Client) -> list[dict]:
 
 
 def test_a_replica_given_a_gpu_runs_its_model_there_with_the_cpus_answers(pushed: None, http: httpx.Client) -> None:
-    import torch
-
     ((gpu, replica, _),) = on_gpus(http, 1)
     assert gpu["memory_total_mb"] > 0 and gpu["name"], gpu  # read through NVML, not declared
     assert replica["replica_id"] in gpu["replicas"], (gpu, replica)
