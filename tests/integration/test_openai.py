@@ -11,9 +11,9 @@ import time
 import uuid
 
 import httpx
-import openai
 import pytest
 from support.auth import bearer
+from support.lazy import openai
 from support.paths import REPO
 from support.polling import wait_for
 

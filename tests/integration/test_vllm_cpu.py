@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import openai
 import pytest
+from support.lazy import openai
 from support.paths import REPO
 
 from ember.backends import vllm as evllm

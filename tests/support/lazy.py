@@ -1,7 +1,7 @@
-"""torch for the test files that use it, imported when one of their tests first does: not by every xdist worker
-that only collects those files (a second of CPU each, while the suite starts on two cores). A skip that depends on
-CUDA is a string condition (``skipif("cuda()")``, ``cuda`` given by tests/conftest.py), which pytest evaluates
-when the test runs."""
+"""torch and OpenAI's client for the test files that use them, imported when one of their tests first does: not by
+every xdist worker that only collects those files (a second of CPU each, while the suite starts on two cores). A
+skip that depends on CUDA is a string condition (``skipif("cuda()")``, ``cuda`` given by tests/conftest.py), which
+pytest evaluates when the test runs."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ class _Lazy(ModuleType):
 
 
 torch: Any = _Lazy("torch")
+openai: Any = _Lazy("openai")
 
 
 def cuda() -> bool:
