@@ -1,6 +1,7 @@
 """The node agent holds replicas to what they were given, on a node with a declared (virtual) inventory:
-a replica over its GPU memory reservation is restarted with an event, and its threads run on the CPUs of
-its GPU's NUMA node (a real process, pinned by the real agent; only the GPUs are declared)."""
+a replica over its GPU memory reservation is restarted with an event, its threads run on the CPUs of its GPU's
+NUMA node (a real process, pinned by the real agent; only the GPUs are declared), and its sandbox holds its own
+GPUs' device nodes (the agent's stand-ins for virtual GPUs), no other GPU's."""
 
 from __future__ import annotations
 
@@ -27,26 +28,23 @@ from ember_runtime.agent.gpu_usage import process_trees
 pytestmark = pytest.mark.integration
 APP = TEST_APPS / "enforce" / "enforce.py"
 NODE = "enforcer"
+OPEN_NODE = "enforcer-open"  # without sandboxes: its GPU replicas fork from their zygotes
+SHARED_NODES = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
 
 
-def inventory(cpu: int) -> str:
-    """Two NUMA nodes: node 0 is ``cpu`` alone, node 1 has CPUs no machine here has."""
+def inventory(cpu: int, name: str = "enf", gpus: tuple[str, ...] = ("H100-80GB", "L4-24GB")) -> str:
+    """Two NUMA nodes: node 0 is ``cpu`` alone, node 1 has CPUs no machine here has; GPU i on NUMA node i."""
+    declared = "".join(f'[[gpu]]\nmodel = "{model}"\nnuma_node = {i}\n' for i, model in enumerate(gpus))
     return f"""
 [host]
-name = "enf"
+name = "{name}"
 [[numa]]
 node = 0
 cpus = "{cpu}"
 [[numa]]
 node = 1
 cpus = "60000-60001"
-[[gpu]]
-model = "H100-80GB"
-numa_node = 0
-[[gpu]]
-model = "L4-24GB"
-numa_node = 1
-"""
+{declared}"""
 
 
 class Cluster(NamedTuple):
@@ -64,14 +62,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("enforce")
     cpu = min(os.sched_getaffinity(0))
     (tmp / "node.toml").write_text(inventory(cpu))
+    (tmp / "open.toml").write_text(inventory(cpu, "open", ("A10G-24GB",)))
     with TestPlatform(tmp / "state") as platform, authed_client(platform) as http:
         # Sandboxed, as production runs replicas: the virtual driver finds each entry's process by who holds it
         # open, as NVML knows a context's process, whatever pid namespace the process sees.
         agent = platform.add_agent(NODE, tmp / "node.toml")
+        platform.add_agent(OPEN_NODE, tmp / "open.toml", sandbox=False)
         transport = Transport(platform.url, token=platform.token)
         try:
-            wait_for(lambda: NODE in {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]}, 60,
-                     "the node with the declared inventory to report")
+            wait_for(lambda: {NODE, OPEN_NODE} <= {n["node_id"] for n in transport.json("GET", "/v1/status")["nodes"]},
+                     60, "the nodes with the declared inventories to report")
             ember.deploy(APP, transport=transport, timeout_s=120)
             yield Cluster(platform, transport, http, agent, cpu)
         finally:
@@ -121,9 +121,20 @@ def test_a_replica_runs_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> N
 def test_a_replica_forked_from_its_zygote_runs_its_model_on_the_cpus_of_its_gpus_numa_node(cluster: Cluster) -> None:
     wait_for(lambda: replica(cluster, "Pinned").state == "ready", 60, "Pinned's replica to be ready")
     pinned = replica(cluster, "Pinned")
-    assert pinned.start is not None and pinned.start.kind == "zygote"
+    assert pinned.node_id == OPEN_NODE and pinned.start is not None and pinned.start.kind == "zygote"
     assert proc_status(pinned.pid, "Cpus_allowed_list") == str(cluster.cpu)
     assert cluster.http.post("/v1/enforce/Pinned.cpus", json={}).json() == [cluster.cpu]  # on its model thread
+
+
+def test_a_sandboxed_replica_holds_its_own_gpus_device_nodes_and_is_not_forked(cluster: Cluster) -> None:
+    # As on a real GPU node: the stand-ins of its GPU's node and the shared ones at /dev/<name>, no other GPU's.
+    assert cluster.http.post("/v1/enforce/far", json={}).json() == sorted(["nvidia1", *SHARED_NODES])  # the L4
+    held = wait_for(lambda: (r := replica(cluster, "Held")).state == "ready" and r, 60, "Held's replica to be ready")
+    assert cluster.http.post("/v1/enforce/Held.nodes", json={}).json() == sorted(["nvidia0", *SHARED_NODES])
+    # A zygote's sandbox holds no device nodes: Held, a snap setup, started on its own (Pinned, on the node
+    # without sandboxes, was forked: the test above).
+    assert held.node_id == NODE and held.start is not None and held.start.kind != "zygote"
+    assert proc_status(held.pid, "Cpus_allowed_list") == str(cluster.cpu)  # pinned all the same
 
 
 def test_a_replica_over_its_gpu_memory_reservation_is_restarted_with_an_event(cluster: Cluster) -> None:

@@ -1,17 +1,39 @@
-"""The CPU as a device, for nodes without a GPU (GPUs come from ``inventory``: NVML or a declared file)."""
+"""The CPU as a device, for nodes without a GPU (GPUs come from ``inventory``: NVML or a declared file), and the
+stand-in device nodes of a declared inventory's GPUs."""
 
 from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Iterable
+from pathlib import Path
 
 from ember.wire import Device
+
+REAL = Path("/dev")  # where a node with real GPUs has their device nodes
+# The device nodes every CUDA process needs besides its GPUs' own (``/dev/nvidiaN``).
+NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
+                 "/dev/nvidia-caps")
 
 
 def cpu_device() -> Device:
     pages = os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
     memory_mb = pages * os.sysconf("SC_PAGE_SIZE") // (1024 * 1024) if pages > 0 else 0
     return Device(kind="cpu", index=0, name=_cpu_name(), memory_total_mb=memory_mb)
+
+
+def stand_ins(folder: Path, devices: Iterable[Device]) -> Path:
+    """Stand-ins for the device nodes of a declared inventory's GPUs, made in ``folder`` (returned): an empty file
+    for each GPU's ``nvidiaN`` and for the nodes every CUDA process opens, and an empty ``nvidia-caps`` folder.
+    A sandboxed replica on a virtual GPU is then given its GPUs' nodes as one on a real GPU is given theirs
+    (``sandbox.gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from
+    holding them (it is not forked from a zygote, see ``slots.unforkable``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    shared = [Path(path).name for path in NVIDIA_SHARED if not path.endswith("-caps")]
+    for name in {f"nvidia{d.index}" for d in devices if d.kind == "gpu"}.union(shared):
+        (folder / name).touch()
+    (folder / "nvidia-caps").mkdir(exist_ok=True)
+    return folder
 
 
 def _cpu_name() -> str:

@@ -36,7 +36,7 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_HEARTBEAT_S, connect, kv_stream, node_buckets
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
-from ember_runtime.agent import adoption, numa
+from ember_runtime.agent import adoption, devices, numa
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent import warm_starts as warm
@@ -81,6 +81,7 @@ class NodeAgent:
             raise ValueError(f"the NATS credentials are node {creds.user!r}'s, not node {self.node_id!r}'s")
         self.inventory = inventory
         self.devices = inventory_source.load(inventory)
+        self.device_nodes = devices.REAL if inventory is None else devices.stand_ins(state_dir / "dev", self.devices)
         self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory each replica uses
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
@@ -179,7 +180,7 @@ class NodeAgent:
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
                             environments=self.images.cache.cached(), warm_starts=self.warm.statuses(),
                             replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {},
-                            gpu_forks=not (self.sandbox.enabled and self.inventory is None),  # see slots.unforkable
+                            gpu_forks=not self.sandbox.enabled,  # see slots.unforkable
                             **sandboxes.isolation(self.sandbox, self.cgroups))
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
@@ -406,11 +407,11 @@ class NodeAgent:
         return mounts
 
     def _confinement(self, slot: SlotAssignment, secrets: dict[str, str]) -> sandboxes.Confinement:
-        """The replica's sandbox, with the device nodes of its GPUs (a declared inventory has none), its
-        memory limit and its app's secrets (its environment only)."""
+        """The replica's sandbox, with the device nodes of its GPUs (a declared inventory's stand-ins), its memory
+        limit and its app's secrets (its environment only)."""
         gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
-        devices = sandboxes.gpu_devices(gpus) if self.inventory is None else ()
-        return sandboxes.Confinement(sandbox=self.sandbox, devices=devices, memory_mb=slot.host_memory_mb,
+        nodes = sandboxes.gpu_devices(gpus, self.device_nodes)
+        return sandboxes.Confinement(sandbox=self.sandbox, devices=nodes, memory_mb=slot.host_memory_mb,
                                      cgroups=self.cgroups, secrets=secrets, block_network=slot.block_network)
 
     async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:

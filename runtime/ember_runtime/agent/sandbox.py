@@ -42,6 +42,7 @@ import ember_runtime
 from ember._procs import die_with_parent
 from ember_runtime.agent import descriptors, leaders, netns, reap
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.devices import NVIDIA_SHARED
 
 log = logging.getLogger("ember.agent")
 
@@ -73,8 +74,6 @@ ETC = ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "ho
        "nsswitch.conf", "gai.conf", "passwd", "group", "protocols", "services", "ssl", "ca-certificates", "pki",
        "alternatives", "os-release", "mime.types")
 SYS = ("/sys/devices", "/sys/bus", "/sys/class", "/sys/dev", "/sys/module")
-NVIDIA_SHARED = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset",
-                 "/dev/nvidia-caps")
 
 OPEN_FILES = 65536
 PROCESSES = 16384
@@ -94,7 +93,7 @@ class Jail:
     """What one sandbox holds besides the system and the Python environment."""
 
     bundle: Path
-    devices: tuple[str, ...] = ()  # device nodes bound in (a replica's GPUs)
+    devices: tuple[str, ...] = ()  # device nodes bound in at /dev/<their name> (a replica's GPUs)
     writable: tuple[Path, ...] = ()  # folders bound read-write at the same path (a virtual GPU table)
     outlive_command: bool = False  # no --die-with-parent: a zygote's forks outlive it; a replica outlives the agent
     readonly: tuple[Path, ...] = ()  # bound read-only at the same path: an image's environment and what it needs
@@ -223,7 +222,7 @@ class Sandbox:
             if not _is_system(path) and not any(path.is_relative_to(root) for root in self.python_roots):
                 args += ["--ro-bind", str(path), str(path)]
         for device in jail.devices:
-            args += ["--dev-bind-try", device, device]
+            args += ["--dev-bind-try", device, f"/dev/{Path(device).name}"]
         for folder in jail.writable:
             args += ["--bind", str(folder), str(folder)]
         for source, target in jail.mounts:
@@ -302,8 +301,8 @@ def writable_folders(env: Mapping[str, str]) -> tuple[Path, ...]:
 
 
 def gpu_devices(indices: Iterable[int], dev: Path = Path("/dev")) -> tuple[str, ...]:
-    """The device nodes of these GPUs (``/dev/nvidiaN``) and those every CUDA process needs, where they exist;
-    none on a CPU node."""
+    """The device nodes of these GPUs (``nvidiaN`` in ``dev``: ``/dev``, or a declared inventory's stand-ins) and
+    those every CUDA process needs, where they exist; none on a CPU node."""
     wanted = [str(dev / f"nvidia{i}") for i in sorted(set(indices))]
     shared = [str(dev / Path(p).name) for p in NVIDIA_SHARED]
     return tuple(p for p in (*wanted, *shared) if os.path.exists(p)) if wanted else ()

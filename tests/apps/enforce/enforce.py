@@ -5,7 +5,8 @@ driver (the process table in ``EMBER_VIRTUAL_GPU_PROCESSES``), for itself and fo
 starts, so that only their sum breaks the reservation. Each keeps its entry open while it lives, as a
 driver's context: the agent finds whose it is by that, since in its sandbox a process knows only its own
 pid namespace's pids. ``far`` sits on a GPU whose NUMA node has no CPUs
-on this machine.
+on this machine. ``Pinned`` runs on a node without sandboxes (forked from its zygote there), ``Held`` on the
+sandboxed one, where its sandbox holds its GPU's (stand-in) device node and so it is not forked.
 """
 
 import json
@@ -56,12 +57,17 @@ def hog(own_mb: int, worker_mb: int) -> list[int]:
     return [os.getpid(), int(worker.stdout.readline())]
 
 
+def gpu_nodes() -> list[str]:
+    """The GPU device nodes this process sees."""
+    return sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+
+
 @app.function(gpu="L4", memory="1GB")
-def far() -> int:
-    return os.getpid()
+def far() -> list[str]:
+    return gpu_nodes()
 
 
-@app.model(gpu="H100:1GB")
+@app.model(gpu="A10G:1GB")
 class Pinned:
     """Forked from its zygote (a snap setup): its model thread is made before the fork request, which names the
     CPUs; it must run on them all the same."""
@@ -74,3 +80,16 @@ class Pinned:
     def cpus(self) -> list[int]:
         """The CPUs the thread running this (the model thread) may use."""
         return sorted(os.sched_getaffinity(0))
+
+
+@app.model(gpu="H100:1GB")
+class Held:
+    """A snap setup too, on the sandboxed node."""
+
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.loaded = True
+
+    @ember.method()
+    def nodes(self) -> list[str]:
+        return gpu_nodes()

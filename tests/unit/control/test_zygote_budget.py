@@ -52,5 +52,5 @@ def _zygote_nodes(gpu: int, gpu_forks: bool) -> list[str]:
 def test_no_zygote_is_kept_for_gpu_replicas_on_a_node_that_forks_none() -> None:
     # a node whose sandboxes bind their GPUs' device nodes (a zygote's holds none) starts its GPU replicas fresh
     assert _zygote_nodes(1, gpu_forks=False) == []
-    assert _zygote_nodes(1, gpu_forks=True) == ["n1", "n2"]  # unsandboxed, or a declared inventory's virtual GPUs
+    assert _zygote_nodes(1, gpu_forks=True) == ["n1", "n2"]  # a node without sandboxes
     assert _zygote_nodes(0, gpu_forks=False) == ["n1", "n2"]  # a CPU replica forks in its sandbox
