@@ -12,13 +12,9 @@ import time
 import uuid
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import msgspec
-from nats import errors as nats_errors
 from nats.aio.msg import Msg
-from nats.js import errors as nats_js_errors
-from nats.js.kv import KeyValue
 
 from ember._loop import cancel_and_wait
 from ember.wire import (
@@ -34,12 +30,13 @@ from ember.wire import (
     replica_decoder,
     subjects,
 )
-from ember.wire.jetstream import NODE_HEARTBEAT_S, connect, kv_stream, node_buckets
+from ember.wire.jetstream import NODE_HEARTBEAT_S, connect
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
 from ember_runtime.agent import adoption, devices, numa
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent import warm_starts as warm
+from ember_runtime.agent.buckets import open_buckets
 from ember_runtime.agent.bundles import BundleCache
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.drains import Drains
@@ -114,7 +111,7 @@ class NodeAgent:
         widen_nats_reads()  # before it connects: volumes' chunks come in messages of megabytes
         while True:  # a connection the server closed at once (its auth refused late, say) is made again
             nc = await connect(self.nats_url, f"ember-agent-{self.node_id}", self.creds, wait_s=-1)
-            stores = await _open_buckets(nc, stop)
+            stores = await open_buckets(nc, stop)
             if stores is not None or stop.is_set():
                 break
             log.warning("NATS closed the agent's connection (%s); connecting again", nc.last_error)
@@ -469,32 +466,3 @@ class NodeAgent:
         if self.inventory is None or not slot.gpu_uuids:
             return {}
         return {VIRTUAL_TABLE_ENV: str(self._virtual_table.resolve())}
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeBuckets:
-    nodes: KeyValue  # its node's info, under its node id
-    replicas: KeyValue  # its replicas' states, under <node id>.<replica id>
-
-
-async def _open_buckets(nc: Any, stop: asyncio.Event) -> NodeBuckets | None:
-    """The two buckets an agent writes (its node's info, its replicas' states), once the control plane has created
-    them (an agent may start first; it may not create). It asks about these two streams alone: their keys (node and
-    replica ids) are what it hears on ``REPLICA_STATUS_ALL`` anyway; every other store is closed to it. None: stopped,
-    or the connection is closed."""
-    js, said = nc.jetstream(), False
-    while True:
-        try:
-            for bucket in (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET):
-                await js.stream_info(kv_stream(bucket))
-            nodes, replicas = node_buckets(js)
-            return NodeBuckets(nodes=nodes, replicas=replicas)
-        except (nats_js_errors.NotFoundError, nats_errors.TimeoutError,  # a cluster may still be creating
-                nats_errors.ConnectionClosedError) as exc:
-            if not said and not nc.is_closed:
-                log.info("waiting for the control plane to create Ember's buckets (%s)", exc or type(exc).__name__)
-                said = True
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 1.0)  # also between connections, when the server closes each at once
-        if nc.is_closed or stop.is_set():
-            return None

@@ -1,4 +1,4 @@
-"""An agent waits for the control plane to create the buckets it writes (``_open_buckets``), on a real nats-server.
+"""An agent waits for the control plane to create the buckets it writes (``open_buckets``), on a real nats-server.
 A connection the server closes for good meanwhile (nats-py reconnects after a lost socket, but not after most of the
 server's ``-ERR`` lines, such as an auth callout's late refusal) ends the wait with None, so that the agent connects
 again (``NodeAgent.run``) instead of dying on the next request."""
@@ -13,7 +13,7 @@ from support.natsconn import connect
 
 from ember import _loop as ember_loop
 from ember.wire.jetstream import ensure_buckets
-from ember_runtime.agent.node import NodeBuckets, _open_buckets
+from ember_runtime.agent.buckets import NodeBuckets, open_buckets
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,7 +27,7 @@ def nats_url(tmp_path_factory: pytest.TempPathFactory):
 def test_a_connection_closed_while_waiting_for_the_buckets_ends_the_wait(nats_url: str):
     async def scenario() -> object:
         nc = await connect(nats_url)
-        waiting = asyncio.ensure_future(_open_buckets(nc, asyncio.Event()))
+        waiting = asyncio.ensure_future(open_buckets(nc, asyncio.Event()))
         await asyncio.sleep(0.5)  # no control plane: the buckets are not there
         assert not waiting.done()
         await nc.close()  # as nats-py does itself on a server's -ERR
@@ -41,7 +41,7 @@ def test_the_buckets_open_once_they_are_there(nats_url: str):
         nc = await connect(nats_url)
         try:
             await ensure_buckets(nc.jetstream())  # as the control plane does at its start
-            return await asyncio.wait_for(_open_buckets(nc, asyncio.Event()), 30)
+            return await asyncio.wait_for(open_buckets(nc, asyncio.Event()), 30)
         finally:
             await nc.close()
 
