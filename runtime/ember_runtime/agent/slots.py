@@ -18,10 +18,11 @@ from typing import Any, Literal
 from ember.wire import LogLine, ReplicaStatus, encoder, subjects
 from ember_runtime.agent import adoption, descriptors, launch, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.forked import ForkedProcess
 from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.memory_watch import Reservation
 from ember_runtime.agent.warm_starts import WarmError, WarmStarts, template_of
-from ember_runtime.agent.zygote_pool import ForkedProcess, ZygoteError, ZygotePool
+from ember_runtime.agent.zygote_pool import ZygoteError, ZygotePool
 from ember_runtime.exit_codes import SETUP_FAILURES
 from ember_runtime.warm import Identity
 

@@ -35,8 +35,9 @@ from ember.wire import ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
 from ember_runtime.agent import descriptors, reap, sandbox
 from ember_runtime.agent.cgroups import MemoryCgroups
+from ember_runtime.agent.forked import ForkedProcess
 from ember_runtime.agent.leaders import Leader
-from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ExitReport, ForkReply, ForkRequest, Ready, Spares
+from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ForkReply, ForkRequest, Ready, Spares
 
 log = logging.getLogger("ember.agent")
 ZygoteKey = tuple[str, str, int]  # app, service, version
@@ -46,7 +47,6 @@ Verify = Callable[[str], Awaitable[Path]]  # a bundle's sha256 -> its unpacked f
 BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
 RETRY_MAX_S = 60.0
-UNKNOWN_EXIT = 255  # the zygote went away before it could report its child's exit code
 
 
 @dataclass(frozen=True)
@@ -61,65 +61,6 @@ class Interpreter:
 
 class ZygoteError(Exception):
     """A fork through a zygote failed; the replica starts fresh instead."""
-
-
-class ForkedProcess:
-    """A replica forked by a zygote, with the part of ``asyncio.subprocess.Process`` that a slot uses.
-
-    The zygote is the child's parent and reaps it; it reports the exit code over ``conn``. If the zygote
-    dies first, a pidfd still tells when the child exits (its code is then unknown)."""
-
-    def __init__(self, pid: int, conn: socket.socket, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader) -> None:
-        self.pid = pid
-        self.stdout = stdout
-        self.stderr = stderr
-        self.returncode: int | None = None
-        self._conn = conn
-        self._pidfd: int | None = None
-        with contextlib.suppress(ProcessLookupError):
-            self._pidfd = os.pidfd_open(pid)
-        self._done = asyncio.get_running_loop().create_task(self._watch())
-
-    async def _watch(self) -> int:
-        loop = asyncio.get_running_loop()
-        code = UNKNOWN_EXIT
-        with contextlib.suppress(OSError, msgspec.DecodeError):
-            data = await loop.sock_recv(self._conn, MAX_MESSAGE)
-            if data:
-                code = msgspec.json.decode(data, type=ExitReport).code
-        self._conn.close()
-        if code == UNKNOWN_EXIT and self._pidfd is not None:  # the zygote died: wait for the child itself
-            exited: asyncio.Future[None] = loop.create_future()
-
-            def on_exit() -> None:
-                if not exited.done():
-                    exited.set_result(None)
-
-            loop.add_reader(self._pidfd, on_exit)
-            try:
-                await exited
-            finally:
-                loop.remove_reader(self._pidfd)
-        if self._pidfd is not None:
-            descriptors.close(self._pidfd, f"the pidfd of forked replica {self.pid}")
-            self._pidfd = None
-        self.returncode = code
-        return code
-
-    async def wait(self) -> int:
-        return await asyncio.shield(self._done)
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is not None:
-            return
-        if self._pidfd is not None:
-            signal.pidfd_send_signal(self._pidfd, sig)
-        else:
-            raise ProcessLookupError(self.pid)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 class Zygote:
