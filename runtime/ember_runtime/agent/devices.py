@@ -1,5 +1,5 @@
 """The CPU as a device, for nodes without a GPU (GPUs come from ``inventory``: NVML or a declared file), and the
-stand-in device nodes of a declared inventory's GPUs."""
+device nodes a replica's sandbox binds for its GPUs: the real ones, or a declared inventory's stand-ins."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def stand_ins(folder: Path, devices: Iterable[Device]) -> Path:
     """Stand-ins for the device nodes of a declared inventory's GPUs, made in ``folder`` (returned): an empty file
     for each GPU's ``nvidiaN`` and for the nodes every CUDA process opens, and an empty ``nvidia-caps`` folder.
     A sandboxed replica on a virtual GPU is then given its GPUs' nodes as one on a real GPU is given theirs
-    (``sandbox.gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from
+    (``gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from
     holding them (it is not forked from a zygote, see ``slots.unforkable``)."""
     folder.mkdir(parents=True, exist_ok=True)
     shared = [Path(path).name for path in NVIDIA_SHARED if not path.endswith("-caps")]
@@ -34,6 +34,14 @@ def stand_ins(folder: Path, devices: Iterable[Device]) -> Path:
         (folder / name).touch()
     (folder / "nvidia-caps").mkdir(exist_ok=True)
     return folder
+
+
+def gpu_devices(indices: Iterable[int], dev: Path = REAL) -> tuple[str, ...]:
+    """The device nodes of these GPUs (``nvidiaN`` in ``dev``: ``/dev``, or a declared inventory's stand-ins) and
+    those every CUDA process needs, where they exist; none on a CPU node."""
+    wanted = [str(dev / f"nvidia{i}") for i in sorted(set(indices))]
+    shared = [str(dev / Path(p).name) for p in NVIDIA_SHARED]
+    return tuple(p for p in (*wanted, *shared) if os.path.exists(p)) if wanted else ()
 
 
 def _cpu_name() -> str:

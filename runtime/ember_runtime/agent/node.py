@@ -407,7 +407,7 @@ class NodeAgent:
         """The replica's sandbox, with the device nodes of its GPUs (a declared inventory's stand-ins), its memory
         limit and its app's secrets (its environment only)."""
         gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
-        nodes = sandboxes.gpu_devices(gpus, self.device_nodes)
+        nodes = devices.gpu_devices(gpus, self.device_nodes)
         return sandboxes.Confinement(sandbox=self.sandbox, devices=nodes, memory_mb=slot.host_memory_mb,
                                      cgroups=self.cgroups, secrets=secrets, block_network=slot.block_network)
 

@@ -42,7 +42,6 @@ import ember_runtime
 from ember._procs import die_with_parent
 from ember_runtime.agent import descriptors, leaders, netns, reap
 from ember_runtime.agent.cgroups import MemoryCgroups
-from ember_runtime.agent.devices import NVIDIA_SHARED
 
 log = logging.getLogger("ember.agent")
 
@@ -298,14 +297,6 @@ def writable_folders(env: Mapping[str, str]) -> tuple[Path, ...]:
     """The folders a replica writes to outside its sandbox, named by its environment (a declared inventory's
     virtual GPU table): bound read-write, and only those."""
     return tuple(Path(env[k]) for k in WRITABLE_ENV if env.get(k) and Path(env[k]).is_dir())
-
-
-def gpu_devices(indices: Iterable[int], dev: Path = Path("/dev")) -> tuple[str, ...]:
-    """The device nodes of these GPUs (``nvidiaN`` in ``dev``: ``/dev``, or a declared inventory's stand-ins) and
-    those every CUDA process needs, where they exist; none on a CPU node."""
-    wanted = [str(dev / f"nvidia{i}") for i in sorted(set(indices))]
-    shared = [str(dev / Path(p).name) for p in NVIDIA_SHARED]
-    return tuple(p for p in (*wanted, *shared) if os.path.exists(p)) if wanted else ()
 
 
 def bwrap_candidates() -> list[str]:

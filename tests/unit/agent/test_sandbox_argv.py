@@ -15,6 +15,7 @@ import ember_runtime
 from ember.wire import Device
 from ember_runtime.agent import devices, sandbox
 from ember_runtime.agent.cgroups import decide
+from ember_runtime.agent.devices import gpu_devices
 from ember_runtime.agent.sandbox import (
     BUNDLE,
     HOME,
@@ -22,7 +23,6 @@ from ember_runtime.agent.sandbox import (
     Sandbox,
     environment,
     exit_code,
-    gpu_devices,
     writable_folders,
 )
 
