@@ -29,7 +29,7 @@ pytestmark = pytest.mark.integration
 APP = TEST_APPS / "enforce" / "enforce.py"
 NODE = "enforcer"
 OPEN_NODE = "enforcer-open"  # without sandboxes: its GPU replicas fork from their zygotes
-SHARED_NODES = ["nvidia-caps", "nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]
+SHARED_NODES = ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidiactl"]  # stand-ins: no nvidia-caps
 
 
 def inventory(cpu: int, name: str = "enf", gpus: tuple[str, ...] = ("H100-80GB", "L4-24GB")) -> str:

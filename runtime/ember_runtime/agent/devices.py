@@ -23,16 +23,19 @@ def cpu_device() -> Device:
 
 
 def stand_ins(folder: Path, devices: Iterable[Device]) -> Path:
-    """Stand-ins for the device nodes of a declared inventory's GPUs, made in ``folder`` (returned): an empty file
-    for each GPU's ``nvidiaN`` and for the nodes every CUDA process opens, and an empty ``nvidia-caps`` folder.
+    """Stand-ins for the device nodes of a declared inventory's GPUs, made in ``folder`` (returned): a link to
+    ``/dev/null`` for each GPU's ``nvidiaN`` and for the nodes every CUDA process opens, so that what a sandbox
+    binds is a character device that holds nothing (no replica can leave data there for another on the same GPU).
     A sandboxed replica on a virtual GPU is then given its GPUs' nodes as one on a real GPU is given theirs
-    (``gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from
-    holding them (it is not forked from a zygote, see ``slots.unforkable``)."""
+    (``gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from holding them
+    (it is not forked from a zygote, see ``slots.unforkable``). MIG's ``nvidia-caps`` has no stand-in."""
     folder.mkdir(parents=True, exist_ok=True)
     shared = [Path(path).name for path in NVIDIA_SHARED if not path.endswith("-caps")]
     for name in {f"nvidia{d.index}" for d in devices if d.kind == "gpu"}.union(shared):
-        (folder / name).touch()
-    (folder / "nvidia-caps").mkdir(exist_ok=True)
+        link = folder / name
+        if not (link.is_symlink() and os.readlink(link) == os.devnull):
+            link.unlink(missing_ok=True)
+            link.symlink_to(os.devnull)
     return folder
 
 

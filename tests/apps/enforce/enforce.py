@@ -11,6 +11,7 @@ sandboxed one, where its sandbox holds its GPU's (stand-in) device node and so i
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import uuid
@@ -58,8 +59,9 @@ def hog(own_mb: int, worker_mb: int) -> list[int]:
 
 
 def gpu_nodes() -> list[str]:
-    """The GPU device nodes this process sees."""
-    return sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+    """The GPU device nodes this process sees: character devices, as a real GPU's are."""
+    found = sorted(name for name in os.listdir("/dev") if name.startswith("nvidia"))
+    return [name for name in found if stat.S_ISCHR(os.stat(f"/dev/{name}").st_mode)]
 
 
 @app.function(gpu="L4", memory="1GB")

@@ -84,15 +84,19 @@ def test_gpu_device_nodes_are_those_of_its_gpus_and_the_shared_ones_that_exist(t
 def test_a_declared_inventorys_gpus_have_stand_in_nodes_bound_where_real_ones_would_be(tmp_path: Path) -> None:
     gpus = [Device(kind="gpu", index=i, name="H100", uuid=f"GPU-v-{i}") for i in (0, 1)]
     mig = Device(kind="gpu", index=1, name="H100 MIG 1g.10gb", uuid="MIG-v-1-0", mig_profile="1g.10gb")
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "nvidia0").write_text("an older agent's stand-in")  # replaced by a link
     folder = devices.stand_ins(tmp_path / "dev", [*gpus, mig, Device(kind="cpu", index=0, name="cpu")])
-    assert sorted(p.name for p in folder.iterdir()) == ["nvidia-caps", "nvidia-modeset", "nvidia-uvm",
-                                                          "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+    made = sorted(folder.iterdir())
+    assert [p.name for p in made] == ["nvidia-modeset", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1",
+                                      "nvidiactl"]
+    assert all(p.is_symlink() and os.readlink(p) == os.devnull for p in made)  # a device that holds nothing
     nodes = gpu_devices([1], folder)
     assert [Path(n).name for n in nodes] == ["nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools",
-                                             "nvidia-modeset", "nvidia-caps"]
+                                             "nvidia-modeset"]
     assert _pairs(_argv(Jail(bundle=tmp_path, devices=nodes)), "--dev-bind-try") == \
         [(n, f"/dev/{Path(n).name}") for n in nodes]  # GPU 0's stand-in is not there, as GPU 0's node would not be
-    assert devices.stand_ins(folder, gpus) == folder  # made again at the agent's next start: nothing changes
+    assert devices.stand_ins(folder, gpus) == folder and sorted(folder.iterdir()) == made  # the agent's next start
 
 
 AGENT_ENV = {"PATH": "/usr/bin", "LANG": "C.UTF-8", "LC_ALL": "C", "HOME": "/root", "TZ": "UTC",
