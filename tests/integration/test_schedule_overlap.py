@@ -25,9 +25,12 @@ def overlapping(deployed) -> AppView:
     return deployed(APP)
 
 
-def _runs(http: httpx.Client, function: str) -> list[tuple[str, str]]:
-    """(start or end, call id) of ``function``'s runs, in the order its replica printed them."""
-    got = http.get("/v1/apps/overlapping/logs", params={"service": function, "stream": "stdout"}).json()
+def _runs(http: httpx.Client, function: str, since: float = 0.0) -> list[tuple[str, str]]:
+    """(start or end, call id) of ``function``'s runs from ``since`` on, in the order its replica printed them (every
+    kept line: the default window's last 200 would cut a run's start from its end, or one of two ticks that started
+    together from the other)."""
+    got = http.get("/v1/apps/overlapping/logs",
+                   params={"service": function, "stream": "stdout", "since": since, "limit": 5000}).json()
     return [(line["line"].split()[0].rsplit("-", 1)[1], line["line"].split()[1]) for line in got
             if len(line["line"].split()) == 2 and line["line"].startswith(f"{function}-")]
 
@@ -63,7 +66,8 @@ def test_queue_runs_every_tick_in_order_one_at_a_time(overlapping, http):
 
 
 def test_allow_runs_every_tick_beside_the_run_before(overlapping, http):
-    since = time.time() - 120
+    first = math.ceil(time.time()) + 1  # four ticks that fire after this moment: each must start, once
+    window = {tick_call_id("overlapping", "allowed", float(first + n)): first + n for n in range(4)}
 
     def overlapped() -> bool:
         running: set[str] = set()
@@ -75,19 +79,15 @@ def test_allow_runs_every_tick_beside_the_run_before(overlapping, http):
 
     wait_for(overlapped, timeout_s=90, what="a run of allowed starting while another ran")
 
-    def started() -> list[float]:
-        ticks = _tick_of("allowed", since)
-        return sorted(ticks[cid] for what, cid in _runs(http, "allowed") if what == "start")
-
     # Ticks that came together (a loaded machine) are queued together, and need not start in their order: each of
-    # them starts in the end, none is skipped.
-    def contiguous() -> list[float] | None:
-        got = started()
-        ticks = sorted(set(got))
-        return got if ticks and ticks == [ticks[0] + n for n in range(len(ticks))] else None
+    # them starts in the end, none is skipped. A run starts after its tick, so the lines from a second before the
+    # window's first tick hold every start the window's ticks can have.
+    def window_started() -> list[str] | None:
+        got = [cid for what, cid in _runs(http, "allowed", since=first - 1) if what == "start" and cid in window]
+        return got if set(got) == set(window) else None
 
-    ran = wait_for(contiguous, timeout_s=30, what="every tick's run to start, none skipped")
-    assert len(ran) >= 2 and len(ran) == len(set(ran)), f"a tick ran twice: {ran}"
+    ran = wait_for(window_started, timeout_s=60, what=f"a run of each of the ticks {sorted(window.values())}")
+    assert len(ran) == len(set(ran)), f"a tick ran twice: {sorted(window[cid] for cid in ran)}"
     metrics = http.get("/metrics").text
     assert 'ember_schedule_runs_total{app="overlapping",status="skipped"}' not in metrics
     assert 'ember_schedule_lag_seconds_count{app="overlapping"}' in metrics  # a tick's start was seen
