@@ -135,7 +135,15 @@ def test_raw_sse_stream(platform, llm):
     ({"max_tokens": 10**9}, 422, "max_tokens"),
     ({"max_completion_tokens": 0}, 422, "max_completion_tokens"),
     ({"n": 2}, 422, "n"),
-    ({"messages": [{"role": "user", "content": ["x", {"deep": [[[[1]]]]}]}]}, 422, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": ["x", {"deep": [[[[1]]]]}]}]}, 422, "messages[0].content[0]"),
+    ({"messages": [{"role": "user", "content": {"text": "x"}}]}, 422, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": 7}]}, 422, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 422, "messages[0].content[0].text"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}] * 300}]}, 422, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 422,
+     "messages[0].content[0].type"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "x" * 600_000}] * 2}]}, 422,
+     "messages[0].content"),
     ({"messages": [{"role": "user", "content": "x"}] * 5000}, 422, "messages"),
     ({"messages": json.loads("[" * 40 + "]" * 40)}, 422, "messages[0]"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role"),
@@ -150,6 +158,25 @@ def test_hostile_bodies_get_openai_shaped_4xx(http, llm, body, status, param):
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+def test_content_as_text_parts_or_null_reaches_the_model_as_one_string(client, http, llm):
+    """OpenAI's clients may send a message's content as a list of text parts, and an assistant's message that called
+    tools with null content: the model receives each content as one string (parts joined by newlines)."""
+    parts = client.chat.completions.create(model="echo-words", messages=[
+        {"role": "system", "content": [{"type": "text", "text": "be brief"}]},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "{}"},
+        {"role": "user", "content": [{"type": "text", "text": "one two"}, {"type": "text", "text": "three"}]}])
+    assert parts.choices[0].message.content == "one two three "
+    joined = http.post("/openai/v1/chat/completions", json={"model": "big-body", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "ab"}, {"type": "text", "text": "cd"}]},
+        {"role": "assistant", "content": None}]}).json()
+    assert joined["choices"][0]["message"]["content"] == f"{len('ab' + chr(10) + 'cd' + chr(10))} "
+    image = http.post("/openai/v1/chat/completions", json={"model": "echo-words", "messages": [
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]})
+    assert image.status_code == 422 and "only text parts" in image.json()["error"]["message"]
 
 
 def test_malformed_and_oversized_bodies(http, llm):

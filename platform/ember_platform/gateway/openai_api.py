@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -27,8 +28,11 @@ from ember._errors import EmberError, InvalidInputError, NotFoundError, PayloadT
 from ember.wire import Deployment, FunctionSpec, ServiceSpec
 from ember.wire.openai import (
     MAX_EXTRA_FIELDS,
+    MAX_TEXT_CHARS,
+    ChatBody,
     ChatRequest,
     CompletionRequest,
+    Message,
     Model,
     ModelList,
 )
@@ -45,12 +49,13 @@ from ember_platform.metrics.llm import LlmTimer
 from ember_platform.platform import Platform
 
 Handler = Callable[[Request], Awaitable[Response]]
-_decoders: dict[str, msgspec.json.Decoder[Any]] = {"chat": msgspec.json.Decoder(ChatRequest),
+_decoders: dict[str, msgspec.json.Decoder[Any]] = {"chat": msgspec.json.Decoder(ChatBody),
                                                    "completion": msgspec.json.Decoder(CompletionRequest)}
 _fields = {kind: set(decoder.type.__struct_fields__) for kind, decoder in _decoders.items()}
 _head = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
 _str = msgspec.json.Decoder(str)
+_PART_TYPE = re.compile(r"(?:\$\.)?messages\[\d+\]\.content\[\d+\]\.type")  # a content part that is not text
 
 
 def openai_errors(handler: Handler) -> Handler:
@@ -140,11 +145,33 @@ def parse(kind: str, body: bytes) -> LlmRequest:
     extra = {k: v for k, v in head.items() if k not in _fields[kind]}
     if len(extra) > MAX_EXTRA_FIELDS:
         raise InvalidInputError(f"at most {MAX_EXTRA_FIELDS} fields that Ember does not read", field="$")
-    req: LlmRequest = decode_json(_decoders[kind], body)
+    try:
+        req: LlmRequest | ChatBody = decode_json(_decoders[kind], body)
+    except InvalidInputError as exc:
+        if exc.field is None or not _PART_TYPE.fullmatch(exc.field):
+            raise
+        raise InvalidInputError('only text parts ({"type": "text", "text": ...}) are served in a message\'s content',
+                                field=exc.field) from exc
+    if isinstance(req, ChatBody):
+        req = _chat_request(req)
     if extra:
         req = msgspec.structs.replace(req, extra={k: decode_json(msgspec.json.Decoder(), bytes(v))
                                                   for k, v in extra.items()})
     return req
+
+
+def _chat_request(body: ChatBody) -> ChatRequest:
+    """The ``ChatRequest`` a model receives: each message's content as one string (text parts joined, null as
+    empty); 422 naming the message whose joined text is over ``MAX_TEXT_CHARS``."""
+    messages = []
+    for n, sent in enumerate(body.messages):
+        text = sent.text()
+        if len(text) > MAX_TEXT_CHARS:
+            raise InvalidInputError(f"a message's content is at most {MAX_TEXT_CHARS} characters, its parts joined",
+                                    field=f"messages[{n}].content")
+        messages.append(Message(role=sent.role, content=text, name=sent.name))
+    fields = {name: getattr(body, name) for name in ChatBody.__struct_fields__ if name != "messages"}
+    return ChatRequest(messages=messages, **fields)
 
 
 async def _complete(request: Request, kind: str) -> Response:

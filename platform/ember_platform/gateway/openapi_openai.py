@@ -7,9 +7,9 @@ from typing import Any
 
 from ember.wire.openai import (
     MODEL_NAME,
+    ChatBody,
     ChatCompletion,
     ChatCompletionChunk,
-    ChatRequest,
     Completion,
     CompletionRequest,
     ErrorAnswer,
@@ -20,7 +20,7 @@ from ember.wire.openai import (
 JSON = "application/json"
 SSE = "text/event-stream"
 BODIES: dict[str, Any] = {
-    "ChatRequest": ChatRequest, "CompletionRequest": CompletionRequest, "ChatCompletion": ChatCompletion,
+    "ChatRequest": ChatBody, "CompletionRequest": CompletionRequest, "ChatCompletion": ChatCompletion,
     "ChatCompletionChunk": ChatCompletionChunk, "Completion": Completion, "Model": Model, "ModelList": ModelList,
     "OpenAIError": ErrorAnswer,
 }

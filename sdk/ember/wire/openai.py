@@ -22,6 +22,7 @@ MAX_TEXT_CHARS = 1_048_576  # one message's content, or a prompt
 MAX_STOPS = 4  # as OpenAI
 MAX_STOP_CHARS = 256
 MAX_EXTRA_FIELDS = 64
+MAX_CONTENT_PARTS = 256  # the text parts of one message's content
 DEFAULT_CHAT_MAX_TOKENS = 4096  # a chat request without max_tokens or max_completion_tokens
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # a completion request without max_tokens (OpenAI's default)
 MODEL_NAME = subjects.MODEL_NAME  # a served model's name (openai="...")
@@ -39,6 +40,28 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     role: Role
     content: Text = ""
     name: Annotated[str, Meta(max_length=256)] | None = None
+
+
+class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag="text"):
+    """A part of a message's content as OpenAI's clients send it, ``{"type": "text", "text": ...}``: only text is
+    served (an image or audio part is a 422 naming its ``type``)."""
+
+    text: Text
+
+
+class SentMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A chat message as clients send it: its ``content`` a string, a list of text parts, or null (an assistant's
+    message that called tools); ``message()`` is the ``Message`` a model receives, its content one string."""
+
+    role: Role
+    content: Text | Annotated[list[TextPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
+    name: Annotated[str, Meta(max_length=256)] | None = None
+
+    def text(self) -> str:
+        """The content as one string: text parts joined by newlines (as vLLM joins them), null as empty."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        return "\n".join(part.text for part in self.content)
 
 
 class StreamOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -100,6 +123,14 @@ class CompletionRequest(_Sampling, frozen=True, kw_only=True):
 
     def text(self) -> str:
         return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class ChatBody(_Sampling, frozen=True, kw_only=True):
+    """What ``POST /openai/v1/chat/completions`` accepts: a ``ChatRequest`` whose messages may hold their content as
+    text parts or null (``SentMessage``); the gateway turns it into the ``ChatRequest`` a model receives."""
+
+    messages: Annotated[list[SentMessage], Meta(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: Tokens | None = None
 
 
 Request = ChatRequest | CompletionRequest
