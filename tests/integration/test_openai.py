@@ -72,6 +72,15 @@ def test_completions_stream_and_not(client):
     assert pieces[-1].choices[0].finish_reason == "length"
 
 
+def test_a_completion_with_echo_gives_its_prompt_first(client):
+    whole = client.completions.create(model="forever", prompt="go ", max_tokens=2, echo=True)
+    assert whole.choices[0].text == "go w0 w1 " and whole.usage.completion_tokens == 2
+    pieces = [p.choices[0].text for p in client.completions.create(model="forever", prompt="go ", max_tokens=2,
+                                                                   echo=True, stream=True)]
+    assert pieces[0] == "go " and "".join(pieces) == "go w0 w1 "
+    assert client.completions.create(model="forever", prompt="go ", max_tokens=2).choices[0].text == "w0 w1 "
+
+
 def test_max_tokens_closes_the_generator(client, http):
     """The platform cuts at max_tokens whatever the generator does, and the generator is closed."""
     tag = _tag()

@@ -292,7 +292,7 @@ async def _events(stream: CallStream, pieces: AsyncIterator[list[str]], answer: 
                   usage: bool, held: Any, timer: LlmTimer) -> AsyncIterator[bytes]:
     """The SSE events: one chunk per piece, those of one message from the replica written together."""
     try:
-        yield answer.chunk("" if answer.chat else None, role=True) if answer.chat else b""
+        yield answer.opening()
         try:
             async for texts in pieces:
                 yield b"".join(map(answer.chunk, texts))

@@ -18,6 +18,7 @@ from ember.wire.openai import (
     ChunkChoice,
     Completion,
     CompletionChoice,
+    CompletionRequest,
     Delta,
     ErrorAnswer,
     ErrorDetail,
@@ -92,6 +93,8 @@ class Format:
         self.created = int(time.time())
         self.model = model
         self.request = request
+        # a completion with echo: its prompt before the generated text, as OpenAI and vLLM give it
+        self.echo = request.text() if isinstance(request, CompletionRequest) and request.echo else ""
 
     def whole(self, shaper: Shaper) -> bytes:
         finish = shaper.finish or "stop"
@@ -101,7 +104,14 @@ class Format:
                 choices=[ChatChoice(message=AnswerMessage(content=shaper.text), finish_reason=finish)]))
         return _encoder.encode(Completion(id=self.id, created=self.created, model=self.model,
                                           usage=usage(self.request, shaper),
-                                          choices=[CompletionChoice(text=shaper.text, finish_reason=finish)]))
+                                          choices=[CompletionChoice(text=self.echo + shaper.text,
+                                                                    finish_reason=finish)]))
+
+    def opening(self) -> bytes:
+        """The event before the first piece: a chat's role, a completion's echoed prompt (nothing otherwise)."""
+        if self.chat:
+            return self.chunk("", role=True)
+        return self.chunk(self.echo) if self.echo else b""
 
     def chunk(self, text: str | None, finish: FinishReason | None = None, *, role: bool = False) -> bytes:
         """One ``data:`` event carrying ``text`` (None: none), and the finish reason on the last."""
