@@ -32,7 +32,7 @@ def test_a_standby_runs_each_tick_once_after_the_lease_holder_is_killed(tmp_path
         since = time.time() - 60
 
         def beats(url: str) -> list[str]:
-            lines = http.get(f"{url}/v1/apps/every-second/logs", params={"stream": "stdout"}).json()
+            lines = http.get(f"{url}/v1/apps/every-second/logs", params={"stream": "stdout", "limit": 5000}).json()
             return [line["line"].split()[1] for line in lines if line["line"].startswith("beat ")]
 
         wait_for(lambda: len(beats(first)) >= 3, timeout_s=90, what="three ticks before the kill")

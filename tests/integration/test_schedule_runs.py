@@ -27,7 +27,7 @@ def ticking(deployed) -> AppView:
 
 def _lines(http: httpx.Client, service: str) -> list[tuple[str, str]]:
     """(what, call id) of the app's printed lines of ``service``, oldest first."""
-    got = http.get("/v1/apps/ticking/logs", params={"service": service, "stream": "stdout"}).json()
+    got = http.get("/v1/apps/ticking/logs", params={"service": service, "stream": "stdout", "limit": 5000}).json()
     return [tuple(line["line"].split()[:2]) for line in got if len(line["line"].split()) == 2]  # type: ignore[misc]
 
 
