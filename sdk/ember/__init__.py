@@ -39,7 +39,7 @@ from ember._image import Image
 from ember._inner import CallContext, current_call
 from ember._llm import Sequence
 from ember._schedule import Cron, Period
-from ember._setup import setup
+from ember._setup import setup, teardown
 from ember._tensor import Tensor
 from ember._version import __version__
 from ember._volume import Volume, mounted
@@ -88,4 +88,5 @@ __all__ = [
     "promote",
     "rollback",
     "setup",
+    "teardown",
 ]

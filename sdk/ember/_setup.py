@@ -1,4 +1,5 @@
-"""``@ember.setup``: the methods that prepare a class model's instance, and running them in order.
+"""``@ember.setup`` and ``@ember.teardown``: the methods that prepare a class model's instance and those that
+release what it holds when its replica stops, and running them in order.
 
 Its own module so that both the decorators (``_app``) and the handles' ``.local()`` (``_handles``) use it
 without importing each other.
@@ -13,6 +14,7 @@ from typing import Any
 from ember._errors import InvalidSpecError
 
 SETUP_MARK = "__ember_setup__"
+TEARDOWN_MARK = "__ember_teardown__"
 
 
 def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
@@ -34,14 +36,49 @@ def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
         ...     def to_gpu(self): self.net = self.net.to(ember.backends.device())
     """
     def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
-        if not inspect.isfunction(raw):
-            raise InvalidSpecError(f"@ember.setup decorates a method, not {raw!r}")
-        if len(inspect.signature(raw).parameters) != 1:
-            raise InvalidSpecError(f"@ember.setup {raw.__qualname__}() takes only `self`")
+        _check_hook("setup", raw)
+        if getattr(raw, TEARDOWN_MARK, False):
+            raise InvalidSpecError(f"{raw.__qualname__}() is marked both @ember.setup and @ember.teardown")
         setattr(raw, SETUP_MARK, "snap" if snap else "replica")
         return raw
 
     return decorate(fn) if fn is not None else decorate
+
+
+def teardown(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a method of an ``@app.model`` class to run once when its replica stops, after the replica has finished
+    the calls it held: a scale-down, a new version replacing it, ``ember delete``, its node's agent stopping it.
+
+    It runs on the thread that ran the setup and the calls, within the replica's stop grace (the node agent's
+    ``--stop-grace-s``, 25 s by default; past it the replica is killed). Release what setup acquired there: close
+    a connection, flush a buffer, stop an engine's processes. It does not run when the replica is killed (by a
+    signal it cannot catch, or for memory), nor when its setup did not finish. An exception is printed to the
+    replica's stderr (``ember logs``) and the replica's other teardown methods still run; a subclass's run before
+    its bases', each class's in the order it defines them.
+
+    Example:
+        >>> @app.model()
+        ... class Ranker:
+        ...     @ember.setup
+        ...     def connect(self): self.db = connect_db()
+        ...     @ember.teardown
+        ...     def close(self): self.db.close()
+    """
+    _check_hook("teardown", fn)
+    if getattr(fn, SETUP_MARK, None) is not None:
+        raise InvalidSpecError(f"{fn.__qualname__}() is marked both @ember.setup and @ember.teardown")
+    setattr(fn, TEARDOWN_MARK, True)
+    return fn
+
+
+def _check_hook(kind: str, raw: Any) -> None:
+    if not inspect.isfunction(raw):
+        raise InvalidSpecError(f"@ember.{kind} decorates a method, not {raw!r}")
+    if inspect.iscoroutinefunction(raw) or inspect.isasyncgenfunction(raw) or inspect.isgeneratorfunction(raw):
+        raise InvalidSpecError(f"@ember.{kind} {raw.__qualname__}() is a plain method (`def`, not `async def` nor a "
+                               "generator): it runs on the replica's model thread")
+    if len(inspect.signature(raw).parameters) != 1:
+        raise InvalidSpecError(f"@ember.{kind} {raw.__qualname__}() takes only `self`")
 
 
 def run_setup(instance: Any, *, snap: bool | None = None) -> None:
@@ -52,6 +89,24 @@ def run_setup(instance: Any, *, snap: bool | None = None) -> None:
         for _, member in members(type(instance)):
             if getattr(member, SETUP_MARK, None) == phase:
                 member(instance)
+
+
+def run_teardown(instance: Any) -> list[tuple[str, Exception]]:
+    """Run an instance's ``@ember.teardown`` methods, a subclass's before its bases' (the reverse of setup), each
+    class's in the order it defines them, each whatever the ones before it raised; the methods that raised, by
+    name, with what they raised."""
+    failed, seen = [], set()
+    for klass in type(instance).__mro__:  # the class's own methods in their order, then its bases'
+        for name, member in vars(klass).items():
+            if name in seen:
+                continue  # overridden by a subclass: the subclass's counts
+            seen.add(name)
+            if getattr(member, TEARDOWN_MARK, False):
+                try:
+                    member(instance)
+                except Exception as exc:
+                    failed.append((name, exc))
+    return failed
 
 
 def has_snap_setup(cls: type) -> bool:

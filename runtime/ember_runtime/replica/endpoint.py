@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -14,13 +16,15 @@ from ember._errors import InvalidInputError, RemoteError
 from ember._handles import Function
 from ember._inner import current_call
 from ember._llm import decode_request
-from ember._setup import run_setup
+from ember._setup import run_setup, run_teardown
 from ember._types import CallIO, invalid_input
 from ember.wire import FunctionSpec, ServiceSpec
 from ember.wire.openai import Request
 from ember_runtime.batching.batcher import Batcher
 from ember_runtime.replica.continuous import StepLoop
 from ember_runtime.replica.streams import StreamSink, collect_async, collect_sync, drain_async, drain_sync
+
+log = logging.getLogger("ember.replica")
 
 
 @dataclass(frozen=True)
@@ -141,8 +145,9 @@ def prepare(service: ServiceSpec, target: Any) -> Any:
     return instance
 
 
-def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> list[Endpoint]:
-    """Run the service's per-replica setup and return one endpoint per function. ``prepared`` is what
+def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> tuple[list[Endpoint], Any]:
+    """Run the service's per-replica setup; one endpoint per function, and the class model's instance (None for a
+    function service), whose ``@ember.teardown`` methods run when the replica stops. ``prepared`` is what
     :func:`prepare` returned, in this process or (forked) in a zygote; None: prepare it here.
 
     Blocking: run it off the event loop.
@@ -150,14 +155,23 @@ def build_endpoints(service: ServiceSpec, target: Any, prepared: Any = None) -> 
     if service.kind == "function":
         assert isinstance(target, Function)
         assert target._io is not None
-        return [Endpoint(service.functions[0], target.raw, target._io, target.cost)]
+        return [Endpoint(service.functions[0], target.raw, target._io, target.cost)], None
     instance = prepare(service, target) if prepared is None else prepared
     run_setup(instance, snap=False)
     endpoints = []
     for spec in service.functions:
         definition = method_def(target, spec.attr)
         endpoints.append(Endpoint(spec, definition.raw.__get__(instance), definition.io, definition.cost))
-    return endpoints
+    return endpoints, instance
+
+
+async def tear_down(instance: Any, executor: Executor) -> None:
+    """A class model's ``@ember.teardown`` methods (``instance`` None: none), on ``executor``, the model thread that
+    ran its setup; each one that raised is printed to stderr with its traceback (the replica still exits cleanly)."""
+    if instance is None:
+        return
+    for name, exc in await asyncio.get_running_loop().run_in_executor(executor, run_teardown, instance):
+        log.error("teardown %s() failed", name, exc_info=exc)
 
 
 RUN_READY = 64  # an unbatched function's ready calls that one hop to the model thread may run, one by one

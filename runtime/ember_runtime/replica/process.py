@@ -53,7 +53,7 @@ from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EX
 from ember_runtime.replica import arguments
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
-from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints
+from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints, tear_down
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.renewal import renew_until
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
@@ -97,6 +97,7 @@ class Replica:
         self.stuck = False
         self._intake: tuple[list[Any], list[Any]] = [], []  # all subscriptions, those that take calls
         self.endpoints: list[Endpoint] = []
+        self.instance: Any = None  # a class model's, once set up: its teardown runs when the replica stops
         self._repeats = 0  # heartbeats in a row that wrote the status unchanged
         self.renewal: asyncio.Task[None] | None = None
         self._connecting: asyncio.Task[Any] | None = None
@@ -154,6 +155,7 @@ class Replica:
             await self._report("ready")
             await self.stop.wait()
             await self._drain(subs, loops)
+            await tear_down(self.instance, self.executor)
             return 0
         finally:
             if self.renewal is not None:
@@ -175,7 +177,7 @@ class Replica:
                 app = find_app(import_app_module(self.args.bundle, self.args.module), self.args.app)
                 self.service, target, prepared = app.services[self.args.service], app.target(self.args.service), None
             setup_at = time.time()
-            endpoints = await asyncio.get_running_loop().run_in_executor(
+            endpoints, self.instance = await asyncio.get_running_loop().run_in_executor(
                 self.executor, build_endpoints, self.service, target, prepared)
         self._phases = (imports_at, setup_at, time.time())
         self._modules = asked.modules() if self.preloaded is None else warm.imported()  # a zygote: all the app's

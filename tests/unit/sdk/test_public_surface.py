@@ -49,6 +49,7 @@ PUBLIC = [
     "promote",
     "rollback",
     "setup",
+    "teardown",
 ]
 
 
