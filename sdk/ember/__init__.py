@@ -39,7 +39,7 @@ from ember._image import Image
 from ember._inner import CallContext, current_call
 from ember._llm import Sequence
 from ember._schedule import Cron, Period
-from ember._setup import setup, teardown
+from ember._setup import health, setup, teardown
 from ember._tensor import Tensor
 from ember._version import __version__
 from ember._volume import Volume, mounted
@@ -81,6 +81,7 @@ __all__ = [
     "__version__",
     "current_call",
     "deploy",
+    "health",
     "lookup",
     "method",
     "mounted",

@@ -18,7 +18,7 @@ from ember._image import Image, image_field, image_spec
 from ember._llm import check_generator, check_openai, continuous_io, continuous_spec
 from ember._resources import network_field
 from ember._schedule import Cron, Period, schedule_spec
-from ember._setup import has_snap_setup, members
+from ember._setup import has_snap_setup, health_check, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember._volume import Volume
@@ -221,6 +221,7 @@ class App:
                 raise InvalidSpecError(f"@app.model() decorates a class, not {cls!r}")
             _check_name("@app.model()", cls.__name__)
             _check_constructor(cls)
+            health_check(cls)  # at most one
             methods = {name: m for name, m in members(cls) if isinstance(m, _MethodDef)}
             if not methods:
                 raise InvalidSpecError(f"@app.model(): class {cls.__name__} has no @ember.method to serve")

@@ -15,6 +15,8 @@ from ember._errors import InvalidSpecError
 
 SETUP_MARK = "__ember_setup__"
 TEARDOWN_MARK = "__ember_teardown__"
+HEALTH_MARK = "__ember_health__"  # (every_s, timeout_s)
+MAX_HEALTH_S = 3600.0
 
 
 def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
@@ -37,8 +39,8 @@ def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
     """
     def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
         _check_hook("setup", raw)
-        if getattr(raw, TEARDOWN_MARK, False):
-            raise InvalidSpecError(f"{raw.__qualname__}() is marked both @ember.setup and @ember.teardown")
+        if getattr(raw, TEARDOWN_MARK, False) or getattr(raw, HEALTH_MARK, None) is not None:
+            raise InvalidSpecError(f"{raw.__qualname__}() is marked @ember.setup and another hook")
         setattr(raw, SETUP_MARK, "snap" if snap else "replica")
         return raw
 
@@ -65,10 +67,52 @@ def teardown(fn: Callable[..., Any]) -> Callable[..., Any]:
         ...     def close(self): self.db.close()
     """
     _check_hook("teardown", fn)
-    if getattr(fn, SETUP_MARK, None) is not None:
-        raise InvalidSpecError(f"{fn.__qualname__}() is marked both @ember.setup and @ember.teardown")
+    if getattr(fn, SETUP_MARK, None) is not None or getattr(fn, HEALTH_MARK, None) is not None:
+        raise InvalidSpecError(f"{fn.__qualname__}() is marked @ember.teardown and another hook")
     setattr(fn, TEARDOWN_MARK, True)
     return fn
+
+
+def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0) -> Any:
+    """Mark the method of an ``@app.model`` class that says whether its replica is healthy (Ray Serve's
+    ``check_health``): it runs every ``every_s`` seconds while the replica serves, each time on a thread of its own
+    (a long batch on the model thread does not hold it up, so read the model's state with that in mind).
+
+    A check that raises, returns ``False`` or runs longer than ``timeout_s`` makes the replica give way: it takes
+    no more calls, hands back those not begun (their callers retry elsewhere at once), says why on its status and
+    stderr (``ember status``, ``ember logs``), and is replaced, a new replica first; then it finishes the calls it
+    runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for themselves: a device
+    in an error state, a lost connection, an engine's dead worker process. One per class.
+
+    Example:
+        >>> @app.model(gpu=1)
+        ... class Generator:
+        ...     @ember.health(every_s=5)
+        ...     def engine_alive(self) -> bool: return self.engine.is_running()
+    """
+    for name, value in (("every_s", every_s), ("timeout_s", timeout_s)):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.1 <= value <= MAX_HEALTH_S:
+            raise InvalidSpecError(f"@ember.health({name}={value!r}): seconds from 0.1 to {MAX_HEALTH_S:g}")
+
+    def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
+        _check_hook("health", raw)
+        if getattr(raw, SETUP_MARK, None) is not None or getattr(raw, TEARDOWN_MARK, False):
+            raise InvalidSpecError(f"{raw.__qualname__}() is a health check and a setup or teardown method")
+        setattr(raw, HEALTH_MARK, (float(every_s), float(timeout_s)))
+        return raw
+
+    return decorate(fn) if fn is not None else decorate
+
+
+def health_check(cls: type) -> tuple[str, float, float] | None:
+    """The name, period and timeout of ``cls``'s ``@ember.health`` method; None without one; ``InvalidSpecError``
+    for two."""
+    found = [(name, *getattr(member, HEALTH_MARK)) for name, member in members(cls)
+             if getattr(member, HEALTH_MARK, None) is not None]
+    if len(found) > 1:
+        raise InvalidSpecError(f"class {cls.__name__} has {len(found)} @ember.health methods "
+                               f"({', '.join(name for name, _, _ in found)}): one says whether a replica is healthy")
+    return found[0] if found else None
 
 
 def _check_hook(kind: str, raw: Any) -> None:

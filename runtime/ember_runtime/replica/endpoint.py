@@ -135,6 +135,16 @@ def _request_of(body: bytes, codec: str) -> Request:
         raise InvalidInputError(f"malformed request: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Preloaded:
+    """What a forked replica inherits from its zygote instead of importing and preparing it itself."""
+
+    service: ServiceSpec
+    target: Any
+    prepared: Any
+    snap_setup_s: float
+
+
 def prepare(service: ServiceSpec, target: Any) -> Any:
     """What a zygote holds: the class instance with its ``@ember.setup(snap=True)`` methods run (the
     function itself for a function service). Blocking."""

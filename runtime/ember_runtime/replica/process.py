@@ -9,13 +9,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -32,7 +32,6 @@ from ember.wire import (
     Invocation,
     LoadReport,
     ReplicaStatus,
-    ServiceSpec,
     StartPhases,
     encoder,
     invocations_decoder,
@@ -50,10 +49,10 @@ from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
-from ember_runtime.replica import arguments
+from ember_runtime.replica import arguments, health
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
-from ember_runtime.replica.endpoint import Endpoint, Streamed, batcher_for, build_endpoints, tear_down
+from ember_runtime.replica.endpoint import Endpoint, Preloaded, Streamed, batcher_for, build_endpoints, tear_down
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.renewal import renew_until
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
@@ -66,16 +65,6 @@ CONNECT_WAIT_S = 30.0  # a control plane that has just assigned the replica may 
 DRAIN_GRACE_S = 20.0
 STUCK_GRACE_S = 2.0  # a batch still running this long after its calls' timeout_s makes the replica stuck
 STUCK_CHECK_S = 1.0
-
-
-@dataclass(frozen=True)
-class Preloaded:
-    """What a forked replica inherits from its zygote instead of importing and preparing it itself."""
-
-    service: ServiceSpec
-    target: Any
-    prepared: Any
-    snap_setup_s: float
 
 
 class Replica:
@@ -228,6 +217,8 @@ class Replica:
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         self._intake = subs, intake
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
+        loops.append(asyncio.create_task(health.watch(self.instance, self.stop, functools.partial(
+            self._give_way, subs, intake)), name="health-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
         await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit)
@@ -252,6 +243,8 @@ class Replica:
                 await asyncio.wait_for(self.stop.wait(), STUCK_CHECK_S)
 
     async def _give_way(self, subs: list[Any], intake: list[Any], reason: str) -> None:
+        if self.stuck:  # given way already (stuck, or its health check failed)
+            return
         log.error("%s", reason)
         self.stuck = True  # no more load reports: the gateway stops choosing this replica
         for sub in intake:

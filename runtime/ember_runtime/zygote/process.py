@@ -50,8 +50,7 @@ from ember_runtime import hostpid, warm
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.replica import arguments
 from ember_runtime.replica import process as replica  # what every child runs: imported once, here, not after each fork
-from ember_runtime.replica.endpoint import prepare
-from ember_runtime.replica.process import Preloaded
+from ember_runtime.replica.endpoint import Preloaded, prepare
 from ember_runtime.zygote.protocol import (
     MAX_MESSAGE,
     MAX_SPARES,

@@ -42,6 +42,7 @@ PUBLIC = [
     "__version__",
     "current_call",
     "deploy",
+    "health",
     "lookup",
     "method",
     "mounted",

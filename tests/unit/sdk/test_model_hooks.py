@@ -1,11 +1,11 @@
-"""``@ember.teardown``: what it accepts, and the order and failures of ``run_teardown``."""
+"""``@ember.teardown`` and ``@ember.health``: what they accept, and the order and failures of ``run_teardown``."""
 
 from __future__ import annotations
 
 import pytest
 
 import ember
-from ember._setup import run_teardown
+from ember._setup import health_check, run_teardown
 
 
 def test_teardowns_run_subclass_first_each_class_in_its_order_and_past_a_failure() -> None:
@@ -43,7 +43,7 @@ def test_teardowns_run_subclass_first_each_class_in_its_order_and_past_a_failure
     assert run_teardown(object()) == []
 
 
-@pytest.mark.parametrize("hook", ["setup", "teardown"])
+@pytest.mark.parametrize("hook", ["setup", "teardown", "health"])
 def test_a_hook_is_a_plain_method_taking_only_self(hook: str) -> None:
     decorate = getattr(ember, hook)
 
@@ -63,10 +63,39 @@ def test_a_hook_is_a_plain_method_taking_only_self(hook: str) -> None:
 def test_a_method_is_not_both_setup_and_teardown() -> None:
     def both(self) -> None: ...
 
-    with pytest.raises(ember.InvalidSpecError, match="both"):
+    with pytest.raises(ember.InvalidSpecError, match="another hook"):
         ember.teardown(ember.setup(both))
 
     def other(self) -> None: ...
 
-    with pytest.raises(ember.InvalidSpecError, match="both"):
+    with pytest.raises(ember.InvalidSpecError, match="another hook"):
         ember.setup(ember.teardown(other))
+
+
+def test_health_takes_a_period_and_a_timeout_in_bounds_and_one_per_class() -> None:
+    for bad in [{"every_s": 0}, {"every_s": True}, {"timeout_s": 7200}, {"timeout_s": "5"}]:
+        with pytest.raises(ember.InvalidSpecError, match=next(iter(bad))):
+            ember.health(**bad)  # type: ignore[arg-type]
+
+    class One:
+        @ember.health(every_s=2, timeout_s=3)
+        def ok(self) -> bool:
+            return True
+
+    assert health_check(One) == ("ok", 2.0, 3.0)
+    assert health_check(object) is None
+    app = ember.App("hooks")
+    with pytest.raises(ember.InvalidSpecError, match=r"2 @ember\.health methods"):
+        @app.model()
+        class Two(One):
+            @ember.health
+            def also(self) -> None: ...
+
+            @ember.method()
+            def f(self) -> int:
+                return 1
+
+    def both(self) -> None: ...
+
+    with pytest.raises(ember.InvalidSpecError, match="another hook"):
+        ember.teardown(ember.health(both))
