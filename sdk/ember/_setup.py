@@ -1,5 +1,5 @@
-"""``@ember.setup`` and ``@ember.teardown``: the methods that prepare a class model's instance and those that
-release what it holds when its replica stops, and running them in order.
+"""A class model's hooks: ``@ember.setup`` (prepare the instance), ``@ember.teardown`` (release what it holds when
+its replica stops) and ``@ember.health`` (whether its replica is fit to serve), and running them in order.
 
 Its own module so that both the decorators (``_app``) and the handles' ``.local()`` (``_handles``) use it
 without importing each other.
@@ -97,7 +97,7 @@ def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0)
     def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
         _check_hook("health", raw)
         if getattr(raw, SETUP_MARK, None) is not None or getattr(raw, TEARDOWN_MARK, False):
-            raise InvalidSpecError(f"{raw.__qualname__}() is a health check and a setup or teardown method")
+            raise InvalidSpecError(f"{raw.__qualname__}() is marked @ember.health and another hook")
         setattr(raw, HEALTH_MARK, (float(every_s), float(timeout_s)))
         return raw
 
@@ -120,7 +120,7 @@ def _check_hook(kind: str, raw: Any) -> None:
         raise InvalidSpecError(f"@ember.{kind} decorates a method, not {raw!r}")
     if inspect.iscoroutinefunction(raw) or inspect.isasyncgenfunction(raw) or inspect.isgeneratorfunction(raw):
         raise InvalidSpecError(f"@ember.{kind} {raw.__qualname__}() is a plain method (`def`, not `async def` nor a "
-                               "generator): it runs on the replica's model thread")
+                               "generator): the replica runs it on a thread")
     if len(inspect.signature(raw).parameters) != 1:
         raise InvalidSpecError(f"@ember.{kind} {raw.__qualname__}() takes only `self`")
 
