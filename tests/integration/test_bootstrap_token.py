@@ -120,7 +120,7 @@ def test_the_first_start_prints_one_admin_token_once(start: Callable[..., Contro
     assert len(printed) == 1, printed  # two control planes starting together: one token between them
     token = printed[0]
     for plane in (first, second):  # the other one sees it through the bucket's watch
-        wait_for(lambda plane=plane: _whoami(plane.url, token).status_code == 200, timeout_s=10, what="token")
+        wait_for(lambda plane=plane: _whoami(plane.url, token).status_code == 200, timeout_s=30, what="token")
     assert _whoami(first.url, token).json()["scopes"] == ["admin"]
     # Started without NATS credentials, on purpose: it says so in its log (a bare nats-server checks none).
     assert "INSECURE (--insecure-no-nats-auth)" in first.out.read_text()

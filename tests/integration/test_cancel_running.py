@@ -142,9 +142,9 @@ def test_a_client_that_leaves_a_sync_call_cancels_the_call_it_waits_on(sdk, plat
     tag = _tag()
     with _posted(platform.url, platform.token, f"/v1/cancels/Stoppable.{parent}", f'"{tag}"'.encode()):
         _started(tag, "Kid")  # the child runs in the Kid replica
-    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=10, what="the child's cancel")
+    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
     ended = f"child-ended:{tag}:cancelled" if parent == "parent" else f"parent-ended:{tag}"
-    wait_for(lambda: ended in _notes(), timeout_s=10, what="the parent to end")
+    wait_for(lambda: ended in _notes(), timeout_s=30, what="the parent to end")
     _serves_the_next_call(tag)
 
 
@@ -154,15 +154,15 @@ def test_a_client_that_leaves_a_stream_cancels_the_call_it_waits_on(sdk, platfor
         assert response.status_code == 200
         assert next(line for line in response.iter_lines() if line)  # the first item
         _started(tag, "Kid")
-    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=10, what="the child's cancel")
-    wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=10, what="the parent to end")
+    wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
+    wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the parent to end")
     _serves_the_next_call(tag)
 
 
 def _serves_the_next_call(tag: str) -> None:
     """Stoppable's replica runs a sync call at once: the model thread is free again."""
     follow = ember.lookup("cancels", "Stoppable.spin_sync").spawn(tag + "n")
-    wait_for(lambda: f"started:{tag}n" in _notes(), timeout_s=5, what="the next call to start")
+    wait_for(lambda: f"started:{tag}n" in _notes(), timeout_s=20, what="the next call to start")
     assert follow.cancel() is True
 
 

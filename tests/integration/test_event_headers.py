@@ -116,7 +116,7 @@ def test_an_event_with_bad_headers_is_failed_at_once_and_dead_lettered(tagger, p
         record = http.get(f"/v1/calls/{letter['call_id']}").json()
         assert record["status"] == "failed" and header in record["error"]["message"]
         assert ran(transport, tag) == 0
-    wait_for(lambda: pending_events(platform.nats_url) == 0, timeout_s=10, what="every event to be acked")
+    wait_for(lambda: pending_events(platform.nats_url) == 0, timeout_s=30, what="every event to be acked")
 
 
 def test_an_event_cannot_name_a_spawned_call(tagger, probe, platform, http, transport):

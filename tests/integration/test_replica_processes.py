@@ -26,7 +26,7 @@ def test_a_huge_output_line_neither_wedges_the_replica_nor_floods_the_logs(deplo
         lines = http.get("/v1/apps/wedge/logs", params={"service": "shout"}).json()
         return [x["line"] for x in lines if "more bytes of this line not kept" in x["line"]]
 
-    lines = wait_for(lambda: len(cut_lines()) >= 3 and cut_lines(), timeout_s=10, what="the cut log lines")
+    lines = wait_for(lambda: len(cut_lines()) >= 3 and cut_lines(), timeout_s=30, what="the cut log lines")
     assert all(len(line) < 20_000 for line in lines)
 
 

@@ -74,7 +74,7 @@ class Streamer:
     async def slow_start(self, tag: str) -> AsyncIterator[int]:
         """Waits a while before its first item; notes ``tag`` once closed."""
         try:
-            await asyncio.sleep(5.0)
+            await asyncio.sleep(20.0)
             yield 0
         finally:
             self.closed.append(tag)
