@@ -79,10 +79,10 @@ def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0)
     (a long batch on the model thread does not hold it up, so read the model's state with that in mind).
 
     A check that raises, returns ``False`` or runs longer than ``timeout_s`` makes the replica give way: it takes
-    no more calls, hands back those not begun (their callers retry elsewhere at once), says why on its status and
-    stderr (``ember status``, ``ember logs``), and is replaced, a new replica first; then it finishes the calls it
-    runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for themselves: a device
-    in an error state, a lost connection, an engine's dead worker process. One per class.
+    no more calls, hands back those not begun (their callers retry elsewhere at once), says why on its stderr
+    (``ember logs``; on its status too while it stops), and is replaced, a new replica first; then it finishes the
+    calls it runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for themselves: a
+    device in an error state, a lost connection, an engine's dead worker process. One per class.
 
     Example:
         >>> @app.model(gpu=1)
