@@ -18,7 +18,7 @@ from ember._image import Image, image_field, image_spec
 from ember._llm import check_generator, check_openai, continuous_io, continuous_spec
 from ember._resources import network_field
 from ember._schedule import Cron, Period, schedule_spec
-from ember._setup import has_snap_setup, health_check, members
+from ember._setup import check_not_hook, has_snap_setup, health_check, members
 from ember._types import CallIO
 from ember._version import __version__
 from ember._volume import Volume
@@ -169,6 +169,7 @@ class App:
         def decorate(raw: Callable[P, R]) -> Function[P, R]:
             if not inspect.isfunction(raw):
                 raise InvalidSpecError(f"@app.function() decorates a function, not {raw!r}")
+            check_not_hook("@app.function()", raw)
             _check_name("@app.function()", raw.__name__)
             _check_streaming("@app.function", raw, batch)
             if isinstance(batch, Continuous):
@@ -321,6 +322,7 @@ def method(fn: Any = None, /, *, batch: Batch | Continuous | None = None,
     def decorate(raw: Callable[..., Any]) -> _MethodDef:
         if not inspect.isfunction(raw):
             raise InvalidSpecError(f"@ember.method decorates a method defined in a class body, not {raw!r}")
+        check_not_hook("@ember.method", raw)
         _check_name("@ember.method", raw.__name__)
         definition = _MethodDef(raw, batch, cost, public, model_name)
         definition.max_body_bytes = body_limit

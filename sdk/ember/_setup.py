@@ -115,6 +115,16 @@ def health_check(cls: type) -> tuple[str, float, float] | None:
     return found[0] if found else None
 
 
+def check_not_hook(where: str, raw: Any) -> None:
+    """``InvalidSpecError`` when ``raw``, about to be served by ``where``, is marked as a class model's hook."""
+    marks = [("setup", getattr(raw, SETUP_MARK, None) is not None), ("teardown", getattr(raw, TEARDOWN_MARK, False)),
+             ("health", getattr(raw, HEALTH_MARK, None) is not None)]
+    for kind, marked in marks:
+        if marked:
+            raise InvalidSpecError(f"{where} on {raw.__qualname__}(): it is marked @ember.{kind}, a hook that the "
+                                   "replica runs itself, not a function it serves")
+
+
 def _check_hook(kind: str, raw: Any) -> None:
     if not inspect.isfunction(raw):
         raise InvalidSpecError(f"@ember.{kind} decorates a method, not {raw!r}")

@@ -99,3 +99,14 @@ def test_health_takes_a_period_and_a_timeout_in_bounds_and_one_per_class() -> No
 
     with pytest.raises(ember.InvalidSpecError, match="another hook"):
         ember.teardown(ember.health(both))
+
+
+@pytest.mark.parametrize("hook", [ember.setup, ember.teardown, ember.health])
+def test_a_hook_is_not_served(hook) -> None:  # type: ignore[no-untyped-def]
+    def marked(self) -> None: ...
+
+    hook(marked)
+    with pytest.raises(ember.InvalidSpecError, match="a hook that the replica runs itself"):
+        ember.App("hooks").function()(marked)
+    with pytest.raises(ember.InvalidSpecError, match="a hook that the replica runs itself"):
+        ember.method(marked)
