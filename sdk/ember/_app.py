@@ -15,7 +15,7 @@ from ember._errors import InvalidSpecError
 from ember._events import check_events
 from ember._handles import Function, MethodHandle
 from ember._image import Image, image_field, image_spec
-from ember._llm import check_generator, check_openai, continuous_io, continuous_spec
+from ember._llm import check_openai, check_openai_io, continuous_io, continuous_spec
 from ember._resources import network_field
 from ember._schedule import Cron, Period, schedule_spec
 from ember._setup import check_not_hook, has_snap_setup, health_check, members
@@ -147,7 +147,8 @@ class App:
                 ``async def`` code that many at once on the event loop; the router and autoscaler count that many slots.
             block_network: its replicas reach NATS and nothing else (by default also the internet; never the node).
             openai: serve this generator of text pieces as the model of that name on ``/openai/v1`` (chat and
-                completions, streamed or not); the name is unique across the platform. See docs/guides/llm.md.
+                completions, streamed or not), or this function of an ``ember.openai.EmbeddingRequest`` (embeddings);
+                the name is unique across the platform. See docs/guides/llm.md.
         """
         if fn is not None:
             return self.function()(fn)
@@ -176,8 +177,8 @@ class App:
                 io = continuous_io()
                 function = continuous_spec("@app.function", raw.__name__, raw, batch, model_name, False)
             else:
-                check_generator("@app.function", raw, model_name)
                 io = CallIO.of(raw, batched=batch is not None, is_method=False)
+                check_openai_io("@app.function", raw, model_name, io)
                 function = _executing(_function_spec(raw.__name__, raw.__name__, io, batch), raw, concurrency)
             handle: Function[P, R] = Function(self.name, raw.__name__, raw, io)
             handle.cost = cost
@@ -272,10 +273,10 @@ class _MethodDef:
         self.public = public
         self.openai = openai
         _check_streaming("@ember.method", raw, batch)
-        if not isinstance(batch, Continuous):
-            check_generator("@ember.method", raw, openai)
         self.io = continuous_io() if isinstance(batch, Continuous) else CallIO.of(raw, batched=batch is not None,
                                                                                    is_method=True)
+        if not isinstance(batch, Continuous):
+            check_openai_io("@ember.method", raw, openai, self.io)
         self.attr = raw.__name__
         self.__doc__ = raw.__doc__
         self.__wrapped__ = raw

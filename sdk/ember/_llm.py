@@ -12,7 +12,7 @@ import msgspec
 from ember._errors import InvalidSpecError
 from ember._types import CallIO
 from ember.wire import Continuous, FunctionSpec
-from ember.wire.openai import MODEL_NAME, ChatRequest, CompletionRequest, Request
+from ember.wire.openai import MODEL_NAME, ChatRequest, CompletionRequest, EmbeddingRequest, Request
 
 
 class Sequence:
@@ -57,11 +57,15 @@ def check_openai(where: str, name: Any) -> str:
     return name
 
 
-def check_generator(where: str, raw: Callable[..., Any], openai: str) -> None:
-    if openai and not (inspect.isgeneratorfunction(raw) or inspect.isasyncgenfunction(raw)):
-        raise InvalidSpecError(f"{where}(openai={openai!r}) on {raw.__qualname__}(): a model served on /openai/v1 is "
-                               "a generator of text pieces (`def f(req: ember.openai.ChatRequest) -> Iterator[str]`) "
-                               "or a step under batch=ember.Continuous(...)")
+def check_openai_io(where: str, raw: Callable[..., Any], openai: str, io: CallIO) -> None:
+    """``openai=`` serves a generator of text pieces (chat and completions) or a function of one
+    ``EmbeddingRequest`` (embeddings; batched, of a list of them); ``InvalidSpecError`` for anything else."""
+    if not openai or io.stream or (io.mode == "single" and io.input_type is EmbeddingRequest):
+        return
+    raise InvalidSpecError(f"{where}(openai={openai!r}) on {raw.__qualname__}(): a model served on /openai/v1 is a "
+                           "generator of text pieces (`def f(req: ember.openai.ChatRequest) -> Iterator[str]`), a "
+                           "step under batch=ember.Continuous(...), or a function of an embeddings request (`def "
+                           "f(req: ember.openai.EmbeddingRequest) -> list[list[float]]`)")
 
 
 def continuous_spec(where: str, name: str, raw: Callable[..., Any], batch: Continuous, openai: str,

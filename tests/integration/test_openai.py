@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import itertools
 import json
 import random
+import struct
 import threading
 import time
 import uuid
@@ -222,6 +224,71 @@ def test_models_are_scoped_by_token(http, client, platform, llm, hello):
     assert hidden.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         other.models.retrieve("echo-words")
+
+
+def test_embeddings_with_openais_client_as_floats_and_base64(client, http, llm):
+    """OpenAI's client asks for base64 unless told otherwise, and decodes it: both give the model's vectors."""
+    by_default = client.embeddings.create(model="word-stats", input=["a b", "hello"])
+    assert [d.embedding for d in by_default.data] == [[3.0, 2.0, 1.0], [5.0, 1.0, 1.0]]
+    assert [d.index for d in by_default.data] == [0, 1] and by_default.model == "word-stats"
+    assert (by_default.usage.prompt_tokens, by_default.usage.total_tokens) == (3, 3)
+    floats = client.embeddings.create(model="word-stats", input="one two three", encoding_format="float",
+                                      dimensions=2)
+    assert [d.embedding for d in floats.data] == [[13.0, 3.0]]
+    raw = http.post("/openai/v1/embeddings", json={"model": "word-stats", "input": "hi", "encoding_format": "base64"})
+    assert raw.status_code == 200 and raw.headers["x-ember-call-id"]
+    packed = raw.json()["data"][0]["embedding"]
+    assert struct.unpack("<3f", base64.b64decode(packed)) == (2.0, 1.0, 1.0)
+    assert {"word-stats", "word-stats-batched"} <= {m.id for m in client.models.list()}
+    counted = 'ember_requests_total{app="llm",code="200",function="Embedder.stats"'
+    assert counted in http.get("/metrics").text  # counted as a call of its function
+
+
+def test_a_batched_embedding_model_answers_each_request_its_own(client, llm):
+    texts = [" ".join(["w"] * n) for n in range(1, 13)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(lambda t: client.embeddings.create(model="word-stats-batched", input=[t, "x"],
+                                                               encoding_format="float"), texts))
+    assert [[d.embedding for d in answer.data] for answer in got] == [
+        [[float(len(t)), float(len(t.split()))], [1.0, 1.0]] for t in texts]
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"input": []}, "input"),
+    ({"input": ["x"] * 2049}, "input"),
+    ({"input": ""}, "input"),
+    ({"input": [1, 2, 3]}, "input[0]"),
+    ({"input": [[1, 2], [3]]}, "input[0]"),
+    ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ({"input": "x", "dimensions": 0}, "dimensions"),
+    ({"input": {"text": "x"}}, "input"),
+])
+def test_hostile_embedding_bodies_get_openai_shaped_422(http, llm, body, param):
+    response = http.post("/openai/v1/embeddings", json={"model": "word-stats"} | body)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    if param == "input[0]":
+        assert "token ids are not taken" in error["message"]
+
+
+def test_a_text_model_and_an_embedding_model_each_keep_to_their_route(client, http, llm, hello, platform):
+    with pytest.raises(openai.BadRequestError) as wrong:
+        client.chat.completions.create(model="word-stats", messages=[{"role": "user", "content": "hi"}])
+    assert wrong.value.body["param"] == "model" and "embeddings" in wrong.value.message
+    with pytest.raises(openai.BadRequestError) as other_way:
+        client.embeddings.create(model="echo-words", input="hi")
+    assert other_way.value.body["param"] == "model" and "generates text" in other_way.value.message
+    bad = http.post("/openai/v1/embeddings", json={"model": "one-vector", "input": ["a", "b"]})
+    assert bad.status_code == 500 and bad.json()["error"]["type"] == "server_error"
+    assert "1 vectors for 2 texts" in bad.json()["error"]["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="no-such-embedder", input="hi")
+    made = http.post("/v1/tokens", json={"scopes": ["invoke", "read"], "apps": ["hello"], "name": f"oe-{_tag()}"})
+    other = openai.OpenAI(base_url=f"{platform.url}/openai/v1", api_key=made.json()["token"], max_retries=0)
+    with pytest.raises(openai.NotFoundError) as hidden:  # another tenant's token: as if it did not exist
+        other.embeddings.create(model="word-stats", input="hi")
+    assert hidden.value.code == "model_not_found"
 
 
 def test_a_taken_model_name_is_a_409(llm, transport):

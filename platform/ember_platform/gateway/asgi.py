@@ -33,6 +33,7 @@ from ember_platform.gateway import (
     metrics,
     oip,
     openai_api,
+    openai_embeddings,
     openapi,
     quotas,
     rollouts,
@@ -144,6 +145,8 @@ ROUTES = [
     route("/v2/{path:rest}", oip.unknown, "POST", TOKEN),
     route("/openai/v1/chat/completions", openai_api.chat_completions, "POST", INVOKE),  # OpenAI's: check themselves
     route("/openai/v1/completions", openai_api.completions, "POST", INVOKE),
+    route("/openai/v1/embeddings", traced(metrics.metered(openai_embeddings.embeddings), "ember.gateway",
+                                          "/openai/v1/embeddings"), "POST", INVOKE),  # counted as a call
     route("/openai/v1/models", openai_api.list_models, "GET", READ),
     route("/openai/v1/models/{model_id:rest}", openai_api.get_model, "GET", READ),
     route("/v1/{app}/{name}/spawn", traced(metrics.metered(calls.spawn), "ember.spawn", "/v1/{app}/{name}/spawn"),

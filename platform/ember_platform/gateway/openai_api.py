@@ -24,7 +24,7 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ember._errors import EmberError, InvalidInputError, NotFoundError, PayloadTooLargeError
+from ember._errors import BadRequestError, EmberError, InvalidInputError, NotFoundError, PayloadTooLargeError
 from ember.wire import Deployment, FunctionSpec, ServiceSpec
 from ember.wire.openai import (
     MAX_EXTRA_FIELDS,
@@ -32,6 +32,7 @@ from ember.wire.openai import (
     ChatBody,
     ChatRequest,
     CompletionRequest,
+    EmbeddingRequest,
     Message,
     Model,
     ModelList,
@@ -50,7 +51,8 @@ from ember_platform.platform import Platform
 
 Handler = Callable[[Request], Awaitable[Response]]
 _decoders: dict[str, msgspec.json.Decoder[Any]] = {"chat": msgspec.json.Decoder(ChatBody),
-                                                   "completion": msgspec.json.Decoder(CompletionRequest)}
+                                                   "completion": msgspec.json.Decoder(CompletionRequest),
+                                                   "embedding": msgspec.json.Decoder(EmbeddingRequest)}
 _fields = {kind: set(decoder.type.__struct_fields__) for kind, decoder in _decoders.items()}
 _head = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _encoder = msgspec.json.Encoder()
@@ -78,7 +80,7 @@ def models_of(platform: Platform) -> dict[str, tuple[str, str]]:
             for svc in dep.manifest.services for fn in svc.functions if fn.openai}
 
 
-def _find(request: Request, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
+def find_model(request: Request, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
     """The model ``name``, once the request may invoke it (a public function's needs no token)."""
     platform = platform_of(request)
     found = models_of(platform).get(name)
@@ -118,7 +120,7 @@ async def list_models(request: Request) -> Response:
 async def get_model(request: Request) -> Response:
     """``GET /openai/v1/models/<model>``."""
     name = request.path_params["model_id"]
-    dep, _, _ = _find(request, name)
+    dep, _, _ = find_model(request, name)
     return Response(_encoder.encode(Model(id=name, created=int(dep.created_at), owned_by=dep.app)),
                     media_type="application/json")
 
@@ -139,15 +141,18 @@ async def completions(request: Request) -> Response:
     return await _complete(request, "completion")
 
 
-def parse(kind: str, body: bytes) -> LlmRequest:
+def parse(kind: str, body: bytes) -> Any:
     """The request, its unknown fields in ``extra``: 422 naming the field that does not fit, 400 for bad JSON."""
     head = decode_json(_head, body)
     extra = {k: v for k, v in head.items() if k not in _fields[kind]}
     if len(extra) > MAX_EXTRA_FIELDS:
         raise InvalidInputError(f"at most {MAX_EXTRA_FIELDS} fields that Ember does not read", field="$")
     try:
-        req: LlmRequest | ChatBody = decode_json(_decoders[kind], body)
+        req: LlmRequest | ChatBody | EmbeddingRequest = decode_json(_decoders[kind], body)
     except InvalidInputError as exc:
+        if kind == "embedding" and (exc.field or "").startswith("$.input[") and "got `str`" not in str(exc):
+            raise InvalidInputError("input is text: a string or a list of strings (token ids are not taken)",
+                                    field=exc.field) from exc
         if exc.field is None or not _PART_TYPE.fullmatch(exc.field):
             raise
         raise InvalidInputError('only text parts ({"type": "text", "text": ...}) are served in a message\'s content',
@@ -177,7 +182,7 @@ def _chat_request(body: ChatBody) -> ChatRequest:
 async def _complete(request: Request, kind: str) -> Response:
     platform = platform_of(request)
     try:  # within the largest limit of a served model, until the body names its model (whose own limit then holds)
-        body = await read_body(request, _largest_limit(platform))
+        body = await read_body(request, largest_limit(platform))
     except PayloadTooLargeError as exc:
         raise PayloadTooLargeError(f"{exc} (the largest max_body_bytes of a model, or EMBER_MAX_BODY_BYTES)",
                                    field="body") from exc
@@ -186,9 +191,12 @@ async def _complete(request: Request, kind: str) -> Response:
     if request.headers.get("authorization") is not None:
         authorize(request, TOKEN)
     try:
-        _check_limit(request, platform, body)
+        check_model_limit(request, platform, body)
         req = parse(kind, body)
-        dep, svc, fn = _find(request, req.model)
+        dep, svc, fn = find_model(request, req.model)
+        if not fn.stream:
+            raise BadRequestError(f"The model `{req.model}` makes embeddings (POST /openai/v1/embeddings), not text",
+                                  field="model")
     except EmberError:
         authorize(request, TOKEN)
         raise
@@ -224,7 +232,7 @@ async def _complete(request: Request, kind: str) -> Response:
                                       "X-Ember-Call-Id": call_id})
 
 
-def _check_limit(request: Request, platform: Platform, body: bytes) -> None:
+def check_model_limit(request: Request, platform: Platform, body: bytes) -> None:
     """413 for a body over its model's own limit, before the body is checked field by field (a model the request
     may not invoke, or a body that names none, is left to ``parse`` and ``_find``)."""
     if len(body) <= platform.settings.max_body_bytes and len(body) <= min(
@@ -232,7 +240,7 @@ def _check_limit(request: Request, platform: Platform, body: bytes) -> None:
         return  # within every model's limit
     try:
         name = _str.decode(decode_json(_head, body)["model"])
-        dep, _, fn = _find(request, name)
+        dep, _, fn = find_model(request, name)
     except (EmberError, KeyError, msgspec.ValidationError, msgspec.DecodeError):
         return
     if len(body) > body_limit(platform, fn):
@@ -244,7 +252,7 @@ def _openai_functions(platform: Platform) -> list[tuple[str, FunctionSpec]]:
             for svc in dep.manifest.services for fn in svc.functions if fn.openai]
 
 
-def _largest_limit(platform: Platform) -> int:
+def largest_limit(platform: Platform) -> int:
     """The most any served model takes (``binary.body_limit``: its ``max_body_bytes``, else the platform's default,
     within the platform's cap); the platform's default when none is served."""
     return max((body_limit(platform, fn) for _, fn in _openai_functions(platform)),

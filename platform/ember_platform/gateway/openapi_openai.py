@@ -12,6 +12,8 @@ from ember.wire.openai import (
     ChatCompletionChunk,
     Completion,
     CompletionRequest,
+    EmbeddingList,
+    EmbeddingRequest,
     ErrorAnswer,
     Model,
     ModelList,
@@ -22,7 +24,7 @@ SSE = "text/event-stream"
 BODIES: dict[str, Any] = {
     "ChatRequest": ChatBody, "CompletionRequest": CompletionRequest, "ChatCompletion": ChatCompletion,
     "ChatCompletionChunk": ChatCompletionChunk, "Completion": Completion, "Model": Model, "ModelList": ModelList,
-    "OpenAIError": ErrorAnswer,
+    "EmbeddingRequest": EmbeddingRequest, "EmbeddingList": EmbeddingList, "OpenAIError": ErrorAnswer,
 }
 PATH_PARAMS: dict[str, tuple[str, dict[str, Any]]] = {
     "model_id": ("a model's name (openai= of the function that serves it)",
@@ -55,6 +57,10 @@ OPERATIONS: dict[tuple[str, str], Any] = {
     ("POST", "/openai/v1/completions"): (
         "OpenAI-compatible text completion (`stream: true`: Server-Sent Events of text_completion chunks)",
         (200, "the completion", _ref("Completion"), JSON), _ERRORS, [], _body("CompletionRequest")),
+    ("POST", "/openai/v1/embeddings"): (
+        "OpenAI-compatible embeddings: one vector per input text, as floats or (encoding_format base64) their "
+        "float32 bytes, little-endian, in base64; the model is a function of an embeddings request, not a generator",
+        (200, "the embeddings", _ref("EmbeddingList"), JSON), _ERRORS, [], _body("EmbeddingRequest")),
     ("GET", "/openai/v1/models"): ("OpenAI-compatible: the models this token may invoke",
                                    (200, "the models", _ref("ModelList"), JSON), (), [], None),
     ("GET", "/openai/v1/models/{model_id:rest}"): ("OpenAI-compatible: one model this token may invoke",

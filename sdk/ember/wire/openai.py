@@ -1,6 +1,6 @@
-"""OpenAI's API, as far as Ember serves it: the requests of ``/openai/v1/chat/completions`` and
-``/openai/v1/completions`` (what a function with ``openai="NAME"`` receives), and the answers, chunks and errors the
-gateway sends back.
+"""OpenAI's API, as far as Ember serves it: the requests of ``/openai/v1/chat/completions``,
+``/openai/v1/completions`` and ``/openai/v1/embeddings`` (what a function with ``openai="NAME"`` receives), and the
+answers, chunks and errors the gateway sends back.
 
 The requests are decoded with their bounds (msgspec constraints, also shown by ``/openapi.json``): a field out of
 them is an OpenAI-shaped 422 naming it. Fields OpenAI has and Ember does not read (``logprobs``, ``tools``, ...) are
@@ -27,7 +27,11 @@ DEFAULT_CHAT_MAX_TOKENS = 4096  # a chat request without max_tokens or max_compl
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # a completion request without max_tokens (OpenAI's default)
 MODEL_NAME = subjects.MODEL_NAME  # a served model's name (openai="...")
 
+MAX_EMBEDDING_INPUTS = 2048  # texts one embeddings request may hold (as OpenAI)
+MAX_DIMENSIONS = 65_536
+
 Text = Annotated[str, Meta(max_length=MAX_TEXT_CHARS)]
+SomeText = Annotated[str, Meta(min_length=1, max_length=MAX_TEXT_CHARS)]
 Stop = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]
 Tokens = Annotated[int, Meta(ge=1, le=MAX_TOKENS, description=f"at most {MAX_TOKENS}")]
 ModelName = Annotated[str, Meta(min_length=1, max_length=256, description="a model that GET /openai/v1/models lists")]
@@ -134,6 +138,49 @@ class ChatBody(_Sampling, frozen=True, kw_only=True):
 
 
 Request = ChatRequest | CompletionRequest
+
+
+class EmbeddingRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A request of ``POST /openai/v1/embeddings``: what a function with ``openai="NAME"`` that is not a generator
+    receives; it returns one vector per text of ``texts``, in their order.
+
+    Example:
+        >>> @app.function(openai="word-stats", batch=ember.Batch(max_size=16))
+        ... def embed(reqs: list[ember.openai.EmbeddingRequest]) -> list[list[list[float]]]:
+        ...     return [[[len(t), t.count(" ")] for t in req.texts] for req in reqs]
+    """
+
+    model: ModelName
+    input: SomeText | Annotated[list[SomeText], Meta(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[int, Meta(ge=1, le=MAX_DIMENSIONS)] | None = None  # for a model that can shorten its own
+    user: Annotated[str, Meta(max_length=256)] | None = None
+    extra: dict[str, Any] = {}  # the request's other fields, as sent
+
+    @property
+    def texts(self) -> list[str]:
+        """``input`` as a list of texts."""
+        return [self.input] if isinstance(self.input, str) else list(self.input)
+
+
+class EmbeddingUsage(msgspec.Struct, frozen=True, kw_only=True):
+    """``prompt_tokens`` counts the texts' whitespace-separated words (as for completions)."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class Embedding(msgspec.Struct, frozen=True, kw_only=True):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str  # floats, or (encoding_format "base64") their float32 bytes, little-endian, base64
+
+
+class EmbeddingList(msgspec.Struct, frozen=True, kw_only=True):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
 FinishReason = Literal["stop", "length"]
 
 

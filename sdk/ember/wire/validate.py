@@ -196,8 +196,9 @@ def _openai_problems(fn: FunctionSpec, at: str) -> Iterator[Problem]:
     if fn.openai and not re.fullmatch(MODEL_NAME, fn.openai):
         yield f"{at}.openai", (f"model name {fn.openai[:80]!r}: 1 to 128 letters, digits and '._:/@+-', "
                                "starting with a letter or digit")
-    if fn.openai and not fn.stream:
-        yield f"{at}.openai", "a model served on /openai/v1 is a generator of text pieces (or a Continuous step)"
+    if fn.openai and not fn.stream and fn.input_mode != "single":
+        yield f"{at}.openai", ("a model served on /openai/v1 is a generator of text pieces, a Continuous step, or a "
+                               "function of one embeddings request")
     if fn.continuous is not None and (not fn.stream or fn.max_concurrency != fn.continuous.max_seqs):
         yield f"{at}.continuous", "a Continuous step streams, and runs max_seqs sequences at once"
 

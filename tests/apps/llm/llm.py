@@ -101,3 +101,22 @@ def _count(model: Counter | WideCounter, seqs: list[ember.Sequence]) -> list[str
             else:
                 out.append(f"t{len(seq.pieces)} ")
     return out
+
+
+@app.model(timeout_s=30)
+class Embedder:
+    """Embedding models in one replica: each text as [characters, words, 1], or as many of them as ``dimensions``
+    asks; a batched one; and one that gives a single vector whatever it is asked."""
+
+    @ember.method(openai="word-stats")
+    def stats(self, req: ember.openai.EmbeddingRequest) -> list[list[float]]:
+        vectors = [[float(len(text)), float(len(text.split())), 1.0] for text in req.texts]
+        return [vector[: req.dimensions] for vector in vectors] if req.dimensions else vectors
+
+    @ember.method(openai="word-stats-batched", batch=ember.Batch(max_size=8, window_ms=20))
+    def batched(self, reqs: list[ember.openai.EmbeddingRequest]) -> list[list[list[float]]]:
+        return [[[float(len(text)), float(len(text.split()))] for text in req.texts] for req in reqs]
+
+    @ember.method(openai="one-vector")
+    def one(self, req: ember.openai.EmbeddingRequest) -> list[list[float]]:
+        return [[1.0]]
