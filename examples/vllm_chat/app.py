@@ -10,6 +10,7 @@
 batches the requests itself (continuous batching, paged KV cache), so one replica takes many at once
 (``max_concurrency``). The platform streams the pieces, enforces ``max_tokens`` and ``stop``, and a client that
 leaves aborts its request in the engine. vLLM is imported in ``load``, on the GPU node, never where the app is pushed.
+A replica whose engine died (``engine_alive``) is replaced, and a replica that stops shuts its engine down (``stop``).
 """
 
 from __future__ import annotations
@@ -34,3 +35,11 @@ class Llama:
     async def chat(self, req: ember.openai.ChatRequest) -> AsyncIterator[str]:
         async for piece in self.engine.generate(req):
             yield piece
+
+    @ember.health(every_s=10)
+    def engine_alive(self) -> None:
+        self.engine.check_health()  # its core process died: this replica is replaced
+
+    @ember.teardown
+    def stop(self) -> None:
+        self.engine.shutdown()

@@ -124,6 +124,7 @@ class Engine:
         except (ValueError, RuntimeError, OSError) as exc:
             raise BackendError(f"vLLM could not start {model!r} on {self._where()}: {exc}") from exc
         self._tokenizer: Any = None
+        self._shut = False
 
     def __repr__(self) -> str:
         return f"<ember.backends.vllm.Engine {self.model} on {self._where()}>"
@@ -164,10 +165,18 @@ class Engine:
                 await self._engine.abort(rid)
 
     def shutdown(self) -> None:
-        """Stop the engine and its workers (where this vLLM can: its V1 engine)."""
+        """Stop the engine and its workers (where this vLLM can: its V1 engine). For an ``@ember.teardown`` method:
+        the replica then stops its engine's processes itself."""
+        self._shut = True
         stop = getattr(self._engine, "shutdown", None)
         if stop is not None:
             stop()
+
+    def check_health(self) -> None:
+        """Raise ``BackendError`` once the engine can serve no more (its core process died, or it was shut down):
+        for an ``@ember.health`` method, so that a replica whose engine died is replaced."""
+        if self._shut or getattr(self._engine, "errored", False):
+            raise BackendError("vLLM's engine is dead (its core process ended, or the engine was shut down)")
 
     async def _chat_tokenizer(self) -> Any:
         if self._tokenizer is None:

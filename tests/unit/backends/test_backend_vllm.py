@@ -23,7 +23,7 @@ from support.lazy import torch
 from support.paths import REPO
 
 import ember
-from ember.backends import BackendUnavailableError
+from ember.backends import BackendError, BackendUnavailableError
 from ember.backends import vllm as evllm
 from ember.openai import ChatRequest, CompletionRequest
 
@@ -166,11 +166,14 @@ def test_an_engine_streams_a_chat_within_its_max_tokens(tmp_path: Path, monkeypa
         assert len(pieces) == 8 and all(isinstance(p, str) for p in pieces)  # a piece per token: ignore_eos makes 8
         assert "".join(pieces)
         assert await _text(engine, req) == pieces  # greedy: the same text
+        engine.check_health()  # it serves: no error
 
     try:
         asyncio.run(scenario())
     finally:
         engine.shutdown()
+    with pytest.raises(BackendError, match="engine is dead"):
+        engine.check_health()
 
 
 @pytest.mark.gpu
