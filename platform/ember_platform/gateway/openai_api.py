@@ -179,7 +179,10 @@ def _chat_request(body: ChatBody) -> ChatRequest:
     return ChatRequest(messages=messages, **fields)
 
 
-async def _complete(request: Request, kind: str) -> Response:
+async def admitted(request: Request, kind: str) -> tuple[Any, Deployment, ServiceSpec, FunctionSpec, str]:
+    """The request of an OpenAI route (``kind``: chat, completion or embedding), once its body is within the model's
+    limit, well formed, names a model of the right kind that the token may invoke: the request, the model's
+    deployment, service and function, and the token's id ("" for a public model)."""
     platform = platform_of(request)
     try:  # within the largest limit of a served model, until the body names its model (whose own limit then holds)
         body = await read_body(request, largest_limit(platform))
@@ -194,13 +197,21 @@ async def _complete(request: Request, kind: str) -> Response:
         check_model_limit(request, platform, body)
         req = parse(kind, body)
         dep, svc, fn = find_model(request, req.model)
-        if not fn.stream:
+        if fn.stream and kind == "embedding":
+            raise BadRequestError(f"The model `{req.model}` generates text (POST /openai/v1/chat/completions or "
+                                  "/openai/v1/completions), not embeddings", field="model")
+        if not fn.stream and kind != "embedding":
             raise BadRequestError(f"The model `{req.model}` makes embeddings (POST /openai/v1/embeddings), not text",
                                   field="model")
     except EmberError:
         authorize(request, TOKEN)
         raise
-    token = "" if fn.public else authorize(request, INVOKE, dep.app).token_id
+    return req, dep, svc, fn, "" if fn.public else authorize(request, INVOKE, dep.app).token_id
+
+
+async def _complete(request: Request, kind: str) -> Response:
+    platform = platform_of(request)
+    req, dep, svc, fn, token = await admitted(request, kind)
     held = platform.quotas.limiter.admit(dep.app, token)
     call_id = os.urandom(16).hex()
     stream = platform.streams.open(dep.app, fn.name, dep.version, _encoder.encode(req), call_id=call_id,

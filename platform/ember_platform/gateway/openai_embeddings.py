@@ -15,15 +15,14 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember._errors import BadRequestError, EmberError, PayloadTooLargeError, RemoteError
+from ember._errors import RemoteError
 from ember.wire.errors import error_from_info
 from ember.wire.openai import Embedding, EmbeddingList, EmbeddingRequest, EmbeddingUsage
 from ember_platform.auth.scopes import INVOKE
 from ember_platform.gateway import calls
-from ember_platform.gateway.body import read_body
-from ember_platform.gateway.guard import TOKEN, authorize, checks_itself
+from ember_platform.gateway.guard import checks_itself
 from ember_platform.gateway.metrics import CALLED
-from ember_platform.gateway.openai_api import check_model_limit, find_model, largest_limit, openai_errors, parse
+from ember_platform.gateway.openai_api import admitted, openai_errors
 from ember_platform.gateway.responses import platform_of
 
 _encoder = msgspec.json.Encoder()
@@ -35,24 +34,8 @@ _vectors = msgspec.json.Decoder(list[list[float]])
 async def embeddings(request: Request) -> Response:
     """``POST /openai/v1/embeddings``."""
     platform = platform_of(request)
-    try:
-        body = await read_body(request, largest_limit(platform))
-    except PayloadTooLargeError as exc:
-        raise PayloadTooLargeError(f"{exc} (the largest max_body_bytes of a model, or EMBER_MAX_BODY_BYTES)",
-                                   field="body") from exc
-    if request.headers.get("authorization") is not None:  # as for completions: a public model needs no token
-        authorize(request, TOKEN)
-    try:
-        check_model_limit(request, platform, body)
-        req: EmbeddingRequest = parse("embedding", body)
-        dep, svc, fn = find_model(request, req.model)
-        if fn.stream:
-            raise BadRequestError(f"The model `{req.model}` generates text (POST /openai/v1/chat/completions or "
-                                  "/openai/v1/completions), not embeddings", field="model")
-    except EmberError:
-        authorize(request, TOKEN)
-        raise
-    token = "" if fn.public else authorize(request, INVOKE, dep.app).token_id
+    req: EmbeddingRequest
+    req, dep, svc, fn, token = await admitted(request, "embedding")
     request.scope[CALLED] = (dep.app, fn.name, dep.version)  # what GET /metrics counts this call under
     held = platform.quotas.limiter.admit(dep.app, token)
     call_id = os.urandom(16).hex()
