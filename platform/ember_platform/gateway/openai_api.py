@@ -245,7 +245,7 @@ async def _complete(request: Request, kind: str) -> Response:
 
 def check_model_limit(request: Request, platform: Platform, body: bytes) -> None:
     """413 for a body over its model's own limit, before the body is checked field by field (a model the request
-    may not invoke, or a body that names none, is left to ``parse`` and ``_find``)."""
+    may not invoke, or a body that names none, is left to ``parse`` and ``find_model``)."""
     if len(body) <= platform.settings.max_body_bytes and len(body) <= min(
             (body_limit(platform, fn) for _, fn in _openai_functions(platform)), default=len(body)):
         return  # within every model's limit

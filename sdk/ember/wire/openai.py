@@ -55,7 +55,7 @@ class TextPart(msgspec.Struct, frozen=True, kw_only=True, tag_field="type", tag=
 
 class SentMessage(msgspec.Struct, frozen=True, kw_only=True):
     """A chat message as clients send it: its ``content`` a string, a list of text parts, or null (an assistant's
-    message that called tools); ``message()`` is the ``Message`` a model receives, its content one string."""
+    message that called tools); the model receives it as a ``Message`` whose content is ``text()``."""
 
     role: Role
     content: Text | Annotated[list[TextPart], Meta(max_length=MAX_CONTENT_PARTS)] | None = None
