@@ -7,12 +7,15 @@ need) and skips elsewhere, saying so."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
 from support.lazy import openai
 from support.paths import REPO
+from support.polling import wait_for
 
+from ember._deploy import deploy
 from ember.backends import vllm as evllm
 from ember.wire import AppView
 
@@ -76,3 +79,20 @@ def test_a_sampling_parameter_of_the_wrong_type_is_a_422_naming_it(client):
     with pytest.raises(openai.UnprocessableEntityError) as info:
         _chat(client, max_tokens=3, extra_body={"top_k": "many"})
     assert info.value.body["param"] == "top_k"
+
+
+def test_a_live_engine_passes_its_health_checks_and_is_shut_down_with_its_replica(client, http, transport, tmp_path):
+    """The app checks its engine every second (``@ember.health``): the replica that served the tests above is the
+    one still serving, with no failed check in its logs; a new version replaces it, and its teardown shuts the
+    engine down."""
+    def lines() -> list[dict]:
+        return http.get("/v1/apps/vllm-cpu/logs", params={"service": "TinyLlama", "limit": 5000}).json()
+
+    assert not [x["line"] for x in lines() if "health check" in x["line"]]
+    assert _chat(client, max_tokens=2).choices[0].finish_reason == "length"
+    changed = tmp_path / "vllm_cpu"
+    shutil.copytree(APP.parent, changed, ignore=shutil.ignore_patterns("__pycache__"))
+    (changed / "app.py").write_text(APP.read_text() + "\n# the second version\n")
+    deploy(changed / "app.py", transport=transport, timeout_s=600)
+    wait_for(lambda: any(x["line"] == "engine shut down" for x in lines()), timeout_s=120,
+             what="the first version's engine to shut down")

@@ -26,3 +26,12 @@ class TinyLlama:
     async def chat(self, req: ember.openai.ChatRequest) -> AsyncIterator[str]:
         async for piece in self.engine.generate(req):
             yield piece
+
+    @ember.health(every_s=1)
+    def engine_alive(self) -> None:
+        self.engine.check_health()  # checked every second through the tests: a live engine must pass
+
+    @ember.teardown
+    def stop(self) -> None:
+        self.engine.shutdown()
+        print("engine shut down", flush=True)
