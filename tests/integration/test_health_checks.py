@@ -48,6 +48,8 @@ def test_a_replica_whose_health_check_fails_is_replaced_and_no_call_fails(health
     stderr = wait_for(lambda: said.format(old=old) in _stderr(http, model) and _stderr(http, model), timeout_s=30,
                       what="the reason on the replica's stderr")
     assert "this replica is being replaced" in stderr
+    counted = f'ember_replicas_replaced_total{{app="health",reason="health",service="{model}"}}'
+    wait_for(lambda: counted in http.get("/metrics").text, timeout_s=30, what=f"{counted} in /metrics")
 
 
 def test_the_replaced_replica_stops_and_runs_its_teardown(health_app, http):

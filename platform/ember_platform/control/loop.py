@@ -22,6 +22,7 @@ import functools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -87,6 +88,7 @@ class ServiceState:
     quota: str = ""  # why a quota holds the service below what it wants, for `ember status`
     quiet_as: Deployment | None = None  # the deployment it was last reconciled to no replica at all as (``_quiet``)
     quiet_received: int = -1  # the gateway's count of its calls then
+    gave_way: set[str] = field(default_factory=set)  # its replicas counted in ``ControlLoop.replaced``
 
 
 @dataclass
@@ -112,6 +114,7 @@ class ControlLoop:
     failures: dict[tuple[str, str], str] = field(default_factory=dict)  # services skipped by the last tick, and why
     lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
     quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
+    replaced: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (app, service, why): gave way
     _services_at: tuple[int, list[tuple[Deployment, ServiceSpec]]] = (-1, [])
 
     async def start(self) -> None:
@@ -311,6 +314,13 @@ class ControlLoop:
         # A replica that stops on its own while assigned (stuck past its timeout, its node draining) is replaced;
         # it goes once its replacement serves, or at once when the replacement has no room.
         leaving = {s.replica_id for s in current if replicas.get(s.replica_id, _NONE).state == "stopping"}
+        for rid in leaving - state.gave_way:
+            state.gave_way.add(rid)
+            why = replicas[rid].gave_way or "other"
+            self.replaced[(dep.app, svc.name, why)] += 1
+            log.warning("%s.%s: replica %s gave way (%s), replacing it: %s", dep.app, svc.name, rid, why,
+                        replicas[rid].message)
+        state.gave_way &= replicas.keys()
         if leaving and (ready_now >= target or state.unschedulable):
             _drop(plan, lambda s: s.replica_id in leaving)
         moving = self._moving()

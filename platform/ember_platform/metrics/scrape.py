@@ -31,7 +31,8 @@ class StateCollector:
         view = build_status(control)
         replicas = [r for r in state.fresh_replicas(self.platform.registry.replicas.items.values())
                     if self.sees(r.app)]
-        yield from state.all_families(view, replicas, control.live_nodes(), dict(self.platform.router.in_flight))
+        yield from state.all_families(view, replicas, control.live_nodes(), dict(self.platform.router.in_flight),
+                                      control.replaced)
 
 
 class Visible:

@@ -140,8 +140,16 @@ def fresh_replicas(replicas: Iterable[ReplicaStatus], now: float | None = None) 
 
 
 def all_families(view: StatusView, replicas: Iterable[ReplicaStatus], nodes: Mapping[str, NodeInfo],
-                 in_flight: Mapping[tuple[str, str], int]) -> Iterator[Metric]:
+                 in_flight: Mapping[tuple[str, str], int],
+                 replaced: Mapping[tuple[str, str, str], int] | None = None) -> Iterator[Metric]:
     replicas = list(replicas)
     yield from replica_families(replicas)
     yield from service_families(view, in_flight)
+    gave_way = CounterMetricFamily("ember_replicas_replaced", "Replicas that stopped taking calls on their own and "
+                                   "were replaced, by why: health (their @ember.health check failed), stuck (a call "
+                                   "ran past its timeout_s), other; counted by the control plane that acts.",
+                                   labels=["app", "service", "reason"])
+    for (app, service, why), count in sorted((replaced or {}).items()):
+        gave_way.add_metric([app, service, why], count)
+    yield gave_way
     yield from gpu.gpu_families(view, nodes, replicas)

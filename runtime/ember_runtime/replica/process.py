@@ -218,7 +218,7 @@ class Replica:
         self._intake = subs, intake
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         loops.append(asyncio.create_task(health.watch(self.instance, self.stop, functools.partial(
-            self._give_way, subs, intake)), name="health-watch"))
+            self._give_way, subs, intake, why="health")), name="health-watch"))
         subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
         # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
         await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit)
@@ -242,9 +242,10 @@ class Replica:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stop.wait(), STUCK_CHECK_S)
 
-    async def _give_way(self, subs: list[Any], intake: list[Any], reason: str) -> None:
+    async def _give_way(self, subs: list[Any], intake: list[Any], reason: str, why: str = "stuck") -> None:
         if self.stuck:  # given way already (stuck, or its health check failed)
             return
+        self.status = msgspec.structs.replace(self.status, gave_way=why)
         log.error("%s", reason)
         self.stuck = True  # no more load reports: the gateway stops choosing this replica
         for sub in intake:

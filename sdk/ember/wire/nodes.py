@@ -182,6 +182,9 @@ class ReplicaStatus(msgspec.Struct, frozen=True, kw_only=True):
     functions: list[FunctionStats] = []
     start: StartPhases | None = None
     restart_reason: str = ""  # why the agent restarted the previous process (e.g. over its GPU memory)
+    # why the replica stopped taking calls on its own while assigned, to be replaced: "health" (its @ember.health
+    # check failed) or "stuck" (a call ran past its timeout_s)
+    gave_way: str = ""
 
 
 class LoadReport(msgspec.Struct, frozen=True, kw_only=True):
