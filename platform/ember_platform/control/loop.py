@@ -311,8 +311,9 @@ class ControlLoop:
         current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
         state = self.services[(dep.app, svc.name)]
         ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
-        # A replica that stops on its own while assigned (stuck past its timeout, its node draining) is replaced;
-        # it goes once its replacement serves, or at once when the replacement has no room.
+        # A replica that stops on its own while assigned (stuck past its timeout, its health check failed, its node
+        # draining) is replaced, counted once by why; it goes once its replacement serves, or at once when the
+        # replacement has no room.
         leaving = {s.replica_id for s in current if replicas.get(s.replica_id, _NONE).state == "stopping"}
         for rid in leaving - state.gave_way:
             state.gave_way.add(rid)
