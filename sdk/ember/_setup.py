@@ -80,9 +80,9 @@ def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0)
 
     A check that raises, returns ``False`` or runs longer than ``timeout_s`` makes the replica give way: it takes
     no more calls, hands back those not begun (their callers retry elsewhere at once), says why on its stderr
-    (``ember logs``; on its status too while it stops), and is replaced, a new replica first; then it finishes the
-    calls it runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for themselves: a
-    device in an error state, a lost connection, an engine's dead worker process. One per class.
+    (``ember logs``; ``ember status`` tells of it for an hour), and is replaced, a new replica first; then it
+    finishes the calls it runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for
+    themselves: a device in an error state, a lost connection, an engine's dead worker process. One per class.
 
     Example:
         >>> @app.model(gpu=1)

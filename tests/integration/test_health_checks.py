@@ -52,10 +52,13 @@ def test_a_replica_whose_health_check_fails_is_replaced_and_no_call_fails(health
     wait_for(lambda: counted in http.get("/metrics").text, timeout_s=30, what=f"{counted} in /metrics")
 
 
-def test_the_replaced_replica_stops_and_runs_its_teardown(health_app, http):
+def test_the_replaced_replica_stops_and_runs_its_teardown(health_app, http, ember_cli, platform):
     old = http.post("/v1/health/Checked.who", json={}).json()
     http.post("/v1/health/Checked.break_it", json={})
     _served_until_replaced(http, "Checked", old)
+    row = next(line for line in ember_cli("status", url=platform.url).stdout.splitlines()
+               if line.startswith("health.Checked "))
+    assert "replaced a replica at " in row and f"device_ok() raised RuntimeError: device lost under {old}" in row
 
     def teardown_printed() -> bool:
         lines = http.get("/v1/apps/health/logs", params={"service": "Checked", "limit": 5000}).json()

@@ -89,6 +89,7 @@ class ServiceState:
     quiet_as: Deployment | None = None  # the deployment it was last reconciled to no replica at all as (``_quiet``)
     quiet_received: int = -1  # the gateway's count of its calls then
     gave_way: set[str] = field(default_factory=set)  # its replicas counted in ``ControlLoop.replaced``
+    last_replaced: tuple[float, str] = (0.0, "")  # when the last of them was seen giving way, and why
 
 
 @dataclass
@@ -319,6 +320,7 @@ class ControlLoop:
             state.gave_way.add(rid)
             why = replicas[rid].gave_way or "other"
             self.replaced[(dep.app, svc.name, why)] += 1
+            state.last_replaced = (time.time(), replicas[rid].message or why)
             log.warning("%s.%s: replica %s gave way (%s), replacing it: %s", dep.app, svc.name, rid, why,
                         replicas[rid].message)
         state.gave_way &= replicas.keys()

@@ -30,6 +30,8 @@ from ember.wire.jetstream import REPLICA_TTL_S
 from ember_platform.control.loop import ControlLoop, ServiceState
 from ember_platform.scheduler import request_from_spec
 
+REPLACED_SHOWN_S = 3600.0  # how long `ember status` tells of a replica that gave way and was replaced
+
 Specs = Mapping[tuple[str, str], ServiceSpec]  # (app, service) -> its spec in the current deployment
 
 
@@ -109,6 +111,14 @@ def effective_bounds(dep: Deployment, svc: ServiceSpec) -> ScaleBounds:
 
 
 
+def _replaced(state: ServiceState | None, now: float | None = None) -> str:
+    """When (UTC) and why a replica of the service last gave way and was replaced, if within ``REPLACED_SHOWN_S``."""
+    at, why = state.last_replaced if state is not None else (0.0, "")
+    if not why or (time.time() if now is None else now) - at > REPLACED_SHOWN_S:
+        return ""
+    return f"a replica at {time.strftime('%H:%M:%S UTC', time.gmtime(at))}: {why}"
+
+
 def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[ReplicaStatus], state: ServiceState | None,
                    pending: Mapping[tuple[str, str], int], failure: str = "") -> ServiceStatus:
     """One service: its current version's replicas by state, queued work, and the autoscaler's target."""
@@ -124,6 +134,6 @@ def service_status(dep: Deployment, svc: ServiceSpec, replicas: Iterable[Replica
         queue_depth=sum(f.queue_depth for r in mine for f in r.functions),
         pending=sum(pending.get((dep.app, f.name), 0) for f in svc.functions),
         unschedulable=state.unschedulable if state is not None else "", quota=state.quota if state is not None else "",
-        traffic=dep.serving(),
+        traffic=dep.serving(), replaced=_replaced(state),
         failure=failure or next((r.message for r in current if r.state == "failed" and r.message), ""))
 

@@ -148,5 +148,6 @@ def _note(s: ServiceStatus) -> str:
     notes = [f"failed: {s.failure}"] if s.failure else []
     notes += [f"unschedulable: {s.unschedulable}"] if s.unschedulable else []
     notes += [f"held back: {s.quota}"] if s.quota else []
+    notes += [f"replaced {s.replaced}"] if s.replaced else []
     notes += [f"{n} {what}" for n, what in ((s.starting, "starting"), (s.crashed, "crashed")) if n]
     return "; ".join(notes) or "-"

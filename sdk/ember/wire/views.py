@@ -108,6 +108,7 @@ class ServiceStatus(msgspec.Struct, frozen=True, kw_only=True):
     failure: str = ""  # why the control loop could not reconcile the service (it is skipped); empty when it could
     quota: str = ""  # why a quota holds it below what it wants (a placement refusal); empty when none does
     traffic: list[TrafficShare] = []  # the app's versions that take its calls now, and their shares
+    replaced: str = ""  # when and why a replica last gave way and was replaced, within the hour; empty otherwise
 
 
 class StatusView(msgspec.Struct, frozen=True, kw_only=True):
