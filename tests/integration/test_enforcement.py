@@ -95,7 +95,7 @@ def gone(pid: int) -> bool:
     """Exited: no such process, or a zombie that its new parent has not reaped yet."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return True
 
 
