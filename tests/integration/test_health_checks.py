@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from support.browser import console_page
 from support.paths import TEST_APPS
 from support.polling import wait_for
 
@@ -59,6 +60,12 @@ def test_the_replaced_replica_stops_and_runs_its_teardown(health_app, http, embe
     row = next(line for line in ember_cli("status", url=platform.url).stdout.splitlines()
                if line.startswith("health.Checked "))
     assert "replaced a replica at " in row and f"device_ok() raised RuntimeError: device lost under {old}" in row
+    with console_page() as (page, problems):  # the console's apps table says it too
+        page.goto(f"{platform.url}/ui#token={platform.token}")
+        note = page.wait_for_selector('#apps tr[data-service="health.Checked"] td.note', timeout=30_000)
+        assert note is not None
+        assert "replaced a replica at " in note.inner_text() and f"device lost under {old}" in note.inner_text()
+    assert problems == []
 
     def teardown_printed() -> bool:
         lines = http.get("/v1/apps/health/logs", params={"service": "Checked", "limit": 5000}).json()

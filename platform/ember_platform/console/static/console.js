@@ -186,11 +186,19 @@
         const s = services.get(`${app.app}.${svc.name}`);
         const replicas = s ? `${s.ready} / ${s.desired} (min ${s.min_replicas}, max ${s.max_replicas})`
           + (s.starting ? `, ${s.starting} starting` : "") + (s.crashed ? `, ${s.crashed} crashed` : "") : "";
-        body.append(el("tr", { "data-app": app.app },
+        body.append(el("tr", { "data-app": app.app, "data-service": `${app.app}.${svc.name}` },
           el("td", {}, app.app), el("td", {}, `v${app.version}`, versions ? el("div", { class: "muted" }, versions) : ""),
-          el("td", {}, svc.name), el("td", {}, svc.functions.join(", ")), el("td", {}, replicas)));
+          el("td", {}, svc.name), el("td", {}, svc.functions.join(", ")), el("td", {}, replicas),
+          el("td", { class: "note" }, s ? serviceNote(s) : "")));
       }
     }
+  }
+
+  // What `ember status` says in its NOTE column: why the service does not run as asked, and its last replacement.
+  function serviceNote(s) {
+    const notes = [[s.failure, "failed: "], [s.unschedulable, "unschedulable: "], [s.quota, "held back: "],
+      [s.replaced, "replaced "]].filter(([text]) => text).map(([text, label]) => label + text);
+    return notes.join("; ") || "-";
   }
 
   const when = (ts) => {
