@@ -48,7 +48,7 @@ from ember_platform.control.backlog import Backlog
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.pace import until_next_tick
-from ember_platform.control.plan import Plan, cluster_snapshot, replica_request
+from ember_platform.control.plan import Plan, cluster_snapshot, on_faulty_gpus, replica_request, to_replace
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.control.switching import Switching
@@ -116,6 +116,7 @@ class ControlLoop:
     lease: Lease | None = None  # several control planes: only the lease holder acts; None: always act
     quotas: Callable[[], Iterable[Quota]] = tuple  # the quotas now (those on apps cap the replicas)
     replaced: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (app, service, why): gave way
+    faulty: dict[str, str] = field(default_factory=dict)  # replica id -> why, on a GPU out of service (last tick)
     _services_at: tuple[int, list[tuple[Deployment, ServiceSpec]]] = (-1, [])
 
     async def start(self) -> None:
@@ -206,6 +207,7 @@ class ControlLoop:
         for dep in deployments.values():
             self.switching.drop_gone(plan, dep, now)
         self._finish_moves(plan, now)
+        self.faulty = on_faulty_gpus(plan, nodes)
         busy = {(s.app, s.service) for slots in plan.values() for s in slots}
         busy.update((r.app, r.service) for r in self.registry.replicas.items.values())
         services = [(dep, svc) for dep, svc in self._every_service(deployments, generation)
@@ -311,19 +313,18 @@ class ControlLoop:
         replicas = {r.replica_id: r for r in self.registry.live_replicas(dep.app, svc.name)}
         current = _slots(plan, dep.app, svc.name, lambda v: v == dep.version)
         state = self.services[(dep.app, svc.name)]
-        ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current)
-        # A replica that stops on its own while assigned (stuck past its timeout, its health check failed, its node
-        # draining) is replaced, counted once by why; it goes once its replacement serves, or at once when the
-        # replacement has no room.
-        leaving = {s.replica_id for s in current if replicas.get(s.replica_id, _NONE).state == "stopping"}
-        for rid in leaving - state.gave_way:
+        # A replica that stops on its own while assigned, or runs on a GPU out of service, is replaced, counted once
+        # by why; it goes once its replacement serves, or at once when the replacement has no room.
+        leaving = to_replace(current, replicas, self.faulty)
+        for rid in leaving.keys() - state.gave_way:
+            why, said = leaving[rid]
             state.gave_way.add(rid)
-            why = replicas[rid].gave_way or "other"
             self.replaced[(dep.app, svc.name, why)] += 1
-            state.last_replaced = (time.time(), replicas[rid].message or why)
-            log.warning("%s.%s: replica %s gave way (%s), replacing it: %s", dep.app, svc.name, rid, why,
-                        replicas[rid].message)
-        state.gave_way &= replicas.keys()
+            state.last_replaced = (time.time(), said or why)
+            log.warning("%s.%s: replacing replica %s (%s): %s", dep.app, svc.name, rid, why, said)
+        state.gave_way &= replicas.keys() | self.faulty.keys()
+        ready_now = sum(replicas.get(s.replica_id, _NONE).state == "ready" for s in current
+                        if s.replica_id not in leaving)
         if leaving and (ready_now >= target or state.unschedulable):
             _drop(plan, lambda s: s.replica_id in leaving)
         moving = self._moving()

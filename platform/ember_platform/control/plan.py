@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ember.wire import Deployment, NodeInfo, ServiceSpec, SlotAssignment
+from collections.abc import Iterable, Mapping
+
+from ember.wire import Deployment, NodeInfo, ReplicaStatus, ServiceSpec, SlotAssignment
 from ember_platform.scheduler import Cluster, PlacementRequest, Reservation, Snapshot, build_snapshot, request_from_spec
 
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
@@ -33,3 +35,29 @@ def replica_request(dep: Deployment, svc: ServiceSpec, replica_id: str) -> Place
                             cpu_millis=0, host_memory_mb=svc.memory_mb, bundle=dep.bundle_sha256,
                             volumes=tuple(m.key for m in svc.volumes),
                             environment=svc.image.sha256 if svc.image else "")
+
+
+def on_faulty_gpus(plan: Plan, nodes: Mapping[str, NodeInfo]) -> dict[str, str]:
+    """Replica id -> why, for each replica of the plan on a GPU its node put out of service (``Device.fault``)."""
+    found: dict[str, str] = {}
+    for nid, slots in plan.items():
+        info = nodes.get(nid)
+        faults = {d.uuid: f"GPU {d.index} ({d.uuid}) of node {nid} reported {d.fault}"
+                  for d in (info.devices if info is not None else ()) if d.fault}
+        for s in slots if faults else ():
+            if why := next((faults[u] for u in s.gpu_uuids if u in faults), ""):
+                found[s.replica_id] = why
+    return found
+
+
+def to_replace(slots: Iterable[SlotAssignment], replicas: Mapping[str, ReplicaStatus],
+            faulty: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """Replica id -> (why, what it said), for each of ``slots`` to replace: one that gave way on its own (stopping:
+    stuck past its timeout, its health check failed, its node draining; why from its ``gave_way``) or that runs on
+    a GPU out of service (why: ``gpu``)."""
+    found = {s.replica_id: ("gpu", faulty[s.replica_id]) for s in slots if s.replica_id in faulty}
+    for s in slots:
+        status = replicas.get(s.replica_id)
+        if status is not None and status.state == "stopping":
+            found[s.replica_id] = (status.gave_way or "other", status.message)
+    return found

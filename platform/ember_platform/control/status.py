@@ -83,7 +83,8 @@ def _device_view(device: Device, slots: list[SlotAssignment], specs: Specs) -> D
     return DeviceView(kind=device.kind, index=device.index, name=device.name, uuid=device.uuid,
                       memory_total_mb=device.memory_total_mb, memory_free_mb=device.memory_free_mb,
                       memory_reserved_mb=reserved, utilization=device.utilization, mig_profile=device.mig_profile,
-                      mig_enabled=device.mig_enabled, replicas=[s.replica_id for s in mine])
+                      mig_enabled=device.mig_enabled, replicas=[s.replica_id for s in mine], xid=device.xid,
+                      fault=device.fault)
 
 
 

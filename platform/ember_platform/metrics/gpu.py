@@ -9,11 +9,13 @@ use (every second); the control plane holds the last of each. Each figure is sho
 | memory used | ``DCGM_FI_DEV_FB_USED`` (MiB) | ``nv_gpu_memory_used_bytes`` (bytes) |
 | memory free | ``DCGM_FI_DEV_FB_FREE`` (MiB) | |
 | memory total | | ``nv_gpu_memory_total_bytes`` (bytes) |
+| the last Xid error | ``DCGM_FI_DEV_XID_ERRORS`` (its number; 0: none) | |
 
 DCGM's labels are ``gpu`` (index), ``UUID``, ``modelName`` and ``Hostname``; Triton's ``gpu_uuid``. Both carry
 ``node`` (the Ember node id) too. A MIG slice is shown with its own uuid and its profile (``GPU_I_PROFILE``,
 ``mig_profile``). Ember's own: ``ember_gpu_memory_reserved_bytes`` (what the scheduler reserved for the replicas
-assigned there) and ``ember_replica_gpu_memory_used_bytes`` (per replica and device).
+assigned there), ``ember_replica_gpu_memory_used_bytes`` (per replica and device) and ``ember_gpu_out_of_service``
+(1 for a device its node took out of service after a critical Xid error, see ``ember_runtime.agent.gpu_faults``).
 """
 
 from __future__ import annotations
@@ -39,6 +41,10 @@ def gpu_families(view: StatusView, nodes: Mapping[str, NodeInfo],
     nv_util = GaugeMetricFamily("nv_gpu_utilization", "GPU utilisation rate (0.0 - 1.0).", labels=triton)
     nv_total = GaugeMetricFamily("nv_gpu_memory_total_bytes", "GPU total memory, in bytes.", labels=triton)
     nv_used = GaugeMetricFamily("nv_gpu_memory_used_bytes", "GPU used memory, in bytes.", labels=triton)
+    xid = GaugeMetricFamily("DCGM_FI_DEV_XID_ERRORS", "The last Xid error the driver reported (0: none since the "
+                            "node agent started).", labels=dcgm)
+    out = GaugeMetricFamily("ember_gpu_out_of_service", "1 for a device out of service after a critical Xid error: "
+                            "nothing is placed on it, and its replicas move.", labels=triton)
     reserved = GaugeMetricFamily("ember_gpu_memory_reserved_bytes",
                                  "GPU memory the scheduler reserved for the replicas assigned to a device.",
                                  labels=triton)
@@ -50,11 +56,13 @@ def gpu_families(view: StatusView, nodes: Mapping[str, NodeInfo],
             nv_util.add_metric(triton_labels, d.utilization)
             nv_total.add_metric(triton_labels, d.memory_total_mb * MIB)
             reserved.add_metric(triton_labels, d.memory_reserved_mb * MIB)
+            xid.add_metric(dcgm_labels, d.xid)
+            out.add_metric(triton_labels, 1 if d.fault else 0)
             if d.memory_free_mb is not None:
                 used.add_metric(dcgm_labels, max(d.memory_total_mb - d.memory_free_mb, 0))
                 free.add_metric(dcgm_labels, d.memory_free_mb)
                 nv_used.add_metric(triton_labels, max(d.memory_total_mb - d.memory_free_mb, 0) * MIB)
-    yield from (util, used, free, nv_util, nv_total, nv_used, reserved)
+    yield from (util, used, free, nv_util, nv_total, nv_used, reserved, xid, out)
     yield _replica_memory(nodes, replicas)
 
 

@@ -142,7 +142,7 @@ def _symmetric(slots: list[Slot]) -> list[Slot]:
 
 
 def _schedulable(devices: Iterable[Device]) -> list[Device]:
-    return [d for d in devices if d.kind == "gpu" and not d.mig_enabled and d.memory_total_mb > 0]
+    return [d for d in devices if d.kind == "gpu" and not d.mig_enabled and d.memory_total_mb > 0 and not d.fault]
 
 
 def _slot(sid: int, nid: int, d: Device) -> Slot:

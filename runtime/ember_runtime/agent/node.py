@@ -32,7 +32,7 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_HEARTBEAT_S, connect
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
-from ember_runtime.agent import adoption, devices, numa
+from ember_runtime.agent import adoption, devices, gpu_faults, numa
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent import warm_starts as warm
@@ -80,6 +80,8 @@ class NodeAgent:
         self.devices = inventory_source.load(inventory)
         self.device_nodes = devices.REAL if inventory is None else devices.stand_ins(state_dir / "dev", self.devices)
         self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory each replica uses
+        self.gpu_faults = gpu_faults.GpuFaults()  # the GPUs out of service (a critical Xid error), reported
+        self._beat = asyncio.Event()  # set: the node reports now (a GPU's fault), not at its next heartbeat
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
         self.host_memory = numa.HostMemory(self.host.memory_mb)
@@ -134,6 +136,9 @@ class NodeAgent:
         self.usage_watcher = UsageWatcher(usage, self.slots.values) if usage is not None else None
         watch = asyncio.create_task(self.usage_watcher.run(stop), name="gpu-memory-watch") \
             if self.usage_watcher is not None else None
+        xids = gpu_faults.source_for(self.devices, self.state_dir / "gpu-xids" if self.inventory else None)
+        faults = asyncio.create_task(gpu_faults.watch(xids, self.gpu_faults, stop, self._beat.set),
+                                     name="gpu-fault-watch") if xids is not None else None
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))
         try:
             while not stop.is_set():
@@ -158,9 +163,10 @@ class NodeAgent:
             await self.warm.stop()
             await self.zygotes.stop()
             await self.images.stop()
-            await cancel_and_wait(heartbeat, watch)  # the heartbeat's put may lose one cancellation: it goes on
-            if usage is not None:
-                usage.close()
+            await cancel_and_wait(heartbeat, watch, faults)  # the heartbeat's put may lose one cancellation
+            for source in (usage, xids):
+                if source is not None:
+                    source.close()
             with contextlib.suppress(Exception):
                 await stores.nodes.delete(self.node_id)
             await self.assignments.stop()
@@ -171,7 +177,9 @@ class NodeAgent:
             if self.inventory is None and any(d.kind == "gpu" for d in self.devices):  # NVML: busy, memory now
                 self.devices = await asyncio.to_thread(inventory_source.sample_usage, self.devices)
             watcher = self.usage_watcher
-            info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(), devices=self.devices,
+            self._beat.clear()
+            info = NodeInfo(node_id=self.node_id, hostname=socket.gethostname(),
+                            devices=self.gpu_faults.apply(self.devices),
                             updated_at=time.time(), cpu_cores=self.host.cpu_cores, memory_mb=self.host.memory_mb,
                             bundles=self.bundles.cached(), host_memory_reserved_mb=self.host_memory.reserved_mb,
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
@@ -183,8 +191,10 @@ class NodeAgent:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
             except Exception as exc:
                 log.warning("node heartbeat failed: %s", exc)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), NODE_HEARTBEAT_S)
+            waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._beat.wait())]
+            await asyncio.wait(waits, timeout=NODE_HEARTBEAT_S, return_when=asyncio.FIRST_COMPLETED)
+            for w in waits:
+                w.cancel()
 
     @staticmethod
     def desired(assignment: NodeAssignment | None) -> dict[SlotKey, SlotAssignment]:

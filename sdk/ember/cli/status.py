@@ -130,7 +130,8 @@ def services_table(services: list[ServiceStatus]) -> str:
 def _device_name(device: DeviceView) -> str:
     if device.kind == "cpu":
         return f"cpu {device.name}"
-    return f"gpu{device.index} {device.name}" + (" (MIG)" if device.mig_enabled else "")
+    name = f"gpu{device.index} {device.name}" + (" (MIG)" if device.mig_enabled else "")
+    return name + (f" OUT OF SERVICE ({device.fault})" if device.fault else "")
 
 
 def _memory(device: DeviceView) -> str:

@@ -24,6 +24,8 @@ class Device(msgspec.Struct, frozen=True, kw_only=True):
     parent_uuid: str = ""  # a MIG slice: the uuid of its GPU
     nvlink_peers: list[int] = []  # indices of this node's GPUs reached over an active NVLink
     numa_node: int = -1  # -1: unknown
+    xid: int = 0  # the last Xid error its driver reported (a MIG slice: its GPU's); 0: none since its agent started
+    fault: str = ""  # why it is out of service (a critical Xid error): nothing is placed on it, and its replicas move
 
 
 class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):

@@ -60,6 +60,8 @@ class DeviceView(msgspec.Struct, frozen=True, kw_only=True):
     mig_profile: str = ""  # a MIG slice; its GPU has ``mig_enabled``
     mig_enabled: bool = False
     replicas: list[str] = []  # ids of the replicas assigned to this device
+    xid: int = 0  # the last Xid error its driver reported; 0: none since its node agent started
+    fault: str = ""  # why it is out of service: nothing is placed on it, and its replicas move to other GPUs
 
 
 class NodeReplicaView(msgspec.Struct, frozen=True, kw_only=True):

@@ -238,7 +238,8 @@
         const name = d.kind === "gpu" ? `GPU ${d.index}${d.mig_profile ? ` ${d.mig_profile}` : ""} ${d.name}` : d.name;
         const util = d.kind === "gpu" ? ` ${(d.utilization * 100).toFixed(0)}% busy` : "";
         const chips = el("div", {}, ...d.replicas.map((id) => byId.get(id)).filter(Boolean).map(replicaChip));
-        card.append(el("div", { class: "device" }, el("div", {}, name, el("span", { class: "muted" }, util)),
+        const fault = d.fault ? el("div", { class: "fault" }, `out of service: ${d.fault}`) : "";
+        card.append(el("div", { class: "device" }, el("div", {}, name, el("span", { class: "muted" }, util), fault),
           el("div", {}, d.kind === "gpu" ? memoryBar(d) : "", chips)));
       }
       const placed = new Set(node.devices.flatMap((d) => d.replicas));
