@@ -17,7 +17,7 @@ from support.polling import wait_for
 
 from ember._bundle import build_bundle
 from ember._client import Transport
-from ember._deploy import inspect_app, wait_ready
+from ember._deploy import deploy, inspect_app, wait_ready
 from ember.dev.embedded import EmbeddedPlatform
 from ember.wire import DeployRequest, ServiceStatus, StatusView, encoder
 
@@ -52,8 +52,8 @@ def status(http: httpx.Client) -> StatusView:
     return msgspec.json.decode(response.content, type=StatusView)
 
 
-def service(http: httpx.Client) -> ServiceStatus:
-    (found,) = [s for s in status(http).services if (s.app, s.service) == ("statusapp", "where")]
+def service(http: httpx.Client, app: str = "statusapp", name: str = "where") -> ServiceStatus:
+    (found,) = [s for s in status(http).services if (s.app, s.service) == (app, name)]
     return found
 
 
@@ -157,3 +157,34 @@ def test_cli_scale_reports_invalid_bounds(platform: EmbeddedPlatform, hello: obj
 def test_a_control_plane_with_tokens_and_nats_credentials_reports_nothing_insecure(http: httpx.Client) -> None:
     """The twin of the bootstrap test's control plane without NATS credentials, whose status names what it lacks."""
     assert status(http).insecure == []
+
+
+REBORN = '''import ember
+app = ember.App("reborn")
+
+@app.function(min_replicas=1, max_replicas=3)
+def twice(x: int) -> int:
+    return 2 * x
+'''
+
+
+def test_an_app_pushed_again_after_its_deletion_starts_afresh(tmp_path: Path, platform: EmbeddedPlatform,
+                                                              http: httpx.Client) -> None:
+    """What the control loop knew of a deleted app (its scaled count, its autoscaler's state) is not the next
+    app's of its name: it starts at its own minimum."""
+    app_file = tmp_path / "reborn.py"
+    app_file.write_text(REBORN)
+    transport = Transport(platform.url, token=platform.token)
+    try:
+        deploy(app_file, transport=transport, timeout_s=120)
+        ember("scale", "reborn.twice", "--min", "2", "--max", "3", url=platform.url, token=platform.token)
+        wait_for(lambda: service(http, "reborn", "twice").ready == 2, 60, "two ready replicas")
+        assert http.delete("/v1/apps/reborn").status_code == 204
+        wait_for(lambda: http.get("/v1/apps/reborn").status_code == 404, 30, "the app to go")
+        deploy(app_file, transport=transport, timeout_s=120)
+        svc = service(http, "reborn", "twice")
+        assert (svc.min_replicas, svc.max_replicas, svc.scaled, svc.desired) == (1, 3, False, 1)
+        assert http.post("/v1/reborn/twice", json=21).json() == 42
+    finally:
+        http.delete("/v1/apps/reborn")
+        transport.close()

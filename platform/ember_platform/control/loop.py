@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -51,14 +51,12 @@ from ember_platform.control.pace import until_next_tick
 from ember_platform.control.plan import Plan, cluster_snapshot, on_faulty_gpus, replica_request, to_replace
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
+from ember_platform.control.service_state import Moving, ServiceState
 from ember_platform.control.switching import Switching
 from ember_platform.quotas.caps import Want, cap, replica_gpu_mb
 from ember_platform.scheduler import (
     AutoscaleConfig,
-    AutoscaleState,
     Binding,
-    Meter,
-    Move,
     MoveBudget,
     PlacementRequest,
     Reservation,
@@ -76,28 +74,6 @@ from ember_platform.scheduler.autoscale import in_flight_target
 log = logging.getLogger("ember.control")
 MOVE_TIMEOUT_S = 600.0  # a replacement not ready by then is given up, and the replica it was for stays
 T = TypeVar("T")
-
-
-@dataclass
-class ServiceState:
-    autoscale: AutoscaleState
-    meter: Meter = field(default_factory=Meter)  # load measured from the replicas' reports
-    unschedulable: str = ""  # why the last placement failed, for `ember status`
-    desired: int = 0
-    arrival_rate: float = 0.0  # calls per second to the current version, as last measured
-    quota: str = ""  # why a quota holds the service below what it wants, for `ember status`
-    quiet_as: Deployment | None = None  # the deployment it was last reconciled to no replica at all as (``_quiet``)
-    quiet_received: int = -1  # the gateway's count of its calls then
-    gave_way: set[str] = field(default_factory=set)  # its replicas counted in ``ControlLoop.replaced``
-    last_replaced: tuple[float, str] = (0.0, "")  # when the last of them was seen giving way, and why
-
-
-@dataclass
-class Moving:
-    """A rebalancing move in flight: ``move.binding``'s replica replaces ``move.replica_id`` once ready."""
-
-    move: Move
-    since: float
 
 
 @dataclass
@@ -183,10 +159,16 @@ class ControlLoop:
             used.update(z.bundle_sha256 for z in assignment.zygotes)
         return used
 
-    def _forget(self) -> None:
-        self.services.clear()
-        self.moves.clear()
-        self.failures.clear()
+    def _forget(self, deployed: Container[str] | None = None) -> None:
+        """Forgets what it knew of every service (``deployed`` None: it just took the lease, and what it knew as a
+        standby is stale), or of the apps not ``deployed`` (deleted: an app pushed again under the name starts
+        afresh, without the autoscaler's state, replacements or notes of the one before)."""
+        tables: tuple[dict[Any, Any], ...] = (self.services, self.failures)
+        for table in tables if deployed is None else (*tables, self.replaced):
+            for key in [k for k in table if deployed is None or k[0] not in deployed]:
+                del table[key]
+        if deployed is None:
+            self.moves.clear()
 
     def live_nodes(self) -> dict[str, NodeInfo]:
         fresh_after = time.time() - NODE_LOST_S
@@ -237,6 +219,7 @@ class ControlLoop:
         """Each deployment's services, listed again only once the deployments changed (``KVMirror.generation``)."""
         if self._services_at[0] != generation:
             self._services_at = generation, [(d, s) for d in deployments.values() for s in d.manifest.services]
+            self._forget(deployments)
         return self._services_at[1]
 
     def _quiet(self, dep: Deployment, svc: ServiceSpec, busy: set[tuple[str, str]]) -> bool:

@@ -27,7 +27,8 @@ from ember.wire import (
     StatusView,
 )
 from ember.wire.jetstream import REPLICA_TTL_S
-from ember_platform.control.loop import ControlLoop, ServiceState
+from ember_platform.control.loop import ControlLoop
+from ember_platform.control.service_state import ServiceState
 from ember_platform.scheduler import request_from_spec
 
 REPLACED_SHOWN_S = 3600.0  # how long `ember status` tells of a replica that gave way and was replaced

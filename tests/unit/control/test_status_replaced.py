@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ember_platform.control.loop import ServiceState
+from ember_platform.control.service_state import ServiceState
 from ember_platform.control.status import REPLACED_SHOWN_S, _replaced
 from ember_platform.scheduler import AutoscaleState
 
