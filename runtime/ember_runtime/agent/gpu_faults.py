@@ -105,6 +105,8 @@ async def watch(source: XidSource, faults: GpuFaults, stop: asyncio.Event, on_ch
             if why := faults.record(event):
                 log.error("GPU %s reported %s: out of service until this agent restarts; its replicas move to other "
                           "GPUs", event.uuid, why)
+            elif event.uuid in faults.faults:
+                log.warning("GPU %s reported Xid %d (out of service already)", *event)
             else:
                 log.warning("GPU %s reported Xid %d (an application's error: it stays in service)", *event)
         if events:
