@@ -15,8 +15,9 @@ from ember._errors import InvalidSpecError
 
 SETUP_MARK = "__ember_setup__"
 TEARDOWN_MARK = "__ember_teardown__"
-HEALTH_MARK = "__ember_health__"  # (every_s, timeout_s)
+HEALTH_MARK = "__ember_health__"  # (every_s, timeout_s, failures)
 MAX_HEALTH_S = 3600.0
+MAX_HEALTH_FAILURES = 100
 
 
 def setup(fn: Any = None, /, *, snap: bool = False) -> Any:
@@ -73,16 +74,18 @@ def teardown(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0) -> Any:
+def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0, failures: int = 3) -> Any:
     """Mark the method of an ``@app.model`` class that says whether its replica is healthy (Ray Serve's
     ``check_health``): it runs every ``every_s`` seconds while the replica serves, each time on a thread of its own
     (a long batch on the model thread does not hold it up, so read the model's state with that in mind).
 
-    A check that raises, returns ``False`` or runs longer than ``timeout_s`` makes the replica give way: it takes
-    no more calls, hands back those not begun (their callers retry elsewhere at once), says why on its stderr
-    (``ember logs``; ``ember status`` tells of it for an hour), and is replaced, a new replica first; then it
-    finishes the calls it runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for
-    themselves: a device in an error state, a lost connection, an engine's dead worker process. One per class.
+    A check fails when it raises, returns ``False`` or runs longer than ``timeout_s``; each failure is said on the
+    replica's stderr. After ``failures`` failed checks in a row (3, as Ray Serve and Kubernetes' probes count them: a
+    passing check starts the count again, so a blip does not cost a replica) the replica gives way: it takes no more
+    calls, hands back those not begun (their callers retry elsewhere at once), says why on its stderr (``ember
+    logs``; ``ember status`` tells of it for an hour), and is replaced, a new replica first; then it finishes the
+    calls it runs and stops, running its ``@ember.teardown`` methods. Check what calls cannot see for themselves: a
+    device in an error state, a lost connection, an engine's dead worker process. One per class.
 
     Example:
         >>> @app.model(gpu=1)
@@ -93,25 +96,28 @@ def health(fn: Any = None, /, *, every_s: float = 10.0, timeout_s: float = 30.0)
     for name, value in (("every_s", every_s), ("timeout_s", timeout_s)):
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0.1 <= value <= MAX_HEALTH_S:
             raise InvalidSpecError(f"@ember.health({name}={value!r}): seconds from 0.1 to {MAX_HEALTH_S:g}")
+    if isinstance(failures, bool) or not isinstance(failures, int) or not 1 <= failures <= MAX_HEALTH_FAILURES:
+        raise InvalidSpecError(f"@ember.health(failures={failures!r}): failed checks in a row before the replica "
+                               f"gives way, a whole number from 1 to {MAX_HEALTH_FAILURES}")
 
     def decorate(raw: Callable[..., Any]) -> Callable[..., Any]:
         _check_hook("health", raw)
         if getattr(raw, SETUP_MARK, None) is not None or getattr(raw, TEARDOWN_MARK, False):
             raise InvalidSpecError(f"{raw.__qualname__}() is marked @ember.health and another hook")
-        setattr(raw, HEALTH_MARK, (float(every_s), float(timeout_s)))
+        setattr(raw, HEALTH_MARK, (float(every_s), float(timeout_s), failures))
         return raw
 
     return decorate(fn) if fn is not None else decorate
 
 
-def health_check(cls: type) -> tuple[str, float, float] | None:
-    """The name, period and timeout of ``cls``'s ``@ember.health`` method; None without one; ``InvalidSpecError``
-    for two."""
+def health_check(cls: type) -> tuple[str, float, float, int] | None:
+    """The name, period, timeout and failures in a row of ``cls``'s ``@ember.health`` method; None without one;
+    ``InvalidSpecError`` for two."""
     found = [(name, *getattr(member, HEALTH_MARK)) for name, member in members(cls)
              if getattr(member, HEALTH_MARK, None) is not None]
     if len(found) > 1:
         raise InvalidSpecError(f"class {cls.__name__} has {len(found)} @ember.health methods "
-                               f"({', '.join(name for name, _, _ in found)}): one says whether a replica is healthy")
+                               f"({', '.join(name for name, *_ in found)}): one says whether a replica is healthy")
     return found[0] if found else None
 
 

@@ -38,17 +38,21 @@ def _served_until_replaced(http: httpx.Client, model: str, old: str) -> list[int
     return statuses
 
 
-@pytest.mark.parametrize(("model", "breaker", "said"), [
-    ("Checked", "break_it", "its health check device_ok() raised RuntimeError: device lost under {old}"),
-    ("Hung", "hang", "its health check alive() did not return within 1 s"),
+@pytest.mark.parametrize(("model", "breaker", "said", "failures"), [
+    ("Checked", "break_it", "its health check device_ok() raised RuntimeError: device lost under {old} (3 checks in a "
+                            "row)", 3),
+    ("Hung", "hang", "its health check alive() did not return within 1 s", 1),
 ])
-def test_a_replica_whose_health_check_fails_is_replaced_and_no_call_fails(health_app, http, model, breaker, said):
+def test_a_replica_whose_health_check_fails_is_replaced_and_no_call_fails(health_app, http, model, breaker, said,
+                                                                          failures):
     old = http.post(f"/v1/health/{model}.{breaker}", json={}).json()
     statuses = _served_until_replaced(http, model, old)
     assert set(statuses) == {200}, statuses
     stderr = wait_for(lambda: said.format(old=old) in _stderr(http, model) and _stderr(http, model), timeout_s=30,
                       what="the reason on the replica's stderr")
     assert "this replica is being replaced" in stderr
+    warned = [f"({n} of {failures} failures in a row before it gives way)" in stderr for n in range(1, failures)]
+    assert warned == [True] * (failures - 1)  # each failure before the last is said, and forgiven
     counted = f'ember_replicas_replaced_total{{app="health",reason="health",service="{model}"}}'
     wait_for(lambda: counted in http.get("/metrics").text, timeout_s=30, what=f"{counted} in /metrics")
 

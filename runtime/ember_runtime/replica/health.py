@@ -1,34 +1,43 @@
 """A class model's ``@ember.health`` check, run while its replica serves: every period, on a thread of its own (a
-daemon: a check that never returns neither holds the model thread nor keeps the process from leaving). The first
-check that raises, returns False or outlives its timeout makes the replica give way (``Replica._give_way``), and the
-watch ends."""
+daemon: a check that never returns neither holds the model thread nor keeps the process from leaving). A check that
+raises, returns False or outlives its timeout fails; the check's ``failures`` in a row make the replica give way
+(``Replica._give_way``), and the watch ends."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ember._setup import health_check
 
+log = logging.getLogger("ember.replica")
+
 
 async def watch(instance: Any, stopping: asyncio.Event, give_way: Callable[[str], Awaitable[None]]) -> None:
-    """Check ``instance`` (a class model's, set up; None: nothing to check) until ``stopping`` is set or a check
-    fails, then ``give_way(why)``."""
+    """Check ``instance`` (a class model's, set up; None: nothing to check) until ``stopping`` is set or its checks
+    failed as many times in a row as it allows, then ``give_way(why)`` (the last failure's)."""
     found = health_check(type(instance)) if instance is not None else None
     if found is None:
         return
-    name, every_s, timeout_s = found
+    name, every_s, timeout_s, allowed = found
     check = getattr(instance, name)
+    failed = 0
     while not stopping.is_set():
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), every_s)
             return
         why = await _run(check, timeout_s)
-        if why and not stopping.is_set():
-            await give_way(f"its health check {name}() {why}: this replica is being replaced")
+        failed = failed + 1 if why else 0
+        if why and failed < allowed:
+            log.warning("its health check %s() %s (%d of %d failures in a row before it gives way)", name, why,
+                        failed, allowed)
+        elif why and not stopping.is_set():
+            in_a_row = f" ({failed} checks in a row)" if failed > 1 else ""
+            await give_way(f"its health check {name}() {why}{in_a_row}: this replica is being replaced")
             return
 
 

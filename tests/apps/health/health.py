@@ -1,5 +1,6 @@
-"""A test subject for ``@ember.health``: ``Checked``'s check raises once ``break_it`` was called, ``Hung``'s never
-returns once ``hang`` was; ``who`` names the replica's setup, and teardown prints it."""
+"""A test subject for ``@ember.health``: ``Checked``'s check raises once ``break_it`` was called (three times in a
+row before its replica gives way, the default), ``Hung``'s never returns once ``hang`` was (once is enough); ``who``
+names the replica's setup, and teardown prints it."""
 
 import threading
 import time
@@ -52,7 +53,7 @@ class Hung:
         self.stuck.set()
         return self.name
 
-    @ember.health(every_s=0.5, timeout_s=1)
+    @ember.health(every_s=0.5, timeout_s=1, failures=1)
     def alive(self) -> None:
         if self.stuck.is_set():
             threading.Event().wait()  # never returns: the check times out

@@ -1,5 +1,6 @@
 """The replica's watch of a class model's ``@ember.health`` check (``ember_runtime.replica.health``), on a real event
-loop and real threads: it gives way once, with why, on the first check that returns False, raises or hangs."""
+loop and real threads: it gives way once, with why, after as many failed checks in a row (False, raised or hung) as
+the check allows; a passing check starts the count again."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ import ember
 from ember_runtime.replica import health
 
 
-def _verdict(check: object, stop_after_s: float | None = None) -> list[str]:
+def _verdict(check: object, stop_after_s: float | None = None, failures: int = 1) -> list[str]:
     """What ``health.watch`` gives way with for an instance whose check is ``check`` (a 0.1 s period)."""
     said: list[str] = []
 
     class Model:
-        @ember.health(every_s=0.1, timeout_s=0.3)
+        @ember.health(every_s=0.1, timeout_s=0.3, failures=failures)
         def check(self) -> object:
             return check()  # type: ignore[operator]
 
@@ -33,7 +34,7 @@ def _verdict(check: object, stop_after_s: float | None = None) -> list[str]:
     return said
 
 
-def test_the_health_watch_gives_way_once_on_the_first_failed_check() -> None:
+def test_the_health_watch_gives_way_once_on_the_first_failed_check_where_one_is_allowed() -> None:
     calls = []
 
     def flaky() -> bool:
@@ -54,3 +55,20 @@ def test_the_health_watch_gives_way_once_on_the_first_failed_check() -> None:
     finally:
         hold.set()
     assert _verdict(lambda: None, stop_after_s=0.5) == []  # None is healthy; the watch ends with the replica
+
+
+def test_by_default_three_failed_checks_in_a_row_make_it_give_way_and_a_pass_starts_the_count_again() -> None:
+    results = iter([False, False, True, False, False, True, False, False, False, True])
+    calls = []
+
+    def blinking() -> bool:
+        calls.append(1)
+        return next(results)
+
+    assert _verdict(blinking, failures=3) == [
+        "its health check check() returned False (3 checks in a row): this replica is being replaced"]
+    assert len(calls) == 9  # two blips of two failures each were forgiven
+
+
+def test_a_watch_stopped_between_failures_gives_no_way() -> None:
+    assert _verdict(lambda: False, stop_after_s=0.25, failures=5) == []

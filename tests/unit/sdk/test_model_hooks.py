@@ -73,7 +73,8 @@ def test_a_method_is_not_both_setup_and_teardown() -> None:
 
 
 def test_health_takes_a_period_and_a_timeout_in_bounds_and_one_per_class() -> None:
-    for bad in [{"every_s": 0}, {"every_s": True}, {"timeout_s": 7200}, {"timeout_s": "5"}]:
+    for bad in [{"every_s": 0}, {"every_s": True}, {"timeout_s": 7200}, {"timeout_s": "5"}, {"failures": 0},
+                {"failures": 2.0}, {"failures": True}, {"failures": 101}]:
         with pytest.raises(ember.InvalidSpecError, match=next(iter(bad))):
             ember.health(**bad)  # type: ignore[arg-type]
 
@@ -82,7 +83,7 @@ def test_health_takes_a_period_and_a_timeout_in_bounds_and_one_per_class() -> No
         def ok(self) -> bool:
             return True
 
-    assert health_check(One) == ("ok", 2.0, 3.0)
+    assert health_check(One) == ("ok", 2.0, 3.0, 3)  # three failed checks in a row, by default
     assert health_check(object) is None
     app = ember.App("hooks")
     with pytest.raises(ember.InvalidSpecError, match=r"2 @ember\.health methods"):
