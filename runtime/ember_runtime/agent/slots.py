@@ -357,7 +357,8 @@ class ReplicaSlot:
                 await self._publish("agent", f"replica {self.replica_id} starts fresh, not forked from its zygote: "
                                     f"{why}")
             return None
-        zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S)
+        zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S,
+                                         bundle_sha256=self._bundle_sha256)
         if zygote is None:
             return None
         argv = self._argv("zygote", decided, 0.0)

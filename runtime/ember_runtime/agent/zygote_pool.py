@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -243,7 +244,7 @@ class Zygote:
             request = ForkRequest(argv=list(argv), env=env, cpus=sorted(cpus or ()))
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             conn.settimeout(5.0)
-            conn.connect(str(self._socket))
+            _connect(conn, self._socket)
             socket.send_fds(conn, [msgspec.json.encode(request)], [out_w, err_w])
             conn.setblocking(False)
             data, pid = await asyncio.wait_for(hostpid.receive(conn, MAX_MESSAGE), 5.0)
@@ -280,7 +281,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(5.0)
-            conn.connect(str(self._socket))
+            _connect(conn, self._socket)
             conn.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_sendall(conn, msgspec.json.encode(Spares(count=count)))
@@ -347,7 +348,8 @@ def _listen(path: Path) -> socket.socket:
         path.unlink()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        listener.bind(str(path))
+        with _address(path) as address:
+            listener.bind(address)
         os.chmod(path, 0o600)
         listener.listen(64)
         listener.set_inheritable(True)
@@ -381,10 +383,14 @@ class ZygotePool:
         self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
         self._retry_at: dict[ZygoteKey, float] = {}
 
-    async def get(self, app: str, service: str, version: int, *, wait_s: float = 0.0) -> Zygote | None:
-        """The ready zygote of this version, if this node holds one; one still building is waited for up
-        to ``wait_s`` (its build costs about what a fresh start would, and a fork after it almost nothing)."""
+    async def get(self, app: str, service: str, version: int, *, wait_s: float = 0.0,
+                  bundle_sha256: str = "") -> Zygote | None:
+        """The ready zygote of this version, if this node holds one (of ``bundle_sha256``, where given: an app
+        deleted and pushed again has versions of the same numbers); one still building is waited for up to
+        ``wait_s`` (its build costs about what a fresh start would, and a fork after it almost nothing)."""
         zygote = self._zygotes.get((app, service, version))
+        if zygote is not None and bundle_sha256 and zygote.assignment.bundle_sha256 != bundle_sha256:
+            return None
         if zygote is not None and wait_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(zygote.settled.wait(), wait_s)
@@ -405,6 +411,13 @@ class ZygotePool:
         now = time.monotonic()
         for key, (assignment, bundle) in wanted.items():
             zygote = self._zygotes.get(key)
+            if zygote is not None and zygote.assignment.bundle_sha256 != assignment.bundle_sha256:
+                log.info("replacing zygote %s.%s v%d: that version has another bundle now (its app was deleted and "
+                         "pushed again)", *key)
+                await self._zygotes.pop(key).stop()
+                self._failures.pop(key, None)
+                self._retry_at.pop(key, None)
+                zygote = None
             if zygote is not None and not zygote.done:
                 if zygote.ready:
                     self._failures.pop(key, None)
@@ -419,7 +432,7 @@ class ZygotePool:
                     continue
             self._retry_at.pop(key, None)
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            replacement = Zygote(assignment, bundle, self._dir / f"{key[0]}.{key[1]}.{key[2]}.sock", self._nats_url,
+            replacement = Zygote(assignment, bundle, self._dir / _socket_name(key), self._nats_url,
                                  self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
                                  verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts)
             if zygote is not None:
@@ -439,3 +452,28 @@ class ZygotePool:
         descriptors.close(self._lifeline_w, "the write end of the zygotes' lifeline")
         descriptors.close(self._lifeline, "the read end of the zygotes' lifeline")
         self._lifeline = self._lifeline_w = -1
+
+
+def _socket_name(key: ZygoteKey) -> str:
+    """The file name of a zygote's socket: a digest of its key (app and class names can be long)."""
+    return hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()[:16] + ".sock"
+
+
+@contextlib.contextmanager
+def _address(path: Path) -> Iterator[str]:
+    """``path`` as a socket's address: itself where it fits (a socket's path is at most 107 bytes), else reached
+    through a descriptor of its folder (a deep state directory)."""
+    if len(os.fsencode(path)) < 100:
+        yield str(path)
+        return
+    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{folder}/{path.name}"
+    finally:
+        os.close(folder)
+
+
+def _connect(conn: socket.socket, path: Path) -> None:
+    with _address(path) as address:
+        conn.connect(address)
+
