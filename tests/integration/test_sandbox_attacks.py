@@ -28,6 +28,7 @@ from support.streams import read_lines
 from ember._client import Transport
 from ember._deploy import deploy
 from ember.wire import AppView, StatusView
+from ember_runtime.agent.zygote_pool import socket_name
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +139,8 @@ def test_a_hostile_replica_reads_nothing_of_the_node_and_cannot_fork(tmp_path, t
 
     node = platform.state_dir / "node"
     sockets = sorted(str(p) for p in (node / "zygotes").glob("*.sock"))
-    assert any("hostile" in s for s in sockets)  # its own zygote's socket exists, on the node
+    # its own zygote's socket exists, on the node
+    assert str(node / "zygotes" / socket_name(("hostile", "Snoop", view.version))) in sockets
     other = next(p for p in (node / "bundles").glob("*/hello.py"))
     # another app's replica record and output (a FIFO): the agent's, for a restarted agent to adopt that replica
     other_output = next(p for p in (node / "replicas").glob("hello-*/stdout"))

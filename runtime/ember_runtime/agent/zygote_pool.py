@@ -432,7 +432,7 @@ class ZygotePool:
                     continue
             self._retry_at.pop(key, None)
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            replacement = Zygote(assignment, bundle, self._dir / _socket_name(key), self._nats_url,
+            replacement = Zygote(assignment, bundle, self._dir / socket_name(key), self._nats_url,
                                  self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
                                  verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts)
             if zygote is not None:
@@ -454,7 +454,7 @@ class ZygotePool:
         self._lifeline = self._lifeline_w = -1
 
 
-def _socket_name(key: ZygoteKey) -> str:
+def socket_name(key: ZygoteKey) -> str:
     """The file name of a zygote's socket: a digest of its key (app and class names can be long)."""
     return hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()[:16] + ".sock"
 
