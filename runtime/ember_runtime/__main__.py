@@ -12,6 +12,7 @@ from pathlib import Path
 from ember import _logging
 from ember import _loop as ember_loop
 from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
+from ember_runtime.agent import gpu_faults
 from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
@@ -34,6 +35,13 @@ def _count(text: str) -> int:
     if not text.isdigit() or int(text) > 64:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 64")
     return int(text)
+
+
+def _xids(text: str) -> frozenset[int] | None:
+    try:
+        return gpu_faults.ignored_xids(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main() -> None:
@@ -65,6 +73,10 @@ def main() -> None:
                         help="apps whose next fresh replica starts from a warm start (an interpreter in the app's "
                              "sandbox with its heavy libraries imported ahead), at most; each holds the memory of "
                              f"those imports; 0: none (default {DEFAULT_LIMIT}, $EMBER_WARM_STARTS)")
+    parser.add_argument("--ignore-xids", type=_xids, default=os.environ.get("EMBER_IGNORE_XIDS", ""),
+                        help="Xid errors that leave a GPU in service, besides an application's own (13, 31, 43, 45, "
+                             "68, 109), as numbers separated by commas; 'all': no Xid error takes a GPU out of "
+                             "service (default: any other does, $EMBER_IGNORE_XIDS)")
     sandboxing = parser.add_mutually_exclusive_group()
     sandboxing.add_argument("--insecure-no-sandbox", dest="sandbox", action="store_const", const="off",
                             default="required", help="run replicas without a sandbox: they see the whole node")
@@ -90,7 +102,7 @@ def main() -> None:
         logging.getLogger("ember.agent").warning(
             "INSECURE (--insecure-no-auth): connected to NATS without credentials")
     agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox,
-                      stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts)
+                      stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts, ignore_xids=args.ignore_xids)
 
     async def run() -> None:
         stop = asyncio.Event()

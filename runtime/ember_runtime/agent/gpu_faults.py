@@ -3,11 +3,11 @@
 NVIDIA's driver reports hardware and driver faults as Xid errors (NVML's ``XidCriticalError`` events). Those that
 are an application's own doing leave the GPU in service, as NVIDIA's Kubernetes device plugin leaves them: 13
 (graphics engine exception), 31 (memory page fault), 43 (a channel stopped), 45 (preemptive clean-up after those),
-68 (video processor exception) and 109 (context switch timeout). Any other (48 double-bit ECC, 63 and 64 row
-remapping, 74 NVLink, 79 fallen off the bus, 94 and 95 ECC errors, 119 and 120 GSP, ...) puts the GPU, with its MIG
-slices, out of service until the agent starts again (once the operator has reset or replaced it): the node reports
-the device with ``fault`` set, the scheduler places nothing more on it, and the control plane moves the replicas on
-it to other GPUs, each leaving once its replacement serves.
+68 (video processor exception) and 109 (context switch timeout); the agent's ``--ignore-xids`` adds to them, or
+ignores all. Any other (48 double-bit ECC, 63 and 64 row remapping, 74 NVLink, 79 fallen off the bus, 94 and 95 ECC
+errors, 119 and 120 GSP, ...) puts the GPU, with its MIG slices, out of service until the agent starts again (once
+the operator has reset or replaced it): the node reports the device with ``fault`` set, the scheduler places nothing
+more on it, and the control plane moves the replicas on it to other GPUs, each leaving once its replacement serves.
 
 Two sources answer "which Xid errors came?", through the same decision after: ``NvmlXids`` waits on the driver's
 events, and ``DeclaredXids`` reads the virtual driver of a declared inventory, a file of ``<device uuid> <xid>``
@@ -33,6 +33,7 @@ from ember_runtime.agent.inventory import _text
 log = logging.getLogger("ember.agent")
 
 APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})  # the application's fault, not the GPU's
+ALL = None  # ``ignored_xids("all")``: no Xid takes a GPU out of service, and none is watched
 WAIT_S = 1.0  # how long one wait for the driver's events lasts (the watch checks for its stop between waits)
 _MAX_LINE = 256  # a longer line of the virtual driver's file is not an event
 
@@ -74,6 +75,18 @@ class GpuFaults:
 
         return [msgspec.structs.replace(d, xid=self.last_xid.get(gpu(d), 0), fault=self.faults.get(gpu(d), ""))
                 if d.kind == "gpu" and gpu(d) in self.last_xid else d for d in devices]
+
+
+def ignored_xids(text: str) -> frozenset[int] | None:
+    """The agent's ``--ignore-xids``: Xids that leave a GPU in service besides an application's own, as numbers
+    separated by commas ("" for none); "all" (``ALL``): none takes a GPU out of service. ``ValueError`` saying what
+    is wrong otherwise."""
+    if text.strip().lower() == "all":
+        return ALL
+    numbers = [part.strip() for part in text.split(",") if part.strip()]
+    if bad := [n for n in numbers if not _number(n)]:
+        raise ValueError(f"{bad[0]!r} is not an Xid (a whole number): give numbers separated by commas, or 'all'")
+    return APPLICATION_XIDS | {int(n) for n in numbers}
 
 
 def source_for(devices: Iterable[Device], declared: Path | None) -> XidSource | None:

@@ -67,7 +67,8 @@ class NodeAgent:
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
                  inventory: Path | None = None, creds: NatsCredentials | None = None,
                  sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, stop_grace_s: float = STOP_GRACE_S,
-                 warm_starts: int = warm.DEFAULT_LIMIT) -> None:
+                 warm_starts: int = warm.DEFAULT_LIMIT,
+                 ignore_xids: frozenset[int] | None = gpu_faults.APPLICATION_XIDS) -> None:
         self.nats_url = nats_url
         self.stop_grace_s = stop_grace_s  # what each replica is given to drain when the agent stops
         self.creds = creds  # this node's NATS credentials; its replicas' are derived from them
@@ -80,7 +81,8 @@ class NodeAgent:
         self.devices = inventory_source.load(inventory)
         self.device_nodes = devices.REAL if inventory is None else devices.stand_ins(state_dir / "dev", self.devices)
         self.usage_watcher: UsageWatcher | None = None  # samples the GPU memory each replica uses
-        self.gpu_faults = gpu_faults.GpuFaults()  # the GPUs out of service (a critical Xid error), reported
+        self.gpu_faults = gpu_faults.GpuFaults(ignore_xids or ())  # GPUs out of service (a critical Xid error)
+        self._watch_xids = ignore_xids is not gpu_faults.ALL
         self._beat = asyncio.Event()  # set: the node reports now (a GPU's fault), not at its next heartbeat
         self.host = inventory_source.load_host(inventory)
         self.numa = inventory_source.load_numa(inventory) or numa.read_topology()
@@ -136,7 +138,8 @@ class NodeAgent:
         self.usage_watcher = UsageWatcher(usage, self.slots.values) if usage is not None else None
         watch = asyncio.create_task(self.usage_watcher.run(stop), name="gpu-memory-watch") \
             if self.usage_watcher is not None else None
-        xids = gpu_faults.source_for(self.devices, self.state_dir / "gpu-xids" if self.inventory else None)
+        xids = gpu_faults.source_for(self.devices, self.state_dir / "gpu-xids" if self.inventory else None) \
+            if self._watch_xids else None
         faults = asyncio.create_task(gpu_faults.watch(xids, self.gpu_faults, stop, self._beat.set),
                                      name="gpu-fault-watch") if xids is not None else None
         log.info("node %s up with %s", self.node_id, ", ".join(d.name for d in self.devices))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import logging
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -210,3 +212,23 @@ def test_a_failing_nvml_wait_is_an_error_not_a_fault() -> None:
     driver.events = [UNKNOWN]
     with pytest.raises(NVMLError):
         source.wait(1)
+
+
+# --- the agent's --ignore-xids ---------------------------------------------------------------------
+
+
+def test_ignore_xids_adds_to_an_applications_own_or_ignores_all() -> None:
+    assert gpu_faults.ignored_xids("") == gpu_faults.APPLICATION_XIDS
+    assert gpu_faults.ignored_xids(" 94, 79 ,") == gpu_faults.APPLICATION_XIDS | {79, 94}
+    assert gpu_faults.ignored_xids("ALL") is gpu_faults.ALL
+    for bad, named in (("79,x", "'x'"), ("-1", "'-1'"), ("1e3", "'1e3'"), ("79;94", "'79;94'")):
+        with pytest.raises(ValueError, match=named):
+            gpu_faults.ignored_xids(bad)
+    faults = GpuFaults(gpu_faults.ignored_xids("79") or ())
+    assert faults.record(Xid("GPU-0", 79)) == "" and faults.record(Xid("GPU-0", 48)) != ""
+
+
+def test_the_agent_refuses_an_ignore_xids_that_is_not_a_list_of_xids() -> None:
+    refused = subprocess.run([sys.executable, "-m", "ember_runtime", "--ignore-xids", "79,x"], capture_output=True,
+                             text=True, timeout=60, check=False)
+    assert refused.returncode == 2 and "--ignore-xids" in refused.stderr and "'x' is not an Xid" in refused.stderr
