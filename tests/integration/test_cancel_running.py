@@ -8,6 +8,7 @@ with it."""
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import time
 import uuid
@@ -20,6 +21,8 @@ from support.paths import REPO
 from support.polling import wait_for
 
 import ember
+from ember._client import Transport
+from ember._deploy import app_view
 from ember.wire import AppView
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -41,7 +44,18 @@ def _notes(cls: str = "Stoppable") -> list[str]:
 
 
 def _started(tag: str, cls: str = "Stoppable") -> None:
-    wait_for(lambda: f"started:{tag}" in _notes(cls), timeout_s=60, what=f"{tag} to start")
+    wait_for(lambda: f"started:{tag}" in _notes(cls), timeout_s=60, what=f"{tag} to start", explain=_explain)
+
+
+def _explain() -> str:
+    """What the replicas noted last, and which of them run: for a wait that timed out."""
+    transport = Transport(os.environ["EMBER_URL"], token=os.environ["EMBER_TOKEN"])
+    try:
+        replicas = [(s.name, r.replica_id, r.state, r.restarts) for s in app_view(transport, "cancels").services
+                    for r in s.replicas]
+    finally:
+        transport.close()
+    return f"Stoppable noted {_notes()[-12:]}\nKid noted {_notes('Kid')[-12:]}\nreplicas {replicas}"
 
 
 def _tag() -> str:
