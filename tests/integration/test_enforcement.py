@@ -17,6 +17,7 @@ from support.auth import authed_client
 from support.paths import TEST_APPS
 from support.platform import TestPlatform
 from support.polling import wait_for
+from support.procs import gone
 
 import ember
 from ember._client import Transport
@@ -89,14 +90,6 @@ def proc_status(pid: int, field: str) -> str:
         if name == field:
             return value.strip()
     raise AssertionError(f"/proc/{pid}/status has no {field}")
-
-
-def gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie that its new parent has not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
-        return True
 
 
 def proc_env(pid: int) -> dict[str, str]:

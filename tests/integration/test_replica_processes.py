@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from support.paths import TEST_APPS
 from support.polling import wait_for
+from support.procs import gone
 
 from ember._deploy import deploy
 
@@ -28,14 +29,6 @@ def test_a_huge_output_line_neither_wedges_the_replica_nor_floods_the_logs(deplo
 
     lines = wait_for(lambda: len(cut_lines()) >= 3 and cut_lines(), timeout_s=30, what="the cut log lines")
     assert all(len(line) < 20_000 for line in lines)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
-        return False
 
 
 def _on_node(pid: int, replicas: set[int]) -> int:
@@ -64,12 +57,12 @@ def test_the_processes_a_replica_started_stop_with_it(deployed, http):
     replicas = {r["pid"] for s in http.get("/v1/apps/wedge").json()["services"] if s["name"] == "spawn_child"
                 for r in s["replicas"]}
     child = _on_node(http.post("/v1/wedge/spawn_child").json(), replicas)
-    assert _alive(child)
+    assert not gone(child)
     try:
         assert http.delete("/v1/apps/wedge").status_code == 204
-        wait_for(lambda: not _alive(child), timeout_s=60, what=f"process {child} to stop with its replica")
+        wait_for(lambda: gone(child), timeout_s=60, what=f"process {child} to stop with its replica")
     finally:
-        if _alive(child):
+        if not gone(child):
             os.kill(child, 9)
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from support.polling import wait_for
+from support.procs import gone
 
 import ember
 from ember_runtime.agent import netns, sandbox
@@ -318,13 +319,6 @@ asyncio.run(go())
 
 
 
-def _gone(pid: int) -> bool:
-    """Exited: no such process, or a zombie not reaped yet."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
-        return True
-
 def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(networked, servers) -> None:
     killed = subprocess.run([sys.executable, "-c", KILLED_AGENT, f"nats://127.0.0.1:{servers[0]}"],
                             capture_output=True, text=True, timeout=120, check=False)
@@ -337,7 +331,7 @@ def test_the_pastas_of_an_agent_killed_outright_are_stopped_by_the_next_agent(ne
     # keeps its pasta (see the next test)
     wait_for(lambda: netns.sweep() >= 0 and not (netns.RUN_ROOT / killed.stdout.split()[0]).exists(), timeout_s=30,
              what="the sweep to stop the pasta")  # another test's may be among those it stops
-    wait_for(lambda: _gone(pasta), timeout_s=30, what="the orphaned pasta to be stopped")
+    wait_for(lambda: gone(pasta), timeout_s=30, what="the orphaned pasta to be stopped")
     assert not (netns.RUN_ROOT / killed.stdout.split()[0]).exists()
 
 
