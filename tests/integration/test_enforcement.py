@@ -9,7 +9,7 @@ import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -119,14 +119,23 @@ def test_a_replica_forked_from_its_zygote_runs_its_model_on_the_cpus_of_its_gpus
     assert cluster.http.post("/v1/enforce/Pinned.cpus", json={}).json() == [cluster.cpu]  # on its model thread
 
 
-def test_a_sandboxed_replica_holds_its_own_gpus_device_nodes_and_is_not_forked(cluster: Cluster) -> None:
+def test_a_sandboxed_replica_holds_its_own_gpus_device_nodes_forked_from_a_zygote_that_holds_them(
+        cluster: Cluster) -> None:
     # As on a real GPU node: the stand-ins of its GPU's node and the shared ones at /dev/<name>, no other GPU's.
     assert cluster.http.post("/v1/enforce/far", json={}).json() == sorted(["nvidia1", *SHARED_NODES])  # the L4
     held = wait_for(lambda: (r := replica(cluster, "Held")).state == "ready" and r, 60, "Held's replica to be ready")
     assert cluster.http.post("/v1/enforce/Held.nodes", json={}).json() == sorted(["nvidia0", *SHARED_NODES])
-    # A zygote's sandbox holds no device nodes: Held, a snap setup, started on its own (Pinned, on the node
-    # without sandboxes, was forked: the test above).
-    assert held.node_id == NODE and held.start is not None and held.start.kind != "zygote"
+    # Held, a snap setup, was forked from a zygote whose sandbox holds its GPU's device nodes alone: the one the
+    # preloader told the node, that of Held's replica (the H100, nvidia0), not the L4's.
+    assert held.node_id == NODE and held.start is not None and held.start.kind == "zygote"
+
+    def reported() -> tuple[dict[str, Any], str] | None:  # the zygote, once its node's report after the fork says so
+        (node,) = [n for n in cluster.transport.json("GET", "/v1/status")["nodes"] if n["node_id"] == NODE]
+        h100 = next(d["uuid"] for d in node["devices"] if d["kind"] == "gpu" and d["index"] == 0)
+        return next(((z, h100) for z in node["zygotes"] if z["service"] == "Held" and z["forks"]), None)
+
+    zygote, h100 = wait_for(reported, 30, "the node to report Held's zygote")
+    assert zygote["gpus"] == [h100]
     assert proc_status(held.pid, "Cpus_allowed_list") == str(cluster.cpu)  # pinned all the same
 
 

@@ -5,8 +5,8 @@ The session's platform reads its node's GPUs through NVML (no declared inventory
 ``gpu=1`` whose snap setup loads its model on the CPU (tests/apps/gpu): each replica is given the GPU (its device
 nodes in the sandbox, CUDA_VISIBLE_DEVICES naming it), runs the model there with the CPU's answers, and the node
 reports the GPU with the replica on it and the GPU memory the replica's CUDA context holds. Scaled to two, the
-second replica too: on a sandboxed node it is not forked from the zygote (whose sandbox holds no GPU device nodes)
-but starts fresh; unsandboxed it may fork.
+second replica too, whether it forked from the zygote or not: on a sandboxed node a forked replica's zygote holds its
+GPU's device nodes (``ZygoteAssignment.gpus``), and CUDA, untouched in the zygote, starts in the fork.
 """
 
 from __future__ import annotations
@@ -87,15 +87,16 @@ def test_a_replica_given_a_gpu_runs_its_model_there_with_the_cpus_answers(pushed
     assert used > 0  # its CUDA context, found among the GPU's processes by its pid on the node
 
 
-def test_a_second_replica_reaches_its_gpu_too_forked_only_where_unsandboxed(pushed: None, http: httpx.Client,
-                                                                           platform, ember_cli) -> None:
+def test_a_second_replica_reaches_its_gpu_too_forked_or_not(pushed: None, http: httpx.Client, platform,
+                                                            ember_cli) -> None:
     ember_cli("scale", "gpu-probe.Probe", "--min", "2", "--max", "2", url=platform.url)
     try:
         replicas = on_gpus(http, 2)
-        for _, replica, sandbox in replicas:
-            kind = (replica.get("start") or {}).get("kind")
-            if sandbox.startswith("bwrap"):
-                assert kind != "zygote", replica  # a fork would have no GPU device nodes
+        zygote_gpus = {z["version"]: z["gpus"] for node in http.get("/v1/status").json()["nodes"]
+                       for z in node["zygotes"] if z["app"] == "gpu-probe"}
+        for gpu, replica, sandbox in replicas:
+            if sandbox.startswith("bwrap") and (replica.get("start") or {}).get("kind") == "zygote":
+                assert zygote_gpus.get(replica["version"]) in (None, [gpu["uuid"]]), (replica, zygote_gpus)
         assert {b["device"] for b in answers(http)} == {"cuda:0"}
     finally:
         ember_cli("scale", "gpu-probe.Probe", "--min", "1", "--max", "1", url=platform.url)

@@ -28,7 +28,7 @@ from support.streams import read_lines
 from ember._client import Transport
 from ember._deploy import deploy
 from ember.wire import AppView, StatusView
-from ember_runtime.agent.zygote_pool import socket_name
+from ember_runtime.agent.zygote_socket import socket_name
 
 pytestmark = pytest.mark.integration
 

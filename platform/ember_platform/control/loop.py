@@ -209,7 +209,8 @@ class ControlLoop:
         self._rebalance(plan, snapshot, unplaced, deployments, now)
         self._note_quiet(services, plan)
         zygotes = self.preloader.zygotes(plan, nodes, deployments,
-                                         functools.partial(cluster_snapshot, plan, nodes, deployments), now)
+                                         functools.partial(cluster_snapshot, plan, nodes, deployments), now,
+                                         {r.replica_id for r in self.registry.replicas.items.values()})
         await self._write(plan, zygotes, now)
         await self.switching.switch(deployments)
         await self.switching.hold_standby(plan, deployments, now)  # after it: a version that just left is told now

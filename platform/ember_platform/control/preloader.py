@@ -8,13 +8,18 @@ node's budget: a share of its host memory (``EMBER_ZYGOTE_MEMORY_FRACTION``, 25 
 replicas placed there left unreserved (``zygote_budget_mb``). Each zygote assigned is told how many children to
 keep forked ahead of their requests (``scheduler.preload.spares``): the starts placement would make on its node of
 the function's next replicas (``starts_ahead`` of them).
+
+A node whose sandboxes bind their GPUs' device nodes (``NodeInfo.gpu_forks`` false) forks a GPU replica only from a
+zygote whose sandbox holds that replica's GPUs: there a GPU service's zygote is told which (``ZygoteAssignment.gpus``,
+``device_sets``): those of the replica placement would start there next, else those of one running there (its
+restart). A zygote never holds a GPU that another app's replica is placed on.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -23,7 +28,15 @@ from ember.wire import Deployment, NodeInfo, SlotAssignment, VolumeMount, Zygote
 from ember.wire.images import ImageSpec
 from ember_platform.control.plan import replica_request
 from ember_platform.scheduler import Snapshot
-from ember_platform.scheduler.preload import PreloadCandidate, ZygoteKey, next_nodes, plan_preload, spares, starts_ahead
+from ember_platform.scheduler.decision import Binding
+from ember_platform.scheduler.preload import (
+    PreloadCandidate,
+    ZygoteKey,
+    next_bindings,
+    plan_preload,
+    spares,
+    starts_ahead,
+)
 from ember_platform.scheduler.request import request_from_spec
 
 PRELOAD_EVERY_S = 2.0
@@ -48,19 +61,20 @@ class Preloader:
 
     def zygotes(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
                 deployments: Mapping[str, Deployment], snapshot: Callable[[], Snapshot],
-                now: float | None = None) -> dict[str, list[ZygoteAssignment]]:
+                now: float | None = None, reported: Container[str] = frozenset()) -> dict[str, list[ZygoteAssignment]]:
         """Each live node's zygotes; recomputed every ``PRELOAD_EVERY_S`` or when a version is deployed.
-        ``snapshot()`` is the cluster as placement sees it (built only when needed)."""
+        ``snapshot()`` is the cluster as placement sees it (built only when needed); ``reported``: the replicas that
+        reported their state (one placed that did not yet is starting: see ``device_sets``)."""
         now = time.time() if now is None else now
         versions = frozenset((d.app, d.version) for d in deployments.values())
         if now - self._at >= PRELOAD_EVERY_S or versions != self._versions or set(self._plan) != set(nodes):
-            self._plan = self._compute(plan, nodes, deployments, snapshot)
+            self._plan = self._compute(plan, nodes, deployments, snapshot, reported)
             self._at, self._versions = now, versions
         return self._plan
 
     def _compute(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
                  deployments: Mapping[str, Deployment],
-                 snapshot_of: Callable[[], Snapshot]) -> dict[str, list[ZygoteAssignment]]:
+                 snapshot_of: Callable[[], Snapshot], reported: Container[str]) -> dict[str, list[ZygoteAssignment]]:
         running: dict[ZygoteKey, set[str]] = {}
         planned: dict[ZygoteKey, int] = {}
         for nid, slots in plan.items():
@@ -71,22 +85,27 @@ class Preloader:
         measured = {ZygoteKey(z.app, z.service, z.version): z.rss_mb
                     for n in nodes.values() for z in n.zygotes if z.rss_mb > 0}
         snapshot: Snapshot | None = None
-        starts: dict[ZygoteKey, list[str]] = {}  # the nodes of the replicas each current version may add next
+        starts: dict[ZygoteKey, list[Binding]] = {}  # where the replicas each current version may add next would go
         candidates: list[PreloadCandidate] = []
         assignments: dict[ZygoteKey, ZygoteAssignment] = {}
         no_gpu_forks = frozenset(nid for nid, n in nodes.items() if not n.gpu_forks)
+        gpu_zygotes = frozenset(nid for nid in no_gpu_forks if nodes[nid].gpu_zygotes)
+        gpus_at: dict[ZygoteKey, dict[str, tuple[str, ...]]] = {}  # the GPUs of each zygote that holds some
         for dep in deployments.values():
             for svc in dep.manifest.services:
                 if not svc.snap:
                     continue
-                # A node whose sandboxes bind their GPUs' device nodes forks no GPU replica (a zygote's sandbox holds
-                # none: ember_runtime.agent.slots.unforkable); it keeps no zygote for them.
-                unforkable = no_gpu_forks if not request_from_spec(svc).cpu_only else frozenset()
+                # A node whose sandboxes bind their GPUs' device nodes forks a GPU replica only from a zygote whose
+                # sandbox holds its GPUs (ember_runtime.agent.slots.unforkable): one whose agent builds such
+                # zygotes is told which GPUs; an agent that cannot keeps no zygote of a GPU service.
+                gpu = not request_from_spec(svc).cpu_only
+                unforkable = no_gpu_forks - gpu_zygotes if gpu else frozenset()
                 versions = {k.version for k in running if k.app == dep.app and k.service == svc.name}
                 for version in sorted(versions | {dep.version}):
                     key = ZygoteKey(dep.app, svc.name, version)
                     current = version == dep.version
                     likely: tuple[str, ...] = ()
+                    bindings: list[Binding] = []
                     demand, low = 0.0, 0  # an old version's: it only restarts where it still runs
                     if current:
                         low, high = dep.bounds(svc)
@@ -95,12 +114,17 @@ class Preloader:
                         if snapshot is None:
                             snapshot = snapshot_of()
                         request = replica_request(dep, svc, f"preload-{dep.app}-{svc.name}")
-                        nodes_next = next_nodes(snapshot, request, max(LIKELY_COUNT, ahead))
-                        likely = tuple(n for n in dict.fromkeys(nodes_next[:LIKELY_COUNT]) if n not in unforkable)
-                        starts[key] = nodes_next[:ahead]
+                        bindings = next_bindings(snapshot, request, max(LIKELY_COUNT, ahead))
+                        likely = tuple(n for n in dict.fromkeys(b.node_id for b in bindings[:LIKELY_COUNT])
+                                       if n not in unforkable)
+                        starts[key] = bindings[:ahead]
+                    sets = device_sets(key, bindings, plan, gpu_zygotes, reported) if gpu else {}
+                    gpus_at[key] = {nid: gpus for nid, gpus in sets.items() if gpus}
+                    unplaced = unforkable | {nid for nid, gpus in sets.items() if not gpus}
                     candidates.append(PreloadCandidate(
                         key=key, function=f"{dep.app}.{svc.name}", size_mb=measured.get(key, _estimate(key, measured)),
-                        running_nodes=frozenset(running.get(key, ())) - unforkable, likely_nodes=likely,
+                        running_nodes=frozenset(running.get(key, ())) - unplaced,
+                        likely_nodes=tuple(n for n in likely if n not in unplaced),
                         demand=demand, min_replicas=low, current=current))
                     assignments[key] = ZygoteAssignment(app=dep.app, service=svc.name, version=version,
                                                         bundle_sha256=_bundle_of(dep, version, plan),
@@ -112,8 +136,39 @@ class Preloader:
                 for nid in nodes}
         budgets = {nid: zygote_budget_mb(n, plan.get(nid, ())) for nid, n in nodes.items()}
         chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
-        return {nid: [msgspec.structs.replace(assignments[k], spares=spares(starts.get(k, []), nid))
+        return {nid: [_on_node(assignments[k], nid, starts.get(k, []), gpus_at.get(k, {}).get(nid, ()))
                       for k in sorted(keys)] for nid, keys in chosen.items()}
+
+
+def _on_node(assignment: ZygoteAssignment, node_id: str, starts: list[Binding],
+             gpus: tuple[str, ...]) -> ZygoteAssignment:
+    """``assignment`` as ``node_id`` holds it: its GPUs there, and a spare for each start expected there (of those
+    GPUs, for a zygote that holds some: a replica on others does not fork from it)."""
+    expected = [b.node_id for b in starts if not gpus or b.gpu_uuids == gpus]
+    return msgspec.structs.replace(assignment, spares=spares(expected, node_id), gpus=list(gpus))
+
+
+def device_sets(key: ZygoteKey, bindings: Sequence[Binding], plan: Mapping[str, list[SlotAssignment]],
+                nodes: Iterable[str], reported: Container[str] = frozenset()) -> dict[str, tuple[str, ...]]:
+    """For each of ``nodes`` (those whose zygotes of a GPU service hold its GPUs) where ``key`` may start next or
+    runs: the GPUs its zygote there holds. Those of a replica of ``key`` placed there that has not ``reported`` yet
+    (starting: a new version's first replicas wait for their zygote), else those of the first of ``bindings`` (the
+    next starts) on that node, else those of a replica of ``key`` running there (its restart); none (an empty
+    tuple: no zygote there) where another app's replica is placed on one of them: a zygote runs its app's code, and
+    never on a GPU another app's replica is given."""
+    sets: dict[str, tuple[str, ...]] = {}
+    for nid in nodes:
+        mine = [s for s in plan.get(nid, ()) if ZygoteKey(s.app, s.service, s.version) == key and s.gpu_uuids]
+        chosen = next((tuple(s.gpu_uuids) for s in mine if s.replica_id not in reported), None)
+        if chosen is None:
+            chosen = next((b.gpu_uuids for b in bindings if b.node_id == nid), None)
+        if chosen is None:
+            chosen = next((tuple(s.gpu_uuids) for s in mine), None)
+        if chosen is None:
+            continue
+        taken = {uuid for s in plan.get(nid, ()) if s.app != key.app for uuid in s.gpu_uuids}
+        sets[nid] = () if taken & set(chosen) else chosen
+    return sets
 
 
 def zygote_budget_mb(node: NodeInfo, slots: Iterable[SlotAssignment]) -> int:

@@ -89,7 +89,14 @@ def likely_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> t
 
 
 def next_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> list[str]:
-    """The node of each of the next ``count`` replicas like ``request``, in the order ``place`` would put them.
+    """The node of each of the next ``count`` replicas like ``request``, in the order ``place`` would put them
+    (``next_bindings``' nodes)."""
+    return [binding.node_id for binding in next_bindings(snapshot, request, count)]
+
+
+def next_bindings(snapshot: Snapshot, request: PlacementRequest, count: int) -> list[Binding]:
+    """Where each of the next ``count`` replicas like ``request`` would go, node and GPUs, in the order ``place``
+    would put them.
 
     A dry run of the real placement policy: one ``place`` call of ``count`` copies of the request
     (under replica ids that the snapshot does not hold) sees each binding before the next decision, as
@@ -100,12 +107,12 @@ def next_nodes(snapshot: Snapshot, request: PlacementRequest, count: int) -> lis
         return []
     ids = _fresh_ids(request.replica_id or request.function, count, snapshot.reservations)
     decisions = place(snapshot, [msgspec.structs.replace(request, replica_id=i) for i in ids])
-    nodes: list[str] = []
+    bindings: list[Binding] = []
     for decision in decisions:
         if not isinstance(decision, Binding):
             break
-        nodes.append(decision.node_id)
-    return nodes
+        bindings.append(decision)
+    return bindings
 
 
 def spares(next_starts: Sequence[str], node_id: str) -> int:

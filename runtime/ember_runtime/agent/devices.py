@@ -28,7 +28,8 @@ def stand_ins(folder: Path, devices: Iterable[Device]) -> Path:
     binds is a character device that holds nothing (no replica can leave data there for another on the same GPU).
     A sandboxed replica on a virtual GPU is then given its GPUs' nodes as one on a real GPU is given theirs
     (``gpu_devices``, bound at ``/dev/<name>``): its own GPUs' and no other's, with what follows from holding them
-    (it is not forked from a zygote, see ``slots.unforkable``). MIG's ``nvidia-caps`` has no stand-in."""
+    (it forks only from a zygote whose sandbox holds the same, see ``slots.unforkable``). MIG's ``nvidia-caps`` has
+    no stand-in."""
     folder.mkdir(parents=True, exist_ok=True)
     shared = [Path(path).name for path in NVIDIA_SHARED if not path.endswith("-caps")]
     for name in {f"nvidia{d.index}" for d in devices if d.kind == "gpu"}.union(shared):

@@ -10,6 +10,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 
@@ -99,7 +100,7 @@ class NodeAgent:
         self.images = NodeImages(state_dir, sandbox)  # image environments, and the builds asked at push time
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event, sandbox_=sandbox,
                                   verify=lambda sha256: self.bundles.verify(sha256),
-                                  mounts=self._zygote_mounts)
+                                  mounts=self._zygote_mounts, devices=self._gpu_nodes)
         self._wake = asyncio.Event()
         self._volume_failures: dict[str, tuple[int, float, str]] = {}  # volumes -> (failures, next try, why)
         self._volumes_checked_at = 0.0
@@ -188,7 +189,7 @@ class NodeAgent:
                             zygotes=self.zygotes.statuses(), volumes=self.volumes.cached(),
                             environments=self.images.cache.cached(), warm_starts=self.warm.statuses(),
                             replica_gpu_memory_mb=watcher.last_usage if watcher is not None else {},
-                            gpu_forks=not self.sandbox.enabled,  # see slots.unforkable
+                            gpu_forks=not self.sandbox.enabled, gpu_zygotes=True,  # see slots.unforkable
                             **sandboxes.isolation(self.sandbox, self.cgroups))
             try:
                 await self._stores.nodes.put(self.node_id, encoder.encode(info))
@@ -293,10 +294,13 @@ class NodeAgent:
         """Hold the zygotes the scheduler assigned to this node (their bundles unpacked and weights read
         ahead: the artifact cache), and only those."""
         wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]] = {}
-        interpreters, waiting = self.images.interpreters(assignment.zygotes if assignment is not None else [])
-        for z in assignment.zygotes if assignment is not None else []:
+        zygotes, slots = (assignment.zygotes, assignment.slots) if assignment is not None else ([], [])
+        interpreters, waiting = self.images.interpreters(zygotes)
+        for z in zygotes:
             if (z.app, z.service, z.version) in waiting:  # its image's environment is being built first
                 continue
+            if set(z.gpus) & {u for s in slots if s.app != z.app for u in s.gpu_uuids}:
+                continue  # its app's code runs in it: never on a GPU that another app's replica is given
             try:
                 bundle = await self.bundles.get(z.bundle_sha256)
             except Exception:
@@ -419,10 +423,14 @@ class NodeAgent:
     def _confinement(self, slot: SlotAssignment, secrets: dict[str, str]) -> sandboxes.Confinement:
         """The replica's sandbox, with the device nodes of its GPUs (a declared inventory's stand-ins), its memory
         limit and its app's secrets (its environment only)."""
-        gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in slot.gpu_uuids}
-        nodes = devices.gpu_devices(gpus, self.device_nodes)
-        return sandboxes.Confinement(sandbox=self.sandbox, devices=nodes, memory_mb=slot.host_memory_mb,
+        return sandboxes.Confinement(sandbox=self.sandbox, devices=self._gpu_nodes(slot.gpu_uuids),
+                                     memory_mb=slot.host_memory_mb,
                                      cgroups=self.cgroups, secrets=secrets, block_network=slot.block_network)
+
+    def _gpu_nodes(self, uuids: Collection[str]) -> tuple[str, ...]:
+        """The device nodes of these GPUs (a declared inventory's stand-ins) that a sandbox binds for them."""
+        gpus = {d.index for d in self.devices if d.kind == "gpu" and d.uuid and d.uuid in uuids}
+        return devices.gpu_devices(gpus, self.device_nodes)
 
     async def _fetch_failed(self, slot: SlotAssignment, failures: int, exc: Exception) -> None:
         """Try the bundle again later, backing off, and say why on the replica's status (``ember status`` and

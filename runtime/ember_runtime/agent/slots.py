@@ -40,14 +40,16 @@ MAX_LOG_LINE = 16 * 1024  # bytes of one output line kept; the rest of the line 
 _READ_CHUNK = 64 * 1024
 
 
-def unforkable(confinement: sandbox.Confinement) -> str:
-    """Why a replica held so cannot be forked from its version's zygote; "" when it can. A zygote's sandbox is its
-    version's, built with no GPU device nodes (the app's code runs there, and no replica's GPUs are known yet), and
-    a forked replica stays in it: a sandboxed replica given GPUs would not reach them, so it starts fresh, or from
-    a warm start, whose sandbox holds its GPUs."""
-    if confinement.sandbox.enabled and confinement.devices:
-        return "a zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
-    return ""
+def unforkable(confinement: sandbox.Confinement, gpus: Sequence[str], zygote_gpus: Sequence[str]) -> str:
+    """Why a replica held so, given ``gpus``, cannot be forked from its version's zygote, which holds
+    ``zygote_gpus``; "" when it can. A forked replica stays in its zygote's sandbox, which binds the device nodes of
+    the zygote's GPUs alone: a sandboxed replica given other GPUs would not reach them (nor should it reach the
+    zygote's), so it starts fresh, or from a warm start, whose sandbox holds its GPUs."""
+    if not (confinement.sandbox.enabled and confinement.devices) or sorted(gpus) == sorted(zygote_gpus):
+        return ""
+    if not zygote_gpus:
+        return "the zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
+    return f"the zygote's sandbox holds GPU(s) {', '.join(zygote_gpus)}, not this replica's {', '.join(gpus)}"
 
 
 Running = asyncio.subprocess.Process | ForkedProcess | sandbox.SandboxedProcess | adoption.Adopted
@@ -351,14 +353,16 @@ class ReplicaSlot:
         and when the fork fails (the zygote is discarded, the failure counted, and the replica starts fresh)."""
         if self._zygotes is None:
             return None
-        if why := unforkable(self._jail):
-            if self._zygotes.holds(self.key.app, self.key.service, self.key.version) and not self._said_unforkable:
+        held = self._zygotes.gpus_of(self.key.app, self.key.service, self.key.version)
+        if held is not None and (why := unforkable(self._jail, self._gpu_uuids, held)):
+            if not self._said_unforkable:
                 self._said_unforkable = True
                 await self._publish("agent", f"replica {self.replica_id} starts fresh, not forked from its zygote: "
                                     f"{why}")
             return None
+        gpus = self._gpu_uuids if self._jail.sandbox.enabled and self._jail.devices else None
         zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S,
-                                         bundle_sha256=self._bundle_sha256)
+                                         bundle_sha256=self._bundle_sha256, gpus=gpus)
         if zygote is None:
             return None
         argv = self._argv("zygote", decided, 0.0)

@@ -6,7 +6,9 @@ an event (a log line at warning level and a count in its status) and the replica
 builds it again while the scheduler still wants it, with a growing delay after repeated failures.
 
 A zygote runs in the same sandbox as a replica of its version (where the node has them), and its forked
-replicas stay in it: the sandbox outlives the zygote while they run. Only the agent can ask a zygote for a
+replicas stay in it: the sandbox outlives the zygote while they run. So a zygote whose assignment names GPUs
+(``ZygoteAssignment.gpus``) has their device nodes in its sandbox, as a replica on them has, and forks only the
+replicas given exactly those GPUs (``get``'s ``gpus``). Only the agent can ask a zygote for a
 replica: the agent binds the zygote's socket in its own state dir (which no sandbox sees) and hands the
 zygote the listening descriptor, which its forked children close; the zygote checks each caller's
 credentials too. Zygotes and their replicas hold the read end of one pipe whose write end only the agent
@@ -17,14 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -34,17 +35,18 @@ import msgspec
 
 from ember.wire import ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
-from ember_runtime.agent import descriptors, reap, sandbox
+from ember_runtime.agent import descriptors, reap, sandbox, zygote_socket
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.forked import ForkedProcess
 from ember_runtime.agent.leaders import Leader
+from ember_runtime.agent.zygote_socket import ZygoteKey
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ForkReply, ForkRequest, Ready, Spares
 
 log = logging.getLogger("ember.agent")
-ZygoteKey = tuple[str, str, int]  # app, service, version
 Event = Callable[[str, str, str], None]  # (app, service, line): a zygote's failure, for the app's log stream
 Mounts = Callable[[ZygoteAssignment], Awaitable[tuple[tuple[Path, str], ...]]]  # its volumes: (folder, mount path)
 Verify = Callable[[str], Awaitable[Path]]  # a bundle's sha256 -> its unpacked folder, checked
+DeviceNodes = Callable[[Sequence[str]], tuple[str, ...]]  # GPU uuids -> the device nodes a sandbox binds for them
 BUILD_TIMEOUT_S = 600.0
 RETRY_START_S = 1.0
 RETRY_MAX_S = 60.0
@@ -70,8 +72,9 @@ class Zygote:
     def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
                  on_event: Event | None = None, *, sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX,
                  lifeline: int = -1, verify: Verify | None = None, interpreter: Interpreter | None = None,
-                 mounts: Mounts | None = None) -> None:
+                 mounts: Mounts | None = None, devices: tuple[str, ...] = ()) -> None:
         self.assignment = assignment
+        self._devices = devices  # the device nodes of its GPUs (``assignment.gpus``), bound into its sandbox
         self._mounts = mounts
         self._interpreter = interpreter or Interpreter(python=sys.executable)
         self._nats_url = nats_url
@@ -114,7 +117,7 @@ class Zygote:
         if self._verify is not None:
             self._bundle = await self._verify(self.assignment.bundle_sha256)
         mounts = await self._mounts(self.assignment) if self._mounts is not None else ()
-        listener = _listen(self._socket)
+        listener = zygote_socket.listen(self._socket)
         ours, theirs = hostpid.socket_pair()
         fds = (listener.fileno(), theirs.fileno(), self._lifeline)
         enabled = self._sandbox.enabled
@@ -130,7 +133,7 @@ class Zygote:
         try:
             if enabled:
                 jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True,
-                                    readonly=self._interpreter.readonly, mounts=mounts,
+                                    readonly=self._interpreter.readonly, mounts=mounts, devices=self._devices,
                                     block_network=self.assignment.block_network)
                 proc: asyncio.subprocess.Process | sandbox.SandboxedProcess = await sandbox.start(
                     self._sandbox, cmd, jail, env, preexec, pass_fds=fds)
@@ -244,7 +247,7 @@ class Zygote:
             request = ForkRequest(argv=list(argv), env=env, cpus=sorted(cpus or ()))
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
             conn.settimeout(5.0)
-            _connect(conn, self._socket)
+            zygote_socket.connect(conn, self._socket)
             socket.send_fds(conn, [msgspec.json.encode(request)], [out_w, err_w])
             conn.setblocking(False)
             data, pid = await asyncio.wait_for(hostpid.receive(conn, MAX_MESSAGE), 5.0)
@@ -281,7 +284,7 @@ class Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.settimeout(5.0)
-            _connect(conn, self._socket)
+            zygote_socket.connect(conn, self._socket)
             conn.setblocking(False)
             loop = asyncio.get_running_loop()
             await loop.sock_sendall(conn, msgspec.json.encode(Spares(count=count)))
@@ -327,7 +330,7 @@ class Zygote:
                             pid=(self._pid or ready.pid) if ready and self.ready else 0,
                             rss_mb=ready.rss_mb if ready else 0,
                             build_s=self.build_s, forks=self.forks, failures=self.failures, message=self.message,
-                            spares=self.spares)
+                            spares=self.spares, gpus=self.assignment.gpus)
 
 
 async def _drain(pumps: asyncio.Future[Any], grace_s: float = 2.0) -> None:
@@ -342,23 +345,6 @@ async def _drain(pumps: asyncio.Future[Any], grace_s: float = 2.0) -> None:
         pass
 
 
-def _listen(path: Path) -> socket.socket:
-    """The zygote's socket, bound by the agent in its own state dir and handed to the zygote as a descriptor."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    try:
-        with _address(path) as address:
-            listener.bind(address)
-        os.chmod(path, 0o600)
-        listener.listen(64)
-        listener.set_inheritable(True)
-    except BaseException:
-        listener.close()
-        raise
-    return listener
-
-
 def _close_output(out: int, err: int, end: str) -> None:
     descriptors.close(out, f"the {end} end of a forked replica's stdout pipe")
     descriptors.close(err, f"the {end} end of a forked replica's stderr pipe")
@@ -369,8 +355,9 @@ class ZygotePool:
 
     def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None, *,
                  sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX, verify: Verify | None = None,
-                 mounts: Mounts | None = None) -> None:
+                 mounts: Mounts | None = None, devices: DeviceNodes | None = None) -> None:
         self._dir = state_dir / "zygotes"
+        self._devices = devices  # a zygote's GPUs -> their device nodes; None: its sandbox holds none
         self._mounts = mounts
         self._nats_url = nats_url
         self._on_event = on_event
@@ -383,18 +370,28 @@ class ZygotePool:
         self._failures: dict[ZygoteKey, int] = {}  # failed builds in a row, per version: the retry delay
         self._retry_at: dict[ZygoteKey, float] = {}
 
-    async def get(self, app: str, service: str, version: int, *, wait_s: float = 0.0,
-                  bundle_sha256: str = "") -> Zygote | None:
+    async def get(self, app: str, service: str, version: int, *, wait_s: float = 0.0, bundle_sha256: str = "",
+                  gpus: Sequence[str] | None = None) -> Zygote | None:
         """The ready zygote of this version, if this node holds one (of ``bundle_sha256``, where given: an app
-        deleted and pushed again has versions of the same numbers); one still building is waited for up to
-        ``wait_s`` (its build costs about what a fresh start would, and a fork after it almost nothing)."""
+        deleted and pushed again has versions of the same numbers; holding exactly ``gpus``, where given); one
+        still building is waited for up to ``wait_s`` (its build costs about what a fresh start would, and a fork
+        after it almost nothing)."""
+        def fits(zygote: Zygote | None) -> bool:
+            return zygote is not None and (not bundle_sha256 or zygote.assignment.bundle_sha256 == bundle_sha256) \
+                and (gpus is None or sorted(zygote.assignment.gpus) == sorted(gpus))
+
         zygote = self._zygotes.get((app, service, version))
-        if zygote is not None and bundle_sha256 and zygote.assignment.bundle_sha256 != bundle_sha256:
+        if zygote is None or not fits(zygote):
             return None
-        if zygote is not None and wait_s > 0:
+        if wait_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(zygote.settled.wait(), wait_s)
-        return zygote if zygote is not None and zygote.ready else None
+        return zygote if zygote.ready and fits(self._zygotes.get((app, service, version))) else None
+
+    def gpus_of(self, app: str, service: str, version: int) -> list[str] | None:
+        """The GPUs whose device nodes the zygote of this version holds (ready or building); None: none held."""
+        zygote = self._zygotes.get((app, service, version))
+        return zygote.assignment.gpus if zygote is not None and not zygote.done else None
 
     def holds(self, app: str, service: str, version: int) -> bool:
         """Whether this node holds a zygote of this version, ready or building: its next starts fork."""
@@ -411,9 +408,8 @@ class ZygotePool:
         now = time.monotonic()
         for key, (assignment, bundle) in wanted.items():
             zygote = self._zygotes.get(key)
-            if zygote is not None and zygote.assignment.bundle_sha256 != assignment.bundle_sha256:
-                log.info("replacing zygote %s.%s v%d: that version has another bundle now (its app was deleted and "
-                         "pushed again)", *key)
+            if zygote is not None and (why := _moved(zygote.assignment, assignment)):
+                log.info("replacing zygote %s.%s v%d: %s", *key, why)
                 await self._zygotes.pop(key).stop()
                 self._failures.pop(key, None)
                 self._retry_at.pop(key, None)
@@ -432,9 +428,10 @@ class ZygotePool:
                     continue
             self._retry_at.pop(key, None)
             self._dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            replacement = Zygote(assignment, bundle, self._dir / socket_name(key), self._nats_url,
+            replacement = Zygote(assignment, bundle, self._dir / zygote_socket.socket_name(key), self._nats_url,
                                  self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
-                                 verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts)
+                                 verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts,
+                                 devices=self._devices(assignment.gpus) if self._devices and assignment.gpus else ())
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()
@@ -454,26 +451,10 @@ class ZygotePool:
         self._lifeline = self._lifeline_w = -1
 
 
-def socket_name(key: ZygoteKey) -> str:
-    """The file name of a zygote's socket: a digest of its key (app and class names can be long)."""
-    return hashlib.sha256("\0".join(map(str, key)).encode()).hexdigest()[:16] + ".sock"
-
-
-@contextlib.contextmanager
-def _address(path: Path) -> Iterator[str]:
-    """``path`` as a socket's address: itself where it fits (a socket's path is at most 107 bytes), else reached
-    through a descriptor of its folder (a deep state directory)."""
-    if len(os.fsencode(path)) < 100:
-        yield str(path)
-        return
-    folder = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{folder}/{path.name}"
-    finally:
-        os.close(folder)
-
-
-def _connect(conn: socket.socket, path: Path) -> None:
-    with _address(path) as address:
-        conn.connect(address)
-
+def _moved(held: ZygoteAssignment, wanted: ZygoteAssignment) -> str:
+    """Why a zygote held as ``held`` cannot be the one ``wanted``; "" when it can."""
+    if held.bundle_sha256 != wanted.bundle_sha256:
+        return "that version has another bundle now (its app was deleted and pushed again)"
+    if sorted(held.gpus) != sorted(wanted.gpus):
+        return f"its replicas start next on GPU(s) {', '.join(wanted.gpus) or 'none'}, not {', '.join(held.gpus)}"
+    return ""

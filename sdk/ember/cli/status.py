@@ -80,12 +80,17 @@ def isolation_table(nodes: list[NodeView]) -> str:
 
 def zygotes_table(nodes: list[NodeView], shown: set[tuple[str, str]] | None = None) -> str:
     """One row per preloaded zygote (empty when no node holds one)."""
-    rows = [(node.node_id, f"{z.app}.{z.service} v{z.version}", z.state, f"{z.rss_mb} MB", f"{z.build_s:.1f}s",
-             str(z.spares), str(z.forks), str(z.failures), z.message[:60] or "-")
+    rows = [(node.node_id, f"{z.app}.{z.service} v{z.version}", z.state, _gpus_of(node, z.gpus), f"{z.rss_mb} MB",
+             f"{z.build_s:.1f}s", str(z.spares), str(z.forks), str(z.failures), z.message[:60] or "-")
             for node in nodes for z in node.zygotes if shown is None or (z.app, z.service) in shown]
-    return table(["NODE", "ZYGOTE", "STATE", "MEMORY", "BUILT IN", "SPARES", "FORKS", "FAILURES", "LAST FAILURE"],
-                 rows) \
-        if rows else ""
+    return table(["NODE", "ZYGOTE", "STATE", "GPUS", "MEMORY", "BUILT IN", "SPARES", "FORKS", "FAILURES",
+                  "LAST FAILURE"], rows) if rows else ""
+
+
+def _gpus_of(node: NodeView, uuids: list[str]) -> str:
+    """The GPUs a zygote's sandbox holds, by their index on the node (``-``: none, its node binds no GPU's)."""
+    index = {d.uuid: f"gpu{d.index}" for d in node.devices if d.uuid}
+    return ",".join(index.get(uuid, uuid) for uuid in uuids) or "-"
 
 
 def warm_table(nodes: list[NodeView], apps: set[str] | None = None) -> str:

@@ -45,9 +45,12 @@ class NodeInfo(msgspec.Struct, frozen=True, kw_only=True):
     replica_gpu_memory_mb: dict[str, dict[str, int]] = {}
     sandbox: str = ""  # how replicas are held: "bwrap" (with "own network" or "node network"), "none"; "": unknown
     isolation_notes: list[str] = []  # what replicas here lack (no sandbox, the node's network, no process limit)
-    # whether its GPU replicas may fork from a zygote: not where each sandbox binds its GPUs' device nodes (a
-    # zygote's holds none); True from an agent that does not say
+    # whether its GPU replicas may fork from any zygote of their version: not where each sandbox binds its GPUs'
+    # device nodes (there a replica forks only from a zygote whose sandbox holds its GPUs); True when not said
     gpu_forks: bool = True
+    # whether it builds a zygote's sandbox with the GPUs its assignment names (``ZygoteAssignment.gpus``), so that
+    # where ``gpu_forks`` is false its GPU replicas on those GPUs fork; False from an agent that does not say
+    gpu_zygotes: bool = False
 
 
 class SlotAssignment(msgspec.Struct, frozen=True, kw_only=True):
@@ -86,6 +89,10 @@ class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
     image: ImageSpec | None = None  # the zygote runs in this image's environment
     block_network: bool = False  # its service's block_network=True: so do the replicas forked from it
     spares: int = 1  # children it keeps forked ahead of their requests: the starts expected on this node soon
+    # on a node whose sandboxes bind their GPUs' device nodes (``NodeInfo.gpu_forks`` false): the GPUs (uuids) whose
+    # device nodes its sandbox holds, those of the replicas placement would start there next; only a replica given
+    # exactly these forks from it. Empty: none (a CPU service's zygote, or any zygote on a node without sandboxes)
+    gpus: list[str] = []
 
 
 ZygoteState = Literal["building", "ready", "failed"]
@@ -105,6 +112,7 @@ class ZygoteStatus(msgspec.Struct, frozen=True, kw_only=True):
     failures: int = 0  # builds or forks that failed on this node for this version (each fell back to a fresh start)
     message: str = ""
     spares: int = 0  # children it keeps forked ahead of their requests (a start is then a hand-over, not a fork)
+    gpus: list[str] = []  # the GPUs whose device nodes its sandbox holds (``ZygoteAssignment.gpus``)
 
 
 class NodeAssignment(msgspec.Struct, frozen=True, kw_only=True):

@@ -1,6 +1,7 @@
 """A model on the GPU its node gives its replica (tests/integration/test_gpu_replicas.py): a small seeded MLP,
 loaded on the CPU by a snap setup and moved to the replica's device in each replica, as examples/digits does (a
-zygote runs the snap setup where replicas fork from it: unsandboxed nodes; elsewhere each replica runs both)."""
+zygote runs the snap setup, and its replicas fork from it: on a sandboxed node, a zygote whose sandbox holds their
+GPU's device nodes)."""
 
 import os
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
 from support.builders import deployment, service_spec, slot
 
-from ember.cli.status import nodes_table, services_table
+from ember.cli.status import nodes_table, services_table, zygotes_table
 from ember.wire import (
     Device,
     FunctionStats,
@@ -13,6 +14,7 @@ from ember.wire import (
     ReplicaState,
     ReplicaStatus,
     ScaleBounds,
+    ZygoteStatus,
 )
 from ember_platform.control.loop import ServiceState
 from ember_platform.control.status import node_view, service_status
@@ -54,6 +56,18 @@ def test_devices_show_what_assigned_replicas_reserve() -> None:
                       "old": ("stopping", [])}
     table = nodes_table([view])
     assert "3.9/23.4/23.4 GiB" in table and "g1 (ready)" in table and "old (stopping)" in table
+
+
+def test_the_zygotes_table_names_the_gpus_each_holds() -> None:
+    zygotes = [ZygoteStatus(app="a", service="gpu", version=2, state="ready", gpus=["GPU-0"]),
+               ZygoteStatus(app="a", service="mig", version=2, state="building", gpus=["MIG-1-0", "GPU-gone"]),
+               ZygoteStatus(app="a", service="cpu", version=2, state="ready")]
+    view = node_view(msgspec.structs.replace(NODE, zygotes=zygotes), [], [], SPECS)
+    header, _rule, *rows = zygotes_table([view]).splitlines()
+    assert header.split()[:4] == ["NODE", "ZYGOTE", "STATE", "GPUS"]
+    assert [row.split()[1:4] for row in rows] == [["a.gpu", "v2", "ready"], ["a.mig", "v2", "building"],
+                                                  ["a.cpu", "v2", "ready"]]
+    assert [row.split()[4] for row in rows] == ["gpu0", "gpu1,GPU-gone", "-"]  # by index; unknown: as reported
 
 
 def test_service_status_uses_the_override_and_the_control_loops_state() -> None:

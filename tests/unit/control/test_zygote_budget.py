@@ -1,7 +1,8 @@
 """A node's zygotes give way to the host memory its replicas reserved (``memory=``): the preloader's budget for a
 node is its share of the node's memory (``EMBER_ZYGOTE_MEMORY_FRACTION``) and never more than the replicas placed
 there left, so that a cache of preloaded snapshots cannot push a node past its memory. And none is kept for GPU
-replicas on a node that forks none of them (``NodeInfo.gpu_forks``), where it would hold that memory for nothing."""
+replicas on a node that forks none of them (``NodeInfo.gpu_forks`` false, from an agent that cannot build a zygote
+that holds GPUs: ``NodeInfo.gpu_zygotes``), where it would hold that memory for nothing."""
 
 from __future__ import annotations
 
@@ -39,18 +40,23 @@ def test_a_zygote_goes_where_replicas_left_room_and_not_where_they_reserved_it()
     assert _zygotes({"n1": [_reserving(16_384 - DEFAULT_ZYGOTE_MB + 1)]}) == []  # a zygote's 1 GiB is not left
 
 
-def _zygote_nodes(gpu: int, gpu_forks: bool) -> list[str]:
-    """The nodes that keep a zygote of a snap service asking for ``gpu`` GPUs, on two nodes whose GPU replicas may
-    fork from a zygote or not (``NodeInfo.gpu_forks``)."""
-    nodes = {nid: msgspec.structs.replace(node(nid, A10G, memory_gb=16), gpu_forks=gpu_forks) for nid in ("n1", "n2")}
+def _zygote_nodes(gpu: int, gpu_forks: bool, gpu_zygotes: bool = False) -> dict[str, list[str]]:
+    """The nodes that keep a zygote of a snap service asking for ``gpu`` GPUs, with the GPUs each holds, on two
+    nodes whose GPU replicas may fork from a zygote or not (``NodeInfo.gpu_forks``) and whose agents can build a
+    zygote holding GPUs or not (``NodeInfo.gpu_zygotes``)."""
+    nodes = {nid: msgspec.structs.replace(node(nid, A10G, memory_gb=16), gpu_forks=gpu_forks, gpu_zygotes=gpu_zygotes)
+             for nid in ("n1", "n2")}
     dep = deployment(service_spec("s", snap=True, min_replicas=1, gpu_count=gpu))
     zygotes = Preloader(demand=lambda app, svc: 0.0).zygotes({}, nodes, {"a": dep}, lambda: snap(*nodes.values()),
                                                              now=0.0)
-    return sorted(nid for nid, kept in zygotes.items() if kept)
+    return {nid: z.gpus for nid, kept in sorted(zygotes.items()) for z in kept}
 
 
 def test_no_zygote_is_kept_for_gpu_replicas_on_a_node_that_forks_none() -> None:
-    # a node whose sandboxes bind their GPUs' device nodes (a zygote's holds none) starts its GPU replicas fresh
-    assert _zygote_nodes(1, gpu_forks=False) == []
-    assert _zygote_nodes(1, gpu_forks=True) == ["n1", "n2"]  # a node without sandboxes
-    assert _zygote_nodes(0, gpu_forks=False) == ["n1", "n2"]  # a CPU replica forks in its sandbox
+    # a node whose sandboxes bind their GPUs' device nodes, and whose agent builds zygotes without any, starts its
+    # GPU replicas fresh
+    assert _zygote_nodes(1, gpu_forks=False) == {}
+    assert _zygote_nodes(1, gpu_forks=True) == {"n1": [], "n2": []}  # a node without sandboxes: the node's devices
+    assert _zygote_nodes(0, gpu_forks=False) == {"n1": [], "n2": []}  # a CPU replica forks in its sandbox
+    # an agent that builds a zygote's sandbox with GPUs is told which: those its next replica there would get
+    assert _zygote_nodes(1, gpu_forks=False, gpu_zygotes=True) == {"n1": ["GPU-n1-0"], "n2": ["GPU-n2-0"]}
