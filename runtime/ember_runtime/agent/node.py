@@ -340,8 +340,8 @@ class NodeAgent:
             status = msgspec.structs.replace(replica_decoder.decode(msg.data), replica_id=replica_id,
                                              node_id=self.node_id, app=k.app, service=k.service, version=k.version)
             await self._stores.replicas.put(subjects.replica_key(self.node_id, replica_id), encoder.encode(status))
-            if slot.warm_template and status.start and warm.asks(status.state, status.start,
-                                                                  self.zygotes.holds(k.app, k.service, k.version)):
+            if slot.warm_template and status.start and warm.asks(status.state, status.start, self.zygotes.forks(
+                    k.app, k.service, k.version, slot.gpu_uuids if self.sandbox.enabled else None)):
                 self.warm.want(slot.warm_template, status.start.modules)  # the next fresh start of its key takes one
 
     async def _start(self, key: SlotKey, slot: SlotAssignment) -> None:

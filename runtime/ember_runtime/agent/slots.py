@@ -45,7 +45,7 @@ def unforkable(confinement: sandbox.Confinement, gpus: Sequence[str], zygote_gpu
     ``zygote_gpus``; "" when it can. A forked replica stays in its zygote's sandbox, which binds the device nodes of
     the zygote's GPUs alone: a sandboxed replica given other GPUs would not reach them (nor should it reach the
     zygote's), so it starts fresh, or from a warm start, whose sandbox holds its GPUs."""
-    if not (confinement.sandbox.enabled and confinement.devices) or sorted(gpus) == sorted(zygote_gpus):
+    if not confinement.sandbox.enabled or sorted(gpus) == sorted(zygote_gpus):
         return ""
     if not zygote_gpus:
         return "the zygote's sandbox holds no GPU device nodes, and this replica's GPUs need theirs"
@@ -360,7 +360,7 @@ class ReplicaSlot:
                 await self._publish("agent", f"replica {self.replica_id} starts fresh, not forked from its zygote: "
                                     f"{why}")
             return None
-        gpus = self._gpu_uuids if self._jail.sandbox.enabled and self._jail.devices else None
+        gpus = self._gpu_uuids if self._jail.sandbox.enabled else None  # in a sandbox: a zygote of the same GPUs
         zygote = await self._zygotes.get(self.key.app, self.key.service, self.key.version, wait_s=ZYGOTE_WAIT_S,
                                          bundle_sha256=self._bundle_sha256, gpus=gpus)
         if zygote is None:

@@ -393,9 +393,11 @@ class ZygotePool:
         zygote = self._zygotes.get((app, service, version))
         return zygote.assignment.gpus if zygote is not None and not zygote.done else None
 
-    def holds(self, app: str, service: str, version: int) -> bool:
-        """Whether this node holds a zygote of this version, ready or building: its next starts fork."""
-        return (zygote := self._zygotes.get((app, service, version))) is not None and not zygote.done
+    def forks(self, app: str, service: str, version: int, gpus: Sequence[str] | None = None) -> bool:
+        """Whether this node holds a zygote of this version (ready or building) that its next starts given ``gpus``
+        fork from (any of them: None)."""
+        held = self.gpus_of(app, service, version)
+        return held is not None and (gpus is None or sorted(held) == sorted(gpus))
 
     async def reconcile(self, wanted: dict[ZygoteKey, tuple[ZygoteAssignment, Path]],
                         interpreters: Mapping[ZygoteKey, Interpreter] | None = None) -> None:

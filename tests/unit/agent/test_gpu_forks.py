@@ -31,5 +31,10 @@ def test_a_cpu_replica_forks() -> None:
     assert unforkable(Confinement(sandbox=BWRAP), [], []) == ""  # no device node
 
 
+def test_a_sandboxed_replica_given_gpus_without_device_nodes_forks_only_from_a_zygote_of_those_gpus() -> None:
+    assert unforkable(Confinement(sandbox=BWRAP), ["GPU-a"], ["GPU-a"]) == ""
+    assert unforkable(Confinement(sandbox=BWRAP), ["GPU-a"], ["GPU-b"]) != ""  # whatever nodes either one holds
+
+
 def test_an_unsandboxed_replica_forks_the_zygote_sees_the_nodes_devices() -> None:
     assert unforkable(Confinement(sandbox=NO_SANDBOX, devices=GPU0), ["GPU-a"], []) == ""

@@ -60,6 +60,8 @@ def test_a_zygote_holds_its_gpus_hands_out_to_their_replicas_alone_and_moves_wit
         try:
             await pool.reconcile({key: (on("GPU-0"), bundle)})
             assert pool.gpus_of(*key) == ["GPU-0"] and asked == [["GPU-0"]]
+            # while it builds, a start on its GPU will fork (and asks for no warm start); one on another will not
+            assert pool.forks(*key, ["GPU-0"]) and not pool.forks(*key, ["GPU-1"]) and pool.forks(*key)
             first = await ready("GPU-0")
             assert await pool.get(*key, gpus=["GPU-1"]) is None  # a replica on another GPU starts fresh
             assert await pool.get(*key, gpus=["GPU-0", "GPU-1"]) is None  # nor one of more GPUs
