@@ -142,7 +142,9 @@ def _bump(counts: dict[K, int], key: K, sign: int) -> int:
 
 
 def build_snapshot(cluster: Cluster, reservations: Iterable[Reservation] = ()) -> Snapshot:
-    """The snapshot of ``cluster`` with these replicas; those on unknown nodes or GPUs become ``orphans``."""
+    """The snapshot of ``cluster`` with these replicas; those on unknown nodes or GPUs become ``orphans``. An orphan
+    on a known node (its GPU out of service, or gone) still runs there until it is replaced: its host memory and CPU
+    stay counted on that node, so that its replacement is not placed beside it in memory it still holds."""
     usage = Usage.empty(cluster)
     orphans = []
     for r in reservations:
@@ -150,6 +152,9 @@ def build_snapshot(cluster: Cluster, reservations: Iterable[Reservation] = ()) -
             usage.add(r)
         else:
             orphans.append(r)
+            if (nid := cluster.node_index.get(r.node_id)) is not None:
+                usage.used_cpu[nid] += r.cpu_millis
+                usage.used_memory[nid] += r.host_memory_mb
     return usage.freeze(tuple(orphans))
 
 

@@ -1,13 +1,17 @@
-"""What the control loop does with a GPU its node put out of service: no slot for placement, and the replicas on it
-to replace (beside those that gave way on their own)."""
+"""What the control loop does with a GPU its node put out of service: no slot for placement, the replicas on it to
+replace (beside those that gave way on their own), and their host memory still counted on their node meanwhile."""
 
 from __future__ import annotations
 
 import time
 
+import msgspec
+
 from ember.wire import Device, NodeInfo, ReplicaStatus, SlotAssignment
 from ember_platform.control.plan import on_faulty_gpus, to_replace
-from ember_platform.scheduler import Cluster
+from ember_platform.scheduler import Cluster, PlacementRequest, Reservation, build_snapshot, parse_gpu
+from ember_platform.scheduler.decision import Binding, Unschedulable
+from ember_platform.scheduler.placement import place
 
 FAULT = "Xid 79 at 12:00:00 UTC"
 
@@ -52,3 +56,17 @@ def test_to_replace_takes_the_faulty_and_those_that_gave_way() -> None:
                 "r3": status("r3", "ready"), "r4": status("r4", "stopping")}
     assert to_replace(slots, replicas, {"r1": "GPU 0 reported it"}) == {
         "r1": ("gpu", "GPU 0 reported it"), "r2": ("health", "its check failed"), "r4": ("other", "")}
+
+
+def test_a_replica_on_a_faulty_gpu_still_holds_its_nodes_memory_until_it_is_replaced() -> None:
+    # n1: 16 GB of host memory, two GPUs; r1 on GPU-0, which failed, reserved 12 GB of it and runs until replaced.
+    n1 = msgspec.structs.replace(node(gpu(0, FAULT), gpu(1)), memory_mb=16_384, cpu_cores=8)
+    held = Reservation(replica_id="r1", function="a.s", node_id="n1", gpu_uuids=("GPU-0",), host_memory_mb=12_288,
+                       cpu_millis=1000)
+    snapshot = build_snapshot(Cluster.from_nodes([n1]), [held])
+    assert snapshot.orphans == (held,)  # no GPU slot: nothing is placed on GPU-0
+    ask = PlacementRequest(replica_id="r1-next", function="a.s", gpu=parse_gpu(1), host_memory_mb=8192)
+    (decision,) = place(snapshot, [ask])
+    assert isinstance(decision, Unschedulable), decision  # 12 + 8 GB would be past the node's 16
+    (fits,) = place(snapshot, [msgspec.structs.replace(ask, host_memory_mb=4096)])
+    assert isinstance(fits, Binding) and fits.gpu_uuids == ("GPU-1",), fits
