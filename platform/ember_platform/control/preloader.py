@@ -91,6 +91,11 @@ class Preloader:
         no_gpu_forks = frozenset(nid for nid, n in nodes.items() if not n.gpu_forks)
         gpu_zygotes = frozenset(nid for nid in no_gpu_forks if nodes[nid].gpu_zygotes)
         gpus_at: dict[ZygoteKey, dict[str, tuple[str, ...]]] = {}  # the GPUs of each zygote that holds some
+        held_gpus: dict[ZygoteKey, dict[str, tuple[str, ...]]] = {}  # and as the last plan had them
+        for nid, zygotes in self._plan.items():
+            for z in zygotes:
+                if z.gpus:
+                    held_gpus.setdefault(ZygoteKey(z.app, z.service, z.version), {})[nid] = tuple(z.gpus)
         for dep in deployments.values():
             for svc in dep.manifest.services:
                 if not svc.snap:
@@ -118,7 +123,7 @@ class Preloader:
                         likely = tuple(n for n in dict.fromkeys(b.node_id for b in bindings[:LIKELY_COUNT])
                                        if n not in unforkable)
                         starts[key] = bindings[:ahead]
-                    sets = device_sets(key, bindings, plan, gpu_zygotes, reported) if gpu else {}
+                    sets = device_sets(key, bindings, plan, gpu_zygotes, reported, held_gpus.get(key)) if gpu else {}
                     gpus_at[key] = {nid: gpus for nid, gpus in sets.items() if gpus}
                     unplaced = unforkable | {nid for nid, gpus in sets.items() if not gpus}
                     candidates.append(PreloadCandidate(
@@ -149,21 +154,25 @@ def _on_node(assignment: ZygoteAssignment, node_id: str, starts: list[Binding],
 
 
 def device_sets(key: ZygoteKey, bindings: Sequence[Binding], plan: Mapping[str, list[SlotAssignment]],
-                nodes: Iterable[str], reported: Container[str] = frozenset()) -> dict[str, tuple[str, ...]]:
+                nodes: Iterable[str], reported: Container[str] = frozenset(),
+                held: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...]]:
     """For each of ``nodes`` (those whose zygotes of a GPU service hold its GPUs) where ``key`` may start next or
     runs: the GPUs its zygote there holds. Those of a replica of ``key`` placed there that has not ``reported`` yet
-    (starting: a new version's first replicas wait for their zygote), else those of the first of ``bindings`` (the
-    next starts) on that node, else those of a replica of ``key`` running there (its restart); none (an empty
-    tuple: no zygote there) where another app's replica is placed on one of them: a zygote runs its app's code, and
-    never on a GPU another app's replica is given."""
+    (starting: a new version's first replicas wait for their zygote); else those it ``held`` there by the last plan
+    while one of the next starts there (``bindings``), or a restart where none is expected, would use them (a move is
+    a new build: replicas that share GPUs by memory are spread over them, and would move it at each start); else
+    those of the first of ``bindings`` on that node, else those of a replica of ``key`` running there (its
+    restart). None (an empty tuple: no zygote there) where another app's replica is placed on one of them: a zygote
+    runs its app's code, and never on a GPU another app's replica is given."""
     sets: dict[str, tuple[str, ...]] = {}
     for nid in nodes:
         mine = [s for s in plan.get(nid, ()) if ZygoteKey(s.app, s.service, s.version) == key and s.gpu_uuids]
+        starts = [b.gpu_uuids for b in bindings if b.node_id == nid] or [tuple(s.gpu_uuids) for s in mine]
         chosen = next((tuple(s.gpu_uuids) for s in mine if s.replica_id not in reported), None)
+        if chosen is None and (kept := (held or {}).get(nid)) in starts:
+            chosen = kept
         if chosen is None:
-            chosen = next((b.gpu_uuids for b in bindings if b.node_id == nid), None)
-        if chosen is None:
-            chosen = next((tuple(s.gpu_uuids) for s in mine), None)
+            chosen = next(iter(starts), None)
         if chosen is None:
             continue
         taken = {uuid for s in plan.get(nid, ()) if s.app != key.app for uuid in s.gpu_uuids}

@@ -72,3 +72,24 @@ def test_no_zygote_holds_a_gpu_that_another_apps_replica_is_given() -> None:
     assert device_sets(KEY, [Next()], {}, ["n1"]) == {"n1": binding_gpus}  # type: ignore[list-item]
     shared = deployment(service_spec("s", snap=True, min_replicas=1, gpu_count=1, gpu=SHARE))
     assert _zygotes(plan, dep=shared) == []  # n1's only candidate GPU is shared with app b: no zygote there
+
+
+def test_a_zygote_stays_on_its_gpus_while_a_next_start_would_use_them() -> None:
+    """Replicas that share GPUs by memory are spread over them: a zygote that followed the very next start would
+    move (a new build) at each one. It stays while one of the next starts there would use its GPUs; a zygote of
+    whole-GPU replicas moves once its GPU is taken."""
+    n1 = msgspec.structs.replace(node("n1", H100X2), gpu_forks=False, gpu_zygotes=True)
+
+    def plans(dep: Deployment) -> tuple[list[str], list[str]]:
+        preloader = Preloader(demand=lambda app, svc: 0.0)
+        nodes, deployments = {"n1": n1}, {"a": dep}
+        before = preloader.zygotes({}, nodes, deployments, lambda: cluster_snapshot({}, nodes, deployments), now=0.0)
+        plan = {"n1": [slot("a-1", *before["n1"][0].gpus)]}  # its first replica, there, now running
+        after = preloader.zygotes(plan, nodes, deployments, lambda: cluster_snapshot(plan, nodes, deployments),
+                                  now=10.0, reported=frozenset({"a-1"}))
+        return before["n1"][0].gpus, after["n1"][0].gpus
+
+    shared = deployment(service_spec("s", snap=True, min_replicas=1, max_replicas=4, gpu_count=1, gpu=SHARE))
+    assert plans(shared) == (["GPU-n1-0"], ["GPU-n1-0"])  # the next starts: GPU-1, GPU-0, GPU-1: it stays
+    whole = deployment(service_spec("s", snap=True, min_replicas=1, max_replicas=4, gpu_count=1))
+    assert plans(whole) == (["GPU-n1-0"], ["GPU-n1-1"])  # GPU-0 is taken whole: the next start is on GPU-1
