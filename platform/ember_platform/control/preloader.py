@@ -11,8 +11,9 @@ the function's next replicas (``starts_ahead`` of them).
 
 A node whose sandboxes bind their GPUs' device nodes (``NodeInfo.gpu_forks`` false) forks a GPU replica only from a
 zygote whose sandbox holds that replica's GPUs: there a GPU service's zygote is told which (``ZygoteAssignment.gpus``,
-``device_sets``): those of the replica placement would start there next, else those of one running there (its
-restart). A zygote never holds a GPU that another app's replica is placed on.
+``device_sets``): those of a replica still starting there, else those of the next starts there (it stays on its GPUs
+while one of them would use them), else those of one running there (its restart). A zygote never holds a GPU that
+another app's replica is placed on.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ class Preloader:
                         likely = tuple(n for n in dict.fromkeys(b.node_id for b in bindings[:LIKELY_COUNT])
                                        if n not in unforkable)
                         starts[key] = bindings[:ahead]
-                    sets = device_sets(key, bindings, plan, gpu_zygotes, reported, held_gpus.get(key)) if gpu else {}
+                    near = gpu_zygotes & {*running.get(key, ()), *(b.node_id for b in bindings)} if gpu else set()
+                    sets = device_sets(key, bindings, plan, near, reported, held_gpus.get(key))
                     gpus_at[key] = {nid: gpus for nid, gpus in sets.items() if gpus}
                     unplaced = unforkable | {nid for nid, gpus in sets.items() if not gpus}
                     candidates.append(PreloadCandidate(
