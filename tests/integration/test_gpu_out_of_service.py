@@ -12,9 +12,8 @@ import sys
 import httpx
 import msgspec
 import pytest
-from support.auth import authed_client
 from support.browser import console_page
-from support.platform import TestPlatform
+from support.platform import with_virtual_gpus
 from support.polling import wait_for
 
 import ember
@@ -54,11 +53,9 @@ def where(http: httpx.Client) -> ServiceStatus:
 
 
 def test_a_gpu_with_a_critical_xid_error_is_taken_out_of_service_and_its_replica_moves(tmp_path) -> None:
-    (tmp_path / "f.toml").write_text(INVENTORY)
     app_file = tmp_path / "faults.py"
     app_file.write_text(APP)
-    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
-        platform.add_agent("node-f", tmp_path / "f.toml")
+    with with_virtual_gpus(tmp_path, "node-f", INVENTORY) as (platform, http):
         xids = platform.state_dir / "node-node-f" / "gpu-xids"  # the virtual driver's reports
         transport = Transport(platform.url, token=platform.token)
         try:

@@ -9,8 +9,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 import pytest
-from support.auth import authed_client
-from support.platform import TestPlatform
+from support.platform import with_virtual_gpus
 from support.polling import wait_for
 
 import ember
@@ -52,11 +51,9 @@ def zygote_gpus(http: httpx.Client) -> list[str] | None:
 
 
 def test_gpu_replicas_in_sandboxes_fork_from_a_zygote_of_their_own_gpus(tmp_path) -> None:
-    (tmp_path / "z.toml").write_text(INVENTORY)
     app_file = tmp_path / "gpu_snaps.py"
     app_file.write_text(APP)
-    with TestPlatform(tmp_path / "state") as platform, authed_client(platform) as http:
-        platform.add_agent("node-z", tmp_path / "z.toml")
+    with with_virtual_gpus(tmp_path, "node-z", INVENTORY) as (platform, http):
         transport = Transport(platform.url, token=platform.token)
         try:
             wait_for(lambda: (n := node_z(http)) is not None and len([d for d in n.devices if d.kind == "gpu"]) == 2,

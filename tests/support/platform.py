@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from ember.dev.embedded import EmbeddedPlatform, secrets_key
+from support.auth import authed_client
 from support.faults import AgentFaults
 from support.natsconn import remember
 
@@ -105,3 +110,13 @@ class TestPlatform(EmbeddedPlatform):
         self.http_port = int(self.url.rsplit(":", 1)[1])
         self._start_platform(timeout_s)
         self._wait_ready(timeout_s)
+
+
+@contextlib.contextmanager
+def with_virtual_gpus(folder: Path, node_id: str, inventory: str) -> Iterator[tuple[TestPlatform, httpx.Client]]:
+    """A test platform in ``folder`` with one more node agent, ``node_id``, whose GPUs are the declared (virtual)
+    inventory ``inventory`` (TOML), its replicas sandboxed; and an HTTP client holding the platform's token."""
+    (folder / f"{node_id}.toml").write_text(inventory)
+    with TestPlatform(folder / "state") as platform, authed_client(platform) as http:
+        platform.add_agent(node_id, folder / f"{node_id}.toml")
+        yield platform, http
