@@ -13,6 +13,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -23,14 +24,18 @@ from support.polling import wait_for
 import ember
 from ember._client import Transport
 from ember._deploy import app_view
-from ember.wire import AppView
+from ember.wire import HTTP_CALL_ID_HEADER, AppView
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 APP = REPO / "tests" / "apps" / "cancel" / "stoppable.py"
 
 
+PLATFORM_LOG: list[Path] = []  # the control plane's log, for what a wait that timed out says
+
+
 @pytest.fixture(scope="module")
-def cancels(deployed) -> AppView:
+def cancels(deployed, platform) -> AppView:
+    PLATFORM_LOG[:] = [platform.log_dir / "platform.log"]
     return deployed(APP)
 
 
@@ -55,7 +60,10 @@ def _explain() -> str:
                     for r in s.replicas]
     finally:
         transport.close()
-    return f"Stoppable noted {_notes()[-12:]}\nKid noted {_notes('Kid')[-12:]}\nreplicas {replicas}"
+    said = [line for path in PLATFORM_LOG for line in path.read_text(errors="replace").splitlines()
+            if "cancel" in line or "stream" in line or "Error" in line]
+    return (f"Stoppable noted {_notes()[-12:]}\nKid noted {_notes('Kid')[-12:]}\nreplicas {replicas}\n"
+            "the control plane's log:\n" + "\n".join(said[-15:]))
 
 
 def _tag() -> str:
@@ -168,8 +176,11 @@ def test_a_client_that_leaves_a_stream_cancels_the_call_it_waits_on(sdk, platfor
         assert response.status_code == 200
         assert next(line for line in response.iter_lines() if line)  # the first item
         _started(tag, "Kid")
+        call_id = response.headers[HTTP_CALL_ID_HEADER]
     wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
     wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the parent to end")
+    logged = PLATFORM_LOG[0].read_text(errors="replace")  # the control plane says why the call ended
+    assert f"stream {call_id} of cancels.Stoppable.gen_parent left after 1 item(s)" in logged
     _serves_the_next_call(tag)
 
 

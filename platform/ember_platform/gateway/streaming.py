@@ -14,6 +14,7 @@ the stream: the replica closes the generator, whose ``finally`` runs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, Literal
 
@@ -27,6 +28,8 @@ from ember_platform.calls.streams import CallStream
 from ember_platform.gateway.binary import UnsupportedMediaType
 from ember_platform.platform import Platform
 from ember_platform.quotas.limiter import Held
+
+log = logging.getLogger("ember.gateway")
 
 Mode = Literal["sse", "ndjson", "json"]
 Watch = Callable[[Request, Coroutine[Any, Any, Any]], Awaitable[Any]]
@@ -96,10 +99,15 @@ async def _first(stream: CallStream) -> tuple[list[msgspec.Raw] | None]:
 
 async def _released(stream: CallStream, events: AsyncIterator[bytes], held: Held | None) -> AsyncIterator[bytes]:
     """``events``; however they end (the end, an error, the client gone), the stream is closed and ``held``
-    released."""
+    released. A stream left before its end is said in the log (its call is cancelled, and the calls it made)."""
     try:
         async for event in events:
             yield event
+    except BaseException as exc:
+        if not stream.finished:
+            log.info("stream %s of %s.%s left after %d item(s) (%s): cancelled", stream.call_id, stream.app,
+                     stream.function, stream.received, type(exc).__name__)
+        raise
     finally:
         await stream.aclose()
         if held is not None:
