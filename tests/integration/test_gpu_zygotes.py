@@ -1,8 +1,9 @@
 """GPU replicas on a sandboxed node fork from a zygote of their GPUs, on the real platform: the node is a node agent
-with a declared (virtual) inventory of two whole GPUs, whose sandboxes bind each replica's own GPU's device node (the
-agent's stand-ins). The version's first replica forks from a zygote that holds its GPU; the control plane then moves
-the zygote to the GPU the next replica would get, and a scale-up there forks from it too. Each forked replica sees
-its own GPU's device node and no other's."""
+with a declared (virtual) inventory, whose sandboxes bind each replica's own GPU's device node (the agent's
+stand-ins). On two whole GPUs, the version's first replica forks from a zygote that holds its GPU; the control plane
+then moves the zygote to the GPU the next replica would get, and a scale-up there forks from it too. Each forked
+replica sees its own GPU's device node and no other's. And a zygote never stays on a GPU that another app's replica
+is given."""
 
 from __future__ import annotations
 
@@ -37,11 +38,15 @@ class Twin:
 INVENTORY = '[host]\nname = "z"\n[[gpu]]\nmodel = "A10G-24GB"\ncount = 2\n'
 
 
-def node_z(http: httpx.Client) -> NodeView | None:
+def node_on(http: httpx.Client, node_id: str) -> NodeView | None:
     response = http.get("/v1/status")
     assert response.status_code == 200, response.text
-    return next((n for n in msgspec.json.decode(response.content, type=StatusView).nodes if n.node_id == "node-z"),
+    return next((n for n in msgspec.json.decode(response.content, type=StatusView).nodes if n.node_id == node_id),
                 None)
+
+
+def node_z(http: httpx.Client) -> NodeView | None:
+    return node_on(http, "node-z")
 
 
 def zygote_gpus(http: httpx.Client) -> list[str] | None:
@@ -85,5 +90,60 @@ def test_gpu_replicas_in_sandboxes_fork_from_a_zygote_of_their_own_gpus(tmp_path
             seen = {tuple(http.post("/v1/gpu-snaps/Twin.where").json()) for _ in range(20)}
             assert seen <= {(first, f"nvidia{index[first]}"), (other, f"nvidia{index[other]}")}, seen
             assert (other, f"nvidia{index[other]}") in seen
+        finally:
+            transport.close()
+
+
+SHARING = '''import ember
+app = ember.App("{app}")
+
+@app.model(gpu="A10G:4GB", min_replicas=1, max_replicas=2)
+class Share:
+    @ember.setup(snap=True)
+    def load(self) -> None:
+        self.ready = True
+
+    @ember.method
+    def ok(self) -> bool:
+        return self.ready
+'''
+
+
+def test_a_zygote_leaves_a_gpu_once_another_apps_replica_is_given_it(tmp_path) -> None:
+    """One virtual GPU, shared by memory: app "mine" keeps a zygote on it until app "theirs" has a replica there;
+    from then on no zygote of "mine" holds it (its code would run beside another tenant's on that GPU), and a
+    scale-up of "mine" starts fresh instead."""
+    apps = {}
+    for name in ("mine", "theirs"):
+        apps[name] = tmp_path / name / f"{name}_share.py"
+        apps[name].parent.mkdir()
+        apps[name].write_text(SHARING.format(app=name))
+    one_gpu = '[host]\nname = "s"\n[[gpu]]\nmodel = "A10G-24GB"\n'
+    with with_virtual_gpus(tmp_path, "node-s", one_gpu) as (platform, http):
+        transport = Transport(platform.url, token=platform.token)
+
+        def zygotes() -> dict[str, list[str]] | None:
+            node = node_on(http, "node-s")
+            return {z.app: z.gpus for z in node.zygotes if z.state == "ready"} if node else None
+
+        try:
+            wait_for(lambda: node_on(http, "node-s") is not None, 60, "node-s to report")
+            ember.deploy(apps["mine"], transport=transport, timeout_s=120)
+            (gpu,) = [d.uuid for d in node_on(http, "node-s").devices if d.kind == "gpu"]  # type: ignore[union-attr]
+            wait_for(lambda: zygotes() == {"mine": [gpu]}, 60, "mine's zygote on the GPU")
+            ember.deploy(apps["theirs"], transport=transport, timeout_s=120)
+            wait_for(lambda: (held := zygotes()) is not None and "mine" not in held, 60,
+                     "mine's zygote to leave the GPU", explain=lambda: str(node_on(http, "node-s")))
+            assert http.post("/v1/apps/mine/scale", json={"service": "Share", "min_replicas": 2,
+                                                         "max_replicas": 2}).status_code == 200
+
+            def mine() -> list[str] | None:
+                node = node_on(http, "node-s")
+                kinds = [r.start.kind if r.start else "" for r in node.replicas if r.app == "mine"
+                         and r.state == "ready"] if node else []
+                return kinds if len(kinds) == 2 else None
+
+            assert wait_for(mine, 60, "mine's second replica").count("zygote") <= 1  # the second did not fork
+            assert "mine" not in (zygotes() or {})
         finally:
             transport.close()

@@ -48,7 +48,7 @@ from ember_runtime.agent.memory_watch import UsageWatcher
 from ember_runtime.agent.secrets import SecretsFetcher, SecretsUnavailable
 from ember_runtime.agent.slots import STOP_GRACE_S, ReplicaSlot, SlotKey
 from ember_runtime.agent.volumes import VolumeCache, widen_nats_reads
-from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool
+from ember_runtime.agent.zygote_pool import ZygoteKey, ZygotePool, beside_another_app
 
 log = logging.getLogger("ember.agent")
 RECONCILE_EVERY_S = 2.0
@@ -299,8 +299,8 @@ class NodeAgent:
         for z in zygotes:
             if (z.app, z.service, z.version) in waiting:  # its image's environment is being built first
                 continue
-            if set(z.gpus) & {u for s in slots if s.app != z.app for u in s.gpu_uuids}:
-                continue  # its app's code runs in it: never on a GPU that another app's replica is given
+            if beside_another_app(z, slots):
+                continue
             try:
                 bundle = await self.bundles.get(z.bundle_sha256)
             except Exception:

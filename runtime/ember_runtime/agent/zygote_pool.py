@@ -25,7 +25,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,7 +33,7 @@ from typing import Any
 
 import msgspec
 
-from ember.wire import ZygoteAssignment, ZygoteStatus
+from ember.wire import SlotAssignment, ZygoteAssignment, ZygoteStatus
 from ember_runtime import hostpid
 from ember_runtime.agent import descriptors, reap, sandbox, zygote_socket
 from ember_runtime.agent.cgroups import MemoryCgroups
@@ -451,6 +451,13 @@ class ZygotePool:
         descriptors.close(self._lifeline_w, "the write end of the zygotes' lifeline")
         descriptors.close(self._lifeline, "the read end of the zygotes' lifeline")
         self._lifeline = self._lifeline_w = -1
+
+
+def beside_another_app(zygote: ZygoteAssignment, slots: Iterable[SlotAssignment]) -> bool:
+    """Whether one of the GPUs a zygote would hold is given to a replica of another app among ``slots`` (its node's
+    assignment): a zygote runs its app's code, so the node builds none there (the control plane plans none either;
+    this holds should an assignment say otherwise)."""
+    return bool(set(zygote.gpus) & {uuid for s in slots if s.app != zygote.app for uuid in s.gpu_uuids})
 
 
 def _moved(held: ZygoteAssignment, wanted: ZygoteAssignment) -> str:

@@ -10,8 +10,10 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from ember.wire import ZygoteAssignment
-from ember_runtime.agent.zygote_pool import ZygotePool
+import msgspec
+
+from ember.wire import SlotAssignment, ZygoteAssignment
+from ember_runtime.agent.zygote_pool import ZygotePool, beside_another_app
 
 APP = '''
 import ember
@@ -77,3 +79,16 @@ def test_a_zygote_holds_its_gpus_hands_out_to_their_replicas_alone_and_moves_wit
             await pool.stop()
 
     asyncio.run(asyncio.wait_for(scenario(), WAIT_S))
+
+
+def test_a_node_builds_no_zygote_on_a_gpu_another_apps_replica_is_given() -> None:
+    zygote = ZygoteAssignment(app="a", service="S", version=1, bundle_sha256="a" * 64, module="m", gpus=["GPU-0"])
+
+    def on(app: str, *gpus: str) -> SlotAssignment:
+        return SlotAssignment(replica_id=f"{app}-{len(gpus)}", app=app, service="S", version=1, index=0,
+                              gpu_uuids=list(gpus))
+
+    assert beside_another_app(zygote, [on("b", "GPU-0")])  # another tenant's replica on its GPU
+    assert beside_another_app(zygote, [on("a", "GPU-0"), on("b", "GPU-1", "GPU-0")])
+    assert not beside_another_app(zygote, [on("a", "GPU-0"), on("b", "GPU-1"), on("c")])  # its own app's: fine
+    assert not beside_another_app(msgspec.structs.replace(zygote, gpus=[]), [on("b", "GPU-0")])  # holds none
