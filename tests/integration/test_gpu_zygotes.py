@@ -10,6 +10,7 @@ from __future__ import annotations
 import httpx
 import msgspec
 import pytest
+from support.browser import console_page
 from support.platform import with_virtual_gpus
 from support.polling import wait_for
 
@@ -76,6 +77,13 @@ def test_gpu_replicas_in_sandboxes_fork_from_a_zygote_of_their_own_gpus(tmp_path
             # The zygote goes where the next replica would: the other GPU, built again there.
             wait_for(lambda: zygote_gpus(http) == [other], 60, "the zygote to hold the other GPU",
                      explain=lambda: str(node_z(http)))
+            with console_page() as (page, problems):  # the console's node card shows it on that GPU's row
+                page.goto(f"{platform.url}/ui#token={platform.token}")
+                held = f'[data-node="node-z"] [data-device="{other}"] [data-zygote="gpu-snaps.Twin"]'
+                chip = page.wait_for_selector(held, timeout=30_000)
+                assert chip is not None and chip.inner_text() == "zygote gpu-snaps.Twin v1 ready"
+                assert page.locator(f'[data-node="node-z"] [data-device="{first}"] [data-zygote]').count() == 0
+            assert problems == []
 
             assert http.post("/v1/apps/gpu-snaps/scale", json={"service": "Twin", "min_replicas": 2,
                                                               "max_replicas": 2}).status_code == 200

@@ -227,6 +227,12 @@
       `${r.app}.${r.service} v${r.version} ${r.replica_id.slice(0, 12)} ${r.state}`);
   }
 
+  function zygoteChip(z) {
+    return el("span", { class: `replica zygote state-${z.state}`, "data-zygote": `${z.app}.${z.service}`,
+                        title: `a zygote of ${z.app}.${z.service} v${z.version}: its replicas fork from it` },
+      `zygote ${z.app}.${z.service} v${z.version} ${z.state}`);
+  }
+
   function renderNodes(status) {
     const box = $("nodes");
     box.replaceChildren();
@@ -234,12 +240,16 @@
       const byId = new Map(node.replicas.map((r) => [r.replica_id, r]));
       const card = el("div", { class: "node", "data-node": node.node_id }, el("h3", {}, `${node.node_id} `,
         el("span", { class: "muted" }, node.hostname)));
+      const zygotes = node.zygotes || [];
       for (const d of node.devices) {
         const name = d.kind === "gpu" ? `GPU ${d.index}${d.mig_profile ? ` ${d.mig_profile}` : ""} ${d.name}` : d.name;
         const util = d.kind === "gpu" ? ` ${(d.utilization * 100).toFixed(0)}% busy` : "";
-        const chips = el("div", {}, ...d.replicas.map((id) => byId.get(id)).filter(Boolean).map(replicaChip));
+        const held = zygotes.filter((z) => d.kind === "gpu" ? (z.gpus || []).includes(d.uuid) : !(z.gpus || []).length);
+        const chips = el("div", {}, ...d.replicas.map((id) => byId.get(id)).filter(Boolean).map(replicaChip),
+          ...held.map(zygoteChip));
         const fault = d.fault ? el("div", { class: "fault" }, `out of service: ${d.fault}`) : "";
-        card.append(el("div", { class: "device" }, el("div", {}, name, el("span", { class: "muted" }, util), fault),
+        card.append(el("div", { class: "device", "data-device": d.uuid || d.kind }, el("div", {}, name,
+          el("span", { class: "muted" }, util), fault),
           el("div", {}, d.kind === "gpu" ? memoryBar(d) : "", chips)));
       }
       const placed = new Set(node.devices.flatMap((d) => d.replicas));
