@@ -91,6 +91,7 @@ class Preloader:
         assignments: dict[ZygoteKey, ZygoteAssignment] = {}
         no_gpu_forks = frozenset(nid for nid, n in nodes.items() if not n.gpu_forks)
         gpu_zygotes = frozenset(nid for nid in no_gpu_forks if nodes[nid].gpu_zygotes)
+        faulty = frozenset((nid, d.uuid) for nid in gpu_zygotes for d in nodes[nid].devices if d.fault)
         gpus_at: dict[ZygoteKey, dict[str, tuple[str, ...]]] = {}  # the GPUs of each zygote that holds some
         held_gpus: dict[ZygoteKey, dict[str, tuple[str, ...]]] = {}  # and as the last plan had them
         for nid, zygotes in self._plan.items():
@@ -112,11 +113,12 @@ class Preloader:
                     current = version == dep.version
                     likely: tuple[str, ...] = ()
                     bindings: list[Binding] = []
-                    demand, low = 0.0, 0  # an old version's: it only restarts where it still runs
+                    demand, low, full = 0.0, 0, True  # an old version's: it only restarts where it still runs
                     if current:
                         low, high = dep.bounds(svc)
                         demand = self.demand(dep.app, svc.name)
                         ahead = starts_ahead(demand, low, high, planned.get(key, 0))
+                        full = planned.get(key, 0) >= high
                         if snapshot is None:
                             snapshot = snapshot_of()
                         request = replica_request(dep, svc, f"preload-{dep.app}-{svc.name}")
@@ -125,7 +127,9 @@ class Preloader:
                                        if n not in unforkable)
                         starts[key] = bindings[:ahead]
                     near = gpu_zygotes & {*running.get(key, ()), *(b.node_id for b in bindings)} if gpu else set()
-                    sets = device_sets(key, bindings, plan, near, reported, held_gpus.get(key))
+                    # at its maximum, its next start is a restart, or the replacement of a replica on a failed GPU
+                    expected = bindings if not gpu or not full or (faulty and _on(key, plan, faulty)) else []
+                    sets = device_sets(key, expected, plan, near, reported, held_gpus.get(key), faulty)
                     gpus_at[key] = {nid: gpus for nid, gpus in sets.items() if gpus}
                     unplaced = unforkable | {nid for nid, gpus in sets.items() if not gpus}
                     candidates.append(PreloadCandidate(
@@ -155,27 +159,37 @@ def _on_node(assignment: ZygoteAssignment, node_id: str, starts: list[Binding],
     return msgspec.structs.replace(assignment, spares=spares(expected, node_id), gpus=list(gpus))
 
 
+def _on(key: ZygoteKey, plan: Mapping[str, list[SlotAssignment]], gpus: Container[tuple[str, str]]) -> bool:
+    """Whether a replica of ``key`` is placed on one of ``gpus`` (node and GPU)."""
+    return any((nid, uuid) in gpus for nid, slots in plan.items() for s in slots
+               if ZygoteKey(s.app, s.service, s.version) == key for uuid in s.gpu_uuids)
+
+
 def device_sets(key: ZygoteKey, bindings: Sequence[Binding], plan: Mapping[str, list[SlotAssignment]],
                 nodes: Iterable[str], reported: Container[str] = frozenset(),
-                held: Mapping[str, tuple[str, ...]] | None = None) -> dict[str, tuple[str, ...]]:
+                held: Mapping[str, tuple[str, ...]] | None = None,
+                faulty: Container[tuple[str, str]] = frozenset()) -> dict[str, tuple[str, ...]]:
     """For each of ``nodes`` (those whose zygotes of a GPU service hold its GPUs) where ``key`` may start next or
     runs: the GPUs its zygote there holds. Those of a replica of ``key`` placed there that has not ``reported`` yet
     (starting: a new version's first replicas wait for their zygote); else those it ``held`` there by the last plan
     while one of the next starts there (``bindings``), or a restart where none is expected, would use them (a move is
     a new build: replicas that share GPUs by memory are spread over them, and would move it at each start); else
     those of the first of ``bindings`` on that node, else those of a replica of ``key`` running there (its
-    restart). None (an empty tuple: no zygote there) where another app's replica is placed on one of them: a zygote
-    runs its app's code, and never on a GPU another app's replica is given."""
+    restart); a replica on a GPU out of service (``faulty``: node and GPU) counts for neither, it is being replaced.
+    None (an empty tuple: no zygote there) where another app's replica is placed on one of them: a zygote runs its
+    app's code, and never on a GPU another app's replica is given."""
     sets: dict[str, tuple[str, ...]] = {}
     for nid in nodes:
-        mine = [s for s in plan.get(nid, ()) if ZygoteKey(s.app, s.service, s.version) == key and s.gpu_uuids]
+        mine = [s for s in plan.get(nid, ()) if ZygoteKey(s.app, s.service, s.version) == key and s.gpu_uuids
+                and not any((nid, uuid) in faulty for uuid in s.gpu_uuids)]
         starts = [b.gpu_uuids for b in bindings if b.node_id == nid] or [tuple(s.gpu_uuids) for s in mine]
         chosen = next((tuple(s.gpu_uuids) for s in mine if s.replica_id not in reported), None)
         if chosen is None and (kept := (held or {}).get(nid)) in starts:
             chosen = kept
         if chosen is None:
             chosen = next(iter(starts), None)
-        if chosen is None:
+        if chosen is None:  # it runs there only on a GPU being replaced: nothing to hold
+            sets[nid] = ()
             continue
         taken = {uuid for s in plan.get(nid, ()) if s.app != key.app for uuid in s.gpu_uuids}
         sets[nid] = () if taken & set(chosen) else chosen

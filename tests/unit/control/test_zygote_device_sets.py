@@ -10,7 +10,7 @@ import msgspec
 from support.builders import deployment, service_spec, slot
 from support.placement import H100X2, node
 
-from ember.wire import Deployment, SlotAssignment, ZygoteAssignment
+from ember.wire import Deployment, NodeInfo, SlotAssignment, ZygoteAssignment
 from ember.wire.specs import GpuRequest
 from ember_platform.control.plan import cluster_snapshot
 from ember_platform.control.preloader import Preloader, device_sets
@@ -93,3 +93,34 @@ def test_a_zygote_stays_on_its_gpus_while_a_next_start_would_use_them() -> None:
     assert plans(shared) == (["GPU-n1-0"], ["GPU-n1-0"])  # the next starts: GPU-1, GPU-0, GPU-1: it stays
     whole = deployment(service_spec("s", snap=True, min_replicas=1, max_replicas=4, gpu_count=1))
     assert plans(whole) == (["GPU-n1-0"], ["GPU-n1-1"])  # GPU-0 is taken whole: the next start is on GPU-1
+
+
+def test_a_replica_on_a_gpu_out_of_service_gives_its_zygote_no_gpus() -> None:
+    """Both GPUs run a replica, one of them on a GPU that failed (being replaced): the zygote is for the restart of
+    the other, never on the failed GPU."""
+    plan = {"n1": [slot("a-1", "GPU-n1-0"), slot("a-2", "GPU-n1-1", index=1)]}
+    assert device_sets(KEY, [], plan, ["n1"], frozenset({"a-1", "a-2"})) == {"n1": ("GPU-n1-0",)}
+    failed = frozenset({("n1", "GPU-n1-0")})
+    assert device_sets(KEY, [], plan, ["n1"], frozenset({"a-1", "a-2"}), faulty=failed) == {"n1": ("GPU-n1-1",)}
+    alone = {"n1": [slot("a-1", "GPU-n1-0")]}
+    assert device_sets(KEY, [], alone, ["n1"], frozenset({"a-1"}), faulty=failed) == {"n1": ()}  # no zygote there
+
+
+def test_at_its_maximum_a_zygote_holds_a_running_replicas_gpu_and_its_replacements_once_that_fails() -> None:
+    """At its maximum a service's next start is a restart: its zygote holds the GPU of a replica running there, not
+    one placement would give a replica it may not add. Once that GPU fails, its replacement's."""
+    n1 = msgspec.structs.replace(node("n1", H100X2), gpu_forks=False, gpu_zygotes=True)
+    failed = msgspec.structs.replace(n1, devices=[msgspec.structs.replace(d, fault="Xid 79 at 12:00:00 UTC")
+                                                  if d.uuid == "GPU-n1-0" else d for d in n1.devices])
+    dep = deployment(service_spec("s", snap=True, min_replicas=1, max_replicas=1, gpu_count=1))
+    plan = {"n1": [slot("a-1", "GPU-n1-0")]}
+
+    def gpus(info: NodeInfo) -> list[list[str]]:
+        nodes, deployments = {"n1": info}, {"a": dep}
+        zygotes = Preloader(demand=lambda app, svc: 0.0).zygotes(
+            plan, nodes, deployments, lambda: cluster_snapshot(plan, nodes, deployments), now=0.0,
+            reported=frozenset({"a-1"}))
+        return [z.gpus for z in zygotes["n1"]]
+
+    assert gpus(n1) == [["GPU-n1-0"]]  # healthy and at its maximum: for its restart, on its GPU
+    assert gpus(failed) == [["GPU-n1-1"]]  # its GPU failed: for its replacement, on the healthy GPU
