@@ -68,7 +68,7 @@ def test_spawn_then_get_returns_the_typed_output(steer: AppView, ember_url: str)
 
 
 def test_get_waits_until_the_call_is_final(fn: ember.FunctionHandle) -> None:
-    call = fn.spawn({"sleep": 1.0, "value": 5})
+    call = fn.spawn({"sleep": 3.0, "value": 5})  # long enough that the status below is asked before it ends
     assert call.status() in {"queued", "running"}
     assert call.get(timeout=60) == 5
     assert call.status() == "succeeded"
