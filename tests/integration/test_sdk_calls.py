@@ -67,10 +67,13 @@ def test_spawn_then_get_returns_the_typed_output(steer: AppView, ember_url: str)
     assert repr(call) == f"<FunctionCall {call.call_id}>"
 
 
-def test_get_waits_until_the_call_is_final(fn: ember.FunctionHandle) -> None:
-    call = fn.spawn({"sleep": 3.0, "value": 5})  # long enough that the status below is asked before it ends
+def test_get_waits_until_the_call_is_final(steer: AppView, ember_url: str) -> None:
+    # 3 s: long enough that the status below is asked before it ends (a loaded run took over 1 s to ask); on
+    # "one", whose calls take seconds in these tests, not "f", whose measured run time decides whether a later
+    # call with a 0.5 s deadline is admitted (test_idempotency_key_and_timeout_are_options)
+    call = ember.lookup("steer", "one").spawn(3.0)
     assert call.status() in {"queued", "running"}
-    assert call.get(timeout=60) == 5
+    assert call.get(timeout=60) == 3.0
     assert call.status() == "succeeded"
 
 
