@@ -147,16 +147,24 @@ class Preloader:
                 for nid in nodes}
         budgets = {nid: zygote_budget_mb(n, plan.get(nid, ())) for nid, n in nodes.items()}
         chosen = plan_preload([c for c in candidates if assignments[c.key].bundle_sha256], budgets, held)
-        return {nid: [_on_node(assignments[k], nid, starts.get(k, []), gpus_at.get(k, {}).get(nid, ()))
+        return {nid: [_on_node(assignments[k], nid, starts.get(k, []), gpus_at.get(k, {}).get(nid, ()),
+                               _starting(k, plan.get(nid, ()), reported))
                       for k in sorted(keys)] for nid, keys in chosen.items()}
 
 
-def _on_node(assignment: ZygoteAssignment, node_id: str, starts: list[Binding],
-             gpus: tuple[str, ...]) -> ZygoteAssignment:
+def _on_node(assignment: ZygoteAssignment, node_id: str, starts: list[Binding], gpus: tuple[str, ...],
+             starting: Sequence[SlotAssignment] = ()) -> ZygoteAssignment:
     """``assignment`` as ``node_id`` holds it: its GPUs there, and a spare for each start expected there (of those
-    GPUs, for a zygote that holds some: a replica on others does not fork from it)."""
-    expected = [b.node_id for b in starts if not gpus or b.gpu_uuids == gpus]
+    GPUs, for a zygote that holds some: a replica on others does not fork from it): the replicas placed there and
+    not started yet (``starting``: their spares are theirs until their agent asks for them), then the next ones."""
+    expected = [node_id for s in starting if not gpus or tuple(s.gpu_uuids) == gpus]
+    expected += [b.node_id for b in starts if not gpus or b.gpu_uuids == gpus]
     return msgspec.structs.replace(assignment, spares=spares(expected, node_id), gpus=list(gpus))
+
+
+def _starting(key: ZygoteKey, slots: Iterable[SlotAssignment], reported: Container[str]) -> list[SlotAssignment]:
+    """The replicas of ``key`` among ``slots`` that did not report their state yet (placed, not started)."""
+    return [s for s in slots if ZygoteKey(s.app, s.service, s.version) == key and s.replica_id not in reported]
 
 
 def _on(key: ZygoteKey, plan: Mapping[str, list[SlotAssignment]], gpus: Container[tuple[str, str]]) -> bool:
