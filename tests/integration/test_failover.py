@@ -4,6 +4,7 @@ SIGKILL, and the autoscaler's state rebuilt from what runs, not reset to ``min_r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -93,6 +94,32 @@ def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp
         assert http.post(f"{second}/v1/steady/ping").json() == "pong"
         time.sleep(3)  # several ticks of the new holder
         assert _ready(http, second) == 3, "the replicas that ran were dropped after the takeover"
+
+
+def test_an_app_deleted_and_pushed_again_while_the_holder_stalled_serves_its_new_code(tmp_path: Path):
+    """The acting control plane stalls while an app is deleted and pushed again through the standby: the new app is
+    version 1 again, and the plan the standby takes over still has the old app's replica as version 1. It is found
+    by its bundle and replaced: the old code never answers the new app's calls for good."""
+    for name, answer in (("old", "pong"), ("new", "pong again")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "steady.py").write_text(APP.replace('return "pong"', f"return {answer!r}"))
+    with TestPlatform(tmp_path / "state") as cluster, authed_client(cluster, base_url="", timeout=30) as http:
+        first, second = cluster.url, cluster.add_control_plane("platform-b")
+        wait_for(lambda: not http.get(f"{second}/v1/status").json()["active"], timeout_s=10, what="a standby")
+        with contextlib.closing(Transport(first, token=cluster.token)) as transport:
+            deploy(tmp_path / "old" / "steady.py", transport=transport, timeout_s=120)
+        assert http.post(f"{first}/v1/steady/ping").json() == "pong"
+
+        cluster.pause("platform")  # the holder: its control loop sees neither the deletion nor the push
+        assert http.delete(f"{second}/v1/apps/steady").status_code == 204
+        with contextlib.closing(Transport(second, token=cluster.token)) as transport:
+            assert deploy(tmp_path / "new" / "steady.py", transport=transport, wait=False).version == 1
+        cluster.kill("platform")
+        wait_for(lambda: http.get(f"{second}/v1/status").json()["active"], timeout_s=20, what="the takeover")
+        wait_for(lambda: http.post(f"{second}/v1/steady/ping").json() == "pong again", timeout_s=90,
+                 what="the new app's code to answer")
+        wait_for(lambda: _ready(http, second) == 1, timeout_s=30, what="the old app's replica to leave")
+        assert {http.post(f"{second}/v1/steady/ping").json() for _ in range(10)} == {"pong again"}
 
 
 def _ready(http: httpx.Client, url: str) -> int:

@@ -19,8 +19,8 @@ def deployment(*services: ServiceSpec, version: int = 1, **fields: Any) -> Deplo
                       manifest=Manifest(app="a", module="m", services=list(services)), **fields)
 
 
-def slot(replica_id: str, *gpus: str, service: str = "s", version: int = 1, index: int = 0,
+def slot(replica_id: str, *gpus: str, service: str = "s", version: int = 1, index: int = 0, app: str = "a",
          **fields: Any) -> SlotAssignment:
-    """The slot of replica ``replica_id`` of app "a" on the GPUs (or MIG slices) ``gpus``, none for a CPU one."""
-    return SlotAssignment(replica_id=replica_id, app="a", service=service, version=version, index=index,
+    """The slot of replica ``replica_id`` of ``app`` on the GPUs (or MIG slices) ``gpus``, none for a CPU one."""
+    return SlotAssignment(replica_id=replica_id, app=app, service=service, version=version, index=index,
                           gpu_uuids=list(gpus), **fields)

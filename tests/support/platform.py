@@ -95,6 +95,10 @@ class TestPlatform(EmbeddedPlatform):
         proc.kill()
         proc.wait()
 
+    def pause(self, name: str) -> None:
+        """SIGSTOP one of its processes: it holds its connections and leases, and does nothing (a stalled host)."""
+        self._procs[name].send_signal(signal.SIGSTOP)
+
     def start_again(self, name: str) -> subprocess.Popen[bytes]:
         """Start one of its processes again (after ``kill``: a node agent, say) as it was started: same node and
         state dir."""

@@ -48,7 +48,14 @@ from ember_platform.control.backlog import Backlog
 from ember_platform.control.bundle_gc import BundleCollector
 from ember_platform.control.lease import Lease
 from ember_platform.control.pace import until_next_tick
-from ember_platform.control.plan import Plan, cluster_snapshot, on_faulty_gpus, replica_request, to_replace
+from ember_platform.control.plan import (
+    Plan,
+    cluster_snapshot,
+    of_another_push,
+    on_faulty_gpus,
+    replica_request,
+    to_replace,
+)
 from ember_platform.control.preloader import Preloader
 from ember_platform.control.registry import Registry
 from ember_platform.control.service_state import Moving, ServiceState
@@ -185,6 +192,11 @@ class ControlLoop:
         await self.backlog.refresh(deployments, generation)
         self.pending = self.backlog.pending
         _drop(plan, lambda s: s.app not in deployments)
+        if stale := {s.replica_id: s.app for s in of_another_push(plan, deployments)}:
+            log.warning("%d replica(s) of %s run code of a deleted app of the name: replaced", len(stale),
+                        ", ".join(sorted(set(stale.values()))))
+            _drop(plan, lambda s: s.replica_id in stale)
+            self._forget(set(deployments) - set(stale.values()))  # and what was known of it
         await self.switching.refresh_pinned(plan, deployments)
         for dep in deployments.values():
             self.switching.drop_gone(plan, dep, now)

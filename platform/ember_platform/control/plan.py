@@ -61,3 +61,16 @@ def to_replace(slots: Iterable[SlotAssignment], replicas: Mapping[str, ReplicaSt
         if status is not None and status.state == "stopping":
             found[s.replica_id] = (status.gave_way or "other", status.message)
     return found
+
+
+def of_another_push(plan: Plan, deployments: Mapping[str, Deployment]) -> list[SlotAssignment]:
+    """The slots whose bundle is not their version's: their app was deleted and pushed again, under the same name
+    and version number, before the control loop saw it gone. Their replicas run the old app's code."""
+    def stale(s: SlotAssignment) -> bool:
+        dep = deployments.get(s.app)
+        if dep is None or not s.bundle_sha256:
+            return False
+        kept = dep if s.version == dep.version else dep.release(s.version)
+        return kept is not None and kept.bundle_sha256 != s.bundle_sha256
+
+    return [s for slots in plan.values() for s in slots if stale(s)]
