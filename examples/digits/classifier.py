@@ -3,8 +3,8 @@
 Weights are produced offline by `train.py` (scikit-learn's bundled digits data) and read from the
 `digits-weights` volume, mounted read-only at `/weights` (put it first: `ember volume put digits-weights
 examples/digits/weights.pt`). The weights are loaded once per node, in a zygote (`@ember.setup(snap=True)`);
-each replica forked from it moves them to its own device. (A replica given a GPU on a node that sandboxes its
-replicas is not forked, the zygote's sandbox holding no GPU device nodes: it runs both setups itself.)
+each replica forked from it moves them to its own device. (On a node that sandboxes its replicas, a replica
+given a GPU forks only from a zygote whose sandbox holds that GPU; one given another runs both setups itself.)
 `ember.backends.torch` places the model on the replica's device (`EMBER_DEVICE`: the CPU, or the GPU the node
 gave it), stacks each batch onto that device and warms up at the batch sizes the replica will see.
 """
