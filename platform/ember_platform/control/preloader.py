@@ -58,7 +58,7 @@ class Preloader:
     demand: Callable[[str, str], float]  # (app, service) -> calls per second, as the autoscaler measured it
     _plan: dict[str, list[ZygoteAssignment]] = field(default_factory=dict)
     _at: float = 0.0
-    _versions: frozenset[tuple[str, int]] = frozenset()
+    _versions: frozenset[tuple[str, int, str]] = frozenset()  # each app's version and bundle, as last computed
 
     def zygotes(self, plan: Mapping[str, list[SlotAssignment]], nodes: Mapping[str, NodeInfo],
                 deployments: Mapping[str, Deployment], snapshot: Callable[[], Snapshot],
@@ -67,7 +67,8 @@ class Preloader:
         ``snapshot()`` is the cluster as placement sees it (built only when needed); ``reported``: the replicas that
         reported their state (one placed that did not yet is starting: see ``device_sets``)."""
         now = time.time() if now is None else now
-        versions = frozenset((d.app, d.version) for d in deployments.values())
+        # a push changes them, and so does an app deleted and pushed again (its version 1 again, another bundle)
+        versions = frozenset((d.app, d.version, d.bundle_sha256) for d in deployments.values())
         if now - self._at >= PRELOAD_EVERY_S or versions != self._versions or set(self._plan) != set(nodes):
             self._plan = self._compute(plan, nodes, deployments, snapshot, reported)
             self._at, self._versions = now, versions

@@ -1,12 +1,16 @@
 """An app deleted and pushed again under its name before the control loop saw it gone starts over at version 1
 with another bundle: the old app's replicas, still in the plan as version 1, are found by their bundle and replaced
-(they would otherwise serve the new app's calls with the old code)."""
+(they would otherwise serve the new app's calls with the old code), and its zygote is planned at once."""
 
 from __future__ import annotations
 
+import msgspec
 from support.builders import deployment, service_spec, slot
+from support.placement import A10G, node, snap
 
+from ember.wire import Deployment
 from ember_platform.control.plan import of_another_push
+from ember_platform.control.preloader import Preloader
 
 
 def test_slots_of_another_bundle_of_their_version_are_the_old_apps() -> None:
@@ -17,3 +21,16 @@ def test_slots_of_another_bundle_of_their_version_are_the_old_apps() -> None:
                    slot("other", bundle_sha256="y", app="b")]}  # an app not deployed: dropped with it
     assert [s.replica_id for s in of_another_push(plan, {"a": new})] == ["old"]
     assert of_another_push(plan, {}) == []
+
+
+def test_an_app_pushed_again_under_its_name_gets_its_own_zygote_at_once() -> None:
+    n1 = node("n1", A10G, memory_gb=16)
+    preloader = Preloader(demand=lambda app, svc: 0.0)
+
+    def bundles(dep: Deployment, now: float) -> list[str]:
+        return [z.bundle_sha256 for z in preloader.zygotes({}, {"n1": n1}, {"a": dep}, lambda: snap(n1), now)["n1"]]
+
+    before = deployment(service_spec("s", snap=True, min_replicas=1))  # version 1, bundle "x"
+    assert bundles(before, now=0.0) == ["x"]
+    again = msgspec.structs.replace(before, bundle_sha256="y")  # deleted, pushed again: version 1, another bundle
+    assert bundles(again, now=0.1) == ["y"]  # not the old app's for up to PRELOAD_EVERY_S

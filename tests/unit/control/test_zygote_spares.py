@@ -33,3 +33,4 @@ def test_only_the_zygotes_own_replicas_count() -> None:
     beside = [slot("a-s-0", index=0), slot("a-s-1", index=1), slot("a-t-0", service="t"), slot("a-s-9", version=2)]
     assert _spares(beside, {"a-s-0"}) == 2  # a-s-1 is starting, and one more it may add; not another service's
     # replica, nor another version's
+
