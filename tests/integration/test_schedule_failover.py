@@ -4,6 +4,7 @@ holder had just queued. Ordering and counts only."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
@@ -60,3 +61,32 @@ def test_a_standby_runs_each_tick_once_after_the_lease_holder_is_killed(tmp_path
         assert not missing, f"ticks skipped across the takeover (catch_up='all' runs them all): {missing}"
         view = httpx.get(f"{second}/v1/schedules", headers=http.headers).json()
         assert view[0]["function"] == "beat" and view[0]["runs"] >= 1
+
+
+def test_a_schedule_paused_by_an_app_deleted_and_pushed_again_meanwhile_is_the_new_apps_own(tmp_path: Path):
+    """The acting control plane stalls while an app whose schedule is paused is deleted and pushed again (the same
+    code) through the standby: its schedule loop never saw the app go, so the paused state stayed in
+    ``ember_schedules``. The standby, taking over, runs the new app's schedule: that state was another app's."""
+    with TestPlatform(tmp_path / "state") as cluster, authed_client(cluster, base_url="", timeout=30) as http:
+        first, second = cluster.url, cluster.add_control_plane("platform-b")
+        with contextlib.closing(Transport(first, token=cluster.token)) as transport:
+            deploy(APP, transport=transport, timeout_s=120)
+        assert http.post(f"{first}/v1/apps/every-second/schedules/beat/pause").json()["paused"] is True
+
+        cluster.pause("platform")  # the holder: its loops see neither the deletion nor the push
+        assert http.delete(f"{second}/v1/apps/every-second").status_code == 204
+        with contextlib.closing(Transport(second, token=cluster.token)) as transport:
+            deploy(APP, transport=transport, wait=False)
+        cluster.kill("platform")
+        killed_at = time.time()
+        wait_for(lambda: http.get(f"{second}/v1/status").json()["active"], timeout_s=30, what="the takeover")
+
+        def beat() -> dict:
+            (view,) = http.get(f"{second}/v1/schedules", params={"app": "every-second"}).json()
+            return view
+
+        def ticking() -> bool:
+            view = beat()
+            return not view["paused"] and view["last_status"] == "fired" and view["last_tick"] > killed_at
+
+        wait_for(ticking, timeout_s=60, what="the new app's schedule to fire", explain=lambda: f"it is {beat()}")

@@ -40,7 +40,8 @@ def record_push(current: Deployment | None, app: str, request: DeployRequest, no
             raise ConflictError(f"app {app!r} has no version yet to keep serving beside a canary: push it first "
                                 "without --canary")
         return Deployment(app=app, version=1, bundle_sha256=request.bundle_sha256, manifest=request.manifest,
-                          created_at=now, traffic=[TrafficShare(version=1, percent=100)], switched_at=now, latest=1)
+                          created_at=now, traffic=[TrafficShare(version=1, percent=100)], switched_at=now, latest=1,
+                          born_at=now)
     if percent and current.canary_percent:
         raise ConflictError(f"app {app!r} already has a canary (v{current.version} at {current.canary_percent}%): "
                             "`ember promote` or `ember rollback` it first")

@@ -257,8 +257,10 @@ class ScheduleLoop:
         dep, function, spec = self._index[key]
         state = self.states.items.get(key)
         read = self.states.revision(key)  # written only if still the one read: a pause meanwhile is not undone
-        if state is None:  # first seen: it runs from its next tick on
-            return key, ScheduleState(last_tick=now), 0
+        # first seen, or a state kept of an app of the name deleted before (this loop did not see it go): it runs
+        # from its next tick on, unpaused
+        if state is None or state.of(dep.born_at) is not state:
+            return key, ScheduleState(last_tick=now, born_at=dep.born_at), 0 if state is None else read
         new = state
         ticks, missed = due(spec, state, now)
         if state.paused:  # its ticks pass unrun: a resume does not catch them up
@@ -350,10 +352,10 @@ class ScheduleLoop:
     async def set_paused(self, app: str, function: str, paused: bool) -> ScheduleState:
         """Pause or resume: a compare-and-set, tried again while the loop writes the same key."""
         assert self.kv is not None
-        self.find(app, function)
+        dep = self.find(app, function)[0]
         key = state_key(app, function)
         for _ in range(50):
-            state, revision = await self._read(key)
+            state, revision = await self._read(key, dep)
             new = msgspec.structs.replace(state, paused=paused, last_tick=state.last_tick or time.time())
             if not paused and state.paused:
                 new = msgspec.structs.replace(new, last_tick=time.time())  # what passed while paused stays unrun
@@ -369,7 +371,7 @@ class ScheduleLoop:
 
     async def run_now(self, app: str, function: str) -> str:
         """Queue a run now, outside the schedule (paused or not): an ordinary spawned call; its id."""
-        self.find(app, function)
+        dep = self.find(app, function)[0]
         call_id = new_call_id(app)
         self.runs.expect(app, call_id, None)
         try:
@@ -381,7 +383,7 @@ class ScheduleLoop:
         assert self.kv is not None
         key = state_key(app, function)
         for _ in range(20):  # the run is what the next tick's overlap looks at
-            state, revision = await self._read(key)
+            state, revision = await self._read(key, dep)
             new = msgspec.structs.replace(state, last_call_id=reply.call_id, last_status="run",
                                           last_run_at=time.time(), last_tick=state.last_tick or time.time())
             with contextlib.suppress(KeyWrongLastSequenceError):
@@ -397,15 +399,18 @@ class ScheduleLoop:
         if self.states is not None:
             self.states.record(key, state, revision)
 
-    async def _read(self, key: str) -> tuple[ScheduleState, int]:
+    async def _read(self, key: str, dep: Deployment | None = None) -> tuple[ScheduleState, int]:
+        """The state of ``key`` (as ``dep``'s app sees it, where given) and its revision (0: none written)."""
         assert self.kv is not None
+        born_at = dep.born_at if dep is not None else 0.0
         try:
             entry = await self.kv.get(key)
         except (KeyNotFoundError, JsNotFound):
-            return ScheduleState(), 0
+            return ScheduleState(born_at=born_at), 0
         if not entry.value:
-            return ScheduleState(), entry.revision or 0
-        return _state_decoder.decode(entry.value), entry.revision or 0
+            return ScheduleState(born_at=born_at), entry.revision or 0
+        state = _state_decoder.decode(entry.value)
+        return state.of(born_at) if dep is not None else state, entry.revision or 0
 
     async def views(self, sees: Callable[[str], bool], app: str | None = None) -> list[ScheduleView]:
         """The scheduled functions of the apps ``sees`` accepts (of ``app`` alone if given), each with what became
@@ -417,7 +422,7 @@ class ScheduleLoop:
 
         async def view(dep: Deployment, function: str, spec: ScheduleSpec) -> ScheduleView:
             state = self.states.items.get(state_key(dep.app, function)) if self.states else None
-            state = state or ScheduleState()
+            state = (state or ScheduleState()).of(dep.born_at)
             status = self._final.get(state.last_call_id, "")
             if state.last_call_id and not status:
                 with contextlib.suppress(NatsError, OSError):

@@ -46,6 +46,12 @@ class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
     paused: bool = False
     runs: int = 0
     queued: tuple[float, ...] = ()  # overlap="queue": ticks waiting for the run before them, oldest first
+    born_at: float = 0.0  # its app's ``Deployment.born_at``: a state kept of an app of the name deleted before is not
+    # this one's (0: written before it was kept, or by an app first pushed before)
+
+    def of(self, dep_born_at: float) -> ScheduleState:
+        """This state as the app born at ``dep_born_at`` sees it: a fresh one if it was another app's."""
+        return self if not self.born_at or self.born_at == dep_born_at else ScheduleState(born_at=dep_born_at)
 
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=257)]

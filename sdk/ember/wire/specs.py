@@ -229,6 +229,8 @@ class Deployment(msgspec.Struct, frozen=True, kw_only=True):
     latest: int = 0  # the highest version ever recorded (a push after a rollback gets the next one)
     warm: int = 0  # the version that last left ``traffic``: its replicas stay, taking no calls, for a quick rollback
     warm_since: float = 0.0  # when it left (it stays ``EMBER_KEEP_PREVIOUS_S``, see ``control.switching``)
+    born_at: float = 0.0  # when the app's first version was pushed, kept by the later ones: what tells it from an app
+    # of its name deleted before (whose versions had the same numbers); 0 for an app first pushed before it was kept
 
     def bounds(self, service: ServiceSpec) -> tuple[int, int]:
         """The service's (min, max) replicas: set at run time, else from its decorator."""
