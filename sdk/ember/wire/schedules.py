@@ -50,8 +50,11 @@ class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
     # this one's (0: written before it was kept, or by an app first pushed before)
 
     def of(self, dep_born_at: float) -> ScheduleState:
-        """This state as the app born at ``dep_born_at`` sees it: a fresh one if it was another app's."""
-        return self if not self.born_at or self.born_at == dep_born_at else ScheduleState(born_at=dep_born_at)
+        """This state as the app born at ``dep_born_at`` sees it: a fresh one if it was another app's. Where either
+        is not known (0: written by an older control plane) it is kept, as before apps were told apart."""
+        if not self.born_at or not dep_born_at or self.born_at == dep_born_at:
+            return self
+        return ScheduleState(born_at=dep_born_at)
 
 
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=257)]

@@ -55,3 +55,4 @@ def test_an_app_is_told_from_one_of_its_name_deleted_before_by_its_first_push() 
     assert paused.of(again.born_at) == ScheduleState(born_at=30.0)  # another app's: a fresh one
     kept = ScheduleState(paused=True, runs=7)  # written before apps were told apart: kept as it is
     assert kept.of(again.born_at) is kept
+    assert paused.of(0.0) is paused  # a deployment an older control plane wrote (it drops born_at): kept too
