@@ -6,7 +6,7 @@ starts, so that only their sum breaks the reservation. Each keeps its entry open
 driver's context: the agent finds whose it is by that, since in its sandbox a process knows only its own
 pid namespace's pids. ``far`` sits on a GPU whose NUMA node has no CPUs
 on this machine. ``Pinned`` runs on a node without sandboxes (forked from its zygote there), ``Held`` on the
-sandboxed one, where its sandbox holds its GPU's (stand-in) device node and so it is not forked.
+sandboxed one, forked from a zygote whose sandbox holds its GPU's (stand-in) device node.
 """
 
 import json
