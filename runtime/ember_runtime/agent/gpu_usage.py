@@ -120,8 +120,10 @@ class DeclaredUsage:
                 entry.unlink(missing_ok=True)
                 continue
             for uuid, mb in _read_declared(entry).items():
-                if uuid in sample:
-                    sample[uuid].update(dict.fromkeys(pids, mb))
+                if uuid in sample:  # a process's contexts on a GPU add up, as the driver reports its total
+                    used = sample[uuid]
+                    for pid in pids:
+                        used[pid] = used.get(pid, 0) + mb
         return sample
 
     def close(self) -> None:

@@ -167,6 +167,31 @@ def test_an_entry_belongs_to_the_processes_holding_it_open_whatever_its_name(tmp
     assert freed in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
 
 
+_TWO_CONTEXTS = """
+import json, os, sys
+fds = []
+for entry, mb in ((sys.argv[1], 700), (sys.argv[2], 300)):
+    fds.append(os.open(entry + ".tmp", os.O_CREAT | os.O_WRONLY))
+    os.write(fds[-1], json.dumps({"GPU-0": mb}).encode())
+    os.rename(entry + ".tmp", entry)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_process_holding_two_entries_uses_their_sum(tmp_path: Path) -> None:
+    """Two contexts of one process on a GPU (two entries it holds open): NVML reports the process's total."""
+    table = tmp_path / "gpu-processes"
+    source = DeclaredUsage(table, ["GPU-0"])
+    holder = subprocess.Popen([sys.executable, "-c", _TWO_CONTEXTS, str(table / "a"), str(table / "b")],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        assert source.sample(["GPU-0"], [holder.pid]) == {"GPU-0": {holder.pid: 1000}}
+    finally:
+        holder.communicate("")
+
+
 def test_the_virtual_driver_frees_the_memory_of_exited_processes(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     table = tmp_path / "gpu-processes"
