@@ -7,6 +7,7 @@ hardware, and both sources must give the same sample for the same processes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -143,53 +144,45 @@ def test_the_virtual_driver_reports_what_live_processes_declared(tmp_path: Path,
 
 _HOLDER = """
 import json, os, sys
-entry = sys.argv[1]
-fd = os.open(entry + ".tmp", os.O_CREAT | os.O_WRONLY)
-os.write(fd, json.dumps({"GPU-0": 700}).encode())
-os.rename(entry + ".tmp", entry)
-print("held", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_an_entry_belongs_to_the_processes_holding_it_open_whatever_its_name(tmp_path: Path) -> None:
-    """A sandboxed replica knows only its namespace's pid (2, say): the driver finds the holder's pid here."""
-    table = tmp_path / "gpu-processes"
-    source = DeclaredUsage(table, ["GPU-0"])
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(table / "2")], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        assert source.sample(["GPU-0"], [holder.pid]) == {"GPU-0": {holder.pid: 700}}
-    finally:
-        holder.communicate("")
-    freed = source.sample(["GPU-0"], [holder.pid])
-    assert freed in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
-
-
-_TWO_CONTEXTS = """
-import json, os, sys
-fds = []
-for entry, mb in ((sys.argv[1], 700), (sys.argv[2], 300)):
+fds = []  # each entry held open while this process lives, as a driver's context
+for arg in sys.argv[1:]:  # ENTRY=MB
+    entry, mb = arg.rsplit("=", 1)
     fds.append(os.open(entry + ".tmp", os.O_CREAT | os.O_WRONLY))
-    os.write(fds[-1], json.dumps({"GPU-0": mb}).encode())
+    os.write(fds[-1], json.dumps({"GPU-0": int(mb)}).encode())
     os.rename(entry + ".tmp", entry)
 print("held", flush=True)
 sys.stdin.read()
 """
 
 
+@contextlib.contextmanager
+def _holding(*entries: str) -> Iterator[int]:
+    """A process that declares and holds open each ``ENTRY=MB`` until the block ends; its pid."""
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, *entries], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.communicate("")
+
+
+def test_an_entry_belongs_to_the_processes_holding_it_open_whatever_its_name(tmp_path: Path) -> None:
+    """A sandboxed replica knows only its namespace's pid (2, say): the driver finds the holder's pid here."""
+    table = tmp_path / "gpu-processes"
+    source = DeclaredUsage(table, ["GPU-0"])
+    with _holding(f"{table / '2'}=700") as pid:
+        assert source.sample(["GPU-0"], [pid]) == {"GPU-0": {pid: 700}}
+    freed = source.sample(["GPU-0"], [pid])
+    assert freed in ({"GPU-0": {}}, {"GPU-0": {2: 700}})  # freed (unless a pid 2 lives here)
+
+
 def test_a_process_holding_two_entries_uses_their_sum(tmp_path: Path) -> None:
     """Two contexts of one process on a GPU (two entries it holds open): NVML reports the process's total."""
     table = tmp_path / "gpu-processes"
     source = DeclaredUsage(table, ["GPU-0"])
-    holder = subprocess.Popen([sys.executable, "-c", _TWO_CONTEXTS, str(table / "a"), str(table / "b")],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        assert source.sample(["GPU-0"], [holder.pid]) == {"GPU-0": {holder.pid: 1000}}
-    finally:
-        holder.communicate("")
+    with _holding(f"{table / 'a'}=700", f"{table / 'b'}=300") as pid:
+        assert source.sample(["GPU-0"], [pid]) == {"GPU-0": {pid: 1000}}
 
 
 def test_the_virtual_driver_frees_the_memory_of_exited_processes(tmp_path: Path) -> None:
