@@ -13,10 +13,11 @@ import msgspec
 from ember._build import build_images, plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport, default_transport
-from ember._errors import InvalidSpecError, NotFoundError, RemoteError, UnavailableError
-from ember.wire import AppView, Deployment, DeployRequest, Manifest, RolloutRequest, encoder
+from ember._errors import EmberError, InvalidSpecError, NotFoundError, RemoteError, UnavailableError
+from ember.wire import AppView, Deployment, DeployRequest, Manifest, RolloutRequest, StatusView, encoder
 
 Progress = Callable[[str, AppView | None], None]
+WHY_EVERY_S = 2.0  # how often a wait whose replicas are not ready asks the platform why (``GET /v1/status``)
 
 
 def inspect_app(path: str | Path, app_name: str | None = None) -> Manifest:
@@ -117,7 +118,8 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
     """Poll until every service of ``version`` has its minimum ready replicas and the version takes its calls (a
     rollout switches once it is ready); with ``alone``, all of them (a promote or a rollback)."""
     deadline = time.monotonic() + timeout_s
-    last = ""
+    last, asked_at = "", time.monotonic()
+    held: dict[str, str] = {}  # why services are held back, as the platform last said
     while True:
         try:
             view = app_view(transport, app)
@@ -125,8 +127,10 @@ def wait_ready(transport: Transport, app: str, version: int, *, timeout_s: float
             raise UnavailableError(f"app {app!r} was deleted while waiting for it") from None
         if view.version != version:
             raise UnavailableError(f"app {app!r} moved to version {view.version} while waiting for {version}")
-        summary, ready = _readiness(view)
+        summary, ready = _readiness(view, held)
         ready &= _takes_calls(view, alone)
+        if not ready and time.monotonic() - asked_at >= WHY_EVERY_S:
+            held, asked_at = holding_back(transport, app, version), time.monotonic()
         if summary != last:
             progress(summary, view)
             last = summary
@@ -160,13 +164,33 @@ def _failed(view: AppView) -> str:
     return ""
 
 
-def _readiness(view: AppView) -> tuple[str, bool]:
+def holding_back(transport: Transport, app: str, version: int) -> dict[str, str]:
+    """What holds each service of ``app``'s ``version`` below the replicas it wants, as ``ember status`` says it:
+    no node can take one (``unschedulable``: no GPU of its type, not enough free memory), or a quota. Empty where
+    the platform cannot say (a token that may not read the status, a control plane that does not place now)."""
+    try:
+        view = msgspec.json.decode(transport.request("GET", "/v1/status", params={"app": app}).content,
+                                   type=StatusView)
+    except (EmberError, msgspec.ValidationError):
+        return {}
+    found = {}
+    for s in view.services:
+        why = [f"unschedulable: {s.unschedulable}"] if s.unschedulable else []
+        why += [f"held back: {s.quota}"] if s.quota else []
+        if s.app == app and s.version == version and why:
+            found[s.service] = "; ".join(why)
+    return found
+
+
+def _readiness(view: AppView, held: dict[str, str] | None = None) -> tuple[str, bool]:
     parts, ready = [], True
     for svc in view.services:
         current = [r for r in svc.replicas if r.version == view.version]
         n_ready = sum(r.state == "ready" for r in current)
         ready &= n_ready >= svc.min_replicas
         problems = {r.message for r in current if r.state in ("crashed", "failed") and r.message}
+        if n_ready < svc.min_replicas and (held or {}).get(svc.name):
+            problems.add((held or {})[svc.name])
         note = f" ({'; '.join(sorted(problems))})" if problems else ""
         parts.append(f"{svc.name} {n_ready}/{svc.min_replicas} ready{note}")
     return ", ".join(parts), ready

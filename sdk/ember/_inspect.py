@@ -11,7 +11,11 @@ the bytecode replicas will read (``ember_runtime.agent.bytecode``).
 
 from __future__ import annotations
 
+import importlib
+import runpy
 import sys
+import traceback
+from pathlib import Path
 
 from ember._errors import EmberError
 from ember._loader import find_app, import_app_file
@@ -19,9 +23,40 @@ from ember._plan import plan
 from ember.wire import encoder
 
 MAX_MODULE_FILES = 20_000
+# Where the frames that only carry an app's import come from: Ember's SDK and the import machinery (the frozen
+# importlib frames are told apart by their "<frozen ...>" file names).
+_CARRIERS = (str(Path(__file__).resolve().parent), str(Path(importlib.__file__ or "/-").resolve().parent),
+             str(Path(runpy.__file__ or "/-").resolve()))
 
 
 def main(argv: list[str]) -> int:
+    try:
+        return _main(argv)
+    except Exception as exc:  # the app's own error, raised while importing it
+        print(app_traceback(exc), end="", file=sys.stderr)
+        return 1
+
+
+def app_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback from the first frame that is not Ember's or the import machinery's: the frames that
+    carried the import say nothing to whoever wrote the app (a syntax error keeps no frame at all, only its line)."""
+    tb = exc.__traceback__
+    while tb is not None and _carrier(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _carrier(filename: str) -> bool:
+    if filename.startswith("<frozen "):
+        return True
+    try:
+        path = str(Path(filename).resolve())
+    except (OSError, RuntimeError):
+        return False
+    return path.startswith(_CARRIERS)
+
+
+def _main(argv: list[str]) -> int:
     lenient = bool(argv) and argv[0] == "--images"
     modules = bool(argv) and argv[0] == "--modules"
     argv = argv[1:] if lenient or modules else argv

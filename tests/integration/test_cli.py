@@ -53,6 +53,21 @@ def test_push_ls_call_logs_delete(platform, tmp_path, ember_cli):
     assert "clitest" not in ember_cli("ls", url=platform.url).stdout
 
 
+def test_a_push_waiting_for_a_replica_no_node_can_take_says_why(platform, tmp_path, ember_cli):
+    app = tmp_path / "nogpu.py"
+    app.write_text('import ember\napp = ember.App("cli-no-gpu")\n'
+                   '@app.function(gpu="B300")\ndef f(x: int) -> int:\n    return x\n')
+    pushed = ember_cli("push", "--timeout", "6", str(app), url=platform.url, check=False)
+    try:
+        assert pushed.returncode == 1
+        why = "f 0/1 ready (unschedulable: no node has a GPU of type B300"
+        *_, shown, error = pushed.stderr.splitlines()
+        assert why in shown, pushed.stderr  # the progress shows it while it waits, the error at the end
+        assert error.startswith(f"ember: UnavailableError: cli-no-gpu v1 not ready after 6s: {why}"), error
+    finally:
+        ember_cli("delete", "cli-no-gpu", url=platform.url)
+
+
 def test_cli_reports_an_unreachable_platform_clearly(ember_cli):
     proc = ember_cli("ls", url="http://127.0.0.1:9", check=False)
     assert proc.returncode == 1
