@@ -45,6 +45,7 @@ from ember._errors import (
     DeadlineExceededError,
     EmberError,
     ForbiddenError,
+    NotFoundError,
     OverloadedError,
     PayloadTooLargeError,
     error_class,
@@ -63,8 +64,10 @@ from ember.wire import (
 from ember.wire.calls import Hop
 from ember.wire.errors import error_info
 from ember.wire.jetstream import KVMirror
+from ember.wire.natscreds import replica_inbox
 from ember.wire.relay import (
     MAX_CHAIN,
+    RelayCallRead,
     RelayCancel,
     RelayInvoke,
     RelayRecord,
@@ -141,8 +144,8 @@ class Relay:
         await self._assignments.stop()
 
     async def _on_request(self, msg: Msg) -> None:
-        if not msg.reply:
-            return  # nobody to answer
+        if not _answerable(msg):
+            return
         if len(self._tasks) >= MAX_IN_FLIGHT:
             await self._respond(msg, RelayReply(error=error_info(OverloadedError(
                 f"this control plane relays {len(self._tasks)} calls between functions already; retry shortly",
@@ -186,6 +189,8 @@ class Relay:
             return await self._spawn(caller, request)
         if isinstance(request, RelayRecord):
             return await self._record(caller, request)
+        if isinstance(request, RelayCallRead):
+            return await self._read(caller, request)
         return await self._cancel(caller, request)
 
     # -- the verbs -----------------------------------------------------------------------------------
@@ -276,6 +281,16 @@ class Relay:
             record = await self._calls.get(req.call_id, req.wait_s)
         return encoder.encode(record)
 
+    async def _read(self, caller: Caller, req: RelayCallRead) -> bytes:
+        """A queued call's status or final record, of the caller's own app alone (its key names that app)."""
+        check_call_id(req.call_id)
+        store = self._calls.store
+        read = store.status if req.kind == "s" else store.result
+        record = await read(caller.app, req.call_id)
+        if record is None or (record.app, record.call_id) != (caller.app, req.call_id):
+            return b"null"
+        return encoder.encode(record)
+
     async def _cancel(self, caller: Caller, req: RelayCancel) -> bytes:
         record = await self._calls.get(check_call_id(req.call_id))
         if not caller.may_call(record.app):
@@ -286,9 +301,15 @@ class Relay:
 
     def _target(self, caller: Caller, app: str, function: str, *,
                 sync: bool) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
-        """The function called, its service and deployment, if the caller may call it (else 403)."""
-        dep, svc, fn = self._registry.route(app, function, None, random.random())  # the version the split draws
-        if caller.may_call(app) or (sync and fn.public):
+        """The function called, its service and deployment, if the caller may call it (else 403: the same whether the
+        app or the function exists or not, where the caller may not call that app)."""
+        if caller.may_call(app):
+            return self._registry.route(app, function, None, random.random())  # the version the split draws
+        try:
+            dep, svc, fn = self._registry.route(app, function, None, random.random())
+        except NotFoundError:
+            fn = None
+        if sync and fn is not None and fn.public:
             return dep, svc, fn
         raise ForbiddenError(f"app {caller.app!r} may not call {app}.{function}: name {app!r} in "
                              f"App({caller.app!r}, calls=[...]) and push it with a token that may invoke it",
@@ -322,6 +343,17 @@ class Relay:
                 if entry.value:
                     found.append(assignment_decoder.decode(entry.value))
         return _find(found, replica_id)
+
+
+def _answerable(msg: Msg) -> bool:
+    """Whether ``msg`` is a replica's request to answer: on its own relay subject, with a reply subject in that
+    replica's own inbox. Anything else is dropped unanswered: an answer goes wherever a request's reply subject
+    says, and a reply subject is not checked by NATS' permissions, so an answer to another subject (a key of a
+    bucket, another client's subscription) would be written there with this control plane's permissions."""
+    replica_id = msg.subject.removeprefix("ember.relay.")
+    if not msg.reply or replica_id == msg.subject or not subjects.is_token(replica_id):
+        return False
+    return msg.reply.startswith(f"{replica_inbox(replica_id)}.")
 
 
 def callee_chain(caller: Caller, req: RelayInvoke, app: str, function: str) -> list[Hop]:

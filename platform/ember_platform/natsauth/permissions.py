@@ -4,14 +4,19 @@ Pure functions of names: the callout fills them in for the component that connec
 is not here: it is the server's one configured user, with every permission.
 
 A replica of app A may receive only its own functions' calls (synchronous, queued and events), answer on its
-app's answer subjects (and the reply subject of a request it received, once), read and write its own app's call
-statuses and records by key (``s.<app>.>``, ``r.<app>.>`` in ``ember_calls``: no stream info, no message by
-sequence, no delete, so it can neither list nor read another app's calls), write its own app's large outputs
-(``ember_results``, never read), publish its own status and its functions' load reports and dead letters, and
+app's answer subjects (and the reply subject of a request it received, once), write its own app's call statuses and
+records by key (``s.<app>.>``, ``r.<app>.>`` in ``ember_calls``: no stream info, no message by sequence, so it can
+neither list nor read another app's calls), write its own app's large outputs (``ember_results``), publish its own
+status and its functions' load reports and dead letters, and
 publish event results to its functions' result subjects or to its app's reply subjects (``_EMBER.replies.<app>``).
 It cannot read any other bucket, see another app's subjects, write ``ember_replicas`` or publish log lines. Its code
 calls other functions only through its own relay subject (``ember.relay.<replica id>``), which a control plane
 answers after checking the call (``ember_platform.gateway.relay``): it never publishes another app's invoke subjects.
+
+It reads no bucket at all, not even its own keys: NATS checks no permission on a request's reply subject, and a
+JetStream read (a direct get) is answered there by the server, so a value the replica wrote, read with a reply
+subject naming a key of another bucket, would be stored under that key. Its queue worker's reads go over the relay
+(``RelayCallRead``), which answers only into the replica's own inbox.
 """
 
 from __future__ import annotations
@@ -46,7 +51,7 @@ def replica(replica_id: str, app: str, version: int, functions: Iterable[Functio
     own = [f"{calls}.{subjects.calls_keys_of_app(kind, app)}" for kind in ("s", "r")]  # its app's statuses, records
     pub = {
         subjects.answers_of_app(app), subjects.replica_status(replica_id), subjects.relay(replica_id),
-        subjects.event_replies(app), *own, *(f"{_JS}.DIRECT.GET.{_kv(subjects.CALLS_BUCKET)}.{key}" for key in own),
+        subjects.event_replies(app), *own,
         f"$KV.{subjects.RESULTS_BUCKET}.{subjects.check_token(app, 'app')}.>",  # its app's large outputs: write only
     }
     sub = {subjects.replica_invoke(replica_id), subjects.replica_cancel(replica_id),

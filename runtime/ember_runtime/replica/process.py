@@ -39,7 +39,6 @@ from ember.wire import (
     packed_invocations_decoder,
     subjects,
 )
-from ember.wire.callstore import CallStore
 from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import call_buckets, connect_until
 from ember.wire.natscreds import NatsCredentials, take_from_env
@@ -52,6 +51,7 @@ from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EX
 from ember_runtime.replica import arguments, health
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
+from ember_runtime.replica.callreads import RelayedCallStore
 from ember_runtime.replica.endpoint import Endpoint, Preloaded, Streamed, batcher_for, build_endpoints, tear_down
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.renewal import renew_until
@@ -108,8 +108,9 @@ class Replica:
         if nc is None:  # stopped before NATS admitted it: nothing to drain (the process leaves at once, main())
             return EXIT_ABANDONED_SETUP
         self.kv = StatusRelay(nc, self.args.replica_id)
-        inner.install(NatsRelay(nc, self.args.replica_id))  # the app's calls of functions go over this connection
-        self.calls = CallStore(nc.jetstream(), *call_buckets(nc.jetstream()))  # its agent saw them: they exist
+        relay = NatsRelay(nc, self.args.replica_id)
+        inner.install(relay)  # the app's calls of functions go over this connection
+        self.calls = RelayedCallStore(nc.jetstream(), *call_buckets(nc.jetstream()), relay)  # its agent saw them
         heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
         if creds is not None and creds.ttl_s:  # its credentials expire: reconnect before (``renewal``)
             self.renewal = asyncio.create_task(renew_until(nc, creds.ttl_s, self.stop), name="renew-credentials")

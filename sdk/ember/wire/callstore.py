@@ -130,7 +130,7 @@ class CallStore:
                                      record.started_at)
         except KeyWrongLastSequenceError:
             if name is not None:
-                await asyncio.gather(*(self._results.purge(f"{name}.{n}") for n in range(len(pieces))))
+                await asyncio.gather(*(self._results.delete(f"{name}.{n}") for n in range(len(pieces))))
             return False
         return True
 

@@ -160,17 +160,20 @@ class StorageLimits:
                                     if self.calls_stream_max_consumers > 0 else 2**31 - 1},
             subjects.DEAD_STREAM: {"max_bytes": self.dead_stream_max_bytes, "discard": DiscardPolicy.OLD},
             subjects.LOGS_STREAM: {"max_bytes": self.logs_stream_max_bytes, "discard": DiscardPolicy.OLD},
-            # Direct gets: a replica reads its own app's records by key, a permission that names the key (a
-            # STREAM.MSG.GET names none).
-            kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes, "allow_direct": True},
+            # Direct gets: the control planes read the records by key. No rollups in a bucket that replicas or
+            # node agents write (``NO_ROLLUPS``).
+            kv_stream(subjects.CALLS_BUCKET): {"max_bytes": self.calls_kv_max_bytes, "allow_direct": True,
+                                               **NO_ROLLUPS},
             kv_stream(subjects.TOKENS_BUCKET): {"max_bytes": self.tokens_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.QUOTAS_BUCKET): {"max_bytes": self.quotas_kv_max_bytes, "max_msg_size": 64 * 1024},
             kv_stream(subjects.SECRETS_BUCKET): {"max_bytes": self.secrets_kv_max_bytes, "max_msg_size": 128 * 1024},
             kv_stream(subjects.SUBJECT_GRANTS_BUCKET): {"max_bytes": self.subject_grants_kv_max_bytes,
                                                         "max_msg_size": 64 * 1024},
             **{kv_stream(bucket): control for bucket in CONTROL_BUCKETS},
+            **{kv_stream(bucket): {**control, **NO_ROLLUPS} for bucket in NODE_WRITTEN_BUCKETS},
             kv_stream(subjects.RESULTS_BUCKET): {"max_bytes": self.results_store_max_bytes, "max_age": RESULTS_TTL_S,
-                                                 "max_msg_size": RESULT_CHUNK_BYTES + 4096, "allow_direct": True},
+                                                 "max_msg_size": RESULT_CHUNK_BYTES + 4096, "allow_direct": True,
+                                                 **NO_ROLLUPS},
             object_stream(subjects.BUNDLES_STORE): {"max_bytes": self.bundles_store_max_bytes},
             kv_stream(subjects.VOLUMES_BUCKET): {"max_bytes": self.volumes_kv_max_bytes,
                                                  "max_msg_size": self.volumes_kv_max_value_bytes},
@@ -180,8 +183,12 @@ class StorageLimits:
         }
 
 
-CONTROL_BUCKETS = (subjects.DEPLOYMENTS_BUCKET, subjects.ASSIGNMENTS_BUCKET, subjects.NODES_BUCKET,
-                   subjects.REPLICAS_BUCKET)
+CONTROL_BUCKETS = (subjects.DEPLOYMENTS_BUCKET, subjects.ASSIGNMENTS_BUCKET)
+NODE_WRITTEN_BUCKETS = (subjects.NODES_BUCKET, subjects.REPLICAS_BUCKET)  # node agents write their own keys
+# A bucket that a replica or a node agent writes keys of (its own only) takes no rollup: a write with the header
+# ``Nats-Rollup: all``, which its permissions cannot tell from another, would purge every other key of the bucket
+# (every app's call records, every node's replicas). Its own keys are removed with a delete marker instead.
+NO_ROLLUPS = {"allow_rollup_hdrs": False}
 
 
 def kv_stream(bucket: str) -> str:
@@ -245,9 +252,16 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
 
     def kv(bucket: str, **config: Any) -> _Opener:
         wanted = lim[kv_stream(bucket)]
-        return (kv_stream(bucket), lambda: js.key_value(bucket), lambda max_bytes: js.create_key_value(
-            bucket=bucket, max_bytes=max_bytes, max_value_size=wanted.get("max_msg_size", -1), replicas=copies,
-            **config))
+
+        async def make(max_bytes: int) -> KeyValue:
+            made = await js.create_key_value(bucket=bucket, max_bytes=max_bytes,
+                                             max_value_size=wanted.get("max_msg_size", -1), replicas=copies, **config)
+            if wanted.get("allow_rollup_hdrs") is False:  # nats-py makes every bucket with rollups allowed
+                stream = (await js.stream_info(kv_stream(bucket))).config
+                await js.update_stream(stream.evolve(allow_rollup_hdrs=False))
+            return made
+
+        return (kv_stream(bucket), lambda: js.key_value(bucket), make)
 
     def objects(bucket: str) -> _Opener:
         wanted = lim[object_stream(bucket)]
@@ -332,6 +346,8 @@ def limits_differ(config: StreamConfig, wanted: dict[str, Any]) -> dict[str, tup
             same = abs((now or 0.0) - value) < 1.0
         elif name == "discard":
             same = str(getattr(now, "value", now) or "old") == value.value
+        elif isinstance(value, bool):
+            same = bool(now) == value
         else:
             same = (now if now not in (None, 0) else -1) == value
         if not same:

@@ -10,6 +10,8 @@ exactly what the matching HTTP route answers on success (the result's JSON, a ``
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
 
 from ember.wire.calls import ErrorInfo, Hop
@@ -52,7 +54,18 @@ class RelayCancel(msgspec.Struct, frozen=True, kw_only=True, tag="cancel"):
     call_id: str
 
 
-RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel
+class RelayCallRead(msgspec.Struct, frozen=True, kw_only=True, tag="read"):
+    """A replica's read of a queued call of its own app (as its queue worker takes one): its status record
+    (``kind="s"``) or its final record (``"r"``), answered with the ``CallRecord`` or null.
+
+    A replica reads no store itself: the answer to a JetStream read goes to whatever reply subject its request names,
+    and a stored value it wrote, answered to another bucket's subject, would be stored there (a record, a token)."""
+
+    call_id: str
+    kind: Literal["s", "r"]
+
+
+RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel | RelayCallRead
 
 
 class RelayReply(msgspec.Struct, frozen=True, kw_only=True):

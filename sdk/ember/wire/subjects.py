@@ -47,6 +47,11 @@ def _token(value: str, what: str) -> str:
     return value
 
 
+def is_token(value: str) -> bool:
+    """Whether ``value`` is one subject token (letters, digits, '-', '_')."""
+    return _TOKEN.fullmatch(value) is not None
+
+
 def check_token(value: str, what: str) -> str:
     """``value`` if it is one subject token (letters, digits, '-', '_'), else ``ValueError`` naming ``what``."""
     return _token(value, what)

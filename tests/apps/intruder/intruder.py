@@ -204,3 +204,46 @@ def claim_model(victim: dict) -> dict:
         await attempt("purge the claims", lambda: request("$JS.API.STREAM.PURGE.KV_ember_models", b"{}"))
 
     return probe.run(attempts)
+
+
+@app.function(timeout_s=120)
+def steer(victim: dict) -> dict:
+    """From this replica's own connection: have the server or a control plane write where the replica may not,
+    through the reply subject of a request it may make (NATS checks no permission on a reply subject), and purge the
+    buckets it writes with a rollup header. ``victim``: {"app": another app, "token": {"id", "secret_sha256"}: a token
+    record to plant with admin scope}."""
+    import json
+    import time
+
+    probe = Attempts()
+    nc = probe.nc
+    own = str(nc.options["user"]).split(".")[2]  # replica.<node id>.<replica id>
+    token_id = victim["token"]["id"]
+    record = json.dumps({"info": {"id": token_id, "name": "planted", "scopes": ["admin"], "apps": ["*"],
+                                  "created_at": time.time()},
+                         "secret_sha256": victim["token"]["secret_sha256"]}).encode()
+    calls = "$KV.ember_calls"
+
+    async def attempts() -> None:
+        attempt, publish = probe.attempt, probe.publish
+        await attempt("write a token record under its own key", lambda: publish(f"{calls}.s.intruder.{token_id}",
+                                                                                  record))
+        await attempt("read it back into the tokens", lambda: nc.publish(
+            f"$JS.API.DIRECT.GET.KV_ember_calls.{calls}.s.intruder.{token_id}", b"",
+            reply=f"$KV.ember_tokens.{token_id}"))
+        await attempt("have the relay answer into another app's deployment", lambda: nc.publish(
+            f"ember.relay.{own}", b'{"type": "record", "call_id": "x"}', reply=f"$KV.ember_deployments.{victim['app']}"))
+        await attempt("purge every app's call records", lambda: nc.publish(
+            f"{calls}.s.intruder.rollup", b"{}", headers={"Nats-Rollup": "all"}))
+        await attempt("purge every app's large outputs", lambda: nc.publish(
+            "$KV.ember_results.intruder.rollup.x.0", b"x", headers={"Nats-Rollup": "all"}))
+
+    seen = probe.run(attempts)
+    for name, target in (("call an app that does not exist", "no-such-app"), ("call another app's missing function",
+                                                                                victim["app"])):
+        try:
+            ember.lookup(target, "nothing-here").remote(1)
+            seen[name] = "no error"
+        except ember.EmberError as exc:
+            seen[name] = f"{type(exc).__name__}: {exc}".replace(target, "<app>")
+    return seen

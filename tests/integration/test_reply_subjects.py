@@ -1,0 +1,74 @@
+"""A replica cannot write where it may not through a request's reply subject, nor purge the buckets it writes.
+
+NATS checks a client's permissions on the subjects it publishes to, not on the reply subject of its requests, and
+the server (JetStream) or a control plane answers there with its own rights. So a replica reads no store itself
+(its queue worker's reads go over the relay), the relay answers only into the asking replica's own inbox, and the
+buckets replicas write take no ``Nats-Rollup`` header. A hostile app (tests/apps/intruder, ``steer``) tries each
+from its own replica's connection; the victim app's deployment and call record, and the tokens, are untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+
+import msgspec
+import pytest
+from nats.js.errors import KeyNotFoundError
+from support.natsconn import connect as admin_connect
+from support.paths import REPO
+from support.polling import wait_for
+
+from ember.wire import Deployment, subjects
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    pytest.mark.usefixtures("collect_refused_sockets"),
+]
+
+
+async def _entry(url: str, bucket: str, key: str) -> bytes | None:
+    nc = await admin_connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        try:
+            return (await kv.get(key)).value
+        except KeyNotFoundError:
+            return None
+    finally:
+        await nc.close()
+
+
+def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(platform, http, hello, deployed):
+    spawned = http.post("/v1/hello/greet/spawn", json="victim")
+    assert spawned.status_code == 202, spawned.text
+    call_id = spawned.json()["call_id"]
+    wait_for(lambda: http.get(f"/v1/calls/{call_id}").json().get("status") == "succeeded", timeout_s=60,
+             what="the victim's call")
+    deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
+    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(24)
+    planted = {"id": token_id, "secret_sha256": hashlib.sha256(secret.encode()).hexdigest()}
+
+    seen = http.post("/v1/intruder/steer", json={"app": "hello", "token": planted}, timeout=180).json()
+
+    assert seen["write a token record under its own key"].startswith("no error")  # its own key: allowed
+    read = seen["read it back into the tokens"]
+    assert "permissions violation" in read.lower(), read  # a replica reads no store, not even its own keys
+    # No token was planted: the server stored nothing under the tokens' key, and the token is refused.
+    assert asyncio.run(_entry(platform.nats_url, subjects.TOKENS_BUCKET, token_id)) is None
+    assert http.get("/v1/tokens", headers={"Authorization": f"Bearer ember_{token_id}_{secret}"}).status_code == 401
+
+    # The relay did not answer into the victim's deployment: its key still holds a deployment, and the app answers.
+    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
+    assert stored is not None and msgspec.json.decode(stored, type=Deployment).app == "hello"
+    assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
+
+    # The rollups purged nothing: the victim's record is there, with its output.
+    record = http.get(f"/v1/calls/{call_id}")
+    assert record.status_code == 200 and record.json()["output"] == "Hello, victim!", record.text
+
+    # A call to an app it may not call is refused alike whether that app exists or not: nothing learnt of it.
+    missing, other = seen["call an app that does not exist"], seen["call another app's missing function"]
+    assert missing.startswith("ForbiddenError") and missing == other, (missing, other)
