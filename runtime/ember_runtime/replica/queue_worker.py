@@ -2,10 +2,13 @@
 
 It pulls only as many calls as the batcher has room for and feeds them in as ``batch``-priority calls,
 so interactive HTTP traffic goes first. While a call is held (queued or running) its message is kept
-alive with in-progress acks. The result is stored first (first writer wins), then the message is acked;
-a failure in user code is retried with backoff (nak with a delay) until the function's retries are
-spent, then the call fails and goes to the dead letters. A replica that stops naks what it still holds,
-for prompt redelivery. A message's headers are checked before use (``event_headers``: which call it is, its
+alive with in-progress acks, for as long as it is held: a draining replica has stopped pulling, yet finishes
+what it holds, and a call longer than AckWait still runs once. The result is stored first (first writer wins),
+then the message is acked. Only the replica's own refusal (it could not run the call: shutting down) sends the
+call back at once; an error of the call's run, the function's own or one it let out of a call it made (an
+``unavailable`` from ``.remote()``, say), is retried with backoff (nak with a delay) until the function's
+retries are spent, then the call fails and goes to the dead letters. A replica that stops naks what it still
+holds, for prompt redelivery. A message's headers are checked before use (``event_headers``: which call it is, its
 deadline, where an event's result goes); one whose headers are wrong is failed and dead-lettered at once.
 """
 
@@ -61,6 +64,7 @@ log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
 TAKE_RETRY_S = 20.0  # how long a delivery whose take NATS failed is taken again before it is left to redelivery
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
+_Outcome = tuple[str, EmberError | None]  # (final status, error) of a call that was answered
 
 
 class QueueWorker:
@@ -82,6 +86,8 @@ class QueueWorker:
         self._retries = retries
         self._held: dict[str, Msg] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._keepalive: asyncio.Task[None] | None = None  # from the first bind until ``finish``: outlives the pulls
+        self._keep_every_s = 10.0
         self.stop = asyncio.Event()
         self._standby = standby
         self._replica_id = replica_id  # in the running call's record: where a cancel of it goes
@@ -104,9 +110,9 @@ class QueueWorker:
         ack_wait = await self._bind()
         if ack_wait is None:
             return
+        self._keep_alive_every(ack_wait / 3)
         puller = Puller(self._js._nc, self._stream, self._durable)
         await puller.open()
-        keepalive = asyncio.create_task(self._keep_alive(ack_wait / 3), name=f"in-progress-{self.function}")
         try:
             while not self.stop.is_set():
                 if self._standby is not None and self._standby.held:  # a warm replica: these calls are not its own
@@ -137,14 +143,18 @@ class QueueWorker:
                     continue
                 # Taken together, so that the batcher sees them at once and can batch them.
                 await asyncio.gather(*(self._take_safely(msg) for msg in msgs))
-        finally:
-            keepalive.cancel()
+        finally:  # (the calls held are kept alive still: see ``finish``)
             # delivered as the pulls stopped, to no pull: back to the queue at once, for another replica
             await asyncio.gather(*(msg.nak() for msg in await puller.close()), return_exceptions=True)
 
     async def finish(self) -> None:
-        """After the batcher is drained: settle the answers in flight, nak anything still held."""
+        """After the batcher is drained: settle the answers in flight, nak anything still held. Until then the calls
+        held are kept alive, though the pulls have stopped: redelivered meanwhile, a call would run twice."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            await asyncio.gather(self._keepalive, return_exceptions=True)
+            self._keepalive = None
         for msg in list(self._held.values()):
             with contextlib.suppress(Exception):
                 await msg.nak()
@@ -170,9 +180,15 @@ class QueueWorker:
                     await asyncio.wait_for(self.stop.wait(), 2.0)
         return None
 
-    async def _keep_alive(self, every_s: float) -> None:
+    def _keep_alive_every(self, every_s: float) -> None:
+        """In-progress acks for the calls held, every ``every_s`` (a third of the consumer's ack wait)."""
+        self._keep_every_s = every_s
+        if self._keepalive is None:
+            self._keepalive = asyncio.create_task(self._keep_alive(), name=f"in-progress-{self.function}")
+
+    async def _keep_alive(self) -> None:
         while True:
-            await asyncio.sleep(every_s)
+            await asyncio.sleep(self._keep_every_s)
             for msg in list(self._held.values()):
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
@@ -253,8 +269,8 @@ class QueueWorker:
         self._held[call_id] = msg
         span = self._span(msg, call_id, attempt) if tracing.ON else None
         try:
-            self._batcher.submit(Call(value, deadline, self._answerer(msg, running, span), call_id, "batch", cost,
-                                      span=span))
+            self._batcher.submit(Call(value, deadline, self._answerer(msg, running, deadline, span), call_id, "batch",
+                                      cost, span=span))
         except EmberError as exc:
             if span is not None:
                 spans.answered(span, exc)
@@ -271,18 +287,32 @@ class QueueWorker:
                           attributes={"ember.attempt": attempt, "messaging.system": "nats",
                                       "messaging.destination.name": self._stream})
 
-    def _answerer(self, msg: Msg, record: CallRecord, span: Any = None) -> Any:
-        async def answer(output: Any, error: EmberError | None, _batch_size: int) -> None:
+    def _answerer(self, msg: Msg, record: CallRecord, deadline: float, span: Any = None) -> Any:
+        async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:
             if span is not None:
                 spans.answered(span, error)
-            task = asyncio.create_task(self._complete(msg, record, output, error))
+            if error is not None and _refused(error, batch_size):
+                work = self._requeue(msg, record)
+            else:
+                work = self._complete(msg, record, output, _outcome(error, deadline))
+            task = asyncio.create_task(work)
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
         return answer
 
-    async def _complete(self, msg: Msg, record: CallRecord, output: Any, error: EmberError | None) -> None:
+    async def _requeue(self, msg: Msg, record: CallRecord) -> None:
+        """Back to the queue at once, no retry spent: this replica could not run the call."""
         self._held.pop(record.call_id, None)
+        try:
+            await self._store.set_status(msgspec.structs.replace(record, status="queued"))
+            await msg.nak(delay=0.1)
+        except Exception:
+            log.exception("could not requeue call %s; it will be redelivered", record.call_id)
+
+    async def _complete(self, msg: Msg, record: CallRecord, output: Any, outcome: _Outcome) -> None:
+        self._held.pop(record.call_id, None)
+        status, error = outcome
         try:
             if error is None:
                 try:
@@ -291,14 +321,9 @@ class QueueWorker:
                     await self._settle(msg, record, "failed", error=exc, dead=True)
                     return
                 await self._settle(msg, record, "succeeded", output=encoded)
-            elif error.code in _RETRYABLE:
-                await self._store.set_status(msgspec.structs.replace(record, status="queued"))
-                await msg.nak(delay=0.1)
-            elif error.code == CallCancelledError.code:  # its record says so already (the canceller wrote it)
-                await self._settle(msg, record, "cancelled", error=error)
-            elif error.code == DeadlineExceededError.code:
-                await self._settle(msg, record, "expired", error=error)
-            elif error.code == RemoteError.code and record.attempts <= self._retries.max_retries:
+            elif status != "failed":  # cancelled (its canceller wrote the record already) or expired
+                await self._settle(msg, record, status, error=error)
+            elif record.attempts <= self._retries.max_retries:
                 await self._store.set_status(msgspec.structs.replace(record, status="queued", error=error_info(error)))
                 await msg.nak(delay=self._retries.delay_s(record.attempts))
             else:
@@ -347,6 +372,28 @@ class QueueWorker:
             body = bytes(done.output) if done.error is None else encoder.encode(done.error)
             await self._js._nc.publish(target, body, headers={CALL_ID_HEADER: done.call_id,
                                                               EVENT_STATUS_HEADER: done.status})
+
+
+def _refused(error: EmberError, batch_size: int) -> bool:
+    """Whether ``error`` is the replica's refusal to run the call (``unavailable``: it is shutting down), answered
+    by the batcher before any run (``batch_size`` 0). An ``unavailable`` or ``overloaded`` that a run ended with
+    is the function's own, raised or let out of a call it made (``remote_type`` says so), never a refusal."""
+    return error.code in _RETRYABLE and batch_size == 0 and not error.remote_type
+
+
+def _outcome(error: EmberError | None, deadline: float) -> _Outcome:
+    """How a call that ran, or was dropped unrun, ends: ``cancelled`` or ``expired`` where the platform cancelled it
+    or its deadline passed (an error without ``remote_type``: the batcher's, not the function's), else ``failed``
+    with the function's error, under its retries (a cancel or a deadline of a call it made is its own error,
+    unless its own deadline has passed too)."""
+    if error is None:
+        return "succeeded", None
+    platform = not error.remote_type
+    if error.code == CallCancelledError.code and platform:
+        return "cancelled", error
+    if error.code == DeadlineExceededError.code and (platform or deadline <= time.time()):
+        return "expired", error
+    return "failed", error
 
 
 def _new_record(call_id: str, app: str, function: str) -> CallRecord:
