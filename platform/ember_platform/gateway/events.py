@@ -7,7 +7,8 @@ It needs a token with the ``events`` scope, as a plain NATS client presenting th
 one no function of the token's apps is bound to is answered 404, as a subject nothing is bound to. The body is the
 event's data, at most the server's payload limit (else 413). The answer, 202, names the stream that stored it and
 its sequence there; an ``Idempotency-Key`` header becomes the message's ``Nats-Msg-Id`` (a retried publish is
-stored, and runs, once).
+stored, and runs, once), and so the event's call id: it must be one a replica accepts (``MSG_CALL_ID``: letters,
+digits, ``-`` and ``_``), else 422 naming the header, rather than an event stored only to fail unrun.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ember._errors import InvalidInputError, NotFoundError, UnavailableError
+from ember.wire.headers import MAX_MSG_CALL_ID, MSG_CALL_ID, MSG_CALL_ID_RULE, MSG_ID_HEADER
 from ember.wire.validate import MAX_SUBJECT_LENGTH, subject_problem
 from ember_platform.gateway.body import header, read_body
 from ember_platform.gateway.guard import principal_of
@@ -27,8 +29,8 @@ from ember_platform.gateway.openapi_parts import JSON
 from ember_platform.gateway.responses import json_response, platform_of
 from ember_platform.natsauth.clients import bound_functions, matches
 
-MAX_IDEMPOTENCY_KEY = 128
 _PUBLISH_TIMEOUT_S = 5.0
+_SHOWN = 40  # characters of a bad key quoted in the error
 
 
 async def publish(request: Request) -> Response:
@@ -41,12 +43,11 @@ async def publish(request: Request) -> Response:
         raise NotFoundError(f"no function is bound to subject {subject!r}")
     data = await read_body(request, platform.nc.max_payload)
     msg_id = header(request, b"idempotency-key")
-    if msg_id is not None and not (0 < len(msg_id) <= MAX_IDEMPOTENCY_KEY and msg_id.isprintable()):
-        raise InvalidInputError(f"Idempotency-Key: 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
-                                field="Idempotency-Key")
+    if msg_id is not None:
+        _check_key(msg_id)
     try:
         ack = await platform.nc.jetstream().publish(subject, data, timeout=_PUBLISH_TIMEOUT_S,
-                                                    headers={"Nats-Msg-Id": msg_id} if msg_id else None)
+                                                    headers={MSG_ID_HEADER: msg_id} if msg_id else None)
     except NoRespondersError:
         raise UnavailableError(f"no stream captures {subject!r} yet (is the app's rollout done?)",
                                retry_after_s=1.0) from None
@@ -54,6 +55,14 @@ async def publish(request: Request) -> Response:
         raise UnavailableError(f"the event was not stored ({type(exc).__name__}); retry", retry_after_s=1.0) from exc
     return json_response({"subject": subject, "stream": ack.stream, "seq": ack.seq, "duplicate": ack.duplicate},
                          202)
+
+
+def _check_key(key: str) -> None:
+    """422 naming ``Idempotency-Key`` unless a replica takes it for the event's call id."""
+    if not MSG_CALL_ID.fullmatch(key):
+        shown = repr(key) if len(key) <= _SHOWN else f"{key[:_SHOWN]!r}... ({len(key)} characters)"
+        raise InvalidInputError(f"Idempotency-Key {shown} is not valid: it becomes the event's {MSG_ID_HEADER} and "
+                                f"its call id, {MSG_CALL_ID_RULE}", field="Idempotency-Key")
 
 
 def _check_subject(subject: str) -> None:
@@ -79,8 +88,10 @@ OPERATIONS: dict[tuple[str, str], Any] = {
         "the subject, which runs on it",
         (202, "stored", _PUBLISHED, JSON), (404, 413, 422, 503),
         [{"name": "Idempotency-Key", "in": "header", "required": False,
-          "description": "the message's Nats-Msg-Id: a retried publish is stored, and runs, once",
-          "schema": {"type": "string", "minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY}}],
+          "description": f"the message's Nats-Msg-Id and the event's call id, {MSG_CALL_ID_RULE}: a retried "
+                         "publish is stored, and runs, once",
+          "schema": {"type": "string", "minLength": 1, "maxLength": MAX_MSG_CALL_ID,
+                     "pattern": f"^{MSG_CALL_ID.pattern}$"}}],
         {"required": True, "content": {"*/*": {"schema": {"description": "the event's data, as any publisher "
                                                                          "would send it"}}}}),
 }

@@ -3,7 +3,8 @@
 A message's call id becomes a key in the ``ember_calls`` bucket (``s.<app>.<id>``, ``r.<app>.<id>``), a key name
 and part of a dead letter's ``Nats-Msg-Id``, so it must be one KV key token: ``CALL_ID`` (letters, digits,
 ``-`` and ``_``, at most ``MAX_CALL_ID`` characters; no ``.``, which would add a key level, no wildcard,
-no space). A deadline must be a finite number (seconds since the epoch). A result subject must be a
+no space), the rule of ``ember.wire.headers`` that the gateway applies to ``POST /v1/events``'s
+``Idempotency-Key`` too. A deadline must be a finite number (seconds since the epoch). A result subject must be a
 plain subject outside Ember's and the server's own.
 
 Ids of the two kinds of message never meet:
@@ -31,11 +32,11 @@ from dataclasses import dataclass
 
 from ember._errors import InvalidInputError
 from ember.wire import CALL_ID_HEADER, DEADLINE_HEADER, EVENT_REPLY_TO_HEADER, subjects
+from ember.wire.headers import MAX_MSG_CALL_ID as MAX_CALL_ID  # noqa: F401 (re-exported, as the replica names it)
+from ember.wire.headers import MSG_CALL_ID as CALL_ID
+from ember.wire.headers import MSG_CALL_ID_RULE, MSG_ID_HEADER
 from ember.wire.subjects import event_scope as event_scope  # re-exported: the replica names its events by it
 
-MSG_ID_HEADER = "Nats-Msg-Id"
-MAX_CALL_ID = 128
-CALL_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_CALL_ID}}}")
 MAX_DEADLINE_CHARS = 64
 MAX_SUBJECT_CHARS = 256
 _SUBJECT_TOKEN = re.compile(r"[^\s\x00-\x1f\x7f.*>]+")  # no space, control, separator or wildcard
@@ -98,7 +99,7 @@ def _delivery(call_id: str, deadline: float, problem: InvalidInputError | None) 
 def _call_id_problem(header: str, value: str) -> InvalidInputError | None:
     if CALL_ID.fullmatch(value):
         return None
-    return _bad(header, value, f"a call id is 1 to {MAX_CALL_ID} letters, digits, '-' or '_'")
+    return _bad(header, value, f"a call id is {MSG_CALL_ID_RULE}")
 
 
 def _deadline(headers: dict[str, str]) -> tuple[float, InvalidInputError | None]:

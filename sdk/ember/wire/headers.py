@@ -1,5 +1,7 @@
 """Headers Ember reads or writes: on NATS messages of queued and event calls, and on HTTP requests and answers."""
 
+import re
+
 # NATS headers of a queued call (synchronous calls travel in frames: see ``calls.Invocation``). Queued and
 # event calls are batch-class in the replica's batcher; synchronous calls are interactive.
 CALL_ID_HEADER = "Ember-Call-Id"
@@ -9,6 +11,14 @@ TERMINATE_HEADER = "Ember-Terminate"
 # On a call's final record in ``ember_calls`` (``r.<app>.<id>``): when its run started (``CallRecord.started_at``), so
 # that a watch of the records' headers alone (the schedule loop's) knows it without reading the record.
 STARTED_AT_HEADER = "Ember-Started-At"
+MSG_ID_HEADER = "Nats-Msg-Id"  # JetStream's deduplication id; an event's gives its call id
+# A call id a message names (``Ember-Call-Id``, an event's ``Nats-Msg-Id``, which the ``Idempotency-Key`` of ``POST
+# /v1/events/<subject>`` becomes) is one key token of ``ember_calls`` (``s.<app>.<id>``) and part of a dead letter's
+# ``Nats-Msg-Id``: letters, digits, ``-`` and ``_`` only (a ``.`` would add a key level; ``:``, ``+``, a space or a
+# wildcard is in no KV key). The gateway refuses any other key (422) and a replica fails such a message unrun.
+MAX_MSG_CALL_ID = 128
+MSG_CALL_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_MSG_CALL_ID}}}")
+MSG_CALL_ID_RULE = f"1 to {MAX_MSG_CALL_ID} letters, digits, '-' or '_'"
 
 # HTTP headers.
 HTTP_TIMEOUT_HEADER = "X-Ember-Timeout"  # seconds; caps the function's timeout_s
