@@ -44,7 +44,8 @@ class Lineage:
         self._sub: Subscription | None = None
 
     async def start(self, nc: Client) -> None:
-        self._sub = await nc.subscribe(subjects.CANCELLED_CALLS, cb=self._on_cancelled)
+        self._sub = await nc.subscribe(subjects.CANCELLED_CALLS,
+                                       cb=subjects.only_on(subjects.CANCELLED_CALLS, self._on_cancelled))
 
     async def stop(self) -> None:
         if self._sub is not None:

@@ -109,8 +109,10 @@ class Router:
 
     async def start(self) -> None:
         self._inbox = subjects.answers_inbox(secrets.token_hex(8))
-        self._subs = [await self._nc.subscribe(f"{self._inbox}.*.*", cb=self._on_answers),
-                      await self._nc.subscribe(subjects.STATS_ALL, cb=self._on_report)]
+        self._subs = [await self._nc.subscribe(f"{self._inbox}.*.*", cb=subjects.only_on(f"{self._inbox}.*.*",
+                                                                                          self._on_answers)),
+                      await self._nc.subscribe(subjects.STATS_ALL, cb=subjects.only_on(subjects.STATS_ALL,
+                                                                                        self._on_report))]
 
     @property
     def idle(self) -> bool:

@@ -103,7 +103,8 @@ class Builds:
 
     async def start(self) -> None:
         self._owners = await Owners.open(self._nc.jetstream())
-        self._sub = await self._nc.subscribe(subjects.NODE_BUILD_EVENTS_ALL, cb=self._on_event)
+        self._sub = await self._nc.subscribe(subjects.NODE_BUILD_EVENTS_ALL,
+                                             cb=subjects.only_on(subjects.NODE_BUILD_EVENTS_ALL, self._on_event))
 
     async def stop(self) -> None:
         if self._sub is not None:

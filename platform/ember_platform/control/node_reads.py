@@ -93,7 +93,8 @@ class NodeReads:
         self._sub: Any = None
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(subjects.NODE_FETCH_ALL, queue=QUEUE, cb=self._on_request)
+        self._sub = await self._nc.subscribe(subjects.NODE_FETCH_ALL, queue=QUEUE,
+                                             cb=subjects.only_on(subjects.NODE_FETCH_ALL, self._on_request))
 
     async def stop(self) -> None:
         if self._sub is not None:

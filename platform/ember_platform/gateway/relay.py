@@ -131,7 +131,8 @@ class Relay:
     async def start(self) -> None:
         await self._assignments.start()
         await self.lineage.start(self._nc)
-        self._sub = await self._nc.subscribe(subjects.RELAY_ALL, queue=QUEUE, cb=self._on_request,
+        self._sub = await self._nc.subscribe(subjects.RELAY_ALL, queue=QUEUE,
+                                             cb=subjects.only_on(subjects.RELAY_ALL, self._on_request),
                                              pending_msgs_limit=65536)
 
     async def stop(self) -> None:

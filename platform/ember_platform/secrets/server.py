@@ -49,7 +49,8 @@ class SecretsServer:
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(subjects.NODE_SECRETS_ALL, queue=QUEUE, cb=self._on_request)
+        self._sub = await self._nc.subscribe(subjects.NODE_SECRETS_ALL, queue=QUEUE,
+                                             cb=subjects.only_on(subjects.NODE_SECRETS_ALL, self._on_request))
 
     async def stop(self) -> None:
         if self._sub is not None:

@@ -47,7 +47,8 @@ class Builder:
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(subjects.node_builds(self._node_id), cb=self._on_request)
+        builds = subjects.node_builds(self._node_id)
+        self._sub = await self._nc.subscribe(builds, cb=subjects.only_on(builds, self._on_request))
 
     async def stop(self) -> None:
         if self._sub is not None:

@@ -112,7 +112,8 @@ class AssignmentWatch:
         return self._synced
 
     async def start(self) -> None:
-        self._sub = await self._nc.subscribe(subjects.assignment_updates(self._node_id), cb=self._on_write)
+        updates = subjects.assignment_updates(self._node_id)
+        self._sub = await self._nc.subscribe(updates, cb=subjects.only_on(updates, self._on_write))
         with contextlib.suppress(NotFetched):
             await self._read()
         self._task = asyncio.create_task(self._run(), name="assignment-resync")

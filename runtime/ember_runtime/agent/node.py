@@ -126,7 +126,8 @@ class NodeAgent:
         self._nc, self._stores = nc, stores
         self.adoptions.load()  # the replicas a killed agent left running, adopted by their slots as they start
         self._secrets = SecretsFetcher(nc, self.node_id)
-        status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL, cb=self._on_replica_status)
+        status_sub = await nc.subscribe(subjects.REPLICA_STATUS_ALL,
+                                        cb=subjects.only_on(subjects.REPLICA_STATUS_ALL, self._on_replica_status))
         fetcher = NodeFetcher(nc, self.node_id)  # what is assigned to this node, through a control plane
         self.bundles = BundleCache(self.state_dir / "bundles", fetcher)
         self.volumes = VolumeCache(self.state_dir / "volumes", fetcher)

@@ -191,7 +191,8 @@ class Replica:
         self.streams = Streams(nc, self.args.replica_id)
         self.endpoints = endpoints
         group = subjects.replica_group(self.args.app, self.args.service, self.args.version)
-        await nc.subscribe(subjects.replica_standby(self.args.replica_id), cb=self.standby.on_message)
+        standby = subjects.replica_standby(self.args.replica_id)
+        await nc.subscribe(standby, cb=subjects.only_on(standby, self.standby.on_message))
         served: dict[str, tuple[Endpoint, Batcher]] = {}
         on_frame = self._on_frame(served)
         for endpoint in endpoints:
@@ -211,18 +212,20 @@ class Replica:
                 self.pullers.append(asyncio.create_task(worker.run(), name=f"queue-{endpoint.spec.name}"))
             served[endpoint.spec.name] = endpoint, batcher
             subject = subjects.invoke(self.args.app, endpoint.spec.name, self.args.version)
-            subs.append(await nc.subscribe(subject, queue=group, cb=on_frame, pending_msgs_limit=65536))
-        subs.append(await nc.subscribe(subjects.replica_invoke(self.args.replica_id), cb=on_frame,
-                                       pending_msgs_limit=65536))
+            subs.append(await nc.subscribe(subject, queue=group, cb=subjects.only_on(subject, on_frame),
+                                           pending_msgs_limit=65536))
+        own = subjects.replica_invoke(self.args.replica_id)
+        subs.append(await nc.subscribe(own, cb=subjects.only_on(own, on_frame), pending_msgs_limit=65536))
         intake = list(subs)
         loops.append(asyncio.create_task(self._report_load(nc, endpoints), name="load-reports"))
         self._intake = subs, intake
         loops.append(asyncio.create_task(self._watch_stuck(subs, intake), name="stuck-watch"))
         loops.append(asyncio.create_task(health.watch(self.instance, self.stop, functools.partial(
             self._give_way, subs, intake, why="health")), name="health-watch"))
-        subs.append(await nc.subscribe(subjects.replica_cancel(self.args.replica_id), cb=self._on_cancel))
+        cancel, credit = subjects.replica_cancel(self.args.replica_id), subjects.replica_credit(self.args.replica_id)
+        subs.append(await nc.subscribe(cancel, cb=subjects.only_on(cancel, self._on_cancel)))
         # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
-        await nc.subscribe(subjects.replica_credit(self.args.replica_id), cb=self._on_credit)
+        await nc.subscribe(credit, cb=subjects.only_on(credit, self._on_credit))
         return subs, loops  # no flush of its own: the ready report, after these on the same connection, flushes
 
     async def _watch_stuck(self, subs: list[Any], intake: list[Any]) -> None:

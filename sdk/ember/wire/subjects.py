@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Awaitable, Callable
 from functools import lru_cache
+from typing import Any
 
 DEFAULT_TENANT = "default"
 
@@ -294,3 +296,30 @@ def assignment_updates(node_id: str) -> str:
     """The subject of one node's key in ``ember_assignments``: that node subscribes to it (no consumer, no read of
     another node's key) and asks a control plane for the current value (``node_fetch``)."""
     return f"$KV.{ASSIGNMENTS_BUCKET}.{_token(node_id, 'node id')}"
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether NATS delivers ``subject`` to a subscription of ``pattern`` (``*``: one token, ``>``: the rest)."""
+    if "*" not in pattern and ">" not in pattern:
+        return subject == pattern
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or (token != "*" and token != got[i]):
+            return False
+    return len(got) == len(want)
+
+
+def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+    """``handler`` for a subscription to ``pattern``, dropping a message whose subject ``pattern`` does not match.
+
+    A subscription gets whatever NATS delivers to its subject, and that includes a message a JetStream consumer
+    delivers to the reply subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``): NATS checks no permission on a
+    reply subject, so a replica could have its own stream's messages (an event's body of its choosing) delivered to
+    another subscription. Such a message keeps its stream's subject, which is how it is told apart."""
+    async def guarded(msg: Any) -> None:
+        if matches(pattern, msg.subject):
+            await handler(msg)
+
+    return guarded

@@ -231,8 +231,9 @@ def steer(victim: dict) -> dict:
         await attempt("read it back into the tokens", lambda: nc.publish(
             f"$JS.API.DIRECT.GET.KV_ember_calls.{calls}.s.intruder.{token_id}", b"",
             reply=f"$KV.ember_tokens.{token_id}"))
+        deployment = f"$KV.ember_deployments.{victim['app']}"
         await attempt("have the relay answer into another app's deployment", lambda: nc.publish(
-            f"ember.relay.{own}", b'{"type": "record", "call_id": "x"}', reply=f"$KV.ember_deployments.{victim['app']}"))
+            f"ember.relay.{own}", b'{"type": "record", "call_id": "x"}', reply=deployment))
         await attempt("purge every app's call records", lambda: nc.publish(
             f"{calls}.s.intruder.rollup", b"{}", headers={"Nats-Rollup": "all"}))
         await attempt("purge every app's large outputs", lambda: nc.publish(

@@ -107,7 +107,8 @@ def test_a_replicas_permissions_stay_within_its_app_and_its_own_subjects():
         assert _allowed(perms, "pub", subject), subject
     for subject in ["_EMBER.answers.gw.b.f1",
                     # no read of any store, its own keys included: a read is answered where its request says
-                    "$JS.API.DIRECT.GET.KV_ember_calls.$KV.ember_calls.r.a.abc", "ember.stats.b.f", "ember.replica.r2.status", "ember.logs.a.svc",
+                    "$JS.API.DIRECT.GET.KV_ember_calls.$KV.ember_calls.r.a.abc",
+                    "ember.stats.b.f", "ember.replica.r2.status", "ember.logs.a.svc",
                     "$KV.ember_replicas.r1", "$KV.ember_assignments.n1", "$KV.ember_deployments.a",
                     "$JS.API.STREAM.PURGE.EMBER_CALLS", "$JS.API.CONSUMER.CREATE.KV_ember_tokens",
                     "$JS.API.DIRECT.GET.KV_ember_tokens.x", "ember.calls.default.b.f", "elsewhere",
