@@ -2,12 +2,13 @@
 
 The protocol is in ``ember.wire.streams``. The call goes to the replica with the fewest running streams (its
 sequences, by the router's load board and the streams this gateway holds open there; else the version's queue
-group) and resent while no replica accepts it, at most
-``MAX_ATTEMPTS`` times, each attempt with a reply subject of its own (a late accept from an earlier attempt is
-dropped, and that replica told to cancel). Once accepted, the call stays with its replica: an error after that,
-a replica that dies, or the deadline passing ends the stream with an error. The reader grants credit as it
-takes items (about ``WINDOW_BYTES`` of them ahead, from 4 to 1024 items; ``STREAM_WINDOW`` before any came), so the
-replica never runs further ahead of the HTTP client than that.
+group) and resent while no replica accepts it, at most ``MAX_ATTEMPTS`` times, each attempt with a reply subject of
+its own. A late accept, from an earlier attempt or for a stream nobody waits for any more (its client left before
+any replica accepted it), gets that replica told to cancel the call (``Streams.left``), unless it is the replica now
+streaming it (a cancel, by call id, would end that stream too). Once accepted, the call stays with its replica: an
+error after that, a replica that dies, or the deadline passing ends the stream with an error. The reader grants
+credit as it takes items (about ``WINDOW_BYTES`` of them ahead, from 4 to 1024 items; ``STREAM_WINDOW`` before any
+came), so the replica never runs further ahead of the HTTP client than that.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import logging
 import secrets
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -37,6 +39,7 @@ log = logging.getLogger("ember.streams")
 WINDOW_BYTES = 1024 * 1024  # about this much of a stream's items may be on their way (window in items: see _grant)
 MIN_WINDOW, MAX_WINDOW = 4, 1024
 MAX_QUEUED_CHUNKS = MAX_WINDOW + 4  # an honest replica sends no more unread messages than its credit allows
+MAX_LEFT = 4096  # reply tokens given up before an accept, remembered (until their deadline) for a late accept
 
 
 class _NoResponders:
@@ -44,6 +47,16 @@ class _NoResponders:
 
 
 NO_RESPONDERS = _NoResponders()
+
+
+class _Left:
+    """A reply token given up before its accept came: whose it was, until when an accept for it may still come."""
+
+    __slots__ = ("app", "call_id", "deadline", "stream")
+
+    def __init__(self, stream: CallStream) -> None:
+        self.app, self.call_id, self.deadline = stream.app, stream.call_id, stream.deadline
+        self.stream = weakref.ref(stream)  # gone with its request: then nobody reads it
 
 
 class Streams:
@@ -55,6 +68,7 @@ class Streams:
         self.alive = replica_alive
         self.inbox = ""
         self._open: dict[str, CallStream] = {}  # reply token -> stream
+        self._left: dict[str, _Left] = {}  # reply token given up before an accept -> whose (oldest first)
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
@@ -77,14 +91,25 @@ class Streams:
     def forget(self, token: str) -> None:
         self._open.pop(token, None)
 
+    def left(self, token: str, stream: CallStream) -> None:
+        """``token`` (of ``stream``) is given up before an accept came on it: a late accept gets its replica told to
+        cancel the call (``CallStream.stray``). Remembered until the call's deadline (the replica ends it then),
+        the ``MAX_LEFT`` latest at most."""
+        self.forget(token)
+        now = time.time()
+        while self._left and (len(self._left) >= MAX_LEFT or next(iter(self._left.values())).deadline <= now):
+            del self._left[next(iter(self._left))]
+        self._left[token] = _Left(stream)
+
     async def _on_message(self, msg: Msg) -> None:
         app, _, token = msg.subject[len(self.inbox) + 1:].partition(".")
         if token == subjects.STREAM_BUNDLE:
-            self._on_bundle(app, msg)
+            await self._on_bundle(app, msg)
             return
         stream = self._open.get(token)
         if stream is None or stream.app != app:
-            return  # a stream that ended, or an earlier attempt's late message
+            await self._late(app, token, msg.data)  # a stream that ended, or an earlier attempt's late message
+            return
         if msg.headers and msg.headers.get("Status") == "503":
             stream.deliver(token, NO_RESPONDERS)
             return
@@ -96,7 +121,7 @@ class Streams:
         if chunk.call_id == stream.call_id:
             stream.deliver(token, chunk)
 
-    def _on_bundle(self, app: str, msg: Msg) -> None:
+    async def _on_bundle(self, app: str, msg: Msg) -> None:
         """Chunks of several streams of ``app`` in one message: each to its stream, as if it had come alone."""
         try:
             bundle = bundle_decoder.decode(msg.data)
@@ -106,7 +131,9 @@ class Streams:
         for token, raw in zip(bundle.tokens, bundle.chunks, strict=False):
             stream = self._open.get(token)
             if stream is None or stream.app != app:
-                continue  # a stream that ended, or another app's: a replica speaks for its own app's streams only
+                # a stream that ended, or another app's: a replica speaks for its own app's streams only
+                await self._late(app, token, raw)
+                continue
             try:
                 chunk = chunk_decoder.decode(raw)
             except msgspec.DecodeError as exc:
@@ -114,6 +141,26 @@ class Streams:
                 continue
             if chunk.call_id == stream.call_id:
                 stream.deliver(token, chunk)
+
+    async def _late(self, app: str, token: str, data: bytes) -> None:
+        """A message for a token no stream reads: an accept for one given up before it (``left``) has its replica
+        told to cancel the call; anything else is dropped."""
+        left = self._left.get(token)
+        if left is None or left.app != app:
+            return
+        try:
+            chunk = chunk_decoder.decode(data)
+        except msgspec.DecodeError:
+            return  # a 503 (no replica took that attempt), or not a chunk
+        if not chunk.replica or chunk.call_id != left.call_id:
+            return
+        del self._left[token]
+        log.info("stream %s: replica %s accepted an attempt given up", left.call_id, chunk.replica)
+        stream = left.stream()
+        if stream is None:  # its request is over: nobody reads the call
+            await cancel(self._nc, chunk.replica, left.call_id)
+        else:
+            await stream.stray(chunk.replica)
 
 
 class CallStream:
@@ -142,6 +189,8 @@ class CallStream:
         self._overflow = False
         self._on = ""  # the replica counted in the router's ``streams_on`` for this stream
         self._awaiting = ""  # the replica this stream was sent to, until it accepts it (the router's ``unreported``)
+        self._starting = False  # in ``start``, no accept taken yet
+        self._strays: set[str] = set()  # replicas that accepted an earlier attempt meanwhile (see ``stray``)
 
     # -- starting: route, send, wait for an accept ------------------------------------------------------------------
 
@@ -153,6 +202,7 @@ class CallStream:
         self._counted = True
         tried: set[str] = set()
         attempts = 0
+        self._starting = True
         try:
             while True:
                 target = router.choose_stream(self.app, self.function, self.version, tried)
@@ -167,7 +217,9 @@ class CallStream:
                     return
                 if target:
                     tried.add(target)
-                if isinstance(outcome, _NoResponders):
+                if isinstance(outcome, _NoResponders):  # nobody took that attempt: no accept can come for it
+                    self._streams.forget(self._token)
+                    self._token = ""
                     attempts -= 1
                     await asyncio.sleep(min(NO_REPLICA_POLL_S, max(self.deadline - time.time(), 0)))
                     if time.time() >= self.deadline:
@@ -181,11 +233,16 @@ class CallStream:
                 if target:
                     await self._cancel(target)
         except BaseException:
+            self._starting, self.finished = False, True  # nobody will read it: an accept yet to come is a stray
             self._done()
+            for replica in self._strays | self._accepts_unread():
+                await self._cancel(replica)
             raise
 
     async def _send(self, target: str | None) -> None:
-        self._streams.forget(self._token)
+        if self._token:
+            self._strays |= self._accepts_unread()
+            self._streams.left(self._token, self)
         self._token = secrets.token_hex(8)
         self._inbox.clear()
         self._streams.listen(self._token, self)
@@ -217,10 +274,15 @@ class CallStream:
             raise error_from_info(msgspec.structs.replace(first.error, call_id=self.call_id))
         if first.replica:
             self.holder = first.replica
+            self._starting = False
             self._count_on(first.replica)
             self._await_accept("")
             self._streams.router.unreported.accepted(self.app, first.replica, first.accepted)
+            strays, self._strays = self._strays - {first.replica}, set()
+            for replica in strays:
+                await self._cancel(replica)
             return None
+        self._starting = False
         self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
         return None
 
@@ -318,7 +380,10 @@ class CallStream:
             unreported.sent(self.app, replica)
 
     def _done(self) -> None:
-        self._streams.forget(self._token)
+        if self._token and not self.holder:  # given up before an accept: one may still come (``Streams.left``)
+            self._streams.left(self._token, self)
+        else:
+            self._streams.forget(self._token)
         self._count_on("")
         self._await_accept("")
         if self._counted:
@@ -328,11 +393,21 @@ class CallStream:
             if in_flight[self._load_key] <= 0:
                 del in_flight[self._load_key]
 
+    async def stray(self, replica: str) -> None:
+        """``replica`` accepted an attempt of this call that is given up (``Streams.left``): it is told to cancel
+        the call, unless it is the replica this stream reads from (its cancel, by call id, would end this stream as
+        well: that replica took the call twice); while no accept is taken yet, that waits until one is."""
+        if self._starting:
+            self._strays.add(replica)
+        elif self.finished or replica != self.holder:
+            await self._cancel(replica)
+
+    def _accepts_unread(self) -> set[str]:
+        """The replicas whose accepts wait in the inbox, unread."""
+        return {item.replica for item in self._inbox if isinstance(item, StreamChunk) and item.replica}
+
     async def _cancel(self, replica_id: str) -> None:
-        try:
-            await self._nc.publish(subjects.replica_cancel(replica_id), self.call_id.encode())
-        except Exception as exc:  # the replica stops at the deadline, or when its credit runs out, either way
-            log.warning("could not cancel stream %s on %s: %s", self.call_id, replica_id, exc)
+        await cancel(self._nc, replica_id, self.call_id)
 
     # -- the inbox ---------------------------------------------------------------------------------------------------
 
@@ -359,3 +434,10 @@ class CallStream:
                 self._waiter = None
         return self._inbox.popleft()
 
+
+async def cancel(nc: Client, replica_id: str, call_id: str) -> None:
+    """Tell ``replica_id`` to cancel the call (a stream: its generator is closed, or its sequence leaves)."""
+    try:
+        await nc.publish(subjects.replica_cancel(replica_id), call_id.encode())
+    except Exception as exc:  # the replica stops at the deadline, or when its credit runs out, either way
+        log.warning("could not cancel stream %s on %s: %s", call_id, replica_id, exc)
