@@ -231,10 +231,11 @@ async def _complete(request: Request, kind: str) -> Response:
     pieces = _pieces(stream, started[0], shaper, timer)
     if not req.stream:
         try:
-            async for _ in pieces:
-                pass
+            whole = await calls._unless_disconnected(request, _collected(pieces))
         finally:
             await _done(stream, held, timer, shaper)
+        if whole is None:  # the client is gone: the stream was closed, its generator or sequence with it
+            return Response(status_code=499)
         return Response(answer.whole(shaper), media_type="application/json", headers={"X-Ember-Call-Id": call_id})
     usage = req.stream_options is not None and req.stream_options.include_usage
     return StreamingResponse(_events(stream, pieces, answer, shaper, usage, held, timer),
@@ -273,6 +274,13 @@ def largest_limit(platform: Platform) -> int:
 async def _first(stream: CallStream) -> tuple[list[msgspec.Raw] | None]:
     await stream.start()
     return (await stream.next_items(),)
+
+
+async def _collected(pieces: AsyncIterator[list[str]]) -> bool:
+    """Read ``pieces`` to their end (the shaper keeps the text): True, as the whole answer is ready."""
+    async for _ in pieces:
+        pass
+    return True
 
 
 async def _pieces(stream: CallStream, first: list[msgspec.Raw] | None, shaper: Shaper,
