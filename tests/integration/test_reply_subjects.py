@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+import time
 
 import msgspec
 import pytest
@@ -72,3 +73,29 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     # A call to an app it may not call is refused alike whether that app exists or not: nothing learnt of it.
     missing, other = seen["call an app that does not exist"], seen["call another app's missing function"]
     assert missing.startswith("ForbiddenError") and missing == other, (missing, other)
+
+
+def test_a_servers_empty_answer_sent_into_a_deployment_or_an_assignment_removes_nothing(platform, http, hello,
+                                                                                           deployed):
+    """The answers no permission keeps a replica from having the server send to another bucket's key: "no
+    messages", an empty message, stored under another app's deployment and its node's assignment. Neither is read
+    as a deletion: the app keeps its replicas and answers, and the next write of its deployment puts one back."""
+    deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
+    seen = http.post("/v1/intruder/spoil", json={"app": "hello"}, timeout=180).json()
+    assert all(answer.startswith("no error") for answer in seen.values()), seen  # its own queue: allowed
+    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
+    assert not stored  # the server's empty answer is the key's last entry
+
+    time.sleep(3)  # a control loop tick or several, and the agent's reaction to its assignment's write
+    assert http.get("/v1/apps/hello").status_code == 200
+    assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
+    ready = [r for s in http.get("/v1/apps/hello").json()["services"] for r in s["replicas"] if r["state"] == "ready"]
+    assert ready, "hello lost its replicas"
+
+    # The next write of the app's deployment (its scale, here: the same bounds) puts a deployment back.
+    service = http.get("/v1/apps/hello").json()["services"][0]
+    bounds = {"min_replicas": service["min_replicas"], "max_replicas": service["max_replicas"]}
+    scaled = http.post("/v1/apps/hello/scale", json={"service": service["name"], **bounds})
+    assert scaled.status_code == 200, scaled.text
+    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
+    assert stored and msgspec.json.decode(stored, type=Deployment).app == "hello"

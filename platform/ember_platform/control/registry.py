@@ -293,10 +293,7 @@ class Registry:
         kv = self.stores.deployments
         async with self._deploy_lock:
             for _ in range(10):
-                try:
-                    current, revision = _deployment(await kv.get(app))
-                except JsNotFound:
-                    current, revision = None, None
+                current, revision = await self._stored(app)
                 if current is None and not create:
                     raise NotFoundError(f"no app named {app!r} is deployed")
                 dep = change(current)
@@ -331,17 +328,29 @@ class Registry:
             except Exception:  # left behind: deleting the app removes it
                 log.exception("could not remove the pinned queues of %s v%d", after.app, gone.version)
 
+    async def _stored(self, app: str) -> tuple[Deployment | None, int | None]:
+        """The app's deployment as stored, and its revision; (None, None) for none. A spoiled entry (``Spoiled``)
+        reads as the last good deployment this control plane saw, at the spoiled entry's revision: the next write
+        puts a deployment back over it."""
+        try:
+            return _deployment(await self.stores.deployments.get(app))
+        except JsNotFound:
+            return None, None
+        except Spoiled as spoiled:
+            return self.deployments.items.get(app), spoiled.revision
+
     async def delete(self, app: str) -> None:
         if app not in self.deployments.items:
             raise NotFoundError(f"no app named {app!r} is deployed")
-        current, revision = _deployment(await self.stores.deployments.get(app))
+        found, revision = await self._stored(app)
+        current = _exists(app, found)
         await self.stores.deployments.delete(app)
         await self.models.release_after(app, served(current))
         await self.calls.remove(current.manifest)
         for release in [*current.releases, current.release(current.version)]:
             if release is not None:
                 await self.calls.remove_pinned(release.manifest, release.version)
-        self.deployments.record(app, None, revision + 1)
+        self.deployments.record(app, None, (revision or 0) + 1)
 
     def view(self, app: str) -> AppView:
         dep = self.deployments.items.get(app)
@@ -415,10 +424,8 @@ class Registry:
         kv = self.stores.deployments
         async with self._deploy_lock:
             for _ in range(10):
-                try:
-                    current, revision = _deployment(await kv.get(app))
-                except JsNotFound:
-                    raise NotFoundError(f"no app named {app!r} is deployed") from None
+                found, revision = await self._stored(app)
+                current = _exists(app, found)
                 names = [s.name for s in current.manifest.services]
                 if service not in names:
                     raise InvalidInputError(f"app {app!r} has no service {service!r} (it has: {', '.join(names)})",
@@ -445,8 +452,21 @@ def _exists(app: str, dep: Deployment | None) -> Deployment:
     return dep
 
 
+class Spoiled(Exception):
+    """A deployments entry that is neither a deployment nor a deletion: a server's answer sent there, as the reply
+    subject of a request a client named it in (NATS checks no permission on a reply subject); its ``revision``."""
+
+    def __init__(self, revision: int) -> None:
+        super().__init__(revision)
+        self.revision = revision
+
+
 def _deployment(entry: KeyValue.Entry) -> tuple[Deployment, int]:
-    """A deployments KV entry as the deployment it holds and its revision (``JsNotFound`` for a deleted one)."""
-    if entry.value is None or entry.revision is None:
+    """A deployments KV entry as the deployment it holds and its revision (``JsNotFound`` for a deleted one,
+    ``Spoiled`` for one that holds no deployment)."""
+    if entry.revision is None:
         raise JsNotFound
-    return deployment_decoder.decode(entry.value), entry.revision
+    try:
+        return deployment_decoder.decode(entry.value or b""), entry.revision
+    except msgspec.DecodeError:
+        raise Spoiled(entry.revision) from None

@@ -145,7 +145,10 @@ class AssignmentWatch:
     async def _on_write(self, msg: Msg) -> None:
         self._writes += 1
         deleted = (msg.headers or {}).get("KV-Operation") in ("DEL", "PURGE")
-        self._set(b"" if deleted else bytes(msg.data or b""))
+        if not deleted and not msg.data:  # not a deletion: an empty answer sent here as a request's reply
+            log.warning("ignoring an empty write of this node's assignment (not a deletion)")
+            return
+        self._set(b"" if deleted else bytes(msg.data))
 
     def _set(self, raw: bytes) -> None:
         try:

@@ -473,8 +473,11 @@ class KVMirror(Generic[T]):
         value: T | None = None
         if entry.revision is not None and entry.revision < self._revisions.get(entry.key, 0):
             return
-        if entry.operation in (KV_DEL, KV_PURGE) or not entry.value:
+        if entry.operation in (KV_DEL, KV_PURGE):
             self.record(entry.key, None, entry.revision or 0)
+        elif not entry.value:  # no deletion: a server's empty answer to a request whose reply subject named the key
+            log.warning("ignoring an empty value of %s/%s (not a deletion)", self._kv._name, entry.key)
+            return
         else:
             try:
                 value = self._decode(entry.value)

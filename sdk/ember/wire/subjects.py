@@ -317,9 +317,11 @@ def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable
     A subscription gets whatever NATS delivers to its subject, and that includes a message a JetStream consumer
     delivers to the reply subject of a pull request (``$JS.API.CONSUMER.MSG.NEXT``): NATS checks no permission on a
     reply subject, so a replica could have its own stream's messages (an event's body of its choosing) delivered to
-    another subscription. Such a message keeps its stream's subject, which is how it is told apart."""
+    another subscription. Such a message keeps its stream's subject, which is how it is told apart. A server's status
+    message (a ``Status`` header: no messages, a timeout, no responders) answers a request, and is never one of
+    Ember's own messages either: it is dropped too."""
     async def guarded(msg: Any) -> None:
-        if matches(pattern, msg.subject):
+        if matches(pattern, msg.subject) and not (msg.headers and "Status" in msg.headers):
             await handler(msg)
 
     return guarded

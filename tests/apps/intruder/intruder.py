@@ -248,3 +248,24 @@ def steer(victim: dict) -> dict:
         except ember.EmberError as exc:
             seen[name] = f"{type(exc).__name__}: {exc}".replace(target, "<app>")
     return seen
+
+
+@app.function(timeout_s=120)
+def spoil(victim: dict) -> dict:
+    """From this replica's own connection: a pull on its own (empty) queue that names another app's deployment and
+    its node's assignment as the reply subject, where the server answers "no messages" (an empty message). Allowed:
+    the pull is its own; what the platform makes of the answers is the point. ``victim``: {"app": another app}."""
+    from ember.wire import subjects
+
+    probe = Attempts()
+    nc = probe.nc
+    node = str(nc.options["user"]).split(".")[1]  # replica.<node id>.<replica id>
+    pull = f"$JS.API.CONSUMER.MSG.NEXT.{subjects.CALLS_STREAM}.{subjects.calls_consumer('intruder', 'spoil')}"
+
+    async def attempts() -> None:
+        for name, reply in (("answer into another app's deployment", f"$KV.ember_deployments.{victim['app']}"),
+                            ("answer into its node's assignment", f"$KV.ember_assignments.{node}")):
+            await probe.attempt(name, lambda reply=reply: nc.publish(pull, b'{"batch": 1, "no_wait": true}',
+                                                                     reply=reply))
+
+    return probe.run(attempts)
