@@ -5,6 +5,7 @@ or ``deadline_exceeded`` that the function raised, or let out of a call it made,
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from support.natsconn import connect as admin_connect
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -21,6 +23,8 @@ import ember
 from ember._client import Transport
 from ember._deploy import app_view, deploy
 from ember._errors import EmberError
+from ember.wire import subjects
+from ember.wire.jetstream import DUPLICATE_WINDOW_S
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 APPS = REPO / "tests" / "apps" / "spawned"
@@ -111,3 +115,42 @@ def test_a_call_whose_replica_drains_while_it_runs_runs_once(spawned, http, tran
     assert record["status"] == "succeeded" and record["output"] == key and record["attempts"] == 1, record
     wait_for(lambda: _logged(transport, "linger", f"linger({key}) ended"), what="the run's last log line")
     assert _logged(transport, "linger", f"linger({key}) started") == 1  # never redelivered to the other replica
+
+
+@contextlib.contextmanager
+def _duplicate_window(url: str, seconds: float) -> Iterator[None]:
+    """The calls stream's duplicate window, made ``seconds`` long meanwhile: what 120 s of waiting would show."""
+    async def set_window(value: float) -> None:
+        nc = await admin_connect(url)
+        try:
+            js = nc.jetstream()
+            config = (await js.stream_info(subjects.CALLS_STREAM)).config
+            await js.update_stream(config.evolve(duplicate_window=value))
+        finally:
+            await nc.close()
+
+    asyncio.run(set_window(seconds))
+    try:
+        yield
+    finally:
+        asyncio.run(set_window(DUPLICATE_WINDOW_S))
+
+
+def test_a_call_spawned_again_with_its_key_past_the_duplicate_window_while_it_runs_runs_once(spawned, http,
+                                                                                               transport, platform):
+    wait_for(lambda: sum(r.state == "ready" for s in app_view(transport, APP).services if s.name == "linger"
+                         for r in s.replicas) >= 2, what="both replicas of linger")  # one idle, to take a second
+    key = uuid.uuid4().hex[:12]
+    body, headers = {"key": key, "seconds": 6}, {"Idempotency-Key": f"again-{key}"}
+    with _duplicate_window(platform.nats_url, 1.0):
+        first = http.post(f"/v1/{APP}/linger/spawn", json=body, headers=headers)
+        assert first.status_code == 202, first.text
+        wait_for(lambda: _logged(transport, "linger", f"linger({key}) started"), what="the call to start")
+        time.sleep(2)  # past the window: a message published again now is stored beside the first
+        again = http.post(f"/v1/{APP}/linger/spawn", json=body, headers=headers)
+        assert again.status_code == 202 and again.json()["call_id"] == first.json()["call_id"], again.text
+        record = _final(http, first.json()["call_id"])
+    assert record["status"] == "succeeded" and record["output"] == key, record
+    wait_for(lambda: _logged(transport, "linger", f"linger({key}) ended"), what="the run's last log line")
+    time.sleep(2)  # a second message would have been taken by the idle replica at once
+    assert _logged(transport, "linger", f"linger({key}) started") == 1

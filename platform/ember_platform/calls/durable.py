@@ -47,6 +47,7 @@ from ember_platform.calls import lineage
 SUBMIT_BATCH = 250  # calls per atomic batch of submit_many (at most MAX_BATCH): smaller, the first are queued sooner
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
 _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
+_WINDOW_MARGIN_S = 10.0  # a repeated submit this close to the end of the duplicate window publishes nothing again
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
 # A call id is a key of the calls' KV bucket after ``s.<app>.``/``r.<app>.``: the characters NATS allows in a key, in
@@ -84,6 +85,17 @@ def check_call_id(call_id: str) -> str:
         raise BadRequestError(f"{shown!r} is not a call id (1 to {MAX_CALL_ID} of A-Z a-z 0-9 - _ = / and "
                               f"'.' between them)", field="call_id")
     return call_id
+
+
+def _may_be_unpublished(existing: CallRecord, now: float) -> bool:
+    """Whether a submit repeating ``existing``'s (its idempotency key, a schedule's tick) publishes its message again.
+
+    Only a call still ``queued`` within JetStream's duplicate window: its first submit may have recorded it and died
+    before its publish (a message sent again is then the only one), and if the first message was stored, the one sent
+    again is dropped as its duplicate (the same ``Nats-Msg-Id``). A call that runs was taken from the queue already,
+    and past the window a second message would be stored beside the first: both would run. (A submit that died
+    between its record and its publish, repeated only after the window, finds its call queued for good.)"""
+    return existing.status == "queued" and now - existing.created_at < DUPLICATE_WINDOW_S - _WINDOW_MARGIN_S
 
 
 class Calls:
@@ -231,7 +243,7 @@ class Calls:
             raise ConflictError(f"this Idempotency-Key was used with another body or function in app {app!r} (call "
                                 f"{call_id}, {existing.function}); a new input needs a new key",
                                 field="Idempotency-Key")
-        if existing is not None and existing.status in FINAL_STATUSES:
+        if existing is not None and not _may_be_unpublished(existing, now):  # final, taken, or queued for long
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
         await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None)
         return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
