@@ -455,3 +455,41 @@ def test_tiny_gpt_example_streams_the_same_text_alone_and_together(deployed, pla
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         together = list(pool.map(text, prompts))
     assert together == alone and all(len(t) == 12 for t in alone)
+
+
+def test_fields_openai_allows_as_null_take_their_defaults(http, llm):
+    chat = http.post("/openai/v1/chat/completions", json={
+        "model": "echo-words", "messages": [{"role": "user", "content": "null is fine"}], "stream": None, "n": None})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["content"].split() == ["null", "is", "fine"]
+    done = http.post("/openai/v1/completions", json={"model": "forever", "prompt": "go", "max_tokens": 2,
+                                                     "echo": None, "stream": None})
+    assert done.status_code == 200 and done.json()["choices"][0]["text"] == "w0 w1 ", done.text
+    many = http.post("/openai/v1/chat/completions", json={
+        "model": "echo-words", "messages": [{"role": "user", "content": "x"}], "n": 2})
+    assert many.status_code == 422 and many.json()["error"]["param"] == "n", many.text  # a value, not null: checked
+
+
+def test_a_model_a_canary_adds_is_served_by_the_canary_alone(platform, http, client, transport, tmp_path):
+    """A canary that adds a model takes every call to it (the version it shares the traffic with has none), and a
+    caller without a token learns nothing of the app while it rolls out."""
+    app = tmp_path / "canarymodel.py"
+    base = "import ember\nfrom collections.abc import Iterator\n\napp = ember.App('canary-model')\n\n\n" \
+           "@app.function()\ndef plain(x: int) -> int:\n    return x\n"
+    app.write_text(base)
+    deploy(app, transport=transport, timeout_s=180)
+    try:
+        app.write_text(base + "\n\n@app.function(openai='canary-words')\n"
+                              "def words(req: ember.openai.ChatRequest) -> Iterator[str]:\n"
+                              "    yield from (w + ' ' for w in req.messages[-1].content.split())\n")
+        deploy(app, transport=transport, timeout_s=180, canary_percent=10)
+        for _ in range(8):  # the split gives the version without the model 90% of the calls
+            answer = client.chat.completions.create(model="canary-words",
+                                                    messages=[{"role": "user", "content": "from the canary"}])
+            assert answer.choices[0].message.content.split() == ["from", "the", "canary"]
+        assert "canary-words" in [m.id for m in client.models.list().data]
+        for _ in range(8):
+            stranger = httpx.get(f"{platform.url}/openai/v1/models/canary-words", timeout=30)
+            assert stranger.status_code == 401 and "canary-model" not in stranger.text, stranger.text
+    finally:
+        http.delete("/v1/apps/canary-model")

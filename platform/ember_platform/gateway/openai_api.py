@@ -12,6 +12,7 @@ drops the sequence at its next step). A client that goes away closes it too. Err
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import random
@@ -55,6 +56,8 @@ _decoders: dict[str, msgspec.json.Decoder[Any]] = {"chat": msgspec.json.Decoder(
                                                    "embedding": msgspec.json.Decoder(EmbeddingRequest)}
 _fields = {kind: set(decoder.type.__struct_fields__) for kind, decoder in _decoders.items()}
 _head = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_raw_encoder = msgspec.json.Encoder()
+_NULL_IS_DEFAULT = frozenset({"stream", "n", "echo"})  # OpenAI's schema has them nullable; Ember's requests do not
 _encoder = msgspec.json.Encoder()
 _str = msgspec.json.Decoder(str)
 _PART_TYPE = re.compile(r"(?:\$\.)?messages\[\d+\]\.content\[\d+\]\.type")  # a content part that is not text
@@ -74,28 +77,41 @@ def openai_errors(handler: Handler) -> Handler:
 
 # -- models ----------------------------------------------------------------------------------------
 
-def models_of(platform: Platform) -> dict[str, tuple[str, str]]:
-    """Every served model: name -> (app, function), in the apps' current versions."""
-    return {fn.openai: (app, fn.name) for app, dep in platform.registry.deployments.items.items()
-            for svc in dep.manifest.services for fn in svc.functions if fn.openai}
+def models_of(platform: Platform) -> dict[str, tuple[str, FunctionSpec, list[int]]]:
+    """Every served model: name -> (app, its function, the versions that serve it), from the versions that take
+    calls now (a version being rolled out serves its new models once it takes calls)."""
+    found: dict[str, tuple[str, FunctionSpec, list[int]]] = {}
+    for app, dep in platform.registry.deployments.items.items():
+        for share in sorted(dep.serving(), key=lambda s: -s.version):  # the newest one's function first
+            at = dep.at(share.version)
+            for fn in (f for svc in (at.manifest.services if at else []) for f in svc.functions if f.openai):
+                if fn.openai not in found:
+                    found[fn.openai] = (app, fn, [share.version])
+                elif found[fn.openai][:2] == (app, fn):
+                    found[fn.openai][2].append(share.version)
+    return found
 
 
 def find_model(request: Request, name: str) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
-    """The model ``name``, once the request may invoke it (a public function's needs no token)."""
+    """The model ``name``, once the request may invoke it (a public function's needs no token): a version of its
+    app that serves it, drawn by the traffic split among those that do."""
     platform = platform_of(request)
     found = models_of(platform).get(name)
     if found is None:
         authorize(request, INVOKE)  # without a token, nobody learns which models exist
         raise _no_model(name)
-    app, function = found
-    dep, svc, fn = platform.registry.route(app, function, None, random.random())
-    if fn.public:
-        return dep, svc, fn
-    try:
-        authorize(request, INVOKE, app)
-    except NotFoundError:
-        raise _no_model(name) from None
-    return dep, svc, fn
+    app, fn, versions = found
+    if not fn.public:
+        try:
+            authorize(request, INVOKE, app)
+        except NotFoundError:
+            raise _no_model(name) from None
+    with contextlib.suppress(NotFoundError):
+        drawn = platform.registry.route(app, fn.name, None, random.random())
+        if drawn[0].version in versions:
+            return drawn
+    # The split drew a version that does not serve this model (one a canary adds): a version that does takes it.
+    return platform.registry.route(app, fn.name, random.choice(versions), 0.0)
 
 
 def _no_model(name: str) -> NotFoundError:
@@ -111,7 +127,8 @@ async def list_models(request: Request) -> Response:
     platform = platform_of(request)
     items = platform.registry.deployments.items
     data = [Model(id=name, created=int(items[app].created_at), owned_by=app)
-            for name, (app, _) in sorted(models_of(platform).items()) if principal.sees(app) and principal.may(INVOKE)]
+            for name, (app, _, _) in sorted(models_of(platform).items())
+            if principal.sees(app) and principal.may(INVOKE)]
     return Response(_encoder.encode(ModelList(data=data)), media_type="application/json")
 
 
@@ -142,8 +159,13 @@ async def completions(request: Request) -> Response:
 
 
 def parse(kind: str, body: bytes) -> Any:
-    """The request, its unknown fields in ``extra``: 422 naming the field that does not fit, 400 for bad JSON."""
+    """The request, its unknown fields in ``extra``: 422 naming the field that does not fit, 400 for bad JSON. A
+    field sent as null that has a default (``stream``, ``n``, ``echo``) takes its default, as OpenAI's API does."""
     head = decode_json(_head, body)
+    nulls = [k for k in _NULL_IS_DEFAULT & head.keys() if bytes(head[k]) == b"null"]
+    if nulls:
+        head = {k: v for k, v in head.items() if k not in nulls}
+        body = _raw_encoder.encode(head)
     extra = {k: v for k, v in head.items() if k not in _fields[kind]}
     if len(extra) > MAX_EXTRA_FIELDS:
         raise InvalidInputError(f"at most {MAX_EXTRA_FIELDS} fields that Ember does not read", field="$")
