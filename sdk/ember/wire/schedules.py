@@ -3,8 +3,10 @@
 
 A period's ticks are the multiples of its length since the epoch (UTC), so every control plane computes the same
 ticks and a new version keeps them. A cron expression's ticks are computed by ``cronsim`` in the schedule's IANA
-zone, with its daylight-saving rules: a time skipped when the clocks go forward runs once, at the first minute that
-exists; a time that happens twice when they go back runs once.
+zone, with its daylight-saving rules as Debian's cron follows them: an expression with a fixed minute and hour runs a
+time skipped when the clocks go forward once, at the first minute that exists, and a time that happens twice when
+they go back once; one with ``*`` in its minute or hour field follows the clock (each real hour of ``@hourly`` once;
+the times of a skipped hour do not exist, and do not run).
 """
 
 from __future__ import annotations

@@ -50,6 +50,16 @@ def test_a_skipped_time_runs_once_at_the_first_minute_that_exists_and_a_repeated
     assert len(day) == 5 and all(b - a == 3600 for a, b in itertools.pairwise(day))
 
 
+def test_a_step_in_the_hour_skipped_follows_the_clock() -> None:
+    """``*`` in the minute field: no Debian fix-up. 02:00-02:59 does not exist on 2025-03-09 in New York, so neither
+    do 02:00, 02:20 and 02:40: that day has no tick, and the days around it three each (as the guide says)."""
+    steps = _cron("*/20 2 * * *", "America/New_York")
+    ticks = ticks_between(steps, _at("America/New_York", 2025, 3, 8, 0), _at("America/New_York", 2025, 3, 10, 12))
+    assert [_local("America/New_York", t) for t in ticks] == [
+        "2025-03-08 02:00 -0500", "2025-03-08 02:20 -0500", "2025-03-08 02:40 -0500",
+        "2025-03-10 02:00 -0400", "2025-03-10 02:20 -0400", "2025-03-10 02:40 -0400"]
+
+
 def test_leap_years_month_ends_and_steps() -> None:
     feb29 = _cron("0 0 29 2 *")
     assert _local("UTC", next_tick(feb29, _at("UTC", 2025, 3, 1))) == "2028-02-29 00:00 +0000"
