@@ -286,8 +286,10 @@ class Relay:
         """A queued call's status or final record, of the caller's own app alone (its key names that app)."""
         check_call_id(req.call_id)
         store = self._calls.store
-        read = store.status if req.kind == "s" else store.result
-        record = await read(caller.app, req.call_id)
+        if req.kind == "s":
+            record = await store.status(caller.app, req.call_id)
+        else:
+            record = await store.result(caller.app, req.call_id, output=req.output)
         if record is None or (record.app, record.call_id) != (caller.app, req.call_id):
             return b"null"
         return encoder.encode(record)

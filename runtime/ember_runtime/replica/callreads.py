@@ -35,14 +35,14 @@ class RelayedCallStore(CallStore):
     async def status(self, app: str, call_id: str) -> CallRecord | None:
         return await self._read_via_relay("s", call_id)
 
-    async def result(self, app: str, call_id: str) -> CallRecord | None:
-        return await self._read_via_relay("r", call_id)
+    async def result(self, app: str, call_id: str, *, output: bool = True) -> CallRecord | None:
+        return await self._read_via_relay("r", call_id, output)
 
     async def has_result(self, app: str, call_id: str) -> bool:
-        return await self._read_via_relay("r", call_id) is not None
+        return await self._read_via_relay("r", call_id, output=False) is not None
 
-    async def _read_via_relay(self, kind: Literal["s", "r"], call_id: str) -> CallRecord | None:
-        reply = await self._relay.request(RelayCallRead(call_id=call_id, kind=kind), READ_WAIT_S)
+    async def _read_via_relay(self, kind: Literal["s", "r"], call_id: str, output: bool = True) -> CallRecord | None:
+        reply = await self._relay.request(RelayCallRead(call_id=call_id, kind=kind, output=output), READ_WAIT_S)
         if reply.error is not None:  # the worker leaves the message unacknowledged: it comes again
             raise error_from_info(reply.error)
         return _record_decoder.decode(reply.output)

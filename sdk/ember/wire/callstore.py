@@ -146,8 +146,10 @@ class CallStore:
                 raise KeyWrongLastSequenceError(description=exc.description) from exc
             raise
 
-    async def result(self, app: str, call_id: str) -> CallRecord | None:
-        return await self._with_output(await self._read(subjects.call_key("r", app, call_id)))
+    async def result(self, app: str, call_id: str, *, output: bool = True) -> CallRecord | None:
+        """The call's final record; without ``output``, a large output stays a reference to its chunks."""
+        record = await self._read(subjects.call_key("r", app, call_id))
+        return await self._with_output(record) if output else record
 
     async def get(self, app: str, call_id: str) -> CallRecord | None:
         """The call's final record if it has one, else its status; None for an unknown id, or for a record that

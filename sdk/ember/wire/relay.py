@@ -63,6 +63,7 @@ class RelayCallRead(msgspec.Struct, frozen=True, kw_only=True, tag="read"):
 
     call_id: str
     kind: Literal["s", "r"]
+    output: bool = True  # a final record's large output read from its chunks (False: whether there is one, cheaply)
 
 
 RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel | RelayCallRead
