@@ -83,9 +83,6 @@ def test_a_servers_empty_answer_sent_into_a_deployment_or_an_assignment_removes_
     deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
     seen = http.post("/v1/intruder/spoil", json={"app": "hello"}, timeout=180).json()
     assert all(answer.startswith("no error") for answer in seen.values()), seen  # its own queue: allowed
-    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
-    assert not stored  # the server's empty answer is the key's last entry
-
     time.sleep(3)  # a control loop tick or several, and the agent's reaction to its assignment's write
     assert http.get("/v1/apps/hello").status_code == 200
     assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
