@@ -300,15 +300,25 @@ def assignment_updates(node_id: str) -> str:
 
 def matches(pattern: str, subject: str) -> bool:
     """Whether NATS delivers ``subject`` to a subscription of ``pattern`` (``*``: one token, ``>``: the rest)."""
+    return _matcher(pattern)(subject)
+
+
+def _matcher(pattern: str) -> Callable[[str], bool]:
+    """``matches`` for one pattern, its tokens split once."""
     if "*" not in pattern and ">" not in pattern:
-        return subject == pattern
-    want, got = pattern.split("."), subject.split(".")
-    for i, token in enumerate(want):
-        if token == ">":
-            return len(got) > i
-        if i >= len(got) or (token != "*" and token != got[i]):
-            return False
-    return len(got) == len(want)
+        return pattern.__eq__
+    want = pattern.split(".")
+
+    def match(subject: str) -> bool:
+        got = subject.split(".")
+        for i, token in enumerate(want):
+            if token == ">":
+                return len(got) > i
+            if i >= len(got) or (token != "*" and token != got[i]):
+                return False
+        return len(got) == len(want)
+
+    return match
 
 
 def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
@@ -320,8 +330,10 @@ def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable
     another subscription. Such a message keeps its stream's subject, which is how it is told apart. A server's status
     message (a ``Status`` header: no messages, a timeout, no responders) answers a request, and is never one of
     Ember's own messages either: it is dropped too."""
+    match = _matcher(pattern)
+
     async def guarded(msg: Any) -> None:
-        if matches(pattern, msg.subject) and not (msg.headers and "Status" in msg.headers):
+        if match(msg.subject) and not (msg.headers and "Status" in msg.headers):
             await handler(msg)
 
     return guarded
