@@ -7,9 +7,8 @@ import asyncio
 import contextlib
 import hashlib
 import math
-import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 
 import msgspec
 from nats.aio.client import Client
@@ -42,7 +41,9 @@ from ember.wire.atomic import Message, atomic_allowed, try_atomic
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
-from ember_platform.calls import lineage
+from ember_platform.calls import lineage, retire
+from ember_platform.calls.retire import CALL_ID as CALL_ID  # the rule of a call id, as the API documents it
+from ember_platform.calls.retire import MAX_CALL_ID, NO_SUCH_SEQUENCE, Spare
 
 SUBMIT_BATCH = 250  # calls per atomic batch of submit_many (at most MAX_BATCH): smaller, the first are queued sooner
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
@@ -50,13 +51,6 @@ _SUBMIT_RETRY_AFTER_S = 1.0  # when a submit's publish failed
 _WINDOW_MARGIN_S = 10.0  # a repeated submit this close to the end of the duplicate window publishes nothing again
 _WAIT_POLL_S = (0.02, 0.5)  # first and longest pause between reads while long-polling
 
-# A call id is a key of the calls' KV bucket after ``s.<app>.``/``r.<app>.``: the characters NATS allows in a key, in
-# tokens that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: a spawned
-# call's ``<app>_<random hex>`` (with or without an Idempotency-Key), a synchronous call's 16 random bytes, and an
-# event's ``ev-<scope>-<Nats-Msg-Id>`` or ``evs-<scope>-<stored at>-<sequence>`` (``ember.wire.callstore.app_of``).
-CALL_ID = re.compile(r"[-/_=A-Za-z0-9]+(?:\.[-/_=A-Za-z0-9]+)*")
-MAX_CALL_ID = 512
-_NO_SUCH_SEQUENCE = (10043, 10057)  # JetStream's errors deleting a message that is gone (or going, concurrently)
 DEAD_PAGE, MAX_DEAD_PAGE = 100, 1000  # dead letters per read: by default, and at most
 
 
@@ -80,7 +74,7 @@ async def _into(replies: list[SpawnReply | EmberError | None], k: int, submitted
 
 def check_call_id(call_id: str) -> str:
     """``call_id`` if it can name a call; ``BadRequestError`` (field ``call_id``) before it reaches NATS if not."""
-    if len(call_id) > MAX_CALL_ID or not CALL_ID.fullmatch(call_id):
+    if not retire.is_call_id(call_id):
         shown = call_id if len(call_id) <= 80 else call_id[:80] + "..."
         raise BadRequestError(f"{shown!r} is not a call id (1 to {MAX_CALL_ID} of A-Z a-z 0-9 - _ = / and "
                               f"'.' between them)", field="call_id")
@@ -112,11 +106,14 @@ class Calls:
 
     # -- deployment ----------------------------------------------------------------------------------
 
-    async def ensure_consumers(self, manifest: Manifest) -> None:
-        """One durable pull consumer per function, filtered on its subject (filters never overlap), and
-        for a function bound to events, a work-queue stream of its subjects with a consumer too."""
+    async def ensure_consumers(self, manifest: Manifest, only: Collection[str] | None = None) -> None:
+        """One durable pull consumer per function (those named in ``only``, if given), filtered on its subject
+        (filters never overlap), and for a function bound to events, a work-queue stream of its subjects with a
+        consumer too."""
         for svc in manifest.services:
             for fn in svc.functions:
+                if only is not None and fn.name not in only:
+                    continue
                 await self._js.add_consumer(subjects.CALLS_STREAM, self._consumer(
                     manifest.app, fn.name, subjects.calls(manifest.app, fn.name)))
                 if fn.on:
@@ -140,13 +137,11 @@ class Calls:
         """Drop a version's pinned queues (a version no longer kept): what waits there is cancelled first."""
         for svc in manifest.services:
             for fn in svc.functions:
-                with contextlib.suppress(JsNotFound):
-                    await self._js.delete_consumer(subjects.CALLS_STREAM,
-                                                   subjects.pinned_calls_consumer(manifest.app, fn.name, version))
-                subject = subjects.pinned_calls(manifest.app, fn.name, version)
-                why = f"version {version} of the app {manifest.app!r} is no longer kept"
-                await self._cancel_queued(manifest.app, fn.name, subject, why)
-                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subject)
+                await retire.delete_consumer(self._js, subjects.CALLS_STREAM,
+                                             subjects.pinned_calls_consumer(manifest.app, fn.name, version))
+                why = f"version {version} of the app {manifest.app!r} is no longer kept before the call finished"
+                await retire.cancel_waiting(self._js, self.store, manifest.app,
+                                            subjects.pinned_calls(manifest.app, fn.name, version), why)
 
     async def pinned_backlog(self, app: str, function: str, version: int) -> int:
         """Calls pinned to ``version`` of ``app.function`` that wait or run (0 when there is no such queue)."""
@@ -172,41 +167,35 @@ class Calls:
                                     field="$.manifest.services[].functions[].on") from exc
         await self._js.add_consumer(name, self._consumer(app, function, None))
 
-    async def remove(self, manifest: Manifest) -> None:
-        """Drop an app's queued calls, event streams and consumers. A call still waiting in the queue (or held
-        by a replica that the deletion stops) is marked ``cancelled`` first, saying that the app was deleted,
-        and its message removed: no record stays "queued" until it expires. Final records are kept (they expire
-        with the bucket's TTL)."""
-        for svc in manifest.services:
-            for fn in svc.functions:
-                if fn.on:
-                    with contextlib.suppress(JsNotFound):
-                        await self._js.delete_stream(subjects.events_stream(manifest.app, fn.name))
-                with contextlib.suppress(JsNotFound):
-                    await self._js.delete_consumer(subjects.CALLS_STREAM,
-                                                   subjects.calls_consumer(manifest.app, fn.name))
-                subject = subjects.calls(manifest.app, fn.name)
-                await self._cancel_queued(manifest.app, fn.name, subject)
-                await self._js.purge_stream(subjects.CALLS_STREAM, subject=subject)
+    async def remove(self, app: str, manifests: Collection[Manifest]) -> None:
+        """Drop every queue of a deleted app: its event streams (those of the functions of ``manifests``, its
+        versions kept), every consumer that takes its calls, and each call waiting in any of its queues (of every
+        function it ever had, pinned to a version or not), marked ``cancelled`` first, saying that the app was
+        deleted: no record stays "queued" until it expires. Never another app's queues. Final records are kept (they
+        expire with the bucket's TTL)."""
+        for name in sorted({fn.name for m in manifests for svc in m.services for fn in svc.functions if fn.on}):
+            with contextlib.suppress(JsNotFound):
+                await self._js.delete_stream(subjects.events_stream(app, name))
+        for consumer in await retire.consumers_of(self._js, app):
+            await retire.delete_consumer(self._js, subjects.CALLS_STREAM, consumer)
+        await retire.cancel_waiting(self._js, self.store, app, retire.app_queues(app),
+                                    f"the app {app!r} was deleted before the call finished")
 
-    async def _cancel_queued(self, app: str, function: str, subject: str, why: str = "") -> None:
-        error = ErrorInfo(code="cancelled", message=f"{why or f'the app {app!r} was deleted'} before the call finished")
-        seq = 1
-        while True:
-            try:
-                msg = await self._js.get_msg(subjects.CALLS_STREAM, seq=seq, subject=subject, next=True)
-            except JsNotFound:
-                return
-            seq = (msg.seq or seq) + 1
-            call_id = (msg.headers or {}).get(CALL_ID_HEADER)
-            if not call_id or not CALL_ID.fullmatch(call_id) or len(call_id) > MAX_CALL_ID:
-                continue
-            record = await self.store.status(app, call_id)
-            if record is None or record.status in FINAL_STATUSES:
-                continue
-            cancelled = final(record, "cancelled", error=msgspec.structs.replace(error, call_id=call_id))
-            if await self.store.finish(cancelled):
-                await self.store.set_status(cancelled)
+    async def retire_function(self, app: str, function: str, reason: str, *, spare: Spare | None = None,
+                              events: bool = False) -> int:
+        """Drop the own queue of a function that no version taking calls has any more: its consumer (and its event
+        stream, with ``events``), then each call waiting there, ``cancelled`` with ``reason`` (those ``spare`` keeps
+        stay, with their messages). How many were spared."""
+        await retire.delete_consumer(self._js, subjects.CALLS_STREAM, subjects.calls_consumer(app, function))
+        if events:
+            with contextlib.suppress(JsNotFound):
+                await self._js.delete_stream(subjects.events_stream(app, function))
+        return await retire.cancel_waiting(self._js, self.store, app, subjects.calls(app, function), reason,
+                                           spare)
+
+    async def functions_waiting(self, app: str) -> set[str]:
+        """The functions of ``app`` whose own queue holds calls (one stream info)."""
+        return await retire.waiting_functions(self._js, app)
 
     # -- calls ---------------------------------------------------------------------------------------
 
@@ -404,7 +393,7 @@ class Calls:
                 try:
                     await self._js.delete_msg(subjects.DEAD_STREAM, seq)
                 except JsAPIError as exc:
-                    if exc.err_code not in _NO_SUCH_SEQUENCE:  # not deleted by a replay racing this one
+                    if exc.err_code not in NO_SUCH_SEQUENCE:  # not deleted by a replay racing this one
                         raise
                 replayed.append(reply.call_id)
         return replayed

@@ -45,6 +45,7 @@ from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
 from ember_platform.control.models import ModelClaims, named, served
 from ember_platform.control.owners import Owners, covers
+from ember_platform.control.queues import Queues
 from ember_platform.control.replica_mirror import ReplicaMirror
 
 log = logging.getLogger("ember.registry")
@@ -67,6 +68,7 @@ class Registry:
         self._ack_wait_s = ack_wait_s
         self._refresh_after_s = gc_grace_s() / 2  # an older stored copy of an uploaded bundle is written again
         self.calls: Calls  # set by start()
+        self.queues: Queues  # set by start(): what a change of a deployment does to its app's queues
         self.owners: Owners  # set by start(): who uploaded each bundle and volume chunk
         self.models: ModelClaims  # set by start(): which app holds each served model name
 
@@ -77,6 +79,7 @@ class Registry:
         self.owners = await Owners.open(self.js)
         self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
+        self.queues = Queues(self.calls, self._stored_deployment, self.replica_alive)
         self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
         # a replica that turns ready wakes the control loop as a changed deployment does: a rollout waiting for it
         # switches then, not at the next tick (up to TICK_S later, while its first calls go to the old version)
@@ -84,7 +87,7 @@ class Registry:
         await self.deployments.start()
         await self.replicas.start()
         self._log_sub = await self._follow_logs()
-        await self._pinned_queues_of_running_versions()
+        await self._queues_of_running_versions()
         await self._claims_of_running_versions()
 
     async def _claims_of_running_versions(self) -> None:
@@ -95,9 +98,9 @@ class Registry:
             except ConflictError as exc:
                 log.warning("app %s: %s", dep.app, exc)
 
-    async def _pinned_queues_of_running_versions(self) -> None:
+    async def _queues_of_running_versions(self) -> None:
         """Every running version has its pinned queues (those deployed before pinned calls existed get them now, so
-        that their replicas find what they pull)."""
+        that their replicas find what they pull), and the functions no running version has are retired."""
         for dep in list(self.deployments.items.values()):
             for version in sorted(dep.running()):
                 at = dep.at(version)
@@ -106,6 +109,7 @@ class Registry:
                         await self.calls.ensure_pinned(at.manifest, version)
                 except Exception:  # the app's replicas retry binding; its spawns pinned to it would fail
                     log.exception("could not create the pinned queues of %s v%d", dep.app, version)
+        await self.queues.sweep(list(self.deployments.items.values()))
 
     async def _follow_logs(self) -> Any:
         """The replicas' output from the ``EMBER_LOGS`` stream: the last ``LOG_REPLAY_S`` of it first (so that
@@ -313,20 +317,9 @@ class Registry:
                     raise
                 self.deployments.record(app, dep, written)  # read-your-writes
                 await self.models.release_after(app, served(current).keys() - served(dep).keys())
-                await self._pinned_queues(current, dep)
+                await self.queues.follow(current, dep)
                 return dep
         raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
-
-    async def _pinned_queues(self, before: Deployment | None, after: Deployment) -> None:
-        """The version ``after`` rolls out has its pinned queues; the versions it no longer keeps lose theirs."""
-        if before is None or before.version != after.version:
-            await self.calls.ensure_pinned(after.manifest, after.version)
-        kept = {r.version for r in after.releases} | {after.version}
-        for gone in [r for r in (before.releases if before else []) if r.version not in kept]:
-            try:
-                await self.calls.remove_pinned(gone.manifest, gone.version)
-            except Exception:  # left behind: deleting the app removes it
-                log.exception("could not remove the pinned queues of %s v%d", after.app, gone.version)
 
     async def _stored(self, app: str) -> tuple[Deployment | None, int | None]:
         """The app's deployment as stored, and its revision; (None, None) for none. A spoiled entry (``Spoiled``)
@@ -339,17 +332,18 @@ class Registry:
         except Spoiled as spoiled:
             return self.deployments.items.get(app), spoiled.revision
 
+    async def _stored_deployment(self, app: str) -> Deployment | None:
+        return (await self._stored(app))[0]
+
     async def delete(self, app: str) -> None:
+        """Delete ``app``: its deployment, model names, and every queue it ever had (what waits there is cancelled)."""
         if app not in self.deployments.items:
             raise NotFoundError(f"no app named {app!r} is deployed")
         found, revision = await self._stored(app)
         current = _exists(app, found)
         await self.stores.deployments.delete(app)
         await self.models.release_after(app, served(current))
-        await self.calls.remove(current.manifest)
-        for release in [*current.releases, current.release(current.version)]:
-            if release is not None:
-                await self.calls.remove_pinned(release.manifest, release.version)
+        await self.queues.deleted(current)
         self.deployments.record(app, None, (revision or 0) + 1)
 
     def view(self, app: str) -> AppView:
