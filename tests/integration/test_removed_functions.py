@@ -107,10 +107,23 @@ def queues_of(app: str) -> str:
     return f"ember.calls.default.{app}.>"
 
 
+def has_stream(url: str, name: str) -> bool:
+    async def look(js: Any) -> bool:
+        try:
+            await js.stream_info(name)
+        except JsNotFound:
+            return False
+        return True
+
+    return nats(url, look)
+
+
 def test_a_push_without_a_function_cancels_its_queued_calls_and_keeps_the_pinned_ones(
         platform, transport: Transport, http: httpx.Client, ember_url: str, ember_cli, tmp_path: Path) -> None:
     app = f"gone-{uuid.uuid4().hex[:6]}"
-    deploy(write(tmp_path, app, KEPT, WAITS), transport=transport, timeout_s=120)
+    bound = WAITS.replace('min_replicas=0', f'on="events.{app}.g", min_replicas=0')  # its events: a stream of its own
+    deploy(write(tmp_path, app, KEPT, bound), transport=transport, timeout_s=120)
+    assert has_stream(platform.nats_url, subjects.events_stream(app, "g"))
     try:
         waiting = [spawn(http, app, "g", 1), ember.lookup(app, "g").spawn(2).call_id]
         pinned = spawn(http, f"{app}@1", "g", 3)  # waits in version 1's own queue, kept for rollback
@@ -128,6 +141,7 @@ def test_a_push_without_a_function_cancels_its_queued_calls_and_keeps_the_pinned
             ember.FunctionCall.from_id(waiting[1]).get(timeout=10)
         assert queued(platform.nats_url, subjects.calls(app, "g")) == []
         assert subjects.calls_consumer(app, "g") not in consumers(platform.nats_url, app)
+        assert not has_stream(platform.nats_url, subjects.events_stream(app, "g"))
         # version 1 is kept (for rollback): what is pinned to it waits still, and so does its queue
         assert record(http, pinned)["status"] == "queued"
         assert queued(platform.nats_url, subjects.pinned_calls(app, "g", 1)) == [pinned]

@@ -182,10 +182,10 @@ class Calls:
                                     f"the app {app!r} was deleted before the call finished")
 
     async def retire_function(self, app: str, function: str, reason: str, *, spare: Spare | None = None,
-                              events: bool = False) -> int:
+                              events: bool = False) -> retire.Walked:
         """Drop the own queue of a function that no version taking calls has any more: its consumer (and its event
         stream, with ``events``), then each call waiting there, ``cancelled`` with ``reason`` (those ``spare`` keeps
-        stay, with their messages). How many were spared."""
+        stay, with their messages)."""
         await retire.delete_consumer(self._js, subjects.CALLS_STREAM, subjects.calls_consumer(app, function))
         if events:
             with contextlib.suppress(JsNotFound):

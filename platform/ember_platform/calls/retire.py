@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from nats.js.errors import APIError as JsAPIError
 from nats.js.errors import NotFoundError as JsNotFound
@@ -51,17 +51,24 @@ def own_queue_function(app: str, subject: str) -> str | None:
     return token.replace("-", ".") if token and "." not in token else None
 
 
+class Walked(NamedTuple):
+    """What ``cancel_waiting`` did: calls it cancelled, and calls it left (``spare``)."""
+
+    cancelled: int = 0
+    spared: int = 0
+
+
 async def cancel_waiting(js: Any, store: CallStore, app: str, subject: str, reason: str,
-                         spare: Spare | None = None) -> int:
+                         spare: Spare | None = None) -> Walked:
     """Finish as ``cancelled`` (its error saying ``reason``) each call of ``app`` whose message waits on ``subject``
     (wildcards allowed) of the calls' stream, and delete that message; a message whose call is final already, or
-    unknown (expired), is deleted too. A call that ``spare`` keeps is left with its message. How many were spared."""
-    seq, spared = 1, 0
+    unknown (expired), is deleted too. A call that ``spare`` keeps is left with its message."""
+    seq, cancelled, spared = 1, 0, 0
     while True:
         try:
             msg = await js.get_msg(subjects.CALLS_STREAM, seq=seq, subject=subject, next=True)
         except JsNotFound:
-            return spared
+            return Walked(cancelled, spared)
         seq = (msg.seq or seq) + 1
         call_id = (msg.headers or {}).get(CALL_ID_HEADER)
         record = await store.status(app, call_id) if call_id and is_call_id(call_id) else None
@@ -69,14 +76,17 @@ async def cancel_waiting(js: Any, store: CallStore, app: str, subject: str, reas
             if spare is not None and spare(record):
                 spared += 1
                 continue
-            await _cancel(store, record, reason)
+            cancelled += await _cancel(store, record, reason)
         await delete_message(js, seq - 1)
 
 
-async def _cancel(store: CallStore, record: CallRecord, reason: str) -> None:
+async def _cancel(store: CallStore, record: CallRecord, reason: str) -> bool:
+    """Whether this cancel finished the call (not a replica, nor another control plane, first)."""
     cancelled = final(record, "cancelled", error=ErrorInfo(code="cancelled", message=reason, call_id=record.call_id))
-    if await store.finish(cancelled):
-        await store.set_status(cancelled)
+    if not await store.finish(cancelled):
+        return False
+    await store.set_status(cancelled)
+    return True
 
 
 async def delete_message(js: Any, seq: int) -> None:

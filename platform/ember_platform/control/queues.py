@@ -108,13 +108,14 @@ class Queues:
         bound = {name for r in kept(current) for name, fn in functions(r).items() if fn.on}
         for name in sorted(names):
             try:
-                left = await self._calls.retire_function(app, name, removal_reason(current, name),
-                                                         spare=self._running, events=name in bound)
+                walked = await self._calls.retire_function(app, name, removal_reason(current, name),
+                                                           spare=self._running, events=name in bound)
             except Exception:
                 log.exception("could not retire %s.%s", app, name)
                 continue
-            log.info("%s.%s: no version taking calls has it; its queue was dropped%s", app, name,
-                     f" ({left} running call(s) left to finish)" if left else "")
+            if walked.cancelled or walked.spared:
+                log.info("%s.%s: no version taking calls has it: %d queued call(s) cancelled, %d running left to "
+                         "finish", app, name, walked.cancelled, walked.spared)
         again = await self._stored(app) if names else None
         if again is not None and names & pulled(again):  # brought back meanwhile, by another control plane
             await self._ensure(again, names & pulled(again))
