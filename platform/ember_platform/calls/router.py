@@ -19,8 +19,9 @@ id; a fast answer needs no ack, which saves a message on the common path) and la
 So the gateway knows which replica holds each call and does not lose a call to a replica that dies:
 
 - no replica subscribed ("no responders", for the whole frame): wait for one until the deadline, then 503;
-- no ack in time, or the replica holding the call crashes: send the call again (at most
-  ``MAX_ATTEMPTS`` times; the first answer wins);
+- no ack in time, the replica holding the call crashes, or it refuses the call (``unavailable`` with no ``type``:
+  shutting down, before any run): send the call again (at most ``MAX_ATTEMPTS`` times; the first answer wins); an
+  error the function's run ended with has a ``type`` (``ember_runtime.batching.isolation``) and is the answer;
 - no answer by the deadline: 504.
 """
 
@@ -309,7 +310,7 @@ class Router:
                 pending.holder = answer.ack
                 continue
             if answer.error is not None and answer.error.code == UnavailableError.code and not answer.error.type:
-                # (with a ``type``, the function itself raised it, from a call it made: it ran; not sent again)
+                # (with a ``type``, the function raised it, or let it out of a call it made: it ran; not sent again)
                 raise _Retry(f"replica {pending.holder or '?'} is shutting down")  # it never ran the call
             return answer
 

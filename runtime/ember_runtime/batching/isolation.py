@@ -3,6 +3,13 @@
 Runs on the executor thread. A batch that raises is split in halves and each half retried, down to the
 single inputs at fault; an out-of-memory failure is split the same way, and the largest size that ran is
 remembered so that later batches stay under it.
+
+An ``EmberError`` a run ends with is the function's own, raised by its code or let out of a call it made: it is
+named so (``remote_type``, its class, unless it has one), which tells its callers that the call ran (a router sends
+again only an ``unavailable`` without one: a replica's refusal before any run; a queue worker fails an error with one
+under the function's retries). Two kinds are left unnamed, the platform's: a cancel (the call was cancelled, and
+the function, told so by ``current_call().cancelled``, stopped) and ``RunExpired``, a deadline the replica itself
+found passed inside a run (a stream's).
 """
 
 from __future__ import annotations
@@ -12,10 +19,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ember._errors import EmberError, RemoteError
+from ember._errors import CallCancelledError, DeadlineExceededError, EmberError, RemoteError
 from ember.backends import is_out_of_memory
 
 log = logging.getLogger("ember.batcher")
+
+
+class RunExpired(DeadlineExceededError):
+    """The call's deadline passed while it ran, found by the replica (a stream's next item): the platform's
+    ``deadline_exceeded``, never named as the function's error."""
+
 
 @dataclass
 class Outcome:
@@ -75,7 +88,7 @@ class BatchRunner:
         """The outcomes of a failed run, or None when the batch is to be split and each half run again."""
         report.clean = False
         if isinstance(exc, EmberError):
-            return [Outcome(False, error=exc) for _ in values]
+            return [Outcome(False, error=_named(exc)) for _ in values]
         oom = is_out_of_memory(exc)
         if len(values) == 1:
             log.error("%s: input failed: %s: %s", self._name, type(exc).__name__, exc, exc_info=not oom)
@@ -94,6 +107,13 @@ def _outcomes(outputs: Any, values: list[Any], report: BatchReport) -> list[Outc
         report.clean = False
         return [Outcome(False, error=error) for _ in values]
     return [Outcome(True, value=v) for v in outputs]
+
+
+def _named(error: EmberError) -> EmberError:
+    """``error``, which a run ended with, named as the function's (see the module's docstring)."""
+    if not error.remote_type and error.code != CallCancelledError.code and not isinstance(error, RunExpired):
+        error.remote_type = type(error).__name__
+    return error
 
 
 def _remote(exc: BaseException) -> RemoteError:

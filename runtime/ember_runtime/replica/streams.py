@@ -21,11 +21,12 @@ from typing import Any
 
 import msgspec
 
-from ember._errors import DeadlineExceededError, EmberError, RemoteError
+from ember._errors import EmberError, RemoteError
 from ember._inner import current_call
 from ember.wire import encode_output, encoder, error_info, subjects
 from ember.wire.frames import FRAME_ITEM_OVERHEAD_BYTES
 from ember.wire.streams import STREAM_WINDOW, StreamBundle, StreamChunk
+from ember_runtime.batching.isolation import RunExpired
 
 log = logging.getLogger("ember.replica")
 
@@ -110,15 +111,15 @@ class StreamSink:
 
     def _check_deadline(self) -> None:
         if time.time() >= self.deadline:
-            raise DeadlineExceededError("the stream ran past the call's deadline", call_id=self.call_id)
+            raise RunExpired("the stream ran past the call's deadline", call_id=self.call_id)
 
     async def _wait_credit(self) -> None:
         while not self.cancelled and self.produced >= self.granted:
             self._credit.clear()
             left = self.deadline - time.time()
             if left <= 0:
-                raise DeadlineExceededError("the stream's reader took no more items before the call's deadline",
-                                            call_id=self.call_id)
+                raise RunExpired("the stream's reader took no more items before the call's deadline",
+                                 call_id=self.call_id)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._credit.wait(), left)
         if self.cancelled:

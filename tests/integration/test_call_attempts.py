@@ -1,0 +1,70 @@
+"""Whose error a call ends with, and the attempts of one call, end to end.
+
+An ``unavailable`` or ``deadline_exceeded`` that a function raises is its own error: a synchronous call of it is not
+sent again (a replica's refusal, before any run, would be), and a queued one fails under its retries rather than
+expiring. A generator's call answered as one collected JSON list is closed when its client leaves. And a replica that
+holds two attempts of one streamed call (the gateway sent it again and both reached this replica) ends both on the
+call's cancel, and gives a credit to the attempt the gateway reads: here a stand-in gateway (a plain connection on the
+session's real nats-server) sends the attempts to a real replica."""
+
+from __future__ import annotations
+
+import uuid
+
+import httpx
+import pytest
+from support.paths import REPO
+from support.polling import wait_for
+
+from ember._client import Transport
+from ember.wire import AppView
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+APP = "attempts"
+TICKER = f"/v1/{APP}/Ticker"
+WAIT_S = 60.0  # for what must come; a generator left running would run for its 300 s deadline
+
+
+@pytest.fixture(scope="module")
+def attempts(deployed) -> AppView:
+    return deployed(REPO / "tests" / "apps" / "attempts" / "attempts.py")
+
+
+def _key() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def _logged(transport: Transport, service: str, marker: str) -> int:
+    lines = transport.json("GET", f"/v1/apps/{APP}/logs", params={"service": service, "limit": 5000})
+    return sum(marker in line["line"] for line in lines)
+
+
+def _closed(http: httpx.Client) -> list[str]:
+    return http.post(f"{TICKER}.closed_tags", json={}).json()
+
+
+def test_an_unavailable_the_function_raises_is_answered_not_sent_again(attempts, http, transport):
+    key = _key()
+    answer = http.post(f"/v1/{APP}/refuses", json=key, timeout=90)
+    assert answer.status_code == 503, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "UnavailableError" and "store is down" in error["message"], error
+    assert answer.headers.get("retry-after") == "2", answer.headers
+    marker = f"refuses({key}) ran"
+    wait_for(lambda: _logged(transport, "refuses", marker), what="its run's log line")
+    assert _logged(transport, "refuses", marker) == 1  # one run: no retry policy ran it again
+
+
+def test_a_deadline_the_function_raises_is_its_error_not_the_calls_expiry(attempts, http, transport):
+    """As a ``.remote()`` whose answer never came raises it in the function's code: the call ran and failed; its own
+    deadline (60 s) is far."""
+    answer = http.post(f"/v1/{APP}/gives_up", json=_key(), timeout=90)
+    assert answer.status_code == 504, answer.text
+    assert answer.json()["error"]["type"] == "DeadlineExceededError", answer.text
+    key = _key()
+    spawned = http.post(f"/v1/{APP}/gives_up/spawn", json=key)
+    assert spawned.status_code == 202, spawned.text
+    record = http.get(f"/v1/calls/{spawned.json()['call_id']}", params={"wait": 60}, timeout=90).json()
+    assert record["status"] == "failed" and record["attempts"] == 1, record  # retries=0, and not expired
+    assert record["error"]["code"] == "deadline_exceeded", record
+    assert record["error"]["type"] == "DeadlineExceededError", record
