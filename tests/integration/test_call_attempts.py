@@ -68,3 +68,12 @@ def test_a_deadline_the_function_raises_is_its_error_not_the_calls_expiry(attemp
     assert record["status"] == "failed" and record["attempts"] == 1, record  # retries=0, and not expired
     assert record["error"]["code"] == "deadline_exceeded", record
     assert record["error"]["type"] == "DeadlineExceededError", record
+
+
+def test_a_stream_collected_as_json_whose_client_times_out_closes_its_generator(attempts, http):
+    """Nothing is written until the stream ends (its 300 s deadline): the gateway watches the client meanwhile."""
+    tag = _key()
+    with pytest.raises(httpx.ReadTimeout):
+        http.post(f"{TICKER}.ticks", json=tag, headers={"Accept": "application/json"},
+                  timeout=httpx.Timeout(30, read=1))
+    wait_for(lambda: tag in _closed(http), timeout_s=WAIT_S, what="the generator closed after its client left")

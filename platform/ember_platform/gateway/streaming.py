@@ -9,7 +9,8 @@ item, then ``{"end": true, "items": n}`` or ``{"error": {...}}``, so that a read
 cut connection and an item from an error. Chunked transfer either way.
 
 An error before the first item is an ordinary error answer (its 4xx or 5xx). A client that goes away cancels
-the stream: the replica closes the generator, whose ``finally`` runs.
+the stream: the replica closes the generator, whose ``finally`` runs; a client waiting for the collected JSON list is
+watched meanwhile (``watch``), as one waiting for its first item is.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def mode_of(accept: str | None) -> Mode:
 async def respond(request: Request, platform: Platform, app: str, function: str, version: int, body: bytes, *,
                   call_id: str, deadline: float, packed: bool, held: Held | None, watch: Watch) -> Response:
     """Start the stream; answer with its items (see the module's docstring). ``held`` (a quota's concurrency slot)
-    is released when the stream ends, however it ends; ``watch`` runs the wait for the first item, and gives None
-    if the client went away meanwhile."""
+    is released when the stream ends, however it ends; ``watch`` runs the wait for the first item (and for all of
+    them, collected into one JSON list), and gives None if the client went away meanwhile."""
     try:
         if packed:
             raise UnsupportedMediaType(f"{function} streams its items as JSON; send its input as JSON",
@@ -81,11 +82,16 @@ async def respond(request: Request, platform: Platform, app: str, function: str,
     headers = {HTTP_CALL_ID_HEADER: call_id, HTTP_VERSION_HEADER: str(version)}
     if mode == "json":
         try:
-            return Response(await _collect(stream, first), media_type="application/json", headers=headers)
+            collected = await watch(request, _collect(stream, first))
         finally:
             await stream.aclose()
             if held is not None:
                 held.release()
+        if collected is None:  # the client is gone: the stream was closed, its generator with it
+            log.info("stream %s of %s.%s left after %d item(s) while collected: cancelled", stream.call_id,
+                     stream.app, stream.function, stream.received)
+            return Response(status_code=499)
+        return Response(collected, media_type="application/json", headers=headers)
     headers |= {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     events = _sse if mode == "sse" else _ndjson
     return StreamingResponse(_released(stream, events(stream, first), held), media_type=SSE if mode == "sse"
