@@ -9,15 +9,23 @@ session's real nats-server) sends the attempts to a real replica."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 import uuid
+from collections import Counter
 
 import httpx
+import msgspec
 import pytest
+from support.natsconn import connect as admin_connect
 from support.paths import REPO
 from support.polling import wait_for
 
 from ember._client import Transport
-from ember.wire import AppView
+from ember._deploy import app_view
+from ember.wire import AppView, Invocation, encoder, subjects
+from ember.wire.streams import STREAM_WINDOW, StreamCredit, chunk_decoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 APP = "attempts"
@@ -77,3 +85,69 @@ def test_a_stream_collected_as_json_whose_client_times_out_closes_its_generator(
         http.post(f"{TICKER}.ticks", json=tag, headers={"Accept": "application/json"},
                   timeout=httpx.Timeout(30, read=1))
     wait_for(lambda: tag in _closed(http), timeout_s=WAIT_S, what="the generator closed after its client left")
+
+
+class _Gateway:
+    """A stand-in gateway: sends attempts of a streamed call straight to one replica, each with a reply subject of
+    its own, and counts the items each attempt sent."""
+
+    def __init__(self, nc, replica_id: str) -> None:
+        self.nc = nc
+        self.replica_id = replica_id
+        self.inbox = f"{subjects.answers_inbox(uuid.uuid4().hex[:16])}.{APP}"
+        self.items: Counter[str] = Counter()  # reply token -> items received
+        self.accepted: set[str] = set()
+
+    async def listen(self) -> None:
+        async def take(msg) -> None:
+            token = msg.subject.rsplit(".", 1)[1]
+            chunk = chunk_decoder.decode(msg.data)
+            if chunk.replica:
+                self.accepted.add(token)
+            self.items[token] += len(chunk.items)
+
+        await self.nc.subscribe(f"{self.inbox}.*", cb=take)
+
+    async def attempt(self, call_id: str, tag: str) -> str:
+        token = uuid.uuid4().hex[:16]
+        call = Invocation(call_id=call_id, function="Ticker.ticks", deadline=time.time() + 300,
+                          input=msgspec.Raw(json.dumps(tag).encode()))
+        await self.nc.publish(subjects.replica_invoke(self.replica_id), encoder.encode([call]),
+                              reply=f"{self.inbox}.{token}")
+        return token
+
+    async def until(self, what: str, holds) -> None:
+        give_up = time.monotonic() + WAIT_S
+        while not holds():
+            assert time.monotonic() < give_up, f"timed out waiting for {what}: {dict(self.items)}"
+            await asyncio.sleep(0.05)
+
+
+def test_a_cancel_ends_every_attempt_of_a_streamed_call_on_its_replica(attempts, platform, transport, http):
+    """Before, the replica kept one stream per call id: the first attempt's generator, reached by no cancel any more,
+    ran until its credit was spent, then held its slot until the deadline."""
+    (replica,) = [r.replica_id for s in app_view(transport, APP).services if s.name == "Ticker"
+                  for r in s.replicas if r.state == "ready"]
+    call_id, tag = uuid.uuid4().hex, _key()
+
+    async def scenario() -> None:
+        nc = await admin_connect(platform.nats_url)
+        try:
+            gateway = _Gateway(nc, replica)
+            await gateway.listen()
+            first = await gateway.attempt(call_id, tag)
+            second = await gateway.attempt(call_id, tag)  # sent again: the same replica takes it too
+            await gateway.until("both attempts' credit spent", lambda: gateway.items[first] == STREAM_WINDOW
+                                == gateway.items[second])
+            assert gateway.accepted == {first, second}
+            credit = StreamCredit(call_id=call_id, upto=STREAM_WINDOW + 8)  # for the attempt the gateway reads
+            await nc.publish(subjects.replica_credit(replica), encoder.encode(credit))
+            await gateway.until("the latest attempt's next items", lambda: gateway.items[second] == STREAM_WINDOW + 8)
+            assert gateway.items[first] == STREAM_WINDOW  # superseded: no credit reaches it
+            await nc.publish(subjects.replica_cancel(replica), call_id.encode())
+            await nc.flush()
+        finally:
+            await nc.close()
+
+    asyncio.run(scenario())
+    wait_for(lambda: _closed(http).count(tag) == 2, timeout_s=WAIT_S, what="both attempts' generators closed")

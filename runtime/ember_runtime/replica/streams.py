@@ -7,6 +7,11 @@ waits (a sync generator's thread blocks, an async one awaits), so a slow reader 
 more than ``STREAM_WINDOW`` items per call. A cancelled call (its caller went away) or one past its deadline
 stops at the next item: the generator is closed, so that its ``finally`` runs; an async generator is cancelled
 at once, wherever it awaits.
+
+A replica may hold several attempts of one call (the gateway sent it again, and the queue group gave the attempts to
+the same replica): each has its sink, found by call id and reply subject. A cancel, which names the call, ends all
+of them; a credit goes to the latest (the only one the gateway reads: it sends no attempt after the one it took, and
+its attempts reach a replica in the order it sent them), never to one it superseded.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class StreamSink:
         self.granted = STREAM_WINDOW  # items numbered below this may be sent
         self.produced = 0  # items handed over by the generator (numbered 0 .. produced - 1)
         self.cancelled = False
+        self.superseded = False  # a later attempt of its call came: no credit reaches this one any more
         self.task: asyncio.Task[Any] | None = None  # an async generator's own task, cancelled with the call
         self._credit = asyncio.Event()
         self._pending: list[msgspec.Raw] = []  # items of this turn of the loop, not yet framed
@@ -166,7 +172,7 @@ class StreamSink:
 
     async def finish(self, _output: Any, error: EmberError | None, _batch_size: int) -> None:
         """The generator is done (the batcher's answer): send what is pending, then its end or its error."""
-        self._streams.close(self.call_id)
+        self._streams.close(self)
         if self.cancelled:
             return
         self._take_handoff()
@@ -179,7 +185,8 @@ class StreamSink:
 
 
 class Streams:
-    """A replica's streamed calls in progress, by call id; their messages go out in order, one sender task, those
+    """A replica's streamed calls in progress, by call id (each attempt of one: see the module's docstring); their
+    messages go out in order, one sender task, those
     of one turn of the loop for the same gateway in one bundle where the gateway reads bundles (a Continuous step's
     pieces for all of that gateway's streams: one message per step, not one per sequence)."""
 
@@ -187,32 +194,41 @@ class Streams:
         self._nc = nc
         self.replica_id = replica_id
         self.max_payload: int = nc.max_payload
-        self._open: dict[str, StreamSink] = {}
+        self._open: dict[str, list[StreamSink]] = {}  # call id -> its attempts here, in the order they came
         self.accepted = 0  # streams accepted so far: each accept and each load report says it
         self._outbox: list[tuple[str, bytes, bool]] = []  # (reply subject, chunk, may go in a bundle)
         self._sender: asyncio.Task[None] | None = None
 
     def open(self, reply: str, call_id: str, deadline: float, bundles: bool = False) -> StreamSink:
         sink = StreamSink(self, reply, call_id, deadline, bundles)
-        self._open[call_id] = sink
+        attempts = self._open.setdefault(call_id, [])
+        for earlier in attempts:
+            earlier.superseded = True
+        attempts.append(sink)
         self.accepted += 1
         sink.accept(self.replica_id, self.accepted)
         return sink
 
-    def close(self, call_id: str) -> None:
-        self._open.pop(call_id, None)
+    def close(self, sink: StreamSink) -> None:
+        """``sink``'s stream ended: it is no longer open."""
+        attempts = self._open.get(sink.call_id, [])
+        if sink in attempts:
+            attempts.remove(sink)
+            if not attempts:
+                del self._open[sink.call_id]
 
     def grant(self, call_id: str, upto: int) -> None:
-        sink = self._open.get(call_id)
-        if sink is not None:
-            sink.grant(upto)
+        """Credit for the call's latest attempt here (an earlier one, superseded, is read by nobody)."""
+        for sink in self._open.get(call_id, ()):
+            if not sink.superseded:
+                sink.grant(upto)
 
     def cancel(self, call_id: str) -> bool:
-        sink = self._open.pop(call_id, None)
-        if sink is None:
-            return False
-        sink.cancel()
-        return True
+        """End every attempt of the call held here; whether there was any."""
+        attempts = self._open.pop(call_id, [])
+        for sink in attempts:
+            sink.cancel()
+        return bool(attempts)
 
     def cancel_all(self) -> None:
         for call_id in list(self._open):
