@@ -118,6 +118,22 @@ def has_stream(url: str, name: str) -> bool:
     return nats(url, look)
 
 
+def leave_stray(url: str, app: str) -> str:
+    """A queued call of ``app``'s function ``old``, which no version of it has, and that function's consumer."""
+    call_id = f"{app}_{uuid.uuid4().hex}"
+
+    async def leave(js: Any) -> None:
+        store = CallStore(js, *[await js.key_value(name) for name in (subjects.CALLS_BUCKET, subjects.RESULTS_BUCKET)])
+        await store.create_status(CallRecord(call_id=call_id, app=app, function="old", status="queued",
+                                             created_at=1.0, updated_at=1.0))
+        await js.publish(subjects.calls(app, "old"), b"1", headers={CALL_ID_HEADER: call_id})
+        await js.add_consumer(subjects.CALLS_STREAM, durable_name=subjects.calls_consumer(app, "old"),
+                              filter_subject=subjects.calls(app, "old"))
+
+    nats(url, leave)
+    return call_id
+
+
 def test_a_push_without_a_function_cancels_its_queued_calls_and_keeps_the_pinned_ones(
         platform, transport: Transport, http: httpx.Client, ember_url: str, ember_cli, tmp_path: Path) -> None:
     app = f"gone-{uuid.uuid4().hex[:6]}"
@@ -196,18 +212,7 @@ def test_deleting_an_app_cancels_the_calls_of_every_function_it_ever_had_and_no_
         mine, theirs = spawn(http, app, "g", 1), spawn(http, neighbour, "g", 1)
         # a call left in the queue of a function no version of the app has had for long (as an older platform left
         # them), with its consumer: only the whole app's queues find it
-        stray = f"{app}_{uuid.uuid4().hex}"
-
-        async def leave(js: Any) -> None:
-            buckets = [await js.key_value(name) for name in (subjects.CALLS_BUCKET, subjects.RESULTS_BUCKET)]
-            store = CallStore(js, *buckets)
-            await store.create_status(CallRecord(call_id=stray, app=app, function="old", status="queued",
-                                                 created_at=1.0, updated_at=1.0))
-            await js.publish(subjects.calls(app, "old"), b"1", headers={CALL_ID_HEADER: stray})
-            await js.add_consumer(subjects.CALLS_STREAM, durable_name=subjects.calls_consumer(app, "old"),
-                                  filter_subject=subjects.calls(app, "old"))
-
-        nats(platform.nats_url, leave)
+        stray = leave_stray(platform.nats_url, app)
         assert subjects.calls_consumer(app, "old") in consumers(platform.nats_url, app)
 
         ember_cli("delete", app, url=platform.url)
@@ -225,3 +230,20 @@ def test_deleting_an_app_cancels_the_calls_of_every_function_it_ever_had_and_no_
         http.delete(f"/v1/apps/{app}")
         http.delete(f"/v1/apps/{neighbour}")
 
+
+def test_a_call_left_in_the_queue_of_a_function_long_gone_is_cancelled_at_the_next_push(
+        platform, transport: Transport, http: httpx.Client, tmp_path: Path) -> None:
+    app = f"stray-{uuid.uuid4().hex[:6]}"
+    deploy(write(tmp_path, app, KEPT), transport=transport, timeout_s=120)
+    try:
+        stray = leave_stray(platform.nats_url, app)
+        deploy(write(tmp_path, app, KEPT, "\n# v2\n"), transport=transport, timeout_s=120)
+        done = final(http, stray)
+        assert done["status"] == "cancelled", done
+        assert done["error"]["message"] == (f"the function 'old' was removed from the app '{app}' (version 2 has none) "
+                                            "before the call ran")
+        assert queued(platform.nats_url, subjects.calls(app, "old")) == []
+        assert subjects.calls_consumer(app, "old") not in consumers(platform.nats_url, app)
+        assert subjects.calls_consumer(app, "f") in consumers(platform.nats_url, app)
+    finally:
+        http.delete(f"/v1/apps/{app}")
