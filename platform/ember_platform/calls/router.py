@@ -110,8 +110,8 @@ class Router:
 
     async def start(self) -> None:
         self._inbox = subjects.answers_inbox(secrets.token_hex(8))
-        self._subs = [await self._nc.subscribe(f"{self._inbox}.*.*", cb=subjects.only_on(f"{self._inbox}.*.*",
-                                                                                          self._on_answers)),
+        answers = f"{self._inbox}.*.*"  # the replicas' answers, and the server's "no responders" to a frame
+        self._subs = [await self._nc.subscribe(answers, cb=subjects.only_on(answers, self._on_answers, statuses=True)),
                       await self._nc.subscribe(subjects.STATS_ALL, cb=subjects.only_on(subjects.STATS_ALL,
                                                                                         self._on_report))]
 

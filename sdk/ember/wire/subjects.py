@@ -321,7 +321,8 @@ def _matcher(pattern: str) -> Callable[[str], bool]:
     return match
 
 
-def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable[[Any], Awaitable[None]]:
+def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]], *,
+            statuses: bool = False) -> Callable[[Any], Awaitable[None]]:
     """``handler`` for a subscription to ``pattern``, dropping a message whose subject ``pattern`` does not match.
 
     A subscription gets whatever NATS delivers to its subject, and that includes a message a JetStream consumer
@@ -329,11 +330,12 @@ def only_on(pattern: str, handler: Callable[[Any], Awaitable[None]]) -> Callable
     reply subject, so a replica could have its own stream's messages (an event's body of its choosing) delivered to
     another subscription. Such a message keeps its stream's subject, which is how it is told apart. A server's status
     message (a ``Status`` header: no messages, a timeout, no responders) answers a request, and is never one of
-    Ember's own messages either: it is dropped too."""
+    Ember's own messages either: it is dropped too, unless ``statuses`` (a subscription that receives the answers to
+    its own requests: "no responders" is one)."""
     match = _matcher(pattern)
 
     async def guarded(msg: Any) -> None:
-        if match(msg.subject) and not (msg.headers and "Status" in msg.headers):
+        if match(msg.subject) and (statuses or not (msg.headers and "Status" in msg.headers)):
             await handler(msg)
 
     return guarded
