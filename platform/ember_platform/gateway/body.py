@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, TypeVar
 
 import msgspec
+import re2
 from jsonschema.exceptions import ValidationError, best_match
 from starlette.requests import ClientDisconnect, Request
 
@@ -17,24 +19,35 @@ from ember_platform.gateway.schema import decoders_for
 T = TypeVar("T")
 
 
+MAX_DEPTH = 64  # arrays and objects inside one another: far more than any request needs, far less than what a
+#                decoder's stack holds on the gateway or a replica (a call's body travels inside a frame, an OpenAI
+#                request's unknown fields inside its ``extra``: a few levels more)
+
+
 def decode_json(decoder: msgspec.json.Decoder[T], body: bytes) -> T:
-    """A request body of an API route (not a call's input) as its Struct: 400 for malformed JSON, 422 naming the
-    field that does not fit."""
+    """A request body of an API route (not a call's input) as its Struct: 400 for malformed JSON or JSON nested deeper
+    than ``MAX_DEPTH``, 422 naming the field that does not fit."""
+    check_depth(body)
     try:
         return decoder.decode(body)
     except msgspec.ValidationError as exc:
         if "got `float`" not in str(exc):
             raise invalid_input(exc) from exc
-        try:  # JSON Schema's integers include 2.0: taken as 2 by an int field (a float field takes ints anyway)
-            return msgspec.convert(_integral(msgspec.json.decode(body)), decoder.type, strict=True)
-        except msgspec.ValidationError:
-            raise invalid_input(exc) from exc
+        error = exc
     except (msgspec.DecodeError, RecursionError) as exc:
         raise BadRequestError(f"malformed JSON body: {exc}") from exc
+    try:  # JSON Schema's integers include 2.0: taken as 2 by an int field (a float field takes ints anyway)
+        value = msgspec.json.decode(body)  # the typed decoder stopped at 2.0: the rest may still be malformed
+    except msgspec.DecodeError as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from exc
+    try:
+        return msgspec.convert(_integral(value), decoder.type, strict=True)
+    except msgspec.ValidationError:
+        raise invalid_input(error) from error
 
 
 def _integral(value: Any) -> Any:
-    """``value`` (decoded JSON) with every float that is a whole number as an int."""
+    """``value`` (decoded JSON, at most ``MAX_DEPTH`` deep) with every float that is a whole number as an int."""
     if isinstance(value, float):
         return int(value) if value.is_integer() else value
     if isinstance(value, list):
@@ -42,6 +55,75 @@ def _integral(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _integral(v) for k, v in value.items()}
     return value
+
+
+def check_depth(body: bytes) -> None:
+    """400 for a JSON body whose arrays and objects nest deeper than ``MAX_DEPTH`` (or, when it is not JSON, for
+    that), before any decoder recurses into it: what the gateway takes, a replica can decode."""
+    if body.count(b"[") + body.count(b"{") <= MAX_DEPTH or _WITHIN_DEPTH.fullmatch(body) is not None:
+        return
+    try:  # not nested within the limit, or not JSON at all: which one
+        msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise BadRequestError(f"malformed JSON body: {exc}") from exc
+    except RecursionError:
+        pass
+    raise _too_deep()
+
+
+def check_packed_depth(body: bytes) -> None:
+    """``check_depth`` for a msgpack body (malformed msgpack is left to its decoder)."""
+    if len(body) - len(body.translate(None, _PACKED_NESTING)) <= MAX_DEPTH:
+        return  # too few bytes that could open an array or a map to nest that deep
+    try:
+        value = msgspec.msgpack.decode(body)
+    except RecursionError:
+        raise _too_deep() from None
+    except msgspec.DecodeError:
+        return
+    if nested_deeper(value, MAX_DEPTH):
+        raise _too_deep()
+
+
+def _too_deep() -> BadRequestError:
+    return BadRequestError(f"the body nests arrays and objects deeper than {MAX_DEPTH} levels, the most Ember takes")
+
+
+def _within(depth: int) -> bytes:
+    """A regular expression of the JSON texts (well, their brackets and strings) nested at most ``depth`` deep: at a
+    fixed depth, balanced brackets are a regular language, which RE2 matches in linear time (about a millisecond a
+    megabyte), whatever the body holds."""
+    flat = rb'(?:[^\[\]{}"]|"(?:[^"\\]|\\.)*")*'  # anything but a bracket, strings whole
+    pattern = flat
+    for _ in range(depth):
+        pattern = flat + rb"(?:[\[{]" + pattern + rb"[\]}]" + flat + rb")*"
+    return pattern
+
+
+def _re2_options() -> re2.Options:
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1  # bytes as bytes: a body need not be UTF-8 to be measured
+    options.dot_nl = True
+    options.never_capture = True
+    return options
+
+
+_WITHIN_DEPTH = re2.compile(_within(MAX_DEPTH), _re2_options())
+_PACKED_NESTING = bytes([*range(0x80, 0xA0), *range(0xDC, 0xE0)])  # fixmap, fixarray, array 16/32, map 16/32
+_NESTED = frozenset({list, tuple, dict})  # what msgspec decodes msgpack's arrays and maps as (tuples: map keys)
+
+
+def nested_deeper(value: Any, limit: int) -> bool:
+    """Whether decoded ``value``'s lists, tuples and dicts nest deeper than ``limit``, level by level (no recursion;
+    its items are sorted out by C loops)."""
+    level = [value]
+    for _ in range(limit + 1):
+        nested = list(itertools.compress(level, map(_NESTED.__contains__, map(type, level))))
+        if not nested:
+            return False
+        level = list(itertools.chain.from_iterable(
+            itertools.chain.from_iterable(v.items()) if type(v) is dict else v for v in nested))
+    return True
 
 
 async def read_body(request: Request, limit: int) -> bytes:
@@ -109,6 +191,7 @@ class InputValidator:
         """Return a msgpack body to forward (an empty map for a function without inputs) or raise a 400/422 error."""
         if self.mode == "none" and not body:
             return _EMPTY_MAP
+        check_packed_depth(body)
         try:
             if self._fast_packed is not None:
                 self._fast_packed.decode(body)
@@ -144,6 +227,7 @@ class InputValidator:
         """Return the body to forward (``{}`` for a function without inputs) or raise a 400/422 error."""
         if self.mode == "none" and not body.strip():
             return b"{}"
+        check_depth(body)
         try:
             if self._fast is not None:
                 try:
