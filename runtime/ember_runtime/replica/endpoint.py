@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from ember._app import method_def
-from ember._errors import InvalidInputError, RemoteError
+from ember._errors import EmberError, InvalidInputError, RemoteError
 from ember._handles import Function
 from ember._inner import current_call
 from ember._llm import decode_request
@@ -80,10 +80,19 @@ class Endpoint:
             raise RemoteError(f"the cost function failed: {exc}", remote_type=type(exc).__name__) from exc
 
     def decode(self, body: bytes, codec: str = "json") -> Any:
-        """One call's input (JSON, or msgpack from a msgpack frame) as the function's arguments."""
-        if self.steps is not None:
-            return (_request_of(body, codec),), {}
-        return self._io.decode_item(body, codec) if self.batched else self._io.decode_input(body, codec)
+        """One call's input (JSON, or msgpack from a msgpack frame) as the function's arguments; whatever fails to
+        decode it (an input nested deeper than the decoder's stack allows, say) is ``InvalidInputError``: that call's
+        error, never the replica's."""
+        try:
+            if self.steps is not None:
+                return (_request_of(body, codec),), {}
+            return self._io.decode_item(body, codec) if self.batched else self._io.decode_input(body, codec)
+        except EmberError:
+            raise
+        except RecursionError as exc:
+            raise InvalidInputError("the input nests too deeply to decode") from exc
+        except Exception as exc:
+            raise InvalidInputError(f"the input could not be decoded: {type(exc).__name__}: {exc}") from exc
 
     def run(self, values: list[Any]) -> list[Any]:
         if self.batched:

@@ -34,9 +34,7 @@ from ember.wire import (
     ReplicaStatus,
     StartPhases,
     encoder,
-    invocations_decoder,
     is_json_frame,
-    packed_invocations_decoder,
     subjects,
 )
 from ember.wire.headers import TERMINATE_HEADER
@@ -56,6 +54,7 @@ from ember_runtime.replica.endpoint import Endpoint, Preloaded, Streamed, batche
 from ember_runtime.replica.queue_worker import QueueWorker
 from ember_runtime.replica.renewal import renew_until
 from ember_runtime.replica.reports import HEARTBEAT_S, IDLE_REPORT_S, LOAD_REPORT_S, heartbeat_due, report_due
+from ember_runtime.replica.salvage import decode_frame
 from ember_runtime.replica.standby import Standby
 from ember_runtime.replica.status import StatusRelay
 from ember_runtime.replica.streams import Streams
@@ -268,13 +267,14 @@ class Replica:
         batcher, which answers it through ``self.answers``."""
         async def on_frame(msg: Msg) -> None:
             packed = not is_json_frame(msg.data)  # msgpack: binary or msgpack bodies, answered in msgpack
-            try:
-                invocations = (packed_invocations_decoder if packed else invocations_decoder).decode(msg.data)
-            except msgspec.DecodeError as exc:  # not from a gateway: nobody to answer
-                log.warning("dropped an undecodable frame on %s: %s", msg.subject, exc)
-                return
-            for invocation in invocations:
-                self._take(msg.reply, invocation, served.get(invocation.function), packed)
+            invocations = decode_frame(msg.data, packed, msg.subject)  # None: not from a gateway, nobody to answer
+            for invocation in invocations or ():
+                try:
+                    self._take(msg.reply, invocation, served.get(invocation.function), packed)
+                except Exception as exc:  # every call of the frame is answered, whatever became of the others
+                    log.exception("could not take call %s", invocation.call_id)
+                    error = EmberError(f"the replica could not take the call: {type(exc).__name__}: {exc}")
+                    self.answers.answer(msg.reply, answer_of(invocation.call_id, None, error, 0), packed)
 
         return on_frame
 
@@ -323,8 +323,9 @@ class Replica:
             args, kwargs = endpoint.decode(invocation.input, codec)
             batcher.submit(Call(Streamed(args, kwargs, sink), invocation.deadline, finish, invocation.call_id,
                                 "interactive", chain=invocation.chain, span=span))
-        except EmberError as exc:
-            asyncio.get_running_loop().create_task(finish(None, exc, 0))
+        except Exception as exc:  # an accepted stream always ends: here with its call's error
+            error = exc if isinstance(exc, EmberError) else EmberError(f"the replica could not take the call: {exc}")
+            asyncio.get_running_loop().create_task(finish(None, error, 0))
 
     async def _report_load(self, nc: Any, endpoints: list[Endpoint]) -> None:
         """Publish each function's queue and in-flight counts a few times a second, until draining (or stuck): a
