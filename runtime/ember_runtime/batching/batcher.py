@@ -26,6 +26,7 @@ import contextvars
 import heapq
 import inspect
 import itertools
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from ember_runtime.batching.running import Run, halted
 from ember_runtime.batching.stats import BatcherMetrics
 
 T = TypeVar("T")
+log = logging.getLogger("ember.batcher")
 PRIORITY_RANK = {"interactive": 0, "batch": 1}
 Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
 _GAP_SMOOTHING = 0.2
@@ -167,7 +169,7 @@ class Batcher:
         error = CallCancelledError(f"the call was cancelled while {where}", call_id=call_id)
         if call.span is not None and where == "running":
             spans.answered(call.span, error)
-        await call.answer(None, error, 0)
+        await self._answer(call, None, error, 0)
         return where
 
     def close(self) -> None:
@@ -182,7 +184,7 @@ class Batcher:
             call = heapq.heappop(self._heap)[3]
             self._by_id.pop(call.call_id, None)
             if not call.cancelled:
-                await call.answer(None, error, 0)
+                await self._answer(call, None, error, 0)
                 failed += 1
         return failed
 
@@ -326,8 +328,8 @@ class Batcher:
                 heapq.heappop(self._heap)
                 self._by_id.pop(call.call_id, None)
                 self.metrics.expired += 1
-                await call.answer(None, DeadlineExceededError("the call's deadline passed while it was queued",
-                                                              call_id=call.call_id), 0)
+                await self._answer(call, None, DeadlineExceededError("the call's deadline passed while it was queued",
+                                                                     call_id=call.call_id), 0)
                 continue
             if batch and self.limits.max_cost is not None and cost + call.cost > self.limits.max_cost:
                 break
@@ -373,7 +375,7 @@ class Batcher:
                 continue  # answered when it was cancelled
             if not outcome.ok:
                 self.metrics.failed += 1
-            await call.answer(outcome.value, outcome.error, len(batch))
+            await self._answer(call, outcome.value, outcome.error, len(batch))
 
     async def _execute_each(self, batch: list[Call], begun: tuple[int, float]) -> None:
         """Ready calls of an unbatched function: one hop to the executor runs them one after the other (see
@@ -404,7 +406,18 @@ class Batcher:
                     self.model.observe(1, seconds)
                 self.metrics.observe_batch(1, 1, seconds, [started - call.enqueued_at])
                 self.metrics.failed += not outcome.ok
-            await call.answer(outcome.value, outcome.error, 1)
+            await self._answer(call, outcome.value, outcome.error, 1)
+
+    async def _answer(self, call: Call, value: Any, error: EmberError | None, batch_size: int) -> None:
+        """Answer one call; an answer that raises fails that call alone, never the loop (nor the batch's other calls):
+        it is logged, and the call answered with an internal error instead, as far as that goes."""
+        try:
+            await call.answer(value, error, batch_size)
+        except Exception as exc:
+            log.exception("%s: answering call %s failed", self.name, call.call_id)
+            with contextlib.suppress(Exception):
+                await call.answer(None, EmberError(f"the call's answer failed: {type(exc).__name__}: {exc}",
+                                                   call_id=call.call_id), batch_size)
 
     def _hop(self, fn: Callable[[Any], T], arg: Any) -> Awaitable[T]:
         """``fn(arg)`` on the executor, in a copy of this context (the model thread's short way when it is one)."""

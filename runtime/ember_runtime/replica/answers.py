@@ -19,13 +19,16 @@ _NIL = msgspec.Raw(b"\xc0")
 def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: int, codec: str = "json",
               compact: bool = False) -> Answer:
     """The answer to one call: its output as JSON (or msgpack, for a msgpack frame; arrays as compact tensors with
-    ``compact``), or its error (an output that is not JSON-able is one)."""
+    ``compact``), or its error (an output that is not JSON-able is one, as is any output that fails to encode)."""
     if error is None:
         try:
             return Answer(call_id=call_id, output=msgspec.Raw(encode_output(output, codec, compact)),
                           batch_size=batch_size)
         except RemoteError as exc:
             error = exc
+        except Exception as exc:  # the output's own failing (a ``tolist`` that raises, say): this call's error alone
+            error = RemoteError(f"the output cannot be encoded: {type(exc).__name__}: {exc}",
+                                remote_type="InvalidOutput")
     return Answer(call_id=call_id, error=error_info(error, call_id), batch_size=batch_size)
 
 

@@ -63,11 +63,17 @@ def encode_output(value: Any, codec: str = "json", compact: bool = False) -> byt
     """A function's output as JSON (or msgpack; arrays as compact tensors with ``compact``); ``RemoteError`` (the
     user's fault, not the platform's) when it is not JSON-able, or, in JSON, holds an infinity or a NaN: JSON has
     neither, and the encoder would have written ``null`` silently (``remote_type`` ``InvalidOutput``, naming the
-    field). A function that has no number to give returns None (and declares ``float | None``)."""
+    field). A function that has no number to give returns None (and declares ``float | None``). An output that holds
+    itself, or an integer beyond 64 bits in msgpack, is ``InvalidOutput`` too."""
     try:
         encoded = _output_encoders[codec, compact and codec == "msgpack"].encode(value)
     except (TypeError, ValueError) as exc:
         raise RemoteError(f"the output is not JSON-able: {exc}", remote_type=type(exc).__name__) from exc
+    except RecursionError as exc:
+        raise RemoteError("the output cannot be encoded: it nests too deeply, or holds itself (a list in itself, "
+                          "say)", remote_type="InvalidOutput") from exc
+    except OverflowError as exc:  # msgpack's integers are 64 bits
+        raise RemoteError(f"the output cannot be encoded in {codec}: {exc}", remote_type="InvalidOutput") from exc
     # Only an answer with a null in it is looked through: a substring search costs nothing on the others.
     if codec == "json" and b"null" in encoded and (where := non_finite(value)) is not None:
         raise RemoteError(f"the output is not JSON: {where} (JSON has no infinity or NaN; return None for a "
