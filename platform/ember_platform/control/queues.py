@@ -87,7 +87,10 @@ class Queues:
         except Exception:
             log.exception("could not read the queues of %s", after.app)
             stray = set()
-        await self.retire(after.app, (pulled(before) | stray) - pulled(after))
+        try:  # the write stands whatever comes of this: the next pass retires what this one could not
+            await self.retire(after.app, (pulled(before) | stray) - pulled(after))
+        except Exception:
+            log.exception("could not retire the functions %s no longer has", after.app)
 
     async def sweep(self, deployments: Collection[Deployment]) -> None:
         """At the start of a control plane: the functions of every app that no running version has (those a pass
