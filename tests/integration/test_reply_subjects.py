@@ -22,6 +22,7 @@ from support.paths import REPO
 from support.polling import wait_for
 
 from ember.wire import Deployment, subjects
+from ember_runtime.agent.fetch import RESYNC_S
 
 pytestmark = [
     pytest.mark.integration,
@@ -83,7 +84,7 @@ def test_a_servers_empty_answer_sent_into_a_deployment_or_an_assignment_removes_
     deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
     seen = http.post("/v1/intruder/spoil", json={"app": "hello"}, timeout=180).json()
     assert all(answer.startswith("no error") for answer in seen.values()), seen  # its own queue: allowed
-    time.sleep(3)  # a control loop tick or several, and the agent's reaction to its assignment's write
+    time.sleep(RESYNC_S + 2)  # the agent's reaction to the write, and its next read of its assignment
     assert http.get("/v1/apps/hello").status_code == 200
     assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
     ready = [r for s in http.get("/v1/apps/hello").json()["services"] for r in s["replicas"] if r["state"] == "ready"]

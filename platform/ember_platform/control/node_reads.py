@@ -31,7 +31,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from ember._loop import cancel_and_wait
-from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment, assignment_decoder, subjects
+from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment, assignment_decoder, encoder, subjects
 from ember.wire.jetstream import Stores, object_stream
 from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, FetchRequest
 from ember.wire.volumes import VolumeVersion
@@ -127,7 +127,7 @@ class NodeReads:
     async def read(self, node_id: str, request: FetchRequest) -> bytes:
         """The whole content ``request`` names, if node ``node_id`` may read it; else ``NotReadable``."""
         if request.kind == "assignment":
-            return await self._entry(self._stores.assignments, node_id, allow_missing=True)
+            return await self._assignment(node_id)
         if not await self._allowed(node_id, request):
             raise NotReadable(f"{request.kind} {request.name[:80]!r} is not assigned to node {node_id[:80]!r}")
         key = (request.kind, request.name)
@@ -143,8 +143,25 @@ class NodeReads:
             return True
         if await self._needs(self._mirror().get(node_id), request):
             return True
-        raw = await self._entry(self._stores.assignments, node_id, allow_missing=True)
+        raw = await self._assignment(node_id)
         return bool(raw) and await self._needs(assignment_decoder.decode(raw), request)
+
+    async def _assignment(self, node_id: str) -> bytes:
+        """The node's assignment as stored now (empty: none, or deleted). A stored entry that is no assignment and no
+        deletion (a server's answer sent there as a request's reply subject, which NATS does not check) reads as
+        this control plane's last good copy: read as none, it stopped every replica of the node."""
+        try:
+            entry = await self._stores.assignments.get(node_id)
+        except Exception:  # no such key, or deleted
+            return b""
+        raw = bytes(entry.value or b"")
+        try:
+            assignment_decoder.decode(raw)
+        except msgspec.DecodeError:
+            kept = self._mirror().get(node_id)
+            log.warning("the stored assignment of node %s is spoiled; answering the last good one", node_id[:80])
+            return encoder.encode(kept) if kept is not None else b""
+        return raw
 
     def _granted(self, node_id: str, request: FetchRequest) -> bool:
         """Whether the request carries a control plane's grant for this node to read this build's bundle."""
