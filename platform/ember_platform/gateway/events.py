@@ -22,12 +22,13 @@ from starlette.responses import Response
 
 from ember._errors import InvalidInputError, NotFoundError, UnavailableError
 from ember.wire.headers import MAX_MSG_CALL_ID, MSG_CALL_ID, MSG_CALL_ID_RULE, MSG_ID_HEADER
+from ember.wire.subjects import matches
 from ember.wire.validate import MAX_SUBJECT_LENGTH, subject_problem
 from ember_platform.gateway.body import header, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.openapi_parts import JSON
 from ember_platform.gateway.responses import json_response, platform_of
-from ember_platform.natsauth.clients import bound_functions, matches
+from ember_platform.natsauth.clients import bound_functions
 
 _PUBLISH_TIMEOUT_S = 5.0
 _SHOWN = 40  # characters of a bad key quoted in the error

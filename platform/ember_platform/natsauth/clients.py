@@ -137,18 +137,6 @@ def permissions(token_id: str, principal: Principal, deployments: Iterable[Deplo
     return {"pub": {"allow": sorted(bound), "deny": _DENIED}, "sub": {"allow": sub, "deny": _DENIED_SUB}, **_LIMITS}
 
 
-def matches(pattern: str, subject: str) -> bool:
-    """Whether NATS subject ``subject`` (no wildcards) is matched by ``pattern`` (``*`` one token, a final ``>``
-    one or more)."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, token in enumerate(p):
-        if token == ">":
-            return len(s) > i
-        if i >= len(s) or (token != "*" and token != s[i]):
-            return False
-    return len(p) == len(s)
-
-
 @dataclass(frozen=True)
 class Admission:
     """What the callout answers for an admitted client: its name, account, permissions and expiry."""

@@ -11,11 +11,12 @@ import msgspec
 import pytest
 
 from ember.wire import Deployment, FunctionSpec, Manifest, ServiceSpec
+from ember.wire.subjects import matches
 from ember.wire.tokens import StoredToken, TokenInfo, new_token, parse_token, secret_digest
 from ember_platform.auth.tokens import TokenStore
 from ember_platform.natsauth import clients, keys
 from ember_platform.natsauth.callout import AuthCallout, Refused
-from ember_platform.natsauth.clients import events_inbox, matches
+from ember_platform.natsauth.clients import events_inbox
 
 
 class _Mirror:
