@@ -385,7 +385,7 @@ def write_apps(folder: Path) -> list[Path]:
     for variant, template in (("batched", BATCHED_APP), ("unbatched", UNBATCHED_APP)):
         path = folder / f"{MODEL}_{variant}.py"
         path.write_text(template.format(model=MODEL, app=app_name(MODEL, variant), max_batch=MAX_BATCH,
-                                        window_ms=WINDOW_MS))
+                                        window_ms=WINDOW_MS, gpu=""))  # on the CPU, as measured here
         files.append(path)
     return files
 
