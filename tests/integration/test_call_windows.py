@@ -15,6 +15,7 @@ import httpx
 import nats
 import pytest
 from support.auth import authed_client
+from support.calls import result, spawn
 from support.natsconn import connect as admin_connect
 from support.platform import TestPlatform
 from support.polling import wait_for
@@ -80,20 +81,6 @@ def hold(seconds: float) -> float:
 '''
 
 
-def spawn(http: httpx.Client, fn: str, body: object, app: str = "probe") -> str:
-    response = http.post(f"/v1/{app}/{fn}/spawn", json=body)
-    assert response.status_code == 202, response.text
-    return response.json()["call_id"]
-
-
-def result(http: httpx.Client, call_id: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    record: dict = {}
-    while time.monotonic() < deadline:
-        record = http.get(f"/v1/calls/{call_id}", params={"wait": 5}).json()
-        if record["status"] in FINAL:
-            return record
-    raise AssertionError(f"call {call_id} did not finish: {record}")
 
 
 def letters_of(http: httpx.Client, app: str, function: str, **params: object) -> list[dict]:

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 from support.auth import authed_client
+from support.calls import result, spawn
 from support.platform import TestPlatform
 from support.polling import wait_for
 
@@ -19,22 +18,8 @@ from ember._client import Transport
 from ember._deploy import app_view
 
 pytestmark = pytest.mark.integration
-FINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
-def spawn(http: httpx.Client, fn: str, body: object, app: str = "probe", **headers: str) -> str:
-    response = http.post(f"/v1/{app}/{fn}/spawn", json=body, headers=headers)
-    assert response.status_code == 202, response.text
-    return response.json()["call_id"]
-
-
-def result(http: httpx.Client, call_id: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        record = http.get(f"/v1/calls/{call_id}", params={"wait": 5}).json()
-        if record["status"] in FINAL:
-            return record
-    raise AssertionError(f"call {call_id} did not finish: {record}")
 
 
 def log_count(transport: Transport, service: str, marker: str, app: str = "probe") -> int:

@@ -13,8 +13,8 @@ import time
 import uuid
 from collections.abc import Iterator
 
-import httpx
 import pytest
+from support.calls import result, spawn
 from support.natsconn import connect as admin_connect
 from support.paths import REPO
 from support.polling import wait_for
@@ -29,7 +29,6 @@ from ember.wire.jetstream import DUPLICATE_WINDOW_S
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 APPS = REPO / "tests" / "apps" / "spawned"
 APP = "spawned-errors"
-FINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
 @pytest.fixture(scope="module")
@@ -42,20 +41,6 @@ def spawned(transport: Transport) -> Iterator[None]:
             transport.request("DELETE", f"/v1/apps/{app}")
 
 
-def _spawn(http: httpx.Client, fn: str, body: object) -> str:
-    response = http.post(f"/v1/{APP}/{fn}/spawn", json=body)
-    assert response.status_code == 202, response.text
-    return response.json()["call_id"]
-
-
-def _final(http: httpx.Client, call_id: str, timeout_s: float = 90.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    record: dict = {}
-    while time.monotonic() < deadline:
-        record = http.get(f"/v1/calls/{call_id}", params={"wait": 5}).json()
-        if record["status"] in FINAL:
-            return record
-    raise AssertionError(f"call {call_id} did not finish: {record}")
 
 
 def _logged(transport: Transport, service: str, marker: str) -> int:
@@ -74,7 +59,7 @@ def test_an_unavailable_a_spawned_call_lets_out_of_its_call_is_its_own_error(spa
     with pytest.raises(ember.UnavailableError) as raised:
         call.get(timeout=90)
     assert "never-ready" in str(raised.value) and "became ready" in str(raised.value), raised.value
-    record = _final(http, call.call_id)
+    record = result(http, call.call_id)
     assert record["status"] == "failed" and record["attempts"] == 1, record  # retries=0: not run again
     assert record["error"]["code"] == "unavailable" and record["error"]["type"] == "UnavailableError", record
     wait_for(lambda: _logged(transport, "via_unready", f"via_unready({key}) ran"), what="its run's log line")
@@ -85,7 +70,7 @@ def test_an_unavailable_a_spawned_call_lets_out_of_its_call_is_its_own_error(spa
 
 def test_an_unavailable_the_function_raises_is_retried_as_its_retries_say(spawned, http, transport):
     key = uuid.uuid4().hex[:12]
-    record = _final(http, _spawn(http, "refuses", key))
+    record = result(http, spawn(http, "refuses", app=APP, body=key))
     assert record["status"] == "failed" and record["attempts"] == 2, record  # the first try and max_retries=1
     assert record["error"]["code"] == "unavailable" and "store is down" in record["error"]["message"], record
     wait_for(lambda: _logged(transport, "refuses", f"refuses({key}) ran") >= 2, what="both runs' log lines")
@@ -94,7 +79,7 @@ def test_an_unavailable_the_function_raises_is_retried_as_its_retries_say(spawne
 
 def test_a_deadline_of_a_call_it_made_fails_the_spawned_call_not_expires_it(spawned, http, transport):
     key = uuid.uuid4().hex[:12]
-    record = _final(http, _spawn(http, "via_slow", key))
+    record = result(http, spawn(http, "via_slow", app=APP, body=key))
     assert record["status"] == "failed" and record["attempts"] == 1, record  # its own deadline is 30 s away
     assert record["error"]["code"] == "deadline_exceeded" and "nap" in record["error"]["message"], record
     wait_for(lambda: _logged(transport, "via_slow", f"via_slow({key}) ran"), what="its run's log line")
@@ -105,13 +90,13 @@ def test_a_call_whose_replica_drains_while_it_runs_runs_once(spawned, http, tran
     ack_wait = float(os.environ["EMBER_ACK_WAIT_S"])
     seconds = 2 * ack_wait + 2  # it runs on past a whole AckWait after the SIGTERM, well within the drain's grace
     key = uuid.uuid4().hex[:12]
-    call_id = _spawn(http, "linger", {"key": key, "seconds": seconds})
+    call_id = spawn(http, "linger", app=APP, body={"key": key, "seconds": seconds})
     wait_for(lambda: _logged(transport, "linger", f"linger({key}) started"), what="the call to start")
     holder = http.get(f"/v1/calls/{call_id}").json()["replica"]
     (pid,) = [r.pid for s in app_view(transport, APP).services if s.name == "linger" for r in s.replicas
               if r.replica_id == holder]
     os.kill(pid, signal.SIGTERM)  # drains: finishes what it holds; the other replica pulls on meanwhile
-    record = _final(http, call_id)
+    record = result(http, call_id)
     assert record["status"] == "succeeded" and record["output"] == key and record["attempts"] == 1, record
     wait_for(lambda: _logged(transport, "linger", f"linger({key}) ended"), what="the run's last log line")
     assert _logged(transport, "linger", f"linger({key}) started") == 1  # never redelivered to the other replica
@@ -149,7 +134,7 @@ def test_a_call_spawned_again_with_its_key_past_the_duplicate_window_while_it_ru
         time.sleep(2)  # past the window: a message published again now is stored beside the first
         again = http.post(f"/v1/{APP}/linger/spawn", json=body, headers=headers)
         assert again.status_code == 202 and again.json()["call_id"] == first.json()["call_id"], again.text
-        record = _final(http, first.json()["call_id"])
+        record = result(http, first.json()["call_id"])
     assert record["status"] == "succeeded" and record["output"] == key, record
     wait_for(lambda: _logged(transport, "linger", f"linger({key}) ended"), what="the run's last log line")
     time.sleep(2)  # a second message would have been taken by the idle replica at once

@@ -6,11 +6,11 @@ a spawned call held and renewed forever)."""
 from __future__ import annotations
 
 import concurrent.futures
-import time
 
 import httpx
 import msgspec
 import pytest
+from support.calls import result
 from support.paths import REPO
 
 from ember.wire import AppView
@@ -18,7 +18,6 @@ from ember.wire import AppView
 pytestmark = pytest.mark.integration
 APP = REPO / "tests" / "apps" / "outputs" / "outputs.py"
 MSGPACK = "application/msgpack"
-FINAL = {"succeeded", "failed", "cancelled", "expired"}
 
 
 @pytest.fixture(scope="module")
@@ -59,17 +58,7 @@ def test_a_batch_with_an_unencodable_output_answers_the_others(outputs, http):
 def test_a_spawned_call_with_an_unencodable_output_fails_and_the_queue_keeps_flowing(outputs, http):
     bad = http.post("/v1/outputs/one/spawn", json="itself").json()["call_id"]
     fine = http.post("/v1/outputs/one/spawn", json="fine").json()["call_id"]
-    records = {call_id: _final(http, call_id) for call_id in (bad, fine)}
+    records = {call_id: result(http, call_id) for call_id in (bad, fine)}
     assert records[bad]["status"] == "failed" and records[bad]["attempts"] == 1, records[bad]
     assert records[bad]["error"]["type"] == "InvalidOutput" and "holds itself" in records[bad]["error"]["message"]
     assert records[fine]["status"] == "succeeded" and records[fine]["output"] == "fine"
-
-
-def _final(http: httpx.Client, call_id: str, timeout_s: float = 60.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    record: dict = {}
-    while time.monotonic() < deadline:
-        record = http.get(f"/v1/calls/{call_id}", params={"wait": 5}).json()
-        if record["status"] in FINAL:
-            return record
-    raise AssertionError(f"call {call_id} did not finish: {record}")
