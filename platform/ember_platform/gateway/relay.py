@@ -68,12 +68,14 @@ from ember.wire.natscreds import replica_inbox
 from ember.wire.relay import (
     MAX_CHAIN,
     RelayCallRead,
+    RelayCallTake,
     RelayCancel,
     RelayInvoke,
     RelayRecord,
     RelayReply,
     RelayRequest,
     RelaySpawn,
+    TakeReply,
     request_decoder,
 )
 from ember_platform.calls.durable import MAX_CALL_ID, Calls, check_call_id, no_such_call
@@ -192,6 +194,8 @@ class Relay:
             return await self._record(caller, request)
         if isinstance(request, RelayCallRead):
             return await self._read(caller, request)
+        if isinstance(request, RelayCallTake):
+            return await self._take(caller, request)
         return await self._cancel(caller, request)
 
     # -- the verbs -----------------------------------------------------------------------------------
@@ -293,6 +297,15 @@ class Relay:
         if record is None or (record.app, record.call_id) != (caller.app, req.call_id):
             return b"null"
         return encoder.encode(record)
+
+    async def _take(self, caller: Caller, req: RelayCallTake) -> bytes:
+        """A queued call of the caller's own app taken by the calling replica (``CallStore.take``)."""
+        check_call_id(req.call_id)
+        if not 1 <= req.attempt <= 2**31:
+            raise BadRequestError("attempt is a delivery count from 1", field="attempt")
+        record, finished = await self._calls.store.take(caller.app, req.call_id, req.function, req.attempt,
+                                                        caller.slot.replica_id)
+        return encoder.encode(TakeReply(record=record, finished=finished))
 
     async def _cancel(self, caller: Caller, req: RelayCancel) -> bytes:
         record = await self._calls.get(check_call_id(req.call_id))

@@ -18,11 +18,12 @@ from nats.js.kv import KeyValue
 from ember.wire.calls import CallRecord
 from ember.wire.callstore import CallStore
 from ember.wire.errors import error_from_info
-from ember.wire.relay import RelayCallRead
+from ember.wire.relay import RelayCallRead, RelayCallTake, TakeReply
 from ember_runtime.replica.calling import NatsRelay
 
 READ_WAIT_S = 10.0  # for a control plane's answer to one read
 _record_decoder = msgspec.json.Decoder(CallRecord | None)
+_take_decoder = msgspec.json.Decoder(TakeReply)
 
 
 class RelayedCallStore(CallStore):
@@ -40,6 +41,16 @@ class RelayedCallStore(CallStore):
 
     async def has_result(self, app: str, call_id: str) -> bool:
         return await self._read_via_relay("r", call_id, output=False) is not None
+
+    async def take(self, app: str, call_id: str, function: str, attempt: int,
+                   replica: str) -> tuple[CallRecord, bool]:
+        """``CallStore.take`` done by a control plane, for this replica (its relay subject names it)."""
+        reply = await self._relay.request(RelayCallTake(call_id=call_id, function=function, attempt=attempt),
+                                          READ_WAIT_S)
+        if reply.error is not None:
+            raise error_from_info(reply.error)
+        taken = _take_decoder.decode(reply.output)
+        return taken.record, taken.finished
 
     async def _read_via_relay(self, kind: Literal["s", "r"], call_id: str, output: bool = True) -> CallRecord | None:
         reply = await self._relay.request(RelayCallRead(call_id=call_id, kind=kind, output=output), READ_WAIT_S)

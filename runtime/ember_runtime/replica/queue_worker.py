@@ -44,7 +44,7 @@ from ember.wire import (
     error_info,
     subjects,
 )
-from ember.wire.callstore import CallStore, final
+from ember.wire.callstore import CallStore, final, new_record
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.endpoint import Endpoint
@@ -236,33 +236,21 @@ class QueueWorker:
         delivery = self._delivery(msg)
         call_id, deadline = delivery.call_id, delivery.deadline
         attempt = msg.metadata.num_delivered or 1
-        record = await self._store.status(self._app, call_id) or _new_record(call_id, self._app, self.function)
-        record = msgspec.structs.replace(record, attempts=attempt)
-        if delivery.problem is not None:  # headers no retry can mend: settled now, never redelivered
-            await self._settle(msg, record, "failed", error=delivery.problem, dead=True)
+        ending = self._ending(delivery, deadline, attempt)
+        if ending is None:
+            try:
+                value = self._endpoint.decode(msg.data)
+                cost = self._endpoint.cost_of(value)
+            except EmberError as exc:  # this input can never succeed
+                ending = "failed", exc, True
+        if ending is not None:
+            status, error, dead = ending
+            record = await self._store.status(self._app, call_id) or new_record(call_id, self._app, self.function)
+            await self._settle(msg, msgspec.structs.replace(record, attempts=attempt), status, error=error, dead=dead)
             return
-        if deadline <= time.time():
-            error = DeadlineExceededError("the call's deadline passed while it was queued", call_id=call_id)
-            await self._settle(msg, record, "expired", error=error)
-            return
-        if attempt > self._retries.max_retries + 1 + CRASH_ALLOWANCE:
-            gave_up = RemoteError(f"delivered {attempt} times without an answer: the replica may crash on this input",
-                                  remote_type="RepeatedDelivery", call_id=call_id)
-            await self._settle(msg, record, "failed", error=gave_up, dead=True)
-            return
-        try:
-            value = self._endpoint.decode(msg.data)
-            cost = self._endpoint.cost_of(value)
-        except EmberError as exc:  # this input can never succeed
-            await self._settle(msg, record, "failed", error=exc, dead=True)
-            return
-        now = time.time()
-        running = msgspec.structs.replace(record, status="running", updated_at=now, started_at=now,
-                                          replica=self._replica_id)
-        await self._store.set_status(running)
-        # Read after marking it running: a cancel, which only succeeds on a queued call, is then either
-        # seen here or refused; a finished call (a late duplicate) is acked without running again.
-        if await self._store.has_result(self._app, call_id):
+        # Marked running, then read for a final record (CallStore.take): a cancelled or finished call is not run.
+        running, finished = await self._store.take(self._app, call_id, self.function, attempt, self._replica_id)
+        if finished:
             await self._repeat(msg, call_id)
             await msg.ack()
             return
@@ -277,6 +265,18 @@ class QueueWorker:
             self._held.pop(call_id, None)
             await self._store.set_status(msgspec.structs.replace(running, status="queued"))
             await msg.nak(delay=1.0)
+
+    def _ending(self, delivery: Delivery, deadline: float, attempt: int) -> tuple[str, EmberError, bool] | None:
+        """How a delivery ends without running, if it does: (status, error, dead-lettered)."""
+        if delivery.problem is not None:  # headers no retry can mend: settled now, never redelivered
+            return "failed", delivery.problem, True
+        if deadline <= time.time():
+            return "expired", DeadlineExceededError("the call's deadline passed while it was queued",
+                                                    call_id=delivery.call_id), False
+        if attempt > self._retries.max_retries + 1 + CRASH_ALLOWANCE:
+            return "failed", RemoteError(f"delivered {attempt} times without an answer: the replica may crash on "
+                                         "this input", remote_type="RepeatedDelivery", call_id=delivery.call_id), True
+        return None
 
     def _span(self, msg: Msg, call_id: str, attempt: int) -> Any:
         """The call's ``ember.call`` span: a child of the ``traceparent`` header its message came with (the spawn's
@@ -394,8 +394,3 @@ def _outcome(error: EmberError | None, deadline: float) -> _Outcome:
     if error.code == DeadlineExceededError.code and (platform or deadline <= time.time()):
         return "expired", error
     return "failed", error
-
-
-def _new_record(call_id: str, app: str, function: str) -> CallRecord:
-    now = time.time()
-    return CallRecord(call_id=call_id, app=app, function=function, status="queued", created_at=now, updated_at=now)

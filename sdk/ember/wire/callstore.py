@@ -161,6 +161,18 @@ class CallStore:
         """The call's status record alone (one read; the final record may exist beside it)."""
         return await self._read(subjects.call_key("s", app, call_id))
 
+    async def take(self, app: str, call_id: str, function: str, attempt: int,
+                   replica: str) -> tuple[CallRecord, bool]:
+        """A queued call taken by ``replica``: its status record marked running (the one the submit wrote, else a
+        new one), and whether it has a final record already. Read after the write: a cancel, which succeeds only on
+        a queued call, is then either seen here or refused; a finished call (a late duplicate) is not run again."""
+        record = await self.status(app, call_id) or new_record(call_id, app, function)
+        now = time.time()
+        running = msgspec.structs.replace(record, attempts=attempt, status="running", updated_at=now, started_at=now,
+                                          replica=replica)
+        await self.set_status(running)
+        return running, await self.has_result(app, call_id)
+
     async def has_result(self, app: str, call_id: str) -> bool:
         return await self._read(subjects.call_key("r", app, call_id)) is not None
 
@@ -202,6 +214,12 @@ def _chunks_ref(record: CallRecord) -> _ChunksRef | None:
     except msgspec.DecodeError:
         return None
     return ref if ref.ember_result == "chunks" and ref.name and 0 < ref.chunks <= 1 << 20 else None
+
+
+def new_record(call_id: str, app: str, function: str) -> CallRecord:
+    """The status record of a queued call that has none (an event's, or one whose record expired)."""
+    now = time.time()
+    return CallRecord(call_id=call_id, app=app, function=function, status="queued", created_at=now, updated_at=now)
 
 
 def final(record: CallRecord, status: CallStatus, *, output: bytes = b"null", error: ErrorInfo | None = None,

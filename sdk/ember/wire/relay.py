@@ -14,7 +14,7 @@ from typing import Literal
 
 import msgspec
 
-from ember.wire.calls import ErrorInfo, Hop
+from ember.wire.calls import CallRecord, ErrorInfo, Hop
 
 MAX_CHAIN = 16  # calls waiting on one another, at most: a deeper chain is refused (each holds a replica's slot)
 
@@ -66,7 +66,21 @@ class RelayCallRead(msgspec.Struct, frozen=True, kw_only=True, tag="read"):
     output: bool = True  # a final record's large output read from its chunks (False: whether there is one, cheaply)
 
 
-RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel | RelayCallRead
+class RelayCallTake(msgspec.Struct, frozen=True, kw_only=True, tag="take"):
+    """A replica's queue worker takes a queued call of its own app: a control plane marks its status running on that
+    replica and answers a ``TakeReply`` (``CallStore.take``): one round trip where the worker read, wrote and read."""
+
+    call_id: str
+    function: str
+    attempt: int = 1
+
+
+class TakeReply(msgspec.Struct, frozen=True, kw_only=True):
+    record: CallRecord  # the call's status record, as marked running
+    finished: bool  # it has a final record already: not to be run
+
+
+RelayRequest = RelayInvoke | RelaySpawn | RelayRecord | RelayCancel | RelayCallRead | RelayCallTake
 
 
 class RelayReply(msgspec.Struct, frozen=True, kw_only=True):
