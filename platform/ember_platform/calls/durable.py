@@ -39,7 +39,7 @@ from ember.wire import (
 )
 from ember.wire.atomic import Message, atomic_allowed, try_atomic
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
-from ember.wire.headers import TERMINATE_HEADER
+from ember.wire.headers import CREATED_AT_HEADER, INPUT_SHA256_HEADER, TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
 from ember_platform.calls import lineage, retire
 from ember_platform.calls.retire import CALL_ID as CALL_ID  # the rule of a call id, as the API documents it
@@ -234,14 +234,17 @@ class Calls:
                                 field="Idempotency-Key")
         if existing is not None and not _may_be_unpublished(existing, now):  # final, taken, or queued for long
             return SpawnReply(call_id=call_id, status=existing.status, created=False)
-        await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None)
+        await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None,
+                            created_at=existing.created_at if existing else now, input_sha256=digest)
         return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
                           created=existing is None)
 
     def _message(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
-                 version: int | None) -> Message:
-        """A call's message on its queue: subject, body, headers."""
-        headers = {"Nats-Msg-Id": msg_id or call_id, CALL_ID_HEADER: call_id}
+                 version: int | None, created_at: float, input_sha256: str = "") -> Message:
+        """A call's message on its queue: subject, body, headers (what its status said when it was queued, too)."""
+        headers = {"Nats-Msg-Id": msg_id or call_id, CALL_ID_HEADER: call_id, CREATED_AT_HEADER: repr(created_at)}
+        if input_sha256:
+            headers[INPUT_SHA256_HEADER] = input_sha256
         if tracing.ON:  # the spawn's span: the replica's span of the call is its child
             headers.update(tracing.current_headers({"ember.call_id": call_id}))
         if math.isfinite(deadline):
@@ -250,9 +253,10 @@ class Calls:
         return subject, body, headers
 
     async def _enqueue(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
-                       version: int | None, *, created: bool) -> None:
+                       version: int | None, *, created: bool, created_at: float, input_sha256: str = "") -> None:
         """Publish a recorded call's message; if that fails, the status this submit ``created`` is removed."""
-        subject, body, headers = self._message(app, function, body, call_id, msg_id, deadline, version)
+        subject, body, headers = self._message(app, function, body, call_id, msg_id, deadline, version, created_at,
+                                               input_sha256)
         try:
             await self._js.publish(subject, body, headers=headers)
         except (NatsError, OSError, TimeoutError) as exc:
@@ -279,7 +283,7 @@ class Calls:
                                     "statuses") is None:
                     continue  # one by one, below
                 if await try_atomic(self._js, [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
-                                                             math.inf, None) for t in (ticks[k] for k in chunk)],
+                                                             math.inf, None, now) for t in (ticks[k] for k in chunk)],
                                     "calls") is not None:
                     for k in chunk:
                         replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
@@ -293,7 +297,7 @@ class Calls:
     async def _enqueued(self, tick: Submission) -> SpawnReply:
         """The message of a tick whose status this submit recorded, published alone."""
         await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
-                            created=True)
+                            created=True, created_at=time.time())
         return SpawnReply(call_id=tick.call_id, status="queued", created=True)
 
     async def _batches(self) -> bool:

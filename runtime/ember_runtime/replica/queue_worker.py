@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
+import re
 import time
 from typing import Any
 
@@ -45,6 +47,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.callstore import CallStore, final, new_record
+from ember.wire.headers import CREATED_AT_HEADER, INPUT_SHA256_HEADER
 from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.replica.endpoint import Endpoint
@@ -64,6 +67,7 @@ log = logging.getLogger("ember.queue")
 CRASH_ALLOWANCE = 2  # deliveries beyond the retries, for replicas that died holding the call
 TAKE_RETRY_S = 20.0  # how long a delivery whose take NATS failed is taken again before it is left to redelivery
 _RETRYABLE = (UnavailableError.code, OverloadedError.code)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _Outcome = tuple[str, EmberError | None]  # (final status, error) of a call that was answered
 
 
@@ -248,8 +252,15 @@ class QueueWorker:
             record = await self._store.status(self._app, call_id) or new_record(call_id, self._app, self.function)
             await self._settle(msg, msgspec.structs.replace(record, attempts=attempt), status, error=error, dead=dead)
             return
-        # Marked running, then read for a final record (CallStore.take): a cancelled or finished call is not run.
-        running, finished = await self._store.take(self._app, call_id, self.function, attempt, self._replica_id)
+        # Marked running, then read for a final record: a cancelled or finished call is not run. A first delivery
+        # writes its status from what the message says of it (the one read is over the relay); a later one has its
+        # status read, kept (the last attempt's error) and written by a control plane (CallStore.take).
+        if attempt == 1:
+            running = self._first_run(msg, call_id)
+            await self._store.set_status(running)
+            finished = await self._store.has_result(self._app, call_id)
+        else:
+            running, finished = await self._store.take(self._app, call_id, self.function, attempt, self._replica_id)
         if finished:
             await self._repeat(msg, call_id)
             await msg.ack()
@@ -265,6 +276,22 @@ class QueueWorker:
             self._held.pop(call_id, None)
             await self._store.set_status(msgspec.structs.replace(running, status="queued"))
             await msg.nak(delay=1.0)
+
+    def _first_run(self, msg: Msg, call_id: str) -> CallRecord:
+        """The running status of a call delivered for the first time, from its message: its ``created_at`` and input
+        hash as the submit recorded them (headers; else when the message was stored: an event, an older platform)."""
+        headers = msg.headers or {}
+        try:
+            created_at = float(headers.get(CREATED_AT_HEADER, "nan"))
+        except ValueError:
+            created_at = math.nan
+        if not math.isfinite(created_at):
+            created_at = microseconds(msg.metadata.timestamp) / 1e6
+        digest = headers.get(INPUT_SHA256_HEADER, "")
+        now = time.time()
+        return CallRecord(call_id=call_id, app=self._app, function=self.function, status="running",
+                          created_at=created_at, updated_at=now, started_at=now, attempts=1, replica=self._replica_id,
+                          input_sha256=digest if _SHA256.fullmatch(digest) else "")
 
     def _ending(self, delivery: Delivery, deadline: float, attempt: int) -> tuple[str, EmberError, bool] | None:
         """How a delivery ends without running, if it does: (status, error, dead-lettered)."""

@@ -8,6 +8,10 @@ CALL_ID_HEADER = "Ember-Call-Id"
 DEADLINE_HEADER = "Ember-Deadline"  # absolute, seconds since the epoch
 # On a control plane's cancel of a running call (``subjects.replica_cancel``): "1" to stop and replace the replica.
 TERMINATE_HEADER = "Ember-Terminate"
+# What a queued call's status record said when it was queued (its ``created_at``, and the sha256 of a body submitted
+# with an Idempotency-Key): the replica that takes it first writes its running status from them, with no read.
+CREATED_AT_HEADER = "Ember-Created-At"
+INPUT_SHA256_HEADER = "Ember-Input-Sha256"
 # On a call's final record in ``ember_calls`` (``r.<app>.<id>``): when its run started (``CallRecord.started_at``), so
 # that a watch of the records' headers alone (the schedule loop's) knows it without reading the record.
 STARTED_AT_HEADER = "Ember-Started-At"
