@@ -73,8 +73,8 @@ def check_depth(body: bytes) -> None:
 
 def check_packed_depth(body: bytes) -> None:
     """``check_depth`` for a msgpack body (malformed msgpack is left to its decoder)."""
-    if len(body) - len(body.translate(None, _PACKED_NESTING)) <= MAX_DEPTH:
-        return  # too few bytes that could open an array or a map to nest that deep
+    if len(body) <= MAX_DEPTH:
+        return  # too few bytes to open that many arrays and maps (counting the bytes that could was a copy of it)
     try:
         value = msgspec.msgpack.decode(body)
     except RecursionError:
@@ -109,7 +109,6 @@ def _re2_options() -> re2.Options:
 
 
 _WITHIN_DEPTH = re2.compile(_within(MAX_DEPTH), _re2_options())
-_PACKED_NESTING = bytes([*range(0x80, 0xA0), *range(0xDC, 0xE0)])  # fixmap, fixarray, array 16/32, map 16/32
 _NESTED = frozenset({list, tuple, dict})  # what msgspec decodes msgpack's arrays and maps as (tuples: map keys)
 
 
@@ -118,6 +117,8 @@ def nested_deeper(value: Any, limit: int) -> bool:
     its items are sorted out by C loops)."""
     level = [value]
     for _ in range(limit + 1):
+        if _NESTED.isdisjoint(map(type, level)):  # a level of numbers and strings alone (a tensor's): one C pass
+            return False
         nested = list(itertools.compress(level, map(_NESTED.__contains__, map(type, level))))
         if not nested:
             return False
