@@ -12,8 +12,7 @@ import time
 
 import nats
 import pytest
-from nats.js.errors import KeyNotFoundError
-from support.natsconn import connect as admin_connect
+from support.natsconn import kv_value
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -41,7 +40,7 @@ def test_a_hostile_replica_gets_a_permissions_violation_for_each_attempt(platfor
         assert "no error" not in answer, attempt
 
     # Nothing changed: no fake replica, no forged line in the normal app's logs, and it still answers.
-    assert asyncio.run(_replica_entry(platform.nats_url, "forged-replica")) is None
+    assert asyncio.run(kv_value(platform.nats_url, subjects.REPLICAS_BUCKET, "forged-replica")) is None
     lines = http.get("/v1/apps/hello/logs", params={"limit": 5000}).json()
     assert not any("FORGED" in line["line"] for line in lines)
     assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
@@ -52,17 +51,6 @@ def test_a_hostile_replica_gets_a_permissions_violation_for_each_attempt(platfor
                       timeout_s=30, what="the violations in the intruder's log")
     assert logged
 
-
-async def _replica_entry(url: str, key: str) -> bytes | None:
-    nc = await admin_connect(url)
-    try:
-        kv = await nc.jetstream().key_value(subjects.REPLICAS_BUCKET)
-        try:
-            return (await kv.get(key)).value
-        except KeyNotFoundError:
-            return None
-    finally:
-        await nc.close()
 
 
 async def _try_connect(url: str, creds: NatsCredentials | None) -> str:

@@ -16,8 +16,7 @@ import time
 
 import msgspec
 import pytest
-from nats.js.errors import KeyNotFoundError
-from support.natsconn import connect as admin_connect
+from support.natsconn import kv_value
 from support.paths import REPO
 from support.polling import wait_for
 
@@ -30,17 +29,6 @@ pytestmark = [
     pytest.mark.usefixtures("collect_refused_sockets"),
 ]
 
-
-async def _entry(url: str, bucket: str, key: str) -> bytes | None:
-    nc = await admin_connect(url)
-    try:
-        kv = await nc.jetstream().key_value(bucket)
-        try:
-            return (await kv.get(key)).value
-        except KeyNotFoundError:
-            return None
-    finally:
-        await nc.close()
 
 
 def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(platform, http, hello, deployed):
@@ -59,11 +47,11 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     read = seen["read it back into the tokens"]
     assert "permissions violation" in read.lower(), read  # a replica reads no store, not even its own keys
     # No token was planted: the server stored nothing under the tokens' key, and the token is refused.
-    assert asyncio.run(_entry(platform.nats_url, subjects.TOKENS_BUCKET, token_id)) is None
+    assert asyncio.run(kv_value(platform.nats_url, subjects.TOKENS_BUCKET, token_id)) is None
     assert http.get("/v1/tokens", headers={"Authorization": f"Bearer ember_{token_id}_{secret}"}).status_code == 401
 
     # The relay did not answer into the victim's deployment: its key still holds a deployment, and the app answers.
-    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
+    stored = asyncio.run(kv_value(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
     assert stored is not None and msgspec.json.decode(stored, type=Deployment).app == "hello"
     assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
 
@@ -95,5 +83,5 @@ def test_a_servers_empty_answer_sent_into_a_deployment_or_an_assignment_removes_
     bounds = {"min_replicas": service["min_replicas"], "max_replicas": service["max_replicas"]}
     scaled = http.post("/v1/apps/hello/scale", json={"service": service["name"], **bounds})
     assert scaled.status_code == 200, scaled.text
-    stored = asyncio.run(_entry(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
+    stored = asyncio.run(kv_value(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
     assert stored and msgspec.json.decode(stored, type=Deployment).app == "hello"

@@ -15,9 +15,9 @@ from pathlib import Path
 import httpx
 import nats
 import pytest
-from nats.js.errors import KeyNotFoundError
 from support.auth import bearer
 from support.natsconn import connect as admin_connect
+from support.natsconn import kv_value
 
 from ember._client import Transport
 from ember._deploy import deploy
@@ -224,7 +224,7 @@ def test_the_grants_bucket_is_the_control_planes_alone(platform, tenant, http, t
             assert "permissions violation" in answer.lower(), (who, attempt, answer)
 
     # nothing changed, and the control plane reads it as before (the positive twin)
-    assert asyncio.run(_stored(platform.nats_url, key)) is not None
+    assert asyncio.run(kv_value(platform.nats_url, BUCKET, key)) is not None
     assert [g["apps"] for g in http.get("/v1/subjects").json() if g["pattern"] == granted] == [["tenant-*"]]
     gc.collect()  # the node's refused-attempt connection's socket, collected under this module's filter
 
@@ -233,17 +233,5 @@ async def _attempts_as(url: str, options: dict, key: str) -> dict[str, str]:
     nc = await nats.connect(url, allow_reconnect=False, **options)
     try:
         return await attempt_all(nc, key)
-    finally:
-        await nc.close()
-
-
-async def _stored(url: str, key: str) -> bytes | None:
-    nc = await admin_connect(url)
-    try:
-        kv = await nc.jetstream().key_value(BUCKET)
-        try:
-            return (await kv.get(key)).value
-        except KeyNotFoundError:
-            return None
     finally:
         await nc.close()

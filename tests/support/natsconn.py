@@ -28,6 +28,19 @@ async def connect(url: str = "", *, servers: list[str] | None = None, **options:
     return await nats.connect(servers=listed, **(creds.connect_options() if creds else {}), **options)
 
 
+async def kv_value(url: str, bucket: str, key: str) -> bytes | None:
+    """The value of ``key`` in KV ``bucket`` of the Ember at ``url``, read as its control plane; None if absent."""
+    nc = await connect(url)
+    try:
+        kv = await nc.jetstream().key_value(bucket)
+        try:
+            return (await kv.get(key)).value
+        except KeyNotFoundError:
+            return None
+    finally:
+        await nc.close()
+
+
 async def all_keys(bucket: Any, under: str = ">") -> list[str]:
     """Every key of a KV ``bucket`` (those matching ``under``, a key filter with wildcards): the subjects its stream
     holds, less those whose last entry deleted or purged the key. Exact: nats-py's key listing is a watch that may
