@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import secrets
 import time
 
@@ -41,7 +42,8 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(24)
     planted = {"id": token_id, "secret_sha256": hashlib.sha256(secret.encode()).hexdigest()}
 
-    seen = http.post("/v1/intruder/steer", json={"app": "hello", "token": planted}, timeout=180).json()
+    seen = http.post("/v1/intruder/steer", json={"app": "hello", "token": planted, "call_id": call_id},
+                     timeout=180).json()
 
     assert seen["write a token record under its own key"].startswith("no error")  # its own key: allowed
     read = seen["read it back into the tokens"]
@@ -55,9 +57,15 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     assert stored is not None and msgspec.json.decode(stored, type=Deployment).app == "hello"
     assert http.post("/v1/hello/greet", json="x").json() == "Hello, x!"
 
-    # The rollups purged nothing: the victim's record is there, with its output.
+    # The relay read nothing of the victim's call for it, and its take wrote under the intruder's own keys alone.
+    assert seen["read another app's call over the relay"] == '{"output":null,"error":null}'
+    taken = json.loads(seen["take another app's call over the relay"])["output"]
+    assert taken["record"]["app"] == "intruder" and taken["finished"] is False
+
+    # The rollups purged nothing, and the take changed nothing: the victim's record is there, with its output.
     record = http.get(f"/v1/calls/{call_id}")
     assert record.status_code == 200 and record.json()["output"] == "Hello, victim!", record.text
+    assert record.json()["status"] == "succeeded" and record.json()["app"] == "hello"
 
     # A call to an app it may not call is refused alike whether that app exists or not: nothing learnt of it.
     missing, other = seen["call an app that does not exist"], seen["call another app's missing function"]

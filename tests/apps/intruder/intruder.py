@@ -212,6 +212,7 @@ def steer(victim: dict) -> dict:
     through the reply subject of a request it may make (NATS checks no permission on a reply subject), and purge the
     buckets it writes with a rollup header. ``victim``: {"app": another app, "token": {"id", "secret_sha256"}: a token
     record to plant with admin scope}."""
+    import asyncio
     import json
     import time
 
@@ -240,6 +241,15 @@ def steer(victim: dict) -> dict:
             "$KV.ember_results.intruder.rollup.x.0", b"x", headers={"Nats-Rollup": "all"}))
 
     seen = probe.run(attempts)
+    if victim.get("call_id"):  # the relay's reads and takes, asked for another app's call: its own app's keys only
+        relayed = {"read another app's call over the relay": {"type": "read", "call_id": victim["call_id"],
+                                                               "kind": "r"},
+                   "take another app's call over the relay": {"type": "take", "call_id": victim["call_id"],
+                                                               "function": "greet", "attempt": 1}}
+        for name, body in relayed.items():
+            async def ask(body=body):
+                return (await nc.request(f"ember.relay.{own}", json.dumps(body).encode(), timeout=10)).data
+            seen[name] = asyncio.run_coroutine_threadsafe(ask(), probe.loop).result(30).decode()
     for name, target in (("call an app that does not exist", "no-such-app"), ("call another app's missing function",
                                                                                 victim["app"])):
         try:
