@@ -183,3 +183,31 @@ def test_a_late_accept_from_the_replica_streaming_the_call_cancels_nothing(platf
             assert await stage.next_cancel(stage.a) == "twice"
 
     asyncio.run(scenario())
+
+
+def test_a_reader_cancelled_as_an_item_arrives_is_cancelled_all_the_same(platform):
+    """The request's task is cancelled (its client left) in the same turn of the loop as the replica's next item
+    comes: the cancel is not lost to the item. ``asyncio.wait_for`` on Python 3.11 returned the item and dropped the
+    cancel, and an answer not streamed then read its model's pieces on, to their end or the call's deadline."""
+    async def scenario() -> None:
+        async with _stage(platform.nats_url) as stage:
+            stream = stage.open("crossing")
+            starting = asyncio.create_task(stream.start())
+            reply = await stage.attempt("crossing")
+            await stage.accept(reply, "crossing", stage.a)
+            await asyncio.wait_for(starting, WAIT_S)
+            reader = asyncio.create_task(stream.next_items())
+            delivered = stream.deliver
+
+            def deliver_and_leave(token: str, item: StreamChunk) -> None:
+                delivered(token, item)
+                reader.cancel()  # the client's disconnect, seen in the same turn
+
+            stream.deliver = deliver_and_leave  # type: ignore[method-assign]
+            item = StreamChunk(call_id="crossing", seq=0, items=[msgspec.Raw(b"1")])
+            await stage.replica.publish(reply, encoder.encode(item))
+            await asyncio.wait([reader], timeout=WAIT_S)
+            assert reader.cancelled()
+            await stream.aclose()
+
+    asyncio.run(scenario())

@@ -428,8 +428,11 @@ class CallStream:
         if not self._inbox:
             loop = asyncio.get_running_loop()
             self._waiter = loop.create_future()
+            # Not wait_for: on Python 3.11 it returns an item that came as its task was cancelled, the cancel lost
+            # (a gateway whose client left read the model's pieces on, to their end or the deadline).
             try:
-                await asyncio.wait_for(self._waiter, max(timeout, 0.0))
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await self._waiter
             finally:
                 self._waiter = None
         return self._inbox.popleft()
