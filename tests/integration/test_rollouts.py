@@ -286,10 +286,12 @@ def test_a_version_scaled_from_zero_is_replaced_warm(platform: EmbeddedPlatform,
     finally:
         calls.stop.set()
         calls.thread.join(timeout=70)
+        seen = http.get(f"/v1/apps/{app}").text  # its replicas and their starts, for a failure's message
         http.delete(f"/v1/apps/{app}")
     during = calls.since(started)
     assert [c for c in during if c[2] != 200] == []
-    assert [c for c in during if c[4]] == []  # no call waited for the new version's setup
+    cold = [c for c in during if c[4]]  # no call waited for the new version's setup; a failure shows the calls
+    assert cold == [], (cold, during[max(0, during.index(cold[0]) - 5):during.index(cold[0]) + 3], seen)  # around it
     assert during[-1][3] == "two"
 
 
