@@ -39,6 +39,7 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     wait_for(lambda: http.get(f"/v1/calls/{call_id}").json().get("status") == "succeeded", timeout_s=60,
              what="the victim's call")
     deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
+    victims_status = asyncio.run(kv_value(platform.nats_url, subjects.CALLS_BUCKET, f"s.hello.{call_id}"))
     token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(24)
     planted = {"id": token_id, "secret_sha256": hashlib.sha256(secret.encode()).hexdigest()}
 
@@ -61,6 +62,12 @@ def test_a_replica_writes_nothing_through_a_reply_subject_and_purges_nothing(pla
     assert seen["read another app's call over the relay"] == '{"output":null,"error":null}'
     taken = json.loads(seen["take another app's call over the relay"])["output"]
     assert taken["record"]["app"] == "intruder" and taken["finished"] is False
+    # A record under its own key naming the victim's call is no record: taken, it is a new one of its own key; read,
+    # none; and the victim's status record is as it was.
+    planted = json.loads(seen["take its own key naming another app's call"])["output"]["record"]
+    assert planted["app"] == "intruder" and planted["call_id"].startswith("planted"), planted
+    assert seen["read its own key naming another app's call"] == '{"output":null,"error":null}'
+    assert asyncio.run(kv_value(platform.nats_url, subjects.CALLS_BUCKET, f"s.hello.{call_id}")) == victims_status
 
     # The rollups purged nothing, and the take changed nothing: the victim's record is there, with its output.
     record = http.get(f"/v1/calls/{call_id}")

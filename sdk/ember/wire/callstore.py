@@ -148,18 +148,17 @@ class CallStore:
 
     async def result(self, app: str, call_id: str, *, output: bool = True) -> CallRecord | None:
         """The call's final record; without ``output``, a large output stays a reference to its chunks."""
-        record = await self._read(subjects.call_key("r", app, call_id))
+        record = _named(await self._read(subjects.call_key("r", app, call_id)), app, call_id)
         return await self._with_output(record) if output else record
 
     async def get(self, app: str, call_id: str) -> CallRecord | None:
         """The call's final record if it has one, else its status; None for an unknown id, or for a record that
         names another call than its key (a replica writes only its own app's keys, but any of them)."""
-        record = await self.result(app, call_id) or await self._read(subjects.call_key("s", app, call_id))
-        return record if record is not None and record.app == app and record.call_id == call_id else None
+        return await self.result(app, call_id) or await self.status(app, call_id)
 
     async def status(self, app: str, call_id: str) -> CallRecord | None:
-        """The call's status record alone (one read; the final record may exist beside it)."""
-        return await self._read(subjects.call_key("s", app, call_id))
+        """The call's status record alone (one read; the final record may exist beside it); None as ``get``."""
+        return _named(await self._read(subjects.call_key("s", app, call_id)), app, call_id)
 
     async def take(self, app: str, call_id: str, function: str, attempt: int,
                    replica: str) -> tuple[CallRecord, bool]:
@@ -174,7 +173,7 @@ class CallStore:
         return running, await self.has_result(app, call_id)
 
     async def has_result(self, app: str, call_id: str) -> bool:
-        return await self._read(subjects.call_key("r", app, call_id)) is not None
+        return _named(await self._read(subjects.call_key("r", app, call_id)), app, call_id) is not None
 
     async def _with_output(self, record: CallRecord | None) -> CallRecord | None:
         ref = _chunks_ref(record) if record is not None else None
@@ -214,6 +213,13 @@ def _chunks_ref(record: CallRecord) -> _ChunksRef | None:
     except msgspec.DecodeError:
         return None
     return ref if ref.ember_result == "chunks" and ref.name and 0 < ref.chunks <= 1 << 20 else None
+
+
+def _named(record: CallRecord | None, app: str, call_id: str) -> CallRecord | None:
+    """``record`` if it is the call its key names; else None. A replica writes its own app's keys, any of them, and
+    the records it writes there may name another app's call: such a record is no call's (a take would write it under
+    that call's key, with the control plane's rights)."""
+    return record if record is not None and (record.app, record.call_id) == (app, call_id) else None
 
 
 def new_record(call_id: str, app: str, function: str) -> CallRecord:

@@ -242,10 +242,18 @@ def steer(victim: dict) -> dict:
 
     seen = probe.run(attempts)
     if victim.get("call_id"):  # the relay's reads and takes, asked for another app's call: its own app's keys only
+        # A record of its own key that names the victim's call: a take must not write it under the victim's key.
+        plant = f"planted{int(time.time() * 1e6)}"
+        named = json.dumps({"call_id": victim["call_id"], "app": victim["app"], "function": "greet",
+                            "status": "queued", "created_at": time.time(), "updated_at": time.time()}).encode()
+        asyncio.run_coroutine_threadsafe(probe.publish(f"{calls}.s.intruder.{plant}", named), probe.loop).result(30)
         relayed = {"read another app's call over the relay": {"type": "read", "call_id": victim["call_id"],
                                                                "kind": "r"},
                    "take another app's call over the relay": {"type": "take", "call_id": victim["call_id"],
-                                                               "function": "greet", "attempt": 1}}
+                                                               "function": "greet", "attempt": 1},
+                   "read its own key naming another app's call": {"type": "read", "call_id": plant, "kind": "s"},
+                   "take its own key naming another app's call": {"type": "take", "call_id": plant,
+                                                                  "function": "greet", "attempt": 1}}
         for name, body in relayed.items():
             async def ask(body=body):
                 return (await nc.request(f"ember.relay.{own}", json.dumps(body).encode(), timeout=10)).data
