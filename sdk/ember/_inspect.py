@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from ember._errors import EmberError
-from ember._loader import find_app, import_app_file
+from ember._loader import find_app, import_app_file, read_from_source
 from ember._plan import plan
 from ember.wire import encoder
 
@@ -63,6 +63,7 @@ def _main(argv: list[str]) -> int:
     if len(argv) not in (1, 2):
         print("usage: python -m ember._inspect [--images | --modules] APP_FILE [APP_NAME]", file=sys.stderr)
         return 2
+    read_from_source(Path(argv[0]).resolve().parent)  # what the app's files say now, never an older __pycache__
     if lenient:
         try:
             found = plan(argv)

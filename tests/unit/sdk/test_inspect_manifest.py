@@ -1,5 +1,6 @@
 """``python -m ember._inspect APP_FILE``: the manifest of an app file, read in a fresh interpreter."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import msgspec
 import pytest
 from support.paths import REPO
 
+from ember._deploy import inspect_app
 from ember.wire import Manifest
 
 
@@ -72,3 +74,20 @@ def test_usage_exits_2() -> None:
     proc = _inspect()
     assert proc.returncode == 2
     assert b"usage: python -m ember._inspect [--images | --modules] APP_FILE [APP_NAME]" in proc.stderr
+
+
+def test_a_file_edited_in_the_second_of_its_last_import_is_read_as_it_is_now(tmp_path: Path) -> None:
+    """Python takes a ``__pycache__`` file for a source of the same size whose time in seconds is the same: the
+    push read the manifest of the code before the edit (and bundled the code after it)."""
+    path = tmp_path / "edited.py"
+    source = "import ember\napp = ember.App('edited')\n\n@app.function(max_concurrency={n})\ndef f(x: int) -> int:\n" \
+             "    return x\n"
+    path.write_text(source.format(n=4))
+    os.utime(path, (1_800_000_000, 1_800_000_000))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    subprocess.run([sys.executable, "-c", "import edited"], cwd=tmp_path, env=env, check=True, timeout=120)
+    assert list((tmp_path / "__pycache__").glob("edited.*.pyc"))  # run here once, as its author would
+    path.write_text(source.format(n=8))  # the same size, the same second
+    os.utime(path, (1_800_000_000, 1_800_000_000))
+    (fn,) = inspect_app(path).services[0].functions
+    assert fn.max_concurrency == 8
