@@ -493,3 +493,22 @@ def test_a_model_a_canary_adds_is_served_by_the_canary_alone(platform, http, cli
             assert stranger.status_code == 401 and "canary-model" not in stranger.text, stranger.text
     finally:
         http.delete("/v1/apps/canary-model")
+
+
+def test_a_canary_that_changes_a_models_function_takes_its_share_alone(http, client, transport, tmp_path):
+    """The canary serves the same model from a function that changed (another ``max_concurrency``): the stable version
+    keeps its share of the model's calls (the canary took every one when the two functions differed)."""
+    app = tmp_path / "canaryshare.py"
+    source = ("import ember\nfrom collections.abc import Iterator\n\napp = ember.App('canary-share')\n\n\n"
+              "@app.function(openai='canary-share', max_concurrency={n})\n"
+              "def words(req: ember.openai.ChatRequest) -> Iterator[str]:\n    yield 'v{v}'\n")
+    app.write_text(source.format(n=4, v=1))
+    deploy(app, transport=transport, timeout_s=180)
+    try:
+        app.write_text(source.format(n=8, v=2))
+        deploy(app, transport=transport, timeout_s=180, canary_percent=10)
+        said = [client.chat.completions.create(model="canary-share", messages=[{"role": "user", "content": "x"}])
+                .choices[0].message.content for _ in range(20)]
+        assert set(said) <= {"v1", "v2"} and said.count("v1") >= 10, said  # 18 of 20 on average
+    finally:
+        http.delete("/v1/apps/canary-share")

@@ -79,7 +79,9 @@ def openai_errors(handler: Handler) -> Handler:
 
 def models_of(platform: Platform) -> dict[str, tuple[str, FunctionSpec, list[int]]]:
     """Every served model: name -> (app, its function, the versions that serve it), from the versions that take
-    calls now (a version being rolled out serves its new models once it takes calls)."""
+    calls now (a version being rolled out serves its new models once it takes calls). The versions are those whose
+    function of that name serves it, whatever else of it changed (a canary with another ``max_seqs`` takes its share,
+    not every call); the function given is the newest one's, not public if any of theirs is not."""
     found: dict[str, tuple[str, FunctionSpec, list[int]]] = {}
     for app, dep in platform.registry.deployments.items.items():
         for share in sorted(dep.serving(), key=lambda s: -s.version):  # the newest one's function first
@@ -87,8 +89,10 @@ def models_of(platform: Platform) -> dict[str, tuple[str, FunctionSpec, list[int
             for fn in (f for svc in (at.manifest.services if at else []) for f in svc.functions if f.openai):
                 if fn.openai not in found:
                     found[fn.openai] = (app, fn, [share.version])
-                elif found[fn.openai][:2] == (app, fn):
-                    found[fn.openai][2].append(share.version)
+                    continue
+                held_app, held, versions = found[fn.openai]
+                if (held_app, held.name) == (app, fn.name):
+                    found[fn.openai] = (app, held if fn.public or not held.public else fn, [*versions, share.version])
     return found
 
 
