@@ -29,11 +29,12 @@ from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
+from nats.js.errors import KeyNotFoundError, NoKeysError, NotFoundError
 
 from ember._loop import cancel_and_wait
 from ember.wire import NodeAssignment, SlotAssignment, ZygoteAssignment, assignment_decoder, encoder, subjects
 from ember.wire.jetstream import Stores, object_stream
-from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, FetchRequest
+from ember.wire.nodereads import ERROR_HEADER, NOT_FOUND, SIZE_HEADER, UNAVAILABLE, FetchRequest
 from ember.wire.volumes import VolumeVersion
 
 log = logging.getLogger("ember.node_reads")
@@ -42,6 +43,9 @@ HEADROOM = 16 * 1024  # under the max payload: the headers and the protocol's ow
 CACHE_BYTES = 512 * 1024**2
 _request = msgspec.json.Decoder(FetchRequest)
 _version = msgspec.json.Decoder(VolumeVersion)
+
+
+_ABSENT = (KeyNotFoundError, NotFoundError, NoKeysError)  # and a deleted key's KeyDeletedError, a KeyNotFoundError
 
 
 class NotReadable(Exception):
@@ -121,6 +125,9 @@ class NodeReads:
         except (NotReadable, msgspec.DecodeError, ValueError) as exc:
             log.info("node %s asked for what it may not read: %s", node_id[:80], str(exc)[:200])
             piece, headers = b"", {ERROR_HEADER: NOT_FOUND}
+        except Exception as exc:  # the stores did not answer (a timeout, a leader's election): not "none"
+            log.warning("could not read what node %s asked for: %s", node_id[:80], repr(exc)[:200])
+            piece, headers = b"", {ERROR_HEADER: UNAVAILABLE}
         with contextlib.suppress(Exception):
             await self._nc.publish(msg.reply, piece, headers=headers)
 
@@ -152,7 +159,7 @@ class NodeReads:
         this control plane's last good copy: read as none, it stopped every replica of the node."""
         try:
             entry = await self._stores.assignments.get(node_id)
-        except Exception:  # no such key, or deleted
+        except _ABSENT:  # no such key, or deleted (a store that cannot answer now raises: the node keeps what it has)
             return b""
         raw = bytes(entry.value or b"")
         try:

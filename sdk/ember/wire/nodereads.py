@@ -17,6 +17,7 @@ FetchKind = Literal["assignment", "bundle", "volume", "chunk"]
 SIZE_HEADER = "Ember-Size"  # the whole content's size in bytes, on every answer
 ERROR_HEADER = "Ember-Error"  # why nothing was answered: always NOT_FOUND for what the node may not read
 NOT_FOUND = "not found"
+UNAVAILABLE = "unavailable"  # the stores did not answer the control plane now: ask again (what the node has stays)
 
 
 class FetchRequest(msgspec.Struct, frozen=True, kw_only=True):
