@@ -199,7 +199,8 @@ class QueueWorker:
 
     async def _take_safely(self, msg: Msg) -> None:
         """Take a delivered call. Where NATS fails meanwhile (a server of the cluster lost, its streams electing a
-        leader), the same delivery is taken again, kept in progress, for up to ``TAKE_RETRY_S``: a redelivery
+        leader) or no control plane answers its reads (none running for a moment, one restarting), the same delivery
+        is taken again, kept in progress, for up to ``TAKE_RETRY_S``: a redelivery
         would count against the call as if it had crashed its replica (``CRASH_ALLOWANCE``), and three failed
         takes in a row failed it as a poison input."""
         give_up = time.monotonic() + TAKE_RETRY_S
@@ -208,7 +209,8 @@ class QueueWorker:
             try:
                 await self._take(msg)
                 return
-            except (NatsError, OSError, TimeoutError) as exc:
+            except (NatsError, OSError, TimeoutError, UnavailableError, OverloadedError) as exc:
+                # (the relay's reads: no control plane answering, one restarting or overloaded, are passing too)
                 if self.stop.is_set() or time.monotonic() + pause > give_up:
                     log.exception("could not take a call from %s; it will be redelivered", self.function)
                     return
