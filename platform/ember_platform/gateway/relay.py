@@ -179,8 +179,12 @@ class Relay:
         await self._respond(msg, reply)
 
     async def _respond(self, msg: Msg, reply: RelayReply) -> None:
+        answer = encoder.encode(reply)
+        if len(answer) > self._nc.max_payload:  # told at once, not left to time out
+            answer = encoder.encode(RelayReply(error=error_info(PayloadTooLargeError(
+                f"the answer of {len(answer)} bytes is over the {self._nc.max_payload}-byte limit of a NATS message"))))
         try:
-            await msg.respond(encoder.encode(reply))
+            await msg.respond(answer)
         except Exception as exc:  # the caller times out at its deadline
             log.warning("could not answer a relayed call on %s: %s", msg.reply, exc)
 

@@ -389,8 +389,9 @@ class QueueWorker:
 
     async def _repeat(self, msg: Msg, call_id: str) -> None:
         """The side effects of the call's stored final record, for a delivery that finds one: every failure that
-        ends a call here is dead-lettered (a cancel or an expiry is not)."""
-        winner = await self._store.result(self._app, call_id)
+        ends a call here is dead-lettered (a cancel or an expiry is not). Only an event's result is published again,
+        so only it is read with its output (a large one, read whole, would not fit the relay's answer)."""
+        winner = await self._store.result(self._app, call_id, output=self._events)
         if winner is not None:
             await self._side_effects(msg, winner, dead=winner.status == "failed")
 
