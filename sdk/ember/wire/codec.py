@@ -74,6 +74,9 @@ def encode_output(value: Any, codec: str = "json", compact: bool = False) -> byt
                           "say)", remote_type="InvalidOutput") from exc
     except OverflowError as exc:  # msgpack's integers are 64 bits
         raise RemoteError(f"the output cannot be encoded in {codec}: {exc}", remote_type="InvalidOutput") from exc
+    except Exception as exc:  # raised by the output's own code (an array's ``tolist``, a ``__len__``): still its call's
+        raise RemoteError(f"the output cannot be encoded: {type(exc).__name__}: {exc}",
+                          remote_type="InvalidOutput") from exc
     # Only an answer with a null in it is looked through: a substring search costs nothing on the others.
     if codec == "json" and b"null" in encoded and (where := non_finite(value)) is not None:
         raise RemoteError(f"the output is not JSON: {where} (JSON has no infinity or NaN; return None for a "

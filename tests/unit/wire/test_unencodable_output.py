@@ -34,6 +34,7 @@ class Faulty:
     ({"deep": _holds_itself()}, "json", "holds itself"),
     (2**70, "msgpack", "in msgpack"),
     ([-(2**70)], "msgpack", "in msgpack"),
+    ([Faulty()], "json", "RuntimeError: the device went away"),  # the queue worker encodes with encode_output alone
 ])
 def test_an_unencodable_output_is_invalid_output(output, codec, words):
     with pytest.raises(RemoteError, match=words) as caught:
