@@ -247,3 +247,24 @@ def test_a_call_left_in_the_queue_of_a_function_long_gone_is_cancelled_at_the_ne
         assert subjects.calls_consumer(app, "f") in consumers(platform.nats_url, app)
     finally:
         http.delete(f"/v1/apps/{app}")
+
+
+def test_a_delete_cancels_every_waiting_call_though_one_record_is_not_a_call_record(
+        platform, transport: Transport, http: httpx.Client, tmp_path: Path) -> None:
+    """A call's status record the app's own replica overwrote with what is no record (its own app's keys are its to
+    write): that call is no call's any more, and the others are cancelled all the same. The undecodable record
+    stopped the walk: the delete answered 500, and the calls after it stayed queued, their messages kept."""
+    app = f"spoilt-{uuid.uuid4().hex[:6]}"
+    deploy(write(tmp_path, app, WAITS), transport=transport, timeout_s=120)
+    first, second = spawn(http, app, "g", 1), spawn(http, app, "g", 2)
+
+    async def spoil(js: Any) -> None:
+        await (await js.key_value(subjects.CALLS_BUCKET)).put(subjects.call_key("s", app, first), b"not a record")
+
+    nats(platform.nats_url, spoil)
+    assert http.get(f"/v1/calls/{first}").status_code == 404  # no call's record: an unknown call, not a 500
+    deleted = http.delete(f"/v1/apps/{app}")
+    assert deleted.status_code == 204, deleted.text
+    done = final(http, second)
+    assert done["status"] == "cancelled" and f"the app '{app}' was deleted" in done["error"]["message"]
+    assert queued(platform.nats_url, queues_of(app)) == []

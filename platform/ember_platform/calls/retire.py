@@ -13,6 +13,7 @@ message or consumer already deleted is no error."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -22,6 +23,8 @@ from nats.js.errors import NotFoundError as JsNotFound
 
 from ember.wire import CALL_ID_HEADER, FINAL_STATUSES, CallRecord, ErrorInfo, subjects
 from ember.wire.callstore import CallStore, final
+
+log = logging.getLogger("ember.retire")
 
 # A call id is a key of the calls' KV bucket after ``s.<app>.``/``r.<app>.``: the characters NATS allows in a key, in
 # tokens that are never empty (no leading, trailing or doubled '.'), and no wildcard. The ids that exist: a spawned
@@ -71,13 +74,17 @@ async def cancel_waiting(js: Any, store: CallStore, app: str, subject: str, reas
             return Walked(cancelled, spared)
         seq = (msg.seq or seq) + 1
         call_id = (msg.headers or {}).get(CALL_ID_HEADER)
-        record = await store.status(app, call_id) if call_id and is_call_id(call_id) else None
-        if record is not None and record.status not in FINAL_STATUSES:
-            if spare is not None and spare(record):
-                spared += 1
-                continue
-            cancelled += await _cancel(store, record, reason)
-        await delete_message(js, seq - 1)
+        try:
+            record = await store.status(app, call_id) if call_id and is_call_id(call_id) else None
+            if record is not None and record.status not in FINAL_STATUSES:
+                if spare is not None and spare(record):
+                    spared += 1
+                    continue
+                cancelled += await _cancel(store, record, reason)
+            await delete_message(js, seq - 1)
+        except Exception as exc:  # this one call's store could not answer now: the walk goes on to the others
+            log.warning("could not cancel the call waiting at %d of %s: %r", seq - 1, subject, exc)
+            spared += 1
 
 
 async def _cancel(store: CallStore, record: CallRecord, reason: str) -> bool:

@@ -190,7 +190,10 @@ class CallStore:
             entry = await self._kv.get(key)
         except _ABSENT:
             return None
-        return _record_decoder.decode(entry.value) if entry.value else None
+        try:
+            return _record_decoder.decode(entry.value) if entry.value else None
+        except msgspec.DecodeError:  # written there by the app's own replica (its keys), or spoiled: no call's record
+            return None
 
     async def dead_letter(self, record: CallRecord, error: ErrorInfo, body: bytes) -> int:
         """Keep a call that failed its last attempt, with its input, in the dead-letter stream; its sequence there.
