@@ -9,9 +9,10 @@ stops at the next item: the generator is closed, so that its ``finally`` runs; a
 at once, wherever it awaits.
 
 A replica may hold several attempts of one call (the gateway sent it again, and the queue group gave the attempts to
-the same replica): each has its sink, found by call id and reply subject. A cancel, which names the call, ends all
-of them; a credit goes to the latest (the only one the gateway reads: it sends no attempt after the one it took, and
-its attempts reach a replica in the order it sent them), never to one it superseded.
+the same replica): each has its sink, found by call id and reply subject. The gateway reads only the latest (it sends
+no attempt after the one it took, and its attempts reach a replica in the order it sent them): an attempt superseded
+is ended as soon as the next one comes, as if cancelled, and no credit goes to it; a cancel, which names the call,
+ends every one.
 """
 
 from __future__ import annotations
@@ -202,8 +203,9 @@ class Streams:
     def open(self, reply: str, call_id: str, deadline: float, bundles: bool = False) -> StreamSink:
         sink = StreamSink(self, reply, call_id, deadline, bundles)
         attempts = self._open.setdefault(call_id, [])
-        for earlier in attempts:
+        for earlier in attempts:  # read by nobody now: ended at once (it held its slot until the call's deadline)
             earlier.superseded = True
+            earlier.cancel()
         attempts.append(sink)
         self.accepted += 1
         sink.accept(self.replica_id, self.accepted)
