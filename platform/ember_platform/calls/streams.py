@@ -347,13 +347,15 @@ class CallStream:
 
     async def aclose(self) -> None:
         """Stop reading: a stream that has not ended is cancelled on its replica (the generator is closed), and the
-        calls it made through the relay end with it (``lineage.announce``)."""
-        if not self.finished:
-            self.finished = True
-            if self.holder:
-                await self._cancel(self.holder)
-                await lineage.announce(self._nc, self.app, self.call_id)
+        calls it made through the relay end with it (``lineage.announce``). Its counts are settled first: a reader
+        cancelled again while the cancel is sent (starlette's cancel scope cancels at every await) leaves none
+        behind."""
+        ending = not self.finished
+        self.finished = True
         self._done()
+        if ending and self.holder:
+            await self._cancel(self.holder)
+            await lineage.announce(self._nc, self.app, self.call_id)
 
     def _fail(self) -> None:
         """Give up on the stream: the reader sees its error; the replica is told by ``aclose``."""

@@ -361,8 +361,8 @@ async def _events(stream: CallStream, pieces: AsyncIterator[list[str]], answer: 
 
 
 async def _done(stream: CallStream, held: Any, timer: LlmTimer, shaper: Shaper | None) -> None:
-    await stream.aclose()
-    if held is not None:
+    if held is not None:  # before any await: a cancel there would leave the slot held for good
         held.release()
     timer.done(shaper.pieces if shaper is not None else 0)
+    await stream.aclose()
 

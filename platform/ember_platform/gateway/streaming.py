@@ -115,9 +115,9 @@ async def _released(stream: CallStream, events: AsyncIterator[bytes], held: Held
                      stream.function, stream.received, type(exc).__name__)
         raise
     finally:
-        await stream.aclose()
-        if held is not None:
+        if held is not None:  # before any await: a cancel there would leave the slot held for good
             held.release()
+        await stream.aclose()
 
 
 Format = Callable[[int, msgspec.Raw], bytes]  # one item, given its number, as it goes on the wire
