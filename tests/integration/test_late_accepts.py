@@ -211,3 +211,35 @@ def test_a_reader_cancelled_as_an_item_arrives_is_cancelled_all_the_same(platfor
             await stream.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_stream_left_while_its_strays_are_told_is_cancelled_on_its_holder_too(platform):
+    """The request's task is cancelled (its client left) just as the stream, accepted by one replica, tells another
+    that accepted an earlier attempt to cancel it: the replica that accepted is told as well (it streamed on to the
+    call's deadline, nobody reading)."""
+    async def scenario() -> None:
+        async with _stage(platform.nats_url) as stage:
+            stream = stage.open("leaving")
+            starting = asyncio.create_task(stream.start())
+            first = await stage.attempt("leaving")
+            second = await stage.attempt("leaving")
+            await stage.accept(first, "leaving", stage.a)  # late, the second attempt not accepted yet
+            told = stream._cancel
+
+            left: list[str] = []
+
+            async def tell_and_leave(replica: str) -> None:
+                if replica == stage.a and not left:
+                    left.append(replica)
+                    starting.cancel()  # the client's disconnect, while the stray is being told
+                    await asyncio.sleep(0)
+                await told(replica)
+
+            stream._cancel = tell_and_leave  # type: ignore[method-assign]
+            await stage.accept(second, "leaving", stage.b)
+            await asyncio.wait([starting], timeout=WAIT_S)
+            assert starting.cancelled()
+            assert await stage.next_cancel(stage.a) == "leaving"
+            assert await stage.next_cancel(stage.b) == "leaving"
+
+    asyncio.run(scenario())

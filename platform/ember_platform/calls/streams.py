@@ -235,7 +235,7 @@ class CallStream:
         except BaseException:
             self._starting, self.finished = False, True  # nobody will read it: an accept yet to come is a stray
             self._done()
-            for replica in self._strays | self._accepts_unread():
+            for replica in self._strays | self._accepts_unread() | ({self.holder} if self.holder else set()):
                 await self._cancel(replica)
             raise
 
@@ -278,9 +278,10 @@ class CallStream:
             self._count_on(first.replica)
             self._await_accept("")
             self._streams.router.unreported.accepted(self.app, first.replica, first.accepted)
-            strays, self._strays = self._strays - {first.replica}, set()
-            for replica in strays:
+            self._strays.discard(first.replica)
+            for replica in sorted(self._strays):  # each kept until told: a cancel meanwhile tells the rest (below)
                 await self._cancel(replica)
+                self._strays.discard(replica)
             return None
         self._starting = False
         self._inbox.appendleft(first)  # items before the accept (not sent by this protocol): read them in turn
