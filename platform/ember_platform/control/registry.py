@@ -317,9 +317,13 @@ class Registry:
                     raise
                 self.deployments.record(app, dep, written)  # read-your-writes
                 await self.models.release_after(app, served(current).keys() - served(dep).keys())
-                await self.queues.follow(current, dep)
-                return dep
-        raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
+                break
+            else:
+                raise RuntimeError(f"could not record a deployment of {app!r}: concurrent writers")
+        # Outside the lock: a pass walks the queues it retires (a few requests per waiting call), and every other
+        # app's writes (a rollout's switch among them) would wait for it. Passes are idempotent (``queues``).
+        await self.queues.follow(current, dep)
+        return dep
 
     async def _stored(self, app: str) -> tuple[Deployment | None, int | None]:
         """The app's deployment as stored, and its revision; (None, None) for none. A spoiled entry (``Spoiled``)
