@@ -226,3 +226,23 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
     ack, answer = asyncio.run(exchange(0.5))
     assert (ack.call_id, ack.ack) == ("ack-0.5", holder)
     assert (answer.call_id, answer.ack, bytes(answer.output)) == ("ack-0.5", "", b"0.5")
+
+
+def test_a_replica_that_exits_with_a_code_read_as_a_realtime_signal_is_restarted(tmp_path, transport, http):
+    """A sandbox's exit status 128 + N is read as signal N: 165 is signal 37, a real-time signal that ``signal``'s
+    enum does not name. Asked its name, the agent's supervision of that replica died, and it was never started
+    again (min_replicas quietly broken)."""
+    app_file = tmp_path / "exits.py"
+    app_file.write_text("import os\nimport ember\napp = ember.App('exits')\n\n@app.function(min_replicas=1)\n"
+                        f"def leave(code: int) -> int:\n    os._exit(code)\n\n@app.function(min_replicas=1)\n"
+                        f"def pid() -> int:\n    return {HOST_PID}\n")
+    ember.deploy(app_file, transport=transport, timeout_s=120)
+    try:
+        (old,) = ready_pids(transport, "exits", "leave")
+        http.post("/v1/exits/leave", json=165, headers={"X-Ember-Timeout": "5"})  # its replica leaves: no answer
+        wait_for(lambda: (pids := ready_pids(transport, "exits", "leave")) and old not in pids, timeout_s=60,
+                 what="the replica started again")
+        replica = next(r for s in app_view(transport, "exits").services if s.name == "leave" for r in s.replicas)
+        assert replica.restarts >= 1 and "killed by signal 37" in replica.restart_reason, replica
+    finally:
+        http.delete("/v1/apps/exits")

@@ -378,6 +378,18 @@ def exit_code(code: int) -> int:
     return -(code - 128) if 128 < code <= 128 + signal.NSIG else code
 
 
+def how_it_ended(code: int) -> str:
+    """A process's end in words, from its ``exit_code``: a real-time signal (34 and up) has no name in ``signal``'s
+    enum, and a command that exits with 163-191 in a sandbox reads as one (asked its name, the agent's supervision of
+    that replica died: it was never started again)."""
+    if code >= 0:
+        return f"exited with code {code}"
+    try:
+        return f"killed by {signal.Signals(-code).name}"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
 class SandboxedProcess:
     """A process started in a sandbox, with the part of ``asyncio.subprocess.Process`` that the agent uses.
 

@@ -391,7 +391,7 @@ class ReplicaSlot:
     def _exit_reason(self, code: int) -> str:
         if isinstance(self._proc, adoption.Adopted):
             return "ended (adopted from the agent before: its exit code is not known)"
-        what = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        what = sandbox.how_it_ended(code)
         last = self._stderr_tail[-1] if self._stderr_tail and code > 0 else ""
         return f"{what}: {last}" if last else what
 

@@ -196,8 +196,7 @@ class Zygote:
         code = await self._proc.wait()
         await _drain(pumps)
         if self.state == "ready":  # not stopped by us
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else \
-                f"exited with code {code}: {self._last_error()}"
+            how = f"was {sandbox.how_it_ended(code)}" if code < 0 else f"exited with code {code}: {self._last_error()}"
             self._fail(f"zygote {self._name} {how}")
 
     async def _pump(self, stream: asyncio.StreamReader, announced: asyncio.Future[Ready] | None = None) -> None:
