@@ -8,7 +8,7 @@ function); a bundle in use is never removed, even over the budget.
 
 Only the agent writes here. An unpacked bundle is made read-only (sandboxes also see it through a read-only
 mount), and what it holds is recorded when it is unpacked (``tree_digest``: every entry's path, type, mode,
-size and change time, so that any write, chmod or rename shows); ``verify`` checks that record before each
+size and modification time, so that any write, chmod or rename shows); ``verify`` checks that record before each
 fresh start and zygote build, and unpacks the bundle again when it does not match."""
 
 from __future__ import annotations
@@ -116,8 +116,10 @@ class BundleCache:
         dest = self.root / sha256
         if dest.is_dir():
             recorded = self._record(sha256)
-            found = await asyncio.to_thread(tree_digest, dest)
-            if found == recorded:
+            kept = await asyncio.to_thread(tree_matches, dest, recorded)
+            if kept is not None:
+                if kept != recorded:  # an older agent's record, made again without change times
+                    (self.root / f"{sha256}.tree").write_text(kept)
                 self._touch(sha256)
                 return dest
             log.warning("bundle %s changed since it was unpacked on this node: unpacking it again", sha256[:12])
@@ -230,10 +232,16 @@ def remove_tree(folder: Path) -> None:
     shutil.rmtree(folder, ignore_errors=True)
 
 
-def tree_digest(folder: Path) -> str:
-    """What ``folder`` holds, in a few bytes: each entry's path, type, mode, size and change time (a write, a
-    chmod, a rename or a new file changes it; reading does not). Not the folder's own times: the agent
-    marks a bundle's last use on it."""
+TREE_FORMAT = "2:"  # a record without change times, as recorded since (an older agent's has them, and no prefix)
+
+
+def tree_digest(folder: Path, *, change_times: bool = False) -> str:
+    """What ``folder`` holds, in a few bytes: each entry's path, type, mode, size and modification time (a write, a
+    chmod, a rename or a new file changes it; reading does not). Not the folder's own times: the agent marks a
+    bundle's last use on it. Not the change times, which an older agent recorded (``change_times``): a warm start's
+    replica gets its bundle as hard links of the cached one, and each link changed the change time of its file, so
+    that the next check of that bundle found it "changed" and unpacked it again, taking it away from under the
+    replicas that had it as ``/bundle``."""
     digest = hashlib.sha256()
     for dirpath, dirs, files in os.walk(folder):
         dirs.sort()
@@ -241,9 +249,20 @@ def tree_digest(folder: Path) -> str:
             path = os.path.join(dirpath, name)
             st = os.lstat(path)
             target = os.readlink(path) if os.path.islink(path) else ""
+            changed = f"{st.st_ctime_ns}\0" if change_times else ""
             digest.update(f"{os.path.relpath(path, folder)}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0"
-                          f"{st.st_ctime_ns}\0{target}\n".encode())
-    return digest.hexdigest()
+                          f"{changed}{target}\n".encode())
+    return digest.hexdigest() if change_times else TREE_FORMAT + digest.hexdigest()
+
+
+def tree_matches(folder: Path, recorded: str) -> str | None:
+    """Whether ``folder`` holds what ``recorded`` says (an older agent's record is read as it was made): None if
+    not, else the record to keep (the same, or an older one made again as it is recorded now)."""
+    if not recorded:
+        return None
+    if recorded.startswith(TREE_FORMAT):
+        return recorded if tree_digest(folder) == recorded else None
+    return tree_digest(folder) if tree_digest(folder, change_times=True) == recorded else None
 
 
 def folder_size(folder: Path) -> int:

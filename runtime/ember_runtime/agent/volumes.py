@@ -28,7 +28,14 @@ import msgspec
 import nats.aio.client as nats_client
 
 from ember.wire.volumes import VolumeMount, VolumeVersion, file_problem
-from ember_runtime.agent.bundles import CachedBundle, choose_evictions, make_read_only, remove_tree, tree_digest
+from ember_runtime.agent.bundles import (
+    CachedBundle,
+    choose_evictions,
+    make_read_only,
+    remove_tree,
+    tree_digest,
+    tree_matches,
+)
 
 log = logging.getLogger("ember.agent.volumes")
 DEFAULT_BUDGET_BYTES = 100 * 1024**3
@@ -102,7 +109,7 @@ class VolumeCache:
             dest = self.root / key
             if not dest.is_dir():
                 await self._fetch(mount, dest)
-            elif key not in self._checked or await asyncio.to_thread(tree_digest, dest) != self._record(key):
+            elif key not in self._checked or not await self._still(key, dest):
                 await self._repair(key, dest)
             self._touch(key)
         return dest
@@ -183,6 +190,14 @@ class VolumeCache:
         return data
 
     # --- checking -----------------------------------------------------------------------------------------------
+
+    async def _still(self, key: str, dest: Path) -> bool:
+        """Whether the version's folder holds what was recorded (an older agent's record is made again as now)."""
+        recorded = self._record(key)
+        kept = await asyncio.to_thread(tree_matches, dest, recorded)
+        if kept is not None and kept != recorded:
+            (self.root / f"{key}.tree").write_text(kept)
+        return kept is not None
 
     def _record(self, key: str) -> str:
         try:

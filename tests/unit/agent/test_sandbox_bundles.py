@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ember._bundle import build_bundle
-from ember_runtime.agent.bundles import BundleCache, make_read_only, remove_tree, tree_digest
+from ember_runtime.agent.bundles import TREE_FORMAT, BundleCache, make_read_only, remove_tree, tree_digest
+from ember_runtime.agent.warm_starts import _fill
 
 
 @pytest.fixture
@@ -66,6 +67,24 @@ def test_any_change_to_an_unpacked_bundle_changes_its_record(unpacked, change: s
     os.chmod(folder / "pkg", 0o555)
     os.chmod(folder, 0o555)
     assert tree_digest(folder) != before
+
+
+def test_a_warm_starts_links_of_a_bundle_leave_it_as_it_was(unpacked, tmp_path: Path) -> None:
+    """A warm start's replica gets the bundle as hard links of the cached one (``_fill``): each link changed its file's
+    change time, the next check read the bundle as changed, and it was unpacked again, its folder taken away from
+    under the replicas that had it as ``/bundle`` (the store, None here, would be asked)."""
+    cache, sha256 = unpacked
+    _fill(cache.root / sha256, tmp_path / "replica" / "bundle")
+    assert os.stat(cache.root / sha256 / "app.py").st_nlink == 2  # linked, not copied
+    assert asyncio.run(cache.verify(sha256)) == cache.root / sha256
+
+
+def test_an_older_agents_record_is_read_as_it_was_made_and_made_again(unpacked) -> None:
+    cache, sha256 = unpacked
+    folder, record = cache.root / sha256, cache.root / f"{sha256}.tree"
+    record.write_text(tree_digest(folder, change_times=True))  # as the agent before recorded it
+    assert asyncio.run(cache.verify(sha256)) == folder
+    assert record.read_text() == tree_digest(folder) and record.read_text().startswith(TREE_FORMAT)
 
 
 def test_reading_and_marking_a_use_leave_the_record_alone(unpacked) -> None:
