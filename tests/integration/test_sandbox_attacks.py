@@ -337,7 +337,8 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
         targets = {"nats": ["127.0.0.1", nats_port], "platform": ["127.0.0.1", platform_port],
                    "door_nats": ["door", nats_port], "door_platform": ["door", platform_port],
                    "node_loopback": ["127.0.0.1", loopback.getsockname()[1]],
-                   "other_replica": ["127.0.0.1", served.json()["port"]], "outside": list(OUTSIDE)}
+                   "other_replica": ["127.0.0.1", served.json()["port"]], "outside": list(OUTSIDE),
+                   "metadata": ["169.254.169.254", 80]}  # a cloud's metadata service: the node's credentials
         if (address := _node_address()) is not None:
             targets["node_address"] = [address, everywhere.getsockname()[1]]
         with socket.create_connection(("127.0.0.1", loopback.getsockname()[1]), timeout=10):
@@ -352,6 +353,7 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
             assert reached["nats"] == "ECONNREFUSED", seen
             assert reached["platform"] == reached["node_loopback"] == reached["other_replica"] == "ECONNREFUSED", seen
             assert reached.get("node_address", "ECONNREFUSED") in ("ECONNREFUSED", "ENETUNREACH"), seen
+        assert seen["Open"]["metadata"] in ("ENETUNREACH", "EHOSTUNREACH"), seen  # unreachable, not tried
         assert seen["Sealed"]["outside"] == "ENETUNREACH", seen  # block_network: no way out
         assert seen["Open"]["outside"] != "ENETUNREACH", seen  # the default: a way out (nothing answers there)
         assert "bwrap, own network" in ember_cli("status", url=platform.url).stdout

@@ -16,7 +16,8 @@ outside, without privileges:
   node's own address, so that address reaches the namespace itself, not the node's services. The gateway is not
   mapped to the node's loopback (``--no-map-gw``). The node's other addresses (a Docker bridge's, a second
   interface's), which pasta would reach as any address out there, are made unreachable in the namespace
-  (``ip route add unreachable``, run by the agent in the sandbox's namespaces, which its user owns).
+  (``ip route add unreachable``, run by the agent in the sandbox's namespaces, which its user owns), and so are
+  the clouds' metadata services (``NEVER_REACHED``: a node's credentials, answered to any process on it).
 - ``block_network=True``: no pasta at all (or one forwarding the collector alone, configuring nothing): the
   namespace has no route out; NATS, on this node or elsewhere, through the door.
 - A NATS URL without a door (``Network`` built without ``nats_servers``): pasta forwards its loopback ports.
@@ -120,6 +121,12 @@ def stop_after(pid: int, *held: Pasta | natsdoor.Door | None) -> None:
             each.stop_after(pid)
 
 
+# What a sandbox never reaches, whatever its network: link-local IPv4 (the metadata services of the clouds,
+# 169.254.169.254, which answer a node's credentials to whoever asks from it: pasta's connections are the node's),
+# and the other metadata and host addresses clouds give (Alibaba's, Azure's host, AWS's over IPv6).
+NEVER_REACHED = ("169.254.0.0/16", "100.100.100.200", "168.63.129.16", "fd00:ec2::254")
+
+
 def node_addresses(fib_trie: Path = Path("/proc/net/fib_trie"),
                    inet6: Path = Path("/proc/net/if_inet6")) -> tuple[str, ...]:
     """This node's own IPv4 and global IPv6 addresses, loopback ones aside: what a sandbox must not reach through
@@ -147,8 +154,7 @@ def unroute(addresses: tuple[str, ...], pid: int) -> None:
     own_userns = os.readlink("/proc/self/ns/user") == os.readlink(f"/proc/{pid}/ns/user")
     argv = [nsenter, "--target", str(pid), "--net", *([] if own_userns else ["--user", "--preserve-credentials"]),
             ip, "-batch", "-"]
-    routes = "".join(f"route add unreachable {a}/{128 if ':' in a else 32}\n"
-                     for a in addresses)
+    routes = "".join(f"route add unreachable {ipaddress.ip_network(a)}\n" for a in addresses)  # 1.2.3.4: a /32
     done = subprocess.run(argv, input=routes.encode(), capture_output=True, timeout=ATTACH_TIMEOUT_S, check=False)
     if done.returncode:
         raise NetworkUnavailable(f"cannot keep the node's addresses out of reach: {done.stderr.decode()[-300:]}")
@@ -383,7 +389,7 @@ def _unroute_or_stop(network: Network, pasta: Pasta, pid: int, blocked: bool) ->
     if blocked and (network.nats_port or network.nats_servers):
         return
     try:
-        unroute(network.node_addresses, pid)
+        unroute(network.node_addresses + NEVER_REACHED, pid)
     except (NetworkUnavailable, OSError, subprocess.TimeoutExpired) as exc:
         pasta.stop()
         raise NetworkUnavailable(str(exc)) from exc
