@@ -10,9 +10,10 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Collection
+from collections.abc import Collection, Coroutine
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -286,8 +287,10 @@ class NodeAgent:
     def _zygote_event(self, app: str, service: str, line: str) -> None:
         """A zygote's failure, in its app's log stream (``ember logs``) as a line from the agent."""
         event = LogLine(replica_id=f"zygote@{self.node_id}", stream="agent", line=line, ts=time.time())
-        publish = self._nc.publish(subjects.logs(app, service, self.node_id), encoder.encode(event))
-        task = asyncio.get_running_loop().create_task(publish)
+        self._in_background(self._nc.publish(subjects.logs(app, service, self.node_id), encoder.encode(event)))
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -383,7 +386,12 @@ class NodeAgent:
         if image is not None:
             confinement = dataclasses.replace(confinement, readonly=image.readonly)
         adopted = await self.adoptions.take(key, slot.bundle_sha256, self.stop_grace_s)
-        await self.drains.room_for(slot.replica_id, slot.gpu_uuids, slot.host_memory_mb)
+        try:
+            await self.drains.room_for(slot.replica_id, slot.gpu_uuids, slot.host_memory_mb)
+        except BaseException:  # unassigned while it waited: an adopted process stops, not left serving unsupervised
+            if isinstance(adopted, adoption.Adopted):
+                self._in_background(self.adoptions.stop(adopted.record, self.stop_grace_s))
+            raise
         replica = ReplicaSlot(key, nc=self._nc, replicas_kv=self._stores.replicas, nats_url=self.nats_url,
                               node_id=self.node_id, bundle=bundle, module=slot.module, env=env,
                               first_start=(kind, decided, time.time() - decided), gpu_uuids=slot.gpu_uuids,
