@@ -214,6 +214,35 @@ def test_replays_that_race_queue_a_dead_letter_once(probe, http):
     assert letters.count(new_id) == 1
 
 
+BOOM = """import ember
+app = ember.App("{app}")
+
+
+@app.function(retries=ember.Retries(max_retries=0), max_concurrency=8)
+def boom(x: int) -> int:
+    raise RuntimeError(f"boom {{x}}")
+"""
+
+
+def test_a_replay_resubmits_the_letters_there_when_it_came_and_ends(http, transport, tmp_path: Path):
+    """Each replayed call fails again into a new letter: the replay takes those there when it came, and ends (it read
+    on into its own new letters, and replayed a function that always fails without end, past any quota)."""
+    app = f"boom-{uuid.uuid4().hex[:6]}"
+    (tmp_path / "boom.py").write_text(BOOM.format(app=app))
+    ember.deploy(tmp_path / "boom.py", transport=transport, timeout_s=120)
+    try:
+        ids = [spawn(http, "boom", n, app=app) for n in range(40)]
+        assert {result(http, call_id)["status"] for call_id in ids} == {"failed"}
+        wait_for(lambda: len(letters_of(http, app, "boom", limit=1000)) == 40, timeout_s=30, what="the 40 letters")
+        replayed = http.post(f"/v1/apps/{app}/dead/replay", json={"function": "boom"}, timeout=120)
+        assert replayed.status_code == 200, replayed.text
+        assert len(replayed.json()["replayed"]) == 40
+        named = http.post(f"/v1/apps/{app}/dead/replay", json={"function": "boom", "call_ids": ["x"] * 10_001})
+        assert named.status_code == 422 and named.json()["error"]["field"] == "$.call_ids", named.text
+    finally:
+        http.delete(f"/v1/apps/{app}")
+
+
 # -- reading dead letters -----------------------------------------------------------------------------------
 
 

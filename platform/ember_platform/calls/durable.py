@@ -9,6 +9,7 @@ import hashlib
 import math
 import time
 from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 import msgspec
 from nats.aio.client import Client
@@ -38,6 +39,7 @@ from ember.wire import (
     subjects,
 )
 from ember.wire.atomic import Message, atomic_allowed, try_atomic
+from ember.wire.calls import MAX_REPLAY
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import CREATED_AT_HEADER, INPUT_SHA256_HEADER, TERMINATE_HEADER
 from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
@@ -378,22 +380,36 @@ class Calls:
                                                                  seq=seq - 1)))
         return letters
 
-    async def replay(self, app: str, function: str, call_ids: list[str] | None) -> list[str]:
-        """Resubmit dead letters as new calls and remove them from the dead letters.
+    async def replay(self, app: str, function: str, call_ids: list[str] | None,
+                     admit: Callable[[], Any] = lambda: None) -> list[str]:
+        """Resubmit dead letters as new calls and remove them from the dead letters: those there when the replay
+        began (a replayed call that fails again is a new letter, for a later replay: read on, the replay of a call
+        that always fails never ended), ``MAX_REPLAY`` at most, each admitted by the app's quotas (``admit``: its
+        ``Held``, or ``OverloadedError``) as a spawn is.
 
         Idempotent: the new call's id is derived from the letter (its stream sequence and call id), and is
         submitted as with an Idempotency-Key (a ``create`` of its record, a ``Nats-Msg-Id`` on its message), so
         replays that race, or one retried after a failure, queue it once; then the letter is deleted (a letter
         already deleted by the other replay is no error). Both answer the same new id."""
-        replayed = []
+        wanted = set(call_ids) if call_ids is not None else None
+        last = (await self._js.stream_info(subjects.DEAD_STREAM)).state.last_seq
+        replayed: list[str] = []
         after = 0
-        while page := await self.dead_letters(app, function, limit=MAX_DEAD_PAGE, after=after):
+        while len(replayed) < MAX_REPLAY and (page := await self.dead_letters(app, function, limit=MAX_DEAD_PAGE,
+                                                                              after=after)):
             after = page[-1][0]
             for seq, letter in page:
-                if call_ids is not None and letter.call_id not in call_ids:
+                if seq > last or len(replayed) >= MAX_REPLAY:
+                    return replayed
+                if wanted is not None and letter.call_id not in wanted:
                     continue
                 key = f"\0replay\0{seq}\0{letter.call_id}"  # no Idempotency-Key header holds a NUL
-                reply = await self.submit(app, function, bytes(letter.input), key=key, deadline=math.inf)
+                held = admit()
+                try:
+                    reply = await self.submit(app, function, bytes(letter.input), key=key, deadline=math.inf)
+                finally:
+                    if held is not None:
+                        held.release()
                 try:
                     await self._js.delete_msg(subjects.DEAD_STREAM, seq)
                 except JsAPIError as exc:

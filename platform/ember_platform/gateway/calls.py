@@ -235,7 +235,11 @@ async def replay_dead(request: Request) -> Response:
     app = request.path_params["app"]
     req = decode_json(_replay_decoder, await read_body(request, platform.settings.max_body_bytes))
     platform.registry.resolve(app, req.function)  # 404 for an unknown function
-    return json_response(ReplayReply(replayed=await platform.calls.replay(app, req.function, req.call_ids)))
+    token_id = principal_of(request).token_id
+    replaying = platform.calls.replay(app, req.function, req.call_ids,
+                                      admit=lambda: platform.quotas.limiter.admit(app, token_id))
+    replayed = await _unless_disconnected(request, replaying)  # idempotent: a client gone stops it, none lost
+    return Response(status_code=499) if replayed is None else json_response(ReplayReply(replayed=replayed))
 
 
 

@@ -3,7 +3,7 @@ asynchronous calls' records, dead letters and replays."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -103,11 +103,15 @@ class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
     seq: int = 0  # its sequence in the dead letters' stream, as read (the cursor for ``?after=``); 0 as stored
 
 
+MAX_REPLAY = 10_000  # dead letters one replay resubmits at most (and call ids it names): call again for the rest
+
+
 class ReplayRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """``POST /v1/apps/<app>/dead/replay``: resubmit a function's dead letters (all, or those named)."""
+    """``POST /v1/apps/<app>/dead/replay``: resubmit a function's dead letters (all, or those named), those there when
+    it came, ``MAX_REPLAY`` at most."""
 
     function: str
-    call_ids: list[str] | None = None
+    call_ids: Annotated[list[str], msgspec.Meta(max_length=MAX_REPLAY)] | None = None
 
 
 class ReplayReply(msgspec.Struct, frozen=True, kw_only=True):
