@@ -181,7 +181,7 @@ def put_volume(name: str, paths: Iterable[str | Path], *, transport: Transport |
     def send(sha: str, data: bytes) -> None:
         missing = _missing_decoder.decode(_post(t, f"{CHUNKS_PATH}/missing", {"chunks": [sha]})).missing
         if missing:
-            t.request("PUT", f"{CHUNKS_PATH}/{sha}", content=data,
+            t.request("PUT", f"{CHUNKS_PATH}/{sha}", content=data, params={"volume": name},
                       headers={"content-type": "application/octet-stream"})
         with lock:
             state.done_bytes += len(data)

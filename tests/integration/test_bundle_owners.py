@@ -91,3 +91,29 @@ def test_a_narrower_token_of_the_same_tenant_deploys_what_a_wider_one_uploaded(p
                              headers=deploy_token(http, [app]))
         assert anyone.status_code == 201, anyone.text
         http.delete(f"/v1/apps/{app}")
+
+
+def test_an_admins_bundle_for_one_app_cannot_be_deployed_by_a_tenant_by_its_hash(platform, http: httpx.Client,
+                                                                                tmp_path: Path) -> None:
+    """An admin's upload names the app it is for (``ember push`` does): it is recorded for that app alone. Recorded
+    as ``'*'``, it was deployable by any tenant that knew its hash, and ran another team's code in its replicas."""
+    (tmp_path / "m.py").write_text(f"# the admin's app {uuid.uuid4().hex}\ndef f(x): return x\n")
+    bundle = build_bundle(tmp_path)
+    theirs, mine = f"ops-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+    tenant = deploy_token(http, ["tenant-*"])
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        put = http.put(f"/v1/bundles/{bundle.sha256}", params={"app": theirs}, content=bundle.data)
+        assert put.status_code == 201, put.text
+        assert http.post(f"/v1/apps/{theirs}/deployments", json=_deploy_request(theirs, bundle.sha256)).status_code \
+            == 201
+        try:
+            stolen = client.post(f"/v1/apps/{mine}/deployments", json=_deploy_request(mine, bundle.sha256),
+                                 headers=tenant)
+            assert stolen.status_code == 404, stolen.text
+            unseen = client.put(f"/v1/bundles/{bundle.sha256}", params={"app": theirs}, content=bundle.data,
+                                headers=tenant)
+            assert unseen.status_code == 403 and unseen.json()["error"]["field"] == "app", unseen.text
+            bad = http.put(f"/v1/bundles/{bundle.sha256}", params={"app": "Not An App"}, content=bundle.data)
+            assert bad.status_code == 422 and bad.json()["error"]["field"] == "app", bad.text
+        finally:
+            http.delete(f"/v1/apps/{theirs}")

@@ -85,3 +85,24 @@ def test_two_tenants_put_the_same_weights_with_the_sdk_and_each_sends_its_own_co
         assert again[-1].sent_chunks == 0 and again[-1].skipped_chunks == 1
     for name in (theirs, mine):
         assert http.delete(f"/v1/volumes/{name}").status_code == 204
+
+
+def test_an_admins_chunk_for_one_volume_is_missing_to_a_tenant(platform, http: httpx.Client) -> None:
+    """An admin's upload names the volume it is for (``put_volume`` does): recorded for that volume alone, a tenant
+    that knows its hash must send the bytes itself. Recorded as ``'*'``, the tenant named it in a volume of its own
+    and mounted another team's weights."""
+    data = os.urandom(4096)
+    sha = hashlib.sha256(data).hexdigest()
+    theirs, mine = f"ops-{uuid.uuid4().hex[:6]}", f"tenant-{uuid.uuid4().hex[:6]}"
+    tenant = deploy_token(http, ["tenant-*"])
+    files = {"files": [{"path": "w.bin", "size": len(data), "chunks": [sha]}]}
+    assert http.put(f"{CHUNKS_PATH}/{sha}", params={"volume": theirs}, content=data).status_code == 201
+    assert http.post(f"/v1/volumes/{theirs}/versions", json=files).status_code == 201
+    assert owners_of(platform.nats_url, "chunk", sha) == [theirs]
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        assert client.post(f"{CHUNKS_PATH}/missing", json={"chunks": [sha]}, headers=tenant).json()["missing"] == [sha]
+        stolen = client.post(f"/v1/volumes/{mine}/versions", json=files, headers=tenant)
+        assert stolen.status_code == 409, stolen.text
+        unseen = client.put(f"{CHUNKS_PATH}/{sha}", params={"volume": theirs}, content=data, headers=tenant)
+        assert unseen.status_code == 403 and unseen.json()["error"]["field"] == "volume", unseen.text
+    assert http.delete(f"/v1/volumes/{theirs}").status_code == 204

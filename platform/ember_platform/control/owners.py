@@ -2,7 +2,8 @@
 
 Bundles and volume chunks are stored once under their sha256, whoever uploads them (deduplication). A hash is
 never proof of ownership: a deployment or a volume version may name content only where one of the patterns
-recorded for it covers the app or volume it is for (``'*'``, recorded for an admin's upload, covers every name).
+recorded for it covers the app or volume it is for (an admin's upload records the app or volume it says it is for;
+``'*'``, recorded for one that says none, covers every name).
 A second tenant uploading the same bytes adds its patterns to the record; the bytes are not stored again.
 
 The record is a key of the ``ember_owners`` bucket, ``<kind>.<sha256>`` -> a JSON list of patterns, read and
@@ -24,7 +25,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.kv import KeyValue
 
-from ember._errors import ConflictError
+from ember._errors import ConflictError, ForbiddenError, InvalidInputError
 from ember.wire import subjects
 from ember.wire.jetstream import StorageLimits, create_limited_kv, js_replicas
 from ember_platform.auth.scopes import Principal
@@ -34,9 +35,25 @@ MAX_PATTERNS = 512  # one record's patterns: tenants sharing the same bytes
 _LOOKUPS = 32  # records read at once
 
 
-def patterns_of(principal: Principal) -> list[str]:
-    """The patterns an upload by ``principal`` records: ``['*']`` for an admin or a ``'*'`` token."""
-    return ["*"] if principal.all_apps else sorted(principal.exact | set(principal.globs))
+def patterns_of(principal: Principal, target: str | None = None) -> list[str]:
+    """The patterns an upload by ``principal`` records: its token's app patterns; for an admin or a ``'*'`` token, the
+    app or volume the upload says it is for (``target``), else ``['*']`` (a client that names none). Recorded as
+    ``'*'``, an admin's upload for one app was deployable by any tenant that knew its hash."""
+    if principal.all_apps:
+        return [target] if target else ["*"]
+    return sorted(principal.exact | set(principal.globs))
+
+
+def upload_target(principal: Principal, name: str | None, problem: str | None, field: str) -> str | None:
+    """The app or volume an upload says it is for (``?app=``, ``?volume=``), once well formed (``problem``: what is
+    wrong with it, if anything) and seen by the token: 422 or 403 otherwise."""
+    if name is None:
+        return None
+    if problem:
+        raise InvalidInputError(problem, field=field)
+    if not principal.sees(name):
+        raise ForbiddenError(f"this token's app patterns do not cover {name!r}", field=field)
+    return name
 
 
 def covers(patterns: Iterable[str], name: str) -> bool:

@@ -13,11 +13,12 @@ from starlette.responses import Response
 from ember._bundle import BundleTooLargeError, check_bundle
 from ember._errors import BadRequestError, ForbiddenError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
-from ember.wire.validate import check_manifest
+from ember.wire.specs import RESERVED_APP_NAMES
+from ember.wire.validate import APP_NAME, check_manifest
 from ember_platform.auth.scopes import ADMIN, INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
-from ember_platform.control.owners import patterns_of
+from ember_platform.control.owners import patterns_of, upload_target
 from ember_platform.events.subjects import check_bindings
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
@@ -29,17 +30,27 @@ MAX_LOG_LINES = 5000
 
 
 async def put_bundle(request: Request) -> Response:
-    """``PUT /v1/bundles/<sha256>``: stored once whoever uploads it, recorded for the uploading token's app patterns
-    (only the apps they match may deploy it); ``created`` says whether it is new to those patterns."""
+    """``PUT /v1/bundles/<sha256>[?app=<app>]``: stored once whoever uploads it, recorded for the uploading token's
+    app patterns (only the apps they match may deploy it; an admin's, for the app it names); ``created`` says whether
+    it is new to those patterns."""
     platform = platform_of(request)
     sha = request.path_params["sha256"]
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise InvalidInputError("a bundle is addressed by its lowercase hex sha256", field="sha256")
     data = await read_body(request, platform.settings.max_bundle_bytes)
     await asyncio.to_thread(_check_bundle, data, platform.settings)  # decompressing headers: off the event loop
-    created = await platform.registry.put_bundle(sha, data, patterns_of(principal_of(request)))
+    principal = principal_of(request)
+    app = request.query_params.get("app")
+    target = upload_target(principal, app, app_problem(app) if app is not None else None, "app")
+    created = await platform.registry.put_bundle(sha, data, patterns_of(principal, target))
     return json_response({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
 
+
+
+def app_problem(name: str) -> str | None:
+    if APP_NAME.fullmatch(name) and name not in RESERVED_APP_NAMES:
+        return None
+    return f"{name[:80]!r} is not an app name (1 to 63 lowercase letters, digits and '-')"
 
 
 def _check_bundle(data: bytes, settings: Settings) -> None:

@@ -168,7 +168,9 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                None),
     ("PUT", "/v1/bundles/{sha256}"): (
         "Upload a bundle (verified against its address)", (201, "stored (200: already, for this token's apps)",
-                                                           _ref("BundleReply"), JSON), (400, 413, 422), [],
+                                                           _ref("BundleReply"), JSON), (400, 403, 413, 422),
+        [_query("app", "the app it is for (an admin's upload is then recorded for that app alone)",
+                {"type": "string", "pattern": "^[a-z0-9][a-z0-9-]{0,62}$"})],
         {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                                 "format": "binary"}}}}),
     ("GET", "/v1/apps"): ("List the deployed apps", (200, "the apps", _ref("AppList"), JSON), (), [], None),
@@ -284,7 +286,9 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
                                          [], None),
     ("PUT", "/v1/volumes/-/chunks/{sha256:chunk}"): (
         "Upload one chunk of a volume's file, addressed by its sha256 (checked)",
-        (201, "stored (200: it was there already)", _ref("BundleReply"), JSON), (400, 413, 422), [],
+        (201, "stored (200: it was there already)", _ref("BundleReply"), JSON), (400, 403, 413, 422),
+        [_query("volume", "the volume it is for (an admin's upload is then recorded for that volume alone)",
+                {"type": "string", "maxLength": 128})],
         {"required": True, "content": {"application/octet-stream": {"schema": {"type": "string",
                                                                              "format": "binary"}}}}),
     ("POST", "/v1/volumes/-/chunks/missing"): (

@@ -21,7 +21,7 @@ from starlette.responses import Response
 from ember._errors import ForbiddenError, InvalidInputError
 from ember.wire.volumes import MAX_CHUNK_BYTES, MAX_CHUNKS_QUERY, ChunksMissing, ChunksQuery, VolumeCommit
 from ember.wire.volumes import name_problem as volume_name_problem
-from ember_platform.control.owners import patterns_of
+from ember_platform.control.owners import patterns_of, upload_target
 from ember_platform.gateway.body import decode_json, read_body
 from ember_platform.gateway.guard import principal_of
 from ember_platform.gateway.responses import json_response, platform_of
@@ -47,7 +47,9 @@ def _max_chunk(request: Request) -> int:
 async def put_chunk(request: Request) -> Response:
     sha = check_sha(request.path_params["sha256"], "sha256")
     data = await read_body(request, _max_chunk(request))
-    created = await platform_of(request).volumes.put_chunk(sha, data, patterns_of(principal_of(request)))
+    principal, volume = principal_of(request), request.query_params.get("volume")
+    target = upload_target(principal, volume, volume_name_problem(volume) if volume is not None else None, "volume")
+    created = await platform_of(request).volumes.put_chunk(sha, data, patterns_of(principal, target))
     return json_response({"sha256": sha, "size": len(data), "created": created}, 201 if created else 200)
 
 
