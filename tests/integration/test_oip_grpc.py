@@ -266,3 +266,22 @@ def test_http_and_grpc_answer_alike(arrays, client, auth, platform):
                                              "data": x.ravel().tolist()}]}).json()
     over_grpc = client.infer("arrays.norms", [_input("x", x)], headers=auth)
     assert over_grpc.as_numpy("output").tolist() == over_http["outputs"][0]["data"]
+
+
+def test_a_token_revoked_while_its_stream_is_open_is_refused_at_the_next_request(arrays, client, http):
+    """Each request of a stream is checked as a unary call is: the token was looked up once per stream, and a revoked
+    (or expired) one went on inferring on a stream it had opened."""
+    token = _token(http, ["arrays"], ["invoke", "read"])
+    seen: queue.Queue[tuple[Any, Any]] = queue.Queue()
+    client.start_stream(callback=lambda result, error: seen.put((result, error)),
+                        headers={"authorization": f"Bearer {token}"})
+    try:
+        client.async_stream_infer("arrays.norms", [_input("x", _rows(1))])
+        result, error = seen.get(timeout=60)
+        assert error is None and result.as_numpy("output") is not None, error
+        assert http.delete(f"/v1/tokens/{token.split('_')[1]}").status_code == 200
+        client.async_stream_infer("arrays.norms", [_input("x", _rows(1))])
+        result, error = seen.get(timeout=60)
+    finally:
+        client.stop_stream()
+    assert result is None and error.status() == str(grpc.StatusCode.UNAUTHENTICATED), error

@@ -179,8 +179,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator: AsyncIterator[pb.ModelInferRequest],
                                context: aio.ServicerContext) -> AsyncIterator[pb.ModelStreamInferResponse]:
-        caller = _Caller(self.platform, context)
         async for request in request_iterator:
+            caller = _Caller(self.platform, context)  # each request's token checked again: revoked, expired, ...
             try:
                 async for response in self._streamed(caller, request, context):
                     yield pb.ModelStreamInferResponse(infer_response=response)
