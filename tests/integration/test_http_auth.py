@@ -17,6 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support.auth import bearer
 from support.paths import TEST_APPS
 from support.polling import wait_for
@@ -375,3 +376,18 @@ def test_no_token_reaches_the_logs(hello, gate, http, platform):
     assert "platform.log" in logs
     leaked = [name for name, text in logs.items() for secret in secrets if secret.encode() in text]
     assert leaked == []
+
+
+def _refused_calls_of(http: httpx.Client, app: str) -> float:
+    families = text_string_to_metric_families(http.get("/metrics").text)
+    return sum(s.value for f in families if f.name == "ember_requests" for s in f.samples
+               if s.name == "ember_requests_total" and s.labels.get("app") == app and s.labels.get("code") == "401")
+
+
+def test_a_call_refused_for_its_token_is_not_counted_as_the_apps(hello, http, anon):
+    """Without a token (or with another app's), a call was counted in the app's own metrics (``/metrics``,
+    ``/v1/stats``: an error share of 1.0 written by anyone) before its token was checked."""
+    before = _refused_calls_of(http, "hello")
+    for _ in range(3):
+        assert anon.post("/v1/hello/greet", json="x").status_code == 401
+    assert _refused_calls_of(http, "hello") == before

@@ -64,8 +64,8 @@ async def invoke(request: Request) -> Response | JsonAnswer | binary.BodyAnswer:
     except NotFoundError:
         authorize(request, INVOKE, app)  # without a token, nobody learns which apps exist
         raise
-    request.scope[CALLED] = (app, fn.name, dep.version)  # what GET /metrics counts this call under
     token_id = "" if fn.public else authorize(request, INVOKE, app).token_id
+    request.scope[CALLED] = (app, fn.name, dep.version)  # what GET /metrics counts it under: a refused call, none
     timeout_s = _timeout(request, svc.timeout_s)
     formats = binary.negotiate(request, fn)  # None: JSON in and out
     raw = await binary.read_call_body(request, platform, app, fn)
