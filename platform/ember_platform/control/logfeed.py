@@ -17,6 +17,7 @@ from ember.wire import LogLine
 
 FOLLOWER_BUFFER = 4096  # lines a follower may fall behind before it loses the oldest
 MAX_FOLLOWERS = 256  # followers one control plane serves at once
+MAX_FOLLOWERS_EACH = 32  # of them, one token's (one tenant's followers left no room for the others')
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,23 +74,28 @@ class TooManyFollowersError(Exception):
 class LogFeed:
     """The followers of one control plane, offered each line as the registry reads it."""
 
-    def __init__(self, max_followers: int = MAX_FOLLOWERS, buffer: int = FOLLOWER_BUFFER) -> None:
+    def __init__(self, max_followers: int = MAX_FOLLOWERS, buffer: int = FOLLOWER_BUFFER,
+                 max_each: int = MAX_FOLLOWERS_EACH) -> None:
         self.max_followers = max_followers
+        self.max_each = max_each
         self.buffer = buffer
-        self._followers: set[Follower] = set()
+        self._followers: dict[Follower, str] = {}  # -> whose (a token's id)
 
     def __len__(self) -> int:
         return len(self._followers)
 
-    def open(self, flt: LogFilter) -> Follower:
+    def open(self, flt: LogFilter, holder: str = "") -> Follower:
+        """A follower of the lines ``flt`` matches, for ``holder`` (a token's id), within both limits."""
         if len(self._followers) >= self.max_followers:
             raise TooManyFollowersError(f"this control plane already streams logs to {self.max_followers} clients")
+        if sum(1 for h in self._followers.values() if h == holder) >= self.max_each:
+            raise TooManyFollowersError(f"this token already follows {self.max_each} log streams here")
         follower = Follower(flt, self.buffer)
-        self._followers.add(follower)
+        self._followers[follower] = holder
         return follower
 
     def close(self, follower: Follower) -> None:
-        self._followers.discard(follower)
+        self._followers.pop(follower, None)
 
     def publish(self, app: str, service: str, line: LogLine) -> None:
         for follower in self._followers:

@@ -22,7 +22,7 @@ from ember.wire import LogLine, encoder, error_info
 from ember_platform.auth.scopes import READ
 from ember_platform.control.logfeed import LogFilter, TooManyFollowersError
 from ember_platform.gateway.apps import log_window
-from ember_platform.gateway.guard import authorization
+from ember_platform.gateway.guard import authorization, principal_of
 from ember_platform.gateway.responses import json_response, platform_of
 
 KEEPALIVE_S = 15.0
@@ -43,7 +43,7 @@ async def app_logs(request: Request) -> Response:
     if not follow:
         return json_response(kept)
     try:
-        follower = platform.registry.log_feed.open(flt)
+        follower = platform.registry.log_feed.open(flt, principal_of(request).token_id)
     except TooManyFollowersError as exc:
         raise OverloadedError(f"{exc}; try again later", retry_after_s=KEEPALIVE_S) from None
     # Server-Sent Events unless the client asks for newline-delimited JSON: SSE is what HTTP tools (browsers,

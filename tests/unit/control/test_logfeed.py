@@ -85,3 +85,17 @@ def test_a_control_plane_serves_a_bounded_number_of_followers() -> None:
         feed.open(LogFilter(app="a"))
 
     asyncio.run(main())
+
+
+def test_one_token_follows_a_bounded_share_of_them() -> None:
+    """One token's followers left no room for another's (every follower of the control plane was one read token's)."""
+    async def main() -> None:
+        feed = LogFeed(max_followers=4, max_each=2)
+        mine = [feed.open(LogFilter(app="a"), "alpha"), feed.open(LogFilter(app="a"), "alpha")]
+        with pytest.raises(TooManyFollowersError, match="this token"):
+            feed.open(LogFilter(app="a"), "alpha")
+        feed.open(LogFilter(app="b"), "beta")  # another token still follows
+        feed.close(mine[0])
+        feed.open(LogFilter(app="a"), "alpha")
+
+    asyncio.run(main())
