@@ -39,7 +39,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ from typing import Any
 import msgspec
 
 from ember_runtime.agent import descriptors, leaders, netns
+from ember_runtime.agent.bundles import remove_tree
 from ember_runtime.lifeline import LIFELINE_ENV
 
 log = logging.getLogger("ember.agent")
@@ -247,7 +247,7 @@ class Records:
 
     def remove(self, replica_id: str) -> None:
         if _ID.match(replica_id):
-            shutil.rmtree(self.root / replica_id, ignore_errors=True)
+            remove_tree(self.root / replica_id)
 
     def load(self, *, clean: bool = True) -> tuple[dict[str, Record], dict[str, Record]]:
         """The records whose replica still runs and is the one started, and those whose replica ended (by replica
@@ -274,7 +274,7 @@ class Records:
                     if folder.is_symlink():
                         folder.unlink()
                     else:
-                        shutil.rmtree(folder, ignore_errors=True)
+                        remove_tree(folder)
                 continue
             found[record.replica_id] = record
         return found, ended

@@ -55,6 +55,7 @@ import msgspec
 from ember.wire import StartPhases
 from ember.wire.natscreds import CREDS_ENV
 from ember_runtime.agent import adoption, launch, sandbox
+from ember_runtime.agent.bundles import remove_tree
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.leaders import Leader
 from ember_runtime.agent.numa import HostMemory
@@ -157,7 +158,7 @@ class WarmStart:
             raise WarmError(f"warm start {self.name} ended (exit code {self.proc.returncode})")
         try:
             target = records.folder(replica_id)
-            shutil.rmtree(target)  # what an ended process of this replica left, if anything
+            remove_tree(target)  # what an ended process of this replica left, if anything (0555 copies too)
             os.rename(self.folder, target)
             self.folder = target
             _fill(bundle, target / "bundle")
@@ -185,7 +186,7 @@ class WarmStart:
             leader.signal_group(signal.SIGKILL)
             leader.close()
             await launch.exited(self.proc)
-        shutil.rmtree(self.folder, ignore_errors=True)
+        remove_tree(self.folder)
         MemoryCgroups.remove(self.cgroup)
 
 
@@ -366,7 +367,7 @@ class WarmStarts:
         except BaseException:
             pipes.close()
             _close(identity_w)
-            shutil.rmtree(folder, ignore_errors=True)
+            remove_tree(folder)
             MemoryCgroups.remove(cgroup)
             raise
         finally:
