@@ -351,7 +351,8 @@ def test_scopes_and_app_patterns_hold_for_volumes(platform, http: httpx.Client, 
         try:
             assert anon.get(f"/v1/volumes/{mine}", headers=team_a).json()["used_by"] == []  # not named to team a
             refused = anon.delete(f"/v1/volumes/{mine}", headers=team_a)
-            assert refused.status_code == 409 and spy not in refused.text and "1 other app" in refused.text
+            assert refused.status_code == 409 and spy not in refused.text, refused.text  # nor how many there are
+            assert "apps this token does not see" in refused.text and "1 other" not in refused.text, refused.text
             assert http.get(f"/v1/volumes/{mine}").json()["used_by"] == [spy]
         finally:
             http.delete(f"/v1/apps/{spy}")

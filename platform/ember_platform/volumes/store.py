@@ -241,7 +241,7 @@ class VolumeStore:
             raise no_such_volume(name)
         users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
         if users:
-            shown = [u for u in users if sees(u)] + ([f"{len(users) - sum(map(sees, users))} other app(s)"]
+            shown = [u for u in users if sees(u)] + (["apps this token does not see"]  # not how many: hidden
                                                      if not all(map(sees, users)) else [])
             raise ConflictError(f"volume {name!r} is mounted by the current version of {', '.join(shown)}: push "
                                 "them without it (or delete them) first", field="volume")
