@@ -65,12 +65,17 @@ async def cancel_waiting(js: Any, store: CallStore, app: str, subject: str, reas
                          spare: Spare | None = None) -> Walked:
     """Finish as ``cancelled`` (its error saying ``reason``) each call of ``app`` whose message waits on ``subject``
     (wildcards allowed) of the calls' stream, and delete that message; a message whose call is final already, or
-    unknown (expired), is deleted too. A call that ``spare`` keeps is left with its message."""
+    unknown (expired), is deleted too. A call that ``spare`` keeps is left with its message. Only the messages
+    stored when the walk began: one spawned later came after the decision (another control plane's rollback may
+    have brought the function back meanwhile; a stray is caught by the next pass)."""
     seq, cancelled, spared = 1, 0, 0
+    last = (await js.stream_info(subjects.CALLS_STREAM)).state.last_seq
     while True:
         try:
             msg = await js.get_msg(subjects.CALLS_STREAM, seq=seq, subject=subject, next=True)
         except JsNotFound:
+            return Walked(cancelled, spared)
+        if (msg.seq or seq) > last:
             return Walked(cancelled, spared)
         seq = (msg.seq or seq) + 1
         call_id = (msg.headers or {}).get(CALL_ID_HEADER)
