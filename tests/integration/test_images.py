@@ -302,6 +302,7 @@ def http(node: TestPlatform):  # type: ignore[no-untyped-def]
     ({"find_links": ["file:///etc"]}, "$.images[0].find_links[0]"),
     ({"find_links": ["/srv/../etc"]}, "$.images[0].find_links[0]"),
     ({"index_url": "ftp://mirror"}, "$.images[0].index_url"),
+    ({"index_url": "http://169.254.169.254/latest/meta-data/"}, "$.images[0].index_url"),  # the node's credentials
     ({"python": "../3.11"}, "$.images[0].python"),
     ({"lock": "x==1", "sha256": "../../../etc"}, "$.images[0].lock"),
 ])

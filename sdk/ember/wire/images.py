@@ -14,10 +14,13 @@ where the node's operator allows it (``EMBER_IMAGE_LOCAL_INDEXES``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import ipaddress
 import re
 from collections.abc import Iterator
 from typing import Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -27,6 +30,8 @@ MAX_ENV = 100
 MAX_ENV_VALUE = 4096
 MAX_INDEXES = 8
 MAX_URL = 1000
+METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data", "instance-data.ec2.internal",
+                            "100.100.100.200", "168.63.129.16", "fd00:ec2::254"})
 MAX_LOCK_BYTES = 256 * 1024
 MAX_LOG_LINE = 2000
 
@@ -133,10 +138,20 @@ def env_problem(name: object, value: object) -> str | None:
 
 
 def url_problem(url: object, what: str) -> str | None:
-    """Why ``url`` may not be a package index (None: it may)."""
+    """Why ``url`` may not be a package index (None: it may). Not a cloud's metadata service: a node fetches an index
+    from its own network, outside any sandbox, and the build's log is the pusher's."""
     if not isinstance(url, str) or not url.startswith(("https://", "http://")) or len(url) > MAX_URL \
             or not url.isprintable() or any(c in url for c in " \t\"'\\"):
         return f"{what} {str(url)[:80]!r}: an https:// (or http://) URL of at most {MAX_URL} characters"
+    try:
+        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    except ValueError:
+        return f"{what} {url[:80]!r}: not a URL"
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).is_link_local:
+            return f"{what} {url[:80]!r}: a link-local address (a cloud's metadata service) is no package index"
+    if host in METADATA_HOSTS:
+        return f"{what} {url[:80]!r}: a cloud's metadata service is no package index"
     return None
 
 

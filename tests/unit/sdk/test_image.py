@@ -49,7 +49,8 @@ def test_environment_variables_are_checked_and_credentials_are_sent_to_secrets(v
 @pytest.mark.parametrize("kwargs", [
     {"python": "2.7"}, {"python": "../3.11"}, {"index_url": "ftp://x"}, {"extra_index_urls": ["file:///etc"]},
     {"find_links": ["relative/dir"]}, {"find_links": ["/srv/../etc"]}, {"extra_index_urls": "https://x"},
-    {"no_index": True},
+    {"no_index": True}, {"index_url": "http://169.254.169.254/latest/meta-data/"},
+    {"extra_index_urls": ["http://metadata.google.internal/computeMetadata/v1/"]}, {"find_links": ["http://[fe80::1]/"]},
 ])
 def test_indexes_and_python_are_checked(kwargs):
     with pytest.raises(ember.InvalidSpecError):
