@@ -35,6 +35,7 @@ def read_from_source(root: str | Path) -> None:
     push`` reads it) beside a bundle of the code after. Folders on ``sys.path`` of their own under ``root`` (a
     virtual environment's) keep their bytecode."""
     root = os.path.abspath(root)
+    prefix = os.path.join(root, "")  # "/app/", or "/" for the root folder itself
     details = [(importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES),
                (_FromSource, importlib.machinery.SOURCE_SUFFIXES),
                (importlib.machinery.SourcelessFileLoader, importlib.machinery.BYTECODE_SUFFIXES)]
@@ -42,8 +43,8 @@ def read_from_source(root: str | Path) -> None:
     def hook(entry: str) -> importlib.machinery.FileFinder:
         where = os.path.abspath(entry or os.getcwd())
         others = {os.path.abspath(p or os.getcwd()) for p in sys.path if isinstance(p, str)} - {root}
-        if not (where == root or where.startswith(root + os.sep)) or any(
-                where == o or where.startswith(o + os.sep) for o in others if o.startswith(root + os.sep)):
+        if not (where == root or where.startswith(prefix)) or any(
+                where == o or where.startswith(os.path.join(o, "")) for o in others if o.startswith(prefix)):
             raise ImportError(entry)  # not the app's folder: the next hook's
         return importlib.machinery.FileFinder(where, *details)
 
