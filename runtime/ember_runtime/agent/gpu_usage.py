@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 from collections import defaultdict
 from collections.abc import Collection, Iterable
 from functools import partial
@@ -144,9 +145,23 @@ def _holders(table: Path, pids: Iterable[int], proc: Path = Path("/proc")) -> di
     return held
 
 
+MAX_DECLARED_BYTES = 64 * 1024  # one entry of the table: a few GPUs' usage
+
+
 def _read_declared(entry: Path) -> dict[str, int]:
+    """One entry, as a plain file of at most ``MAX_DECLARED_BYTES``: the table is a folder replicas write, and an
+    entry that is a link (to ``/dev/zero``), a FIFO (never written) or huge held the agent's watch for good."""
     try:
-        return _declared.decode(entry.read_bytes())
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(f"not a plain file ({entry.name})")
+            data = os.read(fd, MAX_DECLARED_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_DECLARED_BYTES:
+            raise OSError(f"over {MAX_DECLARED_BYTES} bytes")
+        return _declared.decode(data)
     except (OSError, msgspec.DecodeError) as exc:  # writers rename into place; this one did not
         log.warning("ignoring %s of the virtual GPU process table: %s", entry, exc)
         return {}

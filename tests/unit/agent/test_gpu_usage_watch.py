@@ -203,6 +203,22 @@ def test_a_half_written_declaration_is_skipped_with_a_warning(tmp_path: Path, ca
     assert "virtual GPU process table" in caplog.text
 
 
+@pytest.mark.parametrize("kind", ["fifo", "link to /dev/zero", "huge"])
+def test_an_entry_that_is_no_plain_small_file_is_skipped(tmp_path: Path, kind: str) -> None:
+    """The table is a folder replicas write: a FIFO nobody writes held the agent's watch for good, a link to
+    ``/dev/zero`` read until the agent ran out of memory."""
+    table = tmp_path / "gpu-processes"
+    source = DeclaredUsage(table, ["GPU-0"])
+    entry = table / str(os.getpid())
+    if kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "huge":
+        entry.write_text('{"GPU-0": 50}' + " " * (1 << 20))
+    else:
+        entry.symlink_to("/dev/zero")
+    assert source.sample(["GPU-0"]) == {"GPU-0": {}}
+
+
 # --- NVML ----------------------------------------------------------------------------------------
 
 
