@@ -59,7 +59,9 @@ def test_a_chunk_uploaded_by_another_tenant_is_missing_to_this_one(platform, htt
     assert owners_of(platform.nats_url, "chunk", sha) == ["team-b-*", "tenant-*"]
     for name in (theirs, mine):
         assert http.delete(f"/v1/volumes/{name}").status_code == 204
-    assert owners_of(platform.nats_url, "chunk", sha) == []  # forgotten with the chunk
+    # Uploaded by two tenants, it is not deleted with either's volume: another may be putting it in a volume still
+    # (test_removing_a_volume_keeps_a_chunk_another_tenant_is_putting); the collection after the grace takes it.
+    assert owners_of(platform.nats_url, "chunk", sha) == ["team-b-*", "tenant-*"]
 
 
 def test_two_tenants_put_the_same_weights_with_the_sdk_and_each_sends_its_own_copy(platform, http: httpx.Client,
@@ -105,4 +107,23 @@ def test_an_admins_chunk_for_one_volume_is_missing_to_a_tenant(platform, http: h
         assert stolen.status_code == 409, stolen.text
         unseen = client.put(f"{CHUNKS_PATH}/{sha}", params={"volume": theirs}, content=data, headers=tenant)
         assert unseen.status_code == 403 and unseen.json()["error"]["field"] == "volume", unseen.text
+    assert http.delete(f"/v1/volumes/{theirs}").status_code == 204
+
+
+def test_removing_a_volume_keeps_a_chunk_another_tenant_is_putting(platform, http: httpx.Client) -> None:
+    """Tenant b sent the same bytes as tenant a's volume holds, and has not committed its own volume yet when a
+    removes its: the chunk stays (for the grace an upload has), and b's commit finds it. Deleted at once with a's
+    volume, b's commit was a 409."""
+    data = os.urandom(4096)
+    sha = hashlib.sha256(data).hexdigest()
+    team_a, team_b = deploy_token(http, ["team-a-*"]), deploy_token(http, ["team-b-*"])
+    mine, theirs = f"team-a-{uuid.uuid4().hex[:6]}", f"team-b-{uuid.uuid4().hex[:6]}"
+    files = {"files": [{"path": "w.bin", "size": len(data), "chunks": [sha]}]}
+    with httpx.Client(base_url=platform.url, timeout=60) as client:
+        assert client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_a).status_code == 201
+        assert client.post(f"/v1/volumes/{mine}/versions", json=files, headers=team_a).status_code == 201
+        assert client.put(f"{CHUNKS_PATH}/{sha}", content=data, headers=team_b).status_code == 201  # its own copy
+        assert client.delete(f"/v1/volumes/{mine}", headers=team_a).status_code == 204
+        made = client.post(f"/v1/volumes/{theirs}/versions", json=files, headers=team_b)
+        assert made.status_code == 201, made.text
     assert http.delete(f"/v1/volumes/{theirs}").status_code == 204

@@ -41,7 +41,7 @@ from ember.wire.jetstream import KVMirror, object_stream
 from ember.wire.volumes import VolumeFile, VolumeFileView, VolumeMount, VolumeVersion, VolumeView
 from ember_platform.auth.scopes import Principal
 from ember_platform.control.bundle_gc import upload_time
-from ember_platform.control.owners import Owners
+from ember_platform.control.owners import Owners, covers
 from ember_platform.volumes.checks import check_files, chunks_of, unreferenced
 
 log = logging.getLogger("ember.volumes")
@@ -248,12 +248,16 @@ class VolumeStore:
         for v in doomed:
             await self._kv.purge(f"{v.name}.{v.version}")
             self.mirror.record(f"{v.name}.{v.version}", None, 1 << 62)
-        return await self.collect(chunks_of(f for v in doomed for f in v.files))
+        return await self.collect(chunks_of(f for v in doomed for f in v.files), of=name)
 
-    async def collect(self, freed: Iterable[str] = ()) -> list[str]:
+    async def collect(self, freed: Iterable[str] = (), of: str | None = None) -> list[str]:
         """Delete the chunks that no kept version uses: those of ``freed`` whatever their age, the others once
-        older than ``grace_s``."""
+        older than ``grace_s``. Freed by removing volume ``of``, a chunk that a token not covering that name also
+        uploaded waits for the grace as well: another tenant may be putting the same bytes in a volume of its own
+        (deleted at once, its commit found them gone)."""
         freed = set(freed)
+        if of is not None:
+            freed = {sha for sha in freed if all(covers([p], of) for p in await self.owners.patterns("chunk", sha))}
         now = time.time()
         old = set()
         try:
