@@ -244,13 +244,15 @@ class NodeAgent:
         in_use = {self._slot_bundles[k] for k in live if k in self._slot_bundles} | self._zygote_bundles
         if assignment is not None:
             in_use |= {s.bundle_sha256 for s in assignment.slots} | {z.bundle_sha256 for z in assignment.zygotes}
+        in_use |= {r.bundle_sha256 for r in self.adoptions.pending.values()}  # the agent before's, not taken yet
         self._slot_bundles = {k: v for k, v in self._slot_bundles.items() if k in live}
         try:
             await self.bundles.maybe_evict(in_use)
         except Exception:
             log.exception("the bundle cache could not be cut down to its budget")
-        await self.images.collect(assignment, live)
-        await self._collect_volumes(assignment, live)
+        if not self.adoptions.pending:  # their environments and volumes are not recorded: none goes until they are
+            await self.images.collect(assignment, live)
+            await self._collect_volumes(assignment, live)
 
     async def _collect_volumes(self, assignment: NodeAssignment | None, live: set[SlotKey]) -> None:
         """Every minute: check the cached volumes that replicas use (a stat of each file; a change is hashed and
