@@ -221,8 +221,12 @@ def test_only_calls_held_for_a_while_are_acked(probe, transport, platform):
         await nc.close()
         return answers
 
-    (fast,) = asyncio.run(exchange(0.0))
-    assert (fast.call_id, bytes(fast.output)) == ("ack-0.0", b"0.0")
+    # A fast call is answered without an ack, unless the replica waited for a core past the ack's few milliseconds
+    # (a busy machine: CI once); one of a few tries is enough to show that fast calls are not acked.
+    tries = [asyncio.run(exchange(0.0)) for _ in range(5)]
+    fast = next((answers for answers in tries if len(answers) == 1), None)
+    assert fast is not None, tries
+    assert (fast[0].call_id, bytes(fast[0].output)) == ("ack-0.0", b"0.0")
     ack, answer = asyncio.run(exchange(0.5))
     assert (ack.call_id, ack.ack) == ("ack-0.5", holder)
     assert (answer.call_id, answer.ack, bytes(answer.output)) == ("ack-0.5", "", b"0.5")
