@@ -90,7 +90,8 @@ def test_editing_the_app_pushes_a_rollout_and_a_broken_save_keeps_the_old_versio
             broken = time.monotonic()
             app_file.write_text(SOURCE.format(version="three").replace("def which", "def which(("))
             wait_for(lambda: err.first("push failed", after=broken), timeout_s=30, what="the failed push")
-            assert "SyntaxError" in err.text()
+            wait_for(lambda: "SyntaxError" in err.text(), timeout_s=30,  # the message's last line: read a little later
+                     what="the failed push's SyntaxError")
             assert answer() == "two"
 
             (app_file.parent / "helper.txt").write_text("another file of the folder counts too")
