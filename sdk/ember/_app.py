@@ -30,6 +30,7 @@ from ember.wire.validate import (
     MAX_CONCURRENCY,
     PY_NAME,
     STREAM_BATCH_PROBLEM,
+    is_app_name,
     manifest_problems,
 )
 
@@ -65,7 +66,7 @@ class App:
             image: the ``ember.Image`` its functions and models run in, unless one names its own (``image=``);
                 default: the nodes' own environment.
         """
-        if not isinstance(name, str) or not APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
+        if not isinstance(name, str) or not is_app_name(name):
             raise InvalidSpecError(
                 f"App({name!r}): an app name is 1-63 lowercase letters, digits and '-', starting with a "
                 f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")

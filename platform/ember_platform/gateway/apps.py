@@ -13,8 +13,7 @@ from starlette.responses import Response
 from ember._bundle import BundleTooLargeError, check_bundle
 from ember._errors import BadRequestError, ForbiddenError, InvalidInputError, InvalidSpecError, PayloadTooLargeError
 from ember.wire import DeployRequest, Manifest
-from ember.wire.specs import RESERVED_APP_NAMES
-from ember.wire.validate import APP_NAME, check_manifest
+from ember.wire.validate import check_manifest, is_app_name
 from ember_platform.auth.scopes import ADMIN, INVOKE, Principal
 from ember_platform.config import Settings
 from ember_platform.control.builds import check_locked
@@ -48,9 +47,7 @@ async def put_bundle(request: Request) -> Response:
 
 
 def app_problem(name: str) -> str | None:
-    if APP_NAME.fullmatch(name) and name not in RESERVED_APP_NAMES:
-        return None
-    return f"{name[:80]!r} is not an app name (1 to 63 lowercase letters, digits and '-')"
+    return None if is_app_name(name) else f"{name[:80]!r} is not an app name (1 to 63 lowercase letters, digits, '-')"
 
 
 def _check_bundle(data: bytes, settings: Settings) -> None:

@@ -25,6 +25,11 @@ from ember.wire.volumes import MAX_VOLUMES_PER_SERVICE, VolumeMount, mount_probl
 from ember.wire.volumes import name_problem as volume_name_problem
 
 APP_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,62}")
+
+
+def is_app_name(name: str) -> bool:
+    """Whether ``name`` may name an app: ``APP_NAME``, and not a word the HTTP API's paths take."""
+    return bool(APP_NAME.fullmatch(name)) and name not in RESERVED_APP_NAMES
 PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
@@ -64,7 +69,7 @@ def check_scale(min_replicas: int, max_replicas: int, at: str = "$") -> None:
 
 
 def manifest_problems(manifest: Manifest, at: str = "$.manifest") -> Iterator[Problem]:
-    if not APP_NAME.fullmatch(manifest.app) or manifest.app in RESERVED_APP_NAMES:
+    if not is_app_name(manifest.app):
         yield (f"{at}.app", f"app name {manifest.app!r}: 1 to 63 lowercase letters, digits and '-', starting with a "
                             f"letter or digit, and not one of {sorted(RESERVED_APP_NAMES)}")
     if not MODULE_NAME.fullmatch(manifest.module):
@@ -84,7 +89,7 @@ def _calls(apps: list[str], at: str) -> Iterator[Problem]:
     if len(apps) > MAX_CALLED_APPS:
         yield at, f"an app may call at most {MAX_CALLED_APPS} other apps, not {len(apps)}"
     for i, name in enumerate(apps[:MAX_CALLED_APPS]):
-        if not APP_NAME.fullmatch(name) or name in RESERVED_APP_NAMES:
+        if not is_app_name(name):
             yield f"{at}[{i}]", f"{name[:80]!r} is not an app name (1 to 63 lowercase letters, digits and '-')"
         elif name in apps[:i]:
             yield f"{at}[{i}]", f"app {name!r} is named twice"
