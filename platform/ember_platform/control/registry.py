@@ -359,7 +359,7 @@ class Registry:
                                 replicas=self.live_replicas(app, s.name))
                     for s in dep.manifest.services]
         return AppView(app=app, version=dep.version, bundle_sha256=dep.bundle_sha256, created_at=dep.created_at,
-                       services=services, versions=self._versions(dep))
+                       services=services, versions=self._versions(dep), switched_at=dep.switched_at)
 
     def _versions(self, dep: Deployment) -> list[VersionView]:
         shares = {s.version: s.percent for s in dep.serving()}

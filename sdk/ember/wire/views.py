@@ -44,6 +44,7 @@ class AppView(msgspec.Struct, frozen=True, kw_only=True):
     created_at: float
     services: list[ServiceView]
     versions: list[VersionView] = []  # every kept version, newest first
+    switched_at: float = 0.0  # when the split of unpinned calls between versions last changed (epoch seconds)
 
 
 class DeviceView(msgspec.Struct, frozen=True, kw_only=True):
