@@ -39,6 +39,7 @@ def deploy_request(app: str = "badapp", **service: Any) -> dict[str, Any]:
     ({"scaledown_window_s": -5}, "$.manifest.services[0].scaledown_window_s"),
     ({"target_p95_ms": 0}, "$.manifest.services[0].target_p95_ms"),
     ({"gpu_count": 64}, "$.manifest.services[0].gpu_count"),
+    ({"gpu_count": 1, "gpu_types": ["H100", "H100"]}, "$.manifest.services[0].gpu_types"),
     ({"min_replicas": 100000, "max_replicas": 100000}, "$.manifest.services[0].min_replicas"),
     ({"functions": [{"name": "f", "attr": "f", "input_mode": "single", "on": ["_INBOX.>"]}]},
      "$.manifest.services[0].functions[0].on[0]"),
@@ -74,11 +75,17 @@ def ping() -> str:
 '''
 
 
-def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(platform, transport, http,
-                                                                                tmp_path: Path):
+# Services past the validator: one the autoscaler refuses, and one whose GPU request the scheduler cannot read
+# (the quota step over every service at once read it, outside the isolation of each: no app was placed at all).
+BROKEN = [({"buffer_replicas": -1}, "buffer_replicas"), ({"gpu_count": 1, "gpu_types": ["4090"]}, "types=['4090']")]
+
+
+@pytest.mark.parametrize(("broken", "reason_names"), BROKEN)
+def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(platform, transport, http, broken,
+                                                                                reason_names, tmp_path: Path):
     (tmp_path / "isolated.py").write_text(APP)
     deploy(tmp_path / "isolated.py", transport=transport, timeout_s=120)
-    broken = _broken_deployment()
+    broken = _broken_deployment(**broken)
     asyncio.run(_put_deployment(platform.nats_url, broken))
     try:
         def failure() -> str | None:
@@ -89,7 +96,7 @@ def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(plat
             return view.services[0].failure or None
 
         reason = wait_for(failure, timeout_s=30, what="the broken service to be marked failed")
-        assert "buffer_replicas" in reason
+        assert reason_names in reason
         # Every other service is still scaled: a replica of `isolated` is placed and becomes ready.
         assert http.post("/v1/apps/isolated/scale", json={"service": "ping", "min_replicas": 1,
                                                           "max_replicas": 2}).status_code == 200
@@ -105,9 +112,9 @@ def test_a_service_that_cannot_be_reconciled_is_failed_and_the_others_go_on(plat
         http.delete("/v1/apps/isolated")
 
 
-def _broken_deployment() -> Deployment:
+def _broken_deployment(**fields: Any) -> Deployment:
     fn = FunctionSpec(name="f", attr="f", input_mode="none")
-    svc = ServiceSpec(name="f", kind="function", functions=[fn], buffer_replicas=-1)  # past the validator
+    svc = ServiceSpec(name="f", kind="function", functions=[fn], **fields)  # past the validator
     return Deployment(app="unreconcilable", version=1, bundle_sha256="0" * 64, created_at=time.time(),
                       manifest=Manifest(app="unreconcilable", module="m", services=[svc]))
 

@@ -276,7 +276,9 @@ class ControlLoop:
         return result
 
     def _want(self, plan: Plan, dep: Deployment, svc: ServiceSpec, now: float) -> int:
-        """The autoscaler's count for ``svc``, before quotas."""
+        """The autoscaler's count for ``svc``, before quotas; it raises (this service alone is skipped) for a GPU
+        request the scheduler cannot read, which the steps after it, over every service at once, read again."""
+        request_from_spec(svc)
         state = self.services.get((dep.app, svc.name))
         if state is None:  # first seen here: a new service, or this control plane restarted or took over
             running = len(_slots(plan, dep.app, svc.name, lambda v: v == dep.version))

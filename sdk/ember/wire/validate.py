@@ -13,8 +13,8 @@ import math
 import re
 from collections.abc import Iterator
 
-from ember._errors import InvalidInputError
-from ember._resources import MAX_GPUS
+from ember._errors import InvalidInputError, InvalidSpecError
+from ember._resources import MAX_GPUS, GpuRequest
 from ember.wire.images import image_problems
 from ember.wire.openai import MODEL_NAME
 from ember.wire.schedules import problem as schedule_problem
@@ -120,6 +120,11 @@ def _service_problems(svc: ServiceSpec, at: str) -> Iterator[Problem]:
     for i, kind in enumerate(svc.gpu_types):
         if not SUBJECT_TOKEN.fullmatch(kind) or len(kind) > 64:
             yield f"{at}.gpu_types[{i}]", f"GPU type {kind!r}: letters, digits, '-' and '_'"
+    if svc.gpu is None and svc.gpu_count:  # the request the scheduler builds from these: a type as a name, once
+        try:
+            GpuRequest(count=svc.gpu_count, types=tuple(svc.gpu_types))
+        except InvalidSpecError as exc:
+            yield f"{at}.gpu_types", exc.message.removeprefix("gpu: ")
     if svc.gpu is not None and svc.gpu_count != max(svc.gpu.count, 1):
         yield f"{at}.gpu_count", f"gpu_count={svc.gpu_count} disagrees with gpu.count={svc.gpu.count}"
     yield from _secrets(svc.secrets, f"{at}.secrets")

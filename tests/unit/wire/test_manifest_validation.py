@@ -49,6 +49,8 @@ def test_a_valid_manifest_has_no_problem() -> None:
     ({"gpu_count": 9}, "gpu_count"),
     ({"gpu_count": 1, "gpu": GpuRequest(count=2)}, "gpu_count"),
     ({"gpu_count": 1, "gpu_types": ["a.b"]}, "gpu_types[0]"),
+    ({"gpu_count": 1, "gpu_types": ["H100", "H100"]}, "gpu_types"),  # the scheduler's request refuses them: its
+    ({"gpu_count": 1, "gpu_types": ["4090"]}, "gpu_types"),  # failure once stopped every app's placement
     ({"min_replicas": -1}, "min_replicas"),
     ({"min_replicas": 100_000, "max_replicas": 100_000}, "min_replicas"),
     ({"min_replicas": 2, "max_replicas": 1}, "max_replicas"),
