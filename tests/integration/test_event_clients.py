@@ -221,6 +221,12 @@ def test_publishing_over_http_needs_the_events_scope_and_a_subject_of_its_apps(p
         assert answer.status_code == 422, (bad, answer.status_code, answer.text)
         assert answer.json()["error"]["field"] == "subject"
     assert post("events.ingest-x.orders.big", b"x" * (9 * 1024 * 1024)).status_code == 413
+    # A body of NATS's whole max_payload (8 MiB here) leaves no room for its headers: a 413, not a message the
+    # server answers by closing the control plane's connection (a 503 "retry" before, and every call beside it cut).
+    full = http.post("/v1/events/events.ingest-x.orders.full", content=b"x" * (8 * 1024 * 1024),
+                     headers={**bearer(token), "Idempotency-Key": "k" * 128})
+    assert full.status_code == 413, full.text
+    assert post("events.ingest-x.orders.http").status_code == 202
     assert post("events.ingest-x.orders.http", who=invoke).status_code == 403
 
 

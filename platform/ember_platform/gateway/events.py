@@ -31,6 +31,9 @@ from ember_platform.gateway.responses import json_response, platform_of
 from ember_platform.natsauth.clients import bound_functions
 
 _PUBLISH_TIMEOUT_S = 5.0
+# What an event's NATS message carries beside its body (the Nats-Msg-Id header block, at most ~170 bytes): the
+# server counts both against its max_payload, and closes a connection that sends more (the control plane's own).
+_HEADERS_ROOM_BYTES = 1024
 _SHOWN = 40  # characters of a bad key quoted in the error
 
 
@@ -42,7 +45,7 @@ async def publish(request: Request) -> Response:
     bound, _ = bound_functions(principal, platform.registry.deployments.items.values())
     if not any(matches(pattern, subject) for pattern in bound):
         raise NotFoundError(f"no function is bound to subject {subject!r}")
-    data = await read_body(request, platform.nc.max_payload)
+    data = await read_body(request, platform.nc.max_payload - _HEADERS_ROOM_BYTES)
     msg_id = header(request, b"idempotency-key")
     if msg_id is not None:
         _check_key(msg_id)
