@@ -5,6 +5,8 @@ schedule and running call are untouched."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from support.paths import REPO
 from support.polling import wait_for
@@ -29,3 +31,33 @@ def test_another_tenants_replica_cannot_touch_schedules_nor_cancel_a_call(deploy
     assert done["status"] == "succeeded" and not done.get("cancelled_by"), done
     view = next(v for v in http.get("/v1/schedules", params={"app": "ticking"}).json() if v["function"] == "slow")
     assert not view["paused"] and view["last_tick"] > 1.0
+
+
+def test_another_tenants_replica_cannot_end_a_run_for_the_schedule_loop(deployed, http):
+    """A replica may write its own app's call records, any id after its app's key: one naming the victim's running
+    tick must not tell the loop that the run ended (its overlap="skip" would fire the next tick beside it)."""
+    deployed(REPO / "tests" / "apps" / "schedules" / "ticking.py")
+    deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")  # with a schedule: its records are watched too
+
+    def slow() -> dict:
+        return next(v for v in http.get("/v1/schedules", params={"app": "ticking"}).json() if v["function"] == "slow")
+
+    def running_tick() -> str | None:
+        view = slow()
+        if view["last_status"] != "fired" or not view["last_call_id"]:
+            return None
+        status = http.get(f"/v1/calls/{view['last_call_id']}").json()["status"]
+        return view["last_call_id"] if status == "running" else None
+
+    first = wait_for(running_tick, timeout_s=90, every_s=0.05, what="a tick's run of the slow function")
+    seen = http.post("/v1/intruder/forge_ended", json={"call_id": first}, timeout=60).json()
+    assert seen["say another app's call ended"].startswith("no error"), seen  # its own key: written
+    while True:  # no tick fires beside the run until it ends (2.5 s on a 1 s period)
+        last = slow()["last_call_id"]
+        status = http.get(f"/v1/calls/{first}").json()["status"]  # read after the view
+        if last != first:
+            assert status in ("succeeded", "failed", "cancelled"), f"{last} fired while {first} was {status}"
+            break
+        if status != "running":
+            break
+        time.sleep(0.05)

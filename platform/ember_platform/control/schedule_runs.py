@@ -85,6 +85,12 @@ class RunWatch:
         self.finished.pop(call_id, None)
         self._ticks.pop(call_id, None)
 
+    def found(self, call_id: str) -> None:
+        """The call expected was there before (a tick fired again after its state could not be written): it may
+        have ended already, and no watch message will say so again; its record is read when next asked about."""
+        self.finished.pop(call_id, None)
+        self._ticks.pop(call_id, None)
+
     async def still_runs(self, app: str, call_id: str) -> bool:
         """Whether ``call_id`` (of ``app``) still waits or runs: known from the watch, or read once."""
         if not call_id:
@@ -111,7 +117,9 @@ class RunWatch:
             del self.finished[call_id]
 
     def _on_message_sync(self, subject: str, started_at: str | None) -> None:
-        call_id = subject[len(_PREFIX):].split(".", 2)[-1]
+        _, app, call_id = subject[len(_PREFIX):].split(".", 2)
+        if call_id.partition("_")[0] != app:  # a record under one app's key naming another app's call (the keys a
+            return  # replica may write: its own app's, any id after them) tells nothing of that call
         fired = self._ticks.pop(call_id, None)
         if call_id in self.finished or call_id in self._reading:
             self.finished[call_id] = True

@@ -305,12 +305,15 @@ class ScheduleLoop:
         call_id = tick_call_id(dep.app, function, tick)
         self.runs.expect(dep.app, call_id, tick)
         try:
-            await self._submitter.submit(Submission(dep.app, function, call_id, tick_msg_id(dep.app, function, tick)))
+            reply = await self._submitter.submit(Submission(dep.app, function, call_id,
+                                                            tick_msg_id(dep.app, function, tick)))
         except EmberError as exc:
             self.runs.failed(call_id)
             log.warning("%s.%s: the tick at %s could not be queued: %s", dep.app, function, tick, exc)
             self.metrics.runs.labels(dep.app, "failed").inc()
             return msgspec.structs.replace(state, last_status="failed")
+        if not reply.created:
+            self.runs.found(call_id)
         self.metrics.runs.labels(dep.app, "fired").inc()
         return msgspec.structs.replace(state, last_call_id=call_id, last_status="fired", last_run_at=now,
                                        runs=state.runs + 1)

@@ -287,3 +287,21 @@ def spoil(victim: dict) -> dict:
                                                                      reply=reply))
 
     return probe.run(attempts)
+
+
+@app.function(schedule=ember.Period(seconds=3600))
+def hourly() -> None:
+    """A schedule of its own: the schedule loop watches this app's final records too."""
+
+
+@app.function(timeout_s=120)
+def forge_ended(victim: dict) -> dict:
+    """From this replica's own connection: a final record's message under its own app's key (which it may write)
+    naming another app's call, as the schedule loop's watch of final records sees one. ``victim``: {"call_id"}."""
+    probe = Attempts()
+
+    async def attempts() -> None:
+        await probe.attempt("say another app's call ended", lambda: probe.publish(
+            f"$KV.ember_calls.r.intruder.{victim['call_id']}", b"{}"))
+
+    return probe.run(attempts)
