@@ -142,13 +142,14 @@ def next_tick(spec: ScheduleSpec, after: float) -> float:
 
     zone = ZoneInfo(spec.timezone)
     start = datetime.fromtimestamp(math.floor(after), tz=UTC).astimezone(zone)
-    return next(CronSim(expand(spec.cron), start)).timestamp()
+    # In the hour a fall-back repeats, the next wall-clock match may be its first pass, before ``after``.
+    return next(t for t in (when.timestamp() for when in CronSim(expand(spec.cron), start)) if t > after)
 
 
 def due(spec: ScheduleSpec, state: ScheduleState, now: float) -> tuple[list[float], int]:
     """The ticks to run now, oldest first, and how many were missed (not run, by ``catch_up``). A schedule seen for
     the first time runs from its next tick on."""
-    if not state.last_tick:
+    if not state.last_tick or now <= state.last_tick:  # a clock behind the one that handled the last tick
         return [], 0
     ticks = ticks_between(spec, state.last_tick, now)
     total = len(ticks)  # a cron's count stops at the limit; a period's is exact

@@ -50,6 +50,21 @@ def test_a_skipped_time_runs_once_at_the_first_minute_that_exists_and_a_repeated
     assert len(day) == 5 and all(b - a == 3600 for a, b in itertools.pairwise(day))
 
 
+def test_the_next_tick_in_a_repeated_hour_is_after_it() -> None:
+    """Handled in the second pass of a fall-back's hour, 02:50 is the next day's: the first 02:50 is past."""
+    paris = _cron("50 2 * * *", "Europe/Paris")
+    second_half_past_two = datetime(2025, 10, 26, 2, 30, fold=1, tzinfo=ZoneInfo("Europe/Paris")).timestamp()
+    tick = next_tick(paris, second_half_past_two)
+    assert tick > second_half_past_two and _local("Europe/Paris", tick) == "2025-10-27 02:50 +0100"
+
+
+def test_a_clock_behind_the_last_tick_finds_nothing_due() -> None:
+    """A control plane whose clock is behind the one that handled the last tick: nothing due, nothing missed (a
+    negative count of missed ticks made every pass raise)."""
+    for spec in (ScheduleSpec(period_s=60, catch_up="none"), _cron("* * * * *", "UTC")):
+        assert due(spec, ScheduleState(last_tick=10_000.0), now=10_000.0 - 600) == ([], 0)
+
+
 def test_a_step_in_the_hour_skipped_follows_the_clock() -> None:
     """``*`` in the minute field: no Debian fix-up. 02:00-02:59 does not exist on 2025-03-09 in New York, so neither
     do 02:00, 02:20 and 02:40: that day has no tick, and the days around it three each (as the guide says)."""
