@@ -30,6 +30,11 @@ app = ember.App("quota-fast")
 @app.function(min_replicas=1)
 def double(x: int) -> int:
     return 2 * x
+
+
+@app.function(schedule=ember.Period(seconds=3600))
+def hourly() -> None:
+    pass
 '''
 SLOW = '''import threading
 import ember
@@ -101,6 +106,8 @@ def test_a_rate_quota_429s_part_of_a_burst_and_the_rest_answer(tmp_path: Path, t
                 assert r.headers["Retry-After"] == "100"  # seconds until the next token, rounded up
         spawned = admin.post("/v1/quota-fast/double/spawn", json=1)
         assert spawned.status_code == 429 and int(spawned.headers["Retry-After"]) >= 1
+        run = admin.post("/v1/apps/quota-fast/schedules/hourly/run")  # a run asked for is a queued call too
+        assert run.status_code == 429 and int(run.headers["Retry-After"]) >= 1, run.text
 
         # a token quota: calls made with that token only
         assert admin.delete("/v1/quotas/qt-rate").status_code == 200

@@ -235,7 +235,7 @@ _OPERATIONS: dict[tuple[str, str], _Op] = {
         (200, "the schedule", _ref("ScheduleView"), JSON), (400, 404, 409, 413), [], None),
     ("POST", "/v1/apps/{app}/schedules/{name}/run"): (
         "Run a scheduled function now, outside its schedule: an ordinary spawned call",
-        (202, "the call queued", _ref("ScheduleRun"), JSON), (400, 404, 413, 503), [], None),
+        (202, "the call queued", _ref("ScheduleRun"), JSON), (400, 404, 413, 429, 503), [], None),
     ("GET", "/v1/status"): (
         "Nodes, GPUs, replicas and services", (200, "the cluster", _ref("StatusView"), JSON), (404,),
         [_query("app", "only this app's services", {"type": "string"}), _SERVICE_QUERY], None),

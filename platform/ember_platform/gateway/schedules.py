@@ -59,5 +59,12 @@ async def run(request: Request) -> Response:
     """``POST /v1/apps/<app>/schedules/<fn>/run``: one run now, outside the schedule (202 with its call id)."""
     app, name = _target(request)
     await read_body(request, MAX_ACTION_BODY)
-    call_id = await platform_of(request).schedules.run_now(app, name)
+    platform = platform_of(request)
+    platform.schedules.find(app, name)  # a 404 before the quotas count it
+    held = platform.quotas.limiter.admit(app, principal_of(request).token_id)  # 429 over the app's quotas, as a spawn
+    try:
+        call_id = await platform.schedules.run_now(app, name)
+    finally:
+        if held is not None:
+            held.release()
     return json_response(ScheduleRun(app=app, function=name, call_id=call_id), 202)
