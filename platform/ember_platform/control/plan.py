@@ -11,21 +11,26 @@ Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 
 
 def cluster_snapshot(plan: Plan, nodes: dict[str, NodeInfo], deployments: dict[str, Deployment]) -> Snapshot:
-    """The live nodes and what the plan's replicas hold on them. Only the apps that have replicas in the plan are
-    looked at: the cost follows what runs, not what is deployed."""
-    held = [deployments[app] for app in sorted({s.app for slots in plan.values() for s in slots})
-            if app in deployments]
-    specs = {(d.app, s.name): s for d in held for s in d.manifest.services}
-    for d in held:  # the replicas of the other versions that still run hold what theirs ask
-        for version in (d.running() | {d.warm}) - {d.version, 0}:  # and the warm one's
-            for s in (d.release(version) or d).manifest.services:
-                specs.setdefault((d.app, s.name), s)
-    reservations = [Reservation(replica_id=s.replica_id, function=f"{s.app}.{s.service}", node_id=nid,
-                                gpu_uuids=tuple(s.gpu_uuids),
-                                memory_mb=request_from_spec(specs[(s.app, s.service)]).memory_mb,
-                                host_memory_mb=specs[(s.app, s.service)].memory_mb)
-                    for nid, slots in plan.items() for s in slots if (s.app, s.service) in specs]
+    """The live nodes and what the plan's replicas hold on them: each replica what it was bound with (its slot's
+    memory), not what the current version asks (a replica of the version before, or the warm one, held a whole GPU
+    that read as the new version's 20 GB: another was placed on it). A slot written before slots kept their memory
+    holds what its own version asks. Only the apps that have replicas in the plan are looked at: the cost follows
+    what runs, not what is deployed."""
+    own: dict[tuple[str, int, str], ServiceSpec] = {}  # what each version's services asked
+    for app, version in {(s.app, s.version) for slots in plan.values() for s in slots}:
+        dep = deployments.get(app)
+        if dep is not None and (release := dep.release(version)) is not None:
+            own.update(((app, version, svc.name), svc) for svc in release.manifest.services)
+    reservations = [_held(nid, s, own.get((s.app, s.version, s.service))) for nid, slots in plan.items() for s in slots]
     return build_snapshot(Cluster.from_nodes(nodes.values()), reservations)
+
+
+def _held(node_id: str, slot: SlotAssignment, spec: ServiceSpec | None) -> Reservation:
+    """What ``slot``'s replica holds: GPU memory per GPU (0: each whole) and host memory."""
+    return Reservation(replica_id=slot.replica_id, function=f"{slot.app}.{slot.service}", node_id=node_id,
+                       gpu_uuids=tuple(slot.gpu_uuids),
+                       memory_mb=slot.memory_mb or (request_from_spec(spec).memory_mb if spec is not None else 0),
+                       host_memory_mb=slot.host_memory_mb or (spec.memory_mb if spec is not None else 0))
 
 
 def replica_request(dep: Deployment, svc: ServiceSpec, replica_id: str) -> PlacementRequest:
