@@ -54,6 +54,7 @@ from ember_platform.control.plan import (
     of_another_push,
     on_faulty_gpus,
     replica_request,
+    surplus,
     to_replace,
 )
 from ember_platform.control.preloader import Preloader
@@ -328,9 +329,7 @@ class ControlLoop:
         moving = self._moving()
         count = len(current) - sum(s.replica_id in self.moves or s.replica_id in leaving for s in current)
         if count > target:
-            removable = [s for s in sorted(current, key=lambda s: -s.index)
-                         if replicas.get(s.replica_id, _NONE).state != "starting" and s.replica_id not in moving]
-            doomed = {s.replica_id for s in removable[:count - target]}
+            doomed = surplus(current, replicas, count - target, keep=moving | leaving.keys())
             _drop(plan, lambda s: s.replica_id in doomed)
         used = {s.index for s in current}
         free = (i for i in range(10_000) if i not in used)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 from ember.wire import Deployment, NodeInfo, ReplicaStatus, ServiceSpec, SlotAssignment
 from ember_platform.scheduler import Cluster, PlacementRequest, Reservation, Snapshot, build_snapshot, request_from_spec
@@ -53,6 +53,22 @@ def on_faulty_gpus(plan: Plan, nodes: Mapping[str, NodeInfo]) -> dict[str, str]:
             if why := next((faults[u] for u in s.gpu_uuids if u in faults), ""):
                 found[s.replica_id] = why
     return found
+
+
+_KEPT_FIRST = {"ready": 2, "starting": 1}  # a scale-down keeps what serves, then what is about to; the rest go first
+
+
+def surplus(slots: Iterable[SlotAssignment], replicas: Mapping[str, ReplicaStatus], n: int,
+            keep: Collection[str] = ()) -> set[str]:
+    """The ``n`` replicas of ``slots`` a scale-down stops (none of ``keep``): those that serve nothing first (failed,
+    crashed, not reported), then those still starting, then ready ones; the highest index first within each. Before,
+    starting replicas were never stopped and the rest by index alone: a service going from two to one stopped its
+    ready replica and kept the one still loading (nothing served until its setup ended), or kept a failed one."""
+    def order(slot: SlotAssignment) -> tuple[int, int]:
+        status = replicas.get(slot.replica_id)
+        return _KEPT_FIRST.get(status.state, 0) if status is not None else 0, -slot.index
+
+    return {s.replica_id for s in sorted((s for s in slots if s.replica_id not in keep), key=order)[:max(n, 0)]}
 
 
 def to_replace(slots: Iterable[SlotAssignment], replicas: Mapping[str, ReplicaStatus],
