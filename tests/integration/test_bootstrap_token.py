@@ -22,12 +22,12 @@ from support import stacks
 from support.auth import bearer
 from support.polling import wait_for
 
-from ember._errors import UnavailableError
+from ember._errors import UnauthenticatedError, UnavailableError
 from ember._procs import die_with_parent
 from ember.dev.embedded import NATS_CONFIG, nats_server_binary
 from ember.wire import StoredToken, TokenInfo, TokenRequest, encoder
 from ember.wire.jetstream import StorageLimits, ensure_buckets
-from ember.wire.tokens import new_token
+from ember.wire.tokens import new_token, parse_token
 from ember_platform.auth.scopes import EVERYONE
 from ember_platform.auth.tokens import FIRST_ADMIN_ID, KEEP_DEAD_S, TokenStore
 
@@ -196,6 +196,22 @@ def test_records_of_tokens_long_dead_are_collected(nats_url: str):
         return sorted(purged)
 
     assert _store_test(nats_url, StorageLimits(), body) == ["oldexpired", "oldrevoked"]
+
+
+def test_a_bootstrap_token_revoked_long_ago_stays_revoked_when_its_file_is_given_again(nats_url: str):
+    """Its record outlives the collector: purged, the same file at the next start made it anew, a live admin."""
+    token = new_token()
+    token_id = parse_token(token)[0]  # type: ignore[index]
+
+    async def body(store: TokenStore) -> None:
+        await store.ensure_admin(token, "bootstrap")
+        await store.revoke(token_id, EVERYONE)
+        assert await store.collect(time.time() + KEEP_DEAD_S + 60) == []
+        await store.ensure_admin(token, "bootstrap")  # the next start, given the same file
+        with pytest.raises(UnauthenticatedError):
+            store.authenticate(f"Bearer {token}")
+
+    _store_test(nats_url, StorageLimits(), body)
 
 
 def test_a_full_token_bucket_refuses_a_new_token_with_a_503(nats_url: str):

@@ -146,15 +146,28 @@ class TokenStore:
         token_id, secret = parse_token(token) or ("", "")
         digest = secret_digest(secret)
         info = TokenInfo(id=token_id, name=name, scopes=["admin"], apps=["*"], created_at=time.time())
-        if await self._create(StoredToken(info=info, secret_sha256=digest)):
+        if await self._create(StoredToken(info=info, secret_sha256=digest, bootstrap=True)):
             log.info("bootstrap token %s recorded", token_id)
             return
         existing = await self._read(token_id)
         if existing is None or not hmac.compare_digest(existing.secret_sha256, digest):
             raise ValueError(f"the bootstrap token's id {token_id} belongs to another token: write a new one")
+        if not existing.bootstrap:  # recorded before records said so: marked, so that the collector keeps it
+            await self._mark_bootstrap(token_id)
         if existing.revoked_at is not None:
             log.warning("the bootstrap token %s was revoked; it stays revoked (write a new token to the file)",
                         token_id)
+
+    async def _mark_bootstrap(self, token_id: str) -> None:
+        """Mark the record as a bootstrap file's, as it stands (a revocation meanwhile wins: read again)."""
+        for _ in range(10):
+            entry = await self._kv.get(token_id)
+            if not entry.value:
+                return
+            marked = msgspec.structs.replace(_decoder.decode(entry.value), bootstrap=True)
+            with contextlib.suppress(KeyWrongLastSequenceError):
+                await self._kv.update(token_id, encoder.encode(marked), last=entry.revision)
+                return
 
     async def first_admin(self) -> str | None:
         """An admin token for an installation that has never had one (an empty bucket), or None. Several control
@@ -170,10 +183,12 @@ class TokenStore:
 
     async def collect(self, now: float | None = None) -> list[str]:
         """Purge the records of tokens revoked or expired more than ``KEEP_DEAD_S`` ago (the first admin token's
-        record stays: it is printed once per installation); the ids purged. Every control plane may run it."""
+        record stays: it is printed once per installation; a bootstrap file's too: the file may be given again);
+        the ids purged. Every control plane may run it."""
         limit = (now if now is not None else time.time()) - KEEP_DEAD_S
         dead = [token_id for token_id, s in list(self.mirror.items.items())
-                if token_id != FIRST_ADMIN_ID and min(s.revoked_at or math.inf, s.info.expires_at or math.inf) < limit]
+                if token_id != FIRST_ADMIN_ID and not s.bootstrap
+                and min(s.revoked_at or math.inf, s.info.expires_at or math.inf) < limit]
         for token_id in dead:
             await self._kv.purge(token_id)
         if dead:

@@ -48,6 +48,9 @@ class StoredToken(msgspec.Struct, frozen=True, kw_only=True):
     info: TokenInfo
     secret_sha256: str
     revoked_at: float | None = None
+    # Written from a control plane's bootstrap file: kept when revoked, however long ago (the same file given again
+    # at a start would make a purged record anew, live).
+    bootstrap: bool = False
 
 
 class TokenRequest(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
