@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 from support.auth import bearer
 
 import ember
-from ember_platform.natsauth.clients import TOKEN_USER, events_inbox
+from ember_platform.natsauth.clients import CONNZ_PAGE, TOKEN_USER, events_inbox
 
 pytestmark = [
     pytest.mark.integration,
@@ -196,6 +196,36 @@ def test_revoking_the_token_closes_its_connection_and_refuses_the_reconnect(plat
 
     closed, reconnect = asyncio.run(revoke_while_connected())
     assert closed and reconnect != "connected"
+
+
+def test_revoking_a_token_closes_more_connections_than_a_server_lists_at_once(platform, http, apps):
+    """A server lists a user's connections a page (``CONNZ_PAGE``) at a time: the kick goes on past the first page
+    (a token with 1,040 connections kept 16 of them, for good, with the token's permissions)."""
+    token, token_id = _token(http, ["events"], ["ingest-*"])
+
+    async def revoke_many() -> int:
+        closed = asyncio.Semaphore(0)
+
+        async def on_closed() -> None:
+            closed.release()
+
+        async def one() -> nats.NATS:
+            return await nats.connect(platform.nats_url, user=TOKEN_USER, password=token, closed_cb=on_closed,
+                                      inbox_prefix=events_inbox(token_id), allow_reconnect=False, connect_timeout=30)
+
+        many = []
+        for _ in range(CONNZ_PAGE // 64 + 1):  # a page and 64 more, in groups of 64 (each a callout round trip)
+            many += await asyncio.gather(*(one() for _ in range(64)))
+        try:
+            revoked = await asyncio.to_thread(http.delete, f"/v1/tokens/{token_id}")
+            assert revoked.status_code == 200, revoked.text
+            for _ in many:
+                await asyncio.wait_for(closed.acquire(), 60)
+            return sum(nc.is_closed for nc in many)
+        finally:
+            await asyncio.gather(*(nc.close() for nc in many if not nc.is_closed))
+
+    assert asyncio.run(revoke_many()) == CONNZ_PAGE + 64
 
 
 def test_publishing_over_http_needs_the_events_scope_and_a_subject_of_its_apps(platform, http, apps):
