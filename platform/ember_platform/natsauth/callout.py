@@ -106,6 +106,9 @@ class AuthCallout:
         """What to answer for a client's CONNECT options, or ``Refused``."""
         token = clients.token_of(opts)
         if token is not None:
+            if clients.token_as_user(opts):
+                raise Refused("a token goes in the password of user 'token', or as the NATS token; never as the user "
+                              "name, which the server writes in its log")
             if not token or len(token) > MAX_TOKEN:
                 raise Refused("no token" if not token else "token too long")
             return self.clients.admit(token)

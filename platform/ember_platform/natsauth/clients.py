@@ -78,9 +78,14 @@ def events_inbox(token_id: str) -> str:
     return f"_INBOX.events_{token_id}"
 
 
+def token_as_user(opts: dict[str, Any]) -> bool:
+    """Whether a client gave an Ember token as its user name (refused: the server logs user names)."""
+    return not opts.get("auth_token") and str(opts.get("user") or "").startswith(TOKEN_PREFIX)
+
+
 def token_of(opts: dict[str, Any]) -> str | None:
     """The Ember token a client presented in its CONNECT options (``auth_token``, user ``token`` with the token as
-    password, or the token as the user name), or None when it presented none."""
+    password, or the token as the user name: refused, but never logged), or None when it presented none."""
     user = str(opts.get("user") or "")
     if opts.get("auth_token"):
         return str(opts["auth_token"])
