@@ -228,6 +228,37 @@ def test_revoking_a_token_closes_more_connections_than_a_server_lists_at_once(pl
     assert asyncio.run(revoke_many()) == CONNZ_PAGE + 64
 
 
+def test_a_client_loses_a_subject_its_app_no_longer_binds(platform, http, apps, transport, tmp_path: Path):
+    """Permissions are a connection's, given at connect: when its app stops binding a subject (which another tenant's
+    app may bind next), the client's connections are cut, and its reconnect may no longer publish there."""
+    path = tmp_path / "ingest_z.py"
+    path.write_text(APP.format(app="ingest-z"))
+    ember.deploy(path, transport=transport, timeout_s=180)
+    token, token_id = _token(http, ["events"], ["ingest-z"])
+
+    async def after_the_app_goes() -> str:
+        client = Client()
+        reconnected = asyncio.Event()
+
+        async def on_reconnected() -> None:
+            reconnected.set()
+
+        nc = await client.connect(platform.nats_url, token, token_id, reconnected_cb=on_reconnected,
+                                  reconnect_time_wait=0.2)
+        try:
+            await nc.jetstream().publish("events.ingest-z.orders.1", b'{"items": []}')  # bound: stored
+            assert (await asyncio.to_thread(http.delete, "/v1/apps/ingest-z")).status_code == 204
+            await asyncio.wait_for(reconnected.wait(), 60)
+            await nc.publish("events.other-y.orders.2", b'{"items": []}')  # binding nothing allows nothing
+            await client.violation("events.other-y.orders.2")
+            await nc.publish("events.ingest-z.orders.2", b'{"items": []}')
+            return await client.violation("events.ingest-z.orders.2")
+        finally:
+            await nc.close()
+
+    assert "publish" in asyncio.run(after_the_app_goes()).lower()
+
+
 def test_publishing_over_http_needs_the_events_scope_and_a_subject_of_its_apps(platform, http, apps):
     token, _ = _token(http, ["events"], ["ingest-*"])
     invoke, _ = _token(http, ["invoke", "read"], ["ingest-*"])

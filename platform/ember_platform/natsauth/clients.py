@@ -144,6 +144,10 @@ def permissions(token_id: str, principal: Principal, deployments: Iterable[Deplo
     return {"pub": {"allow": sorted(bound), "deny": _DENIED}, "sub": {"allow": sub, "deny": _DENIED_SUB}, **_LIMITS}
 
 
+def _fingerprint(perms: dict[str, Any]) -> str:
+    return json.dumps(perms, sort_keys=True)
+
+
 @dataclass(frozen=True)
 class Admission:
     """What the callout answers for an admitted client: its name, account, permissions and expiry."""
@@ -232,6 +236,8 @@ class EventClients:
         self._kicker = kicker or Kicker(keys, servers or [])
         self._handled: set[str] = set()  # revoked tokens whose connections were cut (or were revoked before)
         self._failures: dict[str, int] = {}
+        self._granted: dict[str, set[str]] = {}  # token id -> the permissions its clients admitted here were given
+        self._grants_of = -1  # the deployments' generation they were last compared with
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -258,6 +264,7 @@ class EventClients:
         token_id = principal.token_id
         stored = self._tokens.mirror.items.get(token_id)
         perms = permissions(token_id, principal, self._deployments.items.values())
+        self._granted.setdefault(token_id, set()).add(_fingerprint(perms))
         return Admission(name=client_name(token_id), nats=perms,
                          expires=stored.info.expires_at if stored is not None else None)
 
@@ -278,6 +285,35 @@ class EventClients:
             self._handled.add(token_id)
             self._failures.pop(token_id, None)
         self._handled &= set(self._tokens.mirror.items)  # records purged by the collector
+        return cut + await self._regrant()
+
+    async def _regrant(self) -> int:
+        """Cut the connections this control plane admitted whose permissions a change of deployments altered (a
+        subject their app no longer binds, which another tenant's app may bind next): a client's permissions are
+        its connection's, given at connect; its reconnect gets what it may do now. How many connections were cut."""
+        if self._tokens is None or self._deployments.generation == self._grants_of:
+            return 0
+        self._grants_of = self._deployments.generation
+        deployments = list(self._deployments.items.values())
+        cut = 0
+        for token_id, given in sorted(self._granted.items()):
+            stored = self._tokens.mirror.items.get(token_id)
+            if stored is None or stored.revoked_at is not None:  # refused at its reconnect; cut when revoked
+                del self._granted[token_id]
+                continue
+            if given == {_fingerprint(permissions(token_id, Principal.of(stored.info), deployments))}:
+                continue
+            try:
+                kicked = await self._kicker.kick(client_name(token_id))
+            except (NatsError, OSError, TimeoutError) as exc:
+                log.warning("could not cut the connections of token %s, whose permissions changed (%s: %s); trying "
+                            "again", token_id, type(exc).__name__, exc)
+                self._grants_of = -1  # looked at again at the next sweep
+                continue
+            self._granted.pop(token_id, None)  # their reconnects say what they were given anew
+            if kicked:
+                log.info("cut %d connections of token %s: its apps' subjects changed", kicked, token_id)
+            cut += kicked
         return cut
 
     def _revoked(self) -> set[str]:

@@ -22,6 +22,7 @@ from ember_platform.natsauth.clients import events_inbox
 class _Mirror:
     def __init__(self, items: dict) -> None:
         self.items = items
+        self.generation = 1
 
 
 def _deployment(app: str, on: list[str], result: str | None) -> Deployment:
