@@ -60,6 +60,25 @@ def test_one_lease_holder_at_a_time_and_a_dead_one_loses_it(platform):
     asyncio.run(scenario())
 
 
+def test_a_holder_stops_acting_before_its_key_can_expire(platform):
+    """The holder counts its lease from when it sent the renewal (the bucket's TTL runs from when the server stored
+    it), less a margin for a write begun just before: it never acts past the moment a standby may take over."""
+    async def scenario() -> bool:
+        nc = await admin_connect(platform.nats_url)
+        try:
+            bucket = f"test_leases_{uuid.uuid4().hex[:8]}"
+            lease = Lease(nc.jetstream(), "a", ttl_s=1.2, bucket=bucket)
+            assert await lease.hold() and lease.held
+            await asyncio.sleep(1.05)  # of a 1.2 s lease: the key lives on a little, and the holder stops acting
+            held = lease.held
+            await nc.jetstream().delete_key_value(bucket)
+            return held
+        finally:
+            await nc.close()
+
+    assert not asyncio.run(scenario())
+
+
 def test_a_standby_takes_over_within_seconds_and_keeps_the_replicas_that_run(tmp_path: Path):
     (tmp_path / "app").mkdir()
     (tmp_path / "app" / "steady.py").write_text(APP)

@@ -60,8 +60,9 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        """True while our last successful renewal is younger than the TTL."""
-        return self._revision is not None and time.monotonic() - self._renewed_at < self._ttl_s
+        """True while our last successful renewal (from when it was sent: the bucket's TTL runs from when the
+        server stored it, a little later) is younger than the TTL, less a margin for a write begun just before."""
+        return self._revision is not None and time.monotonic() - self._renewed_at < self._ttl_s * 5 / 6
 
     async def hold(self) -> bool:
         """Take the lease, or renew it when a third of the TTL has passed; whether we hold it now."""
@@ -69,12 +70,13 @@ class Lease:
             return True
         try:
             kv = await self._bucket()
+            sent = time.monotonic()
             if self._revision is not None:
                 self._revision = await kv.update(CONTROL_KEY, self.holder.encode(), last=self._revision)
             else:
                 self._revision = await kv.create(CONTROL_KEY, self.holder.encode())
                 log.info("control plane %s holds the control lease", self.holder)
-            self._renewed_at = time.monotonic()
+            self._renewed_at = sent
         except KeyWrongLastSequenceError:  # someone else holds it (or took it over from us)
             if self._revision is not None:
                 log.warning("control plane %s lost the control lease", self.holder)

@@ -433,6 +433,9 @@ class ControlLoop:
 
     async def _write(self, plan: Plan, zygotes: dict[str, list[ZygoteAssignment]], now: float) -> None:
         for nid in set(plan) | set(self.assignments.items):
+            if not self.active:  # the lease ran out during the tick (a stalled JetStream): another may hold it now
+                log.warning("the control lease ran out during a tick: its plan is not written")
+                return
             slots = sorted(plan.get(nid, []), key=lambda s: s.replica_id)
             preload = zygotes.get(nid, [])
             old = self.assignments.items.get(nid)
