@@ -15,6 +15,7 @@ from ember.wire.images import ImageSpec
 from ember.wire.jetstream import KVMirror, StorageLimits, connect
 from ember_platform.auth.bootstrap import bootstrap
 from ember_platform.auth.tokens import TokenStore
+from ember_platform.calls.demand import Demand
 from ember_platform.calls.router import Router
 from ember_platform.calls.streams import Streams
 from ember_platform.config import Settings
@@ -60,14 +61,20 @@ class Platform:
         self.llm_metrics = LlmMetrics()  # the OpenAI-compatible routes' figures (GET /metrics)
         self.quotas = QuotaStore(registry.stores.quotas)
         self.subject_grants = GrantStore(registry.stores.subject_grants)  # what apps may bind beyond events.<app>
+        lease = Lease(nc.jetstream())
+        # the calls that wait at the other control planes for a service with no replica count here too
+        self.demand = Demand(lease.holder, registry.deployments.changed.set, registry.deployed_service)
         self.control = ControlLoop(registry, registry.stores,
-                                   gateway_load=lambda app, svc: self.router.in_flight[(app, svc)],
-                                   gateway_received=lambda app, svc: self.router.received[(app, svc)],
+                                   gateway_load=lambda app, svc: (self.router.in_flight[(app, svc)]
+                                                                  + self.demand.in_flight(app, svc)),
+                                   gateway_received=lambda app, svc: (self.router.received[(app, svc)]
+                                                                      + self.demand.received[(app, svc)]),
                                    gateway_capacity=self.router.capacity, js=nc.jetstream(),
-                                   lease=Lease(nc.jetstream()), quotas=self.quotas.all)
+                                   lease=lease, quotas=self.quotas.all)
         # a call to a function at zero wakes the control loop as a changed deployment does: its replica is asked for
-        # now, not at the next tick (up to TICK_S later)
-        self.router.on_unserved = lambda _app, _service: registry.deployments.changed.set()
+        # now, not at the next tick (up to TICK_S later); and every other control plane's, one of which may hold the
+        # lease
+        self.router.on_unserved = self._unserved
         self.schedules = ScheduleLoop(nc.jetstream(), registry.calls, registry.deployments,
                                       active=lambda: self.control.active)  # ticks: fired by the lease holder only
         self.callout: AuthCallout | None = None
@@ -126,6 +133,7 @@ class Platform:
                                                drain_grace_s=settings.replica_drain_grace_s)
                 await platform.callout.start()
             await platform.router.start()
+            await platform.demand.start(nc)
             await platform.streams.start()
             await platform.relay.start()
             await platform.control.start()
@@ -142,6 +150,7 @@ class Platform:
                  ("schedules", self.schedules.stop), ("control loop", self.control.stop),
                  ("control actions", self.control.stop_acting),
                  ("relay", self.relay.stop), ("streams", self.streams.stop), ("router", self.router.stop),
+                 ("demand", self.demand.stop),
                  ("registry", self.registry.stop), ("tokens", self.tokens.stop), ("quotas", self.quotas.stop),
                  ("subject grants", self.subject_grants.stop), ("secrets server", self.secrets_server.stop),
                  ("node reads", self.node_reads.stop), ("builds", self.builds.stop), ("secrets", self.secrets.stop),
@@ -153,6 +162,10 @@ class Platform:
             await stop()
             if (took := time.monotonic() - started) > SLOW_STOP_S:
                 log.warning("stopping: %s took %.1fs", name, took)
+
+    def _unserved(self, app: str, service: str) -> None:
+        self.registry.deployments.changed.set()
+        self.demand.tell(app, service)
 
     def _running_images(self, app: str) -> list[ImageSpec]:
         """The locked images of ``app``'s current deployment (a push that did not change one keeps its lock)."""

@@ -81,6 +81,21 @@ def test_a_synchronous_call_wakes_a_function_idle_at_zero(transport, http, tmp_p
         http.delete("/v1/apps/drowsy")
 
 
+def test_a_synchronous_call_at_a_standby_control_plane_wakes_a_function_idle_at_zero(platform, transport, http,
+                                                                                       tmp_path: Path):
+    """Only the lease holder scales: a call that reached another control plane (two behind a load balancer) was
+    never seen by it, and waited until its deadline. Now every control plane hears of it."""
+    _deploy_idle("dreamy", transport, http, tmp_path)
+    standby = platform.add_control_plane("zero-standby")
+    try:
+        response = http.post(f"{standby}/v1/dreamy/wake", json=41, timeout=150)
+        assert response.status_code == 200, response.text
+        assert response.json() == 42
+    finally:
+        platform.kill("zero-standby")
+        http.delete("/v1/apps/dreamy")
+
+
 def test_a_spawned_call_wakes_a_function_idle_at_zero(transport, http, tmp_path: Path):
     _deploy_idle("dozy", transport, http, tmp_path)
     try:

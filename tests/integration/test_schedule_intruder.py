@@ -1,7 +1,8 @@
 """Another tenant's replica, with its own credentials and NATS connection, against schedules and cancellation: it
 can neither read, watch nor write ``ember_schedules`` (the control planes' bucket), nor publish on
-``ember.control.cancelled`` (the control planes' relay subject) or another replica's cancel subject; the victim's
-schedule and running call are untouched."""
+``ember.control.cancelled`` (the control planes' relay subject) or another replica's cancel subject, nor publish or
+hear ``ember.control.unserved`` (which functions a control plane's calls wait for); the victim's schedule and
+running call are untouched."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_another_tenants_replica_cannot_touch_schedules_nor_cancel_a_call(deploy
                        timeout_s=60, what="the victim's call to run")
     victim = {"app": "ticking", "function": "slow", "call_id": call_id, "replica": running["replica"]}
     seen = http.post("/v1/intruder/meddle", json=victim, timeout=120).json()
-    assert len(seen) == 8
+    assert len(seen) == 10
     for attempt, answer in seen.items():
         assert "permissions violation" in answer.lower(), (attempt, answer)
     done = http.get(f"/v1/calls/{call_id}", params={"wait": 30}).json()

@@ -174,6 +174,11 @@ class Registry:
                         return dep.app
         return None
 
+    def deployed_service(self, app: str, service: str) -> bool:
+        """Whether ``app``'s current version has a service ``service``."""
+        dep = self.deployments.items.get(app)
+        return dep is not None and any(s.name == service for s in dep.manifest.services)
+
     def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
         fresh_after = time.time() - REPLICA_TTL_S
         return sorted((r for r in self.replicas.items.values()

@@ -98,6 +98,9 @@ def replica_cancel(replica_id: str) -> str:
 # Call ids cancelled while running, for every control plane's relay (which cancels the calls they made in turn).
 # Control planes alone publish and read it: no replica's or node's permissions name it.
 CANCELLED_CALLS = "ember.control.cancelled"
+# "<control plane> <app> <service>": a synchronous call waits at that control plane for a service with no replica,
+# for the lease holder's autoscaler (calls reach any control plane). Control planes alone publish and read it.
+UNSERVED_CALLS = "ember.control.unserved"
 
 
 @lru_cache(maxsize=4096)

@@ -161,8 +161,9 @@ def credentials() -> dict:
 @app.function(timeout_s=120)
 def meddle(victim: dict) -> dict:
     """From this replica's own connection: read, watch and write another app's schedule state (KV ember_schedules,
-    the control planes' alone), and cancel another app's call (``ember.control.cancelled``, the control planes'
-    relay subject, and the replica's cancel subject). ``victim``: {"app", "function", "call_id", "replica"}."""
+    the control planes' alone), cancel another app's call (``ember.control.cancelled``, the control planes'
+    relay subject, and the replica's cancel subject), and wake or watch other apps' functions
+    (``ember.control.unserved``, the control planes' alone). ``victim``: {"app", "function", "call_id", "replica"}."""
     probe = Attempts()
     key = f"{victim['app']}.{victim['function']}"
     forged = b'{"last_tick":1.0,"paused":true}'
@@ -181,6 +182,9 @@ def meddle(victim: dict) -> dict:
             "ember.control.cancelled", f"{victim['app']} {victim['call_id']}".encode()))
         await attempt("cancel at its replica", lambda: publish(
             f"ember.replica.{victim['replica']}.cancel", victim["call_id"].encode()))
+        await attempt("wake another app's function", lambda: publish(
+            "ember.control.unserved", f"intruder {victim['app']} {victim['function']}".encode()))
+        await attempt("hear which functions are woken", lambda: probe.subscribe("ember.control.unserved"))
 
     return probe.run(attempts)
 
