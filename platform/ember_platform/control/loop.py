@@ -21,7 +21,6 @@ import contextlib
 import functools
 import logging
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
@@ -50,10 +49,13 @@ from ember_platform.control.lease import Lease
 from ember_platform.control.pace import until_next_tick
 from ember_platform.control.plan import (
     Plan,
+    assign,
     cluster_snapshot,
+    new_replica_id,
     of_another_push,
     on_faulty_gpus,
     replica_request,
+    slot_request,
     surplus,
     to_replace,
 )
@@ -102,6 +104,7 @@ class ControlLoop:
     replaced: Counter[tuple[str, str, str]] = field(default_factory=Counter)  # (app, service, why): gave way
     faulty: dict[str, str] = field(default_factory=dict)  # replica id -> why, on a GPU out of service (last tick)
     _services_at: tuple[int, list[tuple[Deployment, ServiceSpec]]] = (-1, [])
+    _placed: tuple[int, dict[str, str]] = (-1, {})  # the assignments' generation, and replica id -> its node then
 
     async def start(self) -> None:
         self.switching = Switching(self.registry)
@@ -116,11 +119,15 @@ class ControlLoop:
         self._task = asyncio.create_task(self._run(), name="control-loop")
 
     def _assigned_node(self, replica_id: str) -> str | None:
-        """The node the scheduler assigned ``replica_id`` to, as the assignments say now (None: none lists it)."""
-        for node_id, assignment in self.assignments.items.items():
-            if any(slot.replica_id == replica_id for slot in assignment.slots):
-                return node_id
-        return None
+        """The node the scheduler assigned ``replica_id`` to, as the assignments say now (None: none lists it).
+        Asked at every replica's status write: read from an index made again when the assignments change (a scan
+        of every slot each time made a round of heartbeats cost the square of the replicas: 2 s of CPU at 8,000)."""
+        generation, index = self._placed
+        if generation != self.assignments.generation:
+            index = {slot.replica_id: node_id for node_id, assignment in self.assignments.items.items()
+                     for slot in assignment.slots}
+            self._placed = (self.assignments.generation, index)
+        return index.get(replica_id)
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
@@ -215,7 +222,7 @@ class ControlLoop:
             if (dep.app, svc.name) in targets:
                 requests += self._isolated(dep, svc, functools.partial(
                     self._reconcile_service, plan, dep, svc, targets[(dep.app, svc.name)]), last=True) or []
-        requests += [_request(at, svc, i) for at, svc, i in self.switching.missing(plan, deployments)
+        requests += [slot_request(at, svc, i) for at, svc, i in self.switching.missing(plan, deployments)
                      if (at.app, svc.name) in self.services]  # a version serving beside a rollout keeps its minimum
         snapshot = cluster_snapshot(plan, nodes, deployments)
         snapshot, unplaced = self._place(plan, snapshot, requests)
@@ -334,7 +341,7 @@ class ControlLoop:
         used = {s.index for s in current}
         free = (i for i in range(10_000) if i not in used)
         missing = [next(free) for _ in range(target - count)]
-        return [_request(dep, svc, i) for i in missing]
+        return [slot_request(dep, svc, i) for i in missing]
 
     def _target(self, state: ServiceState, dep: Deployment, svc: ServiceSpec,
                 replicas: dict[str, ReplicaStatus], now: float) -> int:
@@ -374,7 +381,7 @@ class ControlLoop:
                 continue
             state.unschedulable = ""
             _drop(plan, _in(frozenset(decision.preempts)))
-            _assign(plan, msgspec.structs.replace(slot, replica_id=request.replica_id), decision)
+            assign(plan, msgspec.structs.replace(slot, replica_id=request.replica_id), decision)
         return snapshot, unplaced
 
     # --- rebalancing: make-before-break moves ----------------------------------------------------
@@ -420,13 +427,13 @@ class ControlLoop:
 
         def new_id(old: str) -> str:
             s = slots[old]
-            return _replica_id(s.app, s.service, s.version, s.index)
+            return new_replica_id(s.app, s.service, s.version, s.index)
 
         pending = [p for p in unplaced if p.function not in helped]
         moves = rebalance(snapshot, pending, templates, movable, new_id, budget)
         for move in moves:
             log.info("moving %s to %s (%s)", move.replica_id, move.binding.node_id, move.reason)
-            _assign(plan, msgspec.structs.replace(slots[move.replica_id], replica_id=move.binding.replica_id),
+            assign(plan, msgspec.structs.replace(slots[move.replica_id], replica_id=move.binding.replica_id),
                     move.binding)
             self.moves[move.binding.replica_id] = Moving(move, now)
         self.move_budget = self.move_budget.spend(now, len(moves))
@@ -456,26 +463,6 @@ class _Absent:
 
 
 _NONE: Any = _Absent()
-
-
-def _replica_id(app: str, service: str, version: int, index: int) -> str:
-    return f"{app}-{service}-v{version}-{index}-{uuid.uuid4().hex[:6]}"
-
-
-def _request(dep: Deployment, svc: ServiceSpec, index: int) -> tuple[PlacementRequest, SlotAssignment]:
-    """What placing replica ``index`` of ``dep``'s version of ``svc`` asks, and the slot it fills."""
-    return (replica_request(dep, svc, _replica_id(dep.app, svc.name, dep.version, index)),
-            SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=index,
-                           bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
-                           startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets), volumes=svc.volumes,
-                           image=svc.image, block_network=svc.block_network))
-
-
-def _assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:
-    """Adds ``slot`` to the plan where ``binding`` puts it."""
-    plan.setdefault(binding.node_id, []).append(msgspec.structs.replace(
-        slot, gpu_uuids=list(binding.gpu_uuids), gpu_indices=list(binding.gpu_indices), numa_node=binding.numa_node,
-        memory_mb=binding.memory_mb, host_memory_mb=binding.host_memory_mb))
 
 
 def _config(dep: Deployment, svc: ServiceSpec) -> AutoscaleConfig:

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Collection, Iterable, Mapping
 
+import msgspec
+
 from ember.wire import Deployment, NodeInfo, ReplicaStatus, ServiceSpec, SlotAssignment
-from ember_platform.scheduler import Cluster, PlacementRequest, Reservation, Snapshot, build_snapshot, request_from_spec
+from ember_platform.scheduler import (
+    Binding,
+    Cluster,
+    PlacementRequest,
+    Reservation,
+    Snapshot,
+    build_snapshot,
+    request_from_spec,
+)
 
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
 
@@ -95,3 +106,24 @@ def of_another_push(plan: Plan, deployments: Mapping[str, Deployment]) -> list[S
         return kept is not None and kept.bundle_sha256 != s.bundle_sha256
 
     return [s for slots in plan.values() for s in slots if stale(s)]
+
+
+def new_replica_id(app: str, service: str, version: int, index: int) -> str:
+    """A new replica's id: its app, service, version and index, and a random part."""
+    return f"{app}-{service}-v{version}-{index}-{uuid.uuid4().hex[:6]}"
+
+
+def slot_request(dep: Deployment, svc: ServiceSpec, index: int) -> tuple[PlacementRequest, SlotAssignment]:
+    """What placing replica ``index`` of ``dep``'s version of ``svc`` asks, and the slot it fills."""
+    return (replica_request(dep, svc, new_replica_id(dep.app, svc.name, dep.version, index)),
+            SlotAssignment(replica_id="", app=dep.app, service=svc.name, version=dep.version, index=index,
+                           bundle_sha256=dep.bundle_sha256, module=dep.manifest.module,
+                           startup_timeout_s=svc.startup_timeout_s, secrets=bool(svc.secrets), volumes=svc.volumes,
+                           image=svc.image, block_network=svc.block_network))
+
+
+def assign(plan: Plan, slot: SlotAssignment, binding: Binding) -> None:
+    """Adds ``slot`` to the plan where ``binding`` puts it."""
+    plan.setdefault(binding.node_id, []).append(msgspec.structs.replace(
+        slot, gpu_uuids=list(binding.gpu_uuids), gpu_indices=list(binding.gpu_indices), numa_node=binding.numa_node,
+        memory_mb=binding.memory_mb, host_memory_mb=binding.host_memory_mb))
