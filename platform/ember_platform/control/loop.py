@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -206,8 +206,13 @@ class ControlLoop:
             _drop(plan, lambda s: s.replica_id in stale)
             self._forget(set(deployments) - set(stale.values()))  # and what was known of it
         await self.switching.refresh_pinned(plan, deployments)
-        for dep in deployments.values():
-            self.switching.drop_gone(plan, dep, now)
+        versions: dict[str, set[int]] = defaultdict(set)  # the versions with slots, by app: only an app with a slot
+        for slots in plan.values():  # of a version that takes no traffic has one to drop (not every app, each tick)
+            for slot in slots:
+                versions[slot.app].add(slot.version)
+        for app, held in versions.items():
+            if (dep := deployments.get(app)) is not None and held - dep.running():
+                self.switching.drop_gone(plan, dep, now)
         self._finish_moves(plan, now)
         self.faulty = on_faulty_gpus(plan, nodes)
         busy = {(s.app, s.service) for slots in plan.values() for s in slots}
