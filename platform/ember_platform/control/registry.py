@@ -61,6 +61,7 @@ class Registry:
         self.stores: Stores  # set by start()
         self.deployments: KVMirror[Deployment]  # set by start()
         self.replicas: ReplicaMirror
+        self._by_app: tuple[int, dict[str, list[ReplicaStatus]]] = (-1, {})  # live_replicas' index, as of
         self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
         self._log_sub: Any = None
         self.log_feed = LogFeed()  # the clients following the logs (``ember logs -f``)
@@ -180,10 +181,18 @@ class Registry:
         return dep is not None and any(s.name == service for s in dep.manifest.services)
 
     def live_replicas(self, app: str, service: str | None = None) -> list[ReplicaStatus]:
+        """``app``'s replicas (of ``service``) that reported lately, by service, version and id. Read from the
+        statuses grouped by app, grouped again when they change (the control loop asks for each running service
+        twice a tick: a scan of every status each time cost services times replicas)."""
+        generation, by_app = self._by_app
+        if generation != self.replicas.generation:
+            by_app = defaultdict(list)
+            for status in self.replicas.items.values():
+                by_app[status.app].append(status)
+            self._by_app = (self.replicas.generation, by_app)
         fresh_after = time.time() - REPLICA_TTL_S
-        return sorted((r for r in self.replicas.items.values()
-                       if r.app == app and (service is None or r.service == service) and r.updated_at > fresh_after),
-                      key=lambda r: (r.service, r.version, r.replica_id))
+        return sorted((r for r in by_app.get(app, ()) if (service is None or r.service == service)
+                       and r.updated_at > fresh_after), key=lambda r: (r.service, r.version, r.replica_id))
 
     def replica_alive(self, replica_id: str) -> bool:
         """False once a replica crashed, stopped reporting, or was removed."""
