@@ -78,7 +78,8 @@ def node_view(node: NodeInfo, slots: Iterable[SlotAssignment], replicas: Sequenc
 def _device_view(device: Device, slots: list[SlotAssignment], specs: Specs) -> DeviceView:
     if device.kind == "gpu":
         mine = [s for s in slots if device.uuid and device.uuid in s.gpu_uuids]
-        reserved = sum(_memory_mb(specs.get((s.app, s.service))) or device.memory_total_mb for s in mine)
+        reserved = sum(s.memory_mb or _memory_mb(specs.get((s.app, s.service))) or device.memory_total_mb
+                       for s in mine)  # what it was bound with (an older slot: what its service asks now)
     else:  # the CPU device holds the replicas that use no GPU
         mine, reserved = [s for s in slots if not s.gpu_uuids], 0
     return DeviceView(kind=device.kind, index=device.index, name=device.name, uuid=device.uuid,
