@@ -53,7 +53,7 @@ class Platform:
         self.settings = settings
         self.nc = nc
         self.registry = registry
-        self.router = Router(nc, registry.replica_alive)
+        self.router = Router(nc, registry.replica_alive, registry.replica_of)
         self.streams = Streams(nc, self.router, registry.replica_alive)  # generator functions' calls
         self.calls = registry.calls
         self.validators = Validators()

@@ -88,9 +88,12 @@ NO_RESPONDERS = _NoResponders()
 class Router:
     """Routes synchronous calls; ``replica_alive(replica_id)`` tells whether a replica still runs."""
 
-    def __init__(self, nc: Client, replica_alive: Callable[[str], bool]) -> None:
+    def __init__(self, nc: Client, replica_alive: Callable[[str], bool],
+                 replica_of: Callable[[str, str], bool] | None = None) -> None:
         self._nc = nc
         self._alive = replica_alive
+        # (replica id, app) -> whether that replica is the app's, as the registry knows it (None: no registry here)
+        self._replica_of = replica_of
         self._inbox = ""  # answers arrive under <inbox>.<app>.<frame token>
         self._waiting: dict[str, _Pending] = {}
         self.in_flight: Counter[tuple[str, str]] = Counter()  # (app, service) -> calls in flight
@@ -137,13 +140,19 @@ class Router:
     def choose(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
         """The replica to send a call to (see ``choice.choose``), or None: use the queue group."""
         candidates = [r for r in self.loads.fresh(app, function, version)
-                      if r.replica_id not in exclude and self._alive(r.replica_id)]
+                      if r.replica_id not in exclude and self._serves(r.replica_id, app)]
         return choose(candidates, self._sent)
+
+    def _serves(self, replica_id: str, app: str) -> bool:
+        """Whether a replica reported on ``app``'s stats subject runs and is ``app``'s: a replica may publish there
+        naming any replica id, and one naming another tenant's replica drew its app's calls to it (where that
+        replica's function of the same name ran them)."""
+        return self._alive(replica_id) and (self._replica_of is None or self._replica_of(replica_id, app))
 
     def choose_stream(self, app: str, function: str, version: int, exclude: set[str]) -> str | None:
         """The replica to send a new stream to (see ``choice.fewest_running``), or None: use the queue group."""
         candidates = [r for r in self.loads.fresh(app, function, version)
-                      if r.replica_id not in exclude and self._alive(r.replica_id)]
+                      if r.replica_id not in exclude and self._serves(r.replica_id, app)]
         return fewest_running(candidates, self.streams_on, unreported=self.unreported)
 
     async def call(self, app: str, function: str, version: int, body: bytes, *, call_id: str,

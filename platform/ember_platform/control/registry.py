@@ -194,6 +194,11 @@ class Registry:
         return sorted((r for r in by_app.get(app, ()) if (service is None or r.service == service)
                        and r.updated_at > fresh_after), key=lambda r: (r.service, r.version, r.replica_id))
 
+    def replica_of(self, replica_id: str, app: str) -> bool:
+        """Whether ``replica_id`` is a replica of ``app`` that reported its status."""
+        status = self.replicas.items.get(replica_id)
+        return status is not None and status.app == app
+
     def replica_alive(self, replica_id: str) -> bool:
         """False once a replica crashed, stopped reporting, or was removed."""
         status = self.replicas.items.get(replica_id)

@@ -107,6 +107,19 @@ def test_a_report_counts_only_for_the_app_whose_subject_it_came_on():
     assert r.loads.fresh("a", "f", 1) == [forged]
 
 
+def test_a_report_naming_another_apps_replica_draws_no_call_there():
+    """A replica of app "a" may publish on a's stats subject, its report naming any replica id: one naming app b's
+    replica drew a's calls to b's replica (its function of the same name ran a's input). Only the app's own
+    replicas, as the registry knows them when a call is routed, are chosen (a report may come before the status)."""
+    owners = {"mine": "a", "theirs": "b"}
+    r = Router(nc=None, replica_alive=lambda rid: rid in owners,  # type: ignore[arg-type]
+               replica_of=lambda rid, app: owners.get(rid) == app)
+    for replica, queued in (("theirs", 0), ("unknown", 0), ("mine", 5)):  # the forged ones look idle
+        asyncio.run(r._on_report(_Msg(encoder.encode(load(replica, queued)), subjects.stats("a", "f"))))  # type: ignore[arg-type]
+    assert {r.choose("a", "f", 1, set()) for _ in range(20)} == {"mine"}
+    assert r.choose_stream("a", "f", 1, set()) == "mine"
+
+
 def cost(replica: str, function: str, per_call_s: float, version: int = 1) -> LoadReport:
     return LoadReport(replica_id=replica, app="a", function=function, version=version, queued=0, in_flight=0,
                       per_call_s=per_call_s)
