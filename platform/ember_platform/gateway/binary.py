@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from ember._errors import BadRequestError, PayloadTooLargeError, RemoteError
 from ember.wire import FRAME_ITEM_OVERHEAD_BYTES, FunctionSpec
-from ember_platform.gateway.body import InputValidator, read_body
+from ember_platform.gateway.body import InputValidator, json_of_msgpack, read_body
 from ember_platform.platform import Platform
 
 Format = Literal["json", "msgpack", "raw"]
@@ -132,7 +132,7 @@ def to_json(validator: InputValidator, formats: Formats | None, body: bytes) -> 
     if formats is None or formats.body == "json":
         return validator.check(body)
     payload, _ = prepare(validator, formats, body)
-    return msgspec.json.encode(msgspec.msgpack.decode(payload))
+    return json_of_msgpack(msgspec.msgpack.decode(payload))
 
 
 def answer_body(output: msgspec.Raw, packed: bool, wanted: Format) -> bytes:

@@ -218,10 +218,13 @@ class InputValidator:
         it has not (the call then travels as JSON)."""
         if self.mode == "none":
             return _EMPTY_MAP
-        if self._fast is not None:
-            return msgspec.msgpack.encode(self._fast.decode(checked))
-        if self._schema is None:  # no schema: nothing typed to lose
-            return msgspec.msgpack.encode(msgspec.json.decode(checked))
+        try:
+            if self._fast is not None:
+                return msgspec.msgpack.encode(self._fast.decode(checked))
+            if self._schema is None:  # no schema: nothing typed to lose
+                return msgspec.msgpack.encode(msgspec.json.decode(checked))
+        except OverflowError:  # an integer msgpack cannot hold (wider than 64 bits): the call travels as JSON
+            return None
         return None
 
     def check(self, body: bytes) -> bytes:
@@ -258,7 +261,17 @@ _EMPTY_MAP = msgspec.msgpack.encode({})
 
 def _as_json(value: Any) -> Any:
     """A decoded msgpack value as JSON sees it (``bin`` as base64 strings), for the generic schema check."""
-    return msgspec.json.decode(msgspec.json.encode(value))
+    return msgspec.json.decode(json_of_msgpack(value))
+
+
+def json_of_msgpack(value: Any) -> bytes:
+    """A decoded msgpack value as JSON; a 400 for what JSON cannot say (an extension type, a map key that is not a
+    string), which a function's input never holds."""
+    try:
+        return msgspec.json.encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise BadRequestError(f"the msgpack body holds what JSON cannot ({exc}): extension types and map keys that "
+                              "are not strings are not inputs", field="$") from None
 
 
 def _field(error: ValidationError) -> str:

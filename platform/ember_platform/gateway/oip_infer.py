@@ -186,9 +186,9 @@ def _tensor_bytes(index: int, given: InferInput, meta: TensorMeta, binary: Binar
         raise BadRequestError(f"input {name!r}: datatype {given.datatype}, but the model takes {meta.datatype}",
                               field=f"{at}.datatype")
     shape = list(given.shape)
-    if len(shape) > MAX_TENSOR_RANK or any(isinstance(d, bool) or d < 0 for d in shape):
-        raise BadRequestError(f"input {name!r}: shape {shape[:MAX_TENSOR_RANK + 1]} is not one of at most "
-                              f"{MAX_TENSOR_RANK} sizes >= 0", field=f"{at}.shape")
+    if len(shape) > MAX_TENSOR_RANK or any(isinstance(d, bool) or not 0 <= d < 2**63 for d in shape):
+        raise BadRequestError(f"input {name!r}: shape {str(shape[:MAX_TENSOR_RANK + 1])[:200]} is not one of at most "
+                              f"{MAX_TENSOR_RANK} sizes >= 0 and below 2**63", field=f"{at}.shape")
     if meta.shape is not None and (len(shape) != len(meta.shape)
                                    or any(want not in (-1, got) for want, got in zip(meta.shape, shape, strict=True))):
         raise BadRequestError(f"input {name!r}: shape {shape}, but the model takes {meta.shape} (-1: any size)",
@@ -248,7 +248,7 @@ def timeout_of(req: InferRequest, limit: float) -> float:
         return limit
     if isinstance(raw, bool) or not isinstance(raw, int) or raw <= 0:
         raise BadRequestError("parameters.timeout is a whole number of microseconds", field="parameters.timeout")
-    return min(raw / 1e6, limit)
+    return min(raw / 1e6, limit) if raw < 2**63 else limit  # past any limit (and past what a float holds)
 
 
 # -- the call --------------------------------------------------------------------------------------

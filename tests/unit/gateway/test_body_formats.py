@@ -95,6 +95,30 @@ def test_a_schema_without_a_typed_decoder_checks_msgpack_as_json_sees_it() -> No
     assert validator.to_packed(b'{"code": "abc"}') is None  # untyped: it travels as JSON
 
 
+ANY = FunctionSpec(name="g", attr="g", input_mode="kwargs", params=["x"],
+                   input_schema={"type": "object", "properties": {"x": {}}, "required": ["x"]})
+PATTERN = FunctionSpec(name="f", attr="f", input_mode="kwargs", params=["s"], input_schema={
+    "type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}, "required": ["s"]})
+
+
+@pytest.mark.parametrize("body", [msgspec.msgpack.encode({"s": "a", "x": msgspec.msgpack.Ext(5, b"zz")}),
+                                  b"\x82\xa1s\xa1a\xa1x\x81\x92\x01\x02\xa1a"])  # {"x": {[1, 2]: "a"}}
+@pytest.mark.parametrize(("spec", "door"), [(PATTERN, prepare), (PATTERN, to_json), (ANY, to_json)])
+def test_msgpack_that_json_cannot_say_is_a_400_where_it_is_read_as_json(body: bytes, spec: FunctionSpec,
+                                                                          door: Any) -> None:
+    """An extension type or a map key that is not a string, where the schema check or the queue reads the body as
+    JSON (500s before, from the JSON encoder)."""
+    with pytest.raises(BadRequestError) as refused:
+        door(InputValidator(spec), Formats("msgpack", "json"), body)
+    assert refused.value.field == "$"
+
+
+def test_an_integer_wider_than_msgpack_holds_travels_as_json() -> None:
+    """A JSON body with a 100-bit integer, from a client that accepts msgpack answers (a 500 before)."""
+    body = b'{"x": 123456789012345678901234567890}'
+    assert prepare(InputValidator(ANY), Formats("json", "msgpack"), body) == (body, False)
+
+
 @pytest.mark.parametrize(("output", "packed", "wanted", "expected"), [
     (b'"/w=="', False, "raw", b"\xff"),
     (msgspec.msgpack.encode(b"\xff"), True, "raw", b"\xff"),

@@ -66,6 +66,7 @@ K = {"name": "k", "shape": [1], "datatype": "INT64", "data": [1]}
     ([X], "inputs", "missing input 'k'"),
     ([{**X, "data": None}, K], "inputs[0].data", "neither"),
     ([{**X, "shape": [10**9, 2]}, K], "inputs[0].shape", "elements"),
+    ([{**X, "shape": [2**64, 0], "data": []}, K], "inputs[0].shape", "below 2**63"),  # no elements: a 500 before
 ])
 def test_bad_inputs_are_400s_naming_the_field(inputs: list[dict[str, Any]], field: str, words: str) -> None:
     with pytest.raises(BadRequestError) as refused:
@@ -104,6 +105,8 @@ def test_requested_outputs_and_timeouts() -> None:
     req, _ = _split(b'{"inputs": [], "outputs": [{"name": "logits"}]}', None)
     with pytest.raises(BadRequestError, match="unknown output"):
         wants_binary(req, SCALE)
+    req, _ = _split(b'{"inputs": [], "parameters": {"timeout": 1' + b"0" * 400 + b'}}', None)
+    assert timeout_of(req, 60.0) == 60.0  # past any limit (a float overflow, a 500, before)
     req, _ = _split(b'{"inputs": [], "parameters": {"timeout": -1}}', None)
     with pytest.raises(BadRequestError, match="microseconds"):
         timeout_of(req, 60.0)
