@@ -455,3 +455,34 @@ async def _store_object(url: str, name: str, data: bytes) -> None:
         await (await nc.jetstream().object_store(subjects.VOLUME_CHUNKS_STORE)).put(name, data)
     finally:
         await nc.close()
+
+
+PLAIN = '''import ember
+app = ember.App("{app}")
+
+@app.function()
+def digest(name: str) -> dict:
+    return {{}}
+'''
+
+
+def test_a_volume_mounted_by_the_version_still_serving_is_not_removed(platform, http: httpx.Client, tmp_path: Path):
+    """A canary without the volume: the stable version still mounts it and takes calls. Removing it was a 204 (the
+    version rolled out alone was looked at), and its chunks went from under the serving replicas."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    (folder / "w.txt").write_text("weights")
+    name, app = f"kept-{uuid.uuid4().hex[:6]}", f"vol-canary-{uuid.uuid4().hex[:4]}"
+    with _transport(platform) as t:
+        put_volume(name, [folder], transport=t)
+        source = _app(tmp_path, app, name)
+        deploy(source, transport=t, timeout_s=180)
+        source.write_text(PLAIN.format(app=app))
+        deploy(source, transport=t, timeout_s=180, canary_percent=10)
+    try:
+        refused = http.delete(f"/v1/volumes/{name}")
+        assert refused.status_code == 409 and app in refused.text, refused.text
+        assert http.get(f"/v1/volumes/{name}").status_code == 200
+    finally:
+        http.delete(f"/v1/apps/{app}")
+        wait_for(lambda: http.delete(f"/v1/volumes/{name}").status_code in (200, 204), 60, "the volume to go")

@@ -239,12 +239,13 @@ class VolumeStore:
         doomed = self.versions(name)
         if not doomed:
             raise no_such_volume(name)
-        users = sorted(d.app for d in deployments if any(m.name == name for m in mounts_of(d.manifest)))
+        users = sorted(d.app for d in deployments if _mounted_by(d, name))
         if users:
             shown = [u for u in users if sees(u)] + (["apps this token does not see"]  # not how many: hidden
                                                      if not all(map(sees, users)) else [])
-            raise ConflictError(f"volume {name!r} is mounted by the current version of {', '.join(shown)}: push "
-                                "them without it (or delete them) first", field="volume")
+            raise ConflictError(f"volume {name!r} is mounted by a version of {', '.join(shown)} that has replicas "
+                                "(serving, rolling out or kept warm): push them without it (or delete them) first",
+                                field="volume")
         for v in doomed:
             await self._kv.purge(f"{v.name}.{v.version}")
             self.mirror.record(f"{v.name}.{v.version}", None, 1 << 62)
@@ -317,3 +318,14 @@ class VolumeStore:
 
 def mounts_of(manifest: Manifest) -> list[VolumeMount]:
     return [m for svc in manifest.services for m in svc.volumes]
+
+
+def _mounted_by(dep: Deployment, name: str) -> bool:
+    """Whether a version of ``dep`` that has replicas (the one rolled out, those taking calls, the warm one) mounts
+    volume ``name``: the version rolled out alone was looked at, and a volume still mounted by the version serving
+    (a rollout, a canary's stable version) lost its chunks under it."""
+    for version in (dep.running() | {dep.warm}) - {0}:
+        release = dep.release(version)
+        if release is not None and any(m.name == name for m in mounts_of(release.manifest)):
+            return True
+    return False
