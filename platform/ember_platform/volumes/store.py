@@ -114,10 +114,18 @@ class VolumeStore:
         if digest != sha:
             raise InvalidInputError(f"the chunk's content hashes to {digest}, not the {sha} in the URL",
                                     field="$body")
-        stored = await self._size_of(sha) is not None
-        if not stored:
-            await self._store(sha, data)
-        return await self.owners.add("chunk", sha, patterns) or not stored
+        info = await self._info(sha)
+        if info is None or self._near_collection(info):  # a copy the collector may take soon is written anew:
+            await self._store(sha, data)  # the commit that follows finds it (another tenant's upload too)
+            if info is not None and info.nuid:
+                with contextlib.suppress(Exception):
+                    await self._js.purge_stream(object_stream(subjects.VOLUME_CHUNKS_STORE),
+                                                subject=f"$O.{subjects.VOLUME_CHUNKS_STORE}.C.{info.nuid}")
+        return await self.owners.add("chunk", sha, patterns) or info is None
+
+    def _near_collection(self, info: api.ObjectInfo) -> bool:
+        """Stored half the collector's grace ago or more (it deletes unused chunks past the grace)."""
+        return time.time() - upload_time(info.mtime) >= self.grace_s / 2
 
     async def _store(self, sha: str, data: bytes) -> None:
         """Write ``data`` as the object ``sha``, exactly as the object store's ``put`` would (its messages on
@@ -143,10 +151,6 @@ class VolumeStore:
                 await js.purge_stream(object_stream(bucket), subject=chunk_subject)
             raise
 
-    async def _size_of(self, sha: str) -> int | None:
-        info = await self._info(sha)
-        return None if info is None else int(info.size or 0)
-
     async def _info(self, sha: str) -> api.ObjectInfo | None:
         try:
             info = await self._chunks.get_info(sha)
@@ -157,16 +161,21 @@ class VolumeStore:
     async def missing(self, shas: list[str], principal: Principal) -> list[str]:
         """Those of ``shas`` not stored, or not recorded for every volume name ``principal`` sees (it uploads its
         own copy, which records its patterns), in their order."""
-        sizes = await self._sizes(shas)
+        infos = await self._infos(shas)
         mine = await self.owners.covering_token("chunk", shas, principal)
-        return [sha for sha in dict.fromkeys(shas) if sizes[sha] is None or sha not in mine]
+        used = {sha for v in self.mirror.items.values() if isinstance(v, VolumeVersion) for sha in chunks_of(v.files)}
+        return [sha for sha, info in infos.items()  # one no version uses and near its collection: uploaded anew
+                if info is None or sha not in mine or (sha not in used and self._near_collection(info))]
 
     async def _sizes(self, shas: Iterable[str]) -> dict[str, int | None]:
+        return {sha: None if info is None else int(info.size or 0) for sha, info in (await self._infos(shas)).items()}
+
+    async def _infos(self, shas: Iterable[str]) -> dict[str, api.ObjectInfo | None]:
         gate = asyncio.Semaphore(_LOOKUPS)
 
-        async def one(sha: str) -> int | None:
+        async def one(sha: str) -> api.ObjectInfo | None:
             async with gate:
-                return await self._size_of(sha)
+                return await self._info(sha)
 
         unique = list(dict.fromkeys(shas))
         return dict(zip(unique, await asyncio.gather(*(one(s) for s in unique)), strict=True))
