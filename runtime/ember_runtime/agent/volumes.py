@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Collection
@@ -39,6 +40,7 @@ from ember_runtime.agent.bundles import (
 
 log = logging.getLogger("ember.agent.volumes")
 DEFAULT_BUDGET_BYTES = 100 * 1024**3
+FREE_DISK_KEPT_BYTES = 1024**3  # a version is fetched only where this much disk stays free after it
 AHEAD = 4  # chunks fetched ahead of the one being written (memory: AHEAD + 1 chunks)
 _version_decoder = msgspec.json.Decoder(VolumeVersion)
 
@@ -67,6 +69,10 @@ _local_decoder = msgspec.json.Decoder(LocalVersion)
 
 class VolumeCorrupt(RuntimeError):
     """A version in the store whose files or chunks are not what its manifest says."""
+
+
+class VolumeTooLarge(RuntimeError):
+    """A version bigger than this node's volume cache may hold, or than its free disk: never fetched."""
 
 
 def budget_from_env() -> int:
@@ -121,6 +127,11 @@ class VolumeCache:
         version = _version_decoder.decode(await self._source.volume(f"{mount.name}.{mount.version}"))
         if version.name != mount.name or version.version != mount.version:
             raise VolumeCorrupt(f"{mount.key}: the store's entry names {version.name}@v{version.version}")
+        room = min(self.budget_bytes, shutil.disk_usage(self.root).free - FREE_DISK_KEPT_BYTES)
+        if version.size > room:  # a few chunks named over and over make a version of any size: not on this disk
+            raise VolumeTooLarge(f"{mount.key} holds {version.size} bytes, more than this node keeps for volumes "
+                                 f"({max(room, 0)} bytes: its cache's budget, EMBER_NODE_VOLUME_CACHE_BYTES, within "
+                                 "its free disk)")
         tmp = Path(tempfile.mkdtemp(prefix=f".{mount.key}-", dir=self.root))
         try:
             files = []

@@ -12,9 +12,11 @@ import hashlib
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
-from ember_runtime.agent.volumes import VolumeCache
+from ember.wire.volumes import VolumeFile, VolumeMount, VolumeVersion
+from ember_runtime.agent.volumes import VolumeCache, VolumeTooLarge
 
 CHUNK = 512 * 1024 * 1024  # one write long enough to be caught in the middle
 
@@ -46,3 +48,30 @@ async def _cancelled_mid_write(tmp_path: Path) -> tuple[int, int]:
 def test_a_fetch_cancelled_mid_write_closes_its_file_only_after_the_write(tmp_path: Path) -> None:
     ended, settled = asyncio.run(_cancelled_mid_write(tmp_path))
     assert ended == settled == CHUNK, "the descriptor was closed while a thread still wrote to it"
+
+
+class _OneVersion(_Store):
+    def __init__(self, version: bytes) -> None:
+        super().__init__(b"")
+        self.version = version
+        self.chunks = 0
+
+    async def volume(self, key: str) -> bytes:
+        return self.version
+
+    async def chunk(self, sha: str) -> bytes:
+        self.chunks += 1
+        return await super().chunk(sha)
+
+
+def test_a_version_bigger_than_the_cache_may_hold_is_never_fetched(tmp_path: Path) -> None:
+    """One 8 MiB chunk named 100,000 times is a version of 781 GiB: every node that mounted it wrote all of it to its
+    disk, whatever its cache's budget. Refused before any chunk is fetched."""
+    sha = "0" * 64
+    version = VolumeVersion(name="w", version=1, created_at=0.0, size=100_000 * 8 * 1024 * 1024,
+                            files=[VolumeFile(path="w.bin", size=100_000 * 8 * 1024 * 1024, chunks=[sha] * 100_000)])
+    store = _OneVersion(msgspec.json.encode(version))
+    cache = VolumeCache(tmp_path / "cache", store, budget_bytes=10 * 1024**3)
+    with pytest.raises(VolumeTooLarge, match="EMBER_NODE_VOLUME_CACHE_BYTES"):
+        asyncio.run(cache.ensure(VolumeMount(path="/w", name="w", version=1)))
+    assert store.chunks == 0 and cache.cached() == []
