@@ -175,8 +175,8 @@ class Kicker:
 
     async def kick(self, user: str) -> int:
         """Kick every connection of ``user``; how many were kicked. A server lists at most ``CONNZ_PAGE`` of them
-        at a time: asked again after each page's kicks (those left first no longer listed), until one lists none
-        that can be kicked (a user with 1,040 connections kept 16 of them, for good, when one page was all)."""
+        at a time: asked again after each page's kicks (those kicked are no longer listed), until none is listed
+        (a user with 1,040 connections kept 16 of them, for good, when one page was all)."""
         system = await self._system_connection()
         query = json.dumps({"user": user, "auth": True, "limit": CONNZ_PAGE}).encode()
         cut = 0
@@ -296,12 +296,13 @@ class EventClients:
         self._grants_of = self._deployments.generation
         deployments = list(self._deployments.items.values())
         cut = 0
-        for token_id, given in sorted(self._granted.items()):
+        for token_id, given in sorted((t, set(g)) for t, g in self._granted.items()):  # admissions go on meanwhile
             stored = self._tokens.mirror.items.get(token_id)
             if stored is None or stored.revoked_at is not None:  # refused at its reconnect; cut when revoked
-                del self._granted[token_id]
+                self._granted.pop(token_id, None)
                 continue
-            if given == {_fingerprint(permissions(token_id, Principal.of(stored.info), deployments))}:
+            now = _fingerprint(permissions(token_id, Principal.of(stored.info), deployments))
+            if given == {now}:
                 continue
             try:
                 kicked = await self._kicker.kick(client_name(token_id))
@@ -310,7 +311,11 @@ class EventClients:
                             "again", token_id, type(exc).__name__, exc)
                 self._grants_of = -1  # looked at again at the next sweep
                 continue
-            self._granted.pop(token_id, None)  # their reconnects say what they were given anew
+            left = self._granted.get(token_id, set()) - (given - {now})  # the reconnects have what they may do now
+            if left:
+                self._granted[token_id] = left
+            else:
+                self._granted.pop(token_id, None)
             if kicked:
                 log.info("cut %d connections of token %s: its apps' subjects changed", kicked, token_id)
             cut += kicked
