@@ -31,6 +31,7 @@ import hashlib
 import hmac
 import json
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +54,7 @@ TOKEN_USER = "token"  # user ``token``, password: the Ember token
 SYSTEM_USER = "system.ember"  # the control plane's own connection in the system account (it kicks, nothing else)
 SYSTEM_ACCOUNT = "$SYS"
 SWEEP_S = 1.0  # how often a control plane looks for tokens revoked since
+RESWEEP_AT_START_S = 600.0  # a control plane starting cuts again the tokens revoked this lately
 _KICK_TIMEOUT_S = 2.0
 CONNZ_PAGE = 1024  # connections one server lists per CONNZ request
 MAX_CONNZ_PAGES = 64  # a kick's pages, then it fails (its sweep tries again)
@@ -241,7 +243,11 @@ class EventClients:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._handled = self._revoked()  # cut by the control planes that ran then; their reconnects are refused
+        # Revoked long enough ago to have been cut by the control planes that ran then (their reconnects are
+        # refused); one revoked lately is cut again (a control plane that stopped before its sweep ran left it).
+        long_ago = time.time() - RESWEEP_AT_START_S
+        items = self._tokens.mirror.items if self._tokens is not None else {}
+        self._handled = {token_id for token_id in self._revoked() if (items[token_id].revoked_at or 0.0) < long_ago}
         self._task = asyncio.create_task(sweep_every(self.sweep, "revoked tokens"), name="event-clients-sweep")
 
     async def stop(self) -> None:

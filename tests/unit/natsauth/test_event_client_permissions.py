@@ -160,6 +160,26 @@ def test_a_sweep_cuts_only_tokens_revoked_while_it_runs_and_retries_until_it_can
     assert event_clients._failures["live"] == 1
 
 
+def test_a_control_plane_starting_cuts_again_the_tokens_revoked_lately():
+    """One that stopped before its sweep ran (a restart just after ``ember token revoke``) left the token's
+    connections open; every control plane starting took every revoked token for cut, for good."""
+    store, _ = _store(old=(["events"], ["*"], None, True), lately=(["events"], ["*"], None, True))
+    stored = store.mirror.items["lately"]
+    store.mirror.items["lately"] = msgspec.structs.replace(stored, revoked_at=time.time() - 60)
+    event_clients = clients.EventClients(keys.generate(), store, _Mirror(DEPLOYMENTS),  # type: ignore[arg-type]
+                                         servers=["nats://127.0.0.1:1"])  # nothing listens: a cut fails
+
+    async def run() -> None:
+        await event_clients.start()
+        try:
+            await event_clients.sweep()  # "lately" is tried (and fails here), "old" is not
+        finally:
+            await event_clients.stop()
+
+    asyncio.run(run())
+    assert event_clients._failures == {"lately": 1} and event_clients._handled == {"old"}
+
+
 class _KickerThatLosesACancel:
     """A kick whose connect is refused in the same turn as the sweep's cancellation: ``asyncio.wait_for`` (Python
     3.11) then returns the refusal, not the cancellation, and nats-py tries its next server. Later kicks wait."""
