@@ -163,9 +163,13 @@ class VolumeStore:
         own copy, which records its patterns), in their order."""
         infos = await self._infos(shas)
         mine = await self.owners.covering_token("chunk", shas, principal)
-        used = {sha for v in self.mirror.items.values() if isinstance(v, VolumeVersion) for sha in chunks_of(v.files)}
-        return [sha for sha, info in infos.items()  # one no version uses and near its collection: uploaded anew
-                if info is None or sha not in mine or (sha not in used and self._near_collection(info))]
+        near = [sha for sha, info in infos.items() if info is not None and self._near_collection(info)]
+        stale = unreferenced(near, self._kept_files()) if near else set()  # near collection, no version uses it
+        return [sha for sha, info in infos.items() if info is None or sha not in mine or sha in stale]
+
+    def _kept_files(self) -> list[list[VolumeFile]]:
+        """The files of every kept version (what the collector never deletes a chunk of)."""
+        return [v.files for v in self.mirror.items.values() if isinstance(v, VolumeVersion)]
 
     async def _sizes(self, shas: Iterable[str]) -> dict[str, int | None]:
         return {sha: None if info is None else int(info.size or 0) for sha, info in (await self._infos(shas)).items()}
@@ -276,8 +280,7 @@ class VolumeStore:
                     old.add(info.name)
         except Exception as exc:  # an empty store answers "not found"
             log.debug("listing volume chunks: %s", exc)
-        kept = [v.files for v in self.mirror.items.values() if isinstance(v, VolumeVersion)]
-        doomed = sorted(unreferenced(freed | old, kept))
+        doomed = sorted(unreferenced(freed | old, self._kept_files()))
         for sha in doomed:
             try:
                 await self._chunks.delete(sha)
