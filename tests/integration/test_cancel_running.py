@@ -174,9 +174,11 @@ def test_a_client_that_leaves_a_stream_cancels_the_call_it_waits_on(sdk, platfor
     tag = _tag()
     with http.stream("POST", "/v1/cancels/Stoppable.gen_parent", json=tag) as response:
         assert response.status_code == 200
-        assert next(line for line in response.iter_lines() if line)  # the first item
+        lines = response.iter_lines()  # kept: an iterator dropped is closed, and closes the connection with it
+        assert next(filter(None, lines))  # the first item
         _started(tag, "Kid")
         call_id = response.headers[HTTP_CALL_ID_HEADER]
+        assert f"stream {call_id} " not in PLATFORM_LOG[0].read_text(errors="replace")  # not left before the child
     wait_for(lambda: f"cancelled:{tag}" in _notes("Kid"), timeout_s=30, what="the child's cancel")
     wait_for(lambda: f"child-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the parent to end")
     logged = PLATFORM_LOG[0].read_text(errors="replace")  # the control plane says why the call ended
