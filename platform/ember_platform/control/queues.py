@@ -9,7 +9,10 @@
   was removed, its message deleted. A version kept only for ``ember rollback`` runs no replica, so it does not keep
   the function's queue: its calls would wait for a rollback that may never come. A call running on a replica that is
   still alive is left to finish there (its version drains); its message goes at a later pass.
-- **A function that comes back** (a rollback to a version that has it) has its consumer made again.
+- **A function that comes back** (a rollback to a version that has it) has its consumer made again, and a function
+  whose event stream should take other subjects (a rollback to a version that binds it elsewhere) has its stream
+  rebound: to the ``on=`` of the version rolled out or back to, else of the newest running version that has it
+  (``stream_subjects``), as at a push.
 - **Pinned queues** follow the versions kept: made for the version rolled out, dropped (what waits cancelled) with a
   version no longer kept, so that calls pinned to a kept version still run after ``ember rollback`` to it.
 
@@ -51,6 +54,22 @@ def pulled(dep: Deployment | None) -> set[str]:
     return {name for v in dep.running() if (at := dep.release(v)) is not None for name in functions(at)}
 
 
+def newest_first(dep: Deployment) -> list[Release]:
+    """The running versions of ``dep``, its own first (the one pushed or rolled back to), then the newest."""
+    order = [dep.version, *sorted(dep.running() - {dep.version}, reverse=True)]
+    return [at for v in order if (at := dep.release(v)) is not None]
+
+
+def stream_subjects(dep: Deployment | None) -> dict[str, list[str]]:
+    """The subjects each bound function's event stream takes: the ``on=`` of the first of ``newest_first`` that has
+    the function (the version the events tokens' permissions follow, when it has it)."""
+    taken: dict[str, list[str]] = {}
+    for at in newest_first(dep) if dep is not None else []:
+        for name, fn in functions(at).items():
+            taken.setdefault(name, list(fn.on))
+    return {name: on for name, on in taken.items() if on}
+
+
 def removal_reason(dep: Deployment, function: str) -> str:
     """Why a call of ``function`` waiting in its queue will not run, as its record says: the version that removed the
     function (the first kept after the last that has it), or the rollback to a version without it."""
@@ -80,6 +99,8 @@ class Queues:
         if before is None:
             return  # a first push: its consumers were made before it was written
         back = pulled(after) - pulled(before)
+        was = stream_subjects(before)  # a rollback (or a canary's) rebinds a function that stays
+        back |= {name for name, on in stream_subjects(after).items() if was.get(name, on) != on}
         if back:
             await self._ensure(after, back)
         try:
@@ -140,15 +161,14 @@ class Queues:
 
     async def _ensure(self, dep: Deployment, names: set[str]) -> None:
         """The consumers (and event streams) of ``names``, from the running versions of ``dep`` that have them."""
-        for v in sorted(dep.running(), reverse=True):
-            at = dep.release(v)
-            mine = names & set(functions(at)) if at is not None else set()
-            if at is None or not mine:
+        for at in newest_first(dep):
+            mine = names & set(functions(at))
+            if not mine:
                 continue
             try:
                 await self._calls.ensure_consumers(at.manifest, only=mine)
             except Exception:  # its replicas retry binding; the next pass makes it
-                log.exception("could not make the queues of %s v%d", dep.app, v)
+                log.exception("could not make the queues of %s v%d", dep.app, at.version)
             names = names - mine
 
     async def _pinned(self, before: Deployment | None, after: Deployment) -> None:
