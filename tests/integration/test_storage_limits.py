@@ -1,6 +1,7 @@
-"""Storage limits against a real nats-server: every stream, bucket and object store is bounded, large results
-expire with their records, a full work queue refuses a spawn (nothing queued is dropped), and bundles that no
-kept version uses are collected while the deployed ones stay."""
+"""Storage limits against a real nats-server: every stream, bucket and object store is bounded (each function's
+event stream too), large results expire with their records, a full work queue refuses a spawn and a full event
+stream an event (nothing queued is dropped), and bundles that no kept version uses are collected while the deployed
+ones stay."""
 
 from __future__ import annotations
 
@@ -9,13 +10,15 @@ from pathlib import Path
 
 import httpx
 import pytest
-from nats.js.api import DiscardPolicy
+from nats.js.api import DiscardPolicy, StreamConfig
 from support.natsconn import connect as admin_connect
 from support.platform import TestPlatform
 
 from ember._bundle import build_bundle
+from ember._client import Transport
+from ember._deploy import deploy
 from ember.wire import AppView, subjects
-from ember.wire.jetstream import CALL_TTL_S, StorageLimits, apply_limits, ensure_buckets
+from ember.wire.jetstream import CALL_TTL_S, StorageLimits, apply_limits, ensure_buckets, js_replicas
 from ember_platform.control.bundle_gc import collect_bundles, list_bundles
 from ember_platform.control.owners import Owners
 
@@ -115,6 +118,58 @@ def test_a_full_calls_stream_refuses_a_spawn_and_drops_nothing(platform: TestPla
     assert "maximum messages exceeded" in response.text
     assert response.headers.get("retry-after")
     assert left >= 1  # the filler is still queued: a full queue refuses the new call, it drops no old one
+
+
+EVENTFUL = '''import time
+import ember
+
+app = ember.App("full-events")
+
+
+@app.function(on="events.full-events.in", timeout_s=60)
+def slow(event: dict) -> None:
+    time.sleep(event["sleep_s"])
+'''
+
+
+def test_a_full_event_stream_refuses_an_event_and_drops_none(platform: TestPlatform, transport: Transport,
+                                                              http: httpx.Client, tmp_path: Path) -> None:
+    (tmp_path / "full_events.py").write_text(EVENTFUL)
+    deploy(tmp_path / "full_events.py", transport=transport, timeout_s=120)
+    stream = subjects.events_stream("full-events", "slow")
+
+    async def full() -> tuple[object, int]:  # its config; how many events it holds, made its limit
+        nc = await admin_connect(platform.nats_url)
+        try:
+            js = nc.jetstream()
+            info = await js.stream_info(stream)
+            await js.update_stream(info.config.evolve(max_msgs=info.state.messages))
+            return info.config, info.state.messages
+        finally:
+            await nc.close()
+
+    async def held() -> int:
+        nc = await admin_connect(platform.nats_url)
+        try:
+            return (await nc.jetstream().stream_info(stream)).state.messages
+        finally:
+            await nc.close()
+
+    try:
+        assert http.post("/v1/events/events.full-events.in", json={"sleep_s": 50}).status_code == 202
+        config, holding = asyncio.run(full())  # the sleeping event is held until its call ends
+        refused = http.post("/v1/events/events.full-events.in", json={"sleep_s": 0})
+        left = asyncio.run(held())
+    finally:
+        transport.request("DELETE", "/v1/apps/full-events")
+    limits = StorageLimits()
+    assert isinstance(config, StreamConfig)
+    assert config.max_msgs == limits.events_stream_max_msgs and config.discard == DiscardPolicy.NEW
+    assert 0 < (config.max_bytes or 0) <= limits.events_stream_max_bytes  # (halved where the disk is small)
+    assert config.num_replicas == js_replicas()
+    assert refused.status_code == 429, refused.text
+    assert "full" in refused.json()["error"]["message"] and refused.headers.get("retry-after")
+    assert holding == left == 1  # the full stream refused the new event; the one it held is still there
 
 
 def test_unused_bundles_are_collected_and_deployed_ones_stay(platform: TestPlatform, probe: AppView,

@@ -42,7 +42,7 @@ from ember.wire.atomic import Message, atomic_allowed, try_atomic
 from ember.wire.calls import MAX_REPLAY
 from ember.wire.callstore import CallStore, app_of, final, new_call_id
 from ember.wire.headers import CREATED_AT_HEADER, INPUT_SHA256_HEADER, TERMINATE_HEADER
-from ember.wire.jetstream import DUPLICATE_WINDOW_S, Stores, kv_stream
+from ember.wire.jetstream import DUPLICATE_WINDOW_S, StorageLimits, Stores, js_replicas, kv_stream, reserving
 from ember_platform.calls import lineage, retire
 from ember_platform.calls.retire import CALL_ID as CALL_ID  # the rule of a call id, as the API documents it
 from ember_platform.calls.retire import MAX_CALL_ID, NO_SUCH_SEQUENCE, Spare
@@ -96,10 +96,13 @@ def _may_be_unpublished(existing: CallRecord, now: float) -> bool:
 
 class Calls:
     def __init__(self, nc: Client, stores: Stores, ack_wait_s: float,
-                 event_app: Callable[[str], str | None] = lambda _scope: None) -> None:
+                 event_app: Callable[[str], str | None] = lambda _scope: None,
+                 limits: StorageLimits | None = None) -> None:
         """``event_app``: the app whose function's event stream has a scope (``subjects.event_scope``), from what
-        is deployed: an event call's id names its function by that scope only."""
+        is deployed: an event call's id names its function by that scope only. ``limits``: those of the event
+        streams (``StorageLimits.from_env()`` when not given)."""
         self._event_app = event_app
+        self._event_limits = (limits or StorageLimits.from_env()).events()
         self._nc = nc
         self._js = nc.jetstream()
         self.store = CallStore(self._js, stores.calls, stores.results)
@@ -155,18 +158,23 @@ class Calls:
         return (info.num_pending or 0) + (info.num_ack_pending or 0)
 
     async def _ensure_events(self, app: str, function: str, on: list[str]) -> None:
+        """The function's event stream takes ``on``, bounded by the event streams' limits (a full one refuses new
+        events: nothing waiting is dropped) and held by as many servers as every other stream."""
         name = subjects.events_stream(app, function)
-        config = StreamConfig(name=name, subjects=on, retention=RetentionPolicy.WORK_QUEUE,
-                              storage=StorageType.FILE, duplicate_window=DUPLICATE_WINDOW_S)
+        config = StreamConfig(name=name, subjects=on, retention=RetentionPolicy.WORK_QUEUE, storage=StorageType.FILE,
+                              duplicate_window=DUPLICATE_WINDOW_S, num_replicas=js_replicas(), **self._event_limits)
         try:
             try:
                 await self._js.stream_info(name)
-                await self._js.update_stream(config)
+                made = self._js.update_stream
             except JsNotFound:
-                await self._js.add_stream(config)
+                made = self._js.add_stream
+            await reserving(name, config.max_bytes or -1, lambda max_bytes: made(config.evolve(max_bytes=max_bytes)))
         except JsAPIError as exc:
             raise InvalidInputError(f"{app}.{function} cannot bind to {on}: {exc.description}",
                                     field="$.manifest.services[].functions[].on") from exc
+        except RuntimeError as exc:  # not even the smallest max_bytes could be reserved: the server's disk is full
+            raise UnavailableError(f"{app}.{function} cannot bind to {on} now: {exc}", retry_after_s=60.0) from exc
         await self._js.add_consumer(name, self._consumer(app, function, None))
 
     async def remove(self, app: str, manifests: Collection[Manifest]) -> None:

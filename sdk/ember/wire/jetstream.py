@@ -127,6 +127,11 @@ class StorageLimits:
     # EMBER_CALLS' durable consumers: one per function and one per kept version of it (nats-server 2.15 gives a stream
     # that sets none 1,000, about 500 apps of one function; it reads -1 as that default too, so -1 here is 2**31 - 1)
     calls_stream_max_consumers: int = 100_000
+    # Each function's own event stream (its on= subjects): the events that wait for it. A full one refuses new events
+    # (POST /v1/events answers 429), so that one app's publishers cannot fill the disk every app's queues share. Its
+    # max_bytes is reserved in nats-server's file storage like the others', halved where it cannot be.
+    events_stream_max_bytes: int = 256 * MiB
+    events_stream_max_msgs: int = 1_000_000
 
     @staticmethod
     def env_name(field_name: str) -> str:
@@ -149,6 +154,11 @@ class StorageLimits:
                 raise ValueError(f"{name}={value} must be positive, or -1 for no limit")
             values[f.name] = value
         return cls(**values)
+
+    def events(self) -> dict[str, Any]:
+        """The limits of every function's event stream."""
+        return {"max_bytes": self.events_stream_max_bytes, "max_msgs": self.events_stream_max_msgs,
+                "discard": DiscardPolicy.NEW}
 
     def streams(self) -> dict[str, dict[str, Any]]:
         """The limits of every stream behind Ember's streams, buckets and object stores, by stream name."""
@@ -242,7 +252,7 @@ async def ensure_buckets(js: JetStreamContext, limits: StorageLimits | None = No
     """Create (or open) Ember's streams, KV buckets and object stores; idempotent.
 
     What is created gets ``limits`` (``StorageLimits.from_env()`` when not given), the smallest first, so that
-    on a server with little file storage the big stores are the ones cut down (see ``_reserving``). What exists
+    on a server with little file storage the big stores are the ones cut down (see ``reserving``). What exists
     is opened as it is: only the platform brings existing ones to its limits (``apply_limits``), so that
     processes started with other settings never undo each other's. With ``create`` false (a node agent or a
     replica, whose NATS permissions allow opening but not creating), ``BucketsMissingError`` names what is missing.
@@ -325,7 +335,7 @@ async def _open(open_: Callable[[], Awaitable[Any]]) -> Any:
 async def _create(name: str, max_bytes: int, open_: Callable[[], Awaitable[Any]],
                   create: Callable[[int], Awaitable[Any]]) -> Any:
     try:
-        return await _reserving(name, max_bytes, create)
+        return await reserving(name, max_bytes, create)
     except APIError:
         found = await _open(open_)  # another process created it first, perhaps with other limits
         if found is None:
@@ -367,7 +377,7 @@ async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]
         differ = limits_differ(config, wanted)
         if not differ:
             return None
-        info = await _reserving(name, wanted.get("max_bytes", -1),
+        info = await reserving(name, wanted.get("max_bytes", -1),
                                 lambda max_bytes: js.update_stream(config.evolve(**{**wanted, "max_bytes": max_bytes})))
         changes = [f"{k} {now} -> {getattr(info.config, k)}" for k, (now, _) in sorted(differ.items())
                    if getattr(info.config, k) != now]  # a max_bytes the server could not reserve may stay
@@ -380,14 +390,14 @@ async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]
 
 
 async def create_limited_kv(js: Any, bucket: str, max_bytes: int, **config: Any) -> KeyValue:
-    """``js.create_key_value(bucket, max_bytes=...)`` reserved as the standard stores are (``_reserving``): where the
+    """``js.create_key_value(bucket, max_bytes=...)`` reserved as the standard stores are (``reserving``): where the
     big stores took nats-server's file storage, with half as much, and so on, saying so. A bucket made apart from
     ``open_stores`` (the control plane's own) with a plain create failed the platform's start on such a server."""
-    return await _reserving(kv_stream(bucket), max_bytes, lambda limit: js.create_key_value(
+    return await reserving(kv_stream(bucket), max_bytes, lambda limit: js.create_key_value(
         bucket=bucket, max_bytes=limit, **config))
 
 
-async def _reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitable[T]]) -> T:
+async def reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitable[T]]) -> T:
     """``attempt(max_bytes)``; when nats-server cannot reserve that much file storage (its ``max_file_store``,
     by default 75% of the free disk, is smaller than the limits add up to), again with half as much, down to
     ``MIN_FALLBACK_BYTES``, saying so: Ember still starts on a small disk, with smaller stores."""
