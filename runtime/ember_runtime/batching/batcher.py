@@ -32,12 +32,12 @@ import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ember import _tracing as tracing
 from ember._errors import CallCancelledError, DeadlineExceededError, EmberError, OverloadedError, UnavailableError
 from ember_runtime.batching import spans
+from ember_runtime.batching.call import Call
 from ember_runtime.batching.costmodel import CostModel
 from ember_runtime.batching.isolation import BatchReport, BatchRunner, Outcome
 from ember_runtime.batching.modelthread import ModelThread
@@ -48,30 +48,8 @@ from ember_runtime.batching.stats import BatcherMetrics
 T = TypeVar("T")
 log = logging.getLogger("ember.batcher")
 PRIORITY_RANK = {"interactive": 0, "batch": 1}
-Answer = Callable[[Any, EmberError | None, int], Awaitable[None]]
 _GAP_SMOOTHING = 0.2
 RUN_READY_BUDGET_S = 0.005  # one hop runs ready unbatched calls back to back for at most this long
-
-
-@dataclass(eq=False)
-class Call:
-    """One queued call: its decoded input, deadline (epoch seconds), priority and how to answer it."""
-
-    value: Any
-    deadline: float
-    answer: Answer
-    call_id: str = ""
-    priority: str = "interactive"
-    cost: float = 1.0
-    enqueued_at: float = field(default_factory=time.monotonic)
-    cancelled: bool = False
-    seq: int = 0  # arrival order, the last tie-breaker of the queue's order
-    chain: list[Any] = field(default_factory=list)  # a call from a function: the calls waiting on it (wire ``Hop``s)
-    span: Any = None  # its ``ember.call`` span, when tracing is on (see ``spans``)
-    run: Run | None = None  # the batch it runs in, once it runs
-
-    def deadline_mono(self) -> float:
-        return self.deadline - time.time() + time.monotonic() if math.isfinite(self.deadline) else math.inf
 
 
 class Batcher:
@@ -139,6 +117,12 @@ class Batcher:
         heapq.heappush(self._heap, (PRIORITY_RANK.get(call.priority, 0), call.deadline, call.seq, call))
         if call.call_id:
             self._by_id[call.call_id] = call
+
+    def _forget(self, call: Call) -> None:
+        """Drop ``call`` from the index of queued calls (a call answered there would be cancelled, and answered,
+        again), unless a newer call holds its id."""
+        if self._by_id.get(call.call_id) is call:
+            del self._by_id[call.call_id]
 
     def cancel(self, call_id: str) -> bool:
         """Drop a queued call whose caller went away; False when it is not (or no longer) queued."""
@@ -301,6 +285,7 @@ class Batcher:
                 break  # expired: answered by the next take, never run
             call = heapq.heappop(self._heap)[3]
             if not call.cancelled:
+                self._forget(call)  # it leaves the queue; one put back is indexed again (``_push``)
                 pool.append(call)
         soon = time.time() + 2 * self.model.predict(self.capacity)
         pool.sort(key=lambda c: (c.deadline > soon, abs(math.log(max(c.cost, 1e-9) / max(head.cost, 1e-9)))))
@@ -360,6 +345,7 @@ class Batcher:
         finally:
             for call in batch:
                 self._live.pop(call.call_id, None)
+                self._forget(call)
             self._end(number)
             if traced is not None:
                 spans.end(traced)
