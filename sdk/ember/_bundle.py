@@ -8,6 +8,7 @@ import hashlib
 import io
 import os
 import re
+import subprocess
 import tarfile
 from pathlib import Path
 from zlib import error as zlib_error
@@ -18,6 +19,7 @@ MAX_BUNDLE_BYTES = 256 * 1024 * 1024
 MAX_UNPACKED_BYTES = 512 * 1024 * 1024  # a bundle's files, unpacked, all together
 MAX_FILES = 10_000
 MAX_PATH = 1024
+GIT_TIMEOUT_S = 30.0
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
               "node_modules", ".ember", ".ipynb_checkpoints"}
 _SKIP_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp")
@@ -59,20 +61,72 @@ def build_bundle(root: str | os.PathLike[str]) -> Bundle:
 
 
 def list_files(root: Path) -> list[str]:
-    """Files under ``root`` to bundle, as sorted POSIX paths: no caches, nothing ``.gitignore``d."""
+    """Files under ``root`` to bundle, as sorted POSIX paths: in a git work tree the files git would commit (every
+    ignore source counts: ``.gitignore`` files above and below, ``.git/info/exclude``, the global excludes), else
+    the folder's own, less its root ``.gitignore``'s; never caches, ``.env`` files or a virtual environment."""
+    root = root.resolve()
+    venvs: dict[Path, bool] = {}
+    return sorted({rel for rel in _candidates(root) if _wanted(root, rel, venvs) and (root / rel).is_file()})
+
+
+def _candidates(root: Path, depth: int = 0) -> list[str]:
+    """The paths git lists under ``root`` (a nested repository or submodule listed in its turn), or the walker's
+    where git is missing, fails or lists nothing (a folder outside a work tree, or one that git ignores whole)."""
+    listed = _git_files(root)
+    if not listed:
+        return _walk(root)
+    out = []
+    for rel in listed:
+        rel = rel.rstrip("/")
+        if depth < 8 and (root / rel).is_dir() and not (root / rel).is_symlink():  # a repository of its own
+            out += [f"{rel}/{inner}" for inner in _candidates(root / rel, depth + 1)]
+        else:
+            out.append(rel)
+    return out
+
+
+def _git_files(root: Path) -> list[str]:
+    """``git ls-files`` of the tracked and untracked files under ``root`` that no ignore source excludes, relative to
+    it; none where git is missing or ``root`` is in no work tree. One call: cheap enough for ``ember dev --watch``'s
+    poll."""
+    cmd = ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", "."]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    if proc.returncode != 0:
+        return []
+    return [os.fsdecode(raw) for raw in proc.stdout.split(b"\0") if raw]
+
+
+def _walk(root: Path) -> list[str]:
+    """The files under ``root`` less those its root ``.gitignore`` names (outside a git work tree)."""
     ignore = _gitignore(root)
     out: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)
-        dirnames[:] = sorted(d for d in dirnames
-                             if d not in _SKIP_DIRS and not _ignored((rel_dir / d).as_posix(), True, ignore))
-        for name in filenames:
-            rel = (rel_dir / name).as_posix()
-            if any(fnmatch.fnmatch(name, p) for p in _SKIP_FILES) or _ignored(rel, False, ignore):
-                continue
-            if (Path(dirpath) / name).is_file():
-                out.append(rel)
-    return sorted(out)
+        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not (Path(dirpath) / d / "pyvenv.cfg")
+                             .is_file() and not _ignored((rel_dir / d).as_posix(), True, ignore))
+        out += [rel for name in filenames if not _ignored(rel := (rel_dir / name).as_posix(), False, ignore)]
+    return out
+
+
+def _wanted(root: Path, rel: str, venvs: dict[Path, bool]) -> bool:
+    """Whether a listed path may be bundled, whatever listed it: not in a skipped folder or a virtual environment
+    (any folder holding a ``pyvenv.cfg``, whatever its name), not a cache or an ``.env`` file."""
+    *folders, name = rel.split("/")
+    if any(part in _SKIP_DIRS for part in folders) or any(fnmatch.fnmatch(name, p) for p in _SKIP_FILES):
+        return False
+    if name == ".env" or name.startswith(".env."):
+        return False
+    here = root
+    for part in folders:
+        here = here / part
+        if here not in venvs:
+            venvs[here] = (here / "pyvenv.cfg").is_file()
+        if venvs[here]:
+            return False
+    return True
 
 
 _Rule = tuple[re.Pattern[str], bool, bool]  # (regex over the relative path, directories only, negated)
