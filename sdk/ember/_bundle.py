@@ -26,11 +26,13 @@ _SKIP_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp")
 
 
 class Bundle:
-    """An archive's bytes and their sha256 (the bundle's address)."""
+    """An archive's bytes and their sha256 (the bundle's address); ``skipped``: the links left out, their targets
+    outside the folder (a push says which)."""
 
-    def __init__(self, data: bytes, files: list[str]) -> None:
+    def __init__(self, data: bytes, files: list[str], skipped: list[str] | None = None) -> None:
         self.data = data
         self.files = files
+        self.skipped = skipped or []
         self.sha256 = hashlib.sha256(data).hexdigest()
 
     def __repr__(self) -> str:
@@ -40,7 +42,7 @@ class Bundle:
 def build_bundle(root: str | os.PathLike[str]) -> Bundle:
     """Pack ``root`` into a gzip'd tar whose bytes depend only on the files' paths, contents and modes."""
     root = Path(root).resolve()
-    files = list_files(root)
+    files, skipped = select_files(root)
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -57,16 +59,28 @@ def build_bundle(root: str | os.PathLike[str]) -> Bundle:
         raise InvalidSpecError(
             f"the bundle of {root} is {len(data) >> 20} MiB, over the {MAX_BUNDLE_BYTES >> 20} MiB limit; "
             "list large files in .gitignore and load them at setup from storage")
-    return Bundle(data, files)
+    return Bundle(data, files, skipped)
 
 
 def list_files(root: Path) -> list[str]:
     """Files under ``root`` to bundle, as sorted POSIX paths: in a git work tree the files git would commit (every
     ignore source counts: ``.gitignore`` files above and below, ``.git/info/exclude``, the global excludes), else
     the folder's own, less its root ``.gitignore``'s; never caches, ``.env`` files or a virtual environment."""
+    return select_files(root)[0]
+
+
+def select_files(root: Path) -> tuple[list[str], list[str]]:
+    """``list_files``, and the files left out because they are links whose target resolves outside ``root`` (as a
+    volume's are): a link to ``~/.aws/credentials`` is never packed. Both sorted."""
     root = root.resolve()
     venvs: dict[Path, bool] = {}
-    return sorted({rel for rel in _candidates(root) if _wanted(root, rel, venvs) and (root / rel).is_file()})
+    kept, outside = set[str](), set[str]()
+    for rel in _candidates(root):
+        path = root / rel
+        if not _wanted(root, rel, venvs) or not path.is_file():
+            continue
+        (kept if path.resolve().is_relative_to(root) else outside).add(rel)
+    return sorted(kept), sorted(outside)
 
 
 def _candidates(root: Path, depth: int = 0) -> list[str]:

@@ -51,6 +51,10 @@ def deploy(path: str | Path, *, app_name: str | None = None, wait: bool = True, 
     found = plan_images(path, app_name)
     bundle = build_bundle(path.parent)
     say(f"bundle {bundle.sha256[:12]}: {len(bundle.files)} files, {len(bundle.data) / 1024:.1f} KiB", None)
+    if bundle.skipped:
+        shown = ", ".join(bundle.skipped[:10]) + (f" and {len(bundle.skipped) - 10} more" if len(bundle.skipped) > 10
+                                                  else "")
+        say(f"left out {len(bundle.skipped)} link(s) to files outside {path.parent.name}/: {shown}", None)
     transport.request("PUT", f"/v1/bundles/{bundle.sha256}", content=bundle.data, params={"app": found.app},
                       headers={"content-type": "application/gzip"})
     manifest = found.manifest  # an app with images: read on the platform, inside its image
