@@ -10,10 +10,15 @@ again only an ``unavailable`` without one: a replica's refusal before any run; a
 under the function's retries). Two kinds are left unnamed, the platform's: a cancel (the call was cancelled, and
 the function, told so by ``current_call().cancelled``, stopped) and ``RunExpired``, a deadline the replica itself
 found passed inside a run (a stream's).
+
+Whatever the function raises is its input's error, ``SystemExit`` and ``KeyboardInterrupt`` too (code that calls
+``sys.exit``): let out, they would end the replica's event loop and leave every other call unanswered. Only an
+``async def`` run's own cancel (``asyncio.CancelledError``) and close (``GeneratorExit``) pass through.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,7 +64,7 @@ class BatchRunner:
     def _isolate(self, values: list[Any], report: BatchReport) -> list[Outcome]:
         try:
             outputs = self._run(values)
-        except Exception as exc:
+        except BaseException as exc:  # on the executor's thread: nothing of the loop's to let through
             failed = self._failed(exc, values, report)
             if failed is not None:
                 return failed
@@ -76,7 +81,9 @@ class BatchRunner:
     async def _aisolate(self, values: list[Any], report: BatchReport) -> list[Outcome]:
         try:
             outputs = await self._run(values)
-        except Exception as exc:
+        except (asyncio.CancelledError, GeneratorExit):  # the run's own cancel or close: the batcher's to handle
+            raise
+        except BaseException as exc:
             failed = self._failed(exc, values, report)
             if failed is not None:
                 return failed
@@ -84,7 +91,7 @@ class BatchRunner:
             return await self._aisolate(values[:mid], report) + await self._aisolate(values[mid:], report)
         return _outcomes(outputs, values, report)
 
-    def _failed(self, exc: Exception, values: list[Any], report: BatchReport) -> list[Outcome] | None:
+    def _failed(self, exc: BaseException, values: list[Any], report: BatchReport) -> list[Outcome] | None:
         """The outcomes of a failed run, or None when the batch is to be split and each half run again."""
         report.clean = False
         if isinstance(exc, EmberError):

@@ -6,6 +6,10 @@ loop through one ``call_soon_threadsafe``, without the ``concurrent.futures.Futu
 the chaining of two futures that ``run_in_executor`` pays on every batch. The model keeps its own thread (sync
 code may block, and a call it makes to another function waits on the event loop), so the loop goes on receiving
 while a batch runs.
+
+What a job raises comes back as it was, but for a ``BaseException`` that is no ``Exception`` (``SystemExit`` from
+code that calls ``sys.exit``, say): that would end the event loop that awaits it, so it comes as a ``RuntimeError``
+raised from it.
 """
 
 from __future__ import annotations
@@ -90,12 +94,12 @@ class ModelThread(Executor):
                 try:
                     waiter.set_result(fn())
                 except BaseException as exc:
-                    waiter.set_exception(exc)
+                    waiter.set_exception(_for_loop(exc))
             return
         try:
             result = fn(*args)
         except BaseException as exc:
-            _settle_soon(loop, _fail, waiter, exc)
+            _settle_soon(loop, _fail, waiter, _for_loop(exc))
         else:
             _settle_soon(loop, _succeed, waiter, result)
 
@@ -113,3 +117,12 @@ def _succeed(waiter: asyncio.Future[Any], result: Any) -> None:
 def _fail(waiter: asyncio.Future[Any], exc: BaseException) -> None:
     if not waiter.done():
         waiter.set_exception(exc)
+
+
+def _for_loop(exc: BaseException) -> BaseException:
+    """``exc`` as an event loop may be given it (see the module's docstring)."""
+    if isinstance(exc, Exception):
+        return exc
+    error = RuntimeError(f"the model thread's job raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

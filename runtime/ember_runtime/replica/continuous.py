@@ -108,7 +108,9 @@ class StepLoop:
                     raise RemoteError(f"the step of {self.name} answered {_length(pieces)} for {len(seqs)} "
                                       "sequences: it returns one piece (or None) per sequence, in order",
                                       remote_type="ValueError")
-            except Exception as exc:
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # SystemExit too (sys.exit in the step): its sequences', not the loop's
                 error = exc if isinstance(exc, EmberError) else RemoteError(f"{type(exc).__name__}: {exc}",
                                                                             remote_type=type(exc).__name__)
                 log.warning("a step of %s failed: %s", self.name, error)
