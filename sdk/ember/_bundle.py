@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import tarfile
+from collections import Counter
 from pathlib import Path
 from zlib import error as zlib_error
 
@@ -22,6 +23,7 @@ MAX_PATH = 1024
 GIT_TIMEOUT_S = 30.0
 _SKIP_DIRS = {".git", ".hg", ".venv", "venv", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache",
               "node_modules", ".ember", ".ipynb_checkpoints"}
+_ADVICE = "list large files in .gitignore and load them at setup from storage (a volume)"
 _SKIP_FILES = ("*.pyc", "*.pyo", ".DS_Store", "*.swp")
 
 
@@ -40,9 +42,12 @@ class Bundle:
 
 
 def build_bundle(root: str | os.PathLike[str]) -> Bundle:
-    """Pack ``root`` into a gzip'd tar whose bytes depend only on the files' paths, contents and modes."""
+    """Pack ``root`` into a gzip'd tar whose bytes depend only on the files' paths, contents and modes. A folder
+    past the limits an upload is held to (``MAX_FILES``, ``MAX_UNPACKED_BYTES``) is refused before anything is
+    read or compressed."""
     root = Path(root).resolve()
     files, skipped = select_files(root)
+    _check_sizes(root, files)
     raw = io.BytesIO()
     with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -58,8 +63,26 @@ def build_bundle(root: str | os.PathLike[str]) -> Bundle:
     if len(data) > MAX_BUNDLE_BYTES:
         raise InvalidSpecError(
             f"the bundle of {root} is {len(data) >> 20} MiB, over the {MAX_BUNDLE_BYTES >> 20} MiB limit; "
-            "list large files in .gitignore and load them at setup from storage")
+            f"{_ADVICE}")
     return Bundle(data, files, skipped)
+
+
+def _check_sizes(root: Path, files: list[str]) -> None:
+    """``BundleTooLargeError`` naming the limit and where the bulk is, for files over the count or unpacked size a
+    bundle may hold: found by their sizes, not by gzipping gigabytes in memory first."""
+    if len(files) > MAX_FILES:
+        folders = Counter(rel.rpartition("/")[0] or "." for rel in files).most_common(3)
+        raise BundleTooLargeError(
+            f"{root} holds {len(files)} files to bundle, over the limit of {MAX_FILES}; the most are in "
+            + ", ".join(f"{folder}/ ({n})" for folder, n in folders) + f"; {_ADVICE}")
+    sizes = {rel: (root / rel).stat().st_size for rel in files}
+    total = sum(sizes.values())
+    if total > MAX_UNPACKED_BYTES:
+        largest = sorted(sizes, key=lambda rel: (-sizes[rel], rel))[:3]
+        raise BundleTooLargeError(
+            f"the files of {root} come to {total / 2**20:.0f} MiB, over the {MAX_UNPACKED_BYTES >> 20} MiB limit of "
+            "a bundle; the largest are " + ", ".join(f"{rel} ({sizes[rel] / 2**20:.0f} MiB)" for rel in largest)
+            + f"; {_ADVICE}")
 
 
 def list_files(root: Path) -> list[str]:
