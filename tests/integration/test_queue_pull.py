@@ -5,6 +5,7 @@ once, the server no longer serves it, and what it had delivered that no pull too
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -152,3 +153,41 @@ def test_a_pull_the_server_ends_with_an_error_says_so(platform, monkeypatch):
         return str(ended.value)
 
     assert _with_stream(platform, "PULLGONE", scenario).startswith("409")
+
+
+def test_lingering_requests_never_deliver_more_than_the_room_asked_for(platform, monkeypatch):
+    """Calls trickling in while a batch holds the room: each pull that found none asked the server for the whole
+    room again, and the requests lingering on it delivered hundreds of calls past the room, which waited unseen
+    (not kept in progress) while other replicas found the queue empty, to be sent again after the ack wait."""
+    monkeypatch.setattr(pulls, "FETCH_WAIT_S", 1.0)
+    room = 8
+
+    async def scenario(nc: nats.NATS, js: Any) -> tuple[int, int, int]:
+        puller = await _puller(nc, "PULLROOM")
+        taken: list[Any] = []
+
+        async def trickle() -> None:
+            for i in range(120):
+                await js.publish("pullroom.x", b"%d" % i)
+                await asyncio.sleep(0.005)
+
+        async def worker() -> None:  # a queue worker whose batcher never frees the room it took
+            while True:
+                if room - len(taken) <= 0:
+                    await asyncio.sleep(0.05)
+                    continue
+                with contextlib.suppress(NatsTimeoutError):
+                    taken.extend(await puller.pull(room - len(taken)))
+
+        working = asyncio.ensure_future(worker())
+        await trickle()
+        await asyncio.sleep(1.5)  # every request made has expired on the server by now
+        working.cancel()
+        delivered = (await js.consumer_info("PULLROOM", "w")).num_ack_pending
+        waiting = len(puller.waiting())
+        await puller.close()
+        return len(taken), waiting, delivered
+
+    taken, waiting, delivered = _with_stream(platform, "PULLROOM", scenario)
+    assert taken == room
+    assert delivered <= room and waiting == 0  # (before: all 120 delivered, 112 of them waiting unseen)

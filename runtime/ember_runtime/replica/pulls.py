@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -32,14 +34,33 @@ class PullError(Exception):
     waiting requests; 503: no JetStream answered): the caller pulls again after a pause."""
 
 
+@dataclass
+class _Request:
+    """A pull request the server may still serve: how many calls it may still deliver, and when it expires (with the
+    margin its 408 may come late by)."""
+
+    calls: int
+    ends: float
+
+
 class Puller:
-    """Pulls from durable consumer ``durable`` of ``stream`` on connection ``nc`` (see the module's docstring)."""
+    """Pulls from durable consumer ``durable`` of ``stream`` on connection ``nc`` (see the module's docstring).
+
+    A pull request lingers on the server after its pull returned, delivering what comes until its batch is full or it
+    expires; so the calls its requests may still deliver are counted (``outstanding``), and a pull asks only for the
+    room left beyond them: the requests of a worker never add up to more calls than it asked room for. (They added up
+    before: a call trickling in every few ms, each pull asked for the whole room again, and the calls delivered past
+    it waited here unseen, not kept in progress, while other replicas found the queue empty; after the ack wait they
+    were sent to another replica, and ran twice.) What is delivered but not taken yet (the worker's room shrank
+    meanwhile) is ``waiting``, for the worker to keep in progress."""
 
     def __init__(self, nc: Any, stream: str, durable: str) -> None:
         self._nc = nc
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
         self._inbox = nc.new_inbox()
-        self._delivered: asyncio.Queue[Msg] = asyncio.Queue()
+        self._delivered: deque[Msg] = deque()
+        self._arrived = asyncio.Event()
+        self._live: dict[str, _Request] = {}  # by reply subject
         self._sub: Any = None
         self._requests = 0
 
@@ -47,22 +68,46 @@ class Puller:
         self._sub = await self._nc.subscribe(f"{self._inbox}.*", cb=self._on_message)
 
     async def _on_message(self, msg: Msg) -> None:
-        self._delivered.put_nowait(msg)
+        status = (msg.headers or {}).get("Status")
+        if status is None and self._live:  # a call: it comes under its own subject, so it is counted against the
+            reply, request = next(iter(self._live.items()))  # oldest request (the total is what matters)
+            request.calls -= 1
+            if request.calls <= 0:
+                del self._live[reply]
+        elif status not in (None, "100"):  # a request ended (expired, or an error): on its own reply subject
+            self._live.pop(msg.subject, None)
+        self._delivered.append(msg)
+        self._arrived.set()
+
+    @property
+    def outstanding(self) -> int:
+        """The calls the requests still on the server may deliver."""
+        now = asyncio.get_running_loop().time()
+        for reply in [reply for reply, request in self._live.items() if request.ends <= now]:
+            del self._live[reply]  # its 408 never came (a reconnect lost it): served no more
+        return sum(request.calls for request in self._live.values())
+
+    def waiting(self) -> list[Msg]:
+        """The calls delivered and not taken yet."""
+        return [msg for msg in self._delivered if (msg.headers or {}).get("Status") is None]
 
     async def pull(self, room: int, stop: asyncio.Event | None = None) -> list[Msg]:
-        """Up to ``room`` calls: those delivered already (a pull request lingers on the server after it returned,
-        until its batch is full or it expires), else the first to arrive within ``FETCH_WAIT_S`` with whatever
-        came with it. A lone call is not held until the pull expires or ``room`` calls came. Raises nats'
-        TimeoutError when none came, or when ``stop`` was set first; ``PullError`` when the server ended it
+        """Up to ``room`` calls: those delivered already, else the first to arrive within ``FETCH_WAIT_S`` (from a
+        request made now for the room the lingering ones leave, or from those) with whatever came with it. A lone
+        call is not held until the pull expires or ``room`` calls came. Raises nats' TimeoutError when none came
+        before a request expired, or when ``stop`` was set first; ``PullError`` when the server ended one
         with an error."""
         if got := self._take(room):
             return got
-        self._requests += 1
-        reply = f"{self._inbox}.{self._requests}"
-        request = {"batch": room, "expires": int(FETCH_WAIT_S * 1e9)}
-        await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=reply)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + FETCH_WAIT_S + _LATE_S
+        wanted = room - self.outstanding
+        if wanted > 0:
+            self._requests += 1
+            reply = f"{self._inbox}.{self._requests}"
+            self._live[reply] = _Request(calls=wanted, ends=loop.time() + FETCH_WAIT_S + _LATE_S)
+            request = {"batch": wanted, "expires": int(FETCH_WAIT_S * 1e9)}
+            await self._nc.publish(self._next_subject, json.dumps(request).encode(), reply=reply)
+        deadline = min((request.ends for request in self._live.values()), default=loop.time())
         while True:
             msg = await self._next(deadline - loop.time(), stop)
             if msg is None:
@@ -70,12 +115,11 @@ class Puller:
             status = (msg.headers or {}).get("Status")
             if status is None:
                 return [msg, *self._take(room - 1)]
-            if msg.subject != reply:
-                continue  # the end of an earlier request: not this pull's answer
-            if status in _EMPTY:
+            if status == "100":  # a heartbeat
+                continue
+            if status in _EMPTY:  # a request expired: the caller pulls again, asking for the room it left
                 raise NatsTimeoutError
-            if status != "100":  # not a heartbeat
-                raise PullError(f"{status} {(msg.headers or {}).get('Description', '')}".strip())
+            raise PullError(f"{status} {(msg.headers or {}).get('Description', '')}".strip())
 
     async def close(self) -> list[Msg]:
         """Stop pulling: the server forgets this puller's inbox (and with it every pull request still waiting
@@ -87,30 +131,33 @@ class Puller:
             except Exception:  # the connection lost or closing: what it had delivered comes again after ack wait
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
+        self._live.clear()
         return self._take(None)
 
     def _take(self, room: int | None) -> list[Msg]:
         """What was delivered and not taken yet, calls only, at most ``room`` of them (None: all)."""
         got: list[Msg] = []
-        while (room is None or len(got) < room) and not self._delivered.empty():
-            msg = self._delivered.get_nowait()
+        while (room is None or len(got) < room) and self._delivered:
+            msg = self._delivered.popleft()
             if (msg.headers or {}).get("Status") is None:
                 got.append(msg)
         return got
 
     async def _next(self, timeout_s: float, stop: asyncio.Event | None) -> Msg | None:
         """The next message delivered within ``timeout_s``; None at the timeout or once ``stop`` is set."""
-        if timeout_s <= 0 or (stop is not None and stop.is_set()):
-            return None
-        getting = asyncio.ensure_future(self._delivered.get())
-        waits: set[asyncio.Future[Any]] = {getting}
-        if stop is not None:
-            waits.add(asyncio.ensure_future(stop.wait()))
-        try:
-            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for wait in waits:
-                wait.cancel()
-        if getting.done() and not getting.cancelled():
-            return getting.result()  # taken from the queue: returned, whatever else happened meanwhile
-        return None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while not self._delivered:
+            left = deadline - loop.time()
+            if left <= 0 or (stop is not None and stop.is_set()):
+                return None
+            self._arrived.clear()
+            waits: set[asyncio.Future[Any]] = {asyncio.ensure_future(self._arrived.wait())}
+            if stop is not None:
+                waits.add(asyncio.ensure_future(stop.wait()))
+            try:
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for wait in waits:
+                    wait.cancel()
+        return self._delivered.popleft()

@@ -92,6 +92,7 @@ class QueueWorker:
         self._tasks: set[asyncio.Task[None]] = set()
         self._keepalive: asyncio.Task[None] | None = None  # from the first bind until ``finish``: outlives the pulls
         self._keep_every_s = 10.0
+        self._puller: Puller | None = None  # the pulls' (what it holds delivered, not taken yet, is kept alive too)
         self.stop = asyncio.Event()
         self._standby = standby
         self._replica_id = replica_id  # in the running call's record: where a cancel of it goes
@@ -115,7 +116,7 @@ class QueueWorker:
         if ack_wait is None:
             return
         self._keep_alive_every(ack_wait / 3)
-        puller = Puller(self._js._nc, self._stream, self._durable)
+        puller = self._puller = Puller(self._js._nc, self._stream, self._durable)
         await puller.open()
         try:
             while not self.stop.is_set():
@@ -185,7 +186,8 @@ class QueueWorker:
         return None
 
     def _keep_alive_every(self, every_s: float) -> None:
-        """In-progress acks for the calls held, every ``every_s`` (a third of the consumer's ack wait)."""
+        """In-progress acks for the calls held, and those delivered to the pulls and not taken yet, every ``every_s``
+        (a third of the consumer's ack wait)."""
         self._keep_every_s = every_s
         if self._keepalive is None:
             self._keepalive = asyncio.create_task(self._keep_alive(), name=f"in-progress-{self.function}")
@@ -193,7 +195,7 @@ class QueueWorker:
     async def _keep_alive(self) -> None:
         while True:
             await asyncio.sleep(self._keep_every_s)
-            for msg in list(self._held.values()):
+            for msg in [*self._held.values(), *(self._puller.waiting() if self._puller is not None else [])]:
                 with contextlib.suppress(Exception):
                     await msg.in_progress()
 
