@@ -21,16 +21,25 @@ from ember.wire.images import BuildView
 
 Say = Callable[[str], None]
 POLL_S = 0.25
+INSPECT_TIMEOUT_S = 300.0
 
 
 def plan_images(path: str | Path, app_name: str | None = None) -> ImagePlan:
     """Import the app file in a fresh interpreter, the packages this machine lacks stood in for: its images, and
     its manifest when nothing was missing."""
     cmd = [sys.executable, "-m", "ember._inspect", "--images", str(path), *([app_name] if app_name else [])]
-    proc = subprocess.run(cmd, capture_output=True, timeout=300, check=False)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=INSPECT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise InvalidSpecError(f"importing {path} took over {INSPECT_TIMEOUT_S:.0f}s: does its top level wait on "
+                               "something (a download, a server, input)? Move that into a setup hook") from exc
     if proc.returncode != 0:
         raise InvalidSpecError(f"importing {path} failed:\n{proc.stderr.decode(errors='replace').strip()}")
-    found = msgspec.json.decode(proc.stdout, type=ImagePlan)
+    try:
+        found = msgspec.json.decode(proc.stdout, type=ImagePlan)
+    except msgspec.DecodeError as exc:
+        raise InvalidSpecError(f"importing {path} printed no plan that Ember could read ({exc}); its output:\n"
+                               f"{proc.stdout.decode(errors='replace').strip()[-2000:]}") from exc
     if not found.images and found.manifest is None:
         raise InvalidSpecError(
             f"importing {path} needs {', '.join(found.missing)}, which this machine does not have and the app has "

@@ -7,15 +7,20 @@ top-level package this machine lacks that the app's own files import (``ember._l
 (``python -m ember._inspect`` with the image's Python). With ``--modules`` the manifest's line is followed by one
 more: the files of the modules the import loaded, from which the node compiles
 the bytecode replicas will read (``ember_runtime.agent.bytecode``).
+
+The process's stdout carries that JSON alone: whatever the app prints while it imports (``print``, a C library's
+write to file descriptor 1) goes to stderr, so that ``ember push`` and the node's build read its lines as they are.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import runpy
 import sys
 import traceback
 from pathlib import Path
+from typing import BinaryIO
 
 from ember._errors import EmberError
 from ember._loader import find_app, import_app_file, read_from_source
@@ -30,8 +35,9 @@ _CARRIERS = (str(Path(__file__).resolve().parent), str(Path(importlib.__file__ o
 
 
 def main(argv: list[str]) -> int:
+    out = keep_stdout()
     try:
-        return _main(argv)
+        return _main(argv, out)
     except Exception as exc:  # the app's own error, raised while importing it
         print(app_traceback(exc), end="", file=sys.stderr)
         return 1
@@ -56,7 +62,17 @@ def _carrier(filename: str) -> bool:
     return path.startswith(_CARRIERS)
 
 
-def _main(argv: list[str]) -> int:
+def keep_stdout() -> BinaryIO:
+    """The process's stdout, kept for the JSON: file descriptor 1 and ``sys.stdout`` now point at stderr, so that
+    what the app prints on import goes there and never into the lines ``ember push`` and the node decode."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return os.fdopen(saved, "wb")
+
+
+def _main(argv: list[str], out: BinaryIO) -> int:
     lenient = bool(argv) and argv[0] == "--images"
     modules = bool(argv) and argv[0] == "--modules"
     argv = argv[1:] if lenient or modules else argv
@@ -70,7 +86,8 @@ def _main(argv: list[str]) -> int:
         except EmberError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-        sys.stdout.buffer.write(encoder.encode(found) + b"\n")
+        out.write(encoder.encode(found) + b"\n")
+        out.flush()
         return 0
     try:
         module, name = import_app_file(argv[0])
@@ -79,9 +96,10 @@ def _main(argv: list[str]) -> int:
     except EmberError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.buffer.write(encoder.encode(manifest) + b"\n")
+    out.write(encoder.encode(manifest) + b"\n")
     if modules:
-        sys.stdout.buffer.write(encoder.encode(loaded_files()) + b"\n")
+        out.write(encoder.encode(loaded_files()) + b"\n")
+    out.flush()
     return 0
 
 
