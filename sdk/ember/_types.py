@@ -1,7 +1,9 @@
 """Typed inputs and outputs, read from a function's annotations.
 
 The same :class:`CallIO` encodes a call's arguments in the client, gives the JSON Schema the
-platform validates requests against, and decodes the request in the replica.
+platform validates requests against, and decodes the request in the replica. Where ``ember push`` imports an app
+without its image's packages, an annotation that is or holds a stand-in for one (``ember._lenient``) is read as
+``Any`` (a stand-in ``numpy.ndarray`` as an array): the node's import inside the image reads the real schema.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import collections.abc
 import inspect
 import re
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -59,7 +62,7 @@ class CallIO:
             io.stream = True
             io.output_type = stream_item(where, io.output_type)
             # A generator of arrays: each item a tensor (a decoupled model of the Open Inference Protocol).
-            io.output_tensor = tensor_of(stream_item(where, typing.get_type_hints(fn, include_extras=True).get(
+            io.output_tensor = _tensor_of(stream_item(where, typing.get_type_hints(fn, include_extras=True).get(
                 "return", Any)))
             if io.output_tensor is not None:
                 io.output_type = Any
@@ -69,7 +72,7 @@ class CallIO:
     def _of(cls, fn: Callable[..., Any], *, batched: bool, is_method: bool) -> CallIO:
         where = f"{fn.__qualname__}()"
         try:
-            hints = typing.get_type_hints(fn)
+            hints = {name: _known(hint) for name, hint in typing.get_type_hints(fn).items()}
             extras = typing.get_type_hints(fn, include_extras=True)
         except Exception as exc:
             raise InvalidSpecError(f"{where}: cannot resolve its type annotations: {exc}") from exc
@@ -82,9 +85,9 @@ class CallIO:
         out = hints.get("return", Any)
         if batched:
             return cls._batched(where, params, hints, extras, out, sig)
-        output_tensor = tensor_of(extras.get("return"))
+        output_tensor = _tensor_of(extras.get("return"))
         out = Any if output_tensor is not None else out
-        tensors = {p.name: t for p in params if (t := tensor_of(extras.get(p.name))) is not None}
+        tensors = {p.name: t for p in params if (t := _tensor_of(extras.get(p.name))) is not None}
         hints = {**hints, **dict.fromkeys(tensors, Any)}  # arrays are decoded as lists, then made arrays
         if not params:
             return cls("none", None, out, [], sig, output_tensor=output_tensor)
@@ -109,8 +112,8 @@ class CallIO:
             raise InvalidSpecError(
                 f"{where}: a batched function is annotated `(xs: list[In]) -> list[Out]`; "
                 "annotate both the parameter and the return as lists")
-        tensor = tensor_of(_list_item(extras.get(params[0].name)))
-        output_tensor = tensor_of(_list_item(extras.get("return")))
+        tensor = _tensor_of(_list_item(extras.get(params[0].name)))
+        output_tensor = _tensor_of(_list_item(extras.get("return")))
         return cls("single", Any if tensor else item, Any if output_tensor else out_item, [params[0].name], sig,
                    {params[0].name: tensor} if tensor else None, output_tensor)
 
@@ -220,7 +223,7 @@ def invalid_input(exc: msgspec.ValidationError) -> InvalidInputError:
 def stream_item(where: str, annotation: Any) -> Any:
     """The item type of a generator's return annotation: ``Iterator[T]``, ``Generator[T, ...]``,
     ``AsyncIterator[T]``, ``AsyncGenerator[T, ...]`` or ``Iterable[T]`` (Any when not annotated)."""
-    if annotation is Any:
+    if annotation is Any or _stand_in(annotation, deep=False):  # a stand-in for a missing package's iterator
         return Any
     origin = typing.get_origin(annotation)
     if origin in (collections.abc.Iterator, collections.abc.Generator, collections.abc.Iterable,
@@ -241,3 +244,35 @@ def _list_item(tp: Any) -> Any | None:
     if tp is list:
         return Any
     return None
+
+
+def _stand_in(hint: Any, deep: bool = True) -> bool:
+    """Whether an annotation is (or, ``deep``, holds) a stand-in for a package this machine lacks (made only by
+    ``ember._lenient``, never imported here: no stand-in exists unless ``ember push`` imported it)."""
+    lenient = sys.modules.get("ember._lenient")
+    if lenient is None:
+        return False
+    return isinstance(hint, lenient.Stub) or (deep and any(_stand_in(arg) for arg in typing.get_args(hint)))
+
+
+def _known(hint: Any) -> Any:
+    """An annotation msgspec can read: one that is or holds a stand-in becomes ``Any`` (a list of them a list of
+    ``Any``, so that a batched function keeps its shape), which the node's import inside the image refines."""
+    if not _stand_in(hint):
+        return hint
+    if typing.get_origin(hint) is list and typing.get_args(hint):
+        return list[_known(typing.get_args(hint)[0])]  # type: ignore[misc]
+    return Any
+
+
+def _tensor_of(hint: Any) -> Tensor | None:
+    """``tensor_of``, a stand-in ``numpy.ndarray`` (bare or ``Annotated``) read as the array it stands for."""
+    found = tensor_of(hint)
+    if found is not None or not _stand_in(hint):
+        return found
+    declared: list[Any] = []
+    if typing.get_origin(hint) is typing.Annotated:
+        hint, *declared = typing.get_args(hint)
+    if repr(hint) != "<missing numpy.ndarray>":
+        return None
+    return next((e for e in declared if isinstance(e, Tensor)), Tensor())
