@@ -15,10 +15,12 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def write_wheel(folder: Path, name: str = PACKAGE, version: str = "1.0", requires: tuple[str, ...] = ()) -> Path:
-    """A pure-Python wheel of ``name`` at ``version`` whose module says its version (``name.__version__``)."""
+def write_wheel(folder: Path, name: str = PACKAGE, version: str = "1.0", requires: tuple[str, ...] = (),
+                extra: dict[str, str] | None = None) -> Path:
+    """A pure-Python wheel of ``name`` at ``version`` whose module says its version (``name.__version__``), with
+    ``extra`` files (archive path -> text) beside."""
     dist = f"{name.replace('-', '_')}-{version}"
-    files = {
+    files = {**(extra or {}),
         f"{name}/__init__.py": f'__version__ = "{version}"\n\ndef hello():\n    return "{name} {version}"\n',
         f"{dist}.dist-info/METADATA": "Metadata-Version: 2.1\n"
                                       f"Name: {name}\nVersion: {version}\n"

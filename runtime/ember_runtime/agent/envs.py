@@ -51,6 +51,7 @@ import ember
 import ember_runtime
 from ember.wire.images import SHA256, ImageSpec, image_hash, image_problems
 from ember_runtime.agent.bundles import folder_size
+from ember_runtime.agent.envfiles import VENV_CFG, base_prefix, home_of, site_packages, write_own
 
 log = logging.getLogger("ember.agent")
 
@@ -244,7 +245,7 @@ class EnvCache:
 
     def _ready(self, sha: str, image: ImageSpec) -> Env | None:
         folder = self.root / sha
-        if not (folder / READY).is_file():
+        if not (folder / READY).is_file() or base_prefix(folder / READY) is None:
             return None
         with contextlib.suppress(OSError):
             os.utime(folder / READY)  # last use: the collector goes least recently used first
@@ -253,7 +254,7 @@ class EnvCache:
     def _env(self, folder: Path, image: ImageSpec) -> Env:
         same = image.python == node_python()
         python = folder / "bin" / "python"
-        base = _base_prefix(folder)
+        base = base_prefix(folder / READY)
         readonly = (folder, self.layer.path(same), *self.layer.targets(same), *([base] if base else []))
         return Env(sha256=folder.name, path=folder, python=python, readonly=tuple(dict.fromkeys(readonly)))
 
@@ -276,23 +277,26 @@ class EnvCache:
 
         try:
             interpreter = _base_python() if same else image.python
+            cfg = ""  # as uv venv wrote it, before any package could install a file of that name (``envfiles``)
             for argv in ([uv_binary(), "venv", "--python", interpreter, "--no-project", str(folder)],
                          [uv_binary(), "pip", "sync", "--python", str(folder / "bin" / "python"), "--require-hashes",
                           "--no-build", *self._index_args(image), str(lock_file)]):
                 code, _, err = await self._uv(argv, timeout_s=BUILD_TIMEOUT_S, say=keep)
                 if code != 0:
                     raise BuildError(f"building environment {sha[:12]} failed: {_tail(err)}")
+                cfg = cfg or (folder / VENV_CFG).read_text()
+            write_own(folder / VENV_CFG, cfg)
+            site = _site_packages(folder)
+            write_own(site / "_ember_runtime.pth", f"{self.layer.path(same)}\n")
+            write_own(folder / BUILD_LOG, "\n".join(log_lines) + "\n")
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         finally:
             lock_file.unlink(missing_ok=True)
-        site = _site_packages(folder)
-        (site / "_ember_runtime.pth").write_text(f"{self.layer.path(same)}\n")
-        (folder / BUILD_LOG).write_text("\n".join(log_lines) + "\n")
         took = time.monotonic() - started
-        (folder / READY).write_text(json.dumps({"sha256": sha, "python": image.python, "build_s": round(took, 3),
-                                                "built_at": time.time()}))
+        write_own(folder / READY, json.dumps({"sha256": sha, "python": image.python, "build_s": round(took, 3),
+                                              "built_at": time.time(), "home": home_of(cfg)}))
         with (self.root / "builds.log").open("a") as f:
             f.write(f"{sha} {took:.3f}\n")
         self.builds += 1
@@ -461,21 +465,11 @@ def _base_python() -> str:
     return getattr(sys, "_base_executable", "") or sys.executable
 
 
-def _base_prefix(folder: Path) -> Path | None:
-    """The prefix of the interpreter an environment was made from (``home`` in its pyvenv.cfg, one up)."""
-    with contextlib.suppress(OSError):
-        for line in (folder / "pyvenv.cfg").read_text().splitlines():
-            key, _, value = line.partition("=")
-            if key.strip() == "home" and value.strip():
-                return Path(value.strip()).resolve().parent
-    return None
-
-
 def _site_packages(folder: Path) -> Path:
-    found = sorted(folder.glob("lib/python3*/site-packages"))
-    if not found:
+    found = site_packages(folder)
+    if found is None:
         raise BuildError(f"environment {folder.name[:12]} has no site-packages")
-    return found[0]
+    return found
 
 
 def _mtime(path: Path) -> float:

@@ -172,3 +172,22 @@ def test_two_locks_at_once_on_a_node_each_keep_their_constraints(tmp_path, wheel
     first, second = asyncio.run(both())
     assert first.sha256 != second.sha256 and len({*seen}) == 2
     assert not [p for p in cache.root.iterdir() if p.name.startswith(".constraints-")]  # each removed after
+
+
+def test_a_package_cannot_replace_the_files_the_agent_trusts_in_its_environment(tmp_path):
+    """A wheel's data files land at the environment's root: one named pyvenv.cfg, whose ``home`` names a folder of
+    the tenant's, made the node's bytecode compile (outside any sandbox) load that folder's standard library, and
+    every sandbox of the image bind the folder; one named like the agent's ready mark or build log was written
+    through, into uv's cache."""
+    wheels, elsewhere = tmp_path / "wheels", tmp_path / "tenant" / "bin"
+    data = "sneaky-1.0.data/data"
+    write_wheel(wheels, name="sneaky", extra={f"{data}/pyvenv.cfg": f"home = {elsewhere}\ninclude-system-site-"
+                                              "packages = true\n", f"{data}/{READY}": '{"home": "/"}\n'})
+    cache = EnvCache(tmp_path / "envs", local_indexes=[wheels])
+    env = asyncio.run(cache.ensure(asyncio.run(cache.lock(ImageSpec(packages=["sneaky==1.0"],
+                                                                    find_links=[str(wheels)], no_index=True)))))
+    cfg = (env.path / "pyvenv.cfg").read_text()
+    assert str(elsewhere) not in cfg and "include-system-site-packages = false" in cfg
+    assert not any(path.is_relative_to(tmp_path / "tenant") or path == Path("/") for path in env.readonly)
+    assert run_in(env.python, "import sneaky, sys; print(sneaky.__version__, sys.prefix != sys.base_prefix)") \
+        == "1.0 True"
