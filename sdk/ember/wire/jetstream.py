@@ -127,9 +127,7 @@ class StorageLimits:
     # EMBER_CALLS' durable consumers: one per function and one per kept version of it (nats-server 2.15 gives a stream
     # that sets none 1,000, about 500 apps of one function; it reads -1 as that default too, so -1 here is 2**31 - 1)
     calls_stream_max_consumers: int = 100_000
-    # Each function's own event stream (its on= subjects): the events that wait for it. A full one refuses new events
-    # (POST /v1/events answers 429), so that one app's publishers cannot fill the disk every app's queues share. Its
-    # max_bytes is reserved in nats-server's file storage like the others', halved where it cannot be.
+    # each function's event stream (on=): its events waiting; full, it refuses new ones (POST /v1/events: 429)
     events_stream_max_bytes: int = 256 * MiB
     events_stream_max_msgs: int = 1_000_000
 
@@ -155,8 +153,7 @@ class StorageLimits:
             values[f.name] = value
         return cls(**values)
 
-    def events(self) -> dict[str, Any]:
-        """The limits of every function's event stream."""
+    def events(self) -> dict[str, Any]:  # of every function's event stream
         return {"max_bytes": self.events_stream_max_bytes, "max_msgs": self.events_stream_max_msgs,
                 "discard": DiscardPolicy.NEW}
 
@@ -390,17 +387,15 @@ async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]
 
 
 async def create_limited_kv(js: Any, bucket: str, max_bytes: int, **config: Any) -> KeyValue:
-    """``js.create_key_value(bucket, max_bytes=...)`` reserved as the standard stores are (``reserving``): where the
-    big stores took nats-server's file storage, with half as much, and so on, saying so. A bucket made apart from
-    ``open_stores`` (the control plane's own) with a plain create failed the platform's start on such a server."""
-    return await reserving(kv_stream(bucket), max_bytes, lambda limit: js.create_key_value(
-        bucket=bucket, max_bytes=limit, **config))
+    """``js.create_key_value(bucket, max_bytes=...)`` reserved as the standard stores are (``reserving``): a bucket
+    made apart from ``open_stores`` (the control plane's own) with a plain create failed the platform's start."""
+    return await reserving(kv_stream(bucket), max_bytes, lambda limit: js.create_key_value(bucket=bucket,
+                                                                                           max_bytes=limit, **config))
 
 
 async def reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitable[T]]) -> T:
-    """``attempt(max_bytes)``; when nats-server cannot reserve that much file storage (its ``max_file_store``,
-    by default 75% of the free disk, is smaller than the limits add up to), again with half as much, down to
-    ``MIN_FALLBACK_BYTES``, saying so: Ember still starts on a small disk, with smaller stores."""
+    """``attempt(max_bytes)``; when nats-server cannot reserve that much file storage (its ``max_file_store``, by
+    default 75% of the free disk), again with half as much, down to ``MIN_FALLBACK_BYTES``, saying so."""
     wanted = max_bytes
     while True:
         try:
