@@ -204,8 +204,7 @@ class Sandbox:
         """bwrap's command line running ``command`` in ``jail``: in a network namespace of its own when it waits
         on ``block_fd`` (for pasta to attach), else on the node's network."""
         assert self.bwrap is not None
-        # no capability inside, whoever runs bwrap: as root it kept them all (a remount of its read-only binds)
-        args = [self.bwrap, "--unshare-all", "--new-session", "--cap-drop", "ALL", "--hostname", "ember"]
+        args = [self.bwrap, "--unshare-all", "--new-session", "--cap-drop", "ALL", "--hostname", "ember"]  # (root too)
         if block_fd is None:
             args.append("--share-net")
         else:
