@@ -48,11 +48,28 @@ class Visible:
             yield family
 
 
+class Once:
+    """Several collectors' families, each name once: the first collector's that has it. With
+    ``PROMETHEUS_MULTIPROC_DIR`` the call registry's multiprocess collector yields every family counted in the folder
+    (the LLM and schedule families among them, summed over the processes), which their own registries would yield
+    again: a family declared twice, which Prometheus's and OpenMetrics' parsers reject."""
+
+    def __init__(self, *collectors: Visible) -> None:
+        self.collectors = collectors
+
+    def collect(self) -> Iterator[Metric]:
+        named: set[str] = set()
+        for collector in self.collectors:
+            for family in collector.collect():
+                if family.name not in named:
+                    named.add(family.name)
+                    yield family
+
+
 def render(platform: Platform, sees: Callable[[str], bool]) -> bytes:
     """The Prometheus text for a reader who sees the apps ``sees`` accepts."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Visible(platform.call_metrics.registry(), sees))
-    registry.register(Visible(platform.llm_metrics.registry, sees))
-    registry.register(Visible(platform.schedules.metrics.registry, sees))
-    registry.register(Visible(StateCollector(platform, sees), sees))
+    registry.register(Once(*(Visible(source, sees) for source in (
+        platform.call_metrics.registry(), platform.llm_metrics.registry, platform.schedules.metrics.registry,
+        StateCollector(platform, sees)))))
     return generate_latest(registry)
