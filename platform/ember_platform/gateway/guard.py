@@ -12,10 +12,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from starlette.requests import Request
 from starlette.routing import Route
 
+from ember._errors import ForbiddenError
+from ember_platform.auth.bootstrap import loopback_only
 from ember_platform.auth.scopes import Principal
 from ember_platform.gateway.responses import platform_of
 
@@ -38,11 +41,41 @@ def authorization(request: Request) -> str | None:
 def authorize(request: Request, need: Need, app: str | None = None) -> Principal:
     """The request's principal, if it may do what ``need`` says (on ``app``): else 401, 404 (an app it does not
     see) or 403 (a scope it does not hold)."""
-    principal = platform_of(request).tokens.authenticate(authorization(request))
+    tokens = platform_of(request).tokens
+    if not tokens.enabled:
+        from_this_machine(request)
+    principal = tokens.authenticate(authorization(request))
     if need != TOKEN:
         principal.require(need, app)
     request.scope[_PRINCIPAL] = principal
     return principal
+
+
+def from_this_machine(request: Request) -> None:
+    """Without tokens (``--insecure-no-auth``, loopback only), a request is served only when it names a loopback
+    ``Host`` and comes from no other site's page (an ``Origin``, when sent, on a loopback host): else 403. A web page
+    the developer visits could otherwise send requests to the port (a form's POST needs no preflight), or read the
+    answers once its own name resolves to 127.0.0.1 (DNS rebinding), and deploy code there."""
+    host = _host_of(_header(request, b"host") or "")
+    origin = _header(request, b"origin")
+    if not loopback_only(host) or (origin is not None and not loopback_only(urlsplit(origin).hostname or "")):
+        raise ForbiddenError("without tokens (--insecure-no-auth) this platform serves requests to a loopback "
+                             "address (Host 127.0.0.1, ::1 or localhost) from no other site's page; "
+                             f"Host {host[:80]!r}" + (f", Origin {origin[:80]!r}" if origin is not None else ""))
+
+
+def _header(request: Request, name: bytes) -> str | None:
+    for key, value in request.scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")  # type: ignore[no-any-return]
+    return None
+
+
+def _host_of(host: str) -> str:
+    """The name in a ``Host`` header, without its port (``[::1]:8000`` -> ``::1``)."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
 
 
 def principal_of(request: Request) -> Principal:
