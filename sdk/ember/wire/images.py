@@ -144,9 +144,14 @@ def url_problem(url: object, what: str) -> str | None:
             or not url.isprintable() or any(c in url for c in " \t\"'\\"):
         return f"{what} {str(url)[:80]!r}: an https:// (or http://) URL of at most {MAX_URL} characters"
     try:
-        host = (urlsplit(url).hostname or "").rstrip(".").lower()
+        parts = urlsplit(url)
+        host = (parts.hostname or "").rstrip(".").lower()
     except ValueError:
         return f"{what} {url[:80]!r}: not a URL"
+    if parts.username is not None or parts.password is not None:  # (not quoted back: it holds them)
+        return (f"{what}: a URL with credentials (user:password@) is refused, as an image is stored and shown in plain "
+                "text; a private index's credentials go on the nodes (a netrc file of the node agent's user, which "
+                "uv reads)")
     with contextlib.suppress(ValueError):
         if ipaddress.ip_address(host).is_link_local:
             return f"{what} {url[:80]!r}: a link-local address (a cloud's metadata service) is no package index"

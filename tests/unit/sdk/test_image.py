@@ -57,6 +57,15 @@ def test_indexes_and_python_are_checked(kwargs):
         ember.Image(**kwargs)
 
 
+@pytest.mark.parametrize("url", ["https://__token__:glpat-SECRET@gitlab.example/simple", "https://SECRET@x.example/",
+                                 "https://user:@x.example/simple"])
+def test_an_index_url_with_credentials_is_refused_without_quoting_them(url):
+    for kwargs in ({"index_url": url}, {"extra_index_urls": [url]}, {"find_links": [url]}):
+        with pytest.raises(ember.InvalidSpecError, match="credentials") as refused:
+            ember.Image(**kwargs)
+        assert "SECRET" not in str(refused.value) and "glpat" not in str(refused.value)
+
+
 def test_requirements_files_are_read_beside_the_caller_and_checked_line_by_line(tmp_path, monkeypatch):
     (tmp_path / "requirements.txt").write_text("# pins\nhumanize==4.9.0  # for reports\n\nnumpy>=1.26\n")
     image = ember.Image().requirements(tmp_path / "requirements.txt")
