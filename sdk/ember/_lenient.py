@@ -58,6 +58,12 @@ class Stub:
     def __iter__(self) -> Iterator[Any]:
         return iter(())
 
+    def __or__(self, other: Any) -> Stub:  # an annotation such as ``np.ndarray | None``
+        return Stub(f"{self._stub_name} | ...")
+
+    def __ror__(self, other: Any) -> Stub:
+        return Stub(f"... | {self._stub_name}")
+
     def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
         return (object,)
 

@@ -66,6 +66,11 @@ NAMED = """
 @app.function()
 def named(arrays: dict[str, np.ndarray], scale: float = 1.0) -> list[str]:
     return sorted(arrays)
+
+
+@app.function()
+def maybe(pixels: np.ndarray | None = None) -> None | np.ndarray:
+    return pixels
 """
 
 
@@ -111,6 +116,7 @@ def test_push_reads_the_declared_manifest_with_numpy_stood_in_for(app: Path, hid
     assert named == {"arrays": {}, "scale": {"type": "number", "default": 1.0}}  # Any: the node's import refines it
     assert fns["frames"].stream and fns["frames"].output_schema == {"type": "array"}
     assert fns["batched"].batch is not None and fns["batched"].input_schema == {"type": "array"}
+    assert fns["maybe"].output_schema == {}  # a union with a stand-in: Any (before, `|` failed the import)
 
 
 def test_the_arrays_declared_without_numpy_are_those_the_image_reads(app: Path, hide: Path) -> None:
