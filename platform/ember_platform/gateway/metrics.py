@@ -4,10 +4,14 @@ token sees.
 Names follow Prometheus practice: an ``ember_`` prefix, base units (seconds, bytes), ``_total`` on counters, and
 ``app``/``function``/``version``/``replica`` labels (no per-call labels); the GPUs' figures use the names of
 DCGM's and Triton's exporters (see ``ember_platform.metrics.gpu``).
+
+The control plane's state is read on the event loop and the text rendered in a thread: the call path's series can
+be many, and rendering them would hold every other request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import os
 import time
@@ -20,12 +24,16 @@ from starlette.responses import Response
 from ember._errors import EmberError
 from ember_platform.gateway.guard import Endpoint, principal_of
 from ember_platform.gateway.responses import platform_of
-from ember_platform.metrics.scrape import CONTENT_TYPE, render
+from ember_platform.metrics.scrape import CONTENT_TYPE, state_families, text
 
 
 async def metrics(request: Request) -> Response:
-    principal = principal_of(request)
-    return Response(render(platform_of(request), principal.sees), media_type=CONTENT_TYPE)
+    sees = principal_of(request).sees
+    platform = platform_of(request)
+    counted = platform.call_metrics
+    counted.follow(platform.registry.deployments)
+    body = await asyncio.to_thread(text, platform, state_families(platform, sees), sees, counted.running)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 CALLED = "ember.called"  # where ``calls.invoke`` leaves (app, function, version) in the ASGI scope once it knows them
@@ -59,7 +67,10 @@ def metered(endpoint: Endpoint) -> Endpoint:
 
 def _count(request: Request, code: int, started: float) -> None:
     app, function, version = request.scope.get(CALLED, _UNKNOWN)
-    platform_of(request).call_metrics.record(app, function, version, code, time.perf_counter() - started)
+    platform = platform_of(request)
+    counted = platform.call_metrics
+    counted.follow(platform.registry.deployments)  # the versions gone since the last call: their series dropped
+    counted.record(app, function, version, code, time.perf_counter() - started)
 
 
 _UNKNOWN = ("", "", 0)

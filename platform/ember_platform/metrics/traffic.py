@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -57,6 +58,19 @@ def totals(families: Iterable[Metric]) -> dict[Key, Totals]:
     return out
 
 
+def plus(a: Totals | None, b: Totals | None) -> Totals:
+    """The sum of two totals of one function (``a`` or ``b`` alone when the other is None)."""
+    if a is None or b is None:
+        out = a or b
+        assert out is not None
+        return out
+    if a.bounds == b.bounds:
+        buckets = tuple(x + y for x, y in zip(a.buckets, b.buckets, strict=True))
+        return Totals(a.calls + b.calls, a.errors + b.errors, a.bounds, buckets)
+    wider = a if len(a.bounds) >= len(b.bounds) else b  # one has no histogram yet: the other's buckets
+    return Totals(a.calls + b.calls, a.errors + b.errors, wider.bounds, wider.buckets)
+
+
 def quantile(q: float, bounds: tuple[float, ...], cumulative: tuple[float, ...]) -> float:
     """The ``q`` quantile of the observations counted in cumulative buckets (upper ``bounds``, the last +Inf)."""
     if not cumulative or cumulative[-1] <= 0:
@@ -91,11 +105,13 @@ class TrafficHistory:
     def __init__(self, interval_s: float = 2.0, keep: int = 150) -> None:
         self.interval_s = interval_s
         self._snapshots: deque[tuple[float, dict[Key, Totals]]] = deque(maxlen=keep)
+        self._taking = threading.Lock()  # ``update`` runs in a thread: two requests at once take one snapshot
 
     def update(self, now: float, snapshot: Callable[[], Mapping[Key, Totals]]) -> None:
         """Take a snapshot if the last one is ``interval_s`` old (``snapshot`` is called only then)."""
-        if not self._snapshots or now - self._snapshots[-1][0] >= self.interval_s:
-            self._snapshots.append((now, dict(snapshot())))
+        with self._taking:
+            if not self._snapshots or now - self._snapshots[-1][0] >= self.interval_s:
+                self._snapshots.append((now, dict(snapshot())))
 
     def view(self, now: float, sees: Callable[[str], bool]) -> StatsView:
         """Per function of the apps ``sees`` accepts: its totals and one point per interval between snapshots."""
