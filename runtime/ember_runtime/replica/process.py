@@ -222,8 +222,9 @@ class Replica:
         loops.append(asyncio.create_task(health.watch(self.instance, self.stop, functools.partial(
             self._give_way, subs, intake, why="health")), name="health-watch"))
         cancel, credit = subjects.replica_cancel(self.args.replica_id), subjects.replica_credit(self.args.replica_id)
-        subs.append(await nc.subscribe(cancel, cb=subjects.only_on(cancel, self._on_cancel)))
-        # not in ``subs``: streams still running while the replica drains need their credit (gone with the connection)
+        # not in ``subs`` (gone with the connection): while the replica drains, the calls it still holds may be
+        # cancelled (a caller that left, a user's cancel, Ember-Terminate) and its running streams need their credit
+        await nc.subscribe(cancel, cb=subjects.only_on(cancel, self._on_cancel))
         await nc.subscribe(credit, cb=subjects.only_on(credit, self._on_credit))
         return subs, loops  # no flush of its own: the ready report, after these on the same connection, flushes
 
