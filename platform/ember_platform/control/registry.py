@@ -7,7 +7,7 @@ import datetime
 import hashlib
 import logging
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -43,6 +43,7 @@ from ember_platform.calls.durable import Calls
 from ember_platform.control import rollout
 from ember_platform.control.bundle_gc import gc_grace_s, upload_time
 from ember_platform.control.logfeed import LogFeed, LogFilter
+from ember_platform.control.logstore import LogStore, running_services
 from ember_platform.control.models import ModelClaims, named, served
 from ember_platform.control.owners import Owners, covers
 from ember_platform.control.queues import Queues
@@ -62,7 +63,7 @@ class Registry:
         self.deployments: KVMirror[Deployment]  # set by start()
         self.replicas: ReplicaMirror
         self._by_app: tuple[int, dict[str, list[ReplicaStatus]]] = (-1, {})  # live_replicas' index, as of
-        self._logs: dict[tuple[str, str], deque[LogLine]] = defaultdict(lambda: deque(maxlen=log_lines_kept))
+        self._logs = LogStore(log_lines_kept)  # the kept output, which follows what runs
         self._log_sub: Any = None
         self.log_feed = LogFeed()  # the clients following the logs (``ember logs -f``)
         self._deploy_lock = asyncio.Lock()
@@ -81,7 +82,8 @@ class Registry:
         self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.queues = Queues(self.calls, self._stored_deployment, self.replica_alive)
-        self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode)
+        self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode,
+                                    on_change=lambda app, dep: self._logs.keep(app, running_services(dep)))
         # a replica that turns ready wakes the control loop as a changed deployment does: a rollout waiting for it
         # switches then, not at the next tick (up to TICK_S later, while its first calls go to the old version)
         self.replicas = ReplicaMirror(self.stores.replicas, on_ready=self.deployments.changed.set)
@@ -368,6 +370,7 @@ class Registry:
         await self.models.release_after(app, served(current))
         await self.queues.deleted(current)
         self.deployments.record(app, None, (revision or 0) + 1)
+        self._logs.keep(app, ())  # its name deployed again starts with none of its output
 
     def view(self, app: str) -> AppView:
         dep = self.deployments.items.get(app)
@@ -420,15 +423,13 @@ class Registry:
             if replica is not None and replica.node_id != node:
                 return
             line = msgspec.structs.replace(line, node_id=node)
-        self._logs[(parts[2], parts[3])].append(line)
+        if parts[3] in running_services(self.deployments.items.get(parts[2])):  # else not kept: see ``LogStore``
+            self._logs.add(parts[2], parts[3], line)
         self.log_feed.publish(parts[2], parts[3], line)
 
     def logs(self, flt: LogFilter, limit: int) -> list[LogLine]:
         """The last ``limit`` kept lines that ``flt`` wants, oldest first."""
-        lines = [line for (a, s), buf in self._logs.items() if a == flt.app and flt.service in (None, s)
-                 for line in buf if flt.matches(a, s, line)]
-        lines.sort(key=lambda line: line.ts)
-        return lines[-limit:]
+        return self._logs.lines(flt, limit)
 
     # -- scale -------------------------------------------------------------------------------------
 
