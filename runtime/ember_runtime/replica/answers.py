@@ -1,19 +1,26 @@
-"""Answers to synchronous calls, replica to gateway, in frames (see ``ember.wire.frames``)."""
+"""Answers to synchronous calls, replica to gateway, in frames (see ``ember.wire.frames``).
+
+Every call gets an answer that fits a NATS message: a frame is cut by its answers' encoded sizes, and cut in halves
+again should it still come out too large; an answer too large alone is answered with the error saying so. An
+error's message is cut at ``MAX_ERROR_MESSAGE_BYTES`` (and says so), so that any error fits.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 
 from ember._errors import EmberError, RemoteError
-from ember.wire import Answer, Outbox, encode_output, encoder, error_info, packed_encoder, split_frames
+from ember.wire import Answer, ErrorInfo, Outbox, encode_output, encoder, error_info, packed_encoder, split_frames
 
 log = logging.getLogger("ember.replica")
 ACK_DELAY_S = 0.01  # calls answered sooner are never acked
 _NIL = msgspec.Raw(b"\xc0")
+MAX_ERROR_MESSAGE_BYTES = 64 * 1024  # an error's message is cut beyond (a traceback in it, say)
 
 
 def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: int, codec: str = "json",
@@ -29,7 +36,16 @@ def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: i
         except Exception as exc:  # the output's own failing (a ``tolist`` that raises, say): this call's error alone
             error = RemoteError(f"the output cannot be encoded: {type(exc).__name__}: {exc}",
                                 remote_type="InvalidOutput")
-    return Answer(call_id=call_id, error=error_info(error, call_id), batch_size=batch_size)
+    return Answer(call_id=call_id, error=_capped(error_info(error, call_id)), batch_size=batch_size)
+
+
+def _capped(info: ErrorInfo) -> ErrorInfo:
+    """``info`` with its message cut at ``MAX_ERROR_MESSAGE_BYTES`` of UTF-8, saying so."""
+    encoded = info.message.encode(errors="replace")
+    if len(encoded) <= MAX_ERROR_MESSAGE_BYTES:
+        return info
+    kept = encoded[:MAX_ERROR_MESSAGE_BYTES].decode(errors="ignore")  # never half a character
+    return msgspec.structs.replace(info, message=f"{kept} [cut: {len(encoded)} bytes in all]")
 
 
 class Answers:
@@ -74,15 +90,7 @@ class Answers:
             codec = packed_encoder if packed else encoder
             if packed:  # an ack's or an error's output is JSON's null by default: msgpack's nil here
                 answers = [msgspec.structs.replace(a, output=_NIL) if _is_null(a.output) else a for a in answers]
-            sizes = [len(a.output) + (len(a.error.message) if a.error else 0) for a in answers]
-            for frame in split_frames(answers, sizes, limit):
-                data = codec.encode(frame)
-                if len(data) > limit:  # one answer alone: its output is too large for a NATS message
-                    (answer,) = frame
-                    error = RemoteError(f"the output ({len(answer.output)} bytes) is over the {limit}-byte "
-                                        "limit of a NATS message", remote_type="ValueError")
-                    refusal = answer_of(answer.call_id, None, error, answer.batch_size)
-                    data = codec.encode([msgspec.structs.replace(refusal, output=_NIL) if packed else refusal])
+            for frame, data in _frames(answers, codec, limit, packed):
                 try:
                     await self._nc.publish(reply, data)
                 except Exception as exc:  # the gateway resends calls that get no answer
@@ -95,3 +103,31 @@ class Answers:
 
 def _is_null(output: msgspec.Raw) -> bool:
     return len(output) == 4 and bytes(output) == b"null"
+
+
+def _frames(answers: list[Answer], codec: Any, limit: int, packed: bool) -> Iterator[tuple[list[Answer], bytes]]:
+    """``answers`` in order, encoded in frames of at most ``limit`` bytes (see the module's docstring)."""
+    pending = split_frames(answers, [_size(a) for a in answers], limit)
+    while pending:
+        frame = pending.pop(0)
+        data = codec.encode(frame)
+        if len(data) <= limit:
+            yield frame, data
+        elif len(frame) > 1:  # the sizes fell short (escapes in JSON, say): in halves, each again
+            pending[:0] = [frame[:len(frame) // 2], frame[len(frame) // 2:]]
+        else:
+            yield frame, codec.encode([_too_large(frame[0], len(data), limit, packed)])
+
+
+def _size(answer: Answer) -> int:
+    """The bytes ``answer`` takes in a frame, but for the fields every answer has (``FRAME_ITEM_OVERHEAD_BYTES``)."""
+    error = answer.error
+    return len(answer.output) + (len(error.message.encode(errors="replace")) if error is not None else 0)
+
+
+def _too_large(answer: Answer, size: int, limit: int, packed: bool) -> Answer:
+    """The answer that tells the caller ``answer`` (``size`` bytes encoded) is too large for a NATS message."""
+    what = f"the output ({len(answer.output)} bytes)" if answer.error is None else f"the error ({size} bytes)"
+    error = RemoteError(f"{what} is over the {limit}-byte limit of a NATS message", remote_type="ValueError")
+    refusal = answer_of(answer.call_id, None, error, answer.batch_size)
+    return msgspec.structs.replace(refusal, output=_NIL) if packed else refusal
