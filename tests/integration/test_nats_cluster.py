@@ -17,7 +17,7 @@ import ember
 from ember._client import Transport
 from ember._deploy import deploy
 from ember.wire import subjects
-from ember.wire.jetstream import kv_stream, object_stream
+from ember.wire.jetstream import StorageLimits, apply_limits, ensure_buckets, kv_stream, object_stream
 
 pytestmark = [
     pytest.mark.integration, pytest.mark.timeout(420),
@@ -94,3 +94,27 @@ async def _replicas(url: str) -> dict[str, int]:
         return {name: (await js.stream_info(name)).config.num_replicas or 1 for name in STREAMS}
     finally:
         await nc.close()
+
+
+def test_an_installation_grown_from_one_server_to_three_gets_three_copies_of_everything(tmp_path: Path,
+                                                                                          monkeypatch):
+    """EMBER_JS_REPLICAS is read when a stream is created: streams made by a single-server installation kept one
+    copy after it moved to a cluster, and losing that server lost them. The platform's start brings them to three."""
+    async def run() -> tuple[dict[str, int], dict[str, int]]:
+        nc = await admin_connect(cluster.url)
+        try:
+            js = nc.jetstream()
+            monkeypatch.setenv("EMBER_JS_REPLICAS", "1")
+            await ensure_buckets(js)  # as the single server's installation made them
+            before = {name: (await js.stream_info(name)).config.num_replicas or 1 for name in STREAMS}
+            monkeypatch.setenv("EMBER_JS_REPLICAS", "3")
+            await apply_limits(js, StorageLimits())
+            after = {name: (await js.stream_info(name)).config.num_replicas or 1 for name in STREAMS}
+            return before, after
+        finally:
+            await nc.close()
+
+    with NatsCluster(tmp_path / "nats") as cluster:
+        before, after = asyncio.run(run())
+    assert set(before.values()) == {1}
+    assert after == dict.fromkeys(STREAMS, 3)

@@ -363,10 +363,10 @@ def limits_differ(config: StreamConfig, wanted: dict[str, Any]) -> dict[str, tup
 
 
 async def apply_limits(js: JetStreamContext, limits: StorageLimits) -> list[str]:
-    """Bring every existing stream, bucket and object store to ``limits`` (``js.update_stream``), so that an
-    upgraded installation gets them too; returns what changed, one line per stream. The platform calls this;
-    a stream that does not exist yet is left to ``ensure_buckets``."""
+    """Bring every existing stream, bucket and object store to ``limits`` and ``js_replicas()`` copies (an upgrade,
+    or a server grown to a cluster, gets them); what changed, one line per stream (the platform calls this)."""
     async def one(name: str, wanted: dict[str, Any]) -> str | None:
+        wanted = {**wanted, "num_replicas": js_replicas()}
         try:
             config = (await js.stream_info(name)).config
         except JsNotFoundError:
