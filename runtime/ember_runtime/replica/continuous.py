@@ -10,6 +10,9 @@ the running ones wait one step at most, however many new ones come. A sequence
 leaves when its piece is None, at its ``max_tokens``, once its text holds a stop string, at its deadline, or when
 its caller went away (it is then dropped before the next step: its slot is free within one step). A step that
 fails, or answers a list of the wrong length, fails the sequences it ran; the loop goes on with the others.
+
+A step cannot be interrupted: one that hangs holds its sequences (``running``) however their calls end, and
+``step_since`` tells the replica's stuck watch how long it has run.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class StepLoop:
         # a stream of new ones (each freeing its slot at once) cannot hold the running ones back for more than a step.
         self._prefilled = False
         self.pieces = 0  # pieces generated so far
+        self.step_since: float | None = None  # when the step under way began (monotonic); None between steps
 
     @property
     def running(self) -> int:
@@ -102,6 +106,7 @@ class StepLoop:
             for entry in ready:
                 entry.stepped = True
             seqs = [e.seq for e in ready]
+            self.step_since = time.monotonic()
             try:
                 pieces = await loop.run_in_executor(self._executor, self._step, seqs)
                 if not isinstance(pieces, list) or len(pieces) != len(seqs):
@@ -118,6 +123,8 @@ class StepLoop:
                     _settle(entry, error)
                 self._running = [e for e in self._running if not e.done.done()]
                 continue
+            finally:
+                self.step_since = None
             self.steps += 1
             for entry, piece in zip(ready, pieces, strict=True):
                 self._take(entry, piece)

@@ -46,7 +46,7 @@ from ember_runtime.batching import spans
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
-from ember_runtime.replica import arguments, health
+from ember_runtime.replica import arguments, health, reports
 from ember_runtime.replica.answers import Answers, answer_of
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.callreads import RelayedCallStore
@@ -230,14 +230,14 @@ class Replica:
 
     async def _watch_stuck(self, subs: list[Any], intake: list[Any]) -> None:
         """A call past its ``timeout_s`` was answered 504 by the gateway, but the model thread cannot be
-        interrupted: once a batch runs ``STUCK_GRACE_S`` past the timeout, this replica stops taking calls, hands
-        back what it holds (callers retry elsewhere) and reports itself stopping, so that the control loop starts a
-        replacement and then stops this one (make-before-break)."""
+        interrupted: once a batch (or a Continuous step) runs ``STUCK_GRACE_S`` past the timeout, this replica stops
+        taking calls, hands back what it holds (callers retry elsewhere) and reports itself stopping, so that the
+        control loop starts a replacement and then stops this one (make-before-break)."""
         limit = self.service.timeout_s + STUCK_GRACE_S
         while not self.stop.is_set():
             now = time.monotonic()
-            stuck = next((b for b in self.batchers if b.running_since is not None and now - b.running_since > limit),
-                         None)
+            since = [(b, reports.running_since(b, e.steps)) for e, b in zip(self.endpoints, self.batchers, strict=True)]
+            stuck = next((b for b, start in since if start is not None and now - start > limit), None)
             if stuck is not None:
                 await self._give_way(subs, intake, f"a call of {stuck.name} ran past its timeout_s "
                                                    f"({self.service.timeout_s:g} s) and cannot be interrupted: "
@@ -336,7 +336,8 @@ class Replica:
             for endpoint, batcher in zip(endpoints, self.batchers, strict=True):
                 cap = batcher.capacity
                 report = LoadReport(replica_id=self.args.replica_id, app=self.args.app, function=endpoint.spec.name,
-                                    version=self.args.version, queued=batcher.queued, in_flight=batcher.in_flight,
+                                    version=self.args.version, queued=batcher.queued,
+                                    in_flight=reports.in_flight(batcher, endpoint.steps),
                                     per_call_s=batcher.model.predict(cap) / (cap * batcher.slots),
                                     slots=batcher.slots, accepted=self.streams.accepted)
                 now = time.monotonic()
@@ -345,7 +346,8 @@ class Replica:
                 sent[endpoint.spec.name] = report, now
                 with contextlib.suppress(Exception):
                     await nc.publish(subjects.stats(self.args.app, endpoint.spec.name), encoder.encode(report))
-            await self._next_report(idle=all(b.queued == 0 and b.in_flight == 0 for b in self.batchers))
+            await self._next_report(idle=all(b.queued == 0 and reports.in_flight(b, e.steps) == 0
+                                             for e, b in zip(endpoints, self.batchers, strict=True)))
 
     async def _next_report(self, idle: bool) -> None:
         """Wait ``LOAD_REPORT_S`` while calls are held; an idle replica waits until a call is queued (its report then

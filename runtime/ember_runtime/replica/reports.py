@@ -5,6 +5,8 @@ these messages."""
 from __future__ import annotations
 
 from ember.wire import LoadReport, ReplicaStatus
+from ember_runtime.batching.batcher import Batcher
+from ember_runtime.replica.continuous import StepLoop
 
 HEARTBEAT_S = 2.0
 IDLE_HEARTBEAT_S = 5.0  # an unchanged status is written again after this (its bucket forgets it after 15 s)
@@ -35,3 +37,17 @@ def report_due(report: LoadReport, last: tuple[LoadReport, float] | None, now: f
         return True
     idle = report.queued == 0 and report.in_flight == 0
     return now - last[1] >= (IDLE_REPORT_S if idle else BUSY_REPORT_S)
+
+
+def in_flight(batcher: Batcher, steps: StepLoop | None) -> int:
+    """The calls a function runs now, as its load reports count them: a Continuous method's running sequences too,
+    which its step loop holds past their calls' end while a step is under way (a step that hangs holds every one,
+    though the batcher freed their slots at their deadlines)."""
+    return max(batcher.in_flight, steps.running) if steps is not None else batcher.in_flight
+
+
+def running_since(batcher: Batcher, steps: StepLoop | None) -> float | None:
+    """When the oldest work a function runs now began (monotonic), as the stuck watch sees it: its oldest batch,
+    or a Continuous method's step under way (its calls' batches end at their deadlines, the step goes on)."""
+    since = [t for t in (batcher.running_since, steps.step_since if steps is not None else None) if t is not None]
+    return min(since, default=None)
