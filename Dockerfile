@@ -1,9 +1,13 @@
 # Ember for GPU hosts: one image for the control plane and the node agent, chosen by the command.
 #   docker build --build-arg TORCH_INDEX_URL=<PyTorch's cu124 wheel index> -t ember .
 #   docker run --net=host -v /etc/ember:/etc/ember:ro ember python -m ember_platform --nats nats://NATS_HOST:4222 \
-#       --host 0.0.0.0 --nats-auth-dir /etc/ember/nats-auth
-#   docker run --net=host --gpus all -v /etc/ember:/etc/ember:ro ember python -m ember_runtime \
+#       --nats-auth-dir /etc/ember/nats-auth --bootstrap-token-file /etc/ember/admin-token \
+#       --secrets-key-file /etc/ember/secrets.key --host 0.0.0.0
+#   docker run --net=host --gpus all --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
+#       --security-opt systempaths=unconfined -v /var/lib/ember:/var/lib/ember \
+#       -v /etc/ember/gpu-01.creds:/etc/ember/node.creds:ro ember python -m ember_runtime \
 #       --nats nats://NATS_HOST:4222 --nats-creds /etc/ember/node.creds
+# (the agent's sandboxes need those three options, and its state a volume: docs/operations/install.md)
 # Both refuse to start without NATS credentials (README, "NATS credentials") unless told --insecure-no-auth
 # (--insecure-no-nats-auth for the control plane), which they then log as INSECURE.
 # Two stages: the first builds the Python environment with compilers at hand; the image keeps only that

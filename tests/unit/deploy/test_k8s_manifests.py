@@ -320,3 +320,31 @@ def test_the_copy_step_makes_files_ember_accepts_from_a_secret_volume(tmp_path: 
     read_key(run / "secrets.key")
     assert read_token_file(run / "bootstrap-token").startswith("ember_")
     assert {oct(p.stat().st_mode & 0o777) for p in run.rglob("*") if p.is_file()} == {"0o400"}
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def test_nats_takes_clients_from_ember_alone_and_its_cluster_and_monitoring_ports_from_its_servers_alone() -> None:
+    """Routes authenticate no peer by default: a pod (or a replica's code, going out through its agent's pod) that
+    dials the cluster port joins as a server and reads every message; the monitoring port lists every app's
+    streams and connections."""
+    policy = find("NetworkPolicy", "nats-clients-and-peers-only")
+    nats_pod = {"app.kubernetes.io/name": "nats", "app.kubernetes.io/instance": "nats",  # the chart's, release "nats"
+                "app.kubernetes.io/component": "nats"}
+    assert policy["metadata"]["namespace"] == "ember" and _matches(policy["spec"]["podSelector"], nats_pod)
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    by_port = {port["port"]: rule["from"] for rule in policy["spec"]["ingress"] for port in rule["ports"]}
+    assert set(by_port) == {4222, 6222, 8222}  # nothing else is let in
+    for port in (6222, 8222):
+        assert all(_matches(peer["podSelector"], nats_pod) and "namespaceSelector" not in peer
+                   for peer in by_port[port])
+    platform, agent = find("Deployment", "ember-platform"), find("DaemonSet", "ember-agent")
+    clients = by_port[4222]
+    assert len(clients) == 2
+    assert any(_matches(c["podSelector"], platform["spec"]["template"]["metadata"]["labels"])
+               and "namespaceSelector" not in c for c in clients)  # the control plane, in NATS' namespace
+    assert any(_matches(c["podSelector"], agent["spec"]["template"]["metadata"]["labels"])
+               and c["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": agent["metadata"]
+                                                             ["namespace"]} for c in clients)
