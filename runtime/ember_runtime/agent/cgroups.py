@@ -11,6 +11,7 @@ node's status carries the note."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -124,6 +125,19 @@ class MemoryCgroups:
         if group is not None:
             with contextlib.suppress(OSError):
                 group.rmdir()  # once its processes are gone
+
+    @staticmethod
+    async def end(group: Path | None, within_s: float) -> None:
+        """SIGKILL every process left in ``group`` (``cgroup.kill``, Linux 5.14), then remove it once they are gone
+        (``within_s`` at most: a group whose processes outlive that stays)."""
+        if group is None:
+            return
+        with contextlib.suppress(OSError):
+            (group / "cgroup.kill").write_text("1")
+        deadline = asyncio.get_running_loop().time() + within_s
+        while "populated 1" in _read(group, "cgroup.events") and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+        MemoryCgroups.remove(group)
 
 
 def _own_cgroup() -> str:

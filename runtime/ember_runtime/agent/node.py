@@ -101,7 +101,7 @@ class NodeAgent:
         self.images = NodeImages(state_dir, sandbox)  # image environments, and the builds asked at push time
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event, sandbox_=sandbox,
                                   verify=lambda sha256: self.bundles.verify(sha256),
-                                  mounts=self._zygote_mounts, devices=self._gpu_nodes)
+                                  mounts=self._zygote_mounts, devices=self._gpu_nodes, cgroups=lambda: self.cgroups)
         self._wake = asyncio.Event()
         self._volume_failures: dict[str, tuple[int, float, str]] = {}  # volumes -> (failures, next try, why)
         self._volumes_checked_at = 0.0

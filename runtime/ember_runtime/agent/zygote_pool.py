@@ -6,11 +6,11 @@ an event (a log line at warning level and a count in its status) and the replica
 builds it again while the scheduler still wants it, with a growing delay after repeated failures.
 
 A zygote runs in the same sandbox as a replica of its version (where the node has them), and its forked
-replicas stay in it: the sandbox outlives the zygote while they run. So a zygote whose assignment names GPUs
-(``ZygoteAssignment.gpus``) has their device nodes in its sandbox, as a replica on them has, and forks only the
-replicas given exactly those GPUs (``get``'s ``gpus``). Only the agent can ask a zygote for a
-replica: the agent binds the zygote's socket in its own state dir (which no sandbox sees) and hands the
-zygote the listening descriptor, which its forked children close; the zygote checks each caller's
+replicas stay in it: the sandbox outlives the zygote while they run, and ends after them (``zygote_remains``).
+So a zygote whose assignment names GPUs (``ZygoteAssignment.gpus``) has their device nodes in its sandbox, as a
+replica on them has, and forks only the replicas given exactly those GPUs (``get``'s ``gpus``). Only the agent can
+ask a zygote for a replica: the agent binds the zygote's socket in its own state dir (which no sandbox sees) and
+hands the zygote the listening descriptor, which its forked children close; the zygote checks each caller's
 credentials too. Zygotes and their replicas hold the read end of one pipe whose write end only the agent
 holds (the *lifeline*): when the agent dies they see it close, and stop.
 """
@@ -39,6 +39,7 @@ from ember_runtime.agent import descriptors, reap, sandbox, zygote_socket
 from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.forked import ForkedProcess
 from ember_runtime.agent.leaders import Leader
+from ember_runtime.agent.zygote_remains import Remains, Teardowns, exit_code
 from ember_runtime.agent.zygote_socket import ZygoteKey
 from ember_runtime.zygote.protocol import MAX_MESSAGE, READY_PREFIX, ForkReply, ForkRequest, Ready, Spares
 
@@ -72,8 +73,12 @@ class Zygote:
     def __init__(self, assignment: ZygoteAssignment, bundle: Path, socket_path: Path, nats_url: str,
                  on_event: Event | None = None, *, sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX,
                  lifeline: int = -1, verify: Verify | None = None, interpreter: Interpreter | None = None,
-                 mounts: Mounts | None = None, devices: tuple[str, ...] = ()) -> None:
+                 mounts: Mounts | None = None, devices: tuple[str, ...] = (), cgroups: MemoryCgroups | None = None,
+                 teardowns: Teardowns | None = None) -> None:
         self.assignment = assignment
+        self._cgroups = cgroups  # where the node allows it, the zygote's sandbox runs in a cgroup of its own
+        self._teardowns = teardowns or Teardowns()
+        self._remains: Remains | None = None  # its sandbox and cgroup, ended after it (see ``zygote_remains``)
         self._devices = devices  # the device nodes of its GPUs (``assignment.gpus``), bound into its sandbox
         self._mounts = mounts
         self._interpreter = interpreter or Interpreter(python=sys.executable)
@@ -129,7 +134,10 @@ class Zygote:
                "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url, "--spares", str(self.spares)]
         env = {**sandbox.environment(dict(self._interpreter.env), sandboxed=enabled),
                hostpid.FD_ENV: str(theirs.fileno()), **sandbox.volume_env(mounts, sandboxed=enabled)}
-        preexec = partial(sandbox.prepare_child, None)
+        # its own cgroup, as a replica's (pids.max; the assignment names no memory): it runs the app's code
+        name = f"zygote-{self._socket.stem}-{os.urandom(4).hex()}"  # a rebuild's own: the last one's may remain
+        cgroup = self._cgroups.prepare(name, 0) if self._cgroups is not None else None
+        preexec = partial(sandbox.prepare_child, None, cgroup=MemoryCgroups.joiner(cgroup))
         try:
             if enabled:
                 jail = sandbox.Jail(bundle=self._bundle, writable=sandbox.writable_folders(env), outlive_command=True,
@@ -144,10 +152,12 @@ class Zygote:
                     pass_fds=fds, preexec_fn=preexec)
         except BaseException:
             ours.close()
+            MemoryCgroups.remove(cgroup)
             raise
         finally:
             listener.close()
             theirs.close()
+        self._remains = Remains(proc.pid if enabled else 0, cgroup)  # a sandbox's first process: a number just given
         self._hello = asyncio.create_task(self._learn_pid(ours), name=f"zygote-pid-{self.key}")
         return proc
 
@@ -184,7 +194,7 @@ class Zygote:
             self._ready = await asyncio.wait_for(asyncio.shield(announced), BUILD_TIMEOUT_S)
         except (TimeoutError, ZygoteError):
             self._kill()
-            await self._proc.wait()
+            await exit_code(self._proc)
             await _drain(pumps)
             self._fail(f"zygote {self._name} failed to build: {self._last_error()}")
             return
@@ -193,7 +203,7 @@ class Zygote:
         self.settled.set()
         log.info("zygote %s ready in %.2fs (imports %.2fs, snap setup %.2fs, %d MB)", self._name, self.build_s,
                  self._ready.imports_s, self._ready.snap_setup_s, self._ready.rss_mb)
-        code = await self._proc.wait()
+        code = await exit_code(self._proc)
         await _drain(pumps)
         if self.state == "ready":  # not stopped by us
             how = f"was {sandbox.how_it_ended(code)}" if code < 0 else f"exited with code {code}: {self._last_error()}"
@@ -255,6 +265,8 @@ class Zygote:
                 raise ZygoteError(reply.error or "the zygote closed the connection")
             pid = pid or reply.pid
             MemoryCgroups.move(cgroup, pid)
+            if self._remains is not None:
+                self._remains.forked(pid)  # it waits to be told to go on: its number is its own
             await loop.sock_sendall(conn, str(pid).encode())  # go on: you are ``pid`` on this node
         except (OSError, TimeoutError, msgspec.DecodeError, ZygoteError) as exc:
             conn.close()
@@ -309,7 +321,7 @@ class Zygote:
                 else:
                     self._proc.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self._proc.wait(), 5.0)
+                await asyncio.wait_for(exit_code(self._proc), 5.0)
             except TimeoutError:
                 self._kill()
         for task in (self._task, self._hello):
@@ -320,6 +332,8 @@ class Zygote:
         self._own.close()
         with contextlib.suppress(FileNotFoundError):
             self._socket.unlink()
+        self._teardowns.begin(self._remains)  # its sandbox ends once the replicas forked from it have
+        self._remains = None
 
     def status(self) -> ZygoteStatus:
         app, service, version = self.key
@@ -354,8 +368,11 @@ class ZygotePool:
 
     def __init__(self, state_dir: Path, nats_url: str, on_event: Event | None = None, *,
                  sandbox_: sandbox.Sandbox = sandbox.NO_SANDBOX, verify: Verify | None = None,
-                 mounts: Mounts | None = None, devices: DeviceNodes | None = None) -> None:
+                 mounts: Mounts | None = None, devices: DeviceNodes | None = None,
+                 cgroups: Callable[[], MemoryCgroups | None] = lambda: None) -> None:
         self._dir = state_dir / "zygotes"
+        self._cgroups = cgroups  # the node's, once the agent looked (None: zygotes run in the agent's cgroup)
+        self._teardowns = Teardowns()
         self._devices = devices  # a zygote's GPUs -> their device nodes; None: its sandbox holds none
         self._mounts = mounts
         self._nats_url = nats_url
@@ -432,7 +449,8 @@ class ZygotePool:
             replacement = Zygote(assignment, bundle, self._dir / zygote_socket.socket_name(key), self._nats_url,
                                  self._on_event, sandbox_=self._sandbox, lifeline=self._lifeline,
                                  verify=self._verify, interpreter=(interpreters or {}).get(key), mounts=self._mounts,
-                                 devices=self._devices(assignment.gpus) if self._devices and assignment.gpus else ())
+                                 devices=self._devices(assignment.gpus) if self._devices and assignment.gpus else (),
+                                 cgroups=self._cgroups(), teardowns=self._teardowns)
             if zygote is not None:
                 replacement.failures = zygote.failures
                 await zygote.stop()
@@ -444,12 +462,14 @@ class ZygotePool:
         return [z.status() for _, z in sorted(self._zygotes.items())]
 
     async def stop(self) -> None:
-        """Stop the zygotes, then let go of the lifeline: replicas forked here that are still running stop too."""
+        """Stop the zygotes, then let go of the lifeline: replicas forked here that are still running stop too, and
+        the zygotes' sandboxes end."""
         await asyncio.gather(*(z.stop() for z in self._zygotes.values()), return_exceptions=True)
         self._zygotes.clear()
         descriptors.close(self._lifeline_w, "the write end of the zygotes' lifeline")
         descriptors.close(self._lifeline, "the read end of the zygotes' lifeline")
         self._lifeline = self._lifeline_w = -1
+        await self._teardowns.close()
 
 
 def beside_another_app(zygote: ZygoteAssignment, slots: Iterable[SlotAssignment]) -> bool:
