@@ -264,6 +264,16 @@ def _check_member(member: tarfile.TarInfo, seen: set[str]) -> None:
 
 
 def unpack_bundle(data: bytes, dest: str | os.PathLike[str]) -> None:
-    """Extract a bundle safely (no absolute paths, links or escapes out of ``dest``)."""
+    """Extract a bundle safely: every member checked first by ``check_bundle``'s rules (plain files and folders, at
+    paths inside the bundle; a leading ``/`` is dropped, as the data filter does), so that no link or device is
+    ever extracted; ``tarfile.FilterError`` naming the first that breaks them, before anything is written. The data
+    filter alone is not enough: some Python releases let a chain of symlinks lead it out of ``dest``."""
+    seen = set[str]()
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+        members = tar.getmembers()
+        for member in members:
+            try:
+                _check_member(member.replace(name=member.name.lstrip("/"), deep=False), seen)
+            except InvalidSpecError as exc:
+                raise tarfile.FilterError(str(exc)) from exc
+        tar.extractall(dest, members=members, filter="data")
