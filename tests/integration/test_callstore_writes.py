@@ -137,3 +137,38 @@ class _Refusing:
 async def _keys(stores: Stores, app: str) -> list[str]:
     """The keys ``app`` holds in ``ember_calls`` (``<kind>.<app>.<id>``; a removed status is not one)."""
     return sorted(await all_keys(stores.calls, f"*.{app}.>"))
+
+
+def test_a_record_claiming_chunks_never_written_is_no_calls_and_costs_a_few_reads(platform):
+    """A replica writes its own app's records, any of them: one whose output claimed a million chunks made the
+    control plane that read it (a relayed read, GET /v1/calls) send a million reads at once, and fail."""
+    claims = {uuid.uuid4().hex: n for n in (3, 4000, 1 << 20)}
+
+    async def body(_nc: Any, stores: Stores, store: CallStore) -> list[CallRecord | None]:
+        found = []
+        for call_id, chunks in claims.items():
+            name = f"a.{call_id}.forged"
+            await stores.results.put(f"{name}.0", b'"only the first"')
+            ref = msgspec.json.encode({"$ember_result": "chunks", "name": name, "chunks": chunks})
+            await stores.calls.put(f"r.a.{call_id}", msgspec.json.encode(
+                final(_record(call_id), "succeeded", output=ref)))
+            found.append(await asyncio.wait_for(store.result("a", call_id), 30))
+        return found
+
+    results = with_store(platform.nats_url, body)
+    assert results[:2] == [None, None]  # chunks missing: no call's output (KeyNotFoundError before)
+    assert results[2] is not None and bytes(results[2].output).startswith(b'{"$ember_result"')  # past the most any
+    #                                                          record may claim: its output is what it says, unread
+
+
+def test_an_output_larger_than_a_record_keeps_fails_its_call_saying_so(platform, monkeypatch):
+    monkeypatch.setattr("ember.wire.callstore.MAX_CHUNKS", 2)  # 512 KiB, not 1 GiB: the rule, at a test's size
+    call_id = uuid.uuid4().hex
+
+    async def body(_nc: Any, _stores: Stores, store: CallStore) -> CallRecord | None:
+        assert await store.finish(final(_record(call_id), "succeeded", output=_big("c") * 3))
+        return await store.result("a", call_id)
+
+    record = with_store(platform.nats_url, body)
+    assert record is not None and record.status == "failed" and record.error is not None
+    assert "over the 524288 bytes" in record.error.message and bytes(record.output) == b"null"

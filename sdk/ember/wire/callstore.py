@@ -36,6 +36,10 @@ from ember.wire.headers import STARTED_AT_HEADER
 from ember.wire.jetstream import RESULT_CHUNK_BYTES
 
 MAX_INLINE_OUTPUT = 256 * 1024
+# The most a record's output may claim to be made of (a record is its replica's to write, any number in it): 1 GiB
+# of chunks, read a few at a time. Claiming a million once made a control plane send a million reads at once.
+MAX_CHUNKS = (1 << 30) // RESULT_CHUNK_BYTES
+READ_CHUNKS_AT_ONCE = 16
 _record_decoder = msgspec.json.Decoder(CallRecord)
 _ABSENT = (KeyNotFoundError, NotFoundError, NoKeysError)
 _WRONG_LAST_SEQUENCE = (10071, 10164)  # JetStream's "wrong last sequence": the key exists (as nats-py reads it)
@@ -119,6 +123,12 @@ class CallStore:
         touches; the record names them. A writer that loses removes its own chunks, never the winner's."""
         output = bytes(record.output)
         name = None
+        if len(output) > MAX_CHUNKS * RESULT_CHUNK_BYTES:  # no reader would take it: the call fails, saying why
+            record = msgspec.structs.replace(record, status="failed", output=msgspec.Raw(b"null"), error=ErrorInfo(
+                code="user_error", type="ValueError", call_id=record.call_id,
+                message=f"the output ({len(output)} bytes) is over the {MAX_CHUNKS * RESULT_CHUNK_BYTES} bytes a "
+                        "call's record keeps; store it elsewhere (a volume, say) and return where"))
+            output = b"null"
         if len(output) > MAX_INLINE_OUTPUT:
             name = f"{record.app}.{record.call_id}.{os.urandom(8).hex()}"
             pieces = [output[i:i + RESULT_CHUNK_BYTES] for i in range(0, len(output), RESULT_CHUNK_BYTES)]
@@ -181,9 +191,16 @@ class CallStore:
             return record
         if not ref.name.startswith(f"{record.app}.{record.call_id}."):
             return None  # chunks of another call: no record points elsewhere
-        pieces = await asyncio.gather(*(self._results.get(f"{ref.name}.{n}") for n in range(ref.chunks)))
-        data = b"".join(bytes(p.value or b"") for p in pieces)
-        return msgspec.structs.replace(record, output=msgspec.Raw(data or b"null"))
+        data = bytearray()
+        for start in range(0, ref.chunks, READ_CHUNKS_AT_ONCE):  # a few at a time, until one is missing
+            try:
+                pieces = await asyncio.gather(*(self._results.get(f"{ref.name}.{n}")
+                                                for n in range(start, min(start + READ_CHUNKS_AT_ONCE, ref.chunks))))
+            except _ABSENT:
+                return None  # a record naming chunks never written (its replica's keys: any of them) is no call's
+            for piece in pieces:
+                data += piece.value or b""
+        return msgspec.structs.replace(record, output=msgspec.Raw(bytes(data) or b"null"))
 
     async def _read(self, key: str) -> CallRecord | None:
         try:
@@ -215,7 +232,7 @@ def _chunks_ref(record: CallRecord) -> _ChunksRef | None:
         ref = _ref_decoder.decode(output)
     except msgspec.DecodeError:
         return None
-    return ref if ref.ember_result == "chunks" and ref.name and 0 < ref.chunks <= 1 << 20 else None
+    return ref if ref.ember_result == "chunks" and ref.name and 0 < ref.chunks <= MAX_CHUNKS else None
 
 
 def _named(record: CallRecord | None, app: str, call_id: str) -> CallRecord | None:
