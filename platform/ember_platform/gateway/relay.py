@@ -16,6 +16,10 @@ checks an HTTP call, before it is routed the gateway's way (``Router``) or queue
   ``a`` may all be held by the calls waiting on it; so is a chain deeper than ``MAX_CHAIN``. A spawned call starts
   a chain of its own (its caller does not wait on it).
 - **generator functions**: their items come back collected into one list, as a queued call stores them.
+- **room**: the requests that hold a task for long (a call, a record's long poll) are bounded per control plane
+  (``MAX_IN_FLIGHT``) and per app (``MAX_IN_FLIGHT_PER_APP``: one app's replicas cannot take every other app's
+  room); the short ones (a spawn, a cancel, a queue worker's take or read of its own call) are never refused for
+  room, so that one app's waits do not stall every app's queues.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import math
 import os
 import random
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -88,10 +93,34 @@ from ember_platform.quotas.limiter import Limiter
 
 log = logging.getLogger("ember.relay")
 QUEUE = "ember-relay"
-MAX_IN_FLIGHT = 10_000  # relayed calls one control plane holds at once; more are refused (429)
+MAX_IN_FLIGHT = 10_000  # relayed calls and long polls one control plane holds at once; more are refused (429)
+MAX_IN_FLIGHT_PER_APP = MAX_IN_FLIGHT // 4  # of which one app's replicas (429 past it)
 MAX_RECORD_WAIT_S = 300.0
 MAX_KEY = 256
 MAX_COLLECTED_BYTES = 64 * 1024 * 1024  # a generator function's items, collected for a caller (as over HTTP)
+
+
+class Room:
+    """How many requests that hold a task for long (calls, long polls) a control plane serves at once, in all
+    (``total``) and for one app's replicas (``per_app``)."""
+
+    def __init__(self, total: int = MAX_IN_FLIGHT, per_app: int = MAX_IN_FLIGHT_PER_APP) -> None:
+        self.total, self.per_app = total, per_app
+        self._held: Counter[str] = Counter()
+
+    def take(self, app: str) -> str:
+        """Count one more of ``app``'s, if there is room: "" then; else why not (the answer's message)."""
+        if self._held.total() >= self.total:
+            return f"this control plane relays {self._held.total()} calls and waits already; retry shortly"
+        if self._held[app] >= self.per_app:
+            return f"app {app!r} has {self._held[app]} calls and waits relayed here already; retry shortly"
+        self._held[app] += 1
+        return ""
+
+    def give_back(self, app: str) -> None:
+        self._held[app] -= 1
+        if self._held[app] <= 0:
+            del self._held[app]
 
 
 @dataclass(frozen=True)
@@ -128,6 +157,7 @@ class Relay:
         self._of_node: dict[str, list[str]] = {}  # node id -> the replica ids of its assignment
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.room = Room()  # for the requests that hold a task for long
         self.lineage = Lineage()  # the calls each call made: cancelled with it
 
     async def start(self) -> None:
@@ -149,20 +179,29 @@ class Relay:
     async def _on_request(self, msg: Msg) -> None:
         if not _answerable(msg):
             return
-        if len(self._tasks) >= MAX_IN_FLIGHT:
-            await self._respond(msg, RelayReply(error=error_info(OverloadedError(
-                f"this control plane relays {len(self._tasks)} calls between functions already; retry shortly",
-                retry_after_s=1.0))))
-            return
-        work = tracing.within("ember.relay", msg.headers, self._serve(msg)) if tracing.ON else self._serve(msg)
-        task = asyncio.create_task(work, name="relay")  # a call may take its whole deadline
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _serve(self, msg: Msg) -> None:
         replica_id = msg.subject[len("ember.relay."):]
         try:
             request = _decode(msg.data)
+        except EmberError as exc:
+            await self._respond(msg, RelayReply(error=error_info(exc)))
+            return
+        holder = None
+        if isinstance(request, RelayInvoke) or (isinstance(request, RelayRecord) and request.wait_s > 0):
+            slot = self._slots.get(replica_id)
+            holder = slot.app if slot is not None else f"replica {replica_id}"  # (not mirrored yet: its own)
+            if busy := self.room.take(holder):
+                await self._respond(msg, RelayReply(error=error_info(OverloadedError(busy, retry_after_s=1.0))))
+                return
+        work = self._serve(msg, replica_id, request)
+        task = asyncio.create_task(tracing.within("ember.relay", msg.headers, work) if tracing.ON else work,
+                                   name="relay")  # a call may take its whole deadline
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        if holder is not None:
+            task.add_done_callback(lambda _task: self.room.give_back(holder))
+
+    async def _serve(self, msg: Msg, replica_id: str, request: RelayRequest) -> None:
+        try:
             caller = await self._caller(replica_id)
             reply = RelayReply(output=msgspec.Raw(await self.handle(caller, request)))
         except EmberError as exc:
@@ -415,6 +454,8 @@ def _decode(data: bytes) -> RelayRequest:
         raise BadRequestError(f"not a relay request: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequestError(f"malformed relay request: {exc}") from None
+    except RecursionError:  # nested deeper than a decoder goes (its input, say): the request's fault, not ours
+        raise BadRequestError("malformed relay request: nested too deeply") from None
 
 
 def _service_of(function: str) -> str:

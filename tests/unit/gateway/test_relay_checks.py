@@ -13,7 +13,7 @@ from ember._errors import BadRequestError, CallCycleError
 from ember.wire import FunctionSpec, ServiceSpec
 from ember.wire.calls import Hop
 from ember.wire.relay import MAX_CHAIN, RelayInvoke
-from ember_platform.gateway.relay import Caller, callee_chain
+from ember_platform.gateway.relay import Caller, Room, _decode, callee_chain
 
 MODEL = ServiceSpec(name="Model", kind="class", functions=[FunctionSpec(name="Model.f", attr="f", input_mode="single"),
                                                           FunctionSpec(name="Model.g", attr="g", input_mode="single")])
@@ -74,3 +74,22 @@ def test_hops_no_platform_could_have_made_are_refused() -> None:
 def test_a_call_made_outside_any_call_names_the_service() -> None:
     chain = callee_chain(_caller(), RelayInvoke(app="b", function="h", input=msgspec.Raw(b"1")), "b", "h")
     assert chain == [Hop(app="a", function="Model", call_id="")]
+
+
+def test_one_apps_calls_and_waits_take_a_share_of_the_relay_never_all_of_it() -> None:
+    """Before, one room of 10,000 for every app: one app's replicas long-polling a record they wrote themselves
+    took it all, and every other app's relayed calls (its queue workers' takes and reads too) were refused."""
+    room = Room(total=10, per_app=4)
+    assert [room.take("evil") for _ in range(4)] == [""] * 4
+    assert "app 'evil' has 4" in room.take("evil")  # its share is taken
+    assert [room.take("victim") for _ in range(4)] == [""] * 4  # another app's are still served
+    assert [room.take("third") for _ in range(2)] == ["", ""]
+    assert "relays 10 calls" in room.take("fourth")  # the control plane's own limit still holds
+    room.give_back("evil")
+    assert room.take("fourth") == "" and "app 'evil'" not in room.take("evil")  # room again, one at a time
+
+
+def test_a_request_nested_too_deeply_is_a_bad_request_not_an_internal_error() -> None:
+    deep = b'{"invoke": 1, "input": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    with pytest.raises(BadRequestError, match="nested too deeply"):
+        _decode(deep)
