@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import NotFoundError as JsNotFound
 from nats.js.errors import ObjectNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE
@@ -28,6 +29,7 @@ from nats.js.kv import KV_DEL, KV_PURGE
 from ember._loop import cancel_and_wait
 from ember.wire import deployment_decoder
 from ember.wire.jetstream import StorageLimits, Stores, apply_limits
+from ember.wire.kvmirror import SETTLE_S, last_sequence
 from ember_platform.control.owners import Owners
 
 log = logging.getLogger("ember.control.bundles")
@@ -88,14 +90,27 @@ def upload_time(mtime: str | None) -> float:
     return parsed.timestamp() if parsed.tzinfo is not None else float("inf")
 
 
+class IncompleteHistory(Exception):
+    """The deployments' history could not be read whole: nothing is collected on the strength of it."""
+
+
 async def read_history(stores: Stores) -> list[HistoryEntry]:
-    """Every entry the deployments' bucket keeps, deletion markers included."""
+    """Every entry the deployments' bucket keeps, deletion markers included: up to its last sequence as it was when
+    the read began (``kvmirror``: the watcher's word that it sent all may come first), else ``IncompleteHistory``."""
+    last = await last_sequence(stores.deployments)
     watcher = await stores.deployments.watchall(include_history=True)
     entries: list[HistoryEntry] = []
+    seen, marked = 0, False
     try:
-        async for entry in watcher:
+        while not (marked and seen >= last):
+            try:
+                entry = await watcher.updates(timeout=SETTLE_S if marked else 30.0)
+            except NatsTimeoutError:
+                raise IncompleteHistory(f"the deployments' history was read up to {seen} of {last}") from None
             if entry is None:
-                break
+                marked = True
+                continue
+            seen = max(seen, entry.revision or 0)
             sha: str | None = None
             if entry.operation not in (KV_DEL, KV_PURGE) and entry.value:
                 try:

@@ -6,12 +6,11 @@ One place connects, creates the JetStream buckets, and mirrors a KV bucket into 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, fields
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import nats
 from nats import errors as nats_errors
@@ -20,11 +19,11 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, BucketNotFoundError
 from nats.js.errors import NotFoundError as JsNotFoundError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from ember._loop import cancel_and_wait
 from ember.wire import subjects
+from ember.wire.kvmirror import KVMirror as KVMirror  # (its home before it had its own module)
 from ember.wire.natscreds import NatsCredentials
 
 T = TypeVar("T")
@@ -415,86 +414,3 @@ async def reserving(name: str, max_bytes: int, attempt: Callable[[int], Awaitabl
                         "EMBER_..._MAX_BYTES limits (see StorageLimits) or raise nats-server's max_file_store",
                         wanted, name, max_bytes)
         return result
-
-
-class KVMirror(Generic[T]):
-    """A local, always-current copy of a KV bucket, kept by a watcher task that this object owns."""
-
-    def __init__(self, kv: KeyValue, decode: Callable[[bytes], T],
-                 on_change: Callable[[str, T | None], None] | None = None) -> None:
-        self._kv = kv
-        self._decode = decode
-        self._on_change = on_change
-        self.items: dict[str, T] = {}
-        self.generation = 0  # bumped by every change of ``items``: what is derived from them is stale once it moves
-        self._revisions: dict[str, int] = {}
-        self.changed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._synced = asyncio.Event()
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"kv-mirror-{self._kv._name}")
-        await self._synced.wait()
-
-    async def stop(self) -> None:
-        if self._task:
-            await cancel_and_wait(self._task)
-
-    async def _run(self) -> None:
-        while True:
-            watcher = None
-            try:
-                watcher = await self._kv.watchall()
-                async for entry in watcher:
-                    if entry is None:
-                        self._synced.set()
-                        continue
-                    self._apply(entry)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("KV watch on %s failed; restarting it", self._kv._name)
-                await asyncio.sleep(0.5)
-            finally:
-                if watcher is not None:
-                    await asyncio.shield(_quiet_stop(watcher))
-
-    def revision(self, key: str) -> int:
-        """The revision of ``key`` as last seen (0: none), for a compare-and-set ``update``."""
-        return self._revisions.get(key, 0)
-
-    def record(self, key: str, value: T | None, revision: int) -> None:
-        """Apply this process's own write at once (read-your-writes); older watch updates are then skipped."""
-        if revision < self._revisions.get(key, 0):
-            return
-        self._revisions[key] = revision
-        self.generation += 1
-        if value is None:
-            self.items.pop(key, None)
-        else:
-            self.items[key] = value
-
-    def _apply(self, entry: KeyValue.Entry) -> None:
-        value: T | None = None
-        if entry.revision is not None and entry.revision < self._revisions.get(entry.key, 0):
-            return
-        if entry.operation in (KV_DEL, KV_PURGE):
-            self.record(entry.key, None, entry.revision or 0)
-        elif not entry.value:  # no deletion: a server's empty answer to a request whose reply subject named the key
-            log.warning("ignoring an empty value of %s/%s (not a deletion)", self._kv._name, entry.key)
-            return
-        else:
-            try:
-                value = self._decode(entry.value)
-            except Exception:
-                log.warning("ignoring undecodable %s/%s", self._kv._name, entry.key)
-                return
-            self.record(entry.key, value, entry.revision or 0)
-        if self._on_change:
-            self._on_change(entry.key, value)
-        self.changed.set()
-
-
-async def _quiet_stop(watcher: Any) -> None:
-    with contextlib.suppress(Exception):
-        await watcher.stop()
