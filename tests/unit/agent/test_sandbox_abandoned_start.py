@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import pytest
+from support.procs import running
 
 from ember_runtime.agent import reap, sandbox
 from ember_runtime.agent.sandbox import Jail, environment
@@ -23,16 +22,7 @@ from ember_runtime.agent.sandbox import Jail, environment
 def _running(marker: str) -> list[int]:
     """The sandboxed command's processes (an interpreter whose command line holds ``marker``, not bwrap, whose
     own command line holds it too), not zombies."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and cmdline.split(b"\0")[0] == sys.executable.encode() and state != "Z":
-            found.append(int(pid))
-    return found
+    return running(lambda argv: argv[0] == sys.executable.encode() and any(marker.encode() in a for a in argv))
 
 
 def _abandon(node_sandbox, jail: Jail, cancelled: Callable[[], None] = lambda: None) -> None:

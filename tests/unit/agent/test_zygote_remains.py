@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 
 import pytest
+from support.procs import running
 
 from ember.wire import ZygoteAssignment
 from ember_runtime.agent import cgroups, reap, sandbox
@@ -53,16 +54,7 @@ def _marker() -> str:
 
 def _sleeping(marker: str) -> list[int]:
     """Running ``sleep marker`` processes (not zombies)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if cmdline.split(b"\0")[:2] == [b"sleep", marker.encode()] and state not in ("Z", "X"):
-            found.append(int(pid))
-    return found
+    return running(lambda argv: argv[:2] == [b"sleep", marker.encode()])
 
 
 async def _until(condition: Callable[[], bool], within_s: float = WITHIN_S) -> bool:

@@ -8,13 +8,13 @@ attached during the start) made that window wide enough to hit on a loaded two-n
 from __future__ import annotations
 
 import asyncio
-import os
 import threading
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support.procs import running
 
 from ember.wire import ZygoteAssignment
 from ember_runtime.agent import sandbox
@@ -42,16 +42,7 @@ HANG_GUARD_S = 60.0  # not a speed bound: the removal either returns or never do
 
 def _zygotes_of(app: str) -> list[int]:
     """Running zygote processes (not zombies) of ``app``."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if b"ember_runtime.zygote" in cmdline and app.encode() in cmdline.split(b"\0") and state != "Z":
-            found.append(int(pid))
-    return found
+    return running(lambda argv: any(b"ember_runtime.zygote" in arg for arg in argv) and app.encode() in argv)
 
 
 def _bundle(tmp_path: Path, app: str) -> Path:
