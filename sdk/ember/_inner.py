@@ -28,7 +28,7 @@ import msgspec
 
 from ember import _client
 from ember._client import AsyncTransport, Op, Transport
-from ember._errors import BadRequestError, DeadlineExceededError, EmberError
+from ember._errors import BadRequestError, CallCancelledError, DeadlineExceededError, EmberError
 from ember.wire import HTTP_TIMEOUT_HEADER, error_from_info
 from ember.wire.calls import Hop
 from ember.wire.relay import RelayCancel, RelayInvoke, RelayRecord, RelayReply, RelayRequest, RelaySpawn
@@ -54,8 +54,8 @@ class CallContext:
             outside).
         cancelled: set once the call is cancelled while it runs (for a batch: once all its calls are). Sync code
             that runs long may poll it (``if call.cancelled.is_set(): return``) and stop early; whatever it then
-            returns is dropped. An ``async def`` function is cancelled where it awaits instead, and a generator
-            closed at its next item.
+            returns is dropped, and a function it calls from then on raises ``CallCancelledError`` (never sent). An
+            ``async def`` function is cancelled where it awaits instead, and a generator closed at its next item.
     """
 
     app: str
@@ -233,6 +233,9 @@ def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest
 
 def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
             timeout_s: float | None) -> tuple[RelayRequest, float]:
+    if caller is not None and caller.cancelled.is_set():  # its result is dropped: no call is made for it
+        raise CallCancelledError(f"this call was cancelled: it makes no more calls (of {app}.{function})",
+                                 call_id=caller.call_id)
     deadline = caller.deadline if caller is not None else math.inf
     if timeout_s is not None:
         deadline = min(deadline, time.time() + timeout_s)

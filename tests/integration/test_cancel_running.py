@@ -147,6 +147,17 @@ def test_cancelling_a_parent_cancels_the_call_it_waits_on(sdk) -> None:
     assert call.record().status == "cancelled"
 
 
+def test_a_cancelled_call_makes_no_more_calls(sdk) -> None:
+    tag = _tag()
+    call = ember.lookup("cancels", "Stoppable.late_parent").spawn(tag)
+    _started(tag)
+    assert call.cancel() is True
+    wait_for(lambda: f"late-call-ended:{tag}:cancelled" in _notes(), timeout_s=30, what="the late call's refusal",
+             explain=_explain)
+    assert f"started:{tag}" not in _notes("Kid")  # never sent, so never run to Kid's timeout
+    assert call.record().status == "cancelled"
+
+
 @contextlib.contextmanager
 def _posted(url: str, token: str, path: str, body: bytes) -> Iterator[None]:
     """POST ``body`` to ``path`` on a connection of its own; on leaving the block, close it unanswered (a client

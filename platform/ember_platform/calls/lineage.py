@@ -12,6 +12,11 @@ A call that has no record is given up by whoever waits on it: the gateway's, whe
 call goes away (or its deadline passes), and the relay's, when the call that waits is cancelled. The router and the
 streams then :func:`announce` it on the same subject, so that its calls end with it on whichever control plane
 relays them. Only control planes may publish there (a replica's NATS permissions name its own subjects alone).
+
+A cancel can come before the calls it should end: a relay request already on its way when the announcement arrives,
+or sync code that goes on calling after its call was cancelled. So the calls cancelled are remembered for a while
+(``REMEMBER_S``, at most ``MAX_REMEMBERED`` of them, the oldest forgotten first), and a call made by one of them is
+cancelled as soon as it is filed.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import OrderedDict
 from collections.abc import Iterator
 
 from nats.aio.client import Client
@@ -29,6 +36,8 @@ from nats.errors import Error as NatsError
 from ember.wire import subjects
 
 log = logging.getLogger("ember.relay")
+MAX_REMEMBERED = 100_000  # calls cancelled that a control plane remembers, at most (the oldest forgotten first)
+REMEMBER_S = 3600.0  # how long a cancelled call is remembered: its relay requests come long before
 
 
 async def announce(nc: Client, app: str, call_id: str) -> None:
@@ -38,8 +47,10 @@ async def announce(nc: Client, app: str, call_id: str) -> None:
 
 
 class Lineage:
-    def __init__(self) -> None:
+    def __init__(self, remembered: int = MAX_REMEMBERED, remember_s: float = REMEMBER_S) -> None:
         self._made_by: dict[tuple[str, str], set[asyncio.Task[object]]] = {}
+        self._gone: OrderedDict[tuple[str, str], float] = OrderedDict()  # cancelled calls -> when, oldest first
+        self._remembered, self._remember_s = remembered, remember_s
         self._cancelled: set[asyncio.Task[object]] = set()  # cancelled here, not by a shutdown
         self._sub: Subscription | None = None
 
@@ -58,12 +69,17 @@ class Lineage:
 
     @contextlib.contextmanager
     def made_by(self, app: str, call_id: str) -> Iterator[None]:
-        """The current task serves a call made by ``app``'s call ``call_id`` (nothing is kept without one)."""
+        """The current task serves a call made by ``app``'s call ``call_id`` (nothing is kept without one); if that
+        call was cancelled already, the task is cancelled at once (where it next awaits)."""
         task = asyncio.current_task()
         if not call_id or task is None:
             yield
             return
         key = (app, call_id)
+        if self._was_gone(key):
+            self._cancel_tasks(key, {task})
+            yield
+            return
         self._made_by.setdefault(key, set()).add(task)
         try:
             yield
@@ -75,15 +91,37 @@ class Lineage:
                     del self._made_by[key]
 
     def cancel(self, app: str, call_id: str) -> int:
-        """Cancel the relayed calls made by ``app``'s call ``call_id``; how many there were."""
-        tasks = self._made_by.pop((app, call_id), set())
+        """Cancel the relayed calls made by ``app``'s call ``call_id``, and those it makes from now on; how many
+        there were."""
+        key = (app, call_id)
+        self._remember(key)
+        tasks = self._made_by.pop(key, set())
+        self._cancel_tasks(key, tasks)
+        return len(tasks)
+
+    def _cancel_tasks(self, key: tuple[str, str], tasks: set[asyncio.Task[object]]) -> None:
         for task in tasks:
             self._cancelled.add(task)
             task.add_done_callback(self._cancelled.discard)
             task.cancel()
         if tasks:
-            log.info("cancelled %d call(s) made by %s's call %s", len(tasks), app, call_id[:80])
-        return len(tasks)
+            log.info("cancelled %d call(s) made by %s's call %s", len(tasks), key[0], key[1][:80])
+
+    def _remember(self, key: tuple[str, str]) -> None:
+        self._forget_old()
+        self._gone.pop(key, None)
+        self._gone[key] = time.monotonic()
+        while len(self._gone) > self._remembered:
+            self._gone.popitem(last=False)
+
+    def _was_gone(self, key: tuple[str, str]) -> bool:
+        self._forget_old()
+        return key in self._gone
+
+    def _forget_old(self) -> None:
+        since = time.monotonic() - self._remember_s
+        while self._gone and next(iter(self._gone.values())) < since:
+            self._gone.popitem(last=False)
 
     def was_cancelled(self, task: asyncio.Task[object] | None) -> bool:
         """Whether ``task`` was cancelled by :meth:`cancel` (its caller is answered ``cancelled``)."""

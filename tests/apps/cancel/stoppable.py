@@ -65,6 +65,19 @@ class Stoppable:
             raise
 
     @ember.method
+    def late_parent(self, tag: str) -> str:
+        """Calls ``Kid.spin`` only once its own call is cancelled (sync code that goes on): the call is refused."""
+        NOTES.append(f"started:{tag}")
+        call = ember.current_call()
+        assert call is not None
+        call.cancelled.wait(60)
+        try:
+            return ember.lookup("cancels", "Kid.spin").remote(tag)
+        except ember.EmberError as exc:
+            NOTES.append(f"late-call-ended:{tag}:{exc.code}")
+            raise
+
+    @ember.method
     async def aparent(self, tag: str) -> str:
         """``parent`` as an ``async def``: its task is cancelled where it awaits ``Kid.spin`` (or, should the child's
         cancel answer first, ``remote.aio`` raises ``CallCancelledError``)."""
