@@ -48,6 +48,7 @@ class CallContext:
         app: the app of the function serving the call.
         function: the function's name (``"Class.method"`` for a method).
         call_id: the call's id (for a batch, that of its first call).
+        call_ids: for a batch, the ids of all the calls it serves, ``call_id`` first (empty: ``call_id`` alone).
         deadline: when the caller stops waiting, in seconds since the epoch (``math.inf``: never); the functions
             it calls get no more time than this.
         chain: the calls waiting on this one when a function called it, outermost first (empty for a call from
@@ -64,6 +65,7 @@ class CallContext:
     deadline: float
     chain: tuple[Hop, ...] = ()
     cancelled: threading.Event = field(default_factory=threading.Event)
+    call_ids: tuple[str, ...] = ()
 
     def remaining_s(self) -> float:
         """Seconds left before the deadline (``math.inf`` without one)."""
@@ -247,7 +249,9 @@ def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
                           deadline=deadline if math.isfinite(deadline) else 0.0,
                           caller_function=caller.function if caller is not None else "",
                           caller_call_id=caller.call_id if caller is not None else "",
-                          chain=list(caller.chain) if caller is not None else [])
+                          chain=list(caller.chain) if caller is not None else [],
+                          caller_call_ids=list(caller.call_ids) if caller is not None and len(caller.call_ids) > 1
+                          else [])
     return request, left if math.isfinite(left) else NO_DEADLINE_WAIT_S
 
 

@@ -158,6 +158,32 @@ def test_a_cancelled_call_makes_no_more_calls(sdk) -> None:
     assert call.record().status == "cancelled"
 
 
+def test_a_batchs_call_is_cancelled_only_once_every_call_of_the_batch_is(sdk) -> None:
+    calls = {tag: ember.lookup("cancels", "Stoppable.batch_parent").spawn(tag) for tag in (_tag() for _ in range(4))}
+
+    def shared_batch() -> tuple[list[str], str] | None:  # a batch of two or more of these calls, its first call's id
+        for note in (n for n in _notes() if n.startswith("batch-parent:")):
+            kid, first = note.removeprefix("batch-parent:").split(":")
+            if set(kid.split("-")) <= set(calls):
+                return kid.split("-"), first
+        return None
+
+    batch, first = wait_for(shared_batch, timeout_s=60, what="a batch of several calls")
+    kid = "-".join(batch)
+    _started(kid, "Kid")
+    gone = next(tag for tag in batch if calls[tag].call_id == first)  # the call the batch's call is filed under
+    assert calls[gone].cancel() is True
+    time.sleep(2)
+    assert f"cancelled:{kid}" not in _notes("Kid"), "the batch's call, which its other calls wait on, was cancelled"
+    for tag in batch:
+        if tag != gone:
+            assert calls[tag].cancel() is True  # still running
+    wait_for(lambda: f"cancelled:{kid}" in _notes("Kid"), timeout_s=30, what="the child's cancel", explain=_explain)
+    wait_for(lambda: f"batch-child-ended:{kid}:cancelled" in _notes(), timeout_s=30, what="the batch to see it")
+    for tag in set(calls) - set(batch):  # any other batch's
+        calls[tag].cancel()
+
+
 @contextlib.contextmanager
 def _posted(url: str, token: str, path: str, body: bytes) -> Iterator[None]:
     """POST ``body`` to ``path`` on a connection of its own; on leaving the block, close it unanswered (a client

@@ -2,7 +2,8 @@
 
 A function's ``.remote()`` reaches its callee through a control plane's relay (``ember_platform.gateway.relay``),
 which serves it in a task of its own. The task is kept here under the call that made it (the caller's app and call
-id, as the relay request names them); when that call is cancelled (``Calls.cancel`` publishes
+id, as the relay request names them; a batch's, under every call the batch serves); when that call is cancelled
+(a batch's: all of them, since the batch runs on while one waits; ``Calls.cancel`` publishes each on
 ``subjects.CANCELLED_CALLS``, which every control plane reads, since any of them may relay), each such task is
 cancelled: the router then cancels the callee's call on its replica, and its own relayed calls in turn. A replica
 can name only its own app's calls as callers, so it can never make another app's cancel reach its tasks or its cancel
@@ -49,6 +50,7 @@ async def announce(nc: Client, app: str, call_id: str) -> None:
 class Lineage:
     def __init__(self, remembered: int = MAX_REMEMBERED, remember_s: float = REMEMBER_S) -> None:
         self._made_by: dict[tuple[str, str], set[asyncio.Task[object]]] = {}
+        self._waits: dict[asyncio.Task[object], set[tuple[str, str]]] = {}  # a task's callers not cancelled yet
         self._gone: OrderedDict[tuple[str, str], float] = OrderedDict()  # cancelled calls -> when, oldest first
         self._remembered, self._remember_s = remembered, remember_s
         self._cancelled: set[asyncio.Task[object]] = set()  # cancelled here, not by a shutdown
@@ -68,36 +70,46 @@ class Lineage:
         self.cancel(app, call_id)
 
     @contextlib.contextmanager
-    def made_by(self, app: str, call_id: str) -> Iterator[None]:
-        """The current task serves a call made by ``app``'s call ``call_id`` (nothing is kept without one); if that
-        call was cancelled already, the task is cancelled at once (where it next awaits)."""
+    def made_by(self, app: str, *call_ids: str) -> Iterator[None]:
+        """The current task serves a call made by ``app``'s calls ``call_ids`` (a batch's: all the calls it serves;
+        nothing is kept without one). It is cancelled once every one of them is: at once if they all were already
+        (where it next awaits), since a batch runs on as long as one of its calls waits."""
         task = asyncio.current_task()
-        if not call_id or task is None:
+        keys = {(app, call_id) for call_id in call_ids if call_id}
+        if not keys or task is None:
             yield
             return
-        key = (app, call_id)
-        if self._was_gone(key):
-            self._cancel_tasks(key, {task})
+        waiting = {key for key in keys if not self._was_gone(key)}
+        if not waiting:
+            self._cancel_tasks(min(keys), {task})
             yield
             return
-        self._made_by.setdefault(key, set()).add(task)
+        self._waits[task] = waiting
+        for key in waiting:
+            self._made_by.setdefault(key, set()).add(task)
         try:
             yield
         finally:
-            tasks = self._made_by.get(key)
-            if tasks is not None:
-                tasks.discard(task)
-                if not tasks:
-                    del self._made_by[key]
+            for key in self._waits.pop(task, set()):
+                tasks = self._made_by.get(key)
+                if tasks is not None:
+                    tasks.discard(task)
+                    if not tasks:
+                        del self._made_by[key]
 
     def cancel(self, app: str, call_id: str) -> int:
-        """Cancel the relayed calls made by ``app``'s call ``call_id``, and those it makes from now on; how many
-        there were."""
+        """Cancel the relayed calls made by ``app``'s call ``call_id`` (those it made alone, or whose other callers
+        were cancelled too), and those it makes from now on; how many there were."""
         key = (app, call_id)
         self._remember(key)
-        tasks = self._made_by.pop(key, set())
-        self._cancel_tasks(key, tasks)
-        return len(tasks)
+        ended: set[asyncio.Task[object]] = set()
+        for task in self._made_by.pop(key, set()):
+            waiting = self._waits.get(task, set())
+            waiting.discard(key)
+            if not waiting:
+                ended.add(task)
+        self._cancel_tasks(key, ended)
+        return len(ended)
 
     def _cancel_tasks(self, key: tuple[str, str], tasks: set[asyncio.Task[object]]) -> None:
         for task in tasks:

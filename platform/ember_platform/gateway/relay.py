@@ -258,7 +258,7 @@ class Relay:
         held = self._limiter().admit(dep.app, "")  # the app's quotas count calls from functions too
         call_id = os.urandom(16).hex()
         try:
-            with self.lineage.made_by(caller.app, req.caller_call_id):
+            with self.lineage.made_by(caller.app, *(req.caller_call_ids or [req.caller_call_id])):  # a batch's: all
                 answer = await self._invoke_as(dep, fn, body, call_id, deadline, chain)
         except asyncio.CancelledError:
             self.lineage.cancel(dep.app, call_id)  # and the calls it made

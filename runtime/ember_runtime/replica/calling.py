@@ -59,7 +59,9 @@ def serving(app: str, function: str) -> Callable[[list[Call]], contextlib.Abstra
     """For a function's batcher: the call a batch serves, for ``ember.current_call()`` and the calls it makes.
 
     A batch of several calls serves them all: its deadline is the latest of theirs (no caller gets more time than
-    it has, and a call made for the batch may be needed until the last one's deadline), its chain every call's."""
+    it has, and a call made for the batch may be needed until the last one's deadline), its chain every call's, and
+    the calls it makes name every call it serves (a call made for the batch ends only once all of them are cancelled).
+    """
     return lambda batch: _inner.serving(batch_context(app, function, batch))
 
 
@@ -70,4 +72,4 @@ def batch_context(app: str, function: str, batch: list[Call]) -> _inner.CallCont
     deadline = max((c.deadline for c in batch), default=math.inf)
     halt = batch[0].run.halt if batch and batch[0].run is not None else threading.Event()
     return _inner.CallContext(app=app, function=function, call_id=batch[0].call_id if batch else "", cancelled=halt,
-                              deadline=deadline, chain=tuple(chain))
+                              deadline=deadline, chain=tuple(chain), call_ids=tuple(c.call_id for c in batch))

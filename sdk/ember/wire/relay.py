@@ -10,13 +10,17 @@ exactly what the matching HTTP route answers on success (the result's JSON, a ``
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
 from ember.wire.calls import CallRecord, ErrorInfo, Hop
 
 MAX_CHAIN = 16  # calls waiting on one another, at most: a deeper chain is refused (each holds a replica's slot)
+MAX_CALLERS = 4096  # the calls of one batch, at most (``Batch.max_size``'s bound)
+MAX_CALLER_ID = 512  # a call id's length, at most (as the control plane checks ``caller_call_id``)
+CallerId = Annotated[str, msgspec.Meta(max_length=MAX_CALLER_ID)]
+CallerIds = Annotated[list[CallerId], msgspec.Meta(max_length=MAX_CALLERS)]
 
 
 class RelayInvoke(msgspec.Struct, frozen=True, kw_only=True, tag="invoke"):
@@ -29,6 +33,9 @@ class RelayInvoke(msgspec.Struct, frozen=True, kw_only=True, tag="invoke"):
     caller_function: str = ""  # the replica's function whose call makes this one ("" outside any call)
     caller_call_id: str = ""
     chain: list[Hop] = []  # the calls waiting on the caller's call, outermost first, as its replica received them
+    # A batch's call: every call the batch serves (``caller_call_id`` first). The call is cancelled only once all of
+    # them are, since the batch runs on for the others; empty: ``caller_call_id`` alone (and from older SDKs).
+    caller_call_ids: CallerIds = []
 
 
 class RelaySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):

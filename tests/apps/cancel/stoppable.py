@@ -54,6 +54,22 @@ class Stoppable:
         call.cancelled.wait(3.0)  # a batch with some calls left runs on (set only once all are cancelled)
         return [f"done:{t}" for t in tags]
 
+    @ember.method(batch=ember.Batch(max_size=4, window_ms=500))
+    def batch_parent(self, tags: list[str]) -> list[str]:
+        """A batch of two or more waits on one ``Kid.spin`` for all its calls: it runs until every one is cancelled."""
+        call = ember.current_call()
+        assert call is not None
+        if len(tags) < 2:  # (a batch starts at once when the replica is idle: the calls after this one make one)
+            call.cancelled.wait(1.0)
+            return tags
+        kid = "-".join(sorted(tags))
+        NOTES.append(f"batch-parent:{kid}:{call.call_id}")
+        try:
+            return [ember.lookup("cancels", "Kid.spin").remote(kid)] * len(tags)
+        except ember.EmberError as exc:
+            NOTES.append(f"batch-child-ended:{kid}:{exc.code}")
+            raise
+
     @ember.method
     def parent(self, tag: str) -> str:
         """Waits on ``Kid.spin``: cancelling this call cancels that one."""

@@ -1,5 +1,6 @@
 """Which relayed calls a caller's cancel ends, on a real event loop: those filed under it then, and those filed after
-(a request on its way as the cancel came), for as long and as many as the control plane remembers cancels."""
+(a request on its way as the cancel came), for as long and as many as the control plane remembers cancels; a batch's
+call only once every call the batch serves is cancelled."""
 
 from __future__ import annotations
 
@@ -11,10 +12,10 @@ import pytest
 from ember_platform.calls.lineage import Lineage
 
 
-async def _relayed(lineage: Lineage, app: str, call_id: str) -> str:
+async def _relayed(lineage: Lineage, app: str, *call_ids: str) -> str:
     """A relayed call's task, as the relay serves it: how it ended."""
     try:
-        with lineage.made_by(app, call_id):
+        with lineage.made_by(app, *call_ids):
             await asyncio.sleep(5)
         return "ran"
     except asyncio.CancelledError:
@@ -26,7 +27,7 @@ async def _relayed(lineage: Lineage, app: str, call_id: str) -> str:
         return "cancelled"
 
 
-def _run_after_cancels(lineage: Lineage, cancels: list[tuple[str, str]], made_by: tuple[str, str]) -> str:
+def _run_after_cancels(lineage: Lineage, cancels: list[tuple[str, str]], made_by: tuple[str, ...]) -> str:
     """How a call made by ``made_by`` ends once ``cancels`` came (TimeoutError: still running after 0.3s)."""
     async def main() -> str:
         for app, call_id in cancels:
@@ -72,3 +73,33 @@ def test_a_cancel_is_forgotten_after_a_while() -> None:
     time.sleep(0.1)
     with pytest.raises(TimeoutError):
         _run_after_cancels(lineage, [], ("a", "c1"))
+
+
+def test_a_batchs_call_is_cancelled_once_every_call_it_serves_is() -> None:
+    async def main() -> list[str]:
+        lineage = Lineage()
+        ended: list[str] = []
+
+        async def relayed() -> None:
+            try:
+                with lineage.made_by("a", "x", "y"):
+                    await asyncio.sleep(5)
+            except asyncio.CancelledError:
+                ended.append("cancelled")
+
+        task = asyncio.create_task(relayed())
+        await asyncio.sleep(0.01)
+        assert lineage.cancel("a", "x") == 0  # y still waits on it
+        await asyncio.sleep(0.05)
+        ended.append("after x")
+        assert lineage.cancel("a", "y") == 1
+        await asyncio.wait_for(task, 2)
+        return ended
+    assert asyncio.run(main()) == ["after x", "cancelled"]
+
+
+def test_a_batchs_call_made_after_some_of_its_calls_were_cancelled_waits_for_the_rest() -> None:
+    lineage = Lineage()
+    with pytest.raises(TimeoutError):
+        _run_after_cancels(lineage, [("a", "x")], ("a", "x", "y"))
+    assert _run_after_cancels(lineage, [("a", "y")], ("a", "x", "y")) == "cancelled"
