@@ -237,8 +237,8 @@ class ControlLoop:
                                          functools.partial(cluster_snapshot, plan, nodes, deployments), now,
                                          {r.replica_id for r in self.registry.replicas.items.values()})
         await self._write(plan, zygotes, now)
-        await self.switching.switch(deployments)
-        await self.switching.hold_standby(plan, deployments, now)  # after it: a version that just left is told now
+        deployments |= await self.switching.switch(plan, deployments)
+        await self.switching.hold_standby(plan, deployments, now)  # as switched: a version that just left is told
 
     def _every_service(self, deployments: dict[str, Deployment],
                        generation: int) -> list[tuple[Deployment, ServiceSpec]]:

@@ -277,13 +277,23 @@ class Registry:
 
     async def promote(self, app: str) -> Deployment:
         """The canary takes all traffic (``ember promote``)."""
-        return await self._update(app, lambda dep: rollout.promote(_exists(app, dep), time.time()))
+        return await self._switching(app, lambda dep: rollout.promote(_exists(app, dep), time.time()))
 
     async def rollback(self, app: str, to: int = 0) -> Deployment:
         """Version ``to`` (0: the one before) serves again (``ember rollback``): at once when its replicas are ready
         (it serves, or it is warm)."""
-        return await self._update(app, lambda dep: rollout.rollback(_exists(app, dep), to, time.time(),
-                                                                    self.ready_versions(_exists(app, dep))))
+        return await self._switching(app, lambda dep: rollout.rollback(_exists(app, dep), to, time.time(),
+                                                                       self.ready_versions(_exists(app, dep))))
+
+    async def _switching(self, app: str, change: Callable[[Deployment | None], Deployment]) -> Deployment:
+        """``change`` written, the replicas of the versions it takes out of the traffic told first to pull no more
+        queued calls (as the control loop tells them after): a call queued once the switch is seen runs on the
+        version that serves. (A change refused raises here, as in ``_update``.)"""
+        current = self.deployments.items.get(app)
+        leaving = current.running() - change(current).running() if current is not None else set()
+        for r in [r for r in self.live_replicas(app) if r.version in leaving]:
+            await self.nc.publish(subjects.replica_standby(r.replica_id), b"1")
+        return await self._update(app, change)
 
     def ready_versions(self, dep: Deployment) -> set[int]:
         """The versions of ``dep``'s app whose every service has a ready replica now."""

@@ -7,8 +7,9 @@ so a standby that took over (or a push meanwhile) never switches on stale state.
 The version that last left an app's traffic (``Deployment.warm``) keeps, for ``EMBER_KEEP_PREVIOUS_S`` (600 by
 default; 0: none), ``max(min_replicas, 1)`` replicas of each service: they hold their node's room but take no
 calls (the gateways route no unpinned call to a version out of the traffic, and the loop keeps telling them, on
-``subjects.replica_standby``, to pull nothing from the queues), and count against no quota, which caps the versions
-that serve. A rollback to it switches at once; after the window it is released and starts again as any version.
+``subjects.replica_standby``, to pull nothing from the queues, as it tells those that drain), and count against no
+quota, which caps the versions that serve. A rollback to it switches at once; after the window it is released and
+starts again as any version.
 """
 
 from __future__ import annotations
@@ -65,20 +66,28 @@ class Switching:
                 return False
         return True
 
-    async def switch(self, deployments: dict[str, Deployment]) -> None:
+    async def switch(self, plan: Plan, deployments: dict[str, Deployment]) -> dict[str, Deployment]:
         """Each app whose version now has its replicas ready takes its traffic (written to KV with compare-and-set:
-        every gateway follows)."""
+        every gateway follows); the deployments switched. The replicas of the versions that leave the traffic are
+        told first to pull no more queued calls (``hold_standby``): whoever sees the switch, a call queued then runs
+        on the version rolled out (which is ready, and pulls)."""
+        switched: dict[str, Deployment] = {}
         for dep in list(deployments.values()):
             if not rollout.rolling_out(dep) or not self.ready(dep):  # not ready: nothing to write, no KV round trip
                 continue
+            staying = {share.version for share in rollout.wanted_traffic(dep)} | {dep.version}
+            await self._standby([s for slots in plan.values() for s in slots
+                                 if s.app == dep.app and s.version not in staying])
             try:
-                switched = await self.registry.switch_traffic(dep.app, dep, True)
+                after = await self.registry.switch_traffic(dep.app, dep, True)
             except Exception:
                 log.exception("could not switch the traffic of %s to v%d", dep.app, dep.version)
                 continue
-            if switched is not None:
-                shares = ", ".join(f"v{s.version} {s.percent}%" for s in switched.serving())
+            if after is not None:
+                switched[dep.app] = after
+                shares = ", ".join(f"v{s.version} {s.percent}%" for s in after.serving())
                 log.info("%s: traffic now %s", dep.app, shares)
+        return switched
 
     async def refresh_pinned(self, plan: Plan, deployments: dict[str, Deployment]) -> None:
         """Calls spawned pinned to a version that no longer takes traffic but still has replicas: that version
@@ -126,15 +135,18 @@ class Switching:
             _scale_down_warm(plan, dep, warm, self.registry.replica_alive)
 
     async def hold_standby(self, plan: Plan, deployments: dict[str, Deployment], now: float) -> None:
-        """Tell every warm replica to take no queued call for a while (it resumes when no longer told)."""
-        warm = {(dep.app, v) for dep in deployments.values() if (v := warm_version(dep, now))}
-        for slots in plan.values():
-            for slot in slots:
-                if (slot.app, slot.version) in warm:
-                    try:
-                        await self.registry.nc.publish(subjects.replica_standby(slot.replica_id), STANDBY)
-                    except Exception:
-                        log.exception("could not hold %s on standby", slot.replica_id)
+        """Tell every replica of a version out of its app's traffic (the warm one, and those that drain) to take no
+        queued call or event for a while (it resumes when no longer told): once the traffic switched, the version
+        replaced took its functions' queued calls for its drain grace (2 s), those that came after the push too."""
+        await self._standby([s for slots in plan.values() for s in slots
+                             if (dep := deployments.get(s.app)) is not None and s.version not in dep.running()])
+
+    async def _standby(self, slots: list[SlotAssignment]) -> None:
+        for slot in slots:
+            try:
+                await self.registry.nc.publish(subjects.replica_standby(slot.replica_id), STANDBY)
+            except Exception:
+                log.exception("could not hold %s on standby", slot.replica_id)
 
 
 def warm_version(dep: Deployment, now: float) -> int:
