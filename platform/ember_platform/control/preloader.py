@@ -143,7 +143,8 @@ class Preloader:
                                                         module=dep.manifest.module,
                                                         volumes=_volumes_of(dep, svc.name, version, plan),
                                                         image=_image_of(dep, svc.name, version, plan),
-                                                        block_network=_blocked(dep, svc.name, version, plan))
+                                                        block_network=_blocked(dep, svc.name, version, plan),
+                                                        host_memory_mb=_memory_of(dep, svc.name, version, plan))
         held = {nid: frozenset(ZygoteKey(z.app, z.service, z.version) for z in self._plan.get(nid, ()))
                 for nid in nodes}
         budgets = {nid: zygote_budget_mb(n, plan.get(nid, ())) for nid, n in nodes.items()}
@@ -244,6 +245,14 @@ def _blocked(dep: Deployment, service: str, version: int, plan: Mapping[str, lis
         return next((s.block_network for s in dep.manifest.services if s.name == service), False)
     return next((s.block_network for slots in plan.values() for s in slots
                  if s.app == dep.app and s.service == service and s.version == version), False)
+
+
+def _memory_of(dep: Deployment, service: str, version: int, plan: Mapping[str, list[SlotAssignment]]) -> int:
+    """The host memory a version's replicas are bounded by (its service's ``memory=``), for its zygote too."""
+    if version == dep.version:
+        return next((s.memory_mb for s in dep.manifest.services if s.name == service), 0)
+    return next((s.host_memory_mb for slots in plan.values() for s in slots
+                 if s.app == dep.app and s.service == service and s.version == version), 0)
 
 
 def _bundle_of(dep: Deployment, version: int, plan: Mapping[str, list[SlotAssignment]]) -> str:

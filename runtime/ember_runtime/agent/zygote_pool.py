@@ -134,9 +134,9 @@ class Zygote:
                "--lifeline-fd", str(self._lifeline), "--nats", self._nats_url, "--spares", str(self.spares)]
         env = {**sandbox.environment(dict(self._interpreter.env), sandboxed=enabled),
                hostpid.FD_ENV: str(theirs.fileno()), **sandbox.volume_env(mounts, sandboxed=enabled)}
-        # its own cgroup, as a replica's (pids.max; the assignment names no memory): it runs the app's code
+        # its own cgroup, bounded as its replicas are (pids.max, memory.max): it runs the app's code
         name = f"zygote-{self._socket.stem}-{os.urandom(4).hex()}"  # a rebuild's own: the last one's may remain
-        cgroup = self._cgroups.prepare(name, 0) if self._cgroups is not None else None
+        cgroup = self._cgroups.prepare(name, self.assignment.host_memory_mb) if self._cgroups is not None else None
         preexec = partial(sandbox.prepare_child, None, cgroup=MemoryCgroups.joiner(cgroup))
         try:
             if enabled:

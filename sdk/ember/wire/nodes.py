@@ -93,6 +93,7 @@ class ZygoteAssignment(msgspec.Struct, frozen=True, kw_only=True):
     # device nodes its sandbox holds, those of the replicas placement would start there next; only a replica given
     # exactly these forks from it. Empty: none (a CPU service's zygote, or any zygote on a node without sandboxes)
     gpus: list[str] = []
+    host_memory_mb: int = 0  # its service's memory= (what each replica forked from it is bounded by): its own bound
 
 
 ZygoteState = Literal["building", "ready", "failed"]

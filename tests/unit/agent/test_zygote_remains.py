@@ -80,7 +80,8 @@ def _build_then_remove(pool: ZygotePool, tmp_path: Path, marker: str,
     bundle = tmp_path / "bundle"
     bundle.mkdir()
     (bundle / "leaves_daemon.py").write_text(APP.format(app=app, marker=marker))
-    assignment = ZygoteAssignment(app=app, service="Snap", version=1, bundle_sha256="0" * 64, module="leaves_daemon")
+    assignment = ZygoteAssignment(app=app, service="Snap", version=1, bundle_sha256="0" * 64, module="leaves_daemon",
+                                  host_memory_mb=512)
 
     async def scenario() -> list[int]:
         await pool.reconcile({(app, "Snap", 1): (assignment, bundle)})
@@ -159,6 +160,7 @@ def test_a_zygote_runs_in_a_cgroup_of_its_own_that_ends_with_it(tmp_path: Path) 
         group = groups.root / Path(line[3:]).name  # type: ignore[operator]
         seen.append(str(group))
         assert group.name.startswith("zygote-") and (group / "pids.max").read_text().strip() == str(cgroups.PIDS_MAX)
+        assert (group / "memory.max").read_text().strip() == str(512 * 1024 * 1024)  # its service's memory=
 
     pool = ZygotePool(tmp_path / "s", "nats://127.0.0.1:1", cgroups=lambda: groups)
     assert _build_then_remove(pool, tmp_path, _marker(), check) == []

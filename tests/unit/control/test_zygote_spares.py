@@ -34,3 +34,14 @@ def test_only_the_zygotes_own_replicas_count() -> None:
     assert _spares(beside, {"a-s-0"}) == 2  # a-s-1 is starting, and one more it may add; not another service's
     # replica, nor another version's
 
+
+
+def test_a_zygote_is_bounded_by_its_services_memory_as_its_replicas_are() -> None:
+    """The zygote runs the app's code (its setup loads the model): it had no memory bound, so a setup that grew
+    without one could take the node's memory from every app's replicas."""
+    n1 = node("n1", A10G, memory_gb=16)
+    dep = deployment(service_spec("s", snap=True, min_replicas=1, memory_mb=2048))
+    zygotes = Preloader(demand=lambda app, svc: 0.0).zygotes({"n1": [slot("a-s-0")]}, {"n1": n1}, {"a": dep},
+                                                            lambda: snap(n1), now=0.0, reported={"a-s-0"})
+    (zygote,) = zygotes["n1"]
+    assert zygote.host_memory_mb == 2048
