@@ -238,7 +238,7 @@ class ControlLoop:
                                          {r.replica_id for r in self.registry.replicas.items.values()})
         await self._write(plan, zygotes, now)
         deployments |= await self.switching.switch(plan, deployments)
-        await self.switching.hold_standby(plan, deployments, now)  # as switched: a version that just left is told
+        await self.switching.hold_standby(plan, deployments)  # as switched: a version that just left is told
 
     def _every_service(self, deployments: dict[str, Deployment],
                        generation: int) -> list[tuple[Deployment, ServiceSpec]]:

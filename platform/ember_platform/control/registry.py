@@ -292,7 +292,7 @@ class Registry:
         current = self.deployments.items.get(app)
         leaving = current.running() - change(current).running() if current is not None else set()
         for r in [r for r in self.live_replicas(app) if r.version in leaving]:
-            await self.nc.publish(subjects.replica_standby(r.replica_id), b"1")
+            await self.nc.publish(subjects.replica_standby(r.replica_id), subjects.STANDBY)
         return await self._update(app, change)
 
     def ready_versions(self, dep: Deployment) -> set[int]:

@@ -25,7 +25,6 @@ from ember_platform.control.registry import Registry
 log = logging.getLogger("ember.control")
 DRAIN_GRACE_S = 2.0  # versions that left an app's traffic keep their replicas this long (gateways catch up)
 Plan = dict[str, list[SlotAssignment]]  # node id -> its slots
-STANDBY = b"1"  # what a warm replica is told each tick: pull nothing from the shared queues for a while
 
 
 def keep_previous_s() -> float:
@@ -134,7 +133,7 @@ class Switching:
         if warm and warm not in keep:
             _scale_down_warm(plan, dep, warm, self.registry.replica_alive)
 
-    async def hold_standby(self, plan: Plan, deployments: dict[str, Deployment], now: float) -> None:
+    async def hold_standby(self, plan: Plan, deployments: dict[str, Deployment]) -> None:
         """Tell every replica of a version out of its app's traffic (the warm one, and those that drain) to take no
         queued call or event for a while (it resumes when no longer told): once the traffic switched, the version
         replaced took its functions' queued calls for its drain grace (2 s), those that came after the push too."""
@@ -144,7 +143,7 @@ class Switching:
     async def _standby(self, slots: list[SlotAssignment]) -> None:
         for slot in slots:
             try:
-                await self.registry.nc.publish(subjects.replica_standby(slot.replica_id), STANDBY)
+                await self.registry.nc.publish(subjects.replica_standby(slot.replica_id), subjects.STANDBY)
             except Exception:
                 log.exception("could not hold %s on standby", slot.replica_id)
 

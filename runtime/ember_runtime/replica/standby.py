@@ -12,6 +12,8 @@ import asyncio
 import time
 from typing import Any
 
+from ember.wire import subjects
+
 HOLD_S = 3.0  # a standby not repeated within this long is over (a control plane repeats it twice a second)
 RECHECK_S = 0.25  # how often a paused worker looks again
 
@@ -27,7 +29,7 @@ class Standby:
         return time.monotonic() < self._until
 
     async def on_message(self, msg: Any) -> None:
-        self._until = time.monotonic() + HOLD_S if msg.data == b"1" else 0.0
+        self._until = time.monotonic() + HOLD_S if msg.data == subjects.STANDBY else 0.0
 
     async def wait_over(self, stop: asyncio.Event) -> None:
         """Return once the standby is over (or ``stop`` is set)."""

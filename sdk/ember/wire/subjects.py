@@ -110,9 +110,12 @@ def replica_credit(replica_id: str) -> str:
 
 
 def replica_standby(replica_id: str) -> str:
-    """A control plane's word to a warm replica (its version left the traffic): pull no queued call for a while.
-    Only a control plane may publish here."""
+    """A control plane's word (``STANDBY``) to a replica whose version is out of the traffic: pull no queued call
+    for a while. Only a control plane may publish here."""
     return f"ember.replica.{_token(replica_id, 'replica id')}.standby"
+
+
+STANDBY = b"1"  # what a replica out of the traffic is told: pull nothing from the shared queues for a while
 
 
 @lru_cache(maxsize=4096)
