@@ -86,12 +86,6 @@ def main() -> None:
     args = parser.parse_args()
     _logging.configure("agent", args.log_format)
     try:
-        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own",
-                                   keep=Records.of(args.state_dir).held_paths())  # to adopt them
-    except SandboxUnavailable as exc:
-        parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
-                     "everything this agent can, pass --insecure-no-sandbox")
-    try:
         creds = read_file(args.nats_creds) if args.nats_creds else None
     except CredentialsError as exc:
         parser.error(str(exc))
@@ -101,6 +95,12 @@ def main() -> None:
     if creds is None:
         logging.getLogger("ember.agent").warning(
             "INSECURE (--insecure-no-auth): connected to NATS without credentials")
+    try:
+        sandbox = Sandbox.for_node(args.sandbox, nats_url=args.nats, own_for_all=args.sandbox_network == "own",
+                                   keep=Records.of(args.state_dir).held_paths())  # to adopt them
+    except SandboxUnavailable as exc:
+        parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
+                     "everything this agent can, pass --insecure-no-sandbox")
     agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox,
                       stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts, ignore_xids=args.ignore_xids)
 
@@ -111,7 +111,11 @@ def main() -> None:
             loop.add_signal_handler(sig, stop.set)
         await agent.run(stop)
 
-    ember_loop.run(run())
+    try:
+        ember_loop.run(run())
+    finally:
+        if sandbox.network is not None:
+            sandbox.network.close()  # the door smith; the sockets it made stay fenced
 
 
 if __name__ == "__main__":

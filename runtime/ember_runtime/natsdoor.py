@@ -8,8 +8,9 @@ the sandbox alone (``DOOR``); the replica's NATS client asks it for ``host port`
 network, connects a TCP socket to that server (only a server of the node's NATS URL), turns Nagle's algorithm off
 and passes the connected socket back (``SCM_RIGHTS``). From then on the replica talks to nats-server over a plain
 loopback TCP connection, as a replica on the node's network does: no hop, no copy, no added latency. A reconnect
-asks the door again. The socket reaches NATS only: it is connected already, and a connected TCP socket cannot be
-pointed elsewhere.
+asks the door again. The socket is connected already, but a connection can be undone (``connect`` with
+``AF_UNSPEC``) and made again elsewhere; so, where the node allows it, the agent's sockets are made in a cgroup whose
+filter passes packets to NATS' servers only (``agent.doorwall``, given as ``connect``): the socket reaches NATS only.
 
 ``install()`` in the replica's process makes nats-py (which has no unix-socket URL) ask the door for each
 connection when ``DOOR_ENV`` names one.
@@ -23,6 +24,7 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -35,6 +37,7 @@ DOOR_ENV = "EMBER_NATS_DOOR"  # the door's socket, inside the sandbox
 SOCKET_NAME = "nats.sock"
 ASK_TIMEOUT_S = 10.0
 NATS_DEFAULT_PORT = 4222
+Connect = Callable[[tuple[str, int]], Awaitable[socket.socket]]  # a NATS server -> a socket connected to it
 
 
 def servers_of(urls: str) -> frozenset[tuple[str, int]]:
@@ -53,29 +56,32 @@ def servers_of(urls: str) -> frozenset[tuple[str, int]]:
 class Door:
     """One sandbox's door: a listening unix socket in a folder (mode 0700) made for that sandbox alone."""
 
-    def __init__(self, folder: Path, listener: socket.socket, servers: frozenset[tuple[str, int]]) -> None:
+    def __init__(self, folder: Path, listener: socket.socket, servers: frozenset[tuple[str, int]],
+                 connect: Connect) -> None:
         self.folder = folder
         self._listener = listener
         self._servers = servers
+        self._connect = connect
         self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
-    def open(cls, root: Path, servers: frozenset[tuple[str, int]]) -> Door:
-        """A door in a new folder under ``root``, answered by the running loop (it only accepts and connects)."""
-        return cls._listen(Path(tempfile.mkdtemp(prefix="door-", dir=root)), servers)
+    def open(cls, root: Path, servers: frozenset[tuple[str, int]], connect: Connect | None = None) -> Door:
+        """A door in a new folder under ``root``, answered by the running loop (it only accepts and connects).
+        ``connect`` makes its sockets (the node's fenced ones, ``agent.doorwall``); plain ones by default."""
+        return cls._listen(Path(tempfile.mkdtemp(prefix="door-", dir=root)), servers, connect or plain)
 
     @classmethod
-    def reopen(cls, folder: Path, servers: frozenset[tuple[str, int]]) -> Door:
+    def reopen(cls, folder: Path, servers: frozenset[tuple[str, int]], connect: Connect | None = None) -> Door:
         """The door of a sandbox whose agent was killed, listening again in its folder (the agent's own, 0700)."""
         info = folder.lstat()
         if not folder.is_dir() or folder.is_symlink() or info.st_uid != os.getuid() or info.st_mode & 0o077:
             raise OSError(f"{folder} is not a door's folder of this agent")
         with contextlib.suppress(FileNotFoundError):
             (folder / SOCKET_NAME).unlink()
-        return cls._listen(folder, servers)
+        return cls._listen(folder, servers, connect or plain)
 
     @classmethod
-    def _listen(cls, folder: Path, servers: frozenset[tuple[str, int]]) -> Door:
+    def _listen(cls, folder: Path, servers: frozenset[tuple[str, int]], connect: Connect) -> Door:
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(folder / SOCKET_NAME))
@@ -85,7 +91,7 @@ class Door:
             listener.close()
             remove(folder)
             raise
-        door = cls(folder, listener, servers)
+        door = cls(folder, listener, servers, connect)
         asyncio.get_running_loop().add_reader(listener.fileno(), door._accept)
         return door
 
@@ -107,7 +113,7 @@ class Door:
                 server = (host, int(port))
                 if server not in self._servers:
                     raise ValueError(f"{host}:{port} is not a NATS server of this node")
-                tcp = await asyncio.wait_for(_connect(server), ASK_TIMEOUT_S)
+                tcp = await asyncio.wait_for(self._connect(server), ASK_TIMEOUT_S)
             except (OSError, ValueError, UnicodeError, TimeoutError) as exc:
                 with contextlib.suppress(OSError):
                     await loop.sock_sendall(conn, f"no {exc}".encode()[:400])
@@ -136,7 +142,8 @@ class Door:
         pidwatch.when_exits(pid, self.stop)
 
 
-async def _connect(server: tuple[str, int]) -> socket.socket:
+async def plain(server: tuple[str, int]) -> socket.socket:
+    """A socket of this process connected to ``server``: one the sandbox could point elsewhere (see ``Door``)."""
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(*server, type=socket.SOCK_STREAM)
     last: OSError = OSError(f"{server[0]} did not resolve")

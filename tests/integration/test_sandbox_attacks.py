@@ -177,7 +177,7 @@ def test_a_hostile_replica_reads_nothing_of_the_node_and_cannot_fork(tmp_path, t
 
 
 NETWORK = '''
-import errno, os, socket, threading
+import ctypes, errno, os, socket, struct, threading
 import ember
 
 app = ember.App("{name}")
@@ -194,6 +194,21 @@ def door(port):
     return "ok" if fds else "refused"
 
 
+def turn(nats, port):
+    """A socket from the door, connected to NATS, its connection undone (AF_UNSPEC) and made to ``port``."""
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["EMBER_NATS_DOOR"])
+        s.sendall(f"127.0.0.1 {{nats}}".encode())
+        words, fds, _, _ = socket.recv_fds(s, 512, 1)
+    with socket.socket(fileno=fds[0]) as tcp:
+        unspec = struct.pack("@H14x", socket.AF_UNSPEC)
+        if ctypes.CDLL(None, use_errno=True).connect(tcp.fileno(), unspec, len(unspec)) != 0:
+            return "not undone"
+        tcp.settimeout(2)
+        tcp.connect(("127.0.0.1", port))
+        return "ok"
+
+
 def where():
     """Its door: the path, what its folder holds, the socket's identity on the node."""
     path = os.environ["EMBER_NATS_DOOR"]
@@ -204,6 +219,8 @@ def reach(host, port):
     try:
         if host == "door":
             return door(port)
+        if host.startswith("turn:"):
+            return turn(int(host[5:]), port)
         with socket.create_connection((host, port), timeout=3):
             return "ok"
     except TimeoutError:
@@ -318,6 +335,7 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
     agent_log = (platform.log_dir / "agent.log").read_text()
     if "replicas run WITHOUT a sandbox" in agent_log or "sandboxes share the node's network" in agent_log:
         pytest.skip("this machine gives sandboxes no network of their own (no bwrap or no pasta)")
+    fenced = "NATS socket can be pointed at any port" not in agent_log  # else the node's status says so (below)
     mine, theirs = f"tenant-{uuid.uuid4().hex[:6]}", f"team-b-{uuid.uuid4().hex[:6]}"
     (tmp_path / "net").mkdir()
     (tmp_path / "srv").mkdir()
@@ -336,6 +354,8 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
         platform_port = int(platform.url.rsplit(":", 1)[1])
         targets = {"nats": ["127.0.0.1", nats_port], "platform": ["127.0.0.1", platform_port],
                    "door_nats": ["door", nats_port], "door_platform": ["door", platform_port],
+                   "turned_to_platform": [f"turn:{nats_port}", platform_port],  # NATS' socket pointed elsewhere
+                   "turned_to_loopback": [f"turn:{nats_port}", loopback.getsockname()[1]],
                    "node_loopback": ["127.0.0.1", loopback.getsockname()[1]],
                    "other_replica": ["127.0.0.1", served.json()["port"]], "outside": list(OUTSIDE),
                    "metadata": ["169.254.169.254", 80]}  # a cloud's metadata service: the node's credentials
@@ -353,10 +373,13 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
             assert reached["nats"] == "ECONNREFUSED", seen
             assert reached["platform"] == reached["node_loopback"] == reached["other_replica"] == "ECONNREFUSED", seen
             assert reached.get("node_address", "ECONNREFUSED") in ("ECONNREFUSED", "ENETUNREACH"), seen
+            if fenced:  # its packets dropped by the door sockets' filter (doorwall)
+                assert reached["turned_to_platform"] == reached["turned_to_loopback"] == "timeout", seen
         assert seen["Open"]["metadata"] in ("ENETUNREACH", "EHOSTUNREACH"), seen  # unreachable, not tried
         assert seen["Sealed"]["outside"] == "ENETUNREACH", seen  # block_network: no way out
         assert seen["Open"]["outside"] != "ENETUNREACH", seen  # the default: a way out (nothing answers there)
-        assert "bwrap, own network" in ember_cli("status", url=platform.url).stdout
+        status = ember_cli("status", url=platform.url).stdout
+        assert "bwrap, own network" in status and fenced != ("NATS socket can be pointed" in status), status
         doors = [http.post(f"/v1/{mine}/{service}.door", json={}).json() for service in ("Open", "Sealed")]
         assert all(listed == ["nats.sock"] for _, listed, _ in doors), doors  # a folder of its own: no other door
         assert doors[0][2] != doors[1][2], doors  # each sandbox its own socket

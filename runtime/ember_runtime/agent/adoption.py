@@ -311,9 +311,9 @@ class Adoptions:
     """The replicas a killed agent left running, read at this agent's start, until each is adopted by its slot or
     stopped."""
 
-    def __init__(self, records: Records, servers: frozenset[tuple[str, int]] | None) -> None:
+    def __init__(self, records: Records, network: netns.Network | None) -> None:
         self.records = records
-        self._servers = servers  # this node's NATS servers, for the doors of sandboxes with a network of their own
+        self._network = network  # this node's sandboxes' networks: the doors of those with a network of their own
         self.pending: dict[str, Record] = {}
         self.ended: dict[str, Record] = {}  # replicas that ended while no agent ran: their restart is said
 
@@ -339,7 +339,7 @@ class Adoptions:
             self.records.remove(record.replica_id)
             netns.release(record.pasta_pid_file, record.door)
         elif record.pasta_pid_file or record.door:
-            netns.readopt(record.pid, record.pasta_pid_file, record.door, self._servers or frozenset())
+            netns.readopt(record.pid, record.pasta_pid_file, record.door, self._network)
         return adopted
 
     async def stop_unwanted(self, wanted: set[str], grace_s: float) -> None:

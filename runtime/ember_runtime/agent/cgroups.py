@@ -57,7 +57,7 @@ class MemoryCgroups:
     @classmethod
     def for_agent(cls) -> MemoryCgroups:
         """Look once; enable the memory controller for children where needed; say once why not."""
-        mount, own = _cgroup2_mount(), _own_cgroup()
+        mount, own = cgroup2_mount(), own_cgroup()
         root = mount / own.lstrip("/") if mount is not None and own else None
         decision = decide(mount, own, _read(root, "cgroup.controllers"), _read(root, "cgroup.subtree_control"),
                           root is not None and os.access(root, os.W_OK))
@@ -140,7 +140,7 @@ class MemoryCgroups:
         MemoryCgroups.remove(group)
 
 
-def _own_cgroup() -> str:
+def own_cgroup() -> str:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/cgroup").read_text().splitlines():
             if line.startswith("0::"):
@@ -148,7 +148,7 @@ def _own_cgroup() -> str:
     return ""
 
 
-def _cgroup2_mount() -> Path | None:
+def cgroup2_mount() -> Path | None:
     with contextlib.suppress(OSError):
         for line in Path("/proc/self/mountinfo").read_text().splitlines():
             fields = line.split(" - ")

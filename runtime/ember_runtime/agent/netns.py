@@ -7,7 +7,9 @@ outside, without privileges:
 
 - NATS is reached through the sandbox's own door (``natsdoor``: a unix socket in a folder bound into that sandbox
   alone, where the agent hands the replica a TCP socket it connected to one of NATS' servers), not through pasta:
-  pasta's splice stalled calls under load (bench/RESULTS.md). Nothing of the node's loopback is reachable (the
+  pasta's splice stalled calls under load (bench/RESULTS.md). Those sockets are made in a cgroup whose filter
+  passes packets to NATS' servers only (``doorwall``), where the node allows it: pointed elsewhere, they send
+  nothing. Nothing of the node's loopback is reachable (the
   platform's HTTP port, NATS' own ports, monitoring and cluster ones, other replicas' servers). No port of the
   node reaches in (``-t none -u none``).
 - So is the OpenTelemetry collector the agent's environment names (``OTEL_EXPORTER_OTLP_ENDPOINT``), when it
@@ -47,12 +49,13 @@ import signal
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ember_runtime import natsdoor, pidwatch
+from ember_runtime.agent import doorwall
 
 log = logging.getLogger("ember.agent")
 ATTACH_TIMEOUT_S = 30.0  # pasta attaches in tens of milliseconds; a loaded node may take longer
@@ -78,6 +81,17 @@ class Network:
     node_addresses: tuple[str, ...] = ()  # this node's own addresses (not loopback): unreachable from inside
     nats_ports: tuple[int, ...] = ()  # every loopback port of the NATS URL's servers (a cluster's), forwarded too
     nats_servers: frozenset[tuple[str, int]] = frozenset()  # what a sandbox's door connects to (``natsdoor``)
+    wall: doorwall.DoorWall | None = field(default=None, compare=False, repr=False)  # makes the doors' sockets
+    wall_why_not: str = ""  # why the doors' sockets are not fenced (``doorwall``), when they are not
+
+    async def connect(self, server: tuple[str, int]) -> Any:
+        """A socket connected to NATS server ``server`` for a sandbox's door: fenced where the node allows it."""
+        return await (self.wall.connect(server) if self.wall is not None else natsdoor.plain(server))
+
+    def close(self) -> None:
+        """Stop what this network holds for the node (the door smith); the doors' sockets stay fenced."""
+        if self.wall is not None:
+            self.wall.close()
 
     def argv(self, pid: int, *, blocked: bool) -> list[str]:
         """pasta's command line for the sandbox whose first process is ``pid``."""
@@ -94,8 +108,16 @@ class Network:
 def for_node(pasta: str, nats_url: str, env: Mapping[str, str]) -> Network:
     """What this node's sandboxes get forwarded: NATS, and an OpenTelemetry collector, where on its loopback."""
     otlp = {loopback_port(env[k], OTLP_DEFAULT_PORT) for k in OTLP_ENV if env.get(k, "").strip()}
+    servers = natsdoor.servers_of(nats_url)
+    wall, why_not = None, ""
+    if servers:
+        try:
+            wall = doorwall.DoorWall.start(servers)
+        except doorwall.WallUnavailable as exc:
+            why_not = str(exc)
+            log.warning("a sandbox's NATS socket can be pointed at any port the agent reaches: %s", why_not)
     return Network(pasta, loopback_port(nats_url), tuple(sorted(otlp - {0})), node_addresses(),
-                   nats_ports=loopback_ports(nats_url), nats_servers=natsdoor.servers_of(nats_url))
+                   nats_ports=loopback_ports(nats_url), nats_servers=servers, wall=wall, wall_why_not=why_not)
 
 
 def with_door(network: Network | None, jail: J, env: dict[str, str]) -> tuple[J, dict[str, str], natsdoor.Door | None]:
@@ -103,7 +125,7 @@ def with_door(network: Network | None, jail: J, env: dict[str, str]) -> tuple[J,
     this agent's ``RUN_ROOT`` folder, bound into it alone), when it has a network of its own (``network``)."""
     if network is None or not network.nats_servers:
         return jail, env, None
-    door = natsdoor.Door.open(_run_dir(), network.nats_servers)
+    door = natsdoor.Door.open(_run_dir(), network.nats_servers, network.connect)
     mounts = (*jail.mounts, (door.folder, natsdoor.DOOR))
     return dataclasses.replace(jail, mounts=mounts), {**env, **door.env}, door
 
@@ -331,7 +353,7 @@ def _sandbox_runs(pid_file: Path) -> bool:
     return False
 
 
-def readopt(pid: int, pid_file: str, door: str, servers: frozenset[tuple[str, int]]) -> None:
+def readopt(pid: int, pid_file: str, door: str, network: Network | None) -> None:
     """Hold again the pasta and the NATS door of a sandbox whose agent was killed (its first process ``pid``, alive
     and checked): its door listens again in the same folder (bound into that sandbox alone), and both are stopped
     once the sandbox ends, as for a sandbox this agent started."""
@@ -339,9 +361,9 @@ def readopt(pid: int, pid_file: str, door: str, servers: frozenset[tuple[str, in
     if pid_file and _in_run_root(Path(pid_file)) and _is_pasta_of(Path(pid_file)) and \
             (pasta := Pasta.from_pid_file(pid_file)) is not None:
         held.append(pasta)
-    if door and _in_run_root(Path(door)):
+    if door and _in_run_root(Path(door)) and network is not None:
         with contextlib.suppress(OSError):
-            held.append(natsdoor.Door.reopen(Path(door), servers))
+            held.append(natsdoor.Door.reopen(Path(door), network.nats_servers, network.connect))
     stop_after(pid, *held)
 
 

@@ -107,8 +107,7 @@ class NodeAgent:
         self._volumes_checked_at = 0.0
         self._slot_volumes: dict[SlotKey, list[VolumeMount]] = {}  # the volumes each running slot mounts
         self._zygote_volumes: list[VolumeMount] = []  # the volumes of the zygotes held
-        self.adoptions = adoption.Adoptions(adoption.Records.of(state_dir),
-                                            sandbox.network.nats_servers if sandbox.network is not None else None)
+        self.adoptions = adoption.Adoptions(adoption.Records.of(state_dir), sandbox.network)
         self.warm = warm.WarmStarts(self.adoptions.records, warm_starts,  # fresh starts begun ahead (one per key)
                                     host_memory=self.host_memory)
 

@@ -130,9 +130,12 @@ class Sandbox:
             return [f"replicas run UNSANDBOXED: {self.why_not or 'sandboxes are off'}"]
         if self.network is None:
             return [f"replicas share the node's network: {self.network_why_not or 'no network namespace asked'}"]
-        if not self.own_for_all:
-            return ["replicas share the node's network, except block_network=True functions' (--sandbox-network node)"]
-        return []
+        notes = [] if self.own_for_all else \
+            ["replicas share the node's network, except block_network=True functions' (--sandbox-network node)"]
+        if self.network.wall_why_not:
+            notes.append(f"a sandbox's NATS socket can be pointed at any port the agent reaches (its filter is "
+                         f"off: {self.network.wall_why_not})")
+        return notes
 
     @property
     def mode(self) -> str:
@@ -189,6 +192,7 @@ class Sandbox:
                 ["true"], Jail(bundle=Path(os.environ.get("TMPDIR", "/tmp"))), info_fd=info, block_fd=block),
                 environment({}, {"PATH": os.defpath}))
         except netns.NetworkUnavailable as exc:
+            network.close()
             return self._shared_network(str(exc))
         log.info("%s a network of its own (%s; NATS through each sandbox's door, to %s)",
                  "each sandbox has" if own_for_all else "the sandboxes of block_network=True functions have", pasta,

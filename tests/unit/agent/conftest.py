@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from ember_runtime.agent import sandbox
@@ -17,9 +19,11 @@ def node_sandbox() -> Sandbox:
 
 
 @pytest.fixture(scope="module")
-def networked(node_sandbox: Sandbox) -> Sandbox:
+def networked(node_sandbox: Sandbox) -> Iterator[Sandbox]:
     """The node's sandbox with a network namespace of its own per sandbox (pasta), or a skip where it has none."""
     found = node_sandbox.with_network("nats://127.0.0.1:4222")
     if not found.own_network:
         pytest.skip(f"no network of its own for a sandbox here: {found.network_why_not}")
-    return found
+    yield found
+    assert found.network is not None
+    found.network.close()

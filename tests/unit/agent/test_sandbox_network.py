@@ -33,7 +33,7 @@ from ember_runtime.agent.sandbox import Jail, Sandbox, environment
 OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: out on the internet, where nothing answers
 
 REACH = """
-import errno, json, os, socket, sys
+import ctypes, errno, json, os, socket, struct, sys
 def door(port):
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(os.environ["EMBER_NATS_DOOR"])
@@ -42,10 +42,28 @@ def door(port):
     for fd in fds:
         os.close(fd)
     return "ok" if fds else words.decode()
+def turn(nats, port):
+    # a socket from the door, connected to NATS, disconnected (AF_UNSPEC) and connected to port
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(os.environ["EMBER_NATS_DOOR"])
+        s.sendall(f"127.0.0.1 {nats}".encode())
+        words, fds, _, _ = socket.recv_fds(s, 512, 1)
+    if not fds:
+        return words.decode()
+    with socket.socket(fileno=fds[0]) as tcp:
+        unspec = struct.pack("@H14x", socket.AF_UNSPEC)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.connect(tcp.fileno(), unspec, len(unspec)) != 0:
+            return "undo " + errno.errorcode.get(ctypes.get_errno(), "?")
+        tcp.settimeout(3)
+        tcp.connect(("127.0.0.1", port))
+        return "ok"
 def reach(host, port):
     try:
         if host == "door":  # NATS through the sandbox's door: a socket the agent connected
             return door(port)
+        if host.startswith("turn"):  # a door's socket pointed elsewhere: "turn:<nats port>"
+            return turn(int(host.split(":")[1]), port)
         with socket.create_connection((host, port), timeout=3):
             return "ok"
     except TimeoutError:
@@ -79,13 +97,14 @@ def servers() -> Iterator[tuple[int, int]]:
 
 
 @pytest.fixture
-def networked(node_sandbox: Sandbox, servers: tuple[int, int]) -> Sandbox:
+def networked(node_sandbox: Sandbox, servers: tuple[int, int]) -> Iterator[Sandbox]:
     if netns.find_pasta() is None:
         pytest.skip("pasta is not installed (Debian's passt package)")
     found = node_sandbox.with_network(f"nats://127.0.0.1:{servers[0]}")
     if found.network is None:
         pytest.skip(f"pasta cannot give a sandbox its own network here: {found.network_why_not}")
-    return found
+    yield found
+    found.network.close()
 
 
 def _ours() -> Path:
@@ -144,6 +163,20 @@ def test_a_sandbox_reaches_nats_through_its_door_and_no_port_of_the_node(network
     assert found[3].startswith("no ") and "not a NATS server" in found[3]
     with socket.create_connection(("127.0.0.1", other), timeout=10):
         pass  # the node itself reaches it
+
+
+def test_a_door_socket_pointed_elsewhere_reaches_nothing(networked, servers) -> None:
+    """The door's socket, disconnected and connected again to another port of the node (which the agent reaches),
+    sends nothing: it was made in the door smith's cgroup, whose filter passes packets to NATS' servers only."""
+    assert networked.network is not None
+    if networked.network.wall is None:
+        pytest.skip(f"this node cannot fence door sockets: {networked.network.wall_why_not}")
+    nats, other = servers
+    found = _reach(networked, [("door", nats), (f"turn:{nats}", other), (f"turn:{nats}", nats)])
+    assert found[0] == "ok"
+    assert found[1] in ("timeout", "EPERM"), found  # connected to the other port before the filter
+    assert found[2] == "ok"  # back to NATS, it is let through
+    assert not sandbox.isolation(networked, None)["isolation_notes"]
 
 
 def test_block_network_leaves_nats_and_no_way_out(networked, servers) -> None:
@@ -262,8 +295,10 @@ def test_only_a_nats_url_on_the_nodes_loopback_is_forwarded() -> None:
     assert argv[argv.index("-T") + 1] == "4318"  # NATS goes through each sandbox's door, not through pasta
     assert network.nats_servers == {("127.0.0.1", 4333)}
     assert "--config-net" not in network.argv(42, blocked=True)  # no address, no route: NATS only
+    network.close()
     remote = netns.for_node("/usr/bin/pasta", "nats://10.0.0.2:4222", {})
     assert "--config-net" not in remote.argv(42, blocked=True)  # NATS out there is reached through the door too
+    remote.close()
 
 
 def test_block_network_is_a_flag_of_the_service_spec_checked_at_decoration() -> None:
@@ -394,5 +429,6 @@ def test_the_node_says_its_sandboxes_reach_nats_through_their_doors(node_sandbox
     found = node_sandbox.with_network(f"nats://127.0.0.1:{servers[0]}")
     if found.network is None:
         pytest.skip(f"pasta cannot give a sandbox its own network here: {found.network_why_not}")
+    found.network.close()
     (line,) = [r.getMessage() for r in caplog.records if "a network of its own" in r.getMessage()]
     assert f"NATS through each sandbox's door, to 127.0.0.1:{servers[0]}" in line and "forwarded" not in line

@@ -138,7 +138,7 @@ def test_a_zygotes_sandbox_outlives_it_until_the_replicas_forked_from_it_are_gon
 def _delegated() -> MemoryCgroups:
     """The cgroups this test process may give a zygote (its own cgroup v2, delegated, controllers on for children),
     or a skip that says why not (it never moves itself, as the agent does, to turn them on)."""
-    mount, own = cgroups._cgroup2_mount(), cgroups._own_cgroup()
+    mount, own = cgroups.cgroup2_mount(), cgroups.own_cgroup()
     root = mount / own.lstrip("/") if mount is not None and own else None
     writable = root is not None and os.access(root, os.W_OK)
     decision = cgroups.decide(mount, own, cgroups._read(root, "cgroup.controllers"),

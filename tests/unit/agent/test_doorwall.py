@@ -1,0 +1,183 @@
+"""The door sockets' fence (``doorwall``), on this kernel: a socket the door smith made reaches NATS' servers, and,
+disconnected and pointed elsewhere, nothing else; it stays so once the smith and its cgroup are gone. Where the
+node cannot fence (no cgroup v2 the agent may write, no privilege to load the filter), it says why."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ember_runtime.agent import cgroups, doorwall, netns, sandbox
+
+
+def _server(family: int = socket.AF_INET) -> socket.socket:
+    server = socket.create_server(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0), family=family)
+    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
+    return server
+
+
+def _accept_all(server: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while True:
+            server.accept()[0].close()
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.create_server(("::1", 0), family=socket.AF_INET6):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def servers() -> Iterator[list[socket.socket]]:
+    """NATS' stand-ins (IPv4, and IPv6 where the loopback has it) and another service of the node."""
+    made = [_server(), _server()] + ([_server(socket.AF_INET6)] if _has_ipv6_loopback() else [])
+    yield made
+    for each in made:
+        each.close()
+
+
+NOT_HERE = ("no cgroup v2", "cannot make a cgroup", "Operation not permitted", "no bpf system call")
+
+
+def _wall(servers: list[tuple[str, int]]) -> doorwall.DoorWall:
+    """A wall, or a skip where the node allows none (a wall refused for another reason fails the test)."""
+    try:
+        return doorwall.DoorWall.start(servers)
+    except doorwall.WallUnavailable as exc:
+        if any(reason in str(exc) for reason in NOT_HERE):
+            pytest.skip(f"this node cannot fence door sockets: {exc}")
+        raise
+
+
+def _undo(tcp: socket.socket) -> None:
+    """``connect`` with ``AF_UNSPEC``: the socket's connection undone, as code in a sandbox can."""
+    unspec = struct.pack("@H14x", socket.AF_UNSPEC)
+    assert ctypes.CDLL(None, use_errno=True).connect(tcp.fileno(), unspec, len(unspec)) == 0
+
+
+def _pointed(tcp: socket.socket, address: tuple[str, int]) -> str:
+    _undo(tcp)
+    tcp.setblocking(True)
+    tcp.settimeout(1)  # a local connection is made in microseconds; a dropped one never
+    try:
+        tcp.connect(address)
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return os.strerror(exc.errno or 0)
+    return "connected"
+
+
+def test_a_fenced_socket_reaches_nats_and_pointed_elsewhere_sends_nothing(servers) -> None:
+    nats, other = servers[0].getsockname()[:2], servers[1].getsockname()[:2]
+    named = [nats] + ([("::1", servers[2].getsockname()[1])] if len(servers) > 2 else [])
+    wall = _wall(named)
+
+    async def go() -> list[str]:
+        found = []
+        for server in named:
+            with await wall.connect(server) as tcp:
+                assert tcp.getpeername()[:2] == server
+                assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                found.append(_pointed(tcp, other if server == nats else ("::1", other[1])))
+        return found
+
+    try:
+        assert asyncio.run(go()) == ["timeout"] * len(named)
+        with socket.create_connection(other, timeout=5):
+            pass  # the node itself reaches it: the filter is the socket's, not the node's
+    finally:
+        wall.close()
+
+
+def test_a_socket_stays_fenced_once_the_smith_and_its_group_are_gone(servers) -> None:
+    nats, other = servers[0].getsockname()[:2], servers[1].getsockname()[:2]
+    wall = _wall([nats])
+    tcp = asyncio.run(wall.connect(nats))
+    wall.close()
+    assert not wall.group.exists()
+    with tcp:
+        assert _pointed(tcp, other) == "timeout"
+
+
+def test_a_name_that_resolves_anew_is_let_through(servers) -> None:
+    """The filter holds the addresses the NATS URL's names had at the agent's start; a name that resolves to
+    another one later (a service's new address) is added before the smith connects to it."""
+    nats, other = servers[0].getsockname()[:2], servers[1].getsockname()[:2]
+    wall = _wall([])
+    try:
+        with asyncio.run(wall.connect(("localhost", nats[1]))) as tcp:
+            assert tcp.getpeername()[1] == nats[1]
+            assert _pointed(tcp, other) == "timeout"
+    finally:
+        wall.close()
+
+
+def test_the_smith_refuses_what_does_not_connect(servers) -> None:
+    wall = _wall([])
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    try:
+        with pytest.raises(ConnectionRefusedError):
+            asyncio.run(wall.connect(("127.0.0.1", port)))
+        with asyncio.run(wall.connect(servers[0].getsockname()[:2])):
+            pass  # and goes on
+    finally:
+        wall.close()
+
+
+@pytest.mark.parametrize("allowed", [
+    frozenset(),
+    frozenset({(socket.AF_INET, socket.inet_aton("127.0.0.1"), 4222)}),
+    frozenset({(socket.AF_INET, socket.inet_aton("10.255.0.7"), 65535),  # a first byte over 127: a negative word
+               (socket.AF_INET, socket.inet_aton("192.168.1.2"), 4222),
+               (socket.AF_INET6, socket.inet_pton(socket.AF_INET6, "fd00::ffff:1"), 4222),
+               (socket.AF_INET6, socket.inet_pton(socket.AF_INET6, "::1"), 1)}),
+])
+def test_the_kernel_takes_the_filter_for_any_set_of_servers(allowed) -> None:
+    try:
+        fd = doorwall.load(allowed)
+    except doorwall.WallUnavailable as exc:
+        if any(reason in str(exc) for reason in NOT_HERE):
+            pytest.skip(f"no privilege to load a cgroup filter here: {exc}")
+        raise
+    os.close(fd)
+
+
+def test_the_groups_of_agents_gone_are_swept(tmp_path: Path) -> None:
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    (tmp_path / f"{doorwall.GROUP_PREFIX}{dead}").mkdir()
+    (tmp_path / f"{doorwall.GROUP_PREFIX}{os.getpid()}").mkdir()  # this agent's
+    (tmp_path / f"{doorwall.GROUP_PREFIX}1").mkdir()  # a running process's
+    (tmp_path / "other").mkdir()
+    assert doorwall.sweep(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{doorwall.GROUP_PREFIX}{os.getpid()}", f"{doorwall.GROUP_PREFIX}1", "other"])
+
+
+def test_a_node_that_cannot_fence_says_so(monkeypatch, caplog) -> None:
+    monkeypatch.setattr(cgroups, "cgroup2_mount", lambda: None)
+    with pytest.raises(doorwall.WallUnavailable, match="no cgroup v2"):
+        doorwall.DoorWall.start([("127.0.0.1", 4222)])
+    network = netns.for_node("/usr/bin/pasta", "nats://127.0.0.1:4222", {})
+    assert network.wall is None and "no cgroup v2" in network.wall_why_not
+    assert any("can be pointed at any port" in r.getMessage() for r in caplog.records)
+    box = sandbox.Sandbox("/usr/bin/bwrap", network=network)
+    (note,) = sandbox.isolation(box, None)["isolation_notes"]
+    assert "NATS socket can be pointed at any port" in note and "no cgroup v2" in note
