@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ DOOR = "/run/ember-nats"  # where a sandbox sees its door's folder
 DOOR_ENV = "EMBER_NATS_DOOR"  # the door's socket, inside the sandbox
 SOCKET_NAME = "nats.sock"
 ASK_TIMEOUT_S = 10.0
+# Connections one door makes: a burst (a zygote's replicas starting together), then one a second. Each is a socket
+# and a port of the node's (ephemeral ones are shared by every process of the node): a sandbox that asks on and
+# on is refused, not let use them up.
+ASK_BURST, ASK_PER_S = 64, 1.0
 NATS_DEFAULT_PORT = 4222
 Connect = Callable[[tuple[str, int]], Awaitable[socket.socket]]  # a NATS server -> a socket connected to it
 
@@ -63,6 +68,7 @@ class Door:
         self._servers = servers
         self._connect = connect
         self._tasks: set[asyncio.Task[None]] = set()
+        self._tokens, self._refilled = float(ASK_BURST), time.monotonic()
 
     @classmethod
     def open(cls, root: Path, servers: frozenset[tuple[str, int]], connect: Connect | None = None) -> Door:
@@ -107,6 +113,11 @@ class Door:
         loop = asyncio.get_running_loop()
         conn.setblocking(False)
         with conn:
+            if not self._take_token():
+                with contextlib.suppress(OSError):
+                    await loop.sock_sendall(conn, f"no more than {ASK_BURST} connections at once and one a second "
+                                                  "after".encode())
+                return
             try:
                 asked = await asyncio.wait_for(loop.sock_recv(conn, 512), ASK_TIMEOUT_S)
                 host, _, port = asked.decode().strip().rpartition(" ")
@@ -121,6 +132,15 @@ class Door:
             with tcp, contextlib.suppress(OSError):
                 conn.setblocking(True)
                 socket.send_fds(conn, [b"ok"], [tcp.fileno()])
+
+    def _take_token(self) -> bool:
+        now = time.monotonic()
+        self._tokens = min(float(ASK_BURST), self._tokens + (now - self._refilled) * ASK_PER_S)
+        self._refilled = now
+        if self._tokens < 1:
+            return False
+        self._tokens -= 1
+        return True
 
     @property
     def env(self) -> dict[str, str]:

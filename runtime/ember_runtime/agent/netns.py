@@ -88,6 +88,11 @@ class Network:
         """A socket connected to NATS server ``server`` for a sandbox's door: fenced where the node allows it."""
         return await (self.wall.connect(server) if self.wall is not None else natsdoor.plain(server))
 
+    def notes(self) -> list[str]:
+        """What this network lacks, for the node's status."""
+        return [f"a sandbox's NATS socket can be pointed at any port the agent reaches (its filter is off: "
+                f"{self.wall_why_not})"] if self.wall_why_not else []
+
     def close(self) -> None:
         """Stop what this network holds for the node (the door smith); the doors' sockets stay fenced."""
         if self.wall is not None:

@@ -130,12 +130,8 @@ class Sandbox:
             return [f"replicas run UNSANDBOXED: {self.why_not or 'sandboxes are off'}"]
         if self.network is None:
             return [f"replicas share the node's network: {self.network_why_not or 'no network namespace asked'}"]
-        notes = [] if self.own_for_all else \
-            ["replicas share the node's network, except block_network=True functions' (--sandbox-network node)"]
-        if self.network.wall_why_not:
-            notes.append(f"a sandbox's NATS socket can be pointed at any port the agent reaches (its filter is "
-                         f"off: {self.network.wall_why_not})")
-        return notes
+        shared = "replicas share the node's network, except block_network=True functions' (--sandbox-network node)"
+        return ([] if self.own_for_all else [shared]) + self.network.notes()
 
     @property
     def mode(self) -> str:

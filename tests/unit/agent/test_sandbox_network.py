@@ -169,12 +169,12 @@ def test_a_door_socket_pointed_elsewhere_reaches_nothing(networked, servers) -> 
     """The door's socket, disconnected and connected again to another port of the node (which the agent reaches),
     sends nothing: it was made in the door smith's cgroup, whose filter passes packets to NATS' servers only."""
     assert networked.network is not None
-    if networked.network.wall is None:
+    if networked.network.wall is None and not os.environ.get("EMBER_TEST_REQUIRE_FENCE"):
         pytest.skip(f"this node cannot fence door sockets: {networked.network.wall_why_not}")
     nats, other = servers
     found = _reach(networked, [("door", nats), (f"turn:{nats}", other), (f"turn:{nats}", nats)])
     assert found[0] == "ok"
-    assert found[1] in ("timeout", "EPERM"), found  # connected to the other port before the filter
+    assert found[1] == "EPERM", found  # connected to the other port before the fence
     assert found[2] == "ok"  # back to NATS, it is let through
     assert not sandbox.isolation(networked, None)["isolation_notes"]
 
