@@ -348,3 +348,18 @@ def test_nats_takes_clients_from_ember_alone_and_its_cluster_and_monitoring_port
     assert any(_matches(c["podSelector"], agent["spec"]["template"]["metadata"]["labels"])
                and c["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": agent["metadata"]
                                                              ["namespace"]} for c in clients)
+
+
+def test_node_agents_reach_no_cloud_metadata_service_and_everything_else() -> None:
+    """A sandbox whose NATS socket the agent cannot fence (this manifest's agent has no capability of the node)
+    reaches what the agent's pod reaches: never the node's credentials at the metadata service."""
+    policy, agent = find("NetworkPolicy", "agents-reach-no-metadata-service"), find("DaemonSet", "ember-agent")
+    assert policy["metadata"]["namespace"] == agent["metadata"]["namespace"]
+    assert _matches(policy["spec"]["podSelector"], agent["spec"]["template"]["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Egress"] and "ingress" not in policy["spec"]
+    (rule,) = policy["spec"]["egress"]
+    assert "ports" not in rule  # every port of what is allowed: NATS, DNS, the internet
+    blocks = {peer["ipBlock"]["cidr"]: set(peer["ipBlock"]["except"]) for peer in rule["to"]}
+    assert set(blocks) == {"0.0.0.0/0", "::/0"}
+    assert {"169.254.169.254/32", "100.100.100.200/32", "168.63.129.16/32"} <= blocks["0.0.0.0/0"]
+    assert "169.254.20.10/32" not in blocks["0.0.0.0/0"] and "fd00:ec2::254/128" in blocks["::/0"]
