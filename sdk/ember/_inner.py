@@ -222,6 +222,7 @@ def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest
     if op.method == "POST" and len(parts) == 3 and parts[0] == "v1":
         return _invoke(parts[1], parts[2], op, caller, timeout_s)
     if op.method == "POST" and len(parts) == 4 and parts[0] == "v1" and parts[3] == "spawn":
+        _refuse_if_cancelled(caller, f"{parts[1]}.{parts[2]}")
         key = op.headers.get(_client.IDEMPOTENCY_HEADER)
         return RelaySpawn(app=parts[1], function=parts[2], input=msgspec.Raw(op.content or b"null"),
                           timeout_s=timeout_s, idempotency_key=key), SUBMIT_WAIT_S
@@ -235,9 +236,7 @@ def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest
 
 def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
             timeout_s: float | None) -> tuple[RelayRequest, float]:
-    if caller is not None and caller.cancelled.is_set():  # its result is dropped: no call is made for it
-        raise CallCancelledError(f"this call was cancelled: it makes no more calls (of {app}.{function})",
-                                 call_id=caller.call_id)
+    _refuse_if_cancelled(caller, f"{app}.{function}")
     deadline = caller.deadline if caller is not None else math.inf
     if timeout_s is not None:
         deadline = min(deadline, time.time() + timeout_s)
@@ -253,6 +252,14 @@ def _invoke(app: str, function: str, op: Op[Any], caller: CallContext | None,
                           caller_call_ids=list(caller.call_ids) if caller is not None and len(caller.call_ids) > 1
                           else [])
     return request, left if math.isfinite(left) else NO_DEADLINE_WAIT_S
+
+
+def _refuse_if_cancelled(caller: CallContext | None, target: str) -> None:
+    """A cancelled call's result is dropped: it makes no more calls, spawned ones included (the work it would
+    start is work its caller gave up)."""
+    if caller is not None and caller.cancelled.is_set():
+        raise CallCancelledError(f"this call was cancelled: it makes no more calls (of {target})",
+                                 call_id=caller.call_id)
 
 
 def _timeout(op: Op[Any]) -> float | None:
