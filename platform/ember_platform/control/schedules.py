@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import msgspec
@@ -59,6 +59,7 @@ from ember.wire.schedules import (
 from ember_platform.calls.durable import Calls, Submission
 from ember_platform.control.schedule_runs import RunWatch
 from ember_platform.control.schedule_writes import TickSubmitter, Write, write_states
+from ember_platform.metrics import series
 
 log = logging.getLogger("ember.schedules")
 _state_decoder = msgspec.json.Decoder(ScheduleState)
@@ -79,6 +80,17 @@ class ScheduleMetrics:
                             "not be queued), run (asked for).", ("app", "status"), registry=self.registry)
         self.lag = Histogram("ember_schedule_lag_seconds", "Time from a tick to the start of its run (its call "
                              "marked running by a replica).", ("app",), buckets=LAG_BUCKETS, registry=self.registry)
+        self._generation = -1
+
+    def follow(self, generation: int, deployed: Callable[[], Collection[str]]) -> None:
+        """Drop the series of the apps no longer ``deployed``, when the deployments changed (``generation``)."""
+        if generation == self._generation:
+            return
+        self._generation = generation
+        apps = set(deployed())
+        series.remove([self.runs], {labels for labels, _ in series.of(self.runs, ("app", "status"))
+                                    if labels[0] not in apps})
+        series.remove([self.lag], {labels for labels, _ in series.of(self.lag, ("app",)) if labels[0] not in apps})
 
 
 Scheduled = tuple[Deployment, str, ScheduleSpec]  # the deployment, the function, its schedule

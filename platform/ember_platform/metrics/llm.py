@@ -1,13 +1,16 @@
 """Language models' figures on the gateway, under the names vLLM's users know: time to first token, inter-token
 latency, prompt and generation tokens (``rate(vllm:generation_tokens_total[1m])`` is tokens/s), and the requests
-running now, by ``model_name`` (and ``app``, which decides who sees them: see ``scrape``)."""
+running now, by ``model_name`` (and ``app``, which decides who sees them: see ``scrape``). A model no deployed version
+serves any more (its app deleted, the model renamed) loses its series once none of its requests runs (``follow``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ember_platform.metrics import series
 from ember_platform.metrics.calls import LATENCY_BUCKETS
 
 LABELS = ("model_name", "app")
@@ -26,6 +29,22 @@ class LlmMetrics:
                                  registry=self.registry)
         self.running = Gauge("vllm:num_requests_running", "Requests being answered now.", LABELS,
                              registry=self.registry)
+        self._generation = -1  # the deployments' generation ``follow`` last pruned for
+        self._left: set[tuple[str, ...]] = set()  # series kept then for their running requests
+
+    def follow(self, generation: int, served: Callable[[], set[tuple[str, str]]]) -> None:
+        """Drop the series of the (model, app) pairs ``served`` no longer has, but those whose requests still run
+        (dropped at a later call, once they ended); only when the deployments changed (``generation``) or such
+        series were left."""
+        if generation == self._generation and not self._left:
+            return
+        self._generation = generation
+        keep = served()
+        running = {labels for labels, value in series.of(self.running, LABELS) if value > 0}
+        families = (self.ttft, self.itl, self.generated, self.running)
+        gone = {labels for family in families for labels, _ in series.of(family, LABELS)} - keep
+        self._left = gone & running
+        series.remove(families, gone - running)
 
 
 class LlmTimer:
