@@ -39,7 +39,7 @@ SOCKET_NAME = "nats.sock"
 ASK_TIMEOUT_S = 10.0
 # Connections one door makes: a burst (a zygote's replicas starting together), then one a second. Each is a socket
 # and a port of the node's (ephemeral ones are shared by every process of the node): a sandbox that asks on and
-# on is refused, not let use them up.
+# on is refused, not let use them up. An ask that made no socket (NATS down, replicas trying again) costs nothing.
 ASK_BURST, ASK_PER_S = 64, 1.0
 NATS_DEFAULT_PORT = 4222
 Connect = Callable[[tuple[str, int]], Awaitable[socket.socket]]  # a NATS server -> a socket connected to it
@@ -126,6 +126,7 @@ class Door:
                     raise ValueError(f"{host}:{port} is not a NATS server of this node")
                 tcp = await asyncio.wait_for(self._connect(server), ASK_TIMEOUT_S)
             except (OSError, ValueError, UnicodeError, TimeoutError) as exc:
+                self._tokens = min(float(ASK_BURST), self._tokens + 1)  # no socket made: none held (NATS down)
                 with contextlib.suppress(OSError):
                     await loop.sock_sendall(conn, f"no {exc}".encode()[:400])
                 return

@@ -38,8 +38,8 @@ class LlmMetrics:
         series were left."""
         if generation == self._generation and not self._left:
             return
-        self._generation = generation
         keep = served()
+        self._generation = generation
         running = {labels for labels, value in series.of(self.running, LABELS) if value > 0}
         families = (self.ttft, self.itl, self.generated, self.running)
         gone = {labels for family in families for labels, _ in series.of(family, LABELS)} - keep

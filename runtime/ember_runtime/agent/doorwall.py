@@ -34,6 +34,7 @@ from ember_runtime.agent import bpf, cgroups, doorsmith
 log = logging.getLogger("ember.agent")
 GROUP_PREFIX = "ember-doors-"  # <the agent's cgroup>/ember-doors-<agent pid>: the smith's group
 READY_TIMEOUT_S = 10.0  # the smith's interpreter starts in tens of milliseconds
+MAX_ADDRESSES = 256  # the NATS servers' addresses the fence holds, at most (it keeps those of sockets made before)
 BOTH = (socket.AF_INET, socket.AF_INET6)
 # (program type, attach point, the families whose servers' addresses it holds: none, it refuses everything)
 HOOKS = ((bpf.CGROUP_SKB, bpf.INET_EGRESS, BOTH), (bpf.CGROUP_SKB, bpf.INET_INGRESS, BOTH),
@@ -97,6 +98,8 @@ class DoorWall:
         self._allowed = allowed
         self._smith = smith
         self._channel = channel
+        self._restarting: asyncio.Future[tuple[subprocess.Popen[bytes], socket.socket]] | None = None
+        self._closed = False
 
     @classmethod
     def start(cls, servers: Iterable[tuple[str, int]]) -> DoorWall:
@@ -131,16 +134,19 @@ class DoorWall:
 
     def check(self) -> None:
         """The fence holds: the smith's connection to a port of this agent's own (no NATS server) is refused."""
-        with socket.create_server(("127.0.0.1", 0)) as bait:
-            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            with mine:
-                with theirs:
-                    socket.send_fds(self._channel, [f"{socket.AF_INET} 127.0.0.1 {bait.getsockname()[1]}".encode()],
-                                    [theirs.fileno()])
-                mine.settimeout(READY_TIMEOUT_S)
-                message, fds, _, _ = socket.recv_fds(mine, 512, 1)
-            for fd in fds:
-                os.close(fd)
+        try:
+            with socket.create_server(("127.0.0.1", 0)) as bait:
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                with mine:
+                    with theirs:
+                        socket.send_fds(self._channel, [f"{socket.AF_INET} 127.0.0.1 {bait.getsockname()[1]}".encode()],
+                                        [theirs.fileno()])
+                    mine.settimeout(READY_TIMEOUT_S)
+                    message, fds, _, _ = socket.recv_fds(mine, 512, 1)
+                for fd in fds:
+                    os.close(fd)
+        except OSError as exc:  # no IPv4 loopback, the smith gone or silent
+            raise WallUnavailable(f"the door sockets' fence could not be checked: {exc}") from exc
         if fds or f"[Errno {errno.EPERM}]".encode() not in message:
             raise WallUnavailable(f"the door sockets' filter does not hold here (a port not NATS': "
                                   f"{'connected' if fds else message.decode(errors='replace')})")
@@ -148,17 +154,22 @@ class DoorWall:
     async def connect(self, server: tuple[str, int]) -> socket.socket:
         """A TCP socket connected to NATS server ``server`` (a ``(host, port)`` of the node's NATS URL), made by the
         smith. Where ``server`` resolves to an address the fence does not hold (a name that resolves anew), the
-        fence is made again for what the node's servers resolve to now."""
+        fence is made again with it added: it only grows (a socket the smith made to an address a later lookup no
+        longer gives keeps working), up to ``MAX_ADDRESSES``, past which it is what the servers resolve to now."""
+        if self._closed:
+            raise OSError("the door smith was stopped")
         loop = asyncio.get_running_loop()
         entries = [(family, address) for family, _, _, _, address in
                    await loop.getaddrinfo(*server, type=socket.SOCK_STREAM)]
         if new := {_entry(family, address) for family, address in entries} - self._allowed:
             now = await asyncio.to_thread(allowed_of, self._servers)
+            grown = self._allowed | now | new  # read after the wait: two rebuilds at once both keep the other's
+            grown = grown if len(grown) <= MAX_ADDRESSES else now | new
             try:
-                fence(self.group, now | new, servers_only=True)
+                fence(self.group, grown, servers_only=True)
             except WallUnavailable as exc:
                 raise OSError(str(exc)) from exc
-            self._allowed = now | new
+            self._allowed = grown
         last: OSError = OSError(f"{server[0]} did not resolve")
         for family, address in entries:
             try:
@@ -169,17 +180,12 @@ class DoorWall:
 
     async def _made(self, family: int, host: str, port: int) -> socket.socket:
         loop = asyncio.get_running_loop()
-        if self._smith.poll() is not None:  # out of threads or memory, or signalled: the doors need it
-            log.warning("the door smith exited (%s); starting it again", self._smith.returncode)
-            self._channel.close()
-            try:
-                self._smith, self._channel = _start_smith(self.group)
-            except WallUnavailable as exc:
-                raise OSError(str(exc)) from exc
+        while self._smith.poll() is not None:  # out of threads or memory, or signalled: the doors need it
+            await self._restart()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with mine:
             with theirs:
-                await _send_fds(loop, self._channel, f"{family} {host} {port}".encode(), theirs.fileno())
+                await _send_fds(self._channel, f"{family} {host} {port}".encode(), theirs.fileno())
             mine.setblocking(False)
             await hostpid.readable(loop, mine)
             message, fds, _, _ = socket.recv_fds(mine, 512, 1)
@@ -190,8 +196,26 @@ class DoorWall:
         tcp.setblocking(False)
         return tcp
 
+    async def _restart(self) -> None:
+        """Start the smith again (off the loop: it waits for the new one's word), once for every connect waiting."""
+        if self._restarting is None:
+            log.warning("the door smith exited (%s); starting it again", self._smith.returncode)
+            self._restarting = asyncio.ensure_future(asyncio.to_thread(_start_smith, self.group))
+        restarting = self._restarting
+        try:
+            smith, channel = await asyncio.shield(restarting)
+        except WallUnavailable as exc:
+            raise OSError(str(exc)) from exc
+        finally:
+            if self._restarting is restarting:
+                self._restarting = None
+        if self._channel is not channel:
+            self._channel.close()
+            self._smith, self._channel = smith, channel
+
     def close(self) -> None:
         """Stop the smith and remove its group (the sockets it made stay fenced: they hold the group's programs)."""
+        self._closed = True
         self._channel.close()
         try:
             self._smith.wait(timeout=5)
@@ -202,24 +226,18 @@ class DoorWall:
             self.group.rmdir()
 
 
-async def _send_fds(loop: asyncio.AbstractEventLoop, channel: socket.socket, message: bytes, fd: int) -> None:
-    """``socket.send_fds`` on a non-blocking ``channel``, waiting (on the loop) while its buffer is full."""
+async def _send_fds(channel: socket.socket, message: bytes, fd: int) -> None:
+    """``socket.send_fds`` on a non-blocking ``channel``; while its buffer is full (hundreds of requests waiting on
+    the smith), again a moment later. Polled, not a writer callback: the loop keeps one writer per descriptor, and
+    several connects may wait at once."""
+    pause = 0.001
     while True:
         try:
             socket.send_fds(channel, [message], [fd])
             return
         except BlockingIOError:
-            ready: asyncio.Future[None] = loop.create_future()
-            loop.add_writer(channel.fileno(), _wake, ready)
-            try:
-                await ready
-            finally:
-                loop.remove_writer(channel.fileno())
-
-
-def _wake(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
 
 
 def _start_smith(group: Path) -> tuple[subprocess.Popen[bytes], socket.socket]:

@@ -132,6 +132,45 @@ def test_a_name_that_resolves_anew_is_let_through(servers) -> None:
         wall.close()
 
 
+def _echo_server() -> socket.socket:
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn = server.accept()[0]
+                threading.Thread(target=lambda c=conn: [c.sendall(b) for b in iter(lambda: c.recv(64), b"")],
+                                 daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server
+
+
+def test_the_fence_only_grows_a_socket_made_before_keeps_working(monkeypatch) -> None:
+    """A rebuild (a name resolving to a new address) keeps the addresses of sockets made before, even when a later
+    lookup does not give them (DNS answering subsets, a lookup that failed): their packets would be dropped."""
+    echo = _echo_server()
+    nats = echo.getsockname()[:2]
+    wall = _wall([nats])
+
+    async def go() -> bytes:
+        made = await wall.connect(nats)
+        monkeypatch.setattr(doorwall, "allowed_of", lambda servers: frozenset())  # the next lookup gives nothing
+        with contextlib.suppress(OSError):
+            (await wall.connect(("127.0.0.2", nats[1]))).close()  # a new address: the fence is made again
+        with made:
+            made.setblocking(True)
+            made.settimeout(2)
+            made.sendall(b"still")
+            return made.recv(5)
+
+    try:
+        assert asyncio.run(go()) == b"still"
+    finally:
+        wall.close()
+        echo.close()
+
+
 def test_the_smith_refuses_what_does_not_connect(servers) -> None:
     wall = _wall([])
     closed = socket.create_server(("127.0.0.1", 0))
@@ -191,13 +230,17 @@ def test_a_fence_that_does_not_hold_is_not_used(monkeypatch) -> None:
 
 
 def test_a_door_makes_a_burst_of_connections_then_one_a_second(servers) -> None:
-    """Each is a socket and a port of the node's: a sandbox asking on and on is refused, not let use them up."""
+    """Each is a socket and a port of the node's: a sandbox asking on and on is refused, not let use them up; an
+    ask that made none (NATS down while replicas try again) costs nothing."""
     nats = servers[0].getsockname()[:2]
 
     async def go(tmp: Path) -> list[str]:
         door = natsdoor.Door.open(tmp, frozenset({nats}))
         found = []
         try:
+            for _ in range(natsdoor.ASK_BURST * 2):  # refused asks made no socket: they cost nothing
+                with pytest.raises(ConnectionRefusedError, match="not a NATS server"):
+                    await natsdoor.ask(str(door.folder / natsdoor.SOCKET_NAME), nats[0], nats[1] + 1)
             for _ in range(natsdoor.ASK_BURST + 1):
                 try:
                     (await natsdoor.ask(str(door.folder / natsdoor.SOCKET_NAME), *nats)).close()
