@@ -225,7 +225,9 @@ def relay_request(op: Op[Any], caller: CallContext | None) -> tuple[RelayRequest
         _refuse_if_cancelled(caller, f"{parts[1]}.{parts[2]}")
         key = op.headers.get(_client.IDEMPOTENCY_HEADER)
         return RelaySpawn(app=parts[1], function=parts[2], input=msgspec.Raw(op.content or b"null"),
-                          timeout_s=timeout_s, idempotency_key=key), SUBMIT_WAIT_S
+                          timeout_s=timeout_s, idempotency_key=key,
+                          caller_call_ids=list(caller.call_ids or [caller.call_id]) if caller is not None else []
+                          ), SUBMIT_WAIT_S
     if len(parts) == 3 and parts[:2] == ["v1", "calls"] and op.method == "GET":
         wait_s = float(op.params.get("wait", 0))
         return RelayRecord(call_id=parts[2], wait_s=wait_s), wait_s + SUBMIT_WAIT_S

@@ -135,6 +135,11 @@ class Lineage:
         while self._gone and next(iter(self._gone.values())) < since:
             self._gone.popitem(last=False)
 
+    def all_cancelled(self, app: str, call_ids: list[str]) -> bool:
+        """Whether every one of ``app``'s calls ``call_ids`` was cancelled lately (none given: False)."""
+        keys = {(app, call_id) for call_id in call_ids if call_id}
+        return bool(keys) and all(self._was_gone(key) for key in keys)
+
     def was_cancelled(self, task: asyncio.Task[object] | None) -> bool:
         """Whether ``task`` was cancelled by :meth:`cancel` (its caller is answered ``cancelled``)."""
         return task is not None and task in self._cancelled

@@ -23,8 +23,8 @@ from starlette.responses import Response
 
 from ember._errors import EmberError
 from ember_platform.gateway.guard import Endpoint, principal_of
-from ember_platform.gateway.openai_api import models_of
 from ember_platform.gateway.responses import platform_of
+from ember_platform.metrics.llm import served_models
 from ember_platform.metrics.scrape import CONTENT_TYPE, state_families, text
 
 
@@ -34,8 +34,7 @@ async def metrics(request: Request) -> Response:
     counted = platform.call_metrics
     counted.follow(platform.registry.deployments)
     deployments = platform.registry.deployments
-    platform.llm_metrics.follow(deployments.generation, lambda: {(model, app) for model, (app, _, _)
-                                                                 in models_of(platform).items()})
+    platform.llm_metrics.follow(deployments.generation, lambda: served_models(deployments.items))
     platform.schedules.metrics.follow(deployments.generation, lambda: deployments.items.keys())
     body = await asyncio.to_thread(text, platform, state_families(platform, sees), sees, counted.running)
     return Response(body, media_type=CONTENT_TYPE)

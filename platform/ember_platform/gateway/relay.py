@@ -301,6 +301,9 @@ class Relay:
 
     async def _spawn(self, caller: Caller, req: RelaySpawn) -> bytes:
         dep, _, fn = self._target(caller, req.app, req.function, sync=False)
+        if self.lineage.all_cancelled(caller.app, req.caller_call_ids):  # its cancel passed the request on the way
+            raise CallCancelledError(f"the call spawning {dep.app}.{fn.name} was cancelled: it spawns nothing",
+                                     call_id=req.caller_call_ids[0])
         deadline = math.inf
         if req.timeout_s is not None:
             if not 0 < req.timeout_s < math.inf:

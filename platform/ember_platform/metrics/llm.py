@@ -6,10 +6,11 @@ serves any more (its app deleted, the model renamed) loses its series once none 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from ember.wire import Deployment
 from ember_platform.metrics import series
 from ember_platform.metrics.calls import LATENCY_BUCKETS
 
@@ -45,6 +46,13 @@ class LlmMetrics:
         gone = {labels for family in families for labels, _ in series.of(family, LABELS)} - keep
         self._left = gone & running
         series.remove(families, gone - running)
+
+
+def served_models(deployments: Mapping[str, Deployment]) -> set[tuple[str, str]]:
+    """(model, app) of every model a version taking calls serves (``openai=``)."""
+    return {(fn.openai, app) for app, dep in deployments.items() for share in dep.serving()
+            if (at := dep.at(share.version)) is not None
+            for svc in at.manifest.services for fn in svc.functions if fn.openai}
 
 
 class LlmTimer:

@@ -46,6 +46,9 @@ class RelaySpawn(msgspec.Struct, frozen=True, kw_only=True, tag="spawn"):
     input: msgspec.Raw
     timeout_s: float | None = None
     idempotency_key: str | None = None
+    # The calls the spawning code serves (a batch's: all of them): refused once every one of them was cancelled.
+    # Empty: outside any call (and from older SDKs).
+    caller_call_ids: CallerIds = []
 
 
 class RelayRecord(msgspec.Struct, frozen=True, kw_only=True, tag="record"):

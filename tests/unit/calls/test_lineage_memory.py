@@ -103,3 +103,14 @@ def test_a_batchs_call_made_after_some_of_its_calls_were_cancelled_waits_for_the
     with pytest.raises(TimeoutError):
         _run_after_cancels(lineage, [("a", "x")], ("a", "x", "y"))
     assert _run_after_cancels(lineage, [("a", "y")], ("a", "x", "y")) == "cancelled"
+
+
+def test_a_spawn_is_refused_once_every_call_its_code_serves_was_cancelled() -> None:
+    """A spawn holds no call: the relay asks whether all the calls the spawning code serves were cancelled."""
+    lineage = Lineage()
+    lineage.cancel("a", "c1")
+    assert lineage.all_cancelled("a", ["c1"])
+    assert not lineage.all_cancelled("a", ["c1", "c2"])  # a batch runs on for c2
+    assert not lineage.all_cancelled("b", ["c1"]) and not lineage.all_cancelled("a", [])
+    lineage.cancel("a", "c2")
+    assert lineage.all_cancelled("a", ["c1", "c2"])

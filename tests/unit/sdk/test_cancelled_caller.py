@@ -26,7 +26,7 @@ def test_a_cancelled_call_makes_no_more_calls() -> None:
 def test_a_cancelled_call_spawns_nothing() -> None:
     caller = _inner.CallContext(app="a", function="Model.f", call_id="c2", deadline=math.inf)
     request, _ = _inner.relay_request(spawn_op("b", "h", b"1"), caller)
-    assert isinstance(request, RelaySpawn)
+    assert isinstance(request, RelaySpawn) and request.caller_call_ids == ["c2"]  # the control plane checks too
     caller.cancelled.set()
     with pytest.raises(CallCancelledError, match=r"no more calls \(of b\.h\)") as raised:
         _inner.relay_request(spawn_op("b", "h", b"1"), caller)

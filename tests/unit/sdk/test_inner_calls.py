@@ -54,7 +54,8 @@ def test_a_call_with_no_time_left_is_refused_before_it_is_sent() -> None:
 
 def test_spawns_records_and_cancels_become_their_relay_requests() -> None:
     spawn, _ = _inner.relay_request(spawn_op("b", "h", b"2", timeout_s=9, idempotency_key="k"), _serving())
-    assert spawn == RelaySpawn(app="b", function="h", input=msgspec.Raw(b"2"), timeout_s=9.0, idempotency_key="k")
+    assert spawn == RelaySpawn(app="b", function="h", input=msgspec.Raw(b"2"), timeout_s=9.0, idempotency_key="k",
+                           caller_call_ids=["c1"])  # the call its code serves: the control plane checks it
     record, wait_s = _inner.relay_request(record_op("c9", wait_s=12), None)
     assert record == RelayRecord(call_id="c9", wait_s=12.0) and wait_s > 12
     assert _inner.relay_request(cancel_op("c9"), None)[0] == RelayCancel(call_id="c9")
