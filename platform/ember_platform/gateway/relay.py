@@ -89,6 +89,7 @@ from ember_platform.calls.router import Router
 from ember_platform.calls.streams import CallStream, Streams
 from ember_platform.control.registry import Registry
 from ember_platform.gateway.body import Validators
+from ember_platform.gateway.fresh_reads import FreshReads
 from ember_platform.quotas.limiter import Limiter
 
 log = logging.getLogger("ember.relay")
@@ -153,6 +154,7 @@ class Relay:
         self._streams = streams
         self._assignments_kv = assignments
         self._assignments = KVMirror(assignments, assignment_decoder.decode, on_change=self._index)
+        self._fresh = FreshReads(self._read_assignments)  # for a replica the mirror does not know yet
         self._slots: dict[str, SlotAssignment] = {}  # replica id -> its slot, for every node's assignment
         self._of_node: dict[str, list[str]] = {}  # node id -> the replica ids of its assignment
         self._sub: Subscription | None = None
@@ -397,14 +399,18 @@ class Relay:
         return self._slots.get(replica_id)
 
     async def _fresh_slot(self, replica_id: str) -> SlotAssignment | None:
-        """Read the assignments again: this control plane's mirror may not have seen a replica just assigned."""
+        """Read the assignments again: this control plane's mirror may not have seen a replica just assigned. One
+        read for every request that waits on it (``FreshReads``), not one each."""
+        return _find(await self._fresh.fresh(), replica_id)
+
+    async def _read_assignments(self) -> list[NodeAssignment]:
         found: list[NodeAssignment] = []
         with contextlib.suppress(Exception):
             for key in await self._assignments_kv.keys():
                 entry = await self._assignments_kv.get(key)
                 if entry.value:
                     found.append(assignment_decoder.decode(entry.value))
-        return _find(found, replica_id)
+        return found
 
 
 def _answerable(msg: Msg) -> bool:
