@@ -9,19 +9,18 @@ Where this machine's kernel allows no sandbox, the platform runs replicas unsand
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import uuid
 from contextlib import closing
 from pathlib import Path
 
 import msgspec
 import pytest
+from support.listeners import accepting
 from support.polling import wait_for
 from support.streams import read_lines
 
@@ -282,20 +281,6 @@ def serve() -> dict:
 OUTSIDE = ("203.0.113.1", 9)  # TEST-NET-3: an address out on the internet (nothing answers there)
 
 
-def _listening(host: str) -> socket.socket:
-    """A plain TCP server of the node's own (what a replica must not reach), accepting until the test ends."""
-    server = socket.create_server((host, 0))
-    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
-    return server
-
-
-def _accept_all(server: socket.socket) -> None:
-    """Accept and close each connection until the server is closed."""
-    with contextlib.suppress(OSError):
-        while True:
-            server.accept()[0].close()
-
-
 def _node_address() -> str | None:
     """This node's address on its default route (not loopback); None where it has none."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
@@ -346,7 +331,7 @@ def test_a_replica_reaches_nats_and_nothing_else_of_the_node(tmp_path, transport
         deploy(tmp_path / "net" / "netprobe.py", transport=tenant, timeout_s=180)
     deploy(tmp_path / "srv" / "server.py", transport=transport, timeout_s=180)
     _fork_from_zygotes(transport, mine, ("Open", "Sealed"))  # each shares its zygote's sandbox and network
-    loopback, everywhere = _listening("127.0.0.1"), _listening("0.0.0.0")
+    loopback, everywhere = accepting("127.0.0.1"), accepting("0.0.0.0")
     try:
         served = http.post(f"/v1/{theirs}/serve", json={})
         assert served.status_code == 200, served.text

@@ -19,23 +19,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support.listeners import accepting
 
 from ember_runtime import natsdoor
 from ember_runtime.agent import bpf, cgroups, doorwall, netns, sandbox
 
 EPERM = os.strerror(1)
-
-
-def _server(family: int = socket.AF_INET) -> socket.socket:
-    server = socket.create_server(("::1" if family == socket.AF_INET6 else "127.0.0.1", 0), family=family)
-    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
-    return server
-
-
-def _accept_all(server: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while True:
-            server.accept()[0].close()
 
 
 def _has_ipv6_loopback() -> bool:
@@ -49,7 +38,7 @@ def _has_ipv6_loopback() -> bool:
 @pytest.fixture
 def servers() -> Iterator[list[socket.socket]]:
     """NATS' stand-ins (IPv4, and IPv6 where the loopback has it) and another service of the node."""
-    made = [_server(), _server()] + ([_server(socket.AF_INET6)] if _has_ipv6_loopback() else [])
+    made = [accepting(), accepting()] + ([accepting("::1", socket.AF_INET6)] if _has_ipv6_loopback() else [])
     yield made
     for each in made:
         each.close()

@@ -15,12 +15,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import pytest
+from support.listeners import accepting
 from support.polling import wait_for
 from support.procs import gone
 
@@ -74,23 +74,10 @@ print(json.dumps([reach(h, p) for h, p in json.loads(sys.argv[1])]))
 """
 
 
-def _server() -> socket.socket:
-    server = socket.create_server(("127.0.0.1", 0))
-    threading.Thread(target=_accept_all, args=(server,), daemon=True).start()
-    return server
-
-
-def _accept_all(server: socket.socket) -> None:
-    """Accept and close each connection until the server is closed."""
-    with contextlib.suppress(OSError):
-        while True:
-            server.accept()[0].close()
-
-
 @pytest.fixture
 def servers() -> Iterator[tuple[int, int]]:
     """Two servers on the node's loopback: one stands for NATS (forwarded), the other for any other service."""
-    nats, other = _server(), _server()
+    nats, other = accepting(), accepting()
     yield nats.getsockname()[1], other.getsockname()[1]
     nats.close()
     other.close()
