@@ -181,7 +181,8 @@ class Calls:
         """Drop every queue of a deleted app: its event streams (those of the functions of ``manifests``, its
         versions kept), every consumer that takes its calls, and each call waiting in any of its queues (of every
         function it ever had, pinned to a version or not), marked ``cancelled`` first, saying that the app was
-        deleted: no record stays "queued" until it expires. Never another app's queues. Final records are kept (they
+        deleted: no record stays "queued" until it expires; and its dead letters (their inputs: whoever deploys an app
+        of that name next would read and replay them). Never another app's queues. Final records are kept (they
         expire with the bucket's TTL)."""
         for name in sorted({fn.name for m in manifests for svc in m.services for fn in svc.functions if fn.on}):
             with contextlib.suppress(JsNotFound):
@@ -190,6 +191,8 @@ class Calls:
             await retire.delete_consumer(self._js, subjects.CALLS_STREAM, consumer)
         await retire.cancel_waiting(self._js, self.store, app, retire.app_queues(app),
                                     f"the app {app!r} was deleted before the call finished")
+        with contextlib.suppress(JsNotFound):
+            await self._js.purge_stream(subjects.DEAD_STREAM, subject=subjects.dead_of_app(app))
 
     async def retire_function(self, app: str, function: str, reason: str, *, spare: Spare | None = None,
                               events: bool = False) -> retire.Walked:
