@@ -214,6 +214,21 @@ def test_a_bootstrap_token_revoked_long_ago_stays_revoked_when_its_file_is_given
     _store_test(nats_url, StorageLimits(), body)
 
 
+def test_a_bootstrap_tokens_spoiled_record_is_written_again_from_its_file(nats_url: str):
+    """A value that is no token's record under its key (a server's acknowledgement, stored there through a replica's
+    reply subject) stopped every control plane's start (a decode error out of ``bootstrap``)."""
+    token = new_token()
+    token_id = parse_token(token)[0]  # type: ignore[index]
+
+    async def body(store: TokenStore) -> None:
+        await store.ensure_admin(token, "bootstrap")
+        await store._kv.put(token_id, b'{"stream":"KV_ember_calls","seq":7}')
+        await store.ensure_admin(token, "bootstrap")  # the next start, given the same file
+        assert store.authenticate(f"Bearer {token}").token_id == token_id
+
+    _store_test(nats_url, StorageLimits(), body)
+
+
 def test_a_full_token_bucket_refuses_a_new_token_with_a_503(nats_url: str):
     async def body(store: TokenStore) -> int:
         created = 0

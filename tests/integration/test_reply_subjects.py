@@ -100,3 +100,31 @@ def test_a_servers_empty_answer_sent_into_a_deployment_or_an_assignment_removes_
     assert scaled.status_code == 200, scaled.text
     stored = asyncio.run(kv_value(platform.nats_url, subjects.DEPLOYMENTS_BUCKET, "hello"))
     assert stored and msgspec.json.decode(stored, type=Deployment).app == "hello"
+
+
+def test_a_key_spoiled_through_a_reply_subject_is_written_back(platform, http, deployed):
+    """The primitive the permissions cannot stop (see the module's docstring): the server's acknowledgement of the
+    replica's own write, stored under a token's and a quota's key. A control plane's mirror kept the good values and
+    writes them back, so that a control plane started later reads a token and a quota, not a server's answer (it read
+    neither before: the token refused, the quota gone)."""
+    made = http.post("/v1/tokens", json={"scopes": ["deploy"], "apps": ["spoil-x*"], "name": "spoiled"})
+    assert made.status_code == 201, made.text
+    token, token_id = made.json()["token"], made.json()["info"]["id"]
+    quota = f"spoil-{secrets.token_hex(4)}"
+    assert http.put(f"/v1/quotas/{quota}", json={"apps": "spoil-x*", "rate_per_s": 5}).status_code == 200
+    deployed(REPO / "tests" / "apps" / "intruder" / "intruder.py")
+    targets = {subjects.TOKENS_BUCKET: token_id, subjects.QUOTAS_BUCKET: quota}
+
+    seen = http.post("/v1/intruder/spoil_with_acks", json=[f"$KV.{bucket}.{key}" for bucket, key in targets.items()],
+                     timeout=180).json()
+    assert all(said.startswith("no error") for said in seen.values()), seen  # the publish itself is its own
+
+    def whole() -> bool:
+        values = {b: asyncio.run(kv_value(platform.nats_url, b, k)) for b, k in targets.items()}
+        return all(v is not None and b'"stream"' not in v for v in values.values()) and \
+            json.loads(values[subjects.TOKENS_BUCKET] or b"{}")["info"]["id"] == token_id and \
+            json.loads(values[subjects.QUOTAS_BUCKET] or b"{}").get("rate_per_s") == 5
+    wait_for(whole, timeout_s=30, what="the spoiled token and quota written back")
+    assert http.get("/v1/tokens/self", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+    http.delete(f"/v1/quotas/{quota}")
+    http.delete(f"/v1/tokens/{token_id}")

@@ -50,7 +50,7 @@ class TokenStore:
     def __init__(self, kv: KeyValue, *, enabled: bool = True) -> None:
         self.enabled = enabled
         self._kv = kv
-        self.mirror: KVMirror[StoredToken] = KVMirror(kv, _decoder.decode)
+        self.mirror: KVMirror[StoredToken] = KVMirror(kv, _decoder.decode, heal=encoder.encode)
         self._principals: dict[str, tuple[StoredToken, Principal]] = {}
         self._collector: asyncio.Task[None] | None = None
 
@@ -146,10 +146,15 @@ class TokenStore:
         token_id, secret = parse_token(token) or ("", "")
         digest = secret_digest(secret)
         info = TokenInfo(id=token_id, name=name, scopes=["admin"], apps=["*"], created_at=time.time())
-        if await self._create(StoredToken(info=info, secret_sha256=digest, bootstrap=True)):
+        record = StoredToken(info=info, secret_sha256=digest, bootstrap=True)
+        if await self._create(record):
             log.info("bootstrap token %s recorded", token_id)
             return
-        existing = await self._read(token_id)
+        try:
+            existing = await self._read(token_id)
+        except msgspec.DecodeError:  # no token's record: a server's answer stored there (see ``KVMirror``)
+            await self._write_over_spoiled(record)
+            return
         if existing is None or not hmac.compare_digest(existing.secret_sha256, digest):
             raise ValueError(f"the bootstrap token's id {token_id} belongs to another token: write a new one")
         if not existing.bootstrap:  # recorded before records said so: marked, so that the collector keeps it
@@ -157,6 +162,15 @@ class TokenStore:
         if existing.revoked_at is not None:
             log.warning("the bootstrap token %s was revoked; it stays revoked (write a new token to the file)",
                         token_id)
+
+    async def _write_over_spoiled(self, record: StoredToken) -> None:
+        """The bootstrap file's record, written over a value that is no token's record: the file is what the
+        installation's operator holds (else the control plane would not start, and nobody could mend it)."""
+        entry = await self._kv.get(record.info.id)
+        revision = await self._kv.update(record.info.id, encoder.encode(record), last=entry.revision)
+        self.mirror.record(record.info.id, record, revision)
+        log.warning("the record of bootstrap token %s was no token's record; written again from the file",
+                    record.info.id)
 
     async def _mark_bootstrap(self, token_id: str) -> None:
         """Mark the record as a bootstrap file's, as it stands (a revocation meanwhile wins: read again)."""

@@ -111,7 +111,8 @@ class ControlLoop:
         self.preloader = Preloader(demand=self._arrival_rate)
         self.backlog = Backlog(self.js)
         self.nodes: KVMirror[NodeInfo] = KVMirror(self.stores.nodes, node_decoder.decode)
-        self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode)
+        self.assignments: KVMirror[NodeAssignment] = KVMirror(self.stores.assignments, assignment_decoder.decode,
+                                                              heal=encoder.encode)
         await self.nodes.start()
         await self.assignments.start()
         self.registry.replicas.know_assignments(self._assigned_node)

@@ -82,7 +82,7 @@ class Registry:
         self.models = await ModelClaims.open(self.js, self.stores.deployments)
         self.calls = Calls(self.nc, self.stores, self._ack_wait_s, self.event_app)
         self.queues = Queues(self.calls, self._stored_deployment, self.replica_alive)
-        self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode,
+        self.deployments = KVMirror(self.stores.deployments, deployment_decoder.decode, heal=encoder.encode,
                                     on_change=lambda app, dep: self._logs.keep(app, running_services(dep)))
         # a replica that turns ready wakes the control loop as a changed deployment does: a rollout waiting for it
         # switches then, not at the next tick (up to TICK_S later, while its first calls go to the old version)

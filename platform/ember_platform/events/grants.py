@@ -46,7 +46,7 @@ def check_request(request: SubjectGrantRequest, *, apps_required: bool) -> None:
 class GrantStore:
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
-        self.mirror: KVMirror[SubjectGrant] = KVMirror(kv, _decoder.decode)
+        self.mirror: KVMirror[SubjectGrant] = KVMirror(kv, _decoder.decode, heal=encoder.encode)
 
     async def start(self) -> None:
         await self.mirror.start()

@@ -26,7 +26,8 @@ class QuotaStore:
     def __init__(self, kv: KeyValue, clock: Callable[[], float] = time.monotonic) -> None:
         self._kv = kv
         self.limiter = Limiter(clock)
-        self.mirror: KVMirror[Quota] = KVMirror(kv, _decoder.decode, on_change=lambda _key, _value: self._sync())
+        self.mirror: KVMirror[Quota] = KVMirror(kv, _decoder.decode, on_change=lambda _key, _value: self._sync(),
+                                               heal=encoder.encode)
 
     async def start(self) -> None:
         await self.mirror.start()

@@ -31,7 +31,7 @@ class SecretStore:
     def __init__(self, kv: KeyValue, fernet: Fernet | None) -> None:
         self._kv = kv
         self._fernet = fernet
-        self.mirror: KVMirror[StoredSecret] = KVMirror(kv, _decoder.decode)
+        self.mirror: KVMirror[StoredSecret] = KVMirror(kv, _decoder.decode, heal=encoder.encode)
 
     async def start(self) -> None:
         await self.mirror.start()

@@ -8,6 +8,12 @@ read of the deployments' history found none (the bundle collector would have tak
 unused). So the initial state is taken as whole only once the values seen reach the stream's last sequence as it
 was before the watch began (``last_sequence``), or, should that one have expired meanwhile, ``SETTLE_S`` after the
 None.
+
+A value that no writer of a bucket wrote (a server's answer stored under a key through a request's reply subject:
+NATS checks no permission on a reply subject, so any client that may publish to a stream can have JetStream's
+acknowledgement written under any key of the account) is not taken: the key keeps the value last seen. A mirror
+given ``heal`` (the control planes', of the buckets they alone write) writes that value back over it, compare-and-set
+on the spoiled revision, so that a process that starts later reads the good value, not the spoiled one.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from ember._loop import cancel_and_wait
@@ -42,10 +49,13 @@ class KVMirror(Generic[T]):
     """A local, always-current copy of a KV bucket, kept by a watcher task that this object owns."""
 
     def __init__(self, kv: KeyValue, decode: Callable[[bytes], T],
-                 on_change: Callable[[str, T | None], None] | None = None) -> None:
+                 on_change: Callable[[str, T | None], None] | None = None,
+                 heal: Callable[[T], bytes] | None = None) -> None:
         self._kv = kv
         self._decode = decode
         self._on_change = on_change
+        self._heal = heal  # encodes a value as its writers do, to write it back over a spoiled one
+        self._healing: set[asyncio.Task[None]] = set()
         self.items: dict[str, T] = {}
         self.generation = 0  # bumped by every change of ``items``: what is derived from them is stale once it moves
         self._revisions: dict[str, int] = {}
@@ -60,6 +70,8 @@ class KVMirror(Generic[T]):
     async def stop(self) -> None:
         if self._task:
             await cancel_and_wait(self._task)
+        for task in list(self._healing):
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:
@@ -110,18 +122,40 @@ class KVMirror(Generic[T]):
         if entry.operation in (KV_DEL, KV_PURGE):
             self.record(entry.key, None, entry.revision or 0)
         elif not entry.value:  # no deletion: a server's empty answer to a request whose reply subject named the key
-            log.warning("ignoring an empty value of %s/%s (not a deletion)", self._kv._name, entry.key)
+            self._spoiled(entry, "an empty value (not a deletion)")
             return
         else:
             try:
                 value = self._decode(entry.value)
             except Exception:
-                log.warning("ignoring undecodable %s/%s", self._kv._name, entry.key)
+                self._spoiled(entry, "an undecodable value")
                 return
             self.record(entry.key, value, entry.revision or 0)
         if self._on_change:
             self._on_change(entry.key, value)
         self.changed.set()
+
+
+    def _spoiled(self, entry: KeyValue.Entry, what: str) -> None:
+        """``entry`` holds what no writer of the bucket wrote: ignored; with ``heal``, the value last seen is written
+        back over it."""
+        log.warning("ignoring %s of %s/%s", what, self._kv._name, entry.key)
+        good = self.items.get(entry.key)
+        if self._heal is None or good is None or entry.revision is None:
+            return
+        task = asyncio.ensure_future(self._write_back(entry.key, self._heal(good), entry.revision))
+        self._healing.add(task)
+        task.add_done_callback(self._healing.discard)
+
+    async def _write_back(self, key: str, raw: bytes, spoiled: int) -> None:
+        try:
+            await self._kv.update(key, raw, last=spoiled)
+        except KeyWrongLastSequenceError:
+            return  # written since: by its writer, or healed by another control plane
+        except Exception as exc:
+            log.warning("could not write %s/%s back over its spoiled value: %s", self._kv._name, key, exc)
+            return
+        log.warning("wrote %s/%s back over a value no writer of it wrote", self._kv._name, key)
 
 
 async def _quiet_stop(watcher: Any) -> None:

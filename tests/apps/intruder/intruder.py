@@ -309,3 +309,18 @@ def forge_ended(victim: dict) -> dict:
             f"$KV.ember_calls.r.intruder.{victim['call_id']}", b"{}"))
 
     return probe.run(attempts)
+
+
+@app.function(timeout_s=120)
+def spoil_with_acks(targets: list) -> dict:
+    """From this replica's own connection: a publish to a key of its own app (JetStream stores it and acknowledges
+    it), its reply subject naming another bucket's key (``targets``): NATS checks no permission on a reply subject,
+    so the server's acknowledgement is stored under that key."""
+    probe = Attempts()
+
+    async def attempts() -> None:
+        for target in targets:
+            await probe.attempt(f"spoil {target}", lambda t=target: probe.nc.publish(
+                "$KV.ember_calls.s.intruder.spoiler", b"{}", reply=t))
+
+    return probe.run(attempts)
