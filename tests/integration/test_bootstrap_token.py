@@ -215,16 +215,22 @@ def test_a_bootstrap_token_revoked_long_ago_stays_revoked_when_its_file_is_given
 
 
 def test_a_bootstrap_tokens_spoiled_record_is_written_again_from_its_file(nats_url: str):
-    """A value that is no token's record under its key (a server's acknowledgement, stored there through a replica's
-    reply subject) stopped every control plane's start (a decode error out of ``bootstrap``)."""
+    """A server's acknowledgement under its key (stored there through a replica's reply subject while no control plane
+    ran to write the record back) stopped every control plane's start (a decode error out of ``bootstrap``): the
+    record is written again, revoked (a revoked token must not come back); anything else still stops the start."""
     token = new_token()
     token_id = parse_token(token)[0]  # type: ignore[index]
 
     async def body(store: TokenStore) -> None:
         await store.ensure_admin(token, "bootstrap")
+        await store.mirror.stop()  # no control plane runs (a running one writes the record back: test_reply_subjects)
         await store._kv.put(token_id, b'{"stream":"KV_ember_calls","seq":7}')
-        await store.ensure_admin(token, "bootstrap")  # the next start, given the same file
-        assert store.authenticate(f"Bearer {token}").token_id == token_id
+        await store.ensure_admin(token, "bootstrap")  # the next start, given the same file: it starts
+        with pytest.raises(UnauthenticatedError):  # revoked: whether it was is lost, and a revoked one stays so
+            store.authenticate(f"Bearer {token}")
+        await store._kv.put(token_id, b'{"not": "a token"}')  # no server's answer: a record of another shape
+        with pytest.raises(ValueError, match="belongs to another token"):
+            await store.ensure_admin(token, "bootstrap")
 
     _store_test(nats_url, StorageLimits(), body)
 

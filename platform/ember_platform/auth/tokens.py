@@ -23,6 +23,7 @@ from nats.js.kv import KeyValue
 from ember._errors import NotFoundError, UnauthenticatedError, UnavailableError
 from ember.wire import encoder
 from ember.wire.jetstream import KVMirror
+from ember.wire.kvmirror import server_answer
 from ember.wire.tokens import NewToken, StoredToken, TokenInfo, TokenRequest, new_token, parse_token, secret_digest
 from ember_platform.auth.scopes import EVERYONE, Principal, check_request
 
@@ -150,11 +151,14 @@ class TokenStore:
         if await self._create(record):
             log.info("bootstrap token %s recorded", token_id)
             return
-        try:
-            existing = await self._read(token_id)
-        except msgspec.DecodeError:  # no token's record: a server's answer stored there (see ``KVMirror``)
-            await self._write_over_spoiled(record)
-            return
+        existing = None
+        for _ in range(3):  # a spoiled record written over, or back by a running control plane meanwhile: again
+            with contextlib.suppress(msgspec.DecodeError):
+                existing = await self._read(token_id)
+            if existing is not None:
+                break
+            if await self._write_over_spoiled(record):
+                return
         if existing is None or not hmac.compare_digest(existing.secret_sha256, digest):
             raise ValueError(f"the bootstrap token's id {token_id} belongs to another token: write a new one")
         if not existing.bootstrap:  # recorded before records said so: marked, so that the collector keeps it
@@ -163,14 +167,27 @@ class TokenStore:
             log.warning("the bootstrap token %s was revoked; it stays revoked (write a new token to the file)",
                         token_id)
 
-    async def _write_over_spoiled(self, record: StoredToken) -> None:
-        """The bootstrap file's record, written over a value that is no token's record: the file is what the
-        installation's operator holds (else the control plane would not start, and nobody could mend it)."""
-        entry = await self._kv.get(record.info.id)
-        revision = await self._kv.update(record.info.id, encoder.encode(record), last=entry.revision)
-        self.mirror.record(record.info.id, record, revision)
-        log.warning("the record of bootstrap token %s was no token's record; written again from the file",
-                    record.info.id)
+    async def _write_over_spoiled(self, record: StoredToken) -> bool:
+        """Over a server's answer stored under the bootstrap token's key (see ``KVMirror``; no control plane ran to
+        write the record back), the file's record, revoked: whether it was revoked is lost, and a revoked token must
+        not come back (its holder may be who spoiled it). The control plane starts; the operator writes a new token
+        to the file. False when the key holds anything else (a record of another shape stops the start, as before)."""
+        try:
+            entry = await self._kv.get(record.info.id)
+        except (KeyNotFoundError, KeyDeletedError):
+            return False
+        if not server_answer(entry.value):
+            return False
+        revoked = msgspec.structs.replace(record, revoked_at=time.time())
+        try:
+            revision = await self._kv.update(record.info.id, encoder.encode(revoked), last=entry.revision)
+        except KeyWrongLastSequenceError:  # written back meanwhile by a running control plane: read again
+            return False
+        self.mirror.record(record.info.id, revoked, revision)
+        log.warning("the record of bootstrap token %s was a server's answer, stored there through a reply subject "
+                    "while no control plane ran; it is written again REVOKED: write a new token to the bootstrap "
+                    "file", record.info.id)
+        return True
 
     async def _mark_bootstrap(self, token_id: str) -> None:
         """Mark the record as a bootstrap file's, as it stands (a revocation meanwhile wins: read again)."""

@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+READ_TIMEOUT_S = 10.0  # a read that takes longer fails its callers (the next ones read again)
 
 
 class FreshReads(Generic[T]):
@@ -23,7 +24,7 @@ class FreshReads(Generic[T]):
 
     async def fresh(self) -> T:
         """The result of a read that started after this call."""
-        if self._next is None:
+        if self._next is None or self._next.done():  # (done: cancelled before it began, at a loop's end)
             self._next = asyncio.ensure_future(self._after(self._running))
         return await asyncio.shield(self._next)
 
@@ -32,7 +33,7 @@ class FreshReads(Generic[T]):
             await asyncio.wait([running])  # however it ended; this task's own cancellation still goes through
         self._running, self._next = self._next, None
         try:
-            return await self._read()
+            return await asyncio.wait_for(self._read(), READ_TIMEOUT_S)
         finally:
             if self._running is asyncio.current_task():
                 self._running = None

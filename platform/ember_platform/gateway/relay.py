@@ -401,7 +401,10 @@ class Relay:
     async def _fresh_slot(self, replica_id: str) -> SlotAssignment | None:
         """Read the assignments again: this control plane's mirror may not have seen a replica just assigned. One
         read for every request that waits on it (``FreshReads``), not one each."""
-        return _find(await self._fresh.fresh(), replica_id)
+        try:
+            return _find(await self._fresh.fresh(), replica_id)
+        except TimeoutError:  # the assignments could not be read in time: not known, as when a read failed
+            return None
 
     async def _read_assignments(self) -> list[NodeAssignment]:
         found: list[NodeAssignment] = []

@@ -13,13 +13,17 @@ A value that no writer of a bucket wrote (a server's answer stored under a key t
 NATS checks no permission on a reply subject, so any client that may publish to a stream can have JetStream's
 acknowledgement written under any key of the account) is not taken: the key keeps the value last seen. A mirror
 given ``heal`` (the control planes', of the buckets they alone write) writes that value back over it, compare-and-set
-on the spoiled revision, so that a process that starts later reads the good value, not the spoiled one.
+on the spoiled revision, so that a process that starts later reads the good value, not the spoiled one: only over a
+server's answer (``server_answer``: empty, or JetStream's JSON), never over a value of another shape a writer may have
+meant (a newer control plane's), and only a value this watch saw last (after a watch restarts, a value seen before
+it may have been replaced meanwhile).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
@@ -56,6 +60,7 @@ class KVMirror(Generic[T]):
         self._on_change = on_change
         self._heal = heal  # encodes a value as its writers do, to write it back over a spoiled one
         self._healing: set[asyncio.Task[None]] = set()
+        self._current: set[str] = set()  # the keys whose value this watch delivered (or this process wrote) last
         self.items: dict[str, T] = {}
         self.generation = 0  # bumped by every change of ``items``: what is derived from them is stale once it moves
         self._revisions: dict[str, int] = {}
@@ -79,6 +84,7 @@ class KVMirror(Generic[T]):
             settle: asyncio.TimerHandle | None = None
             try:
                 last, seen, marked = await last_sequence(self._kv), 0, False
+                self._current.clear()
                 watcher = await self._kv.watchall()
                 async for entry in watcher:
                     if entry is None:
@@ -109,6 +115,7 @@ class KVMirror(Generic[T]):
         if revision < self._revisions.get(key, 0):
             return
         self._revisions[key] = revision
+        self._current.add(key)
         self.generation += 1
         if value is None:
             self.items.pop(key, None)
@@ -141,7 +148,8 @@ class KVMirror(Generic[T]):
         back over it."""
         log.warning("ignoring %s of %s/%s", what, self._kv._name, entry.key)
         good = self.items.get(entry.key)
-        if self._heal is None or good is None or entry.revision is None:
+        if self._heal is None or good is None or entry.revision is None or entry.key not in self._current \
+                or not server_answer(entry.value):
             return
         task = asyncio.ensure_future(self._write_back(entry.key, self._heal(good), entry.revision))
         self._healing.add(task)
@@ -156,6 +164,19 @@ class KVMirror(Generic[T]):
             log.warning("could not write %s/%s back over its spoiled value: %s", self._kv._name, key, exc)
             return
         log.warning("wrote %s/%s back over a value no writer of it wrote", self._kv._name, key)
+
+
+def server_answer(raw: bytes | None) -> bool:
+    """Whether ``raw`` is what NATS answers a request with, not a value a writer wrote: empty (a pull's "no
+    messages"), a publish's acknowledgement (``{"stream": ..., "seq": ...}``) or a JetStream API response."""
+    if not raw:
+        return True
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(answer, dict) and (("stream" in answer and "seq" in answer) or
+                                         str(answer.get("type", "")).startswith("io.nats.jetstream.api."))
 
 
 async def _quiet_stop(watcher: Any) -> None:

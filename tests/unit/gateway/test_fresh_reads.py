@@ -65,3 +65,24 @@ def test_a_read_that_fails_fails_its_callers_and_the_next_one_reads_again() -> N
         return await reads.fresh()
 
     assert asyncio.run(main()) == 2
+
+
+def test_a_read_that_never_returns_fails_its_callers_and_the_next_ones_read_again(monkeypatch) -> None:
+    monkeypatch.setattr("ember_platform.gateway.fresh_reads.READ_TIMEOUT_S", 0.05)
+
+    async def main() -> int:
+        calls = 0
+
+        async def stuck_once() -> int:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                await asyncio.Event().wait()  # never
+            return calls
+
+        reads = FreshReads(stuck_once)
+        with pytest.raises(TimeoutError):
+            await reads.fresh()
+        return await reads.fresh()
+
+    assert asyncio.run(main()) == 2
