@@ -7,11 +7,10 @@ outside, without privileges:
 
 - NATS is reached through the sandbox's own door (``natsdoor``: a unix socket in a folder bound into that sandbox
   alone, where the agent hands the replica a TCP socket it connected to one of NATS' servers), not through pasta:
-  pasta's splice stalled calls under load (bench/RESULTS.md). Those sockets are made in a cgroup whose filter
-  passes packets to NATS' servers only (``doorwall``), where the node allows it: pointed elsewhere, they send
-  nothing. Nothing of the node's loopback is reachable (the
-  platform's HTTP port, NATS' own ports, monitoring and cluster ones, other replicas' servers). No port of the
-  node reaches in (``-t none -u none``).
+  pasta's splice stalled calls under load (bench/RESULTS.md). Those sockets are made in a cgroup whose programs let
+  them reach NATS' servers only (``doorwall``), where the node allows it: pointed elsewhere, they reach nothing.
+  Nothing of the node's loopback is reachable (the platform's HTTP port, NATS' own ports, monitoring and cluster
+  ones, other replicas' servers). No port of the node reaches in (``-t none -u none``).
 - So is the OpenTelemetry collector the agent's environment names (``OTEL_EXPORTER_OTLP_ENDPOINT``), when it
   listens on this node's loopback: replicas export their spans where the control plane does.
 - Outbound connections go out through pasta's sockets (model code downloads weights); the namespace takes the

@@ -142,7 +142,6 @@ class KVMirror(Generic[T]):
             self._on_change(entry.key, value)
         self.changed.set()
 
-
     def _spoiled(self, entry: KeyValue.Entry, what: str) -> None:
         """``entry`` holds what no writer of the bucket wrote: ignored; with ``heal``, the value last seen is written
         back over it."""
