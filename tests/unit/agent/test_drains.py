@@ -54,8 +54,7 @@ def test_a_start_waits_only_for_the_stopping_replicas_on_its_gpus(tmp_path):
         assert drains.get("r-gpu") is slot and drains.keys == {slot.key}
         started = time.monotonic()
         await drains.room_for("r-other", ("GPU-b",), 0)  # another GPU: at once
-        assert time.monotonic() - started < DRAIN_S / 2
-        assert drains.get("r-gpu") is slot
+        assert drains.get("r-gpu") is slot  # it did not wait for the stopping replica: that one still drains
         await drains.room_for("r-other", ("GPU-b", "GPU-a"), 0)  # one of its GPUs: once it has exited
         assert drains.get("r-gpu") is None and drains.keys == set()
         assert time.monotonic() - started >= DRAIN_S * 0.9
@@ -69,9 +68,8 @@ def test_a_start_whose_host_memory_does_not_fit_waits_for_every_stopping_replica
         drains = Drains(memory)
         memory.reserve("r-mem", 800)
         await _stopping(tmp_path, drains, "r-mem")
-        started = time.monotonic()
         await drains.room_for("r-other", (), 200)  # fits beside it
-        assert time.monotonic() - started < DRAIN_S / 2 and memory.reserved_mb == 800
+        assert memory.reserved_mb == 800 and drains.get("r-mem") is not None  # not waited for: it still drains
         await drains.room_for("r-other", (), 300)  # does not: its memory comes back when it has exited
         assert memory.reserved_mb == 0 and drains.get("r-mem") is None
 

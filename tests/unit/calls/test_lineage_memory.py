@@ -47,9 +47,8 @@ def test_a_call_filed_before_its_callers_cancel_is_cancelled() -> None:
 
 
 def test_a_call_filed_after_its_callers_cancel_is_cancelled_at_once() -> None:
-    started = time.monotonic()
+    """At once: the call sleeps 5 s and is waited for 0.3 s (past it, ``_run_after_cancels`` raises)."""
     assert _run_after_cancels(Lineage(), [("a", "c1")], ("a", "c1")) == "cancelled"
-    assert time.monotonic() - started < 1
 
 
 @pytest.mark.parametrize("made_by", [("a", "c2"), ("b", "c1"), ("a", "")])
