@@ -48,40 +48,31 @@ def test_who_asks_while_a_read_runs_gets_the_next_one() -> None:
     assert first == 1 and late_min == late_max == 2 and started == 2
 
 
-def test_a_read_that_fails_fails_its_callers_and_the_next_one_reads_again() -> None:
-    async def main() -> int:
-        calls = 0
-
-        async def flaky() -> int:
-            nonlocal calls
-            calls += 1
-            if calls == 1:
-                raise OSError("NATS is gone")
-            return calls
-
-        reads = FreshReads(flaky)
-        with pytest.raises(OSError):
-            await reads.fresh()
-        return await reads.fresh()
-
-    assert asyncio.run(main()) == 2
+async def _gone() -> None:
+    raise OSError("NATS is gone")
 
 
-def test_a_read_that_never_returns_fails_its_callers_and_the_next_ones_read_again(monkeypatch) -> None:
+async def _stuck() -> None:
+    await asyncio.Event().wait()  # never: past READ_TIMEOUT_S
+
+
+@pytest.mark.parametrize(("first", "error"), [(_gone, OSError), (_stuck, TimeoutError)])
+def test_a_read_that_fails_or_never_returns_fails_its_callers_and_the_next_one_reads_again(
+        monkeypatch, first, error) -> None:
     monkeypatch.setattr("ember_platform.gateway.fresh_reads.READ_TIMEOUT_S", 0.05)
 
     async def main() -> int:
         calls = 0
 
-        async def stuck_once() -> int:
+        async def read() -> int:
             nonlocal calls
             calls += 1
             if calls == 1:
-                await asyncio.Event().wait()  # never
+                await first()
             return calls
 
-        reads = FreshReads(stuck_once)
-        with pytest.raises(TimeoutError):
+        reads = FreshReads(read)
+        with pytest.raises(error):
             await reads.fresh()
         return await reads.fresh()
 
