@@ -25,7 +25,7 @@ import ember
 from ember._build import plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport
-from ember.wire import Deployment, Manifest, encoder, subjects
+from ember.wire import Deployment, Manifest, encoder, natsflush, subjects
 from ember.wire.builds import BuildStart
 from ember.wire.images import BuildEvent, image_hash
 from ember.wire.natscreds import read_file
@@ -113,7 +113,7 @@ async def _answer_as_the_node(node: TestPlatform, node_id: str, event: BuildEven
     nc = await nats.connect(node.nats_url, **creds.connect_options())
     try:
         await nc.publish(subjects.node_build_events(node_id), encoder.encode(event))
-        await nc.flush()
+        await natsflush.flush(nc)
     finally:
         await nc.close()
 
@@ -171,9 +171,9 @@ def test_only_the_node_asked_may_answer_a_build(tmp_path, node, http, silent_ind
         nc = await nats.connect(node.nats_url, **forger.connect_options())
         try:
             await nc.publish(subjects.node_build_events("forger"), encoder.encode(answer))
-            await nc.flush()
+            await natsflush.flush(nc)
             await nc.publish(subjects.node_build_events(node_id), encoder.encode(answer))
-            await nc.flush()
+            await natsflush.flush(nc)
             await wait_until_error(nc)
             return repr(nc.last_error)
         finally:

@@ -24,7 +24,7 @@ from support.polling import wait_for
 
 from ember._client import Transport
 from ember._deploy import app_view
-from ember.wire import AppView, Invocation, encoder, subjects
+from ember.wire import AppView, Invocation, encoder, natsflush, subjects
 from ember.wire.streams import STREAM_WINDOW, StreamCredit, chunk_decoder
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -148,7 +148,7 @@ def test_an_attempt_superseded_on_its_replica_ends_and_a_cancel_ends_the_latest(
             await gateway.until("the latest attempt's next items", lambda: gateway.items[second] == STREAM_WINDOW + 8)
             assert gateway.items[first] == STREAM_WINDOW  # superseded: no credit reaches it
             await nc.publish(subjects.replica_cancel(replica), call_id.encode())
-            await nc.flush()
+            await natsflush.flush(nc)
         finally:
             await nc.close()
 

@@ -22,7 +22,7 @@ from support.polling import wait_for
 
 import ember
 from ember._client import Transport
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 
 pytestmark = pytest.mark.integration
 FINAL = {"succeeded", "failed", "cancelled", "expired"}
@@ -114,7 +114,7 @@ def test_a_replica_killed_around_the_final_record_loses_no_dead_letter_nor_event
                 results.setdefault(msg.headers["Ember-Call-Id"], []).append(msg)
 
             await nc.subscribe("events.windows.out", cb=on_result)
-            await nc.flush()
+            await natsflush.flush(nc)
             js = nc.jetstream()
             # One call at a time: a kill also ends whatever other call the replica holds, and that call's
             # redelivery (its second) would skip its own first window.

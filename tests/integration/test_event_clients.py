@@ -20,6 +20,7 @@ from nats.errors import Error as NatsError
 from support.auth import bearer
 
 import ember
+from ember.wire import natsflush
 from ember_platform.natsauth.clients import CONNZ_PAGE, TOKEN_USER, events_inbox
 
 pytestmark = [
@@ -79,7 +80,7 @@ class Client:
     async def violation(self, what: str) -> str:
         """Wait for the server's permissions violation that names ``what``."""
         assert self.nc is not None
-        await self.nc.flush()
+        await natsflush.flush(self.nc)
         for _ in range(100):
             found = [e for e in self.errors if "permissions violation" in e.lower() and what.lower() in e.lower()]
             if found:
@@ -95,7 +96,7 @@ def test_a_plain_client_with_an_events_token_invokes_its_apps_function(platform,
         client = Client()
         nc = await client.connect(platform.nats_url, token, token_id)
         results = await nc.subscribe("events.ingest-x.results")
-        await nc.flush()
+        await natsflush.flush(nc)
         ack = await nc.jetstream().publish("events.ingest-x.orders.1", json.dumps({"items": [1, 2, 3]}).encode(),
                                            headers={"Nats-Msg-Id": "order-1"})  # its ack comes to its own inbox
         await nc.publish("events.ingest-x.orders.2", json.dumps({"items": [1]}).encode())  # a core publish too

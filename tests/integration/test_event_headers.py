@@ -20,7 +20,7 @@ from support.polling import wait_for
 from ember._client import Transport
 from ember._deploy import deploy
 from ember._errors import EmberError
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 
 pytestmark = pytest.mark.integration
 APP_FILE = REPO / "tests" / "apps" / "events" / "tagger.py"
@@ -43,7 +43,7 @@ def exchange(nats_url: str, events: list[Event], expect: int, timeout_s: float =
         nc = await admin_connect(nats_url)
         results: asyncio.Queue[Msg] = asyncio.Queue()
         await nc.subscribe(RESULTS, cb=results.put)
-        await nc.flush()
+        await natsflush.flush(nc)
         js = nc.jetstream()
         try:
             for body, headers in events:

@@ -11,6 +11,7 @@ import pytest
 from support.natsconn import connect as admin_connect
 
 import ember
+from ember.wire import natsflush
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def test_a_plain_nats_publish_invokes_the_function(tmp_path, platform, transport
         await nc.subscribe("events.eventful.results", cb=results.put)
         inbox = f"_EMBER.replies.eventful.{uuid.uuid4().hex}"  # a requester waits for its own result under the app
         await nc.subscribe(inbox, cb=mine.put)
-        await nc.flush()
+        await natsflush.flush(nc)
         js = nc.jetstream()
         first = await js.publish("events.eventful.images.cats", json.dumps({"pixels": [1, 2, 3]}).encode(),
                                  headers={"Nats-Msg-Id": "img-1"})

@@ -20,7 +20,16 @@ from support.natsconn import connect as admin_connect
 
 from ember._deploy import app_view
 from ember._errors import DeadlineExceededError, UnavailableError
-from ember.wire import Answer, Invocation, LoadReport, answers_decoder, encoder, invocations_decoder, subjects
+from ember.wire import (
+    Answer,
+    Invocation,
+    LoadReport,
+    answers_decoder,
+    encoder,
+    invocations_decoder,
+    natsflush,
+    subjects,
+)
 from ember_platform.calls.router import Router
 
 pytestmark = pytest.mark.integration
@@ -93,7 +102,7 @@ def test_a_call_past_its_deadline_is_not_sent(platform):
 
         await nc.subscribe(subjects.invoke("late", "f", 1), cb=replica)
         (result,) = await asyncio.gather(_call(router, "late", 0, timeout_s=-1.0), return_exceptions=True)
-        await nc.flush()
+        await natsflush.flush(nc)
         await asyncio.sleep(0.1)
         await nc.close()
         return result, len(seen), router

@@ -23,7 +23,7 @@ import pytest
 from nats.aio.subscription import Subscription
 from support.natsconn import connect as admin_connect
 
-from ember.wire import encoder, invocations_decoder, subjects
+from ember.wire import encoder, invocations_decoder, natsflush, subjects
 from ember.wire.streams import StreamChunk
 from ember_platform.calls.router import Router
 from ember_platform.calls.streams import CallStream, Streams
@@ -60,8 +60,8 @@ class Stage:
 
     async def told(self, replica: str) -> list[str]:
         """The cancels ``replica`` got so far, all the gateway sent until now (both connections flushed)."""
-        await self.gateway.flush()
-        await self.replica.flush()
+        await natsflush.flush(self.gateway)
+        await natsflush.flush(self.replica)
         sub, calls = self.cancels[replica], []
         while sub.pending_msgs:
             calls.append((await sub.next_msg(timeout=WAIT_S)).data.decode())
@@ -79,7 +79,7 @@ async def _stage(nats_url: str) -> AsyncIterator[Stage]:
     app, a, b = (f"{name}{uuid.uuid4().hex[:8]}" for name in ("late", "ra", "rb"))
     cancels = {r: await replica.subscribe(subjects.replica_cancel(r)) for r in (a, b)}
     attempts = await replica.subscribe(subjects.invoke(app, "f", 1))
-    await replica.flush()
+    await natsflush.flush(replica)
     try:
         yield Stage(streams, gateway, replica, app, a, b, attempts, cancels)
     finally:

@@ -17,7 +17,7 @@ from support.paths import REPO
 from support.polling import wait_for
 
 from ember._deploy import deploy
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 from ember.wire.natscreds import NatsCredentials, read_file, replica_credentials
 
 pytestmark = [
@@ -131,12 +131,12 @@ def test_a_node_speaks_only_for_its_own_replicas_in_the_logs(platform, http, hel
 
         try:
             await nc.publish(subjects.logs("hello", service, platform.node_id), line(victim, "FORGED AS THE NODE"))
-            await nc.flush()
+            await natsflush.flush(nc)
             await asyncio.sleep(0.3)
             errors.append(repr(nc.last_error))
             await nc.publish(subjects.logs("hello", service, "forger"), line(victim, "FORGED FOR ITS REPLICA"))
             await nc.publish(subjects.logs("hello", service, "forger"), line("made-up", "SIGNED BY THE FORGER"))
-            await nc.flush()
+            await natsflush.flush(nc)
         finally:
             await nc.close()
         return errors[0]

@@ -20,7 +20,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 from support.natsconn import connect as admin_connect
 from support.polling import wait_for
 
-from ember.wire import Invocation, subjects
+from ember.wire import Invocation, natsflush, subjects
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +37,7 @@ async def _steer(url: str, reply: str, frame: bytes) -> list[bytes]:
         answers = await nc.subscribe("$JS.ACK.STEERED.>")
         await js.publish("steered.frame", frame)
         await nc.publish("$JS.API.CONSUMER.MSG.NEXT.STEERED.puller", b'{"batch": 1}', reply=reply)
-        await nc.flush()
+        await natsflush.flush(nc)
         await asyncio.sleep(3)
         info = await js.consumer_info("STEERED", "puller")
         assert info.delivered.consumer_seq == 1  # it was delivered

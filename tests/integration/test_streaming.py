@@ -19,7 +19,7 @@ from support.paths import REPO
 from support.polling import wait_for
 
 import ember
-from ember.wire import HTTP_TIMEOUT_HEADER, AppView, load_decoder, subjects
+from ember.wire import HTTP_TIMEOUT_HEADER, AppView, load_decoder, natsflush, subjects
 
 pytestmark = pytest.mark.integration
 STREAMER = "/v1/streams/Streamer"
@@ -279,7 +279,7 @@ def test_an_event_to_a_streaming_function_publishes_the_list(tmp_path, platform,
         try:
             results: asyncio.Queue = asyncio.Queue()
             await nc.subscribe("events.streamevents.results", cb=results.put)
-            await nc.flush()
+            await natsflush.flush(nc)
             await nc.jetstream().publish("events.streamevents.words.a", b'"to be or not"',
                                          headers={"Nats-Msg-Id": "w-1"})
             msg = await asyncio.wait_for(results.get(), 60)

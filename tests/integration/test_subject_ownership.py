@@ -23,7 +23,7 @@ from ember._client import Transport
 from ember._deploy import deploy
 from ember._errors import ConflictError, InvalidInputError
 from ember.cli import main as ember_cli
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 from ember.wire.grants import grant_key
 from ember.wire.natscreds import read_file
 
@@ -193,7 +193,7 @@ def test_an_apps_own_subject_reaches_its_function(platform, tenant, http, tmp_pa
         try:
             results: asyncio.Queue = asyncio.Queue()
             await nc.subscribe(f"events.{app}.out", cb=results.put)
-            await nc.flush()
+            await natsflush.flush(nc)
             await nc.jetstream().publish(f"events.{app}.in.x", b'"hi"', headers={"Nats-Msg-Id": "echo-1"})
             return await asyncio.wait_for(results.get(), 60)
         finally:

@@ -24,6 +24,7 @@ from support.polling import wait_for
 
 from ember._client import Transport
 from ember._deploy import app_view, deploy
+from ember.wire import natsflush
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -218,7 +219,7 @@ def test_an_event_published_with_a_traceparent_continues_its_publishers_trace(tr
             inbox = f"_EMBER.replies.traced.{uuid.uuid4().hex}"  # the app's reply subjects
             results: asyncio.Queue = asyncio.Queue()
             await nc.subscribe(inbox, cb=results.put)
-            await nc.flush()
+            await natsflush.flush(nc)
             for traceparent in (f"00-{trace_id}-{publisher_span}-01", "00-not-a-trace-01"):
                 await nc.publish("events.traced.demo.a", json.dumps({"items": [1, 2, 3]}).encode(),
                                  headers={"traceparent": traceparent, "Ember-Reply-To": inbox})

@@ -35,6 +35,7 @@ from ember.wire import (
     StartPhases,
     encoder,
     is_json_frame,
+    natsflush,
     subjects,
 )
 from ember.wire.headers import TERMINATE_HEADER
@@ -378,7 +379,7 @@ class Replica:
                 for worker in self.workers:  # its other calls: redelivered elsewhere at once, as after a crash
                     await worker.hand_back()
                 await self.answers.drain()
-                await msg._client.flush()
+                await natsflush.flush(msg._client)
                 os._exit(EXIT_TERMINATED)  # sync code may never return: leave without it (the agent restarts it)
             if where:
                 return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 
 
 class StatusRelay:
@@ -17,9 +17,9 @@ class StatusRelay:
 
     async def put(self, _key: str, value: bytes) -> None:
         await self._nc.publish(self._subject, value)
-        await self._nc.flush()
+        await natsflush.flush(self._nc)
 
     async def delete(self, _key: str) -> None:
         """The replica is leaving: the agent removes its entry (an empty message)."""
         await self._nc.publish(self._subject, b"")
-        await self._nc.flush()
+        await natsflush.flush(self._nc)

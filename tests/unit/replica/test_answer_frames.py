@@ -12,7 +12,7 @@ from support.natsconn import connect
 
 from ember import _loop as ember_loop
 from ember._errors import RemoteError
-from ember.wire import Answer, answers_decoder, packed_answers_decoder
+from ember.wire import Answer, answers_decoder, natsflush, packed_answers_decoder
 from ember_runtime.replica.answers import Answers, answer_of
 
 pytestmark = pytest.mark.timeout(60)
@@ -54,7 +54,7 @@ def _send(nats_url: str, turn: list[tuple[str, Answer]], packed: bool = False) -
 
         try:
             await gateway.subscribe("_INBOX.>", cb=on_frame)
-            await gateway.flush()
+            await natsflush.flush(gateway)
             answers = Answers(nc, "r1")
             for inbox, answer in turn:
                 answers.answer(inbox, answer, packed)

@@ -16,7 +16,7 @@ from support.natsconn import connect
 
 from ember import _loop as ember_loop
 from ember._errors import CallCancelledError, EmberError
-from ember.wire import subjects
+from ember.wire import natsflush, subjects
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.replica import arguments, process
@@ -94,7 +94,7 @@ def test_a_call_cancelled_while_the_replica_drains_is_answered_cancelled_at_once
             while not batcher._closed and not draining.done():  # intake stopped: the replica drains
                 await asyncio.sleep(0.01)
             await caller.publish(subjects.replica_cancel("r-drain"), b"queued")
-            await caller.flush()
+            await natsflush.flush(caller)
             try:
                 await asyncio.wait_for(cancelled.wait(), 5)  # the drain grace is 20 s
             finally:

@@ -16,7 +16,7 @@ from support.natsconn import connect
 
 from ember import _loop as ember_loop
 from ember._errors import DeadlineExceededError, EmberError
-from ember.wire import load_decoder, subjects
+from ember.wire import load_decoder, natsflush, subjects
 from ember.wire.openai import CompletionRequest
 from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
@@ -104,13 +104,13 @@ def test_the_load_report_counts_the_sequences_a_hung_step_holds(nats_url):
 
         try:
             await gateway.subscribe(subjects.stats("a", "gen"), cb=on_report)
-            await gateway.flush()
+            await natsflush.flush(gateway)
             replica = SimpleNamespace(stop=stop, stuck=False, batchers=[batcher], _next_report=next_report,
                                       streams=SimpleNamespace(accepted=0),
                                       args=SimpleNamespace(replica_id="r1", app="a", version=1))
             endpoint = SimpleNamespace(spec=SimpleNamespace(name="gen"), steps=steps)
             await process.Replica._report_load(replica, nc, [endpoint])  # type: ignore[arg-type]
-            await nc.flush()
+            await natsflush.flush(nc)
             return await asyncio.wait_for(got.get(), 10)
         finally:
             await nc.close()
