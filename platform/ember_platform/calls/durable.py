@@ -46,6 +46,7 @@ from ember.wire.jetstream import DUPLICATE_WINDOW_S, StorageLimits, Stores, js_r
 from ember_platform.calls import lineage, retire
 from ember_platform.calls.retire import CALL_ID as CALL_ID  # the rule of a call id, as the API documents it
 from ember_platform.calls.retire import MAX_CALL_ID, NO_SUCH_SEQUENCE, Spare
+from ember_platform.calls.shares import QueueShares, Ticket
 
 SUBMIT_BATCH = 250  # calls per atomic batch of submit_many (at most MAX_BATCH): smaller, the first are queued sooner
 _dead_decoder = msgspec.json.Decoder(DeadLetter)
@@ -100,11 +101,13 @@ class Calls:
                  limits: StorageLimits | None = None) -> None:
         """``event_app``: the app whose function's event stream has a scope (``subjects.event_scope``), from what
         is deployed: an event call's id names its function by that scope only. ``limits``: those of the event
-        streams (``StorageLimits.from_env()`` when not given)."""
+        streams and of each app's share of the calls' queue (``StorageLimits.from_env()`` when not given)."""
         self._event_app = event_app
-        self._event_limits = (limits or StorageLimits.from_env()).events()
+        limits = limits or StorageLimits.from_env()
+        self._event_limits = limits.events()
         self._nc = nc
         self._js = nc.jetstream()
+        self.shares = QueueShares(self._js, limits)
         self.store = CallStore(self._js, stores.calls, stores.results)
         self._atomic: bool | None = None  # whether the statuses' and the queue's streams take atomic batches
         self._ack_wait_s = ack_wait_s
@@ -213,7 +216,8 @@ class Calls:
     # -- calls ---------------------------------------------------------------------------------------
 
     async def submit(self, app: str, function: str, body: bytes, *, key: str | None, deadline: float,
-                     version: int | None = None, call_id: str = "", msg_id: str = "") -> SpawnReply:
+                     version: int | None = None, call_id: str = "", msg_id: str = "",
+                     admitted: Ticket | None = None) -> SpawnReply:
         """Queue a call under a new random id. An idempotency ``key`` maps to a call id per app in KV (the first
         writer wins; the id is random, not derived from the key): a repeated submit of the same body returns the
         first call's id and the call is stored once (the id is also the message's ``Nats-Msg-Id``, deduplicated by
@@ -227,7 +231,21 @@ class Calls:
         deduplicated by its ``Nats-Msg-Id``; a message whose status is gone runs with a record made anew).
 
         ``call_id`` and ``msg_id``: a scheduled tick's (``ember.wire.schedules``), the same on every control plane,
-        so that a tick submitted twice (a failover, two control planes) is recorded and queued once."""
+        so that a tick submitted twice (a failover, two control planes) is recorded and queued once.
+
+        The call counts against its app's share of the queue first (``QueueShares.admit``: past it, an
+        ``OverloadedError``, 429), unless ``admitted`` says it was counted."""
+        ticket = admitted if admitted is not None else await self.shares.admit(app, function, version, len(body))
+        try:
+            reply = await self._submit(app, function, body, key, deadline, version, call_id, msg_id)
+        except BaseException:
+            self.shares.release(ticket)
+            raise
+        (self.shares.queued if reply.created else self.shares.release)(ticket)
+        return reply
+
+    async def _submit(self, app: str, function: str, body: bytes, key: str | None, deadline: float,
+                      version: int | None, call_id: str, msg_id: str) -> SpawnReply:
         call_id = call_id or new_call_id(app)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
@@ -286,10 +304,18 @@ class Calls:
         does (a status already there is found, a message already queued is deduplicated by its ``Nats-Msg-Id``).
         Each submission's reply, or the error that kept it from being queued, in order."""
         replies: list[SpawnReply | EmberError | None] = [None] * len(ticks)
+        tickets: list[Ticket | None] = [None] * len(ticks)
+        for k, t in enumerate(ticks):  # each counts against its app's share first; past it, its reply is the 429
+            try:
+                tickets[k] = await self.shares.admit(t.app, t.function, None, len(t.body))
+            except EmberError as exc:
+                replies[k] = exc
         if ticks and await self._batches():
             now = time.time()
             for start in range(0, len(ticks), SUBMIT_BATCH):  # the first runs start while the rest wait
-                chunk = range(start, min(start + SUBMIT_BATCH, len(ticks)))
+                chunk = [k for k in range(start, min(start + SUBMIT_BATCH, len(ticks))) if replies[k] is None]
+                if not chunk:
+                    continue
                 statuses = [CallRecord(call_id=ticks[k].call_id, app=ticks[k].app, function=ticks[k].function,
                                        status="queued", created_at=now, updated_at=now) for k in chunk]
                 if await try_atomic(self._js, [self.store.create_status_message(r) for r in statuses],
@@ -300,17 +326,23 @@ class Calls:
                                     "calls") is not None:
                     for k in chunk:
                         replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
+                        self.shares.queued(tickets[k])
                 else:  # their statuses are this submit's own: published one by one, each removed if that fails
-                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k])) for k in chunk))
+                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k], tickets[k])) for k in chunk))
         await asyncio.gather(*(_into(replies, k, self.submit(t.app, t.function, t.body, key=None, deadline=math.inf,
-                                                             call_id=t.call_id, msg_id=t.msg_id))
+                                                             call_id=t.call_id, msg_id=t.msg_id, admitted=tickets[k]))
                                for k, t in enumerate(ticks) if replies[k] is None))
         return replies  # type: ignore[return-value]
 
-    async def _enqueued(self, tick: Submission) -> SpawnReply:
+    async def _enqueued(self, tick: Submission, ticket: Ticket | None) -> SpawnReply:
         """The message of a tick whose status this submit recorded, published alone."""
-        await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
-                            created=True, created_at=time.time())
+        try:
+            await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
+                                created=True, created_at=time.time())
+        except BaseException:
+            self.shares.release(ticket)
+            raise
+        self.shares.queued(ticket)
         return SpawnReply(call_id=tick.call_id, status="queued", created=True)
 
     async def _batches(self) -> bool:

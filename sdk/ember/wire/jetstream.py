@@ -97,6 +97,9 @@ def js_replicas() -> int:
     return int(raw)
 
 
+APP_SHARE = 4  # an app's queued calls may hold a quarter of the calls' queue unless set otherwise
+
+
 @dataclass(frozen=True)
 class StorageLimits:
     """How much each stream, KV bucket and object store may hold; -1 is no limit.
@@ -108,6 +111,10 @@ class StorageLimits:
 
     calls_stream_max_bytes: int = GiB  # EMBER_CALLS: queued calls
     calls_stream_max_msgs: int = 1_000_000
+    # what one app's queued calls may hold of EMBER_CALLS (past it, its spawns get a 429; ``calls.shares``): unset,
+    # a quarter of the two above (of what EMBER_CALLS_STREAM_MAX_BYTES / _MAX_MSGS set)
+    calls_stream_max_bytes_per_app: int = GiB // APP_SHARE
+    calls_stream_max_msgs_per_app: int = 1_000_000 // APP_SHARE
     dead_stream_max_bytes: int = 256 * MiB  # EMBER_DEAD: dead letters (also kept at most DEAD_LETTER_TTL_S)
     calls_kv_max_bytes: int = GiB  # ember_calls: records and inline results (kept CALL_TTL_S)
     results_store_max_bytes: int = 4 * GiB  # ember_results: large results (kept RESULTS_TTL_S)
@@ -150,6 +157,9 @@ class StorageLimits:
             if value == 0 or value < -1:
                 raise ValueError(f"{name}={value} must be positive, or -1 for no limit")
             values[f.name] = value
+        for whole in ("calls_stream_max_bytes", "calls_stream_max_msgs"):
+            if whole in values and f"{whole}_per_app" not in values:  # an app's share follows the stream's limit
+                values[f"{whole}_per_app"] = values[whole] if values[whole] < 0 else max(1, values[whole] // APP_SHARE)
         return cls(**values)
 
     def events(self) -> dict[str, Any]:  # of every function's event stream

@@ -68,3 +68,14 @@ def test_limits_differ_reads_a_server_config() -> None:
     # A bucket created before a replica read its records by key gets direct gets (and nothing else changes).
     calls = StreamConfig.from_response({"name": "KV_ember_calls", "max_bytes": GiB})
     assert limits_differ(calls, StorageLimits().streams()["KV_ember_calls"]) == {"allow_direct": (None, True)}
+
+
+def test_an_apps_share_of_the_queue_follows_the_queues_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert (StorageLimits().calls_stream_max_bytes_per_app, StorageLimits().calls_stream_max_msgs_per_app) == \
+        (GiB // 4, 250_000)
+    monkeypatch.setenv("EMBER_CALLS_STREAM_MAX_BYTES", str(4 * GiB))
+    monkeypatch.setenv("EMBER_CALLS_STREAM_MAX_MSGS", "-1")
+    limits = StorageLimits.from_env()
+    assert (limits.calls_stream_max_bytes_per_app, limits.calls_stream_max_msgs_per_app) == (GiB, -1)
+    monkeypatch.setenv("EMBER_CALLS_STREAM_MAX_BYTES_PER_APP", "1000")
+    assert StorageLimits.from_env().calls_stream_max_bytes_per_app == 1000

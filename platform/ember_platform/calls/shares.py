@@ -1,0 +1,242 @@
+"""Each app's share of the calls' queue: one app's spawns cannot fill the queue that every app's spawns share.
+
+Every queued call waits in one work-queue stream (``EMBER_CALLS``, 1 GiB by default), and a full stream refuses the
+next call of any app. So an app may hold at most ``EMBER_CALLS_STREAM_MAX_BYTES_PER_APP`` of input there, and
+``EMBER_CALLS_STREAM_MAX_MSGS_PER_APP`` calls (a quarter of the stream's limits unless set); past them its spawns get a
+429 with Retry-After, while every other app's go on.
+
+JetStream counts an app's calls exactly (one stream info filtered on the app's queues, read at most every
+``READ_EVERY_S`` per app, by one request at a time), but not their bytes. The bytes are this control plane's
+upper bound: it keeps the size of every call it queued (rounded up, at most 1/8 over), and of the calls a queue
+holds it counts the largest it queued there, whichever ran meanwhile; a call some other control plane queued counts
+as the stream's mean call. A call this control plane admits counts at once, before its publish, so concurrent spawns
+see each other. Several control planes each admit up to the share, as quotas do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember._errors import OverloadedError
+from ember.wire import subjects
+from ember.wire.jetstream import StorageLimits
+from ember_platform.calls import retire
+
+log = logging.getLogger("ember.calls")
+READ_EVERY_S = 1.0  # an app's counts are read again when older than this, while its spawns wait for none
+STALE_S = 5.0  # older than this (or never read), a spawn waits for the read
+RECHECK_S = 0.1  # a spawn the counts would refuse waits for a read if the last is older than this
+FORGET_S = 300.0  # an app that spawned nothing for this long is forgotten (its calls count as the stream's mean then)
+RETRY_AFTER_S = 5.0
+_SIGNIFICANT_BITS = 4
+
+
+def rounded(size: int) -> int:
+    """``size`` rounded up to its four most significant bits: the ledger's sizes, at most 1/8 over."""
+    step = 1 << max(0, max(size, 1).bit_length() - _SIGNIFICANT_BITS)
+    return -(-max(size, 1) // step) * step
+
+
+class Sizes:
+    """The sizes of the calls this control plane queued on one subject: a count per rounded size."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, int] = {}
+        self.n = 0
+        self.total = 0
+
+    def add(self, size: int) -> None:
+        size = rounded(size)
+        self._counts[size] = self._counts.get(size, 0) + 1
+        self.n += 1
+        self.total += size
+
+    def remove(self, size: int) -> None:
+        """One call of ``size`` that was never queued (its publish failed)."""
+        size = rounded(size)
+        left = self._counts.get(size, 0) - 1
+        if left < 0:
+            return
+        if left:
+            self._counts[size] = left
+        else:
+            del self._counts[size]
+        self.n -= 1
+        self.total -= size
+
+    def largest(self, n: int) -> int:
+        """The bytes of the ``n`` largest calls (every one when ``n`` is more): an upper bound on any ``n`` of them."""
+        if n >= self.n:
+            return self.total
+        left, total = max(n, 0), 0
+        for size in sorted(self._counts, reverse=True):
+            take = min(left, self._counts[size])
+            total += take * size
+            left -= take
+            if not left:
+                break
+        return total
+
+    def keep_largest(self, n: int) -> None:
+        """Forget all but the ``n`` largest: the queue holds ``n`` calls, and whichever ran, these bound them."""
+        for size in sorted(self._counts):
+            if self.n <= n:
+                return
+            drop = min(self._counts[size], self.n - max(n, 0))
+            self._counts[size] -= drop
+            if not self._counts[size]:
+                del self._counts[size]
+            self.n -= drop
+            self.total -= drop * size
+
+
+@dataclass
+class Queue:
+    """One subject of an app's queues: the calls it ``held`` when last read, this control plane's calls admitted
+    since that read began (``added``: the read may not count them) and being published (``publishing``)."""
+
+    held: int = 0
+    added: int = 0
+    publishing: int = 0
+    sizes: Sizes = field(default_factory=Sizes)
+
+    @property
+    def calls(self) -> int:
+        return self.held + self.added + self.publishing
+
+    def bytes(self, mean: float) -> float:
+        return self.sizes.largest(self.calls) + max(0, self.calls - self.sizes.n) * mean
+
+
+@dataclass
+class AppQueues:
+    queues: dict[str, Queue] = field(default_factory=dict)
+    mean: float = 0.0  # the stream's bytes per call, as last read: a call another control plane queued
+    read_at: float = -math.inf
+    used_at: float = field(default_factory=time.monotonic)
+    reading: asyncio.Task[None] | None = None
+
+    def usage(self) -> tuple[int, float]:
+        """(calls, bytes) the app's queues hold, as far as this control plane can tell."""
+        return (sum(q.calls for q in self.queues.values()),
+                sum(q.bytes(self.mean) for q in self.queues.values()))
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """A call admitted: ``queued`` once its message is stored, ``release`` if it never will be."""
+
+    app: str
+    subject: str
+    size: int
+
+
+class QueueShares:
+    def __init__(self, js: Any, limits: StorageLimits) -> None:
+        self._js = js
+        self.max_bytes = limits.calls_stream_max_bytes_per_app
+        self.max_msgs = limits.calls_stream_max_msgs_per_app
+        self._apps: dict[str, AppQueues] = {}
+        self._swept_at = time.monotonic()
+
+    @property
+    def off(self) -> bool:
+        return self.max_bytes < 0 and self.max_msgs < 0
+
+    async def admit(self, app: str, function: str, version: int | None, size: int) -> Ticket | None:
+        """Count a call of ``size`` bytes to ``app.function`` (pinned to ``version``) against the app's share, or
+        refuse it (``OverloadedError``: 429, Retry-After) when the share would be exceeded. None when no share is
+        set."""
+        if self.off:
+            return None
+        state = self._apps.setdefault(app, AppQueues())
+        state.used_at = now = time.monotonic()
+        if now - state.read_at > READ_EVERY_S:
+            await self._reading(app, state, wait=now - state.read_at > STALE_S)
+        calls, held = state.usage()
+        if self._past(calls, held, size) and time.monotonic() - state.read_at > RECHECK_S:
+            await self._reading(app, state, wait=True)  # a refusal counts on a fresh read: calls may have just run
+            calls, held = state.usage()
+        if 0 <= self.max_msgs < calls + 1:
+            raise OverloadedError(f"the app {app!r} holds {calls:,} queued calls, its share of the calls' queue "
+                                  f"(EMBER_CALLS_STREAM_MAX_MSGS_PER_APP {self.max_msgs:,}); retry when some have "
+                                  "run", retry_after_s=RETRY_AFTER_S)
+        if 0 <= self.max_bytes < held + size:
+            raise OverloadedError(f"the app {app!r} holds {_mib(held)} of queued calls' input; with this call's "
+                                  f"{_mib(size)} it would pass its share of the calls' queue "
+                                  f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(self.max_bytes)}); retry when some "
+                                  "have run", retry_after_s=RETRY_AFTER_S)
+        subject = subjects.calls(app, function) if version is None else subjects.pinned_calls(app, function, version)
+        queue = state.queues.setdefault(subject, Queue())
+        queue.sizes.add(size)
+        queue.publishing += 1
+        return Ticket(app, subject, size)
+
+    def _past(self, calls: int, held: float, size: int) -> bool:
+        return 0 <= self.max_msgs < calls + 1 or 0 <= self.max_bytes < held + size
+
+    async def _reading(self, app: str, state: AppQueues, wait: bool) -> None:
+        """Read the app's queues (one read at a time: a read under way serves), waiting for it if ``wait``."""
+        if state.reading is None:
+            state.reading = asyncio.ensure_future(self._read(app, state))
+        if wait:
+            await asyncio.shield(state.reading)
+
+    def queued(self, ticket: Ticket | None) -> None:
+        """The admitted call's message is stored."""
+        queue = self._queue(ticket)
+        if queue is not None:
+            queue.publishing -= 1
+            queue.added += 1
+
+    def release(self, ticket: Ticket | None) -> None:
+        """The admitted call was not queued (its publish failed, or it was queued before)."""
+        queue = self._queue(ticket)
+        if queue is not None:
+            queue.publishing -= 1
+            queue.sizes.remove(ticket.size)  # type: ignore[union-attr]
+
+    def _queue(self, ticket: Ticket | None) -> Queue | None:
+        if ticket is None or (state := self._apps.get(ticket.app)) is None:
+            return None
+        return state.queues.get(ticket.subject)
+
+    async def _read(self, app: str, state: AppQueues) -> None:
+        """The calls each queue of ``app`` holds, from one stream info: what this control plane admitted before the
+        read began is in it, or ran."""
+        before = {subject: q.added for subject, q in state.queues.items()}
+        try:
+            info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(app))
+        except Exception as exc:  # what was known stands (or nothing: then the stream's own limit still holds)
+            log.warning("could not read the queues of %s for its share: %s", app, exc)
+            return
+        finally:
+            state.reading = None
+        state.read_at = time.monotonic()
+        held = info.state.subjects or {}
+        state.mean = info.state.bytes / info.state.messages if info.state.messages else 0.0
+        for subject in set(state.queues) | set(held):
+            queue = state.queues.setdefault(subject, Queue())
+            queue.held = held.get(subject, 0)
+            queue.added -= before.get(subject, 0)
+            queue.sizes.keep_largest(queue.calls)
+            if not queue.calls and not queue.sizes.n:
+                del state.queues[subject]
+        self._forget_idle(state.read_at)
+
+    def _forget_idle(self, now: float) -> None:
+        if now - self._swept_at < FORGET_S / 10:
+            return
+        self._swept_at = now
+        for app, state in list(self._apps.items()):
+            if state.reading is None and now - state.used_at > FORGET_S:
+                del self._apps[app]
+
+
+def _mib(size: float) -> str:
+    return f"{size / 2**20:,.1f} MiB"

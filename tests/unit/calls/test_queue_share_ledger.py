@@ -1,0 +1,170 @@
+"""Each app's share of the calls' queue (``calls.shares``), on a real nats-server: an app's calls past its share are
+refused while another app's go on; a call some other control plane queued counts as the stream's mean; and the
+bytes this control plane counts bound what the queue holds whichever calls ran (its large calls still waiting count
+whole after a hundred small ones ran: a first-in-first-out ledger, or a mean, would have let the app past)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from typing import Any
+
+import pytest
+from support.nats_cluster import NatsCluster
+from support.natsconn import connect
+
+from ember import _loop as ember_loop
+from ember._errors import OverloadedError
+from ember.wire import subjects
+from ember.wire.jetstream import StorageLimits, ensure_buckets
+from ember_platform.calls import shares
+from ember_platform.calls.durable import Calls
+from ember_platform.calls.shares import Sizes, rounded
+
+pytestmark = pytest.mark.timeout(60)
+KiB = 1 << 10
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory: pytest.TempPathFactory):
+    with NatsCluster(tmp_path_factory.mktemp("nats"), size=1) as cluster:
+        yield cluster.url
+
+
+@pytest.fixture(autouse=True)
+def fresh_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shares, "STALE_S", 0.0)  # every admission waits for a read of the app's queues: exact here
+    monkeypatch.setattr(shares, "READ_EVERY_S", 0.0)
+
+
+async def _planes(url: str, n: int, **limits: int) -> tuple[list[Any], list[Calls]]:
+    """``n`` control planes' ``Calls``, each on its own connection, with these limits; the queue emptied first."""
+    ncs = [await connect(url) for _ in range(n)]
+    stores = await ensure_buckets(ncs[0].jetstream())
+    await ncs[0].jetstream().purge_stream(subjects.CALLS_STREAM)
+    planes = [Calls(nc, stores, 30.0, lambda _: None, limits=StorageLimits(**limits)) for nc in ncs]
+    return ncs, planes
+
+
+async def _submit(calls: Calls, app: str, size: int) -> str:
+    try:
+        await calls.submit(app, "f", b"x" * size, key=None, deadline=math.inf)
+        return "queued"
+    except OverloadedError as exc:
+        return exc.message
+
+
+def test_rounded_sizes_are_at_most_an_eighth_over():
+    for size in [1, 2, 15, 16, 17, 1000, 4095, 4097, 300 * KiB + 7, 4 << 20, (4 << 20) + 1]:
+        assert size <= rounded(size) <= size * 1.125
+
+
+def test_the_largest_calls_are_the_ones_kept():
+    sizes = Sizes()
+    for size in [64, 4096, 256, 65536, 1024]:
+        sizes.add(size)
+    assert sizes.largest(2) == 65536 + 4096
+    sizes.keep_largest(2)
+    assert (sizes.n, sizes.total) == (2, 65536 + 4096)
+    sizes.remove(4096)
+    assert (sizes.n, sizes.total) == (1, 65536)
+
+
+def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_url):
+    async def scenario() -> tuple[list[str], list[str]]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=3)
+        try:
+            mine = [await _submit(calls, "hog", 10) for _ in range(4)]
+            theirs = [await _submit(calls, "meek", 10) for _ in range(3)]
+            return mine, theirs
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    mine, theirs = ember_loop.run(scenario())
+    assert mine[:3] == ["queued"] * 3
+    assert "holds 3 queued calls" in mine[3] and "EMBER_CALLS_STREAM_MAX_MSGS_PER_APP 3" in mine[3]
+    assert theirs == ["queued"] * 3
+
+
+def test_calls_another_control_plane_queued_count_as_the_streams_mean(nats_url):
+    async def scenario() -> list[str]:
+        ncs, [first, second] = await _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20)
+        try:
+            said = [await _submit(first, "hog", 300 * KiB) for _ in range(2)]
+            said += [await _submit(second, "hog", 300 * KiB) for _ in range(2)]  # it never saw the first two
+            return said
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    said = ember_loop.run(scenario())
+    assert said[:3] == ["queued"] * 3
+    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP 1.0 MiB" in said[3], said[3]
+
+
+def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
+    async def scenario() -> list[str]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20)
+        js = ncs[0].jetstream()
+        try:
+            said = [await _submit(calls, "hog", 400 * KiB)]
+            said += [await _submit(calls, "hog", KiB) for _ in range(100)]
+            worker = await js.pull_subscribe(subjects.calls("hog", "f"), "hog-worker", stream=subjects.CALLS_STREAM)
+            ran = 0
+            while ran < 100:  # the small ones run and leave the queue; the large one waits on
+                for msg in await worker.fetch(10, timeout=5):
+                    if len(msg.data) < 400 * KiB:
+                        await msg.ack()
+                        ran += 1
+                    else:
+                        await msg.nak(delay=30)
+            said += [await _submit(calls, "hog", 400 * KiB) for _ in range(2)]
+            await js.purge_stream(subjects.CALLS_STREAM)  # every call ran: the share is free again
+            said.append(await _submit(calls, "hog", 400 * KiB))
+            return said
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    said = ember_loop.run(scenario())
+    assert said[:102] == ["queued"] * 102  # 400 KiB + 100 KiB + 400 KiB
+    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP" in said[102]  # a third 400 KiB would pass the 1 MiB
+    assert said[103] == "queued"
+
+
+def test_no_share_reads_nothing(nats_url):
+    async def scenario() -> tuple[str, int]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=-1, calls_stream_max_msgs_per_app=-1)
+        try:
+            said = await _submit(calls, "hog", 10)
+            return said, len(calls.shares._apps)
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    assert ember_loop.run(scenario()) == ("queued", 0)
+
+
+def test_a_read_in_flight_is_shared(nats_url, monkeypatch: pytest.MonkeyPatch):
+    async def scenario() -> tuple[list[str], int]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=1000)
+        reads = 0
+        real = calls.shares._js.stream_info
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal reads
+            reads += 1
+            await asyncio.sleep(0.05)
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(calls.shares, "_js", type("JS", (), {"stream_info": staticmethod(counted)})())
+        try:
+            said = await asyncio.gather(*(_submit(calls, "hog", 10) for _ in range(20)))
+            return list(said), reads
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    said, reads = ember_loop.run(scenario())
+    assert said == ["queued"] * 20 and reads == 1
