@@ -305,11 +305,26 @@ class Calls:
         Each submission's reply, or the error that kept it from being queued, in order."""
         replies: list[SpawnReply | EmberError | None] = [None] * len(ticks)
         tickets: list[Ticket | None] = [None] * len(ticks)
-        for k, t in enumerate(ticks):  # each counts against its app's share first; past it, its reply is the 429
-            try:
-                tickets[k] = await self.shares.admit(t.app, t.function, None, len(t.body))
-            except EmberError as exc:
-                replies[k] = exc
+        await self.shares.prepare({t.app for t in ticks})
+        try:
+            for k, t in enumerate(ticks):  # each counts against its app's share first; past it, its reply is a 429
+                try:
+                    tickets[k] = await self.shares.admit(t.app, t.function, None, len(t.body))
+                except EmberError as exc:
+                    replies[k] = exc
+            await self._submit_many(ticks, replies, tickets)
+        finally:  # those not handed on (an error, or this task cancelled): never queued by this submit
+            for ticket in tickets:
+                self.shares.release(ticket)
+        return replies  # type: ignore[return-value]
+
+    async def _submit_many(self, ticks: list[Submission], replies: list[SpawnReply | EmberError | None],
+                           tickets: list[Ticket | None]) -> None:
+        """``submit_many`` of the ticks admitted (``replies[k]`` None); each ticket handed on leaves ``tickets``."""
+        def handed(k: int) -> Ticket | None:
+            ticket, tickets[k] = tickets[k], None
+            return ticket
+
         if ticks and await self._batches():
             now = time.time()
             for start in range(0, len(ticks), SUBMIT_BATCH):  # the first runs start while the rest wait
@@ -326,13 +341,12 @@ class Calls:
                                     "calls") is not None:
                     for k in chunk:
                         replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
-                        self.shares.queued(tickets[k])
+                        self.shares.queued(handed(k))
                 else:  # their statuses are this submit's own: published one by one, each removed if that fails
-                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k], tickets[k])) for k in chunk))
+                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k], handed(k))) for k in chunk))
         await asyncio.gather(*(_into(replies, k, self.submit(t.app, t.function, t.body, key=None, deadline=math.inf,
-                                                             call_id=t.call_id, msg_id=t.msg_id, admitted=tickets[k]))
+                                                             call_id=t.call_id, msg_id=t.msg_id, admitted=handed(k)))
                                for k, t in enumerate(ticks) if replies[k] is None))
-        return replies  # type: ignore[return-value]
 
     async def _enqueued(self, tick: Submission, ticket: Ticket | None) -> SpawnReply:
         """The message of a tick whose status this submit recorded, published alone."""

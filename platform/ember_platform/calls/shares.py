@@ -7,10 +7,13 @@ next call of any app. So an app may hold at most ``EMBER_CALLS_STREAM_MAX_BYTES_
 
 JetStream counts an app's calls exactly (one stream info filtered on the app's queues, read at most every
 ``READ_EVERY_S`` per app, by one request at a time), but not their bytes. The bytes are this control plane's
-upper bound: it keeps the size of every call it queued (rounded up, at most 1/8 over), and of the calls a queue
-holds it counts the largest it queued there, whichever ran meanwhile; a call some other control plane queued counts
-as the stream's mean call. A call this control plane admits counts at once, before its publish, so concurrent spawns
-see each other. Several control planes each admit up to the share, as quotas do.
+upper bound: it keeps the size of every call it queued (with its message's overhead, rounded up, at most 1/8 over),
+and of the calls a queue holds it counts the largest it queued there, whichever ran meanwhile. A call it did not
+queue (another control plane's, or one queued before it started) counts as the mean of the app's own calls it knows,
+or as the call being admitted when it knows none: never as other apps' calls, so that neither an app of small calls
+nor one of large calls moves another's share. A call admitted counts at once, before its publish, so concurrent
+spawns see each other. Several control planes each admit up to the share, as quotas do; a control plane started
+again counts the calls queued before by the first it admits after.
 """
 
 from __future__ import annotations
@@ -19,19 +22,21 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 from ember._errors import OverloadedError
 from ember.wire import subjects
-from ember.wire.jetstream import StorageLimits
+from ember.wire.jetstream import APP_SHARE, StorageLimits
 from ember_platform.calls import retire
 
 log = logging.getLogger("ember.calls")
 READ_EVERY_S = 1.0  # an app's counts are read again when older than this, while its spawns wait for none
 STALE_S = 5.0  # older than this (or never read), a spawn waits for the read
 RECHECK_S = 0.1  # a spawn the counts would refuse waits for a read if the last is older than this
-FORGET_S = 300.0  # an app that spawned nothing for this long is forgotten (its calls count as the stream's mean then)
+FORGET_S = 300.0  # an app whose queues held nothing at its last read and that spawned nothing for this long
+MESSAGE_OVERHEAD = 256  # what a queued call's message holds beside its input: subject, headers, JetStream's own
 RETRY_AFTER_S = 5.0
 _SIGNIFICANT_BITS = 4
 
@@ -109,22 +114,29 @@ class Queue:
     def calls(self) -> int:
         return self.held + self.added + self.publishing
 
-    def bytes(self, mean: float) -> float:
-        return self.sizes.largest(self.calls) + max(0, self.calls - self.sizes.n) * mean
+    def bytes(self, unknown: float) -> float:
+        """The bytes it holds: the largest calls this control plane queued there, the others at ``unknown``."""
+        return self.sizes.largest(self.calls) + max(0, self.calls - self.sizes.n) * unknown
 
 
 @dataclass
 class AppQueues:
     queues: dict[str, Queue] = field(default_factory=dict)
-    mean: float = 0.0  # the stream's bytes per call, as last read: a call another control plane queued
     read_at: float = -math.inf
     used_at: float = field(default_factory=time.monotonic)
     reading: asyncio.Task[None] | None = None
 
-    def usage(self) -> tuple[int, float]:
-        """(calls, bytes) the app's queues hold, as far as this control plane can tell."""
+    def usage(self, size: int) -> tuple[int, float]:
+        """(calls, bytes) the app's queues hold, as far as this control plane can tell, a call it did not queue
+        counted as the mean of those it did (as ``size``, the call being admitted, when it queued none)."""
+        known = sum(q.sizes.n for q in self.queues.values())
+        unknown = sum(q.sizes.total for q in self.queues.values()) / known if known else size
         return (sum(q.calls for q in self.queues.values()),
-                sum(q.bytes(self.mean) for q in self.queues.values()))
+                sum(q.bytes(unknown) for q in self.queues.values()))
+
+    @property
+    def holds(self) -> bool:
+        return any(q.calls or q.sizes.n for q in self.queues.values())
 
 
 @dataclass(frozen=True)
@@ -141,6 +153,7 @@ class QueueShares:
         self._js = js
         self.max_bytes = limits.calls_stream_max_bytes_per_app
         self.max_msgs = limits.calls_stream_max_msgs_per_app
+        self._stream: tuple[int, int] = (-1, -1)  # the stream's own max_bytes, max_msgs, as last read
         self._apps: dict[str, AppQueues] = {}
         self._swept_at = time.monotonic()
 
@@ -148,37 +161,54 @@ class QueueShares:
     def off(self) -> bool:
         return self.max_bytes < 0 and self.max_msgs < 0
 
+    def shares(self) -> tuple[int, int]:
+        """(bytes, calls) an app may hold: as configured, and at most a quarter of what the stream itself holds (the
+        platform gives it less where nats-server cannot reserve it all: ``reserving``); -1 for none."""
+        def capped(share: int, whole: int) -> int:
+            return share if share < 0 or whole <= 0 else min(share, max(1, whole // APP_SHARE))
+        return capped(self.max_bytes, self._stream[0]), capped(self.max_msgs, self._stream[1])
+
+    async def prepare(self, apps: Collection[str]) -> None:
+        """Read the counts of those ``apps`` whose counts a call would wait for, all at once (a schedule's ticks
+        of many apps: one round trip, not one each in turn)."""
+        if not self.off:
+            await asyncio.gather(*(self._fresh(app, self._apps.setdefault(app, AppQueues())) for app in apps))
+
+    async def _fresh(self, app: str, state: AppQueues) -> None:
+        now = time.monotonic()
+        if now - state.read_at > READ_EVERY_S:
+            await self._reading(app, state, wait=now - state.read_at > STALE_S)
+
     async def admit(self, app: str, function: str, version: int | None, size: int) -> Ticket | None:
         """Count a call of ``size`` bytes to ``app.function`` (pinned to ``version``) against the app's share, or
         refuse it (``OverloadedError``: 429, Retry-After) when the share would be exceeded. None when no share is
         set."""
         if self.off:
             return None
+        size += MESSAGE_OVERHEAD
         state = self._apps.setdefault(app, AppQueues())
-        state.used_at = now = time.monotonic()
-        if now - state.read_at > READ_EVERY_S:
-            await self._reading(app, state, wait=now - state.read_at > STALE_S)
-        calls, held = state.usage()
-        if self._past(calls, held, size) and time.monotonic() - state.read_at > RECHECK_S:
+        state.used_at = time.monotonic()
+        await self._fresh(app, state)
+        max_bytes, max_msgs = self.shares()
+        calls, held = state.usage(size)
+        if _past(calls, held, size, max_bytes, max_msgs) and time.monotonic() - state.read_at > RECHECK_S:
             await self._reading(app, state, wait=True)  # a refusal counts on a fresh read: calls may have just run
-            calls, held = state.usage()
-        if 0 <= self.max_msgs < calls + 1:
+            max_bytes, max_msgs = self.shares()
+            calls, held = state.usage(size)
+        if 0 <= max_msgs < calls + 1:
             raise OverloadedError(f"the app {app!r} holds {calls:,} queued calls, its share of the calls' queue "
-                                  f"(EMBER_CALLS_STREAM_MAX_MSGS_PER_APP {self.max_msgs:,}); retry when some have "
-                                  "run", retry_after_s=RETRY_AFTER_S)
-        if 0 <= self.max_bytes < held + size:
+                                  f"(EMBER_CALLS_STREAM_MAX_MSGS_PER_APP {max_msgs:,}); retry when some have run",
+                                  retry_after_s=RETRY_AFTER_S)
+        if 0 <= max_bytes < held + size:
             raise OverloadedError(f"the app {app!r} holds {_mib(held)} of queued calls' input; with this call's "
                                   f"{_mib(size)} it would pass its share of the calls' queue "
-                                  f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(self.max_bytes)}); retry when some "
-                                  "have run", retry_after_s=RETRY_AFTER_S)
+                                  f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(max_bytes)}); retry when some have "
+                                  "run", retry_after_s=RETRY_AFTER_S)
         subject = subjects.calls(app, function) if version is None else subjects.pinned_calls(app, function, version)
         queue = state.queues.setdefault(subject, Queue())
         queue.sizes.add(size)
         queue.publishing += 1
         return Ticket(app, subject, size)
-
-    def _past(self, calls: int, held: float, size: int) -> bool:
-        return 0 <= self.max_msgs < calls + 1 or 0 <= self.max_bytes < held + size
 
     async def _reading(self, app: str, state: AppQueues, wait: bool) -> None:
         """Read the app's queues (one read at a time: a read under way serves), waiting for it if ``wait``."""
@@ -212,14 +242,15 @@ class QueueShares:
         before = {subject: q.added for subject, q in state.queues.items()}
         try:
             info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(app))
-        except Exception as exc:  # what was known stands (or nothing: then the stream's own limit still holds)
+        except Exception as exc:  # what was known stands until the next read (the stream's own limit still holds)
             log.warning("could not read the queues of %s for its share: %s", app, exc)
+            state.read_at = time.monotonic()
             return
         finally:
             state.reading = None
         state.read_at = time.monotonic()
         held = info.state.subjects or {}
-        state.mean = info.state.bytes / info.state.messages if info.state.messages else 0.0
+        self._stream = (info.config.max_bytes or -1, info.config.max_msgs or -1)
         for subject in set(state.queues) | set(held):
             queue = state.queues.setdefault(subject, Queue())
             queue.held = held.get(subject, 0)
@@ -233,9 +264,13 @@ class QueueShares:
         if now - self._swept_at < FORGET_S / 10:
             return
         self._swept_at = now
-        for app, state in list(self._apps.items()):
-            if state.reading is None and now - state.used_at > FORGET_S:
+        for app, state in list(self._apps.items()):  # one holding calls is kept: its sizes bound them
+            if state.reading is None and not state.holds and now - state.used_at > FORGET_S:
                 del self._apps[app]
+
+
+def _past(calls: int, held: float, size: int, max_bytes: int, max_msgs: int) -> bool:
+    return 0 <= max_msgs < calls + 1 or 0 <= max_bytes < held + size
 
 
 def _mib(size: float) -> str:

@@ -1,7 +1,10 @@
 """Each app's share of the calls' queue (``calls.shares``), on a real nats-server: an app's calls past its share are
-refused while another app's go on; a call some other control plane queued counts as the stream's mean; and the
-bytes this control plane counts bound what the queue holds whichever calls ran (its large calls still waiting count
-whole after a hundred small ones ran: a first-in-first-out ledger, or a mean, would have let the app past)."""
+refused while another app's go on; a call some other control plane queued counts as the app's own calls, never as
+other apps' (an app of small calls was refused because another held large ones, and an app of large calls let past
+because others' were small); the bytes this control plane counts bound what the queue holds whichever calls ran
+(its large calls still waiting count whole after a hundred small ones ran: a first-in-first-out ledger, or a mean,
+would have let the app past), also once the app has been idle; a schedule's ticks past the share get the 429 in
+their replies; and the share is at most a quarter of what the stream really holds."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from ember._errors import OverloadedError
 from ember.wire import subjects
 from ember.wire.jetstream import StorageLimits, ensure_buckets
 from ember_platform.calls import shares
-from ember_platform.calls.durable import Calls
+from ember_platform.calls.durable import Calls, Submission
 from ember_platform.calls.shares import Sizes, rounded
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,20 +90,78 @@ def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_
     assert theirs == ["queued"] * 3
 
 
-def test_calls_another_control_plane_queued_count_as_the_streams_mean(nats_url):
+def test_calls_another_control_plane_queued_count_as_the_apps_own(nats_url):
     async def scenario() -> list[str]:
         ncs, [first, second] = await _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20)
         try:
-            said = [await _submit(first, "hog", 300 * KiB) for _ in range(2)]
-            said += [await _submit(second, "hog", 300 * KiB) for _ in range(2)]  # it never saw the first two
+            said = [await _submit(first, "meek", KiB) for _ in range(200)]  # 250 KiB with their messages
+            said += [await _submit(first, "hog", 300 * KiB) for _ in range(3)]  # the stream's mean: 5 KiB
+            said.append(await _submit(second, "meek", KiB))  # it never saw meek's 200: as small as this one
+            said.append(await _submit(second, "hog", 300 * KiB))  # nor hog's 3: as large as this one
             return said
         finally:
             for nc in ncs:
                 await nc.close()
 
     said = ember_loop.run(scenario())
-    assert said[:3] == ["queued"] * 3
-    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP 1.0 MiB" in said[3], said[3]
+    assert said[:204] == ["queued"] * 204
+    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP 1.0 MiB" in said[204], said[204]
+
+
+def test_an_app_holding_calls_is_not_forgotten_when_idle(nats_url, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(shares, "FORGET_S", 0.0)  # every read sweeps, and every app is idle long enough
+
+    async def scenario() -> list[str]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20)
+        try:
+            said = [await _submit(calls, "hog", 300 * KiB) for _ in range(3)]
+            said.append(await _submit(calls, "meek", 10))  # its read sweeps the idle apps
+            said.append(await _submit(calls, "hog", 1))  # forgotten, hog's 3 would count as this one
+            said.append(await _submit(calls, "hog", 300 * KiB))
+            return said
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    said = ember_loop.run(scenario())
+    assert said[:5] == ["queued"] * 5
+    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP" in said[5], said[5]
+
+
+def test_a_schedules_ticks_past_the_share_get_the_429_in_their_replies(nats_url):
+    async def scenario() -> list[object]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=3)
+        try:
+            ticks = [Submission(app, "f", f"{app}_{i:032x}", f"tick-{app}-{i}") for app in ("hog", "meek")
+                     for i in range(5 if app == "hog" else 2)]
+            replies = await calls.submit_many(ticks)
+            state = calls.shares._apps["hog"].queues[subjects.calls("hog", "f")]
+            return [*replies, (state.calls, state.publishing)]
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    *replies, (hog_calls, publishing) = ember_loop.run(scenario())
+    assert [type(r).__name__ for r in replies] == ["SpawnReply"] * 3 + ["OverloadedError"] * 2 + ["SpawnReply"] * 2
+    assert (hog_calls, publishing) == (3, 0)  # every admitted tick counted once, none left publishing
+
+
+def test_the_share_is_at_most_a_quarter_of_what_the_stream_holds(nats_url):
+    async def scenario() -> list[str]:
+        ncs, [calls] = await _planes(nats_url, 1)  # the default share: 256 MiB
+        js = ncs[0].jetstream()
+        config = (await js.stream_info(subjects.CALLS_STREAM)).config
+        try:
+            await js.update_stream(config.evolve(max_bytes=2 << 20))  # as reserving() leaves it on a small disk
+            return [await _submit(calls, "hog", 300 * KiB) for _ in range(2)]
+        finally:
+            await js.update_stream(config)
+            for nc in ncs:
+                await nc.close()
+
+    said = ember_loop.run(scenario())
+    assert said[0] == "queued"
+    assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP 0.5 MiB" in said[1], said[1]
 
 
 def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
@@ -128,7 +189,7 @@ def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
                 await nc.close()
 
     said = ember_loop.run(scenario())
-    assert said[:102] == ["queued"] * 102  # 400 KiB + 100 KiB + 400 KiB
+    assert said[:102] == ["queued"] * 102  # 400 KiB + 100 KiB + 400 KiB, with their messages
     assert "EMBER_CALLS_STREAM_MAX_BYTES_PER_APP" in said[102]  # a third 400 KiB would pass the 1 MiB
     assert said[103] == "queued"
 
