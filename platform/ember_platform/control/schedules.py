@@ -331,7 +331,8 @@ class ScheduleLoop:
                                        runs=state.runs + 1)
 
     def _started(self, app: str, tick: float, at: float) -> None:
-        self.metrics.lag.labels(app).observe(max(0.0, at - tick))
+        if app in self._deployments.items:  # a deleted app's last run starting makes no series again
+            self.metrics.lag.labels(app).observe(max(0.0, at - tick))
 
     async def _write(self, key: str, state: ScheduleState, read: int) -> bool:
         """Compare-and-set against the revision the new state was made from (0: create it); False when someone
