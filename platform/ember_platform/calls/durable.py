@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import math
 import time
@@ -196,6 +197,7 @@ class Calls:
                                     f"the app {app!r} was deleted before the call finished")
         with contextlib.suppress(JsNotFound):
             await self._js.purge_stream(subjects.DEAD_STREAM, subject=subjects.dead_of_app(app))
+        self.shares.forget(app)
 
     async def retire_function(self, app: str, function: str, reason: str, *, spare: Spare | None = None,
                               events: bool = False) -> retire.Walked:
@@ -237,15 +239,19 @@ class Calls:
         ``OverloadedError``, 429), unless ``admitted`` says it was counted."""
         ticket = admitted if admitted is not None else await self.shares.admit(app, function, version, len(body))
         try:
-            reply = await self._submit(app, function, body, key, deadline, version, call_id, msg_id)
+            reply, seq = await self._submit(app, function, body, key, deadline, version, call_id, msg_id)
         except BaseException:
             self.shares.release(ticket)
             raise
-        (self.shares.queued if reply.created else self.shares.release)(ticket)
+        if reply.created and seq is not None:
+            self.shares.queued(ticket, seq)
+        else:
+            self.shares.release(ticket)
         return reply
 
     async def _submit(self, app: str, function: str, body: bytes, key: str | None, deadline: float,
-                      version: int | None, call_id: str, msg_id: str) -> SpawnReply:
+                      version: int | None, call_id: str, msg_id: str) -> tuple[SpawnReply, int | None]:
+        """``submit``'s work: the reply, and the stream sequence of the message it queued (None: none)."""
         call_id = call_id or new_call_id(app)
         digest = hashlib.sha256(body).hexdigest() if key is not None else ""
         now = time.time()
@@ -264,11 +270,11 @@ class Calls:
                                 f"{call_id}, {existing.function}); a new input needs a new key",
                                 field="Idempotency-Key")
         if existing is not None and not _may_be_unpublished(existing, now):  # final, taken, or queued for long
-            return SpawnReply(call_id=call_id, status=existing.status, created=False)
-        await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None,
-                            created_at=existing.created_at if existing else now, input_sha256=digest)
+            return SpawnReply(call_id=call_id, status=existing.status, created=False), None
+        seq = await self._enqueue(app, function, body, call_id, msg_id, deadline, version, created=existing is None,
+                                  created_at=existing.created_at if existing else now, input_sha256=digest)
         return SpawnReply(call_id=call_id, status=existing.status if existing else "queued",
-                          created=existing is None)
+                          created=existing is None), seq
 
     def _message(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
                  version: int | None, created_at: float, input_sha256: str = "") -> Message:
@@ -284,12 +290,13 @@ class Calls:
         return subject, body, headers
 
     async def _enqueue(self, app: str, function: str, body: bytes, call_id: str, msg_id: str, deadline: float,
-                       version: int | None, *, created: bool, created_at: float, input_sha256: str = "") -> None:
-        """Publish a recorded call's message; if that fails, the status this submit ``created`` is removed."""
+                       version: int | None, *, created: bool, created_at: float, input_sha256: str = "") -> int:
+        """Publish a recorded call's message (its stream sequence); if that fails, the status this submit
+        ``created`` is removed."""
         subject, body, headers = self._message(app, function, body, call_id, msg_id, deadline, version, created_at,
                                                input_sha256)
         try:
-            await self._js.publish(subject, body, headers=headers)
+            return int((await self._js.publish(subject, body, headers=headers)).seq)
         except (NatsError, OSError, TimeoutError) as exc:
             if created:
                 with contextlib.suppress(NatsError, OSError, TimeoutError):
@@ -321,7 +328,7 @@ class Calls:
     async def _submit_many(self, ticks: list[Submission], replies: list[SpawnReply | EmberError | None],
                            tickets: list[Ticket | None]) -> None:
         """``submit_many`` of the ticks admitted (``replies[k]`` None); each ticket handed on leaves ``tickets``."""
-        def handed(k: int) -> Ticket | None:
+        def handed(k: int) -> Ticket | None:  # taken by the code that settles it, once it runs
             ticket, tickets[k] = tickets[k], None
             return ticket
 
@@ -336,27 +343,33 @@ class Calls:
                 if await try_atomic(self._js, [self.store.create_status_message(r) for r in statuses],
                                     "statuses") is None:
                     continue  # one by one, below
-                if await try_atomic(self._js, [self._message(t.app, t.function, t.body, t.call_id, t.msg_id,
-                                                             math.inf, None, now) for t in (ticks[k] for k in chunk)],
-                                    "calls") is not None:
-                    for k in chunk:
+                messages = [self._message(t.app, t.function, t.body, t.call_id, t.msg_id, math.inf, None, now)
+                            for t in (ticks[k] for k in chunk)]
+                last = await try_atomic(self._js, messages, "calls")
+                if last is not None:
+                    for n, k in enumerate(chunk):  # stored in order, the last at ``last``
                         replies[k] = SpawnReply(call_id=ticks[k].call_id, status="queued", created=True)
-                        self.shares.queued(handed(k))
+                        self.shares.queued(handed(k), last - len(chunk) + 1 + n)
                 else:  # their statuses are this submit's own: published one by one, each removed if that fails
-                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k], handed(k))) for k in chunk))
-        await asyncio.gather(*(_into(replies, k, self.submit(t.app, t.function, t.body, key=None, deadline=math.inf,
-                                                             call_id=t.call_id, msg_id=t.msg_id, admitted=handed(k)))
-                               for k, t in enumerate(ticks) if replies[k] is None))
+                    await asyncio.gather(*(_into(replies, k, self._enqueued(ticks[k], functools.partial(handed, k)))
+                                           for k in chunk))
 
-    async def _enqueued(self, tick: Submission, ticket: Ticket | None) -> SpawnReply:
-        """The message of a tick whose status this submit recorded, published alone."""
+        async def alone(t: Submission, k: int) -> SpawnReply:
+            return await self.submit(t.app, t.function, t.body, key=None, deadline=math.inf, call_id=t.call_id,
+                                     msg_id=t.msg_id, admitted=handed(k))
+
+        await asyncio.gather(*(_into(replies, k, alone(t, k)) for k, t in enumerate(ticks) if replies[k] is None))
+
+    async def _enqueued(self, tick: Submission, take: Callable[[], Ticket | None]) -> SpawnReply:
+        """The message of a tick whose status this submit recorded, published alone (its ticket ``take``n here)."""
+        ticket = take()
         try:
-            await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
-                                created=True, created_at=time.time())
+            seq = await self._enqueue(tick.app, tick.function, tick.body, tick.call_id, tick.msg_id, math.inf, None,
+                                      created=True, created_at=time.time())
         except BaseException:
             self.shares.release(ticket)
             raise
-        self.shares.queued(ticket)
+        self.shares.queued(ticket, seq)
         return SpawnReply(call_id=tick.call_id, status="queued", created=True)
 
     async def _batches(self) -> bool:

@@ -7,13 +7,13 @@ next call of any app. So an app may hold at most ``EMBER_CALLS_STREAM_MAX_BYTES_
 
 JetStream counts an app's calls exactly (one stream info filtered on the app's queues, read at most every
 ``READ_EVERY_S`` per app, by one request at a time), but not their bytes. The bytes are this control plane's
-upper bound: it keeps the size of every call it queued (with its message's overhead, rounded up, at most 1/8 over),
-and of the calls a queue holds it counts the largest it queued there, whichever ran meanwhile. A call it did not
-queue (another control plane's, or one queued before it started) counts as the mean of the app's own calls it knows,
-or as the call being admitted when it knows none: never as other apps' calls, so that neither an app of small calls
-nor one of large calls moves another's share. A call admitted counts at once, before its publish, so concurrent
-spawns see each other. Several control planes each admit up to the share, as quotas do; a control plane started
-again counts the calls queued before by the first it admits after.
+upper bound: it keeps the size of every call it queued (with its message's overhead, rounded up, at most 1/8 over)
+until the queue's ack floor passes it, and of the calls a queue holds it counts the largest it queued there, whichever
+ran meanwhile. A call it did not queue (another control plane's, or one queued before it started) counts as the mean
+of the app's own calls it knows, or as the call being admitted when it knows none: never as other apps' calls, so
+that neither an app of small calls nor one of large calls moves another's share. A call admitted counts at once,
+before its publish, so concurrent spawns see each other. Several control planes each admit up to the share, as
+quotas do; a control plane started again counts the calls queued before by the first it admits after.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,7 @@ READ_EVERY_S = 1.0  # an app's counts are read again when older than this, while
 STALE_S = 5.0  # older than this (or never read), a spawn waits for the read
 RECHECK_S = 0.1  # a spawn the counts would refuse waits for a read if the last is older than this
 FORGET_S = 300.0  # an app whose queues held nothing at its last read and that spawned nothing for this long
-MESSAGE_OVERHEAD = 256  # what a queued call's message holds beside its input: subject, headers, JetStream's own
+MESSAGE_OVERHEAD = 512  # what a queued call's message holds beside its input and subject: headers, the store's own
 RETRY_AFTER_S = 5.0
 _SIGNIFICANT_BITS = 4
 
@@ -48,10 +49,14 @@ def rounded(size: int) -> int:
 
 
 class Sizes:
-    """The sizes of the calls this control plane queued on one subject: a count per rounded size."""
+    """The sizes of the calls this control plane queued on one subject: a count per rounded size (for the largest
+    first), and each stored call's stream sequence in order, so that those at or below the queue's ack floor (every
+    call up to it has run) leave (``ran_to``)."""
 
     def __init__(self) -> None:
         self._counts: dict[int, int] = {}
+        self._order: deque[tuple[int, int]] = deque()  # (stream sequence, rounded size) of each call stored
+        self._dropped: dict[int, int] = {}  # per rounded size: calls of ``_order`` that ``keep_largest`` took out
         self.n = 0
         self.total = 0
 
@@ -61,8 +66,12 @@ class Sizes:
         self.n += 1
         self.total += size
 
+    def stored(self, size: int, seq: int) -> None:
+        """A call ``add`` counted is stored at ``seq``."""
+        self._order.append((seq, rounded(size)))
+
     def remove(self, size: int) -> None:
-        """One call of ``size`` that was never queued (its publish failed)."""
+        """One call of ``size`` that was never queued (its publish failed), or that ran."""
         size = rounded(size)
         left = self._counts.get(size, 0) - 1
         if left < 0:
@@ -73,6 +82,16 @@ class Sizes:
             del self._counts[size]
         self.n -= 1
         self.total -= size
+
+    def ran_to(self, floor: int) -> None:
+        """Every call stored at or below ``floor`` has run: they leave (those ``keep_largest`` took out already
+        leave nothing more)."""
+        while self._order and self._order[0][0] <= floor:
+            _, size = self._order.popleft()
+            if self._dropped.get(size):
+                self._dropped[size] -= 1
+            else:
+                self.remove(size)
 
     def largest(self, n: int) -> int:
         """The bytes of the ``n`` largest calls (every one when ``n`` is more): an upper bound on any ``n`` of them."""
@@ -94,10 +113,13 @@ class Sizes:
                 return
             drop = min(self._counts[size], self.n - max(n, 0))
             self._counts[size] -= drop
+            self._dropped[size] = self._dropped.get(size, 0) + drop
             if not self._counts[size]:
                 del self._counts[size]
             self.n -= drop
             self.total -= drop * size
+        if not self._order:
+            self._dropped.clear()
 
 
 @dataclass
@@ -109,6 +131,7 @@ class Queue:
     added: int = 0
     publishing: int = 0
     sizes: Sizes = field(default_factory=Sizes)
+    consumer: str = ""  # the durable consumer that takes its calls: its ack floor says which have run
 
     @property
     def calls(self) -> int:
@@ -185,7 +208,7 @@ class QueueShares:
         set."""
         if self.off:
             return None
-        size += MESSAGE_OVERHEAD
+        size += MESSAGE_OVERHEAD + len(subjects.pinned_calls(app, function, version or 0))
         state = self._apps.setdefault(app, AppQueues())
         state.used_at = time.monotonic()
         await self._fresh(app, state)
@@ -206,6 +229,8 @@ class QueueShares:
                                   "run", retry_after_s=RETRY_AFTER_S)
         subject = subjects.calls(app, function) if version is None else subjects.pinned_calls(app, function, version)
         queue = state.queues.setdefault(subject, Queue())
+        queue.consumer = subjects.calls_consumer(app, function) if version is None else \
+            subjects.pinned_calls_consumer(app, function, version)
         queue.sizes.add(size)
         queue.publishing += 1
         return Ticket(app, subject, size)
@@ -217,12 +242,17 @@ class QueueShares:
         if wait:
             await asyncio.shield(state.reading)
 
-    def queued(self, ticket: Ticket | None) -> None:
-        """The admitted call's message is stored."""
+    def queued(self, ticket: Ticket | None, seq: int) -> None:
+        """The admitted call's message is stored, at ``seq`` in the stream."""
         queue = self._queue(ticket)
         if queue is not None:
             queue.publishing -= 1
             queue.added += 1
+            queue.sizes.stored(ticket.size, seq)  # type: ignore[union-attr]
+
+    def forget(self, app: str) -> None:
+        """``app`` was deleted: its queues with it."""
+        self._apps.pop(app, None)
 
     def release(self, ticket: Ticket | None) -> None:
         """The admitted call was not queued (its publish failed, or it was queued before)."""
@@ -238,19 +268,24 @@ class QueueShares:
 
     async def _read(self, app: str, state: AppQueues) -> None:
         """The calls each queue of ``app`` holds, from one stream info: what this control plane admitted before the
-        read began is in it, or ran."""
+        read began is in it, or ran; and each queue's ack floor, below which its calls ran."""
         before = {subject: q.added for subject, q in state.queues.items()}
+        queues = list(state.queues.values())
         try:
-            info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(app))
-        except Exception as exc:  # what was known stands until the next read (the stream's own limit still holds)
-            log.warning("could not read the queues of %s for its share: %s", app, exc)
-            state.read_at = time.monotonic()
-            return
+            try:
+                info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(app))
+            except Exception as exc:  # what was known stands until the next read (the stream's own limit holds)
+                log.warning("could not read the queues of %s for its share: %s", app, exc)
+                state.read_at = time.monotonic()
+                return
+            floors = await asyncio.gather(*(self._ack_floor(q.consumer) for q in queues))
         finally:
             state.reading = None
         state.read_at = time.monotonic()
         held = info.state.subjects or {}
         self._stream = (info.config.max_bytes or -1, info.config.max_msgs or -1)
+        for queue, floor in zip(queues, floors, strict=True):
+            queue.sizes.ran_to(floor)
         for subject in set(state.queues) | set(held):
             queue = state.queues.setdefault(subject, Queue())
             queue.held = held.get(subject, 0)
@@ -260,12 +295,27 @@ class QueueShares:
                 del state.queues[subject]
         self._forget_idle(state.read_at)
 
+    async def _ack_floor(self, consumer: str) -> int:
+        """The stream sequence up to which every call of ``consumer`` has run (acked); 0 when not known (no
+        consumer: a retired function's queue holds no call, and its sizes go as the read counts none)."""
+        if not consumer:
+            return 0
+        try:
+            info = await self._js.consumer_info(subjects.CALLS_STREAM, consumer)
+        except Exception:
+            return 0
+        return info.ack_floor.stream_seq if info.ack_floor is not None else 0
+
     def _forget_idle(self, now: float) -> None:
         if now - self._swept_at < FORGET_S / 10:
             return
         self._swept_at = now
-        for app, state in list(self._apps.items()):  # one holding calls is kept: its sizes bound them
-            if state.reading is None and not state.holds and now - state.used_at > FORGET_S:
+        for app, state in list(self._apps.items()):
+            if state.reading is not None or now - state.used_at <= FORGET_S:
+                continue
+            if state.holds:  # kept, its sizes bound its calls: read again, to be forgotten once they ran
+                state.reading = asyncio.ensure_future(self._read(app, state))
+            else:
                 del self._apps[app]
 
 

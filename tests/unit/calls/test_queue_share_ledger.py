@@ -41,10 +41,14 @@ def fresh_reads(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 async def _planes(url: str, n: int, **limits: int) -> tuple[list[Any], list[Calls]]:
-    """``n`` control planes' ``Calls``, each on its own connection, with these limits; the queue emptied first."""
+    """``n`` control planes' ``Calls``, each on its own connection, with these limits; the queue emptied first, and
+    the consumers an earlier test made gone (a work queue takes one consumer per subject)."""
     ncs = [await connect(url) for _ in range(n)]
-    stores = await ensure_buckets(ncs[0].jetstream())
-    await ncs[0].jetstream().purge_stream(subjects.CALLS_STREAM)
+    js = ncs[0].jetstream()
+    stores = await ensure_buckets(js)
+    await js.purge_stream(subjects.CALLS_STREAM)
+    for consumer in await js.consumers_info(subjects.CALLS_STREAM):
+        await js.delete_consumer(subjects.CALLS_STREAM, consumer.name)
     planes = [Calls(nc, stores, 30.0, lambda _: None, limits=StorageLimits(**limits)) for nc in ncs]
     return ncs, planes
 
@@ -71,6 +75,18 @@ def test_the_largest_calls_are_the_ones_kept():
     assert (sizes.n, sizes.total) == (2, 65536 + 4096)
     sizes.remove(4096)
     assert (sizes.n, sizes.total) == (1, 65536)
+
+
+def test_calls_at_or_below_the_ack_floor_leave_once():
+    sizes = Sizes()
+    for seq, size in enumerate([64, 4096, 256, 65536], 1):
+        sizes.add(size)
+        sizes.stored(size, seq)
+    sizes.keep_largest(3)  # the 64 goes: the queue holds three
+    sizes.ran_to(2)  # the calls stored at 1 (the 64, gone already) and 2 ran
+    assert (sizes.n, sizes.total) == (2, 256 + 65536)
+    sizes.ran_to(4)
+    assert (sizes.n, sizes.total) == (0, 0)
 
 
 def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_url):
@@ -229,3 +245,28 @@ def test_a_read_in_flight_is_shared(nats_url, monkeypatch: pytest.MonkeyPatch):
 
     said, reads = ember_loop.run(scenario())
     assert said == ["queued"] * 20 and reads == 1
+
+
+def test_calls_that_ran_leave_the_ledger_at_their_queues_ack_floor(nats_url):
+    """Sizes of calls that ran long ago no longer price the calls another control plane queued: an app of small
+    calls was refused after its large ones ran, as long as its backlog stayed as long as their count."""
+    async def scenario() -> list[str]:
+        ncs, [first, second] = await _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20)
+        js = ncs[0].jetstream()
+        try:
+            said = [await _submit(first, "hog", 90 * KiB) for _ in range(10)]
+            worker = await js.pull_subscribe(subjects.calls("hog", "f"), subjects.calls_consumer("hog", "f"),
+                                             stream=subjects.CALLS_STREAM)  # the function's own consumer
+            ran = 0
+            while ran < 10:  # they run: the queue's ack floor passes them
+                for msg in await worker.fetch(10, timeout=5):
+                    await msg.ack_sync()
+                    ran += 1
+            said += [await _submit(second, "hog", 10) for _ in range(40)]  # a backlog the first never saw
+            said.append(await _submit(first, "hog", 10))
+            return said
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    assert ember_loop.run(scenario()) == ["queued"] * 51
