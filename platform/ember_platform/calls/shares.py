@@ -8,21 +8,22 @@ next call of any app. So an app may hold at most ``EMBER_CALLS_STREAM_MAX_BYTES_
 JetStream counts an app's calls exactly (one stream info filtered on the app's queues, read at most every
 ``READ_EVERY_S`` per app, by one request at a time), but not their bytes. The bytes are this control plane's
 upper bound: it keeps the size of every call it queued (with its message's overhead, rounded up, at most 1/8 over)
-until the queue's ack floor passes it, and of the calls a queue holds it counts the largest it queued there, whichever
-ran meanwhile. A call it did not queue (another control plane's, or one queued before it started) counts as the mean
-of the app's own calls it knows, or as the call being admitted when it knows none: never as other apps' calls, so
-that neither an app of small calls nor one of large calls moves another's share. A call admitted counts at once,
-before its publish, so concurrent spawns see each other. Several control planes each admit up to the share, as
-quotas do; a control plane started again counts the calls queued before by the first it admits after.
+until its queue's consumer shows that it may have run, and of the calls a queue holds it counts the largest it
+queued there, whichever ran meanwhile. A call it did not queue (another control plane's, or one queued before it
+started) counts as the mean of the app's own calls it knows, or as the call being admitted when it knows none:
+never as other apps' calls, so that neither an app of small calls nor one of large calls moves another's share. A
+call admitted counts at once, before its publish, so concurrent spawns see each other. Several control planes each
+admit up to the share, as quotas do; a control plane started again counts the calls queued before by the first it
+admits after.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,83 +50,74 @@ def rounded(size: int) -> int:
 
 
 class Sizes:
-    """The sizes of the calls this control plane queued on one subject: a count per rounded size (for the largest
-    first), and each stored call's stream sequence in order, so that those at or below the queue's ack floor (every
-    call up to it has run) leave (``ran_to``)."""
+    """The sizes of the calls this control plane queued on one subject: those being published, and each stored one
+    by its stream sequence until a read shows it may have run (``ran``)."""
 
     def __init__(self) -> None:
-        self._counts: dict[int, int] = {}
-        self._order: deque[tuple[int, int]] = deque()  # (stream sequence, rounded size) of each call stored
-        self._dropped: dict[int, int] = {}  # per rounded size: calls of ``_order`` that ``keep_largest`` took out
+        self._publishing: dict[int, int] = {}  # rounded size -> calls of that size being published
+        self._stored: dict[int, int] = {}  # stream sequence -> rounded size
         self.n = 0
         self.total = 0
 
     def add(self, size: int) -> None:
+        """A call admitted, being published."""
         size = rounded(size)
-        self._counts[size] = self._counts.get(size, 0) + 1
+        self._publishing[size] = self._publishing.get(size, 0) + 1
         self.n += 1
         self.total += size
 
-    def stored(self, size: int, seq: int) -> None:
-        """A call ``add`` counted is stored at ``seq``."""
-        self._order.append((seq, rounded(size)))
-
     def remove(self, size: int) -> None:
-        """One call of ``size`` that was never queued (its publish failed), or that ran."""
+        """A call admitted that was not stored (its publish failed, or it was queued before)."""
         size = rounded(size)
-        left = self._counts.get(size, 0) - 1
+        left = self._publishing.get(size, 0) - 1
         if left < 0:
             return
         if left:
-            self._counts[size] = left
+            self._publishing[size] = left
         else:
-            del self._counts[size]
+            del self._publishing[size]
         self.n -= 1
         self.total -= size
 
-    def ran_to(self, floor: int) -> None:
-        """Every call stored at or below ``floor`` has run: they leave (those ``keep_largest`` took out already
-        leave nothing more)."""
-        while self._order and self._order[0][0] <= floor:
-            _, size = self._order.popleft()
-            if self._dropped.get(size):
-                self._dropped[size] -= 1
-            else:
-                self.remove(size)
+    def stored(self, size: int, seq: int) -> None:
+        """A call admitted is stored at ``seq`` (a repeated ack of one message counts it once)."""
+        self.remove(size)
+        if seq not in self._stored:
+            self._stored[seq] = rounded(size)
+            self.n += 1
+            self.total += self._stored[seq]
 
     def largest(self, n: int) -> int:
         """The bytes of the ``n`` largest calls (every one when ``n`` is more): an upper bound on any ``n`` of them."""
         if n >= self.n:
             return self.total
-        left, total = max(n, 0), 0
-        for size in sorted(self._counts, reverse=True):
-            take = min(left, self._counts[size])
-            total += take * size
-            left -= take
-            if not left:
-                break
-        return total
+        every = [size for size, count in self._publishing.items() for _ in range(count)]
+        return sum(heapq.nlargest(max(n, 0), every + list(self._stored.values())))
 
-    def keep_largest(self, n: int) -> None:
-        """Forget all but the ``n`` largest: the queue holds ``n`` calls, and whichever ran, these bound them."""
-        for size in sorted(self._counts):
-            if self.n <= n:
-                return
-            drop = min(self._counts[size], self.n - max(n, 0))
-            self._counts[size] -= drop
-            self._dropped[size] = self._dropped.get(size, 0) + drop
-            if not self._counts[size]:
-                del self._counts[size]
-            self.n -= drop
-            self.total -= drop * size
-        if not self._order:
-            self._dropped.clear()
+    def after(self, seq: int) -> int:
+        """How many of the calls stored are past ``seq``."""
+        return sum(1 for stored in self._stored if stored > seq)
+
+    def ran(self, floor: int, delivered: int, pending: int, held: int) -> None:
+        """After a read of the queue: every call stored at or below ``floor`` (its consumer's ack floor) ran; of
+        those delivered (up to ``delivered``) above it at most ``pending`` (unacknowledged) are still there, the
+        largest of them kept; and the queue holds ``held`` stored calls in all, the largest kept again. What stays
+        bounds the bytes of whichever of this control plane's calls are still there."""
+        keep = {seq: size for seq, size in self._stored.items() if seq > floor}
+        out = [(size, seq) for seq, size in keep.items() if seq <= delivered]
+        for _, seq in heapq.nsmallest(max(0, len(out) - pending), out):
+            del keep[seq]
+        for _, seq in heapq.nsmallest(max(0, len(keep) - held), ((size, seq) for seq, size in keep.items())):
+            del keep[seq]
+        self._stored = keep
+        self.n = sum(self._publishing.values()) + len(keep)
+        self.total = sum(size * count for size, count in self._publishing.items()) + sum(keep.values())
 
 
 @dataclass
 class Queue:
-    """One subject of an app's queues: the calls it ``held`` when last read, this control plane's calls admitted
-    since that read began (``added``: the read may not count them) and being published (``publishing``)."""
+    """One subject of an app's queues: the calls it ``held`` when last read, this control plane's calls stored after
+    what that read counted (``added``: a sequence past the stream's last then) and being published (``publishing``)."""
 
     held: int = 0
     added: int = 0
@@ -145,6 +137,7 @@ class Queue:
 @dataclass
 class AppQueues:
     queues: dict[str, Queue] = field(default_factory=dict)
+    last_seq: int = 0  # the stream's last sequence as of the last read: what that read's counts include
     read_at: float = -math.inf
     used_at: float = field(default_factory=time.monotonic)
     reading: asyncio.Task[None] | None = None
@@ -247,7 +240,7 @@ class QueueShares:
         queue = self._queue(ticket)
         if queue is not None:
             queue.publishing -= 1
-            queue.added += 1
+            queue.added += seq > self._apps[ticket.app].last_seq  # type: ignore[union-attr]
             queue.sizes.stored(ticket.size, seq)  # type: ignore[union-attr]
 
     def forget(self, app: str) -> None:
@@ -267,9 +260,8 @@ class QueueShares:
         return state.queues.get(ticket.subject)
 
     async def _read(self, app: str, state: AppQueues) -> None:
-        """The calls each queue of ``app`` holds, from one stream info: what this control plane admitted before the
-        read began is in it, or ran; and each queue's ack floor, below which its calls ran."""
-        before = {subject: q.added for subject, q in state.queues.items()}
+        """The calls each queue of ``app`` holds, from one stream info (this control plane's calls stored up to the
+        stream's last sequence then are in it, or ran), and what each queue's consumer took."""
         queues = list(state.queues.values())
         try:
             try:
@@ -278,33 +270,38 @@ class QueueShares:
                 log.warning("could not read the queues of %s for its share: %s", app, exc)
                 state.read_at = time.monotonic()
                 return
-            floors = await asyncio.gather(*(self._ack_floor(q.consumer) for q in queues))
+            floors = await asyncio.gather(*(self._consumed(q.consumer) for q in queues))
         finally:
             state.reading = None
         state.read_at = time.monotonic()
         held = info.state.subjects or {}
         self._stream = (info.config.max_bytes or -1, info.config.max_msgs or -1)
-        for queue, floor in zip(queues, floors, strict=True):
-            queue.sizes.ran_to(floor)
+        state.last_seq = info.state.last_seq or 0
         for subject in set(state.queues) | set(held):
             queue = state.queues.setdefault(subject, Queue())
             queue.held = held.get(subject, 0)
-            queue.added -= before.get(subject, 0)
-            queue.sizes.keep_largest(queue.calls)
+            queue.added = queue.sizes.after(state.last_seq)
+        for queue, (floor, delivered, pending) in zip(queues, floors, strict=True):
+            queue.sizes.ran(floor, delivered, pending, queue.held + queue.added)
+            queue.added = queue.sizes.after(state.last_seq)
+        for subject, queue in list(state.queues.items()):
             if not queue.calls and not queue.sizes.n:
                 del state.queues[subject]
         self._forget_idle(state.read_at)
 
-    async def _ack_floor(self, consumer: str) -> int:
-        """The stream sequence up to which every call of ``consumer`` has run (acked); 0 when not known (no
-        consumer: a retired function's queue holds no call, and its sizes go as the read counts none)."""
+    async def _consumed(self, consumer: str) -> tuple[int, int, int]:
+        """Of the queue ``consumer`` takes: its ack floor (every call stored up to it ran), the last call delivered,
+        and how many delivered are unacknowledged; (0, 0, 0) when not known (no consumer: a retired function's queue,
+        which holds no call, so its sizes go as the read counts none)."""
         if not consumer:
-            return 0
+            return 0, 0, 0
         try:
             info = await self._js.consumer_info(subjects.CALLS_STREAM, consumer)
         except Exception:
-            return 0
-        return info.ack_floor.stream_seq if info.ack_floor is not None else 0
+            return 0, 0, 0
+        floor = info.ack_floor.stream_seq if info.ack_floor is not None else 0
+        delivered = info.delivered.stream_seq if info.delivered is not None else 0
+        return floor or 0, delivered or 0, info.num_ack_pending or 0
 
     def _forget_idle(self, now: float) -> None:
         if now - self._swept_at < FORGET_S / 10:

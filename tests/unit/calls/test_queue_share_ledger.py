@@ -66,27 +66,43 @@ def test_rounded_sizes_are_at_most_an_eighth_over():
         assert size <= rounded(size) <= size * 1.125
 
 
+def _stored(*sizes: int) -> Sizes:
+    ledger = Sizes()
+    for seq, size in enumerate(sizes, 1):
+        ledger.add(size)
+        ledger.stored(size, seq)
+    return ledger
+
+
 def test_the_largest_calls_are_the_ones_kept():
-    sizes = Sizes()
-    for size in [64, 4096, 256, 65536, 1024]:
-        sizes.add(size)
+    sizes = _stored(64, 4096, 256, 65536, 1024)
     assert sizes.largest(2) == 65536 + 4096
-    sizes.keep_largest(2)
+    sizes.ran(floor=0, delivered=0, pending=0, held=2)  # the queue holds two: whichever, these two bound them
     assert (sizes.n, sizes.total) == (2, 65536 + 4096)
-    sizes.remove(4096)
-    assert (sizes.n, sizes.total) == (1, 65536)
 
 
-def test_calls_at_or_below_the_ack_floor_leave_once():
-    sizes = Sizes()
-    for seq, size in enumerate([64, 4096, 256, 65536], 1):
-        sizes.add(size)
-        sizes.stored(size, seq)
-    sizes.keep_largest(3)  # the 64 goes: the queue holds three
-    sizes.ran_to(2)  # the calls stored at 1 (the 64, gone already) and 2 ran
-    assert (sizes.n, sizes.total) == (2, 256 + 65536)
-    sizes.ran_to(4)
+def test_calls_the_consumer_took_leave_but_the_unacknowledged_ones():
+    sizes = _stored(64, 4096, 256, 65536, 1024, 512)
+    # 1 and 2 acked (the floor); of 3 to 5, delivered, one is unacknowledged (a long call, or a retry: the floor
+    # waits for it), the largest of them kept; 6 still waits
+    sizes.ran(floor=2, delivered=5, pending=1, held=100)
+    assert (sizes.n, sizes.total) == (2, 65536 + 512)
+    sizes.ran(floor=6, delivered=6, pending=0, held=100)
     assert (sizes.n, sizes.total) == (0, 0)
+
+
+def test_a_call_being_published_is_counted_until_settled():
+    sizes = _stored(4096)
+    sizes.add(1024)  # admitted, its publish under way: no read trims it
+    sizes.ran(floor=1, delivered=1, pending=0, held=0)
+    assert (sizes.n, sizes.total) == (1, 1024)
+    sizes.stored(1024, 7)
+    sizes.stored(1024, 7)  # a repeated ack of the same message
+    assert (sizes.n, sizes.total) == (1, 1024)
+    sizes.add(2048)
+    sizes.remove(2048)  # not stored: its publish failed
+    sizes.remove(2048)  # nor anything more
+    assert (sizes.n, sizes.total) == (1, 1024)
 
 
 def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_url):
