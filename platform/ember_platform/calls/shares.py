@@ -50,49 +50,55 @@ def rounded(size: int) -> int:
 
 
 class Sizes:
-    """The sizes of the calls this control plane queued on one subject: those being published, and each stored one
-    by its stream sequence until a read shows it may have run (``ran``)."""
+    """The sizes of the calls this control plane queued on one subject: each stored one by its stream sequence until
+    a read shows it may have run (``ran``), and a count per rounded size of those and of those being published (for
+    the largest first, in the few hundred sizes there are)."""
 
     def __init__(self) -> None:
-        self._publishing: dict[int, int] = {}  # rounded size -> calls of that size being published
         self._stored: dict[int, int] = {}  # stream sequence -> rounded size
+        self._counts: dict[int, int] = {}  # rounded size -> calls of that size, stored or being published
         self.n = 0
         self.total = 0
 
     def add(self, size: int) -> None:
         """A call admitted, being published."""
         size = rounded(size)
-        self._publishing[size] = self._publishing.get(size, 0) + 1
+        self._counts[size] = self._counts.get(size, 0) + 1
         self.n += 1
         self.total += size
 
     def remove(self, size: int) -> None:
-        """A call admitted that was not stored (its publish failed, or it was queued before)."""
+        """A call admitted that was not stored (its publish failed, or it was queued before), or one that ran."""
         size = rounded(size)
-        left = self._publishing.get(size, 0) - 1
+        left = self._counts.get(size, 0) - 1
         if left < 0:
             return
         if left:
-            self._publishing[size] = left
+            self._counts[size] = left
         else:
-            del self._publishing[size]
+            del self._counts[size]
         self.n -= 1
         self.total -= size
 
     def stored(self, size: int, seq: int) -> None:
         """A call admitted is stored at ``seq`` (a repeated ack of one message counts it once)."""
-        self.remove(size)
-        if seq not in self._stored:
+        if seq in self._stored:
+            self.remove(size)
+        else:
             self._stored[seq] = rounded(size)
-            self.n += 1
-            self.total += self._stored[seq]
 
     def largest(self, n: int) -> int:
         """The bytes of the ``n`` largest calls (every one when ``n`` is more): an upper bound on any ``n`` of them."""
         if n >= self.n:
             return self.total
-        every = [size for size, count in self._publishing.items() for _ in range(count)]
-        return sum(heapq.nlargest(max(n, 0), every + list(self._stored.values())))
+        left, total = max(n, 0), 0
+        for size in sorted(self._counts, reverse=True):
+            take = min(left, self._counts[size])
+            total += take * size
+            left -= take
+            if not left:
+                break
+        return total
 
     def after(self, seq: int) -> int:
         """How many of the calls stored are past ``seq``."""
@@ -102,16 +108,17 @@ class Sizes:
         """After a read of the queue: every call stored at or below ``floor`` (its consumer's ack floor) ran; of
         those delivered (up to ``delivered``) above it at most ``pending`` (unacknowledged) are still there, the
         largest of them kept; and the queue holds ``held`` stored calls in all, the largest kept again. What stays
-        bounds the bytes of whichever of this control plane's calls are still there."""
-        keep = {seq: size for seq, size in self._stored.items() if seq > floor}
-        out = [(size, seq) for seq, size in keep.items() if seq <= delivered]
-        for _, seq in heapq.nsmallest(max(0, len(out) - pending), out):
-            del keep[seq]
-        for _, seq in heapq.nsmallest(max(0, len(keep) - held), ((size, seq) for seq, size in keep.items())):
-            del keep[seq]
-        self._stored = keep
-        self.n = sum(self._publishing.values()) + len(keep)
-        self.total = sum(size * count for size, count in self._publishing.items()) + sum(keep.values())
+        bounds the bytes of whichever of this control plane's calls are still there (their number is counted apart:
+        ``Queue.added``, from the sequences before this)."""
+        gone = [seq for seq in self._stored if seq <= floor]
+        out = [(size, seq) for seq, size in self._stored.items() if floor < seq <= delivered]
+        gone += [seq for _, seq in heapq.nsmallest(max(0, len(out) - pending), out)]
+        for seq in gone:
+            self.remove(self._stored.pop(seq))
+        extra = len(self._stored) - held
+        if extra > 0:
+            for _, seq in heapq.nsmallest(extra, ((size, seq) for seq, size in self._stored.items())):
+                self.remove(self._stored.pop(seq))
 
 
 @dataclass
@@ -155,12 +162,14 @@ class AppQueues:
         return any(q.calls or q.sizes.n for q in self.queues.values())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Ticket:
-    """A call admitted: ``queued`` once its message is stored, ``release`` if it never will be."""
+    """A call admitted: ``queued`` once its message is stored, ``release`` if it never will be. It settles in the
+    ledger it was counted in, if that is still the app's (not after the app was deleted and pushed again)."""
 
     app: str
-    subject: str
+    state: AppQueues
+    queue: Queue
     size: int
 
 
@@ -226,7 +235,7 @@ class QueueShares:
             subjects.pinned_calls_consumer(app, function, version)
         queue.sizes.add(size)
         queue.publishing += 1
-        return Ticket(app, subject, size)
+        return Ticket(app, state, queue, size)
 
     async def _reading(self, app: str, state: AppQueues, wait: bool) -> None:
         """Read the app's queues (one read at a time: a read under way serves), waiting for it if ``wait``."""
@@ -237,11 +246,10 @@ class QueueShares:
 
     def queued(self, ticket: Ticket | None, seq: int) -> None:
         """The admitted call's message is stored, at ``seq`` in the stream."""
-        queue = self._queue(ticket)
-        if queue is not None:
-            queue.publishing -= 1
-            queue.added += seq > self._apps[ticket.app].last_seq  # type: ignore[union-attr]
-            queue.sizes.stored(ticket.size, seq)  # type: ignore[union-attr]
+        if ticket is not None and self._apps.get(ticket.app) is ticket.state:
+            ticket.queue.publishing -= 1
+            ticket.queue.added += seq > ticket.state.last_seq
+            ticket.queue.sizes.stored(ticket.size, seq)
 
     def forget(self, app: str) -> None:
         """``app`` was deleted: its queues with it."""
@@ -249,15 +257,9 @@ class QueueShares:
 
     def release(self, ticket: Ticket | None) -> None:
         """The admitted call was not queued (its publish failed, or it was queued before)."""
-        queue = self._queue(ticket)
-        if queue is not None:
-            queue.publishing -= 1
-            queue.sizes.remove(ticket.size)  # type: ignore[union-attr]
-
-    def _queue(self, ticket: Ticket | None) -> Queue | None:
-        if ticket is None or (state := self._apps.get(ticket.app)) is None:
-            return None
-        return state.queues.get(ticket.subject)
+        if ticket is not None and self._apps.get(ticket.app) is ticket.state:
+            ticket.queue.publishing -= 1
+            ticket.queue.sizes.remove(ticket.size)
 
     async def _read(self, app: str, state: AppQueues) -> None:
         """The calls each queue of ``app`` holds, from one stream info (this control plane's calls stored up to the
@@ -280,10 +282,9 @@ class QueueShares:
         for subject in set(state.queues) | set(held):
             queue = state.queues.setdefault(subject, Queue())
             queue.held = held.get(subject, 0)
-            queue.added = queue.sizes.after(state.last_seq)
+            queue.added = queue.sizes.after(state.last_seq)  # counted before any size goes: a count stays exact
         for queue, (floor, delivered, pending) in zip(queues, floors, strict=True):
             queue.sizes.ran(floor, delivered, pending, queue.held + queue.added)
-            queue.added = queue.sizes.after(state.last_seq)
         for subject, queue in list(state.queues.items()):
             if not queue.calls and not queue.sizes.n:
                 del state.queues[subject]

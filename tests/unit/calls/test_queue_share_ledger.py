@@ -97,7 +97,8 @@ def test_a_call_being_published_is_counted_until_settled():
     sizes.ran(floor=1, delivered=1, pending=0, held=0)
     assert (sizes.n, sizes.total) == (1, 1024)
     sizes.stored(1024, 7)
-    sizes.stored(1024, 7)  # a repeated ack of the same message
+    sizes.add(1024)
+    sizes.stored(1024, 7)  # a submit repeated, its message deduplicated: the same sequence acked again
     assert (sizes.n, sizes.total) == (1, 1024)
     sizes.add(2048)
     sizes.remove(2048)  # not stored: its publish failed
@@ -286,3 +287,21 @@ def test_calls_that_ran_leave_the_ledger_at_their_queues_ack_floor(nats_url):
                 await nc.close()
 
     assert ember_loop.run(scenario()) == ["queued"] * 51
+
+
+def test_a_ticket_of_a_deleted_app_settles_nothing_in_the_apps_next_ledger(nats_url):
+    async def scenario() -> tuple[int, int]:
+        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=10)
+        try:
+            old = await calls.shares.admit("hog", "f", None, 10)  # its publish under way when the app is deleted
+            calls.shares.forget("hog")
+            await calls.shares.admit("hog", "f", None, 10)  # the app pushed again, spawning
+            calls.shares.queued(old, 1)
+            calls.shares.release(old)
+            queue = calls.shares._apps["hog"].queues[subjects.calls("hog", "f")]
+            return queue.publishing, queue.added
+        finally:
+            for nc in ncs:
+                await nc.close()
+
+    assert ember_loop.run(scenario()) == (1, 0)
