@@ -143,7 +143,9 @@ class Queue:
 
 @dataclass
 class AppQueues:
+    app: str
     queues: dict[str, Queue] = field(default_factory=dict)
+    names: dict[tuple[str, int | None], tuple[str, str]] = field(default_factory=dict)  # ``QueueShares._names``
     last_seq: int = 0  # the stream's last sequence as of the last read: what that read's counts include
     read_at: float = -math.inf
     used_at: float = field(default_factory=time.monotonic)
@@ -197,7 +199,7 @@ class QueueShares:
         """Read the counts of those ``apps`` whose counts a call would wait for, all at once (a schedule's ticks
         of many apps: one round trip, not one each in turn)."""
         if not self.off:
-            await asyncio.gather(*(self._fresh(app, self._apps.setdefault(app, AppQueues())) for app in apps))
+            await asyncio.gather(*(self._fresh(app, self._state(app)) for app in apps))
 
     async def _fresh(self, app: str, state: AppQueues) -> None:
         now = time.monotonic()
@@ -210,8 +212,9 @@ class QueueShares:
         set."""
         if self.off:
             return None
-        size += MESSAGE_OVERHEAD + len(subjects.pinned_calls(app, function, version or 0))
-        state = self._apps.setdefault(app, AppQueues())
+        state = self._state(app)
+        subject, consumer = self._names(state, function, version)
+        size += MESSAGE_OVERHEAD + len(subject)
         state.used_at = time.monotonic()
         await self._fresh(app, state)
         max_bytes, max_msgs = self.shares()
@@ -229,13 +232,28 @@ class QueueShares:
                                   f"{_mib(size)} it would pass its share of the calls' queue "
                                   f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(max_bytes)}); retry when some have "
                                   "run", retry_after_s=RETRY_AFTER_S)
-        subject = subjects.calls(app, function) if version is None else subjects.pinned_calls(app, function, version)
-        queue = state.queues.setdefault(subject, Queue())
-        queue.consumer = subjects.calls_consumer(app, function) if version is None else \
-            subjects.pinned_calls_consumer(app, function, version)
+        queue = state.queues.get(subject) or state.queues.setdefault(subject, Queue())
+        queue.consumer = consumer
         queue.sizes.add(size)
         queue.publishing += 1
         return Ticket(app, state, queue, size)
+
+    def _state(self, app: str) -> AppQueues:
+        state = self._apps.get(app)
+        if state is None:
+            state = self._apps[app] = AppQueues(app)
+        return state
+
+    @staticmethod
+    def _names(state: AppQueues, function: str, version: int | None) -> tuple[str, str]:
+        """The subject of ``function``'s queue (pinned to ``version``) and its consumer's name, made once."""
+        names = state.names.get((function, version))
+        if names is None:
+            app = state.app
+            names = state.names[function, version] = (
+                (subjects.calls(app, function), subjects.calls_consumer(app, function)) if version is None else
+                (subjects.pinned_calls(app, function, version), subjects.pinned_calls_consumer(app, function, version)))
+        return names
 
     async def _reading(self, app: str, state: AppQueues, wait: bool) -> None:
         """Read the app's queues (one read at a time: a read under way serves), waiting for it if ``wait``."""
