@@ -37,7 +37,7 @@ log = logging.getLogger("ember.calls")
 READ_EVERY_S = 1.0  # an app's counts are read again when older than this, while its spawns wait for none
 STALE_S = 5.0  # older than this (or never read), a spawn waits for the read
 RECHECK_S = 0.1  # a spawn the counts would refuse waits for a read if the last is older than this
-FORGET_S = 300.0  # an app whose queues held nothing at its last read and that spawned nothing for this long
+FORGET_S = 300.0  # an app that spawned nothing for this long: forgotten once a read finds it holds nothing
 MESSAGE_OVERHEAD = 512  # what a queued call's message holds beside its input and subject: headers, the store's own
 RETRY_AFTER_S = 5.0
 _SIGNIFICANT_BITS = 4
@@ -199,12 +199,12 @@ class QueueShares:
         """Read the counts of those ``apps`` whose counts a call would wait for, all at once (a schedule's ticks
         of many apps: one round trip, not one each in turn)."""
         if not self.off:
-            await asyncio.gather(*(self._fresh(app, self._state(app)) for app in apps))
+            await asyncio.gather(*(self._fresh(self._state(app)) for app in apps))
 
-    async def _fresh(self, app: str, state: AppQueues) -> None:
+    async def _fresh(self, state: AppQueues) -> None:
         now = time.monotonic()
         if now - state.read_at > READ_EVERY_S:
-            await self._reading(app, state, wait=now - state.read_at > STALE_S)
+            await self._reading(state, wait=now - state.read_at > STALE_S)
 
     async def admit(self, app: str, function: str, version: int | None, size: int) -> Ticket | None:
         """Count a call of ``size`` bytes to ``app.function`` (pinned to ``version``) against the app's share, or
@@ -216,27 +216,33 @@ class QueueShares:
         subject, consumer = self._names(state, function, version)
         size += MESSAGE_OVERHEAD + len(subject)
         state.used_at = time.monotonic()
-        await self._fresh(app, state)
-        max_bytes, max_msgs = self.shares()
-        calls, held = state.usage(size)
-        if _past(calls, held, size, max_bytes, max_msgs) and time.monotonic() - state.read_at > RECHECK_S:
-            await self._reading(app, state, wait=True)  # a refusal counts on a fresh read: calls may have just run
-            max_bytes, max_msgs = self.shares()
-            calls, held = state.usage(size)
-        if 0 <= max_msgs < calls + 1:
-            raise OverloadedError(f"the app {app!r} holds {calls:,} queued calls, its share of the calls' queue "
-                                  f"(EMBER_CALLS_STREAM_MAX_MSGS_PER_APP {max_msgs:,}); retry when some have run",
-                                  retry_after_s=RETRY_AFTER_S)
-        if 0 <= max_bytes < held + size:
-            raise OverloadedError(f"the app {app!r} holds {_mib(held)} of queued calls' input; with this call's "
-                                  f"{_mib(size)} it would pass its share of the calls' queue "
-                                  f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(max_bytes)}); retry when some have "
-                                  "run", retry_after_s=RETRY_AFTER_S)
+        await self._fresh(state)
+        refused = self._refusal(state, size)
+        if refused is not None and time.monotonic() - state.read_at > RECHECK_S:
+            await self._reading(state, wait=True)  # a refusal counts on a fresh read: calls may have just run
+            refused = self._refusal(state, size)
+        if refused is not None:
+            raise refused
         queue = state.queues.get(subject) or state.queues.setdefault(subject, Queue())
         queue.consumer = consumer
         queue.sizes.add(size)
         queue.publishing += 1
         return Ticket(app, state, queue, size)
+
+    def _refusal(self, state: AppQueues, size: int) -> OverloadedError | None:
+        """The 429 a call of ``size`` more gets, if it would pass the app's share; None if it fits."""
+        max_bytes, max_msgs = self.shares()
+        calls, held = state.usage(size)
+        if 0 <= max_msgs < calls + 1:
+            return OverloadedError(f"the app {state.app!r} holds {calls:,} queued calls, its share of the calls' queue "
+                                   f"(EMBER_CALLS_STREAM_MAX_MSGS_PER_APP {max_msgs:,}); retry when some have run",
+                                   retry_after_s=RETRY_AFTER_S)
+        if 0 <= max_bytes < held + size:
+            return OverloadedError(f"the app {state.app!r} holds {_mib(held)} of queued calls' input; with this "
+                                   f"call's {_mib(size)} it would pass its share of the calls' queue "
+                                   f"(EMBER_CALLS_STREAM_MAX_BYTES_PER_APP {_mib(max_bytes)}); retry when some "
+                                   "have run", retry_after_s=RETRY_AFTER_S)
+        return None
 
     def _state(self, app: str) -> AppQueues:
         state = self._apps.get(app)
@@ -255,10 +261,10 @@ class QueueShares:
                 (subjects.pinned_calls(app, function, version), subjects.pinned_calls_consumer(app, function, version)))
         return names
 
-    async def _reading(self, app: str, state: AppQueues, wait: bool) -> None:
+    async def _reading(self, state: AppQueues, wait: bool) -> None:
         """Read the app's queues (one read at a time: a read under way serves), waiting for it if ``wait``."""
         if state.reading is None:
-            state.reading = asyncio.ensure_future(self._read(app, state))
+            state.reading = asyncio.ensure_future(self._read(state))
         if wait:
             await asyncio.shield(state.reading)
 
@@ -279,15 +285,15 @@ class QueueShares:
             ticket.queue.publishing -= 1
             ticket.queue.sizes.remove(ticket.size)
 
-    async def _read(self, app: str, state: AppQueues) -> None:
+    async def _read(self, state: AppQueues) -> None:
         """The calls each queue of ``app`` holds, from one stream info (this control plane's calls stored up to the
         stream's last sequence then are in it, or ran), and what each queue's consumer took."""
         queues = list(state.queues.values())
         try:
             try:
-                info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(app))
+                info = await self._js.stream_info(subjects.CALLS_STREAM, subjects_filter=retire.app_queues(state.app))
             except Exception as exc:  # what was known stands until the next read (the stream's own limit holds)
-                log.warning("could not read the queues of %s for its share: %s", app, exc)
+                log.warning("could not read the queues of %s for its share: %s", state.app, exc)
                 state.read_at = time.monotonic()
                 return
             floors = await asyncio.gather(*(self._consumed(q.consumer) for q in queues))
@@ -330,13 +336,9 @@ class QueueShares:
             if state.reading is not None or now - state.used_at <= FORGET_S:
                 continue
             if state.holds:  # kept, its sizes bound its calls: read again, to be forgotten once they ran
-                state.reading = asyncio.ensure_future(self._read(app, state))
+                state.reading = asyncio.ensure_future(self._read(state))
             else:
                 del self._apps[app]
-
-
-def _past(calls: int, held: float, size: int, max_bytes: int, max_msgs: int) -> bool:
-    return 0 <= max_msgs < calls + 1 or 0 <= max_bytes < held + size
 
 
 def _mib(size: float) -> str:

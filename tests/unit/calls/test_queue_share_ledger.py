@@ -9,7 +9,9 @@ their replies; and the share is at most a quarter of what the stream really hold
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -40,17 +42,21 @@ def fresh_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shares, "READ_EVERY_S", 0.0)
 
 
-async def _planes(url: str, n: int, **limits: int) -> tuple[list[Any], list[Calls]]:
+@contextlib.asynccontextmanager
+async def _planes(url: str, n: int, **limits: int) -> AsyncIterator[tuple[list[Any], list[Calls]]]:
     """``n`` control planes' ``Calls``, each on its own connection, with these limits; the queue emptied first, and
     the consumers an earlier test made gone (a work queue takes one consumer per subject)."""
     ncs = [await connect(url) for _ in range(n)]
-    js = ncs[0].jetstream()
-    stores = await ensure_buckets(js)
-    await js.purge_stream(subjects.CALLS_STREAM)
-    for consumer in await js.consumers_info(subjects.CALLS_STREAM):
-        await js.delete_consumer(subjects.CALLS_STREAM, consumer.name)
-    planes = [Calls(nc, stores, 30.0, lambda _: None, limits=StorageLimits(**limits)) for nc in ncs]
-    return ncs, planes
+    try:
+        js = ncs[0].jetstream()
+        stores = await ensure_buckets(js)
+        await js.purge_stream(subjects.CALLS_STREAM)
+        for consumer in await js.consumers_info(subjects.CALLS_STREAM):
+            await js.delete_consumer(subjects.CALLS_STREAM, consumer.name)
+        yield ncs, [Calls(nc, stores, 30.0, lambda _: None, limits=StorageLimits(**limits)) for nc in ncs]
+    finally:
+        for nc in ncs:
+            await nc.close()
 
 
 async def _submit(calls: Calls, app: str, size: int) -> str:
@@ -108,14 +114,10 @@ def test_a_call_being_published_is_counted_until_settled():
 
 def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_url):
     async def scenario() -> tuple[list[str], list[str]]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=3)
-        try:
+        async with _planes(nats_url, 1, calls_stream_max_msgs_per_app=3) as (_, [calls]):
             mine = [await _submit(calls, "hog", 10) for _ in range(4)]
             theirs = [await _submit(calls, "meek", 10) for _ in range(3)]
             return mine, theirs
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     mine, theirs = ember_loop.run(scenario())
     assert mine[:3] == ["queued"] * 3
@@ -125,16 +127,12 @@ def test_an_apps_calls_past_its_share_are_refused_and_another_apps_are_not(nats_
 
 def test_calls_another_control_plane_queued_count_as_the_apps_own(nats_url):
     async def scenario() -> list[str]:
-        ncs, [first, second] = await _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20)
-        try:
+        async with _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20) as (_, [first, second]):
             said = [await _submit(first, "meek", KiB) for _ in range(200)]  # 250 KiB with their messages
             said += [await _submit(first, "hog", 300 * KiB) for _ in range(3)]  # the stream's mean: 5 KiB
             said.append(await _submit(second, "meek", KiB))  # it never saw meek's 200: as small as this one
             said.append(await _submit(second, "hog", 300 * KiB))  # nor hog's 3: as large as this one
             return said
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     said = ember_loop.run(scenario())
     assert said[:204] == ["queued"] * 204
@@ -145,16 +143,12 @@ def test_an_app_holding_calls_is_not_forgotten_when_idle(nats_url, monkeypatch: 
     monkeypatch.setattr(shares, "FORGET_S", 0.0)  # every read sweeps, and every app is idle long enough
 
     async def scenario() -> list[str]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20)
-        try:
+        async with _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20) as (_, [calls]):
             said = [await _submit(calls, "hog", 300 * KiB) for _ in range(3)]
             said.append(await _submit(calls, "meek", 10))  # its read sweeps the idle apps
             said.append(await _submit(calls, "hog", 1))  # forgotten, hog's 3 would count as this one
             said.append(await _submit(calls, "hog", 300 * KiB))
             return said
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     said = ember_loop.run(scenario())
     assert said[:5] == ["queued"] * 5
@@ -163,16 +157,12 @@ def test_an_app_holding_calls_is_not_forgotten_when_idle(nats_url, monkeypatch: 
 
 def test_a_schedules_ticks_past_the_share_get_the_429_in_their_replies(nats_url):
     async def scenario() -> list[object]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=3)
-        try:
+        async with _planes(nats_url, 1, calls_stream_max_msgs_per_app=3) as (_, [calls]):
             ticks = [Submission(app, "f", f"{app}_{i:032x}", f"tick-{app}-{i}") for app in ("hog", "meek")
                      for i in range(5 if app == "hog" else 2)]
             replies = await calls.submit_many(ticks)
             state = calls.shares._apps["hog"].queues[subjects.calls("hog", "f")]
             return [*replies, (state.calls, state.publishing)]
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     *replies, (hog_calls, publishing) = ember_loop.run(scenario())
     assert [type(r).__name__ for r in replies] == ["SpawnReply"] * 3 + ["OverloadedError"] * 2 + ["SpawnReply"] * 2
@@ -181,16 +171,14 @@ def test_a_schedules_ticks_past_the_share_get_the_429_in_their_replies(nats_url)
 
 def test_the_share_is_at_most_a_quarter_of_what_the_stream_holds(nats_url):
     async def scenario() -> list[str]:
-        ncs, [calls] = await _planes(nats_url, 1)  # the default share: 256 MiB
-        js = ncs[0].jetstream()
-        config = (await js.stream_info(subjects.CALLS_STREAM)).config
-        try:
-            await js.update_stream(config.evolve(max_bytes=2 << 20))  # as reserving() leaves it on a small disk
-            return [await _submit(calls, "hog", 300 * KiB) for _ in range(2)]
-        finally:
-            await js.update_stream(config)
-            for nc in ncs:
-                await nc.close()
+        async with _planes(nats_url, 1) as (ncs, [calls]):  # the default share: 256 MiB
+            js = ncs[0].jetstream()
+            config = (await js.stream_info(subjects.CALLS_STREAM)).config
+            try:
+                await js.update_stream(config.evolve(max_bytes=2 << 20))  # as reserving() leaves it on a small disk
+                return [await _submit(calls, "hog", 300 * KiB) for _ in range(2)]
+            finally:
+                await js.update_stream(config)
 
     said = ember_loop.run(scenario())
     assert said[0] == "queued"
@@ -199,9 +187,8 @@ def test_the_share_is_at_most_a_quarter_of_what_the_stream_holds(nats_url):
 
 def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
     async def scenario() -> list[str]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20)
-        js = ncs[0].jetstream()
-        try:
+        async with _planes(nats_url, 1, calls_stream_max_bytes_per_app=1 << 20) as (ncs, [calls]):
+            js = ncs[0].jetstream()
             said = [await _submit(calls, "hog", 400 * KiB)]
             said += [await _submit(calls, "hog", KiB) for _ in range(100)]
             worker = await js.pull_subscribe(subjects.calls("hog", "f"), "hog-worker", stream=subjects.CALLS_STREAM)
@@ -217,9 +204,6 @@ def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
             await js.purge_stream(subjects.CALLS_STREAM)  # every call ran: the share is free again
             said.append(await _submit(calls, "hog", 400 * KiB))
             return said
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     said = ember_loop.run(scenario())
     assert said[:102] == ["queued"] * 102  # 400 KiB + 100 KiB + 400 KiB, with their messages
@@ -229,36 +213,29 @@ def test_large_calls_still_waiting_count_whole_after_small_ones_ran(nats_url):
 
 def test_no_share_reads_nothing(nats_url):
     async def scenario() -> tuple[str, int]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_bytes_per_app=-1, calls_stream_max_msgs_per_app=-1)
-        try:
+        no_share = {"calls_stream_max_bytes_per_app": -1, "calls_stream_max_msgs_per_app": -1}
+        async with _planes(nats_url, 1, **no_share) as (_, [calls]):
             said = await _submit(calls, "hog", 10)
             return said, len(calls.shares._apps)
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     assert ember_loop.run(scenario()) == ("queued", 0)
 
 
 def test_a_read_in_flight_is_shared(nats_url, monkeypatch: pytest.MonkeyPatch):
     async def scenario() -> tuple[list[str], int]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=1000)
-        reads = 0
-        real = calls.shares._js.stream_info
+        async with _planes(nats_url, 1, calls_stream_max_msgs_per_app=1000) as (_, [calls]):
+            reads = 0
+            real = calls.shares._js.stream_info
 
-        async def counted(*args: Any, **kwargs: Any) -> Any:
-            nonlocal reads
-            reads += 1
-            await asyncio.sleep(0.05)
-            return await real(*args, **kwargs)
+            async def counted(*args: Any, **kwargs: Any) -> Any:
+                nonlocal reads
+                reads += 1
+                await asyncio.sleep(0.05)
+                return await real(*args, **kwargs)
 
-        monkeypatch.setattr(calls.shares, "_js", type("JS", (), {"stream_info": staticmethod(counted)})())
-        try:
+            monkeypatch.setattr(calls.shares, "_js", type("JS", (), {"stream_info": staticmethod(counted)})())
             said = await asyncio.gather(*(_submit(calls, "hog", 10) for _ in range(20)))
             return list(said), reads
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     said, reads = ember_loop.run(scenario())
     assert said == ["queued"] * 20 and reads == 1
@@ -268,9 +245,8 @@ def test_calls_that_ran_leave_the_ledger_at_their_queues_ack_floor(nats_url):
     """Sizes of calls that ran long ago no longer price the calls another control plane queued: an app of small
     calls was refused after its large ones ran, as long as its backlog stayed as long as their count."""
     async def scenario() -> list[str]:
-        ncs, [first, second] = await _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20)
-        js = ncs[0].jetstream()
-        try:
+        async with _planes(nats_url, 2, calls_stream_max_bytes_per_app=1 << 20) as (ncs, [first, second]):
+            js = ncs[0].jetstream()
             said = [await _submit(first, "hog", 90 * KiB) for _ in range(10)]
             worker = await js.pull_subscribe(subjects.calls("hog", "f"), subjects.calls_consumer("hog", "f"),
                                              stream=subjects.CALLS_STREAM)  # the function's own consumer
@@ -282,17 +258,13 @@ def test_calls_that_ran_leave_the_ledger_at_their_queues_ack_floor(nats_url):
             said += [await _submit(second, "hog", 10) for _ in range(40)]  # a backlog the first never saw
             said.append(await _submit(first, "hog", 10))
             return said
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     assert ember_loop.run(scenario()) == ["queued"] * 51
 
 
 def test_a_ticket_of_a_deleted_app_settles_nothing_in_the_apps_next_ledger(nats_url):
     async def scenario() -> tuple[int, int]:
-        ncs, [calls] = await _planes(nats_url, 1, calls_stream_max_msgs_per_app=10)
-        try:
+        async with _planes(nats_url, 1, calls_stream_max_msgs_per_app=10) as (_, [calls]):
             old = await calls.shares.admit("hog", "f", None, 10)  # its publish under way when the app is deleted
             calls.shares.forget("hog")
             await calls.shares.admit("hog", "f", None, 10)  # the app pushed again, spawning
@@ -300,8 +272,5 @@ def test_a_ticket_of_a_deleted_app_settles_nothing_in_the_apps_next_ledger(nats_
             calls.shares.release(old)
             queue = calls.shares._apps["hog"].queues[subjects.calls("hog", "f")]
             return queue.publishing, queue.added
-        finally:
-            for nc in ncs:
-                await nc.close()
 
     assert ember_loop.run(scenario()) == (1, 0)
