@@ -12,7 +12,7 @@ from pathlib import Path
 from ember import _logging
 from ember import _loop as ember_loop
 from ember.wire.natscreds import CREDS_FILE_ENV, CredentialsError, read_file
-from ember_runtime.agent import gpu_faults
+from ember_runtime.agent import builder, gpu_faults
 from ember_runtime.agent.adoption import Records
 from ember_runtime.agent.node import NodeAgent
 from ember_runtime.agent.sandbox import Sandbox, SandboxUnavailable
@@ -34,6 +34,13 @@ def _grace(text: str) -> float:
 def _count(text: str) -> int:
     if not text.isdigit() or int(text) > 64:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 64")
+    return int(text)
+
+
+def _megabytes(text: str) -> int:
+    """``--build-memory-mb``: MiB, 0 (no limit) to a TiB."""
+    if not text.isdigit() or int(text) > 1024 * 1024:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB from 0 to 1048576")
     return int(text)
 
 
@@ -73,6 +80,11 @@ def main() -> None:
                         help="apps whose next fresh replica starts from a warm start (an interpreter in the app's "
                              "sandbox with its heavy libraries imported ahead), at most; each holds the memory of "
                              f"those imports; 0: none (default {DEFAULT_LIMIT}, $EMBER_WARM_STARTS)")
+    parser.add_argument("--build-memory-mb", type=_megabytes,
+                        default=os.environ.get("EMBER_BUILD_MEMORY_MB") or str(builder.MEMORY_MB),
+                        help="memory a push's import of its app may use on this node, where the app's manifest is "
+                             "read (a cgroup's memory.max where the node delegates the memory controller, else "
+                             f"RLIMIT_DATA); 0: no limit (default {builder.MEMORY_MB}, $EMBER_BUILD_MEMORY_MB)")
     parser.add_argument("--ignore-xids", type=_xids, default=os.environ.get("EMBER_IGNORE_XIDS", ""),
                         help="Xid errors that leave a GPU in service, besides an application's own (13, 31, 43, 45, "
                              "68, 109), as numbers separated by commas; 'all': no Xid error takes a GPU out of "
@@ -102,7 +114,8 @@ def main() -> None:
         parser.error(f"{exc}. Replicas run in bubblewrap sandboxes; to run them unsandboxed, where they can read "
                      "everything this agent can, pass --insecure-no-sandbox")
     agent = NodeAgent(args.nats, args.state_dir, args.node_id, args.inventory, creds, sandbox=sandbox,
-                      stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts, ignore_xids=args.ignore_xids)
+                      stop_grace_s=args.stop_grace_s, warm_starts=args.warm_starts, ignore_xids=args.ignore_xids,
+                      build_memory_mb=args.build_memory_mb)
 
     async def run() -> None:
         stop = asyncio.Event()

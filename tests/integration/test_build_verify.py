@@ -3,7 +3,10 @@ credentials) that answers with a rewritten manifest (another team's secret, anot
 naming the field, and nothing of its answer can be deployed; an honest build of the same app deploys.
 
 The real node works on the same build meanwhile, but its image's index is a port that never answers, so the forged
-answer is the one that comes first."""
+answer is the one that comes first.
+
+The node imports the pushed app (a tenant's code, on a node other tenants' replicas share) within its build's memory
+(``--build-memory-mb``): past it, the push fails saying so, and the node builds the next push."""
 
 from __future__ import annotations
 
@@ -25,12 +28,14 @@ import ember
 from ember._build import plan_images
 from ember._bundle import build_bundle
 from ember._client import Transport
+from ember._errors import InvalidSpecError
 from ember.wire import Deployment, Manifest, encoder, natsflush, subjects
 from ember.wire.builds import BuildStart
 from ember.wire.images import BuildEvent, image_hash
 from ember.wire.natscreds import read_file
 
 pytestmark = pytest.mark.integration
+BUILD_MEMORY_MB = 256  # what this platform's node lets a build's import use (a plain app's import: under 64)
 
 APP = '''
 import ember
@@ -58,6 +63,7 @@ def node(tmp_path_factory: pytest.TempPathFactory, wheels: Path) -> Iterator[Tes
     state = tmp_path_factory.mktemp("ember-build-verify")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("EMBER_IMAGE_LOCAL_INDEXES", str(wheels))
+        env.setenv("EMBER_BUILD_MEMORY_MB", str(BUILD_MEMORY_MB))
         with TestPlatform(state) as running:
             yield running
 
@@ -200,6 +206,24 @@ def test_a_build_without_the_declared_manifest_or_with_another_apps_is_refused(t
     theirs = msgspec.to_builtins(msgspec.structs.replace(declared, app="verify-b"))
     other = _start(node, http, path, declared=theirs)
     assert other.status_code == 422 and other.json()["error"]["field"] == "$.declared.app", other.text
+
+
+@pytest.mark.timeout(300)
+def test_an_import_past_the_builds_memory_fails_the_push(tmp_path, node, http, wheels):
+    """An app that holds twice the build's memory once imported: its push fails, naming the limit (a MemoryError
+    under the rlimit, the import killed in a memory cgroup), and nothing is deployed; the honest build below is the
+    node's next."""
+    path = _write(tmp_path / "hog", "verify-hog", f"find_links=[{str(wheels)!r}], no_index=True")
+    path.write_text(path.read_text().replace("\nimage = ", f"\nHELD = bytearray({2 * BUILD_MEMORY_MB} << 20)\n"
+                                             "image = "))
+    client = Transport(node.url, token=node.token)
+    try:
+        with pytest.raises(InvalidSpecError) as failed:
+            ember.deploy(path, transport=client, wait=False)
+        assert f"may use {BUILD_MEMORY_MB} MiB of memory" in str(failed.value), str(failed.value)
+        assert http.get("/v1/apps/verify-hog").status_code == 404
+    finally:
+        client.close()
 
 
 @pytest.mark.timeout(300)

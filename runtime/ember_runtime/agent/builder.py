@@ -4,6 +4,11 @@ their environments, and read the app's manifest by importing it inside its image
 The node says how it goes on ``ember.node.<id>.build-events`` (uv's output, line by line, then the end: the
 manifest with its images locked, or the error). The pushing machine never imports the app with its own Python, so
 it needs none of the packages the image installs.
+
+The import is the pushing tenant's code run on a node that other tenants' replicas share: besides the sandbox, it
+may use ``--build-memory-mb`` of memory (a cgroup's ``memory.max`` where the node delegates the memory controller,
+else the data segment's rlimit, ``RLIMIT_DATA``, which counts what it allocates), and it is the first process the
+kernel's OOM killer picks (``oom_score_adj`` 1000) should the node run short before that.
 """
 
 from __future__ import annotations
@@ -11,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,12 +30,15 @@ from ember.wire.images import BUILD_ID, MAX_LOG_LINE, SHA256, BuildEvent, BuildR
 from ember.wire.validate import APP_NAME, MODULE_NAME, manifest_problems
 from ember_runtime.agent import bytecode
 from ember_runtime.agent import sandbox as sandboxes
+from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.envs import BuildError, Env, EnvCache
 
 log = logging.getLogger("ember.agent")
 INSPECT_TIMEOUT_S = 300.0
 MAX_MANIFEST_BYTES = 2 * 1024 * 1024
 MAX_CONCURRENT = 2
+MEMORY_MB = 8192  # what a build's import may use by default (``--build-memory-mb``)
+OOM_FIRST = 1000  # oom_score_adj: the import is the first process the OOM killer picks
 FLUSH_S = 0.2
 _request = msgspec.json.Decoder(BuildRequest)
 _manifest = msgspec.json.Decoder(Manifest)
@@ -36,12 +46,16 @@ _manifest = msgspec.json.Decoder(Manifest)
 
 class Builder:
     def __init__(self, nc: Any, node_id: str, cache: EnvCache, bundles: Any,
-                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
+                 sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, *, memory_mb: int = MEMORY_MB,
+                 cgroups: Callable[[], MemoryCgroups | None] = lambda: None) -> None:
+        """``memory_mb``: what an import may use (0: no limit); ``cgroups``: the node's memory cgroups, if any."""
         self._nc = nc
         self._node_id = node_id
         self._cache = cache
         self._bundles = bundles
         self._sandbox = sandbox
+        self._memory_mb = memory_mb
+        self._cgroups = cgroups
         self._sub: Any = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(MAX_CONCURRENT)
@@ -126,29 +140,58 @@ class Builder:
         app_file = f"{root}/{request.module.replace('.', '/')}.py"
         command = [str(env.python), "-m", "ember._inspect", "--modules", app_file, request.app]
         variables = sandboxes.environment(dict(image.env), sandboxed=enabled)
-        preexec = partial(sandboxes.prepare_child, None)
+        groups = self._cgroups() if self._memory_mb > 0 else None
+        group = groups.prepare(f"build-{request.build_id[:16]}", self._memory_mb) if groups else None
+        preexec = partial(_import_child, MemoryCgroups.joiner(group), 0 if group else self._memory_mb)
         proc: Any
-        if enabled:
-            jail = sandboxes.Jail(bundle=bundle, readonly=env.readonly)
-            proc = await sandboxes.start(self._sandbox, command, jail, variables, preexec)
-        else:
-            proc = await asyncio.create_subprocess_exec(
-                *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=bundle, env=variables, start_new_session=True,
-                preexec_fn=preexec)
         try:
-            out, err = await asyncio.wait_for(asyncio.gather(_read_up_to(proc.stdout, MAX_MANIFEST_BYTES),
-                                                             _read_up_to(proc.stderr, 64 * 1024)), INSPECT_TIMEOUT_S)
-            code = await proc.wait()
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                proc.send_signal(9)
-            await proc.wait()
-            raise
+            if enabled:
+                jail = sandboxes.Jail(bundle=bundle, readonly=env.readonly)
+                proc = await sandboxes.start(self._sandbox, command, jail, variables, preexec)
+            else:
+                proc = await asyncio.create_subprocess_exec(
+                    *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE, cwd=bundle, env=variables, start_new_session=True,
+                    preexec_fn=preexec)
+            try:
+                out, err = await asyncio.wait_for(asyncio.gather(_read_up_to(proc.stdout, MAX_MANIFEST_BYTES),
+                                                                 _read_up_to(proc.stderr, 64 * 1024)),
+                                                  INSPECT_TIMEOUT_S)
+                code = await proc.wait()
+            except BaseException:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    proc.send_signal(9)
+                await proc.wait()
+                raise
+        finally:
+            await MemoryCgroups.end(group, within_s=5.0)
         if code != 0:
             text = err.decode(errors="replace").strip()
-            raise BuildError(f"importing {request.module} inside its image failed:\n{text[-4000:] or f'exit {code}'}")
+            raise BuildError(f"importing {request.module} inside its image failed:\n{text[-4000:] or f'exit {code}'}"
+                             + self._memory_note(text, code))
         return bytes(out)
+
+    def _memory_note(self, text: str, code: int) -> str:
+        """Why an import that ran out of its memory failed (a ``MemoryError`` under the rlimit, SIGKILL in a cgroup)."""
+        if self._memory_mb <= 0 or not ("MemoryError" in text or code in (-9, 137)):
+            return ""
+        return (f"\n(an app's import at push time may use {self._memory_mb} MiB of memory on the node that builds it: "
+                "load large weights in an @ember.setup method, which runs in the replica)")
+
+
+def _import_child(join_cgroup: Callable[[], None] | None, data_mb: int) -> None:
+    """Between fork and exec of a build's import: what a replica's child gets (``prepare_child``), its memory cgroup
+    where there is one, else ``data_mb`` MiB of data segment (``RLIMIT_DATA``: what it allocates, mapped or not), and
+    the OOM killer's first pick."""
+    sandboxes.prepare_child(None, cgroup=join_cgroup)
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write(str(OOM_FIRST))
+    if data_mb > 0:
+        limit = data_mb * 1024 * 1024
+        with contextlib.suppress(ValueError, OSError):
+            _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+            limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 def _check(request: BuildRequest) -> None:

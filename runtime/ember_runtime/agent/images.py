@@ -13,8 +13,10 @@ from typing import Any
 
 from ember.wire import NodeAssignment, ReplicaState, SlotAssignment, ZygoteAssignment
 from ember.wire.images import ImageSpec
+from ember_runtime.agent import builder as builds
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent.builder import Builder
+from ember_runtime.agent.cgroups import MemoryCgroups
 from ember_runtime.agent.envs import BuildError, Env, EnvCache
 from ember_runtime.agent.zygote_pool import Interpreter, ZygoteKey
 
@@ -27,9 +29,11 @@ COLLECT_EVERY_S = 60.0
 class NodeImages:
     """The environment cache of this node, the environments being prepared for its zygotes, and the builder."""
 
-    def __init__(self, state_dir: Path, sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX) -> None:
+    def __init__(self, state_dir: Path, sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, *,
+                 build_memory_mb: int = builds.MEMORY_MB) -> None:
         self.cache = EnvCache(state_dir / "envs")
         self.sandbox = sandbox
+        self.build_memory_mb = build_memory_mb  # what a build's import may use
         self._failures: dict[str, tuple[int, float, str]] = {}  # sha -> (failures in a row, next try, why)
         self._preparing: dict[str, asyncio.Task[Env | None]] = {}
         self._builder: Builder | None = None
@@ -37,8 +41,10 @@ class NodeImages:
         self._collected_at = 0.0
         self._builds_seen = 0
 
-    async def start(self, nc: Any, node_id: str, bundles: Any) -> None:
-        self._builder = Builder(nc, node_id, self.cache, bundles, self.sandbox)
+    async def start(self, nc: Any, node_id: str, bundles: Any,
+                    cgroups: Callable[[], MemoryCgroups | None] = lambda: None) -> None:
+        self._builder = Builder(nc, node_id, self.cache, bundles, self.sandbox, memory_mb=self.build_memory_mb,
+                                cgroups=cgroups)
         await self._builder.start()
 
     async def stop(self) -> None:

@@ -34,7 +34,7 @@ from ember.wire import (
 )
 from ember.wire.jetstream import NODE_HEARTBEAT_S, connect
 from ember.wire.natscreds import CREDS_ENV, NODE_USER_PREFIX, NatsCredentials, node_user, replica_credentials
-from ember_runtime.agent import adoption, devices, gpu_faults, numa
+from ember_runtime.agent import adoption, builder, devices, gpu_faults, numa
 from ember_runtime.agent import inventory as inventory_source
 from ember_runtime.agent import sandbox as sandboxes
 from ember_runtime.agent import warm_starts as warm
@@ -69,7 +69,7 @@ class NodeAgent:
     def __init__(self, nats_url: str, state_dir: Path, node_id: str | None = None,
                  inventory: Path | None = None, creds: NatsCredentials | None = None,
                  sandbox: sandboxes.Sandbox = sandboxes.NO_SANDBOX, stop_grace_s: float = STOP_GRACE_S,
-                 warm_starts: int = warm.DEFAULT_LIMIT,
+                 warm_starts: int = warm.DEFAULT_LIMIT, build_memory_mb: int = builder.MEMORY_MB,
                  ignore_xids: frozenset[int] | None = gpu_faults.APPLICATION_XIDS) -> None:
         self.nats_url = nats_url
         self.stop_grace_s = stop_grace_s  # what each replica is given to drain when the agent stops
@@ -98,7 +98,7 @@ class NodeAgent:
         self._zygote_bundles: set[str] = set()  # the bundles of the zygotes held
         self.sandbox = sandbox  # replicas and zygotes run in it (see ``sandbox``), when enabled
         self.cgroups: MemoryCgroups | None = None
-        self.images = NodeImages(state_dir, sandbox)  # image environments, and the builds asked at push time
+        self.images = NodeImages(state_dir, sandbox, build_memory_mb=build_memory_mb)  # environments, push's builds
         self.zygotes = ZygotePool(state_dir, nats_url, on_event=self._zygote_event, sandbox_=sandbox,
                                   verify=lambda sha256: self.bundles.verify(sha256),
                                   mounts=self._zygote_mounts, devices=self._gpu_nodes, cgroups=lambda: self.cgroups)
@@ -134,7 +134,7 @@ class NodeAgent:
         self.cgroups = MemoryCgroups.for_agent()
         self.assignments = AssignmentWatch(nc, self.node_id, fetcher, on_change=self._wake.set)
         await self.assignments.start()
-        await self.images.start(nc, self.node_id, self.bundles)
+        await self.images.start(nc, self.node_id, self.bundles, cgroups=lambda: self.cgroups)
         heartbeat = asyncio.create_task(self._heartbeat(stop), name="node-heartbeat")
         usage = self._usage_source()
         self.usage_watcher = UsageWatcher(usage, self.slots.values) if usage is not None else None
