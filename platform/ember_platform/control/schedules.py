@@ -55,6 +55,7 @@ from ember.wire.schedules import (
     tick_call_id,
     tick_msg_id,
     ticks_between,
+    timing,
 )
 from ember_platform.calls.durable import Calls, Submission
 from ember_platform.control.schedule_runs import RunWatch
@@ -66,6 +67,7 @@ _state_decoder = msgspec.json.Decoder(ScheduleState)
 MAX_WAIT_S = 0.25  # the loop looks at least this often (new deployments, a pause, the lease)
 FIRE_CONCURRENCY = 1024  # state writes at once where they go one by one (not in an atomic batch)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+RETRY_S = 30.0  # a schedule whose pass raised (a zone this host's tzdata lacks, say) is looked at again after this
 MAX_FINAL_KEPT = 10_000  # the final statuses of last runs the listings keep (a console polls them)
 STATUSES = ("fired", "skipped", "missed", "paused", "queued", "failed", "run")
 
@@ -234,8 +236,16 @@ class ScheduleLoop:
         gone = [key for key in keys if key not in self._index]
         for key in gone:
             await self._forget(key)
-        found = await asyncio.gather(*(self._one(key, now) for key in keys if key in self._index))
-        writes = [write for write in found if write is not None]
+        handled = [key for key in keys if key in self._index]
+        found = await asyncio.gather(*(self._one(key, now) for key in handled), return_exceptions=True)
+        failed = set()
+        for key, result in zip(handled, found, strict=True):
+            if isinstance(result, BaseException):  # this schedule alone: every other app's goes on
+                if isinstance(result, asyncio.CancelledError):
+                    raise result
+                failed.add(key)
+                self._retry(key, now, result)
+        writes = [write for write in found if write is not None and not isinstance(write, BaseException)]
         for key, new, _read in writes:
             self._mine[key] = new  # its echo from the watch may come before the answer
         done = await write_states(self._js, writes, self._atomic, self._write, self.states.record)
@@ -243,15 +253,25 @@ class ScheduleLoop:
             if not ok:  # written meanwhile (a pause, a resume): looked at again
                 self._dirty.add(key)
         for key in keys:
-            if key not in self._index or key in self._dirty:
+            if key not in self._index or key in self._dirty or key in failed:
                 continue
             state = self.states.items.get(key)
             if state is not None and state.queued:  # a tick waits for the run before it: looked at in each pass
                 self._dirty.add(key)
             else:
-                self._plan(key, next_tick(self._index[key][2], now))
+                try:
+                    self._plan(key, next_tick(self._index[key][2], now))
+                except Exception as exc:
+                    self._retry(key, now, exc)
         if len(self.runs.finished) > 2 * len(self._index) + 64:
-            self.runs.keep({state.last_call_id for state in self.states.items.values()})
+            self.runs.keep({call for state in self.states.items.values()
+                            for call in (state.last_call_id, state.tick_call_id)})
+
+    def _retry(self, key: str, now: float, exc: BaseException) -> None:
+        """A schedule whose pass raised: looked at again in ``RETRY_S``, alone (the others' passes go on)."""
+        self._plan(key, now + RETRY_S)
+        log.error("schedule %s could not be handled (tried again in %.0f s): %s: %s", key, RETRY_S,
+                  type(exc).__name__, exc)
 
     async def _forget(self, key: str) -> None:
         """The key of a function no longer scheduled: its app deleted, or a version without it."""
@@ -272,13 +292,17 @@ class ScheduleLoop:
         # first seen, or a state kept of an app of the name deleted before (this loop did not see it go): it runs
         # from its next tick on, unpaused
         if state is None or state.of(dep.born_at) is not state:
-            return key, ScheduleState(last_tick=now, born_at=dep.born_at), 0 if state is None else read
+            return key, ScheduleState(last_tick=now, born_at=dep.born_at, timing=timing(spec)), 0 if state is None \
+                else read
         new = state
-        ticks, missed = due(spec, state, now)
+        if state.timing != timing(spec):  # a new version changed when it ticks: from its next tick on, no catch-up
+            new = msgspec.structs.replace(state, timing=timing(spec),
+                                          last_tick=max(state.last_tick, now) if state.timing else state.last_tick)
+        ticks, missed = due(spec, new, now)
         if state.paused:  # its ticks pass unrun: a resume does not catch them up
             if ticks or missed:
                 self.metrics.runs.labels(dep.app, "paused").inc(len(ticks) + missed)
-                new = msgspec.structs.replace(state, last_tick=now)
+                new = msgspec.structs.replace(new, last_tick=now)
         else:
             if missed:
                 self.metrics.runs.labels(dep.app, "missed").inc(missed)
@@ -297,7 +321,7 @@ class ScheduleLoop:
         if spec.overlap == "queue" and state.queued:  # older ticks wait: this one goes after them
             self.metrics.runs.labels(dep.app, "queued").inc()
             return msgspec.structs.replace(state, queued=(*state.queued, tick)[-MAX_CATCH_UP:])
-        if spec.overlap != "allow" and await self.runs.still_runs(dep.app, state.last_call_id):
+        if spec.overlap != "allow" and await self._runs_on(dep.app, state):
             if spec.overlap == "skip":
                 self.metrics.runs.labels(dep.app, "skipped").inc()
                 return msgspec.structs.replace(state, last_status="skipped")
@@ -307,10 +331,15 @@ class ScheduleLoop:
 
     async def _drain_queue(self, dep: Deployment, function: str, state: ScheduleState, now: float) -> ScheduleState:
         """overlap="queue": the oldest waiting tick runs once the run before it has finished."""
-        if await self.runs.still_runs(dep.app, state.last_call_id):
+        if await self._runs_on(dep.app, state):
             return state
         tick, rest = state.queued[0], state.queued[1:]
         return await self._fire(dep, function, msgspec.structs.replace(state, queued=rest), tick, now)
+
+    async def _runs_on(self, app: str, state: ScheduleState) -> bool:
+        """Whether the last tick's run, or a run asked for since, still waits or runs."""
+        return any([await self.runs.still_runs(app, call_id)
+                    for call_id in dict.fromkeys((state.tick_call_id, state.last_call_id)) if call_id])
 
     async def _fire(self, dep: Deployment, function: str, state: ScheduleState, tick: float,
                     now: float) -> ScheduleState:
@@ -327,8 +356,8 @@ class ScheduleLoop:
         if not reply.created:
             self.runs.found(call_id)
         self.metrics.runs.labels(dep.app, "fired").inc()
-        return msgspec.structs.replace(state, last_call_id=call_id, last_status="fired", last_run_at=now,
-                                       runs=state.runs + 1)
+        return msgspec.structs.replace(state, last_call_id=call_id, tick_call_id=call_id, last_status="fired",
+                                       last_run_at=now, runs=state.runs + 1)
 
     def _started(self, app: str, tick: float, at: float) -> None:
         if app in self._deployments.items:  # a deleted app's last run starting makes no series again
@@ -449,8 +478,16 @@ class ScheduleLoop:
                         del self._final[next(iter(self._final))]
                     self._final[state.last_call_id] = status
             return ScheduleView(app=dep.app, function=function, schedule=describe(spec), spec=spec,
-                                paused=state.paused, next_run=0.0 if state.paused else next_tick(spec, time.time()),
+                                paused=state.paused, next_run=0.0 if state.paused else _next_run(spec),
                                 last_tick=state.last_tick, last_status=state.last_status,
                                 last_call_id=state.last_call_id, last_call_status=status, runs=state.runs)
 
         return list(await asyncio.gather(*(view(*f) for f in found)))
+
+
+def _next_run(spec: ScheduleSpec) -> float:
+    """The next tick, for a listing; 0 where this control plane cannot compute it (a zone its tzdata lacks)."""
+    try:
+        return next_tick(spec, time.time())
+    except Exception:
+        return 0.0

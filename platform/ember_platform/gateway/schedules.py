@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ember._errors import BadRequestError
+from ember._errors import BadRequestError, NotFoundError
 from ember.wire.schedules import ScheduleRun
 from ember.wire.validate import APP_NAME
 from ember_platform.gateway.body import read_body
@@ -41,7 +41,10 @@ async def _set_paused(request: Request, paused: bool) -> Response:
     await read_body(request, MAX_ACTION_BODY)
     schedules = platform_of(request).schedules
     await schedules.set_paused(app, name, paused)
-    return json_response(next(v for v in await schedules.views(lambda a: a == app, app) if v.function == name))
+    for view in await schedules.views(lambda a: a == app, app):
+        if view.function == name:
+            return json_response(view)
+    raise NotFoundError(f"{app} has no scheduled function {name!r}", field="name")  # a version without it, meanwhile
 
 
 async def pause(request: Request) -> Response:

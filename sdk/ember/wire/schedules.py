@@ -22,8 +22,11 @@ import msgspec
 Overlap = Literal["skip", "queue", "allow"]
 CatchUp = Literal["latest", "none", "all"]
 MAX_CATCH_UP = 100  # catch_up="all": at most this many missed ticks run, the most recent ones
-ON_TIME_S = 5.0  # catch_up="none": a tick handled within this long after its time still runs (not a missed one)
+ON_TIME_S = 15.0  # catch_up="none": a tick handled within this long after its time still runs (not a missed one);
+# more than a control plane's takeover after the lease holder died (its lease's 6 s, then a pass), so that a
+# failover alone misses no tick
 MIN_PERIOD_S, MAX_PERIOD_S = 1.0, 366 * 86400.0
+HOST_ZONES = frozenset({"localtime", "posixrules", "Factory"})
 NAMED = {"@yearly": "0 0 1 1 *", "@annually": "0 0 1 1 *", "@monthly": "0 0 1 * *", "@weekly": "0 0 * * 0",
          "@daily": "0 0 * * *", "@midnight": "0 0 * * *", "@hourly": "0 * * * *"}
 
@@ -43,6 +46,7 @@ class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
 
     last_tick: float = 0.0  # the most recent tick handled (fired, skipped or missed); 0: none yet
     last_call_id: str = ""  # the call of the last tick that ran (or of the last run asked for)
+    tick_call_id: str = ""  # the call of the last tick that ran: a run asked for since does not hide it from overlap
     last_status: str = ""  # "fired", "skipped" (the previous run still ran), "missed" (catch_up), "paused", "run"
     last_run_at: float = 0.0  # when that call was queued
     paused: bool = False
@@ -50,6 +54,7 @@ class ScheduleState(msgspec.Struct, frozen=True, kw_only=True):
     queued: tuple[float, ...] = ()  # overlap="queue": ticks waiting for the run before them, oldest first
     born_at: float = 0.0  # its app's ``Deployment.born_at``: a state kept of an app of the name deleted before is not
     # this one's (0: written before it was kept, or by an app first pushed before)
+    timing: str = ""  # ``timing(spec)`` of the schedule its last tick was handled by ("": not known)
 
     def of(self, dep_born_at: float) -> ScheduleState:
         """This state as the app born at ``dep_born_at`` sees it: a fresh one if it was another app's. Where either
@@ -99,13 +104,14 @@ def problem(spec: ScheduleSpec) -> tuple[str, str] | None:
         return "period_s", "a schedule is a period or a cron expression, exactly one of them"
     if spec.period_s and not MIN_PERIOD_S <= spec.period_s <= MAX_PERIOD_S:
         return "period_s", f"a period is {MIN_PERIOD_S:g} s to 366 days"
-    try:
-        zone = ZoneInfo(spec.timezone)
-    except (ZoneInfoNotFoundError, ValueError, TypeError):
+    zone = _zone(spec.timezone)
+    if zone is None:
         return "timezone", f"{spec.timezone[:64]!r} is not an IANA time zone (such as 'UTC' or 'Europe/Paris')"
     if spec.cron:
         from cronsim import CronSim, CronSimError
 
+        if len(expand(spec.cron).split()) != 5:
+            return "cron", f"{spec.cron[:80]!r} is not a 5-field cron expression (minute hour day month weekday)"
         try:
             CronSim(expand(spec.cron), datetime(2000, 1, 1, tzinfo=zone))
         except (CronSimError, ValueError) as exc:
@@ -113,19 +119,36 @@ def problem(spec: ScheduleSpec) -> tuple[str, str] | None:
     return None
 
 
+def _zone(name: str) -> ZoneInfo | None:
+    """The IANA zone ``name``, or None: not one, or one whose rules depend on the host (``localtime``, ``posixrules``,
+    the ``posix/`` and ``right/`` trees: two control planes would tick at different times)."""
+    if name != name.strip() or name in HOST_ZONES or name.startswith(("posix/", "right/")):
+        return None
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError, TypeError, OSError):  # OSError: a folder of zones ("Europe")
+        return None
+
+
 def expand(expr: str) -> str:
     """``@hourly``-style names as the 5 fields they stand for."""
     return NAMED.get(expr.strip().lower(), expr.strip())
 
 
+def timing(spec: ScheduleSpec) -> str:
+    """What decides when ``spec`` ticks (not what a tick does): a state handled by another timing does not catch
+    up under this one."""
+    return f"{spec.period_s!r}|{expand(spec.cron)}|{spec.timezone}"
+
+
 def ticks_between(spec: ScheduleSpec, after: float, upto: float, limit: int = MAX_CATCH_UP + 1) -> list[float]:
-    """The ticks in (``after``, ``upto``], oldest first; only the most recent ``limit`` of them."""
+    """The ticks in (``after``, ``upto``], oldest first; only the most recent ``limit`` of them (a cron's are
+    found from ``upto`` back, so a month of minutes missed costs as much as ``limit`` of them)."""
     if spec.period_s:
-        first = math.floor(after / spec.period_s) + 1
-        last = math.floor(upto / spec.period_s)
+        first, last = _multiple(after, spec.period_s) + 1, _multiple(upto, spec.period_s)
         return [n * spec.period_s for n in range(max(first, last - limit + 1), last + 1)]
     ticks: list[float] = []
-    tick = next_tick(spec, after)
+    tick = next_tick(spec, max(after, _back(spec, upto, limit) - 1.0))
     while tick <= upto:
         ticks.append(tick)
         if len(ticks) > limit:
@@ -134,10 +157,35 @@ def ticks_between(spec: ScheduleSpec, after: float, upto: float, limit: int = MA
     return ticks
 
 
+def _multiple(t: float, period_s: float) -> int:
+    """The last multiple of ``period_s`` at or before ``t``: ``n`` with ``n * period_s <= t < (n + 1) * period_s``,
+    as the ticks' own products compare (a division alone may round a tick itself down to the one before)."""
+    n = math.floor(t / period_s)
+    while (n + 1) * period_s <= t:
+        n += 1
+    while n * period_s > t:
+        n -= 1
+    return n
+
+
+def _back(spec: ScheduleSpec, upto: float, count: int) -> float:
+    """About the ``count``-th most recent of a cron's ticks at or before ``upto`` (walked back by cronsim: where the
+    clocks change this may be an hour off, which only moves the oldest of ``count`` ticks); 0 if there are fewer."""
+    from cronsim import CronSim
+
+    start = datetime.fromtimestamp(math.floor(upto) + 1, tz=UTC).astimezone(ZoneInfo(spec.timezone))
+    found = 0.0
+    for n, when in enumerate(CronSim(expand(spec.cron), start, reverse=True)):
+        found = when.timestamp()
+        if n + 1 >= count:
+            return found
+    return 0.0
+
+
 def next_tick(spec: ScheduleSpec, after: float) -> float:
     """The first tick strictly after ``after`` (seconds since the epoch)."""
     if spec.period_s:
-        return (math.floor(after / spec.period_s) + 1) * spec.period_s
+        return (_multiple(after, spec.period_s) + 1) * spec.period_s
     from cronsim import CronSim
 
     zone = ZoneInfo(spec.timezone)
@@ -154,7 +202,7 @@ def due(spec: ScheduleSpec, state: ScheduleState, now: float) -> tuple[list[floa
     ticks = ticks_between(spec, state.last_tick, now)
     total = len(ticks)  # a cron's count stops at the limit; a period's is exact
     if spec.period_s:
-        total = math.floor(now / spec.period_s) - math.floor(state.last_tick / spec.period_s)
+        total = _multiple(now, spec.period_s) - _multiple(state.last_tick, spec.period_s)
     if spec.catch_up == "none":  # even a single tick, when it is handled late (the control planes were down)
         on_time = [t for t in ticks[-1:] if now - t < ON_TIME_S]
         return on_time, total - len(on_time)

@@ -12,11 +12,13 @@ import pytest
 import ember
 from ember.wire import FunctionSpec, Manifest, ServiceSpec
 from ember.wire.schedules import (
+    MAX_CATCH_UP,
     ScheduleSpec,
     ScheduleState,
     describe,
     due,
     next_tick,
+    problem,
     tick_call_id,
     tick_msg_id,
     ticks_between,
@@ -117,12 +119,55 @@ def test_catch_up_none_skips_a_latest_tick_long_past_and_all_keeps_the_last_hund
 
 
 def test_catch_up_none_runs_a_tick_only_within_a_few_seconds_of_its_time() -> None:
+    """A failover (the lease's 6 s, then a pass) is within the window: a tick due then still runs."""
     spec = ember.Period(seconds=30, catch_up="none").spec
     assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_052.0) == ([1_000_050.0], 0)  # 2 s late: on time
-    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_058.0) == ([], 1)  # 8 s late: missed
+    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_058.0) == ([1_000_050.0], 0)  # 8 s: a failover
+    assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_066.0) == ([], 1)  # 16 s late: missed
     assert due(spec, ScheduleState(last_tick=1_000_020.0), 1_000_058.0 - 30) == ([], 0)  # nothing due yet
     latest = ember.Period(seconds=30, catch_up="latest").spec
-    assert due(latest, ScheduleState(last_tick=1_000_020.0), 1_000_058.0) == ([1_000_050.0], 0)
+    assert due(latest, ScheduleState(last_tick=1_000_020.0), 1_000_066.0) == ([1_000_050.0], 0)
+
+
+def test_a_fractional_periods_tick_is_never_handled_twice_or_counted_missed() -> None:
+    """Each tick is a product ``n * period``; a division alone floored some of them to ``n - 1`` (one in seven of
+    periods such as 3617.76 s): the tick handled came back, or counted as missed."""
+    spec = ember.Period(seconds=3617.76).spec
+    for n in range(1, 3000):
+        tick = n * spec.period_s
+        assert next_tick(spec, tick) == (n + 1) * spec.period_s
+        assert due(spec, ScheduleState(last_tick=tick), tick + 1.0) == ([], 0)
+
+
+@pytest.mark.parametrize("zone", ["Europe/Paris", "America/New_York", "Australia/Lord_Howe"])
+def test_a_month_of_missed_minutes_gives_the_last_hundred_as_walking_them_all_does(zone: str) -> None:
+    """A cron's ticks are found from the end back (a month of minutes walked one by one took 0.7 s of the control
+    loop, per schedule); the result is the walk's, across the clocks' changes too."""
+    for spec in (_cron("* * * * *", zone), _cron("30 2 * * *", zone), _cron("0 * * * *", zone)):
+        for end in (_at(zone, 2024, 3, 31, 4, 0), _at(zone, 2024, 11, 3, 2, 30), _at(zone, 2024, 10, 6, 3, 0)):
+            for gap in (50.0, 7200.0, 3 * 86400.0, 40 * 86400.0):
+                walked, tick = [], next_tick(spec, end - gap)
+                while tick <= end and len(walked) < 100_000:
+                    walked.append(tick)
+                    tick = next_tick(spec, tick)
+                assert ticks_between(spec, end - gap, end) == walked[-(MAX_CATCH_UP + 1):], (spec.cron, end, gap)
+
+
+@pytest.mark.parametrize("zone", ["Europe", "America", "localtime", "posixrules", "posix/Europe/Paris",
+                                  "right/UTC", " UTC", "Factory"])
+def test_a_folder_of_zones_or_a_hosts_own_zone_is_refused_by_name(zone: str) -> None:
+    """``Europe`` raised IsADirectoryError (a 500 at push); ``localtime`` is each host's own zone: two control
+    planes would tick at different times."""
+    assert problem(ScheduleSpec(cron="0 6 * * *", timezone=zone)) == (
+        "timezone", f"{zone!r} is not an IANA time zone (such as 'UTC' or 'Europe/Paris')")
+    with pytest.raises(ember.InvalidSpecError):
+        ember.Cron("0 6 * * *", timezone=zone)
+
+
+def test_a_cron_of_six_fields_is_refused() -> None:
+    """cronsim reads a sixth field as seconds (every 5 s); the documentation says five fields."""
+    found = problem(ScheduleSpec(cron="*/5 * * * * *"))
+    assert found is not None and found[0] == "cron" and "5-field" in found[1]
 
 
 def test_a_tick_has_the_same_ids_everywhere() -> None:
