@@ -159,6 +159,7 @@ def test_raw_sse_stream(platform, llm):
     ({"messages": json.loads("[" * 40 + "]" * 40)}, 422, "messages[0]"),
     ({"messages": [{"role": "wizard", "content": "x"}]}, 422, "messages[0].role"),
     ({"temperature": -1}, 422, "temperature"),
+    ({"seed": 2**64}, 422, "seed"),  # an engine's 64-bit generator would raise on it (vLLM's server bounds it too)
     ({"stop": ["a", "b", "c", "d", "e"]}, 422, "stop"),
     ({"model": 7}, 422, "model"),
 ])
@@ -224,6 +225,12 @@ def test_models_are_scoped_by_token(http, client, platform, llm, hello):
     assert hidden.value.code == "model_not_found"
     with pytest.raises(openai.NotFoundError):
         other.models.retrieve("echo-words")
+    reader = http.post("/v1/tokens", json={"scopes": ["read"], "apps": ["hello"], "name": f"or-{_tag()}"})
+    assert reader.status_code == 201, reader.text
+    reads = openai.OpenAI(base_url=f"{platform.url}/openai/v1", api_key=reader.json()["token"], max_retries=0)
+    for name in ("echo-words", f"no-such-model-{_tag()}"):  # a model another app serves, and none: the same answer
+        with pytest.raises(openai.PermissionDeniedError):
+            reads.models.retrieve(name)
 
 
 def test_embeddings_with_openais_client_as_floats_and_base64(client, http, llm):

@@ -106,6 +106,8 @@ def find_model(request: Request, name: str) -> tuple[Deployment, ServiceSpec, Fu
         raise _no_model(name)
     app, fn, versions = found
     if not fn.public:
+        authorize(request, INVOKE)  # the scope first, as for a name no model has: a 403 either way, never a 404 that
+        # tells a token without it that another team serves the model
         try:
             authorize(request, INVOKE, app)
         except NotFoundError:
@@ -246,20 +248,20 @@ async def _complete(request: Request, kind: str) -> Response:
     try:
         started = await calls._unless_disconnected(request, _first(stream))
     except BaseException:
-        await _done(stream, held, timer, None)
+        await _done(stream, held, timer)
         raise
     if started is None:
-        await _done(stream, held, timer, None)
+        await _done(stream, held, timer)
         return Response(status_code=499)
     timer.first()
     answer = Format(kind, call_id, req.model, req)
-    shaper = Shaper(req.limit, req.stops)
+    shaper = Shaper(req.limit, req.stops, collect=not req.stream)
     pieces = _pieces(stream, started[0], shaper, timer)
     if not req.stream:
         try:
             whole = await calls._unless_disconnected(request, _collected(pieces))
         finally:
-            await _done(stream, held, timer, shaper)
+            await _done(stream, held, timer)
         if whole is None:  # the client is gone: the stream was closed, its generator or sequence with it
             return Response(status_code=499)
         return Response(answer.whole(shaper), media_type="application/json", headers={"X-Ember-Call-Id": call_id})
@@ -357,12 +359,12 @@ async def _events(stream: CallStream, pieces: AsyncIterator[list[str]], answer: 
             yield answer.usage_chunk(shaper)
         yield b"data: [DONE]\n\n"
     finally:
-        await _done(stream, held, timer, shaper)
+        await _done(stream, held, timer)
 
 
-async def _done(stream: CallStream, held: Any, timer: LlmTimer, shaper: Shaper | None) -> None:
+async def _done(stream: CallStream, held: Any, timer: LlmTimer) -> None:
     if held is not None:  # before any await: a cancel there would leave the slot held for good
         held.release()
-    timer.done(shaper.pieces if shaper is not None else 0)
+    timer.done()
     await stream.aclose()
 

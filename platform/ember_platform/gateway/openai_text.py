@@ -9,7 +9,7 @@ import time
 import msgspec
 from starlette.responses import Response
 
-from ember._errors import EmberError, NotFoundError, RemoteError
+from ember._errors import EmberError, NotFoundError, PayloadTooLargeError, RemoteError
 from ember.wire.openai import (
     AnswerMessage,
     ChatChoice,
@@ -27,6 +27,7 @@ from ember.wire.openai import (
     Usage,
 )
 from ember_platform.auth.tokens import TokenRefused
+from ember_platform.gateway.streaming import MAX_COLLECTED_BYTES
 
 _encoder = msgspec.json.Encoder()
 _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
@@ -34,36 +35,46 @@ _TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit
 
 class Shaper:
     """Cuts the generated text at ``limit`` pieces or at the first stop string (which is not shown). Streaming, it
-    holds back the last few characters that could begin a stop string, so that no part of one is ever sent."""
+    holds back the last few characters that could begin a stop string, so that no part of one is ever sent.
 
-    def __init__(self, limit: int, stops: list[str]) -> None:
+    It keeps only that unsent tail, so each piece costs its own length whatever came before; an answer given whole
+    (``collect``) keeps its parts too, to ``MAX_COLLECTED_BYTES``."""
+
+    def __init__(self, limit: int, stops: list[str], *, collect: bool = False) -> None:
         self.limit = limit
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
-        self.text = ""
-        self.sent = 0  # characters of ``text`` given out
+        self.pending = ""  # text not given out yet: at most ``hold`` characters between pieces
+        self.collect = collect
+        self.parts: list[str] = []  # what was given out, where collected
+        self.size = 0  # its bytes (UTF-8)
         self.pieces = 0
         self.finish: FinishReason | None = None
+
+    @property
+    def text(self) -> str:
+        """The answer given out so far (collected answers only)."""
+        return "".join(self.parts)
 
     def add(self, piece: str) -> str:
         """Take one piece; the text that may go out now (set ``finish`` once the answer is complete)."""
         self.pieces += 1
-        before = len(self.text)
-        self.text += piece
-        cut = min((i for stop in self.stops if (i := self.text.find(stop, max(0, before - len(stop) + 1))) >= 0),
+        before = len(self.pending)  # a stop string may begin in these, never in what went out
+        self.pending += piece
+        cut = min((i for stop in self.stops if (i := self.pending.find(stop, max(0, before - len(stop) + 1))) >= 0),
                   default=-1)
         if cut >= 0:
-            self.text = self.text[:cut]
+            self.pending = self.pending[:cut]
             self.finish = "stop"
         elif self.pieces >= self.limit:
             self.finish = "length"
         if self.finish is not None:
             return self.flush()
-        safe = len(self.text) - self.hold
-        if safe <= self.sent:
+        safe = len(self.pending) - self.hold
+        if safe <= 0:
             return ""
-        out, self.sent = self.text[self.sent:safe], safe
-        return out
+        out, self.pending = self.pending[:safe], self.pending[safe:]
+        return self._given(out)
 
     def end(self) -> str:
         """The model stopped by itself: the rest of the text."""
@@ -71,7 +82,16 @@ class Shaper:
         return self.flush()
 
     def flush(self) -> str:
-        out, self.sent = self.text[self.sent:], len(self.text)
+        out, self.pending = self.pending, ""
+        return self._given(out)
+
+    def _given(self, out: str) -> str:
+        if self.collect and out:
+            self.size += len(out.encode())
+            if self.size > MAX_COLLECTED_BYTES:
+                raise PayloadTooLargeError(f"the answer is over {MAX_COLLECTED_BYTES} bytes, the most given whole; "
+                                           "ask for it with stream=true", field="stream")
+            self.parts.append(out)
         return out
 
 

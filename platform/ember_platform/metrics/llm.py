@@ -64,19 +64,20 @@ class LlmTimer:
         self._started = self._last = time.perf_counter()
         self._ended = False
         self._itl = metrics.itl.labels(*self._labels)  # looked up once: it is observed at every piece
+        self._generated = metrics.generated.labels(*self._labels)  # counted as each piece comes, not at the end
         metrics.running.labels(*self._labels).inc()
 
     def first(self) -> None:
         self._metrics.ttft.labels(*self._labels).observe(time.perf_counter() - self._started)
 
     def piece(self) -> None:
+        self._generated.inc()  # a long stream's tokens show in rate() while it runs
         now = time.perf_counter()
         if self._last != self._started:
             self._itl.observe(now - self._last)
         self._last = now
 
-    def done(self, pieces: int) -> None:
+    def done(self) -> None:
         if not self._ended:
             self._ended = True
             self._metrics.running.labels(*self._labels).dec()
-            self._metrics.generated.labels(*self._labels).inc(pieces)

@@ -113,9 +113,9 @@ class StepLoop:
                     raise RemoteError(f"the step of {self.name} answered {_length(pieces)} for {len(seqs)} "
                                       "sequences: it returns one piece (or None) per sequence, in order",
                                       remote_type="ValueError")
-            except asyncio.CancelledError:
-                raise
             except BaseException as exc:  # SystemExit too (sys.exit in the step): its sequences', not the loop's
+                if isinstance(exc, asyncio.CancelledError) and _cancelling():  # the loop itself is stopped
+                    raise
                 error = exc if isinstance(exc, EmberError) else RemoteError(f"{type(exc).__name__}: {exc}",
                                                                             remote_type=type(exc).__name__)
                 log.warning("a step of %s failed: %s", self.name, error)
@@ -150,7 +150,7 @@ class StepLoop:
                 _settle(entry, exc)
                 return
         request = seq.request
-        if len(seq.pieces) >= request.limit or any(stop in seq.text for stop in request.stops):
+        if len(seq.pieces) >= request.limit or _ends_in_stop(seq.pieces, request.stops):
             _settle(entry)
 
     def _leave_gone(self) -> None:
@@ -195,3 +195,25 @@ def _settle(entry: _Entry, error: BaseException | None = None) -> None:
 
 def _length(pieces: Any) -> str:
     return f"{len(pieces)} pieces" if isinstance(pieces, list) else f"a {type(pieces).__name__}"
+
+
+def _cancelling() -> bool:
+    """Whether this task is being cancelled: a ``CancelledError`` out of the user's step (a future it cancelled, say)
+    is that step's failure, not the loop's end."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _ends_in_stop(pieces: list[str], stops: list[str]) -> bool:
+    """Whether a stop string ends in the last piece: only the text it could span is joined (the whole text, joined at
+    each step, cost the square of a sequence's length), since a stop found before would have ended the sequence."""
+    if not stops or not pieces:
+        return False
+    need, size, tail = len(pieces[-1]) + max(map(len, stops)) - 1, 0, []
+    for piece in reversed(pieces):
+        tail.append(piece)
+        size += len(piece)
+        if size >= need:
+            break
+    text = "".join(reversed(tail))
+    return any(stop in text for stop in stops)

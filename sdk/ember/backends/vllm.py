@@ -140,7 +140,11 @@ class Engine:
         tokenizer = await self._chat_tokenizer()
         if tokenizer is None:
             return req.text()
-        return str(tokenizer.apply_chat_template(chat_messages(req), tokenize=False, add_generation_prompt=True))
+        try:
+            return str(tokenizer.apply_chat_template(chat_messages(req), tokenize=False, add_generation_prompt=True))
+        except Exception as exc:  # the template's own refusal (roles that do not alternate, say): the request's
+            raise InvalidInputError(f"the model's chat template refused these messages: {exc}",
+                                    field="messages") from None
 
     async def generate(self, req: Request, request_id: str | None = None) -> AsyncIterator[str]:
         """The text of ``req``'s answer, piece by piece as the engine makes it: one piece per token, so that the
@@ -151,15 +155,26 @@ class Engine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        params = SamplingParams(**sampling_options(req), output_kind=RequestOutputKind.DELTA)
+        options = sampling_options(req)
+        try:
+            params = SamplingParams(**options, output_kind=RequestOutputKind.DELTA)
+        except (ValueError, TypeError) as exc:  # a value out of vLLM's range (top_p=0, top_k=-7): the request's
+            raise InvalidInputError(f"vLLM refused the sampling parameters: {exc}",
+                                    field=next((name for name in options if name in str(exc)), "model")) from None
         rid = request_id or f"ember-{uuid.uuid4().hex}"
         prompt = await self.prompt(req)
-        finished = False
+        finished = given = False
         try:
             async for output in self._engine.generate(prompt, params, rid):
                 finished = bool(output.finished)
                 for piece in _pieces(output):
+                    given = True
                     yield piece
+        except ValueError as exc:
+            if given:
+                raise
+            raise InvalidInputError(f"vLLM refused the request: {exc}", field="messages" if isinstance(
+                req, ChatRequest) else "prompt") from None  # a prompt longer than the model's context, say
         finally:
             if not finished:
                 await self._engine.abort(rid)

@@ -80,7 +80,7 @@ class _Sampling(msgspec.Struct, frozen=True, kw_only=True):
     temperature: Annotated[float, Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, Meta(ge=0, le=1)] | None = None
     stop: Stop | Annotated[list[Stop], Meta(max_length=MAX_STOPS)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)] | None = None  # a 64-bit seed (a larger one broke engines)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: Annotated[int, Meta(ge=1, le=1, description="1 only: one choice per request")] = 1

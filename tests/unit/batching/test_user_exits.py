@@ -4,6 +4,7 @@ any other failure, while the replica's event loop, its batcher and its step loop
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import sys
 import time
 from typing import Any
@@ -105,3 +106,30 @@ def test_a_continuous_step_that_exits_fails_its_sequences_and_the_loop_serves_on
     failed, after = asyncio.run(asyncio.wait_for(main(), 20))
     assert isinstance(failed, RemoteError) and failed.remote_type == "SystemExit"
     assert after == []
+
+
+@pytest.mark.parametrize("cancelled", [concurrent.futures.CancelledError, asyncio.CancelledError])
+def test_a_continuous_step_that_raises_cancelled_fails_its_sequences_and_the_loop_serves_on(cancelled):
+    """A step whose own future was cancelled (``CancelledError`` out of it): before, the step loop took it for its own
+    cancellation and ended, its sequences left waiting until their deadlines and counted as running."""
+    def step(seqs: list[Any]) -> list[str | None]:
+        if any(s.request.prompt == "bad" for s in seqs):
+            raise cancelled()
+        return [None for _ in seqs]
+
+    async def main() -> tuple[BaseException | None, list[str], int]:
+        steps = StepLoop(step, "gen")
+        try:
+            failed = None
+            try:
+                await steps.generate(CompletionRequest(model="m", prompt="bad"), "c1", time.time() + 30, None)
+            except BaseException as exc:
+                failed = exc
+            after = await steps.generate(CompletionRequest(model="m", prompt="good"), "c2", time.time() + 30, None)
+            return failed, after, steps.running
+        finally:
+            steps.close()
+
+    failed, after, running = asyncio.run(asyncio.wait_for(main(), 20))
+    assert isinstance(failed, RemoteError) and failed.remote_type == "CancelledError"
+    assert after == [] and running == 0

@@ -18,11 +18,11 @@ def test_a_model_no_longer_served_loses_its_series_once_its_requests_end() -> No
     for timer in (done, running):
         timer.first()
         timer.piece()
-    done.done(1)
-    LlmTimer(metrics, "kept", "c").done(0)
+    done.done()
+    LlmTimer(metrics, "kept", "c").done()
     metrics.follow(1, lambda: {("kept", "c")})
     assert _models(metrics) == {("busy", "b"), ("kept", "c")}  # "busy" runs still
-    running.done(2)
+    running.done()
     metrics.follow(1, lambda: {("kept", "c")})  # the same deployments: what was left is looked at again
     assert _models(metrics) == {("kept", "c")}
     assert dict(series.of(metrics.running, LABELS)) == {("kept", "c"): 0.0}
