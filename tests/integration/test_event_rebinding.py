@@ -14,7 +14,7 @@ from support.polling import wait_for
 
 from ember._client import Transport
 from ember._deploy import deploy, rollback
-from ember._errors import EmberError
+from ember._errors import ConflictError, EmberError
 from ember.wire import subjects
 from ember_runtime.replica.event_headers import event_scope
 
@@ -64,3 +64,16 @@ def test_a_rollback_binds_the_stream_to_the_subjects_of_the_version_it_brings_ba
     record = _ran(http, "events.rebind.first", "a2")  # 503 before: the stream still took events.rebind.second only
     assert record["status"] == "succeeded" and record["output"] == "v1:a2", record
     assert http.post("/v1/events/events.rebind.second", json={"tag": "y"}).status_code == 404
+
+
+def test_a_push_refused_binds_nothing(pushed, transport, http):
+    """A second canary is refused (409); before, the push had already bound the function's stream to its subjects,
+    and the events of the subject the running versions listen on were refused from then on."""
+    _push(pushed, transport, "first", "v1")
+    pushed.write_text(SOURCE.format(where="second", label="v2"))
+    deploy(pushed, transport=transport, timeout_s=120, canary_percent=50)
+    pushed.write_text(SOURCE.format(where="third", label="v3"))
+    with pytest.raises(ConflictError, match="already has a canary"):
+        deploy(pushed, transport=transport, timeout_s=120, canary_percent=50)
+    assert http.post("/v1/events/events.rebind.third", json={"tag": "z"}).status_code == 404
+    assert _ran(http, "events.rebind.second", "c1")["status"] == "succeeded"

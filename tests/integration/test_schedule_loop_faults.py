@@ -124,7 +124,7 @@ def test_a_new_timing_does_not_catch_up_the_old_ones_ticks(nats_url, tmp_path):
             it.deploy(every_second)
             await it.loop.tick(now + 60)  # a minute later, the new version ticks every second
             at_push = it.state(daily.app).runs
-            await it.loop.tick(now + 61.5)
+            await it.loop.tick(next_tick(it.loop.find(daily.app, "beat")[2], now + 60) + 0.05)  # its next tick alone
             return at_push, it.state(daily.app).runs
 
     at_push, after = run_loop(scenario())

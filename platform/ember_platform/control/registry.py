@@ -250,20 +250,14 @@ class Registry:
             raise no_such_bundle(request.bundle_sha256)
         if not any_content:
             await self._check_image_owners(app, request.manifest.services)
+        rollout.record_push(self.deployments.items.get(app), app, request, time.time())  # its 409 or 422 first
         claimed = await self.models.claim(app, named(request.manifest))  # a 409 before anything is made for it
-        try:
+        try:  # a push refused binds no event stream to its subjects (the serving version's events went unheard)
             await self.calls.ensure_consumers(request.manifest)
+            return await self._update(app, lambda current: _pushed(app, request, current), create=True)
         except BaseException:
             await self.models.release_after(app, claimed)
             raise
-
-        def push(current: Deployment | None) -> Deployment | None:
-            if current and current.bundle_sha256 == request.bundle_sha256 and current.manifest == request.manifest \
-                    and not request.canary_percent:
-                return None
-            return rollout.record_push(current, app, request, time.time())
-
-        return await self._update(app, push, create=True)
 
     async def _check_image_owners(self, app: str, services: list[ServiceSpec]) -> None:
         """Each locked image was locked by a build of ``app``: 404 naming the field otherwise."""
@@ -498,3 +492,8 @@ def _deployment(entry: KeyValue.Entry) -> tuple[Deployment, int]:
         return deployment_decoder.decode(entry.value or b""), entry.revision
     except msgspec.DecodeError:
         raise Spoiled(entry.revision) from None
+
+
+def _pushed(app: str, request: DeployRequest, dep: Deployment | None) -> Deployment | None:
+    same = dep is not None and (dep.bundle_sha256, dep.manifest) == (request.bundle_sha256, request.manifest)
+    return None if same and not request.canary_percent else rollout.record_push(dep, app, request, time.time())

@@ -150,13 +150,14 @@ def _versions(shares: list[TrafficShare]) -> set[int]:
 
 
 def _previous(dep: Deployment) -> int:
-    """What a bare rollback goes back to: during a rollout or canary, the version that serves most; else the
-    newest kept version older than the serving one."""
-    serving = dep.serving()
-    if dep.canary_percent or serving != [TrafficShare(version=dep.version, percent=100)]:
-        main = max(serving, key=lambda s: (s.percent, s.version)).version
-        if main != dep.version:
-            return main
+    """What a bare rollback goes back to: during a canary, its stable version (whatever share the canary takes);
+    during a rollout, the version other than the new one that serves most; else the newest kept version older than
+    the serving one."""
+    if dep.canary_percent and dep.stable and dep.stable != dep.version:
+        return dep.stable
+    others = [s for s in dep.serving() if s.version != dep.version]
+    if others:
+        return max(others, key=lambda s: (s.percent, s.version)).version
     older = [r.version for r in dep.releases if r.version < dep.version]
     if not older:
         raise ConflictError(f"app {dep.app!r} has no version before v{dep.version} to roll back to")

@@ -103,6 +103,20 @@ def test_a_bare_rollback_during_a_rollout_keeps_the_serving_version() -> None:
     assert back.version == 1 and _shares(back) == [(1, 100)] and back.running() == {1}
 
 
+@pytest.mark.parametrize("percent", [50, 60, 99])
+def test_a_bare_rollback_of_a_canary_taking_half_or_more_goes_back_to_its_stable_version(percent: int) -> None:
+    """The canary took the largest share, and a bare rollback went to the newest version before it instead of its
+    stable one: here v2, rolled back from as bad, took every call again."""
+    v2 = _pushed("x", "y")
+    bad_undone = rollout.switch(rollout.rollback(v2, 1, 2.0), True, 3.0)
+    assert bad_undone is not None and _shares(bad_undone) == [(1, 100)]
+    canary = rollout.record_push(bad_undone, "a", _request("z", canary=percent), 4.0)
+    live = rollout.switch(canary, True, 5.0)
+    assert live is not None and (live.version, live.stable) == (3, 1)
+    back = rollout.rollback(live, 0, 6.0)
+    assert back.version == 1 and _shares(back) == [(1, 100)]
+
+
 def test_kept_versions_are_bounded_and_serving_ones_stay() -> None:
     dep = _pushed(*(f"sha{i}" for i in range(rollout.KEEP_VERSIONS + 5)))
     assert len(dep.releases) == rollout.KEEP_VERSIONS
