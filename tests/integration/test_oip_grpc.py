@@ -285,3 +285,14 @@ def test_a_token_revoked_while_its_stream_is_open_is_refused_at_the_next_request
     finally:
         client.stop_stream()
     assert result is None and error.status() == str(grpc.StatusCode.UNAUTHENTICATED), error
+
+
+def test_a_streamed_requests_error_names_its_request(arrays, stub, auth):
+    """As Triton answers: the error of one request on a stream carries that request's id and model, so that a client
+    sending several on one stream knows which one failed."""
+    request = pb.ModelInferRequest(model_name="arrays.nothing", id="which-one", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name="x", datatype="FP32", shape=[1, 3],
+                                              contents=pb.InferTensorContents(fp32_contents=[1, 2, 3]))])
+    answers = list(stub.ModelStreamInfer(iter([request]), metadata=list(auth.items()), timeout=60))
+    assert len(answers) == 1 and "nothing" in answers[0].error_message
+    assert (answers[0].infer_response.id, answers[0].infer_response.model_name) == ("which-one", "arrays.nothing")

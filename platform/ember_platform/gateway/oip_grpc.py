@@ -186,8 +186,9 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                     yield pb.ModelStreamInferResponse(infer_response=response)
             except TokenRefused as exc:
                 await context.abort(status_of(exc), str(exc))
-            except EmberError as exc:
-                yield pb.ModelStreamInferResponse(error_message=str(exc))
+            except EmberError as exc:  # with the request's id and model, as Triton answers: the client knows which
+                yield pb.ModelStreamInferResponse(error_message=str(exc), infer_response=pb.ModelInferResponse(
+                    id=request.id, model_name=request.model_name, model_version=request.model_version))
 
     async def _streamed(self, caller: _Caller, request: pb.ModelInferRequest,
                         context: aio.ServicerContext) -> AsyncIterator[pb.ModelInferResponse]:

@@ -16,18 +16,26 @@ from typing import Any
 
 import msgspec
 
-from ember._errors import RemoteError
+from ember._errors import BadRequestError, RemoteError
 from ember.wire import Deployment, FunctionSpec
 from ember.wire.tensors import MAX_TENSOR_RANK, CompactTensor, TensorMeta, pack, unpack
 from ember_platform.platform import Platform
 
 _encoder = msgspec.json.Encoder()
+MAX_EMPTY_LISTS = 65_536  # the lists of a tensor without elements that a streamed call's JSON input may hold
 
 
 def nested(flat: list[Any], shape: list[int]) -> Any:
-    """Row-major ``flat`` as nested lists of ``shape`` (a scalar for shape ``[]``)."""
+    """Row-major ``flat`` as nested lists of ``shape`` (a scalar for shape ``[]``). A tensor without elements is its
+    lists down to its first size 0 (JSON has nothing for the sizes after it), at most ``MAX_EMPTY_LISTS`` of them:
+    ``[2**62, 0]`` has no elements, and its 2**62 empty lists were built in the event loop."""
     if not shape:
         return flat[0]
+    if not flat and 0 in shape:
+        shape = shape[:shape.index(0) + 1]
+        if math.prod(shape[:-1]) > MAX_EMPTY_LISTS:
+            raise BadRequestError(f"a tensor of shape {str(shape)[:200]} has no elements, and more than "
+                                  f"{MAX_EMPTY_LISTS} empty lists before its first size 0", field="shape")
     rows: list[Any] = flat
     for depth in range(len(shape) - 1, 0, -1):
         size, outer = shape[depth], math.prod(shape[:depth])
@@ -82,9 +90,10 @@ async def items(platform: Platform, dep: Deployment, fn: FunctionSpec, tensors: 
     ends with the error it ended with. Closing this closes the stream (the replica closes the generator)."""
     assert fn.tensors is not None
     output = fn.tensors.outputs[0]
+    body = stream_body(tensors, fn)  # its 400 before a slot of the quota is held
     held = platform.quotas.limiter.admit(dep.app, token_id)
-    stream = platform.streams.open(dep.app, fn.name, dep.version, stream_body(tensors, fn),
-                                   call_id=os.urandom(16).hex(), deadline=time.time() + timeout_s)
+    stream = platform.streams.open(dep.app, fn.name, dep.version, body, call_id=os.urandom(16).hex(),
+                                   deadline=time.time() + timeout_s)
     try:
         await stream.start()
         while (raws := await stream.next_items()) is not None:
