@@ -1,7 +1,8 @@
 """The schedule loop against what goes wrong around it, on a real nats-server: a schedule this control plane cannot
 compute (a zone its tzdata lacks, accepted by a newer one) stops no other app's; a new version that changes when a
-function ticks does not catch up the old timing's ticks under the new one; a run asked for outside the schedule
-does not hide the last tick's run, still going, from ``overlap="skip"``."""
+function ticks does not catch up the old timing's ticks under the new one, and changes nothing before it takes the
+calls; a run asked for outside the schedule does not hide the last tick's run, still going, from
+``overlap="skip"``."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from support.natsconn import connect
 
 from ember._deploy import inspect_app
 from ember._loop import run as run_loop
-from ember.wire import Deployment, Manifest, subjects
+from ember.wire import Deployment, Manifest, Release, TrafficShare, subjects
 from ember.wire.atomic import allow_atomic
 from ember.wire.callstore import final
 from ember.wire.jetstream import ensure_buckets, kv_stream
@@ -148,3 +149,31 @@ def test_a_run_asked_for_does_not_hide_the_last_ticks_run_from_overlap_skip(nats
             return it.state(dep.app).last_status
 
     assert run_loop(scenario()) == "skipped"  # before: "fired", beside the tick's run still going
+
+
+def test_a_schedule_follows_the_version_that_takes_the_calls_not_the_one_rolled_out(nats_url, tmp_path):
+    """A push whose new version drops a schedule (or changes it) changes nothing until that version takes the calls:
+    before, the version still starting (one that may never become ready) stopped the serving version's ticks."""
+    v1 = _deployment(tmp_path, "faults-rollout", "ember.Period(seconds=1, overlap='allow')")
+    plain = _deployment(tmp_path, "faults-rollout", "None", version=2)
+    rolling = msgspec.structs.replace(plain, releases=[Release(version=1, bundle_sha256=v1.bundle_sha256,
+                                                               manifest=v1.manifest, created_at=v1.created_at)],
+                                      traffic=[TrafficShare(version=1, percent=100)])
+
+    async def scenario() -> tuple[int, int, bool]:
+        async with _Loop(nats_url, {v1.app: v1}) as it:
+            now = time.time()
+            await it.loop.tick(now)
+            it.deploy(rolling)  # version 2 starts; version 1 still takes every call
+            for n in range(1, 3):
+                await it.loop.tick(now + n + 0.05)
+            while_rolling = it.state(v1.app).runs
+            it.deploy(msgspec.structs.replace(rolling, traffic=[TrafficShare(version=2, percent=100)]))
+            await it.loop.tick(now + 3.05)
+            await it.loop.tick(now + 4.05)
+            runs = it.state(v1.app).runs if it.state(v1.app) is not None else -1
+            return while_rolling, runs, it.state(v1.app) is None
+
+    while_rolling, _runs, forgotten = run_loop(scenario())
+    assert while_rolling == 2  # version 1's schedule ticked on while version 2 started
+    assert forgotten  # once version 2 took the calls, its schedule (none) is the app's

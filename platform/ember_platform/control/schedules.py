@@ -155,7 +155,7 @@ class ScheduleLoop:
         generation = self._deployments.generation
         if self._scheduled[0] != generation:
             self._scheduled = generation, [(dep, fn.name, fn.schedule) for dep in list(self._deployments.items.values())
-                                           for svc in dep.manifest.services for fn in svc.functions
+                                           for svc in _serving(dep).manifest.services for fn in svc.functions
                                            if fn.schedule is not None]
         yield from self._scheduled[1]
 
@@ -491,3 +491,13 @@ def _next_run(spec: ScheduleSpec) -> float:
         return next_tick(spec, time.time())
     except Exception:
         return 0.0
+
+
+def _serving(dep: Deployment) -> Deployment:
+    """The version whose schedules are the app's: the one that takes its calls (a canary's stable version, else the
+    one taking the most), not one still starting, which may never become ready."""
+    if dep.canary_percent and dep.stable:
+        version = dep.stable
+    else:
+        version = max(dep.serving(), key=lambda share: (share.percent, share.version)).version
+    return dep.at(version) or dep
