@@ -368,6 +368,10 @@ class Relay:
         """The function called, its service and deployment, if the caller may call it (else 403: the same whether the
         app or the function exists or not, where the caller may not call that app)."""
         if caller.may_call(app):
+            if app == caller.app:  # its own app: the version its code is, while that runs (during a rollout or a
+                # canary, the split would send a new version's call of a new function to the old one, which lacks it)
+                with contextlib.suppress(NotFoundError):
+                    return self._registry.route(app, function, caller.slot.version, random.random())
             return self._registry.route(app, function, None, random.random())  # the version the split draws
         try:
             dep, svc, fn = self._registry.route(app, function, None, random.random())
