@@ -86,6 +86,16 @@ def rollback(current: Deployment, to: int, now: float, ready: Collection[int] = 
     return dep
 
 
+def main(dep: Deployment) -> Deployment:
+    """The version that takes the app's calls, as its deployment (a canary's stable version, else the one taking the
+    most): whose schedules are the app's, not those of one still starting, which may never become ready."""
+    if dep.canary_percent and dep.stable:
+        version = dep.stable
+    else:
+        version = max(dep.serving(), key=lambda share: (share.percent, share.version)).version
+    return dep.at(version) or dep
+
+
 def wanted_traffic(dep: Deployment) -> list[TrafficShare]:
     """The split ``dep`` asks for once its version is ready."""
     if dep.canary_percent and dep.stable and dep.stable != dep.version:

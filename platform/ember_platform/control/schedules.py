@@ -58,6 +58,7 @@ from ember.wire.schedules import (
     timing,
 )
 from ember_platform.calls.durable import Calls, Submission
+from ember_platform.control import rollout
 from ember_platform.control.schedule_runs import RunWatch
 from ember_platform.control.schedule_writes import TickSubmitter, Write, write_states
 from ember_platform.metrics import series
@@ -155,7 +156,7 @@ class ScheduleLoop:
         generation = self._deployments.generation
         if self._scheduled[0] != generation:
             self._scheduled = generation, [(dep, fn.name, fn.schedule) for dep in list(self._deployments.items.values())
-                                           for svc in _serving(dep).manifest.services for fn in svc.functions
+                                           for svc in rollout.main(dep).manifest.services for fn in svc.functions
                                            if fn.schedule is not None]
         yield from self._scheduled[1]
 
@@ -492,12 +493,3 @@ def _next_run(spec: ScheduleSpec) -> float:
     except Exception:
         return 0.0
 
-
-def _serving(dep: Deployment) -> Deployment:
-    """The version whose schedules are the app's: the one that takes its calls (a canary's stable version, else the
-    one taking the most), not one still starting, which may never become ready."""
-    if dep.canary_percent and dep.stable:
-        version = dep.stable
-    else:
-        version = max(dep.serving(), key=lambda share: (share.percent, share.version)).version
-    return dep.at(version) or dep
