@@ -7,6 +7,7 @@ import asyncio
 import concurrent.futures
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -84,37 +85,12 @@ def test_the_model_thread_hands_the_loop_no_exit(model_thread):
     assert model_thread.submit(lambda: 42).result(10) == 42  # the thread lives on
 
 
-def test_a_continuous_step_that_exits_fails_its_sequences_and_the_loop_serves_on():
+def _bad_then_good(raised: Callable[[], BaseException]) -> tuple[BaseException | None, list[str], int]:
+    """A step loop whose step raises ``raised()`` for a "bad" prompt: the error of a bad sequence, the pieces of a
+    good one after it, and the sequences left running."""
     def step(seqs: list[Any]) -> list[str | None]:
         if any(s.request.prompt == "bad" for s in seqs):
-            sys.exit("the step called sys.exit")
-        return [None for _ in seqs]
-
-    async def main() -> tuple[BaseException | None, list[str]]:
-        steps = StepLoop(step, "gen")
-        try:
-            failed = None
-            try:
-                await steps.generate(CompletionRequest(model="m", prompt="bad"), "c1", time.time() + 10, None)
-            except BaseException as exc:
-                failed = exc
-            after = await steps.generate(CompletionRequest(model="m", prompt="good"), "c2", time.time() + 10, None)
-            return failed, after
-        finally:
-            steps.close()
-
-    failed, after = asyncio.run(asyncio.wait_for(main(), 20))
-    assert isinstance(failed, RemoteError) and failed.remote_type == "SystemExit"
-    assert after == []
-
-
-@pytest.mark.parametrize("cancelled", [concurrent.futures.CancelledError, asyncio.CancelledError])
-def test_a_continuous_step_that_raises_cancelled_fails_its_sequences_and_the_loop_serves_on(cancelled):
-    """A step whose own future was cancelled (``CancelledError`` out of it): before, the step loop took it for its own
-    cancellation and ended, its sequences left waiting until their deadlines and counted as running."""
-    def step(seqs: list[Any]) -> list[str | None]:
-        if any(s.request.prompt == "bad" for s in seqs):
-            raise cancelled()
+            raise raised()
         return [None for _ in seqs]
 
     async def main() -> tuple[BaseException | None, list[str], int]:
@@ -130,6 +106,19 @@ def test_a_continuous_step_that_raises_cancelled_fails_its_sequences_and_the_loo
         finally:
             steps.close()
 
-    failed, after, running = asyncio.run(asyncio.wait_for(main(), 20))
+    return asyncio.run(asyncio.wait_for(main(), 20))
+
+
+def test_a_continuous_step_that_exits_fails_its_sequences_and_the_loop_serves_on():
+    failed, after, running = _bad_then_good(lambda: SystemExit("the step called sys.exit"))
+    assert isinstance(failed, RemoteError) and failed.remote_type == "SystemExit"
+    assert after == [] and running == 0
+
+
+@pytest.mark.parametrize("cancelled", [concurrent.futures.CancelledError, asyncio.CancelledError])
+def test_a_continuous_step_that_raises_cancelled_fails_its_sequences_and_the_loop_serves_on(cancelled):
+    """A step whose own future was cancelled (``CancelledError`` out of it): before, the step loop took it for its own
+    cancellation and ended, its sequences left waiting until their deadlines and counted as running."""
+    failed, after, running = _bad_then_good(cancelled)
     assert isinstance(failed, RemoteError) and failed.remote_type == "CancelledError"
     assert after == [] and running == 0
