@@ -44,8 +44,15 @@ def nested(flat: list[Any], shape: list[int]) -> Any:
 
 
 def stream_body(tensors: dict[str, CompactTensor], fn: FunctionSpec) -> bytes:
-    """The JSON input of the streamed call: its one array, or its arrays by parameter name."""
-    values = {name: nested(unpack(t.datatype, t.data), t.shape) for name, t in tensors.items()}
+    """The JSON input of the streamed call: its one array, or its arrays by parameter name. JSON has no NaN or
+    infinity (msgspec writes null, which came back as NaN, or refused): a tensor holding one is a 400."""
+    values = {}
+    for name, t in tensors.items():
+        flat = unpack(t.datatype, t.data)
+        if t.datatype.startswith("FP") and not all(map(math.isfinite, flat)):
+            raise BadRequestError(f"input {name!r} holds NaN or infinity, which a decoupled model's JSON input cannot "
+                                  "carry", field=name)
+        values[name] = nested(flat, t.shape)
     return _encoder.encode(values[fn.params[0]] if fn.input_mode == "single" else values)
 
 

@@ -141,3 +141,14 @@ def test_a_tensor_without_elements_is_its_lists_to_its_first_empty_size_and_no_m
                                                                                                           [[], []]]
     with pytest.raises(BadRequestError, match="empty lists"):
         nested([], [2**62, 0])
+
+
+def test_a_decoupled_models_input_holding_nan_or_infinity_is_refused() -> None:
+    """JSON has neither: msgspec wrote null, which reached the generator as NaN (an infinity lost) or was refused."""
+    for bad in (math.inf, -math.inf, math.nan):
+        req, raw = infer_request(pb.ModelInferRequest(inputs=[
+            Tensor(name="x", datatype="FP32", shape=[1, 2], contents=pb.InferTensorContents(fp32_contents=[1, bad])),
+            Tensor(name="k", datatype="INT64", shape=[1], contents=pb.InferTensorContents(int64_contents=[3]))]))
+        with pytest.raises(BadRequestError, match="NaN or infinity") as refused:
+            stream_body(inputs(req, SCALE, raw), SCALE)
+        assert refused.value.field == "x"
