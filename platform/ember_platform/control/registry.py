@@ -290,13 +290,8 @@ class Registry:
         return await self._update(app, change)
 
     def ready_versions(self, dep: Deployment) -> set[int]:
-        """The versions of ``dep``'s app whose every service has a ready replica now."""
-        ready: dict[int, set[str]] = defaultdict(set)
-        for r in self.live_replicas(dep.app):
-            if r.state == "ready":
-                ready[r.version].add(r.service)
-        return {v for v, services in ready.items()
-                if (at := dep.at(v)) is not None and {s.name for s in at.manifest.services} <= services}
+        """The versions of ``dep``'s app with the ready replicas to take its calls now (``rollout.ready_to_serve``)."""
+        return rollout.ready_to_serve(dep, self.live_replicas(dep.app))
 
     async def switch_traffic(self, app: str, expected: Deployment, version_ready: bool) -> Deployment | None:
         """The control loop's switch of ``app``'s traffic to its version once ready; None when the deployment is no

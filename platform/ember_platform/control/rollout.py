@@ -17,7 +17,9 @@ The rules:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections import Counter
+from collections.abc import Collection, Iterable
+from typing import Any
 
 import msgspec
 
@@ -94,6 +96,24 @@ def main(dep: Deployment) -> Deployment:
     else:
         version = max(dep.serving(), key=lambda share: (share.percent, share.version)).version
     return dep.at(version) or dep
+
+
+def ready_to_serve(dep: Deployment, replicas: Iterable[Any]) -> set[int]:
+    """The versions of ``dep``'s app (given its live ``replicas``) each of whose services has as many ready replicas
+    as the versions serving now have of it (one at least, at most its ``max_replicas``): a rollback to one switches
+    at once without its calls falling on fewer replicas (a warm version keeps only its ``min_replicas``, or one,
+    while the version leaving may have served on twenty; otherwise the control loop starts them, then switches)."""
+    ready = Counter((r.version, r.service) for r in replicas if r.state == "ready")
+    serving = {share.version for share in dep.serving()}
+    found = set()
+    for version in {version for version, _ in ready}:
+        at = dep.at(version)
+        if at is not None and all(
+                ready[version, svc.name] >= max(1, min(sum(ready[v, svc.name] for v in serving - {version}),
+                                                       max(at.bounds(svc)[1], 1)))
+                for svc in at.manifest.services):
+            found.add(version)
+    return found
 
 
 def wanted_traffic(dep: Deployment) -> list[TrafficShare]:

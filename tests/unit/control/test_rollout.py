@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import collections
 import random
+from types import SimpleNamespace
 
+import msgspec
 import pytest
 from support.builders import service_spec
 
 from ember._errors import ConflictError, InvalidInputError, NotFoundError
-from ember.wire import Deployment, DeployRequest, Manifest, TrafficShare
+from ember.wire import Deployment, DeployRequest, Manifest, ScaleBounds, TrafficShare
 from ember_platform.control import rollout
 
 
@@ -152,6 +154,24 @@ def test_the_version_that_leaves_the_traffic_is_warm_and_a_rollback_to_it_is_at_
     at_once = rollout.rollback(v2, 0, 5.0, ready={1})
     assert _shares(at_once) == [(1, 100)] and (at_once.warm, at_once.warm_since) == (2, 5.0)
     assert _shares(rollout.rollback(v2, 1, 5.0, ready={2})) == [(2, 100)]  # ready, but not the warm one
+
+
+def _ready(*versions: int) -> list[SimpleNamespace]:
+    """A ready replica of service "s" of each of ``versions`` (repeated: several)."""
+    return [SimpleNamespace(version=v, service="s", state="ready") for v in versions]
+
+
+def test_a_rollback_to_the_warm_version_is_at_once_only_with_as_many_ready_replicas_as_serve() -> None:
+    """A warm version keeps one replica (its min_replicas) while the version leaving served on three: switching to it
+    at once left every call on that one replica while the others started."""
+    v2 = msgspec.structs.replace(_pushed("x", "y"), scale={"s": ScaleBounds(min_replicas=1, max_replicas=10)})
+    assert rollout.ready_to_serve(v2, _ready(1, 2, 2, 2)) == {2}  # v2 serves on three; warm v1 has one
+    waiting = rollout.rollback(v2, 0, 5.0, ready=rollout.ready_to_serve(v2, _ready(1, 2, 2, 2)))
+    assert waiting.version == 1 and _shares(waiting) == [(2, 100)]  # the loop starts v1's replicas, then switches
+    assert rollout.ready_to_serve(v2, _ready(1, 1, 1, 2, 2, 2)) == {1, 2}
+    at_once = rollout.rollback(v2, 0, 5.0, ready=rollout.ready_to_serve(v2, _ready(1, 1, 1, 2, 2, 2)))
+    assert _shares(at_once) == [(1, 100)]
+    assert rollout.ready_to_serve(v2, [SimpleNamespace(version=1, service="s", state="starting")]) == set()
 
 
 def test_a_warm_version_that_serves_again_is_no_longer_warm() -> None:
