@@ -22,7 +22,8 @@ from ember.wire.schedules import ON_TIME_S, tick_call_id
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 APP = REPO / "tests" / "apps" / "schedules" / "catching_up.py"
-PERIOD_S = 20.0  # the period of "latest" and "none" in the app (tests/apps/schedules/catching_up.py)
+PERIOD_S = 30.0  # the period of "latest" and "none" in the app (tests/apps/schedules/catching_up.py): the restart,
+# down past a tick by ON_TIME_S, then up again, ends well before the next
 
 
 def _views(http: httpx.Client) -> dict[str, dict]:

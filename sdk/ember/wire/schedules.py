@@ -22,7 +22,7 @@ import msgspec
 Overlap = Literal["skip", "queue", "allow"]
 CatchUp = Literal["latest", "none", "all"]
 MAX_CATCH_UP = 100  # catch_up="all": at most this many missed ticks run, the most recent ones
-ON_TIME_S = 15.0  # catch_up="none": a tick handled within this long after its time still runs (not a missed one);
+ON_TIME_S = 10.0  # catch_up="none": a tick handled within this long after its time still runs (not a missed one);
 # more than a control plane's takeover after the lease holder died (its lease's 6 s, then a pass), so that a
 # failover alone misses no tick
 MIN_PERIOD_S, MAX_PERIOD_S = 1.0, 366 * 86400.0

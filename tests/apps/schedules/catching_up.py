@@ -1,4 +1,4 @@
-"""A test subject for catch_up after the control planes were down: the same 20 s period with catch_up="latest" and
+"""A test subject for catch_up after the control planes were down: the same 30 s period with catch_up="latest" and
 "none", and a 1 s period with catch_up="latest". No replica is kept: a tick's queued call is what the tests look at
 (overlap="allow", so that a tick never waits for the run before it)."""
 
@@ -7,11 +7,11 @@ import ember
 app = ember.App("catching-up")
 
 
-@app.function(schedule=ember.Period(seconds=20, catch_up="latest", overlap="allow"), min_replicas=0)
+@app.function(schedule=ember.Period(seconds=30, catch_up="latest", overlap="allow"), min_replicas=0)
 def latest() -> None: ...
 
 
-@app.function(schedule=ember.Period(seconds=20, catch_up="none", overlap="allow"), min_replicas=0)
+@app.function(schedule=ember.Period(seconds=30, catch_up="none", overlap="allow"), min_replicas=0)
 def none() -> None: ...
 
 
