@@ -68,7 +68,8 @@ _state_decoder = msgspec.json.Decoder(ScheduleState)
 MAX_WAIT_S = 0.25  # the loop looks at least this often (new deployments, a pause, the lease)
 FIRE_CONCURRENCY = 1024  # state writes at once where they go one by one (not in an atomic batch)
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
-RETRY_S = 30.0  # a schedule whose pass raised (a zone this host's tzdata lacks, say) is looked at again after this
+RETRY_S = 30.0  # a schedule whose passes raise (a zone this host's tzdata lacks, say) is looked at again after at
+# most this: a quarter second after the first failure (NATS slow a moment), doubling
 MAX_FINAL_KEPT = 10_000  # the final statuses of last runs the listings keep (a console polls them)
 STATUSES = ("fired", "skipped", "missed", "paused", "queued", "failed", "run")
 
@@ -130,6 +131,7 @@ class ScheduleLoop:
         self._heap: list[tuple[float, str]] = []  # (next tick, key); an entry whose tick is not _due[key] is stale
         self._dirty: set[str] = set()  # keys to look at in the next pass, due or not
         self._mine: dict[str, ScheduleState] = {}  # key -> the state this loop wrote last (its echo is no change)
+        self._failed: dict[str, int] = {}  # key -> its passes that raised in a row (looked at again after a backoff)
 
     async def start(self) -> None:
         try:
@@ -262,6 +264,7 @@ class ScheduleLoop:
             else:
                 try:
                     self._plan(key, next_tick(self._index[key][2], now))
+                    self._failed.pop(key, None)
                 except Exception as exc:
                     self._retry(key, now, exc)
         if len(self.runs.finished) > 2 * len(self._index) + 64:
@@ -269,9 +272,11 @@ class ScheduleLoop:
                             for call in (state.last_call_id, state.tick_call_id)})
 
     def _retry(self, key: str, now: float, exc: BaseException) -> None:
-        """A schedule whose pass raised: looked at again in ``RETRY_S``, alone (the others' passes go on)."""
-        self._plan(key, now + RETRY_S)
-        log.error("schedule %s could not be handled (tried again in %.0f s): %s: %s", key, RETRY_S,
+        """A schedule whose pass raised: looked at again after a backoff, alone (the others' passes go on)."""
+        failures = self._failed[key] = self._failed.get(key, 0) + 1
+        delay = min(RETRY_S, MAX_WAIT_S * 2 ** min(failures - 1, 16))
+        self._plan(key, now + delay)
+        log.error("schedule %s could not be handled (tried again in %.1f s): %s: %s", key, delay,
                   type(exc).__name__, exc)
 
     async def _forget(self, key: str) -> None:
