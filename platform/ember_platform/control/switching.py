@@ -134,11 +134,13 @@ class Switching:
             _scale_down_warm(plan, dep, warm, self.registry.replica_alive)
 
     async def hold_standby(self, plan: Plan, deployments: dict[str, Deployment]) -> None:
-        """Tell every replica of a version out of its app's traffic (the warm one, and those that drain) to take no
-        queued call or event for a while (it resumes when no longer told): once the traffic switched, the version
-        replaced took its functions' queued calls for its drain grace (2 s), those that came after the push too."""
-        await self._standby([s for slots in plan.values() for s in slots
-                             if (dep := deployments.get(s.app)) is not None and s.version not in dep.running()])
+        """Tell every replica of a version out of its app's traffic (the warm one, those that drain, and the version
+        still rolled out) to take no queued call or event for a while (it resumes when no longer told): once the
+        traffic switched, the version replaced took its functions' queued calls for its drain grace (2 s), those that
+        came after the push too; and a version not yet switched to (a canary not ready, one that never is) took them
+        before it took any synchronous call, as soon as one replica of it was up."""
+        await self._standby([s for slots in plan.values() for s in slots if (dep := deployments.get(s.app)) is not None
+                             and s.version not in {share.version for share in dep.serving()}])
 
     async def _standby(self, slots: list[SlotAssignment]) -> None:
         for slot in slots:

@@ -3,11 +3,12 @@ calls, when it is ready, and what a version serving beside it keeps."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from support.builders import service_spec, slot
 
-from ember.wire import Deployment, DeployRequest, Manifest, ReplicaState, ReplicaStatus
+from ember.wire import Deployment, DeployRequest, Manifest, ReplicaState, ReplicaStatus, subjects
 from ember_platform.control import rollout
 from ember_platform.control.switching import Switching
 
@@ -95,3 +96,29 @@ def test_the_warm_version_keeps_its_minimum_of_replicas_for_its_window(monkeypat
     plan = {"n": [slot("a-s-v1-0", version=1, index=0)]}
     switching.drop_gone(plan, v2, 13.0)  # no window: gone after the drain
     assert plan["n"] == []
+
+
+class _Published:
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+
+    async def publish(self, subject: str, data: bytes) -> None:
+        self.subjects.append(subject)
+
+
+def test_a_version_not_yet_switched_to_pulls_no_queued_call() -> None:
+    """Before, only versions out of ``running()`` (which holds the version rolled out) were held on standby: a new
+    version, or a canary, pulled its app's queued calls and events as soon as one replica was up, ready to take the
+    calls or not (one that never becomes ready failed them)."""
+    v2 = _push(_push(None, min_replicas=1), min_replicas=1)
+    assert [s.version for s in v2.serving()] == [1] and v2.running() == {1, 2}
+    switching = _switching()
+    switching.registry.nc = _Published()
+    plan = {"n": [slot("old", version=1), slot("new", version=2)]}
+    asyncio.run(switching.hold_standby(plan, {"a": v2}))
+    assert switching.registry.nc.subjects == [subjects.replica_standby("new")]
+    switched = rollout.switch(v2, True, 1.0)
+    assert switched is not None
+    switching.registry.nc = _Published()
+    asyncio.run(switching.hold_standby(plan, {"a": switched}))
+    assert switching.registry.nc.subjects == [subjects.replica_standby("old")]
