@@ -277,3 +277,15 @@ def test_an_oversized_body_is_a_413(arrays, http):
 def anon_http(platform: EmbeddedPlatform) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=platform.url, timeout=60) as c:
         yield c
+
+
+def test_answers_are_what_the_metadata_declares(arrays, client, auth):
+    """A function declared float32 whose mean came out float64 answered FP64 (and any shape): clients that size
+    their buffers from the metadata broke. It answers FP32 now; a shape its declaration denies is the model's error."""
+    x = triton.InferInput("x", [3, 4], "FP32")
+    x.set_data_from_numpy(_rows(3))
+    means = client.infer("arrays.means", [x], headers=dict(auth))
+    assert means.get_output("output")["datatype"] == "FP32" and means.get_output("output")["shape"] == [3]
+    np.testing.assert_allclose(means.as_numpy("output"), _rows(3).mean(axis=1), rtol=1e-6)
+    with pytest.raises(InferenceServerException, match="declared"):
+        client.infer("arrays.misshapen", [x], headers=dict(auth))

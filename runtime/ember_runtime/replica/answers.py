@@ -16,6 +16,7 @@ import msgspec
 
 from ember._errors import EmberError, RemoteError
 from ember.wire import Answer, ErrorInfo, Outbox, encode_output, encoder, error_info, packed_encoder, split_frames
+from ember.wire.tensors import TensorMeta, conform
 
 log = logging.getLogger("ember.replica")
 ACK_DELAY_S = 0.01  # calls answered sooner are never acked
@@ -24,12 +25,15 @@ MAX_ERROR_MESSAGE_BYTES = 64 * 1024  # an error's message is cut beyond (a trace
 
 
 def answer_of(call_id: str, output: Any, error: EmberError | None, batch_size: int, codec: str = "json",
-              compact: bool = False) -> Answer:
+              compact: bool | TensorMeta = False) -> Answer:
     """The answer to one call: its output as JSON (or msgpack, for a msgpack frame; arrays as compact tensors with
-    ``compact``), or its error (an output that is not JSON-able is one, as is any output that fails to encode)."""
+    ``compact``, as its declared output where ``compact`` is one: ``tensors.conform``), or its error (an output that
+    is not JSON-able is one, as is any output that fails to encode)."""
     if error is None:
         try:
-            return Answer(call_id=call_id, output=msgspec.Raw(encode_output(output, codec, compact)),
+            if isinstance(compact, TensorMeta):
+                output = conform(output, compact)
+            return Answer(call_id=call_id, output=msgspec.Raw(encode_output(output, codec, bool(compact))),
                           batch_size=batch_size)
         except RemoteError as exc:
             error = exc
@@ -131,3 +135,10 @@ def _too_large(answer: Answer, size: int, limit: int, packed: bool) -> Answer:
     error = RemoteError(f"{what} is over the {limit}-byte limit of a NATS message", remote_type="ValueError")
     refusal = answer_of(answer.call_id, None, error, answer.batch_size)
     return msgspec.structs.replace(refusal, output=_NIL) if packed else refusal
+
+
+def declared_output(served: Any) -> bool | TensorMeta:
+    """For a call that asks for compact tensors (an Open Inference Protocol call): its function's declared output,
+    where it declares one (``served``: the replica's (endpoint, batcher) of the function, or None)."""
+    tensors = served[0].spec.tensors if served is not None else None
+    return tensors.outputs[0] if tensors is not None and tensors.outputs else True

@@ -48,7 +48,7 @@ from ember_runtime.batching.batcher import Batcher, Call
 from ember_runtime.batching.modelthread import ModelThread
 from ember_runtime.exit_codes import EXIT_ABANDONED_SETUP, EXIT_SETUP_FAILED, EXIT_SETUP_TIMED_OUT, EXIT_TERMINATED
 from ember_runtime.replica import arguments, health, reports
-from ember_runtime.replica.answers import Answers, answer_of
+from ember_runtime.replica.answers import Answers, answer_of, declared_output
 from ember_runtime.replica.calling import NatsRelay, serving
 from ember_runtime.replica.callreads import RelayedCallStore
 from ember_runtime.replica.endpoint import Endpoint, Preloaded, Streamed, batcher_for, build_endpoints, tear_down
@@ -283,7 +283,7 @@ class Replica:
     def _take(self, reply: str, invocation: Invocation, served: tuple[Endpoint, Batcher] | None,
               packed: bool = False) -> None:
         call_id = invocation.call_id
-        codec, compact = ("msgpack" if packed else "json"), invocation.compact
+        codec, compact = ("msgpack" if packed else "json"), invocation.compact and declared_output(served)
         span: Any = None  # its ``ember.call`` span, when tracing is on
 
         async def answer(output: Any, error: EmberError | None, batch_size: int) -> None:

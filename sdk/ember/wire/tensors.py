@@ -142,3 +142,23 @@ def compact_of(value: Any) -> msgspec.msgpack.Ext:
                           remote_type="TypeError")
     data = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
     return compact_ext(datatype, list(array.shape), data)
+
+
+def conform(value: Any, meta: TensorMeta) -> Any:
+    """An output array as the function declares it (``meta``): cast to its datatype where numpy casts within the same
+    kind (a ``float32`` model whose mean came out ``float64``), its rank and fixed sizes checked; ``RemoteError``
+    (``InvalidOutput``) otherwise. What a model's metadata says is what its answers are."""
+    import numpy as np
+
+    array = np.asarray(value)
+    if meta.datatype and array.dtype.name != DATATYPES[meta.datatype][0]:
+        wanted = np.dtype(DATATYPES[meta.datatype][0])
+        if not np.can_cast(array.dtype, wanted, casting="same_kind"):
+            raise RemoteError(f"the output is {array.dtype}, and the function declares {meta.datatype}",
+                              remote_type="InvalidOutput")
+        array = array.astype(wanted)
+    if meta.shape is not None and (len(meta.shape) != array.ndim or any(
+            size not in (-1, got) for size, got in zip(meta.shape, array.shape, strict=True))):
+        raise RemoteError(f"the output's shape {list(array.shape)} is not the declared {meta.shape}",
+                          remote_type="InvalidOutput")
+    return array

@@ -61,6 +61,18 @@ def norms(x: Rows) -> Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=
     return np.linalg.norm(x, axis=1).astype(np.float32)
 
 
+@app.function()
+def means(x: Rows) -> Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=(None,))]:
+    """Declares float32 and computes in float64: its answers are float32, as its metadata says."""
+    return x.astype(np.float64).mean(axis=1)
+
+
+@app.function()
+def misshapen(x: Rows) -> Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=(None,))]:
+    """Declares one size and answers two: an error of the model's, never an answer its metadata denies."""
+    return x
+
+
 @app.function(batch=ember.Batch(max_size=8, window_ms=20))
 def batched_sums(xs: list[Rows]) -> list[Annotated[np.ndarray, ember.Tensor(dtype="float32", shape=(None,))]]:
     """Row sums, a batch of calls at once (each call's rows may differ in number)."""
