@@ -131,7 +131,8 @@ async def model_metadata(request: Request) -> Response:
     (-1: any size; a dtype-less array shows datatype "" and a shape-less one ``[-1]``)."""
     dep, _, fn = _model(request, READ)
     assert fn.tensors is not None
-    return _json(ModelMetadata(name=request.path_params["model"], versions=[str(dep.version)], platform="ember",
+    return _json(ModelMetadata(name=request.path_params["model"], platform="ember",
+                               versions=oip_infer.versions_of(platform_of(request), dep, fn.name),
                                inputs=[oip_infer.shown(m) for m in fn.tensors.inputs],
                                outputs=[oip_infer.shown(m) for m in fn.tensors.outputs]))
 

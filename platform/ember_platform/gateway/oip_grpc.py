@@ -128,7 +128,8 @@ class Service(pb_grpc.GRPCInferenceServiceServicer):
                 return [pb.ModelMetadataResponse.TensorMetadata(name=m.name, datatype=m.datatype, shape=m.shape)
                         for m in map(oip_infer.shown, metas)]
 
-            return pb.ModelMetadataResponse(name=request.name, versions=[str(dep.version)], platform="ember",
+            return pb.ModelMetadataResponse(name=request.name, platform="ember",
+                                            versions=oip_infer.versions_of(self.platform, dep, fn.name),
                                             inputs=tensors(fn.tensors.inputs), outputs=tensors(fn.tensors.outputs))
 
         return await _answered(context, work())

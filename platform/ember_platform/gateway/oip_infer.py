@@ -33,6 +33,7 @@ from ember.wire.tensors import (
     read_compact,
 )
 from ember_platform.auth.scopes import INVOKE
+from ember_platform.control import rollout
 from ember_platform.gateway.guard import Need
 from ember_platform.platform import Platform
 
@@ -53,14 +54,18 @@ class Unsupported(EmberError):
 
 def find_model(platform: Platform, model: str, raw_version: str | None, need: Need,
                check: Check) -> tuple[Deployment, ServiceSpec, FunctionSpec]:
-    """The model ``<app>.<fn>`` names (in the version given, else the one the traffic split draws), once ``check``
-    says the caller may ``need`` it: a caller who does not see the app gets the NotFoundError of a model that does
-    not exist; a function that is not a model (its parameters or result are not arrays) is not found either."""
+    """The model ``<app>.<fn>`` names (in the version given; else, to infer, the one the traffic split draws, and to
+    read its metadata, readiness or configuration, the one that takes the app's calls: ``rollout.main``, the same at
+    every read during a rollout), once ``check`` says the caller may ``need`` it: a caller who does not see the app
+    gets the NotFoundError of a model that does not exist; a function that is not a model (its parameters or result
+    are not arrays) is not found either."""
     app, dot, name = model.partition(".")
     try:
         if not dot or not name:
             raise NotFoundError(f"no model named {model[:200]!r}: a model is named <app>.<function>")
         pinned = version_of(raw_version) if raw_version is not None else None
+        if pinned is None and need != INVOKE and (whole := platform.registry.deployments.items.get(app)) is not None:
+            pinned = rollout.main(whole).version
         dep, svc, fn = platform.registry.route(app, name, pinned, random.random())
     except NotFoundError:
         check(need, app or "-")  # without the right token, nobody learns which apps exist
@@ -70,6 +75,15 @@ def find_model(platform: Platform, model: str, raw_version: str | None, need: Ne
     if fn.tensors is None:
         raise NotFoundError(f"{model!r} is not a model: its parameters and result are not all numpy.ndarray")
     return dep, svc, fn
+
+
+def versions_of(platform: Platform, dep: Deployment, name: str) -> list[str]:
+    """The versions of ``dep``'s app that take its calls and serve ``name`` as a model, oldest first (Triton's
+    ``versions``)."""
+    whole = platform.registry.deployments.items.get(dep.app) or dep
+    found = [share.version for share in whole.serving() if (at := whole.at(share.version)) is not None
+             and any(f.name == name and f.tensors is not None for svc in at.manifest.services for f in svc.functions)]
+    return [str(v) for v in sorted(found)] or [str(dep.version)]
 
 
 def version_of(raw: str) -> int:
