@@ -7,6 +7,7 @@ import asyncio
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from ember import _logging
@@ -31,17 +32,14 @@ def _grace(text: str) -> float:
     return seconds
 
 
-def _count(text: str) -> int:
-    if not text.isdigit() or int(text) > 64:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from 0 to 64")
-    return int(text)
+def _whole(most: int) -> Callable[[str], int]:
+    """An option's parser: a whole number from 0 to ``most``, anything else argparse's error naming the option."""
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or int(text) > most:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number from 0 to {most}")
+        return int(text)
 
-
-def _megabytes(text: str) -> int:
-    """``--build-memory-mb``: MiB, 0 (no limit) to a TiB."""
-    if not text.isdigit() or int(text) > 1024 * 1024:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of MiB from 0 to 1048576")
-    return int(text)
+    return parse
 
 
 def _xids(text: str) -> frozenset[int] | None:
@@ -76,11 +74,11 @@ def main() -> None:
                         help="when the agent stops (SIGTERM), how long each replica may take to finish the calls it "
                              "runs before it is killed (their calls are then delivered again); 0 < seconds <= 3600 "
                              f"(default {STOP_GRACE_S:g}, $EMBER_STOP_GRACE_S)")
-    parser.add_argument("--warm-starts", type=_count, default=os.environ.get("EMBER_WARM_STARTS") or DEFAULT_LIMIT,
+    parser.add_argument("--warm-starts", type=_whole(64), default=os.environ.get("EMBER_WARM_STARTS") or DEFAULT_LIMIT,
                         help="apps whose next fresh replica starts from a warm start (an interpreter in the app's "
                              "sandbox with its heavy libraries imported ahead), at most; each holds the memory of "
                              f"those imports; 0: none (default {DEFAULT_LIMIT}, $EMBER_WARM_STARTS)")
-    parser.add_argument("--build-memory-mb", type=_megabytes,
+    parser.add_argument("--build-memory-mb", type=_whole(1024 * 1024),
                         default=os.environ.get("EMBER_BUILD_MEMORY_MB") or str(builder.MEMORY_MB),
                         help="memory a push's import of its app may use on this node, where the app's manifest is "
                              "read (a cgroup's memory.max where the node delegates the memory controller, else "
